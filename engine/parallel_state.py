@@ -1,0 +1,145 @@
+"""Process groups: which ranks share a TP, CP, DP or PP group, and this rank's handles to them.
+
+`RankGenerator` is pure (no torch.distributed): ranks are laid out on a grid whose axes are named by an order string,
+first name varying fastest, so with the default "tp-cp-ep-dp-pp" a rank is
+    rank = tp + T*(cp + C*(ep + E*(dp + D*pp)))
+and the group of a set of axes is every rank reached by moving along those axes with the other coordinates fixed.
+This yields the same lists as Megatron Core's generate_masked_orthogonal_rank_groups(), including the enumeration
+order of the groups (the fixed coordinates counted with the first fixed axis fastest).
+
+`ParallelState` replaces Megatron's module-global parallel_state: it is built once per process, after
+init_process_group, and passed explicitly to every layer that communicates.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.errors import ConfigError
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+class RankGenerator:
+    def __init__(self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str = "tp-cp-ep-dp-pp",
+                 world_size: int | None = None):
+        self.sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
+        self.order = order.lower().split("-")
+        if sorted(self.order) != sorted(AXES):
+            raise ConfigError(f"order {order!r} must name each of {'-'.join(AXES)} exactly once")
+        for axis, size in self.sizes.items():
+            if size < 1:
+                raise ConfigError(f"{axis} size must be >= 1, got {size}")
+        self.world_size = math.prod(self.sizes.values())
+        if world_size is not None and world_size != self.world_size:
+            raise ConfigError(f"world size {world_size} != tp {tp} x cp {cp} x ep {ep} x dp {dp} x pp {pp}")
+        self.strides: dict[str, int] = {}
+        stride = 1
+        for axis in self.order:
+            self.strides[axis] = stride
+            stride *= self.sizes[axis]
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank {rank} is outside the world of {self.world_size} ranks")
+        return {axis: (rank // self.strides[axis]) % self.sizes[axis] for axis in AXES}
+
+    def get_ranks(self, token: str) -> list[list[int]]:
+        """All groups spanned by the axes in `token` (e.g. "tp", "dp-cp", "tp-pp")."""
+        varying = [a for a in self.order if a in token.split("-")]
+        fixed = [a for a in self.order if a not in varying]
+        groups = []
+        for fixed_coords in _counting(fixed, self.sizes):
+            base = sum(c * self.strides[a] for a, c in zip(fixed, fixed_coords))
+            groups.append([base + sum(c * self.strides[a] for a, c in zip(varying, coords))
+                           for coords in _counting(varying, self.sizes)])
+        return groups
+
+
+def _counting(axes: list[str], sizes: dict[str, int]):
+    """Coordinate tuples over `axes`, first axis fastest (itertools.product varies the last fastest)."""
+    for reversed_coords in itertools.product(*(range(sizes[a]) for a in reversed(axes))):
+        yield tuple(reversed(reversed_coords))
+
+
+def rank_generator_for(world_size: int, tp: int, pp: int, cp: int = 1, order: str = "tp-cp-ep-dp-pp") -> RankGenerator:
+    model_parallel = tp * pp * cp
+    if model_parallel < 1 or world_size % model_parallel:
+        raise ConfigError(f"world size {world_size} is not divisible by tp {tp} x pp {pp} x cp {cp}")
+    return RankGenerator(tp=tp, ep=1, dp=world_size // model_parallel, pp=pp, cp=cp, order=order)
+
+
+def group_lists(gen: RankGenerator) -> dict[str, list[list[int]]]:
+    """Every group kind this engine creates, as rank lists; embedding/position follow Megatron's pp-group ends."""
+    pp_groups = gen.get_ranks("pp")
+    return {
+        "tp": gen.get_ranks("tp"),
+        "cp": gen.get_ranks("cp"),
+        "dp": gen.get_ranks("dp"),
+        "dp_cp": gen.get_ranks("dp-cp"),
+        "pp": pp_groups,
+        "mp": gen.get_ranks("tp-pp"),
+        "embedding": [sorted({g[0], g[-1]}) for g in pp_groups],
+        "position": [[g[0]] for g in pp_groups],
+    }
+
+
+@dataclass
+class ParallelState:
+    """This process's place in the grid: sizes, coordinates, and one torch ProcessGroup per group kind."""
+    rank: int
+    world_size: int
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    cp_size: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    cp_rank: int
+    ranks: dict[str, list[int]] = field(default_factory=dict)  # this rank's group (global ranks) per kind
+    groups: dict[str, Any] = field(default_factory=dict)  # kind -> torch.distributed ProcessGroup, never None
+    virtual_pipeline_size: int | None = None
+
+    @classmethod
+    def initialize(cls, tp: int = 1, pp: int = 1, cp: int = 1, order: str = "tp-cp-ep-dp-pp",
+                   virtual_pipeline_size: int | None = None) -> "ParallelState":
+        """Collective: every rank must call it; creates every group in the same order on every rank."""
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        gen = rank_generator_for(world, tp, pp, cp, order)
+        coords = gen.coordinates(rank)
+        mine: dict[str, list[int]] = {}
+        handles: dict[str, Any] = {}
+        for kind, lists in group_lists(gen).items():
+            for ranks in lists:
+                # A real handle even for a group of one, so that no caller can fall back to WORLD with None.
+                handle = dist.new_group(ranks)
+                if rank in ranks:
+                    mine[kind], handles[kind] = ranks, handle
+        return cls(rank=rank, world_size=world, tp_size=tp, pp_size=pp, dp_size=gen.sizes["dp"], cp_size=cp,
+                   tp_rank=coords["tp"], pp_rank=coords["pp"], dp_rank=coords["dp"], cp_rank=coords["cp"],
+                   ranks=mine, groups=handles, virtual_pipeline_size=virtual_pipeline_size)
+
+    @property
+    def is_pipeline_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_pipeline_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def pipeline_next_rank(self) -> int:
+        return self.ranks["pp"][(self.pp_rank + 1) % self.pp_size]
+
+    @property
+    def pipeline_prev_rank(self) -> int:
+        return self.ranks["pp"][(self.pp_rank - 1) % self.pp_size]
+
+    @property
+    def coordinates(self) -> dict[str, int]:
+        return {"tp": self.tp_rank, "cp": self.cp_rank, "dp": self.dp_rank, "pp": self.pp_rank}

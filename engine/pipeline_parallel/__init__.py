@@ -1,0 +1,1 @@
+"""Pipeline parallelism: P2P communicator, schedule plans, and the forward-backward schedules."""

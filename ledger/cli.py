@@ -1,0 +1,51 @@
+"""`train-ledger`: one dispatcher, one module per command under ledger/commands/.
+
+Commands import their implementation lazily so that `train-ledger plan` never imports torch and a missing optional
+dependency (streamlit, say) only affects its own command. Any UserError becomes one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from ledger.errors import UserError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("ledger.commands.demo", "the main job here: instrumented run -> reconcile -> report"),
+    "train": ("ledger.commands.train", "train with Megatron flags (under torchrun, or --nproc-per-node N)"),
+    "groups": ("ledger.commands.groups", "the rank groups of a TP x CP x DP x PP layout"),
+    "buffer": ("ledger.commands.buffer", "the seed's 2-rank buffer / distributed-optimizer toy"),
+    "schedule": ("ledger.commands.schedule", "a pipeline schedule's event order, chart and bubble"),
+    "plan": ("ledger.commands.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
+    "reconcile": ("ledger.commands.reconcile", "formula vs inventory vs measurement for a run directory"),
+    "report": ("ledger.commands.report", "report.md and report.html for a run directory"),
+    "export-trace": ("ledger.commands.export_trace", "merge per-rank traces into one Perfetto trace"),
+    "dashboard": ("ledger.commands.dashboard", "the Streamlit app over run directories"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: train-ledger COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<13} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"train-ledger: error: unknown command {name!r} (one of: {', '.join(COMMANDS)})", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except UserError as exc:
+        print(f"train-ledger {name}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `train-ledger` command; each exposes main(argv) -> exit status."""
