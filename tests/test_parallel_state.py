@@ -1,0 +1,82 @@
+"""Rank groups follow Megatron Core's generate_masked_orthogonal_rank_groups; seed 000 chapter 五 is the oracle."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.parallel_state import RankGenerator, group_lists, rank_generator_for
+from ledger.errors import ConfigError
+
+
+def test_seed_eight_gpu_example():
+    # rank = tp + 2*dp + 4*pp for TP2 x DP2 x PP2 (seed 000, F1)
+    lists = group_lists(rank_generator_for(8, tp=2, pp=2))
+    assert lists["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert lists["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert lists["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert lists["mp"] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert lists["embedding"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_seed_self_test_rank3():
+    gen = rank_generator_for(8, tp=2, pp=2)
+    coords = gen.coordinates(3)
+    assert (coords["tp"], coords["dp"], coords["pp"]) == (1, 1, 0)
+    mine = {kind: next(g for g in groups if 3 in g) for kind, groups in group_lists(gen).items()}
+    assert (mine["tp"], mine["dp"], mine["pp"]) == ([2, 3], [1, 3], [3, 7])
+
+
+def _oracle(world, sizes, order, token):
+    """Brute force from the definition: rank = sum(coord_a * stride_a), strides = prefix products in `order`."""
+    axes = order.split("-")
+    strides, s = {}, 1
+    for a in axes:
+        strides[a], s = s, s * sizes[a]
+    coords = {r: {a: (r // strides[a]) % sizes[a] for a in axes} for r in range(world)}
+    varying = token.split("-")
+    groups = {}
+    for r in range(world):
+        key = tuple(coords[r][a] for a in axes if a not in varying)
+        groups.setdefault(key, []).append(r)
+    # groups enumerated with the first fixed axis fastest
+    fixed = [a for a in axes if a not in varying]
+    return [groups[k] for k in sorted(groups, key=lambda k: k[::-1])] if fixed else list(groups.values())
+
+
+@pytest.mark.parametrize("world,tp,cp,pp,order", [
+    (8, 2, 1, 2, "tp-cp-ep-dp-pp"), (16, 2, 2, 2, "tp-cp-ep-dp-pp"), (12, 3, 1, 2, "tp-cp-ep-dp-pp"),
+    (8, 2, 1, 2, "tp-dp-pp-cp-ep"), (32, 4, 2, 2, "tp-pp-dp-cp-ep"), (6, 1, 1, 3, "tp-cp-ep-dp-pp"),
+])
+def test_groups_match_definition(world, tp, cp, pp, order):
+    gen = rank_generator_for(world, tp, pp, cp, order)
+    sizes = dict(gen.sizes)
+    for token in ("tp", "cp", "dp", "pp", "dp-cp", "tp-pp"):
+        groups = gen.get_ranks(token)
+        assert groups == _oracle(world, sizes, order, token), token
+        assert sorted(r for g in groups for r in g) == list(range(world))  # a partition of the world
+
+
+def test_order_must_name_each_axis():
+    with pytest.raises(ConfigError):
+        RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
+
+
+def test_groups_cli_text_and_json():
+    out = subprocess.run([sys.executable, "-m", "ledger.cli", "groups", "--world-size", "8", "--tp", "2", "--pp",
+                          "2"], capture_output=True, text=True, check=True).stdout
+    assert "TP: [[0, 1], [2, 3], [4, 5], [6, 7]]" in out
+    assert "DP: [[0, 2], [1, 3], [4, 6], [5, 7]]" in out
+    assert "PP: [[0, 4], [1, 5], [2, 6], [3, 7]]" in out
+    js = json.loads(subprocess.run([sys.executable, "-m", "ledger.cli", "groups", "--world-size", "8", "--tp", "2",
+                                    "--pp", "2", "--rank", "3", "--json"], capture_output=True, text=True,
+                                   check=True).stdout)
+    assert js["rank"]["groups"]["pp"] == [3, 7] and js["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+@pytest.mark.parametrize("args", [["--world-size", "6", "--tp", "4"], ["--world-size", "8", "--bogus"],
+                                  ["--world-size", "8", "--rank", "9"], ["--world-size", "8", "--order", "tp-dp"]])
+def test_groups_bad_input(args):
+    r = subprocess.run([sys.executable, "-m", "ledger.cli", "groups", *args], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
