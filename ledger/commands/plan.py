@@ -1,0 +1,72 @@
+"""`train-ledger plan`: the analytic memory / comm / FLOPs plan of a configuration, torch-free.
+
+Takes the same Megatron flags (or --model PRESET) as `train`, plus --world-size; --json prints the plan dict.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ledger.commands._args import CommandParser
+from ledger.config import parse_args
+from ledger.plan import build_plan
+
+GB, GIB = 1e9, 2 ** 30
+
+
+def _size(n: float) -> str:
+    if n < 1e7:
+        return f"{n:,.0f} B"
+    return f"{n / GB:.2f} GB ({n / GIB:.2f} GiB)"
+
+
+def render(plan: dict[str, Any]) -> str:
+    c, pa, me, pi, co, fl = (plan[k] for k in ("config", "params", "memory", "pipeline", "comm", "flops"))
+    vpp = f" x vpp {c['vpp']}" if c["vpp"] else ""
+    lines = [
+        f"model {c['model'] or 'custom'}: world {c['world_size']} = tp {c['tp']} x pp {c['pp']}{vpp} x dp {c['dp']}"
+        f"{' + SP' if c['sequence_parallel'] else ''}; {c['params_dtype']} params, {c['grad_dtype']} grads, "
+        f"{c['strategy']}; seq {c['seq_length']}, micro {c['micro_batch_size']}, global {c['global_batch_size']}",
+        f"parameters: {pa['total']:,} total, {pa['per_layer']:,} per layer; vocab {pa['vocab']['size']:,} padded to "
+        f"{pa['vocab']['padded']:,} (+{pa['vocab']['padding_rows']} rows, {pa['vocab']['rule']})",
+        f"bytes per parameter: {me['bytes_per_param']:g} ({me['bytes_per_param_after_optimizer_init']:g} after "
+        f"optimizer init, before Adam's first step)",
+        f"pipeline: {pi['schedule']}, m = {pi['num_microbatches']} micro-batches per DP replica; bubble "
+        f"{pi['bubble_fraction']:.2%} [{pi['bubble_convention']}], {pi['bubble_relative_to_compute']:.2%} "
+        f"[{pi['bubble_relative_to_compute_convention']}]",
+        "",
+        "per stage, one rank (tp 0; static of its largest DP rank):",
+    ]
+    for i, per_rank in enumerate(pa["per_rank"]):
+        s = me["static_bytes_per_stage"][i]
+        lines += [
+            f"  stage {i}: {pa['per_stage'][i]:,} params, {per_rank:,} per TP rank",
+            f"    static {_size(s['total'])}: param buffer {_size(s['param_buffer'])}, grad buffer "
+            f"{_size(s['grad_buffer'])} (padding {s['padding']:,} B), master {_size(s['master_params'])}, "
+            f"Adam m {_size(s['adam_m'])}, v {_size(s['adam_v'])}, fp32 grad copy {_size(s['grad_fp32_copy'])}",
+            f"    activations {_size(me['activation_bytes_per_stage'][i])} "
+            f"({me['activation_in_flight_per_stage'][i]} in flight; full recompute "
+            f"{_size(me['activation_bytes_per_stage_full_recompute'][i])}), logits transient "
+            f"{_size(me['logits_transient_bytes_per_stage'][i])}",
+            f"    peak {_size(me['peak_bytes_per_stage'][i])}",
+        ]
+        for name, col in co["per_stage"][i].items():
+            lines.append(f"    comm {name}: {col['calls']} calls, {_size(col['bytes_per_rank'])} per rank")
+    lines += [
+        "",
+        f"static per rank, max: {_size(me['static_bytes_per_rank_max'])} at {me['static_rank_max']} "
+        f"(estimate bytes/param x params: {_size(me['static_bytes_per_rank_estimate'])})",
+        f"FLOPs per step: {fl['per_step']:.4g} [{fl['convention']}], {fl['per_token']:.4g} per token",
+        f"FLOPs per step: {fl['palm_6n']['per_step']:.4g} [{fl['palm_6n']['convention']}]",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = CommandParser("plan", add_help=False)
+    p.add_argument("--json", action="store_true")
+    ns, rest = p.parse_known_args(argv)
+    cfg = parse_args(rest, prog="train-ledger plan")
+    plan = build_plan(cfg)
+    print(json.dumps(plan) if ns.json else render(plan))
+    return 0

@@ -1,0 +1,120 @@
+"""Communication volume per training step on one rank of a pipeline stage, by collective.
+
+Each entry gives the collective's buffer size summed over its calls in one step (`size_bytes`: nccl-tests' "size")
+and `bytes_per_rank` = size x the ring bus factor (nccl_bw.py): what each rank sends, which is what busbw divides.
+Sources: Megatron Core's mappings (each collective an autograd.Function, backward its conjugate), DDP / distributed
+optimizer (param_and_grad_buffer.py), vocab-parallel cross-entropy, the p2p schedule. Per layer per micro-batch:
+- TP without SP: all-reduce after linear_proj and linear_fc2 (forward) and of the input grads of linear_qkv and
+  linear_fc1 (backward): 4 all-reduces of [s, b, h].
+- TP with SP: forward all-gather before linear_qkv / linear_fc1 and reduce-scatter after linear_proj / linear_fc2;
+  backward the conjugates (2 reduce-scatters, 2 all-gathers) plus a re-gather of each saved sharded input for the
+  weight gradient: 6 all-gathers and 4 reduce-scatters of [s, b, h] (full size).
+- Embedding (first stage): forward all-reduce (SP: reduce-scatter, backward all-gather). Output layer (last stage):
+  backward all-reduce of its input grad (SP: forward all-gather, backward reduce-scatter + re-gather).
+- Vocab-parallel cross-entropy: 3 fp32 all-reduces of [s, b] (max logit, target logit, sum of exps).
+- PP: each model chunk sends its output forward (unless it is the last virtual stage) and its input grad backward
+  (unless the first): [s, b, h], [s/t, b, h] under SP; receives mirror the sends.
+Per step: DP grad all-reduce (DDP) or grad reduce-scatter + param all-gather (distributed optimizer) of the whole
+buffers, padding included; under SP an all-reduce of the replicated norm weights' grads over TP.
+Groups of one move nothing and are left out.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ledger.config import RunConfig
+from ledger.formulas.activations import activation_bytes
+from ledger.formulas.buffer_layout import rank_buffers
+from ledger.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.formulas.nccl_bw import bus_factor
+from ledger.formulas.params import chunk_layers, chunk_tensors, num_chunks
+
+CONVENTION = ("per rank per step: size_bytes = nccl-tests size summed over calls; "
+              "bytes_per_rank = size x ring bus factor")
+
+
+@dataclass(frozen=True)
+class Collective:
+    group: str
+    kind: str
+    group_size: int
+    dtype: str
+    calls: int
+    size_bytes: int
+
+    @property
+    def bytes_per_rank(self) -> float:
+        return self.size_bytes * bus_factor(self.kind, self.group_size)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bytes_per_rank": self.bytes_per_rank}
+
+
+def _add(out: dict[str, Collective], name: str, c: Collective) -> None:
+    if c.group_size > 1 and c.calls > 0:
+        out[name] = c
+
+
+def dp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    t, dp = cfg.train, cfg.parallel.data_parallel_size
+    buffers = rank_buffers(cfg, pp_rank)
+    numel, calls = sum(b.numel for b in buffers), sum(len(b.buckets) for b in buffers)
+    out: dict[str, Collective] = {}
+    gdt, pdt = t.grad_dtype, t.params_dtype
+    if t.use_distributed_optimizer:
+        _add(out, f"dp.reduce_scatter.grads[{gdt}]",
+             Collective("dp", "reduce_scatter", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+        _add(out, f"dp.all_gather.params[{pdt}]",
+             Collective("dp", "all_gather", dp, pdt, calls, numel * DTYPE_BYTES[pdt]))
+    else:
+        _add(out, f"dp.all_reduce.grads[{gdt}]",
+             Collective("dp", "all_reduce", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+    return out
+
+
+def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    p, m = cfg.parallel, cfg.model
+    tp, sp, mb = p.tensor_model_parallel_size, p.sequence_parallel, cfg.num_microbatches
+    dt = cfg.train.params_dtype
+    sbh = activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    first, last = pp_rank == 0, pp_rank == p.pipeline_model_parallel_size - 1
+    if sp:
+        ag = 6 * layers + (1 if first else 0) + (2 if last else 0)
+        rs = 4 * layers + (1 if first else 0) + (1 if last else 0)
+        counts = {"all_gather": ag, "reduce_scatter": rs}
+    else:
+        counts = {"all_reduce": 4 * layers + (1 if first else 0) + (1 if last else 0)}
+    out: dict[str, Collective] = {}
+    for kind, n in counts.items():
+        _add(out, f"tp.{kind}.activations[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
+    if last:
+        sb = m.seq_length * cfg.train.micro_batch_size
+        _add(out, "tp.all_reduce.cross_entropy[fp32]",
+             Collective("tp", "all_reduce", tp, "fp32", 3 * mb, 3 * mb * 4 * sb))
+    if sp:
+        gdt = cfg.train.grad_dtype
+        norms = sum(t.numel for c in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, c)
+                    if len(t.shape) == 1)
+        _add(out, f"tp.all_reduce.norm_grads[{gdt}]",
+             Collective("tp", "all_reduce", tp, gdt, 1, norms * DTYPE_BYTES[gdt]))
+    return out
+
+
+def pp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    p, m = cfg.parallel, cfg.model
+    pp, v = p.pipeline_model_parallel_size, num_chunks(cfg)
+    sp_div = p.tensor_model_parallel_size if p.sequence_parallel else 1
+    message = activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size // sp_div
+    stages = [c * pp + pp_rank for c in range(v)]
+    sends = sum(k < pp * v - 1 for k in stages) + sum(k > 0 for k in stages)  # receives: the same count
+    mb, dt = cfg.num_microbatches, cfg.train.params_dtype
+    out: dict[str, Collective] = {}
+    for direction in ("send", "recv"):
+        _add(out, f"pp.{direction}.activations_and_grads[{dt}]",
+             Collective("pp", "send_recv", pp, dt, sends * mb, sends * mb * message))
+    return out
+
+
+def step_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    return {**dp_collectives(cfg, pp_rank), **tp_collectives(cfg, pp_rank), **pp_collectives(cfg, pp_rank)}

@@ -1,0 +1,49 @@
+"""Model FLOPs per step under the two conventions in use, and MFU.
+
+"megatron": Megatron-LM's `num_floating_point_operations` (megatron/training/training.py) for dense GQA + SwiGLU,
+per global batch of B sequences of length s. Every GEMM counts 2mnk (FMA) x 3 (forward, wgrad, dgrad):
+    6 B s [ 3 h f L  +  L (h (q + 2 kv) + q h)  +  h V ]  +  6 B s^2 q L
+with q = n_q d (query projection width), kv = n_kv d, V the padded vocab: SwiGLU's three f x h GEMMs, the QKV and
+output projections, the logit GEMM; the core attention QK^T and (softmax)V cost 2 x 2 B s^2 q forward, halved by
+the causal mask. Norms, RoPE, softmax and activation recompute are not counted.
+"palm_6n": PaLM (Chowdhery et al. 2022, app. B) as torchtitan computes it, per token:
+    6 (N - N_embedding) + 12 L q s
+with N_embedding the input embedding only (the output layer counts) and no causal halving.
+"""
+from __future__ import annotations
+
+from ledger.config import RunConfig
+from ledger.errors import ConfigError
+from ledger.formulas.params import component_counts, params_total, padded_vocab_size
+
+H200_BF16_DENSE_PEAK = 989e12
+MEGATRON = "megatron: num_floating_point_operations (GQA + SwiGLU, causal-halved attention), per global batch"
+PALM_6N = "palm_6n: 6(N - N_embedding) + 12*L*q*s per token (PaLM / torchtitan), x tokens per global batch"
+
+
+def tokens_per_step(cfg: RunConfig) -> int:
+    return cfg.train.global_batch_size * cfg.model.seq_length
+
+
+def megatron_flops_per_step(cfg: RunConfig) -> int:
+    m = cfg.model
+    h, f, L, s = m.hidden_size, m.ffn_hidden_size, m.num_layers, m.seq_length
+    q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
+    batch = cfg.train.global_batch_size
+    linear = 3 * h * f * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
+    return 6 * batch * s * linear + 6 * batch * s * s * q * L
+
+
+def palm_flops_per_token(cfg: RunConfig) -> int:
+    m = cfg.model
+    embedding = component_counts(m, cfg.parallel.tensor_model_parallel_size)["embedding"]
+    q = m.num_attention_heads * m.head_dim
+    return 6 * (params_total(cfg) - embedding) + 12 * m.num_layers * q * m.seq_length
+
+
+def mfu(flops_per_step: float, step_seconds: float, num_gpus: int, peak_flops: float = H200_BF16_DENSE_PEAK) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all GPUs doing the step."""
+    if step_seconds <= 0 or num_gpus < 1 or peak_flops <= 0:
+        raise ConfigError("MFU needs a positive step time, peak and GPU count")
+    return flops_per_step / (step_seconds * num_gpus * peak_flops)

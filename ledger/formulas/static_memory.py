@@ -1,0 +1,85 @@
+"""Static memory of one (tp, pp, dp) rank, to the byte, by component.
+
+Built from the buffer layout (buffer_layout.py) and the component rules of bytes_per_param.py:
+- param buffer: buffer numel (padding included) x param bytes; grad buffer: numel x grad bytes;
+- the optimizer's state covers the parameter elements the rank owns: all of them without the distributed optimizer,
+  its shard's real elements with it (padding never gets main params or Adam state);
+- fp32 main params (16-bit params only), the fp32 grad copy (16-bit grads only, from the first step), Adam m and v
+  (from the first step: torch's Adam creates them lazily).
+`padding_bytes` is the part of the two buffers that is padding; it is included in them, not added again.
+TP rank does not change any figure (matrices split evenly, norms replicated) but is checked for range.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ledger.config import RunConfig
+from ledger.errors import ConfigError
+from ledger.formulas.buffer_layout import rank_buffers, shard_param_elements
+from ledger.formulas.bytes_per_param import DTYPE_BYTES, PHASES, grad_copy_bytes, master_param_bytes
+
+
+@dataclass(frozen=True)
+class StaticBytes:
+    param_buffer: int
+    grad_buffer: int
+    padding: int
+    master_params: int
+    grad_fp32_copy: int
+    adam_m: int
+    adam_v: int
+
+    @property
+    def total(self) -> int:
+        return (self.param_buffer + self.grad_buffer + self.master_params + self.grad_fp32_copy
+                + self.adam_m + self.adam_v)
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+def _check_rank(name: str, value: int, size: int) -> None:
+    if not 0 <= value < size:
+        raise ConfigError(f"{name} {value} is outside 0..{size - 1}")
+
+
+def owned_param_elements(cfg: RunConfig, pp_rank: int, dp_rank: int) -> int:
+    """Parameter elements whose optimizer state lives on this rank."""
+    dp = cfg.parallel.data_parallel_size
+    buffers = rank_buffers(cfg, pp_rank)
+    if cfg.train.use_distributed_optimizer:
+        return sum(shard_param_elements(b, dp, dp_rank) for b in buffers)
+    return sum(b.numel_unpadded for b in buffers)
+
+
+def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
+                 phase: str = "after_first_step") -> StaticBytes:
+    p = cfg.parallel
+    _check_rank("tp rank", tp_rank, p.tensor_model_parallel_size)
+    _check_rank("pp rank", pp_rank, p.pipeline_model_parallel_size)
+    _check_rank("dp rank", dp_rank, p.data_parallel_size)
+    if phase not in PHASES:
+        raise ConfigError(f"unknown phase {phase!r} (one of {', '.join(PHASES)})")
+    stepped = phase == "after_first_step"
+    buffers = rank_buffers(cfg, pp_rank)
+    numel = sum(b.numel for b in buffers)
+    padding = sum(b.padding for b in buffers)
+    pb, gb = DTYPE_BYTES[cfg.train.params_dtype], DTYPE_BYTES[cfg.train.grad_dtype]
+    owned = owned_param_elements(cfg, pp_rank, dp_rank)
+    return StaticBytes(
+        param_buffer=numel * pb,
+        grad_buffer=numel * gb,
+        padding=padding * (pb + gb),
+        master_params=owned * master_param_bytes(cfg.train.params_dtype),
+        grad_fp32_copy=owned * grad_copy_bytes(cfg.train.grad_dtype) if stepped else 0,
+        adam_m=owned * 4 if stepped else 0,
+        adam_v=owned * 4 if stepped else 0,
+    )
+
+
+def static_bytes_max(cfg: RunConfig, phase: str = "after_first_step") -> tuple[int, tuple[int, int, int]]:
+    """The largest static total over all ranks, and one (tp, pp, dp) rank that has it."""
+    p = cfg.parallel
+    return max(((static_bytes(cfg, 0, pp, dp, phase).total, (0, pp, dp))
+                for pp in range(p.pipeline_model_parallel_size) for dp in range(p.data_parallel_size)),
+               key=lambda item: item[0])

@@ -1,0 +1,104 @@
+"""The analytic plan of a run: every formula of ledger/formulas applied to one RunConfig, as one JSON-able dict.
+
+`train-ledger plan` prints it; the reconciliation reads the same figures for a run rebuilt from its manifest. Every
+figure that has more than one convention names the one it uses beside it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.config import RunConfig
+from ledger.formulas import activations, bubble, comm, flops, params
+from ledger.formulas.bytes_per_param import run_bytes_per_param, run_strategy
+from ledger.formulas.static_memory import static_bytes, static_bytes_max
+
+BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp32 main param + fp32 grad copy + "
+                              "Adam m, v, sharded per strategy, after the first step (Megatron's table); no "
+                              "activations, padding or temporaries")
+PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + saved activations at the "
+                   "schedule's peak + the logits transient on the last stage; no CUDA context, NCCL buffers or "
+                   "allocator fragmentation")
+
+
+def build_plan(cfg: RunConfig) -> dict[str, Any]:
+    return {"config": _config(cfg), "params": _params(cfg), "memory": _memory(cfg), "pipeline": _pipeline(cfg),
+            "comm": _comm(cfg), "flops": _flops(cfg)}
+
+
+def _config(cfg: RunConfig) -> dict[str, Any]:
+    p, t = cfg.parallel, cfg.train
+    return {"model": cfg.model_preset, "world_size": p.world_size, "tp": p.tensor_model_parallel_size,
+            "pp": p.pipeline_model_parallel_size, "dp": p.data_parallel_size,
+            "vpp": p.virtual_pipeline_model_parallel_size, "sequence_parallel": p.sequence_parallel,
+            "params_dtype": t.params_dtype, "grad_dtype": t.grad_dtype, "strategy": run_strategy(cfg),
+            "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
+            "seq_length": cfg.model.seq_length}
+
+
+def _params(cfg: RunConfig) -> dict[str, Any]:
+    m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
+    per_rank = [params.params_per_rank(cfg, i) for i in range(cfg.parallel.pipeline_model_parallel_size)]
+    padded = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    return {"total": params.params_total(cfg), "per_layer": params.params_per_layer(m),
+            "per_component": params.component_counts(m, tp), "per_stage": params.params_per_stage(cfg),
+            "per_rank": per_rank, "per_rank_max": max(per_rank),
+            "vocab": {"size": m.vocab_size, "padded": padded, "padding_rows": padded - m.vocab_size,
+                      "rule": f"multiple of make_vocab_size_divisible_by {m.make_vocab_size_divisible_by} x tp {tp}"}}
+
+
+def _memory(cfg: RunConfig) -> dict[str, Any]:
+    pp, dp = cfg.parallel.pipeline_model_parallel_size, cfg.parallel.data_parallel_size
+    bpp = run_bytes_per_param(cfg)
+    static_max, rank_max = static_bytes_max(cfg)
+    static_per_stage = [max((static_bytes(cfg, 0, i, d) for d in range(dp)), key=lambda s: s.total) for i in range(pp)]
+    act = [activations.stage_activation_bytes(cfg, i) for i in range(pp)]
+    transient = [activations.logits_transient_bytes(cfg) if i == pp - 1 else 0 for i in range(pp)]
+    return {
+        "bytes_per_param": bpp.total, "bytes_per_param_convention": BYTES_PER_PARAM_CONVENTION,
+        "bytes_per_param_breakdown": vars(bpp),
+        "bytes_per_param_after_optimizer_init": run_bytes_per_param(cfg, "after_optimizer_init").total,
+        "static_bytes_per_rank_max": static_max, "static_rank_max": {"tp": rank_max[0], "pp": rank_max[1],
+                                                                      "dp": rank_max[2]},
+        "static_bytes_per_rank_estimate": bpp.total * max(params.params_per_rank(cfg, i) for i in range(pp)),
+        "static_bytes_per_stage": [s.to_dict() for s in static_per_stage],
+        "activation_bytes_per_layer": activations.layer_bytes(cfg),
+        "activation_saved_tensors_per_layer": activations.layer_saved_tensors(cfg),
+        "activation_in_flight_per_stage": [activations.in_flight(cfg, i) for i in range(pp)],
+        "activation_bytes_per_stage": act,
+        "activation_bytes_per_stage_full_recompute": [activations.stage_activation_bytes(cfg, i, "full")
+                                                      for i in range(pp)],
+        "logits_transient_bytes_per_stage": transient,
+        "peak_bytes_per_stage": [s.total + a + x for s, a, x in zip(static_per_stage, act, transient)],
+        "peak_convention": PEAK_CONVENTION,
+    }
+
+
+def _pipeline(cfg: RunConfig) -> dict[str, Any]:
+    p = cfg.parallel.pipeline_model_parallel_size
+    v, m = params.num_chunks(cfg), cfg.num_microbatches
+    b = bubble.bubble(p, m, v)
+    schedule = "no_pipelining" if p == 1 else "1f1b" if v == 1 else "interleaved_1f1b"
+    return {"schedule": schedule, "num_microbatches": m, "virtual_stages": v,
+            "bubble_fraction": b.of_wall_time, "bubble_convention": bubble.OF_WALL_TIME,
+            "bubble_relative_to_compute": b.relative_to_compute,
+            "bubble_relative_to_compute_convention": bubble.RELATIVE_TO_COMPUTE}
+
+
+def _comm(cfg: RunConfig) -> dict[str, Any]:
+    per_stage = [comm.step_collectives(cfg, i) for i in range(cfg.parallel.pipeline_model_parallel_size)]
+    busiest: dict[str, float] = {}
+    for stage in per_stage:
+        for name, c in stage.items():
+            busiest[name] = max(busiest.get(name, 0.0), c.bytes_per_rank)
+    return {"convention": comm.CONVENTION + "; bytes_per_step: the stage where each collective is largest",
+            "bytes_per_step": busiest,
+            "per_stage": [{name: c.to_dict() for name, c in stage.items()} for stage in per_stage]}
+
+
+def _flops(cfg: RunConfig) -> dict[str, Any]:
+    tokens = flops.tokens_per_step(cfg)
+    per_step = flops.megatron_flops_per_step(cfg)
+    palm = flops.palm_flops_per_token(cfg)
+    return {"convention": flops.MEGATRON, "per_step": per_step, "per_token": per_step / tokens,
+            "tokens_per_step": tokens,
+            "palm_6n": {"convention": flops.PALM_6N, "per_token": palm, "per_step": palm * tokens}}

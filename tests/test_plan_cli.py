@@ -1,0 +1,88 @@
+"""`train-ledger plan`: the CLI contract (JSON keys, text breakdown, one-line errors with status 2, no torch)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
+        "--pipeline-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
+        "--seq-length", "8192", "--max-position-embeddings", "8192", "--micro-batch-size", "1",
+        "--global-batch-size", "16", "--bf16"]
+
+
+def plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ledger.cli", "plan", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def plan_json(*args: str) -> dict:
+    out = plan(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_seed_plan_json():
+    p = plan_json(*SEED)
+    assert p["params"]["total"] == 1_498_482_688
+    assert p["params"]["per_layer"] == 60_821_504
+    assert [round(n / 1e6, 1) for n in p["params"]["per_stage"]] == [749.2, 749.2]
+    assert round(p["params"]["per_rank_max"] / 1e6, 1) == 374.6
+    assert p["memory"]["bytes_per_param"] == 2 + 4 + 12 / 2
+    assert round(p["memory"]["static_bytes_per_rank_max"] / 1e9, 2) == 4.50
+    assert p["pipeline"]["num_microbatches"] == 16 // (1 * 2)
+    assert p["pipeline"]["bubble_fraction"] == pytest.approx(1 / (8 + 1))
+    assert "(p-1)/(v*m+p-1)" in p["pipeline"]["bubble_convention"]
+    assert len(p["memory"]["activation_bytes_per_stage"]) == len(p["memory"]["peak_bytes_per_stage"]) == 2
+    for stage, peak in enumerate(p["memory"]["peak_bytes_per_stage"]):
+        assert peak > p["memory"]["activation_bytes_per_stage"][stage] + 4e9
+    assert {"dp.reduce_scatter.grads[fp32]", "dp.all_gather.params[bf16]",
+            "tp.all_gather.activations[bf16]"} <= set(p["comm"]["bytes_per_step"])
+    tokens = 16 * 8192
+    assert p["flops"]["per_token"] == pytest.approx(p["flops"]["per_step"] / tokens)
+    assert p["flops"]["palm_6n"]["per_step"] == p["flops"]["palm_6n"]["per_token"] * tokens
+    assert "megatron" in p["flops"]["convention"] and "palm" in p["flops"]["palm_6n"]["convention"]
+
+
+def test_precision_follows_megatron():
+    assert plan_json("--model", "tiny", "--world-size", "2")["memory"]["bytes_per_param"] == 16     # fp32 default
+    assert plan_json("--model", "tiny", "--world-size", "2", "--bf16")["memory"]["bytes_per_param"] == 18
+
+
+def test_vocab_padding_is_reported():
+    p = plan_json("--model", "tiny", "--world-size", "2", "--tensor-model-parallel-size", "2")
+    assert p["params"]["vocab"] == {"size": 1000, "padded": 1008, "padding_rows": 8,
+                                    "rule": "multiple of make_vocab_size_divisible_by 8 x tp 2"}
+
+
+def test_text_breakdown_per_stage():
+    out = plan(*SEED)
+    assert out.returncode == 0, out.stderr
+    assert "stage 0:" in out.stdout and "stage 1:" in out.stdout
+    assert "1,498,482,688" in out.stdout and "4.50 GB (4.19 GiB)" in out.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "tiny", "--world-size", "6", "--tensor-model-parallel-size", "4"], "world size 6"),
+    (["--model", "tiny", "--world-size", "3", "--tensor-model-parallel-size", "3"], "--num-attention-heads 8"),
+    (["--model", "tiny", "--world-size", "4", "--global-batch-size", "6"], "--global-batch-size 6"),
+    (["--model", "tiny", "--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_config_is_one_line_and_status_2(args, needle):
+    out = plan(*args)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr
+
+
+def test_plan_does_not_import_torch():
+    code = ("import sys, contextlib, io; from ledger.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = main(['plan', *{SEED!r}, '--json'])\n"
+            "assert rc == 0\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'engine'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
