@@ -1,0 +1,1 @@
+"""Models built from the transformer blocks (Megatron Core models/)."""

@@ -1,0 +1,102 @@
+"""The Llama-style GPT model of one pipeline stage (or virtual chunk), as Megatron's GPTModel.
+
+    pre_process:  VocabParallelEmbedding (ids [b, s] -> [s, b, h], or [s/tp, b, h] under sequence parallelism)
+    decoder:      TransformerBlock over this stage's global layer numbers (final RMSNorm when post_process)
+    post_process: output layer = ColumnParallelLinear over the padded vocabulary (not tied to the embedding),
+                  gather_output=False, feeding the vocab-parallel cross entropy
+
+Every parameter's initial value depends only on (seed, its global name), so any TP / PP / VPP split of the model
+starts from the weights of the single-process model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
+from engine.tensor_parallel.mappings import TPGroup
+from engine.tensor_parallel.random import MasterWeightInit
+from engine.transformer.rotary import RotaryEmbedding
+from engine.transformer.transformer_block import TransformerBlock, get_layer_numbers
+from ledger.config import ModelConfig, RunConfig
+from ledger.errors import ConfigError
+from probes.probe_set import NullProbeSet
+
+
+class GPTModel(torch.nn.Module):
+    def __init__(self, config: ModelConfig, parallel_state: Any, *, pre_process: bool, post_process: bool,
+                 layer_numbers: list[int], sequence_parallel: bool, params_dtype: torch.dtype,
+                 device: torch.device | str, probes: Any = NullProbeSet(), seed: int = 1234):
+        """parallel_state needs tp_size, tp_rank and (when tp_size > 1) groups["tp"]; seed is --seed."""
+        super().__init__()
+        self.config = config
+        self.pre_process, self.post_process = pre_process, post_process
+        self.tp = TPGroup.from_parallel_state(parallel_state, probes)
+        self.sequence_parallel = sequence_parallel and self.tp.size > 1
+        self.padded_vocab_size = pad_vocab_size(config.vocab_size, config.make_vocab_size_divisible_by, self.tp.size)
+        std = config.init_method_std
+        if pre_process:
+            self.embedding = VocabParallelEmbedding(
+                self.padded_vocab_size, config.hidden_size, tp=self.tp,
+                init=MasterWeightInit(std, seed, "embedding.word_embeddings.weight", config.vocab_size),
+                params_dtype=params_dtype, device=device, reduce_scatter_embeddings=self.sequence_parallel)
+        self.rotary_pos_emb = RotaryEmbedding(config.head_dim, config.rotary_base)
+        self.decoder = TransformerBlock(config, layer_numbers, post_process=post_process, tp=self.tp,
+                                        sequence_parallel=self.sequence_parallel, params_dtype=params_dtype,
+                                        device=device, seed=seed)
+        if post_process:
+            self.output_layer = ColumnParallelLinear(
+                config.hidden_size, self.padded_vocab_size, tp=self.tp,
+                init=MasterWeightInit(std, seed, "output_layer.weight", config.vocab_size), params_dtype=params_dtype,
+                device=device, gather_output=False, sequence_parallel=self.sequence_parallel)
+
+    def set_input_tensor(self, input_tensor: torch.Tensor | list[torch.Tensor] | None) -> None:
+        """The activation received from the previous stage; Megatron's schedules pass a one-element list."""
+        if isinstance(input_tensor, (list, tuple)):
+            (input_tensor,) = input_tensor
+        self.decoder.set_input_tensor(input_tensor)
+
+    def forward(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """First stage: input_ids [b, s]; later stages read set_input_tensor's activation.
+
+        Returns, on the last stage, the per-token loss [b, s] (fp32) given labels [b, s], else the vocab-parallel
+        logits [s, b, V_padded/tp]; on other stages the hidden states [s, b, h] ([s/tp, b, h] under SP).
+        """
+        if self.pre_process:
+            hidden_states = self.embedding(input_ids)
+        else:
+            hidden_states = self.decoder.input_tensor
+        seq_len = hidden_states.shape[0] * (self.tp.size if self.sequence_parallel else 1)
+        cos, sin = self.rotary_pos_emb(seq_len, hidden_states.device, hidden_states.dtype)
+        hidden_states = self.decoder(hidden_states, cos, sin)
+        if not self.post_process:
+            return hidden_states
+        logits = self.output_layer(hidden_states)
+        if labels is None:
+            return logits
+        loss = vocab_parallel_cross_entropy(logits, labels.t(), self.tp, self.config.vocab_size)
+        return loss.t().contiguous()
+
+
+def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch.device | str,
+                       probes: Any = NullProbeSet()) -> list[GPTModel]:
+    """This rank's model: one GPTModel per virtual pipeline chunk (one without VPP)."""
+    parallel, model_config = run_config.parallel, run_config.model
+    if parallel_state.cp_size > 1:
+        raise ConfigError(f"--context-parallel-size {parallel_state.cp_size}: context parallelism is not "
+                          "implemented in the model")
+    vpp = parallel.virtual_pipeline_model_parallel_size or 1
+    params_dtype = torch.bfloat16 if run_config.train.bf16 else torch.float32
+    chunks = []
+    for chunk in range(vpp):
+        layers = get_layer_numbers(model_config.num_layers, parallel_state.pp_size, parallel_state.pp_rank,
+                                   parallel.virtual_pipeline_model_parallel_size, chunk)
+        chunks.append(GPTModel(
+            model_config, parallel_state,
+            pre_process=parallel_state.is_pipeline_first_stage and chunk == 0,
+            post_process=parallel_state.is_pipeline_last_stage and chunk == vpp - 1,
+            layer_numbers=layers, sequence_parallel=parallel.sequence_parallel, params_dtype=params_dtype,
+            device=device, probes=probes, seed=run_config.train.seed))
+    return chunks

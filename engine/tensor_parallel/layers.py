@@ -1,0 +1,163 @@
+"""Tensor-parallel layers, as Megatron's tensor_parallel/layers.py: no biases, activations [s, b, h].
+
+A sharded parameter is a plain nn.Parameter of the local shape that carries Megatron's attributes
+`tensor_model_parallel=True`, `partition_dim`, `partition_stride`; gradient clipping, checkpointing and the ledger's
+inventory read them to tell a shard from a TP-replicated parameter.
+
+Under sequence parallelism the input of a ColumnParallelLinear is [s/tp, b, h]. Its all-gather happens inside
+`_LinearWithSequenceParallel`, which saves the *local* shard for backward and gathers it again there (Megatron's
+LinearWithGradAccumulationAndAsyncCommunication does the same): saving the gathered input would keep tp times the
+activation memory that sequence parallelism exists to save.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.tensor_parallel.mappings import (TPGroup, _all_gather, _reduce_scatter_dim0,
+                                             copy_to_tensor_model_parallel_region,
+                                             gather_from_tensor_model_parallel_region,
+                                             reduce_from_tensor_model_parallel_region,
+                                             reduce_scatter_to_sequence_parallel_region,
+                                             scatter_to_tensor_model_parallel_region)
+from engine.tensor_parallel.random import MasterWeightInit, sharded_master_weight
+
+
+def set_tensor_model_parallel_attributes(param: torch.nn.Parameter, is_parallel: bool, dim: int | None,
+                                         stride: int) -> None:
+    param.tensor_model_parallel = is_parallel
+    param.partition_dim = dim if dim is not None else -1
+    param.partition_stride = stride
+
+
+def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp_size: int) -> int:
+    """Megatron's _vocab_size_with_padding: round up to a multiple of divisible_by x TP, so every TP rank holds an
+    equal, aligned slice of the embedding and the output layer."""
+    multiple = make_vocab_size_divisible_by * tp_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def _sharded_parameter(init: MasterWeightInit, full_shape: tuple[int, int], partition_dim: int, stride: int,
+                       tp: TPGroup, params_dtype: torch.dtype, device: torch.device) -> torch.nn.Parameter:
+    weight = torch.nn.Parameter(sharded_master_weight(init, full_shape, partition_dim=partition_dim, stride=stride,
+                                                      rank=tp.rank, size=tp.size, dtype=params_dtype,
+                                                      device=device))
+    set_tensor_model_parallel_attributes(weight, True, partition_dim, stride)
+    return weight
+
+
+class _LinearWithSequenceParallel(torch.autograd.Function):
+    """y = all_gather_s(x) W^T, saving only the local x; backward re-gathers x and reduce-scatters dL/dx."""
+
+    @staticmethod
+    def forward(ctx, x, weight, tp):
+        ctx.tp = tp
+        ctx.save_for_backward(x, weight)
+        return F.linear(_all_gather(x, tp, 0, "sp all-gather"), weight)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        total_input = _all_gather(x, ctx.tp, 0, "sp all-gather (linear bwd)")
+        grad_input = None
+        if ctx.needs_input_grad[0]:
+            grad_input = _reduce_scatter_dim0(grad_output.matmul(weight), ctx.tp, "sp reduce-scatter (linear bwd)")
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
+                total_input.reshape(-1, total_input.shape[-1]))
+        return grad_input, grad_weight, None
+
+
+class ColumnParallelLinear(torch.nn.Module):
+    """Y = X A^T with A split by output rows: weight [output_size/tp, input_size], partition_dim 0.
+
+    Without sequence parallelism the input is replicated (copy_to: its gradient is all-reduced in backward); with
+    it the input is sequence-sharded and all-gathered. gather_output all-gathers the output's last dim.
+    `stride` > 1 keeps a fused weight [A; B; ...] correct under TP: each rank holds [A_r; B_r; ...].
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, tp: TPGroup, init: MasterWeightInit,
+                 params_dtype: torch.dtype, device: torch.device | str, gather_output: bool = False,
+                 sequence_parallel: bool = False, stride: int = 1):
+        super().__init__()
+        if output_size % tp.size:
+            raise ValueError(f"ColumnParallelLinear: output size {output_size} is not divisible by TP {tp.size}")
+        if gather_output and sequence_parallel:
+            raise ValueError("ColumnParallelLinear: gather_output with sequence parallelism is not supported")
+        self.input_size, self.output_size = input_size, output_size
+        self.tp, self.gather_output = tp, gather_output
+        self.sequence_parallel = sequence_parallel and tp.size > 1
+        self.weight = _sharded_parameter(init, (output_size, input_size), 0, stride, tp, params_dtype,
+                                         torch.device(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            out = _LinearWithSequenceParallel.apply(x, self.weight, self.tp)
+        else:
+            out = F.linear(copy_to_tensor_model_parallel_region(x, self.tp), self.weight)
+        return gather_from_tensor_model_parallel_region(out, self.tp) if self.gather_output else out
+
+
+class RowParallelLinear(torch.nn.Module):
+    """Y = sum_r X_r A_r^T with A split by input columns: weight [output_size, input_size/tp], partition_dim 1.
+
+    The partial sums are all-reduced, or reduce-scattered along the sequence under sequence parallelism (which
+    needs input_is_parallel: the input is the previous ColumnParallelLinear's sharded output).
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, tp: TPGroup, init: MasterWeightInit,
+                 params_dtype: torch.dtype, device: torch.device | str, input_is_parallel: bool = True,
+                 sequence_parallel: bool = False):
+        super().__init__()
+        if input_size % tp.size:
+            raise ValueError(f"RowParallelLinear: input size {input_size} is not divisible by TP {tp.size}")
+        if sequence_parallel and not input_is_parallel:
+            raise ValueError("RowParallelLinear: sequence parallelism needs input_is_parallel=True")
+        self.input_size, self.output_size = input_size, output_size
+        self.tp, self.input_is_parallel = tp, input_is_parallel
+        self.sequence_parallel = sequence_parallel and tp.size > 1
+        self.weight = _sharded_parameter(init, (output_size, input_size), 1, 1, tp, params_dtype,
+                                         torch.device(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_model_parallel_region(x, self.tp)
+        out = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            return reduce_scatter_to_sequence_parallel_region(out, self.tp)
+        return reduce_from_tensor_model_parallel_region(out, self.tp)
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    """Embedding split along the (padded) vocabulary: rank r holds rows [r V/tp, (r+1) V/tp).
+
+    Takes token ids [b, s] and returns [s, b, h] (sequence first, ready for the decoder), or [s/tp, b, h] with
+    reduce_scatter_embeddings (sequence parallelism). Each rank looks up the ids in its range, zeroes the rest, and
+    the partial embeddings are summed across TP.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, tp: TPGroup, init: MasterWeightInit,
+                 params_dtype: torch.dtype, device: torch.device | str, reduce_scatter_embeddings: bool = False):
+        super().__init__()
+        if num_embeddings % tp.size:
+            raise ValueError(f"VocabParallelEmbedding: vocab {num_embeddings} is not divisible by TP {tp.size}; "
+                             "pad it with pad_vocab_size")
+        self.num_embeddings, self.embedding_dim, self.tp = num_embeddings, embedding_dim, tp
+        per_partition = num_embeddings // tp.size
+        self.vocab_start_index = tp.rank * per_partition
+        self.vocab_end_index = self.vocab_start_index + per_partition
+        self.reduce_scatter_embeddings = reduce_scatter_embeddings and tp.size > 1
+        self.weight = _sharded_parameter(init, (num_embeddings, embedding_dim), 0, 1, tp, params_dtype,
+                                         torch.device(device))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = input_ids.t()  # [s, b]: the lookup then writes [s, b, h] directly, no transpose copy of the output
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)
+        local_ids = (ids - self.vocab_start_index).masked_fill_(outside, 0)
+        out = F.embedding(local_ids, self.weight).masked_fill_(outside.unsqueeze(-1), 0.0)
+        if self.reduce_scatter_embeddings:
+            return reduce_scatter_to_sequence_parallel_region(out, self.tp)
+        return reduce_from_tensor_model_parallel_region(out, self.tp)

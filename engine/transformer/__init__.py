@@ -1,0 +1,1 @@
+"""Llama-style transformer building blocks (Megatron Core transformer/)."""

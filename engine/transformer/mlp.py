@@ -1,0 +1,33 @@
+"""SwiGLU MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one ColumnParallelLinear (one GEMM).
+
+The fused master weight is [gate; up] ([2f, h]); partition_stride 2 gives TP rank r the rows [gate_r; up_r], so
+the local output splits in half into this rank's gate and up columns, which line up with the input columns of
+the RowParallelLinear down projection it holds.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from engine.tensor_parallel.mappings import TPGroup
+from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
+from ledger.config import ModelConfig
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, config: ModelConfig, prefix: str, *, tp: TPGroup, sequence_parallel: bool,
+                 params_dtype: torch.dtype, device: torch.device | str, seed: int):
+        super().__init__()
+        h, f, std = config.hidden_size, config.ffn_hidden_size, config.init_method_std
+        self.linear_fc1 = ColumnParallelLinear(
+            h, 2 * f, tp=tp, init=MasterWeightInit(std, seed, f"{prefix}.linear_fc1.weight"),
+            params_dtype=params_dtype, device=device, sequence_parallel=sequence_parallel, stride=2)
+        self.linear_fc2 = RowParallelLinear(
+            f, h, tp=tp, init=MasterWeightInit(scaled_init_std(std, config.num_layers), seed,
+                                               f"{prefix}.linear_fc2.weight"),
+            params_dtype=params_dtype, device=device, input_is_parallel=True, sequence_parallel=sequence_parallel)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate, up = self.linear_fc1(hidden_states).chunk(2, dim=-1)
+        return self.linear_fc2(F.silu(gate) * up)

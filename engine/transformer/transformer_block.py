@@ -1,0 +1,53 @@
+"""The decoder stack of one pipeline stage (or one virtual-pipeline chunk), and which layers it holds.
+
+Megatron's TransformerBlock builds only its stage's layers, at an offset computed from the pipeline rank; layers
+keep their global number, which names their init seeds, so a stage's weights equal the same layers' weights in a
+single-process model. Stages after the first take their input from `set_input_tensor` (the schedule puts the
+received activation there), not from forward's argument.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.rms_norm import RMSNorm
+from engine.transformer.transformer_layer import TransformerLayer
+from ledger.config import ModelConfig
+from ledger.errors import ConfigError
+
+
+def get_layer_numbers(num_layers: int, pp_size: int, pp_rank: int, vpp_size: int | None = None,
+                      vp_stage: int = 0) -> list[int]:
+    """Global (0-based) layer numbers of pipeline stage pp_rank, virtual chunk vp_stage.
+
+    Without VPP a stage holds L/p contiguous layers. With v chunks per stage, the model is cut into p*v chunks of
+    L/(p v) layers dealt round-robin over the stages: chunk c of stage i starts at c (L/v) + i (L/(p v)).
+    """
+    v = vpp_size or 1
+    if not 0 <= pp_rank < pp_size or not 0 <= vp_stage < v:
+        raise ConfigError(f"stage {pp_rank} chunk {vp_stage} is outside a pipeline of {pp_size} x {v} chunks")
+    if num_layers % (pp_size * v):
+        raise ConfigError(f"{num_layers} layers do not split evenly over pipeline size {pp_size} x virtual size {v}")
+    per_chunk = num_layers // (pp_size * v)
+    offset = vp_stage * (num_layers // v) + pp_rank * per_chunk
+    return list(range(offset, offset + per_chunk))
+
+
+class TransformerBlock(torch.nn.Module):
+    def __init__(self, config: ModelConfig, layer_numbers: list[int], *, post_process: bool, tp: TPGroup,
+                 sequence_parallel: bool, params_dtype: torch.dtype, device: torch.device | str, seed: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            TransformerLayer(config, n, tp=tp, sequence_parallel=sequence_parallel, params_dtype=params_dtype,
+                             device=device, seed=seed) for n in layer_numbers)
+        self.final_layernorm = (RMSNorm(config.hidden_size, config.norm_epsilon, sequence_parallel=sequence_parallel,
+                                        params_dtype=params_dtype, device=device) if post_process else None)
+        self.input_tensor: torch.Tensor | None = None
+
+    def set_input_tensor(self, input_tensor: torch.Tensor | None) -> None:
+        self.input_tensor = input_tensor
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, cos, sin)
+        return self.final_layernorm(hidden_states) if self.final_layernorm is not None else hidden_states

@@ -1,0 +1,33 @@
+"""One pre-norm decoder layer: h + attn(norm(h)), then h + mlp(norm(h)), as Megatron's TransformerLayer.
+
+Under sequence parallelism h is [s/tp, b, h]: the norms and residual adds work on this rank's slice of the
+sequence; the all-gather before and the reduce-scatter after each TP region live in the parallel linears.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.attention import SelfAttention
+from engine.transformer.mlp import MLP
+from engine.transformer.rms_norm import RMSNorm
+from ledger.config import ModelConfig
+
+
+class TransformerLayer(torch.nn.Module):
+    def __init__(self, config: ModelConfig, layer_number: int, *, tp: TPGroup, sequence_parallel: bool,
+                 params_dtype: torch.dtype, device: torch.device | str, seed: int):
+        """layer_number is the layer's global index (0-based) in the whole model; it names the init seeds."""
+        super().__init__()
+        self.layer_number = layer_number
+        prefix = f"decoder.layers.{layer_number}"
+        common = dict(tp=tp, sequence_parallel=sequence_parallel, params_dtype=params_dtype, device=device, seed=seed)
+        norm = dict(sequence_parallel=sequence_parallel, params_dtype=params_dtype, device=device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_epsilon, **norm)
+        self.self_attention = SelfAttention(config, f"{prefix}.self_attention", **common)
+        self.pre_mlp_layernorm = RMSNorm(config.hidden_size, config.norm_epsilon, **norm)
+        self.mlp = MLP(config, f"{prefix}.mlp", **common)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        hidden_states = hidden_states + self.self_attention(self.input_layernorm(hidden_states), cos, sin)
+        return hidden_states + self.mlp(self.pre_mlp_layernorm(hidden_states))
