@@ -19,13 +19,44 @@ these; keep them stable):
 
 `NullProbeSet` is the disabled implementation: every method does nothing and `range` returns a shared
 nullcontext, so the hot path pays one attribute lookup and one call when probes are off.
+
+`ProbeSet` is the live one (a run directory is set). Hot-path rule: a range costs an NVTX push/pop, a
+record_function only inside the profiler window, and two timer marks (CUDA events or perf_counter); no host sync
+and no file write. Records are buffered and written at step_end, which then flushes once, so a killed rank leaves
+every completed step readable; the fsync runs on the writer's thread. What is written, by kind (each also has
+"kind", "step", "t"):
+  memory     point ("after_model_build" ... | "step" | "oom" | "failure"), device, memory_stats keys or RSS
+  inventory  the engine's dicts as given, except that their "kind" is stored as "tensor_kind"
+  timing     name, category, start_s, end_s, duration_s, t_start, t_end, clock, the range's attrs [, async_comm,
+             issue_s, wait_return_s]  (see probes.timers)
+  nvml       t_sample, used_bytes, total_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
+  bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
+  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
+  run_end    status, error (this rank's close)
 """
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from ledger.errors import ConfigError
+from probes import manifest as manifest_mod
+from probes.bandwidth import Sweep
+from probes.memory import MemoryHistory, MemoryProbe, attach_oom_observer
+from probes.nvml import NvmlSampler
+from probes.nvtx_range import Marker, check_category, profiler_active
+from probes.profiler import ProfilerWindow
+from probes.run_dir import MANIFEST, EventWriter, write_manifest
+from probes.tensorboard import TensorBoardLog
+from probes.timers import StepTimer
+
 _NULL = contextlib.nullcontext()
+# An inventory dict's own "kind" (param, grad buffer, ...) would clash with the event envelope's keys.
+_ENVELOPE_RENAMES = {"kind": "tensor_kind", "step": "item_step", "t": "item_t"}
 
 
 class NullProbeSet:
@@ -59,6 +90,183 @@ class NullProbeSet:
         pass
 
 
-def create_probe_set(run_config: Any, parallel_state: Any, argv: list[str]) -> NullProbeSet:
+class _ProbedRange:
+    __slots__ = ("probes", "name", "category", "attrs", "_rf", "_interval")
+
+    def __init__(self, probes: "ProbeSet", name: str, category: str, attrs: dict[str, Any]):
+        self.probes, self.name, self.category, self.attrs = probes, name, category, attrs
+
+    def __enter__(self) -> None:
+        self._rf = self.probes.marker.enter(self.name, self.category)
+        timer = self.probes.timer
+        self._interval = timer.start(self.name, self.category, self.attrs) if timer is not None else None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._interval is not None:
+            self.probes.timer.stop(self._interval)  # type: ignore[union-attr]
+        self.probes.marker.exit(self._rf)
+
+
+class ProbeSet:
+    enabled = True
+
+    def __init__(self, run_config: Any, parallel_state: Any, argv: list[str]):
+        pc = run_config.probes
+        self.run_dir = Path(pc.run_dir)
+        self.rank, self.world_size = parallel_state.rank, parallel_state.world_size
+        if (self.run_dir / MANIFEST).exists():  # every rank checks before the collective below, so all agree
+            raise ConfigError(f"--run-dir {self.run_dir}: already holds a run ({MANIFEST}); choose a new directory")
+        use_cuda = torch.cuda.is_available()
+        self._step: int | None = None
+        self._closed = False
+        self.writer = EventWriter(self.run_dir, self.rank)
+        self.memory = MemoryProbe(use_cuda)
+        self.marker = Marker(pc.nvtx)
+        self.timer = StepTimer(use_cuda) if pc.timers else None
+        self.bandwidth_sweep = pc.bandwidth_sweep
+        self.nvml = NvmlSampler(pc.nvml_interval)
+        self.window = None
+        if pc.use_pytorch_profiler or pc.nsys_profile:
+            self.window = ProfilerWindow(self.run_dir, self.rank, self.world_size, pc.profile_step_start,
+                                         pc.profile_step_end, pc.profile_ranks, pc.use_pytorch_profiler,
+                                         pc.nsys_profile)
+        self.history = None
+        if pc.record_memory_history:
+            self.history = MemoryHistory(use_cuda, self.run_dir / "memory" / f"rank{self.rank}.snapshot.pickle")
+        self.tb = None
+        if (pc.tensorboard_dir or pc.log_memory_to_tensorboard) and self.rank == self.world_size - 1:
+            self.tb = TensorBoardLog(Path(pc.tensorboard_dir or self.run_dir / "tb"), pc.log_memory_to_tensorboard)
+        self.oom_handler = attach_oom_observer(self._on_oom)
+        self._write_manifest(run_config, parallel_state, argv)
+
+    def _notes(self) -> dict[str, str]:
+        """What each probe does on this rank, in words, for the manifest (a disabled probe says why)."""
+        return {"nvtx": self.marker.backend, "timers": self.timer.clock if self.timer else "off",
+                "memory": f"memory_stats on {self.memory.device}" if self.memory.use_cuda
+                else "cpu: process RSS only (no CUDA allocator)",
+                "nvml": self.nvml.status, "profiler": self.window.note if self.window else "off",
+                "memory_history": self.history.note if self.history else "off",
+                "tensorboard": str(self.tb.logdir) if self.tb else "off",
+                "oom_handler": "attached" if self.oom_handler else "off: no CUDA"}
+
+    def _write_manifest(self, run_config: Any, parallel_state: Any, argv: list[str]) -> None:
+        ranks = manifest_mod.gather_rank_infos(manifest_mod.rank_info(parallel_state, self._notes()))
+        run_id = [manifest_mod.new_run_id()]
+        if dist.is_initialized():
+            dist.broadcast_object_list(run_id, src=0, group=dist.group.WORLD)
+        self.run_id = run_id[0]
+        if self.rank == 0:
+            write_manifest(self.run_dir, manifest_mod.build_manifest(run_config, argv, ranks, self.run_id))
+
+    # --- lifecycle points -------------------------------------------------------------------------------------
+    def memory_point(self, name: str) -> None:
+        self.writer.write("memory", self._step, point=name, **self.memory.read())
+        self.writer.sync()
+
+    def inventory(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self.writer.write("inventory", None, **{_ENVELOPE_RENAMES.get(k, k): v for k, v in record.items()})
+        self.writer.sync()
+
+    def collective_sweep(self, parallel_state: Any, *, dp_bucket_numels: list[int] = (), dp_grad_dtype: Any = "fp32",
+                         dp_param_dtype: Any = "fp32", activation_numel: int = 0,
+                         activation_dtype: Any = "fp32") -> None:
+        """Collective: every rank calls it with the same sizes. A no-op unless --bandwidth-sweep."""
+        if not self.bandwidth_sweep:
+            return
+        device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
+        warmup, iters = (5, 20) if self.memory.use_cuda else (1, 3)
+        sweep = Sweep(parallel_state, device, warmup=warmup, iters=iters)
+        for record in sweep.run(list(dp_bucket_numels), dp_grad_dtype, dp_param_dtype, activation_numel,
+                                activation_dtype):
+            self.writer.write("bandwidth", None, **record)
+        self.writer.sync()
+
+    # --- hot path -----------------------------------------------------------------------------------------------
+    def range(self, name: str, category: str, **attrs: Any):
+        check_category(category)
+        if self.timer is None and not self.marker.nvtx_active and not profiler_active():
+            return _NULL
+        return _ProbedRange(self, name, category, attrs)
+
+    def comm_begin(self, name: str, category: str, **attrs: Any) -> Any:
+        """An async collective was issued; NVTX gets a start/end range (it may overlap others), no record_function
+        (the collective's own ops are in the profiler trace)."""
+        check_category(category)
+        handle = self.marker.start(name, category)
+        interval = self.timer.comm_begin(name, category, attrs) if self.timer is not None else None
+        return handle, interval
+
+    def comm_end(self, token: Any) -> None:
+        handle, interval = token
+        if interval is not None:
+            self.timer.comm_end(interval)  # type: ignore[union-attr]
+        self.marker.end(handle)
+
+    def step_begin(self, iteration: int) -> None:
+        self._step = iteration
+        if self.window is not None:
+            self.window.step_begin(iteration)
+        if self.timer is not None:
+            self.timer.step_begin(iteration)
+
+    def step_end(self, iteration: int, **figures: Any) -> None:
+        """Write the step's buffered records, then the step record last, then flush once."""
+        self._write_timings()
+        memory = self.memory.read_step()
+        self.writer.write("memory", iteration, point="step", **memory)
+        self._write_nvml()
+        tokens, step_time = figures.get("tokens"), figures.get("step_time_s")
+        if tokens is not None and step_time:
+            figures.setdefault("tokens_per_s", tokens / step_time)
+        self.writer.write("step", iteration, **figures)
+        self.writer.sync(wait=False)  # flushed now (SIGKILL-safe); fsynced by the writer's thread
+        if self.tb is not None:
+            self.tb.log_step(iteration, figures, memory)
+        if self.window is not None:
+            self.window.step_end(iteration)
+
+    def _write_timings(self) -> None:
+        if self.timer is not None:
+            for record in self.timer.collect():
+                self.writer.write("timing", record.pop("step"), **record)
+
+    def _write_nvml(self) -> None:
+        for sample in self.nvml.drain():
+            self.writer.write("nvml", self._step, **sample)
+
+    def _on_oom(self, details: dict[str, Any]) -> None:
+        """Called by the CUDA allocator before it raises OutOfMemoryError: leave this rank's evidence on disk."""
+        self.writer.write("memory", self._step, point="oom", **self.memory.read(), **details)
+        self.writer.sync()
+        if self.history is not None:
+            self.history.dump()
+
+    def close(self, status: str = "complete", error: str | None = None) -> None:
+        """Stop every probe, write what is buffered and this rank's end; safe to call twice (the second is a no-op)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.window is not None:
+                self.window.close()
+            self.nvml.stop()
+            self._write_timings()
+            self._write_nvml()
+            if status == "failed":
+                self.writer.write("memory", self._step, point="failure", **self.memory.read())
+            if self.history is not None:
+                self.history.stop()
+            if self.tb is not None:
+                self.tb.close()
+            self.writer.write("run_end", self._step, status=status, error=error)
+        finally:
+            self.writer.close()
+            manifest_mod.finish(self.run_dir, self.rank, status, error)
+
+
+def create_probe_set(run_config: Any, parallel_state: Any, argv: list[str]) -> NullProbeSet | ProbeSet:
     """The engine's single entry point: a live ProbeSet when a run directory is set, else NullProbeSet."""
-    return NullProbeSet()
+    if not run_config.probes.run_dir:
+        return NullProbeSet()
+    return ProbeSet(run_config, parallel_state, argv)

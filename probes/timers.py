@@ -1,0 +1,104 @@
+"""Per-range timers that cost no host synchronisation in the hot path.
+
+On CUDA a range records two torch.cuda.Events on the current stream; nothing waits for them until the step ends,
+when `collect` synchronises each finished range's end event (the last one recorded is the only real wait: the
+others completed before it in stream order) and reads `elapsed_time` against the event recorded at step begin.
+So `start_s` / `end_s` are GPU stream positions relative to the step-begin marker, which is what the pipeline
+timeline (bubble) and per-bucket comm intervals need. Without CUDA the clock is time.perf_counter (host time).
+
+Absolute times: `t_start` / `t_end` = host wall time at step begin + the relative time. On CUDA that mixes clocks
+(the GPU may run behind the host), so absolute times there are aligned to the step start, not to the host.
+
+Async collectives (`comm_begin` at issue, `comm_end` after the wait returned): `issue_s` and `wait_return_s` are the
+host times of those two calls, always. On CUDA `start_s` / `end_s` are events recorded at the same two calls, i.e.
+when the issuing stream reached the issue point and when it could proceed past the wait (the collective done, as
+seen by that stream). On CPU with gloo the host times are all there is: `end_s` is when the wait returned, which
+bounds the collective's completion from above, not its true end.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+class _Anchor:
+    """The start of one step: the reference every range of that step is timed against."""
+
+    __slots__ = ("step", "wall0", "perf0", "event0")
+
+    def __init__(self, step: int | None, event0: Any):
+        self.step, self.wall0, self.perf0, self.event0 = step, time.time(), time.perf_counter(), event0
+
+
+class _Interval:
+    __slots__ = ("name", "category", "attrs", "anchor", "start", "end", "issue", "wait_return")
+
+    def __init__(self, name: str, category: str, attrs: dict[str, Any], anchor: _Anchor):
+        self.name, self.category, self.attrs, self.anchor = name, category, attrs, anchor
+        self.start = self.end = self.issue = self.wait_return = None
+
+
+class StepTimer:
+    """Buffers intervals during a step and turns the finished ones into `timing` records at step end."""
+
+    def __init__(self, use_cuda: bool):
+        self.use_cuda = use_cuda
+        self.clock = "cuda_event" if use_cuda else "perf_counter"
+        self._free_events: list[Any] = []
+        self._open: list[_Interval] = []
+        self._anchor = _Anchor(None, self._mark())
+
+    def _mark(self) -> Any:
+        if not self.use_cuda:
+            return time.perf_counter()
+        event = self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def step_begin(self, step: int) -> None:
+        self._anchor = _Anchor(step, self._mark())
+
+    def start(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
+        interval = _Interval(name, category, attrs, self._anchor)
+        interval.start = self._mark()
+        self._open.append(interval)
+        return interval
+
+    def stop(self, interval: _Interval) -> None:
+        interval.end = self._mark()
+
+    def comm_begin(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
+        interval = self.start(name, category, attrs)
+        interval.issue = time.perf_counter()
+        return interval
+
+    def comm_end(self, interval: _Interval) -> None:
+        interval.wait_return = time.perf_counter()
+        self.stop(interval)
+
+    def collect(self) -> list[dict[str, Any]]:
+        """Timing records of every finished interval; unfinished ones (spanning step end) wait for a later call."""
+        done = [i for i in self._open if i.end is not None]
+        self._open = [i for i in self._open if i.end is None]
+        records = [self._record(i) for i in done]
+        if self.use_cuda:  # anchors' events are not pooled: an unfinished interval may still read its anchor
+            self._free_events += [e for i in done for e in (i.start, i.end)]
+        return records
+
+    def _relative(self, anchor: _Anchor, mark: Any) -> float:
+        if self.use_cuda:
+            mark.synchronize()
+            return anchor.event0.elapsed_time(mark) / 1e3
+        return mark - anchor.perf0
+
+    def _record(self, i: _Interval) -> dict[str, Any]:
+        a = i.anchor
+        start_s, end_s = self._relative(a, i.start), self._relative(a, i.end)
+        record = {"step": a.step, "name": i.name, "category": i.category, "start_s": start_s, "end_s": end_s,
+                  "duration_s": end_s - start_s, "t_start": a.wall0 + start_s, "t_end": a.wall0 + end_s,
+                  "clock": self.clock, **i.attrs}
+        if i.issue is not None:
+            record.update(async_comm=True, issue_s=i.issue - a.perf0, wait_return_s=i.wait_return - a.perf0)
+        return record

@@ -1,0 +1,62 @@
+"""A rank SIGKILLed mid-run leaves its events readable up to its last completed step and the manifest "running"."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from probes.run_dir import EventStream, events_path, read_manifest
+from tests.test_probes_distributed import MICROBATCHES, synthetic_run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def crash_child(run_dir: str) -> None:
+    """Runs in a subprocess: a one-rank gloo run that would go on for ever, killed from outside."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        synthetic_run(0, 1, run_dir, ["--timers"], 1, 1, 100_000, step_sleep_s=0.02)
+
+
+def _completed_steps(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    return path.read_bytes().count(b'"kind":"step"')
+
+
+def test_sigkill_leaves_completed_steps_readable(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-c", f"from tests.test_probes_crash import crash_child; "
+                              f"crash_child({str(run_dir)!r})"], cwd=REPO, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    try:
+        while _completed_steps(events_path(run_dir, 0)) < 5:
+            assert child.poll() is None, child.stderr.read().decode()
+            assert time.monotonic() < deadline, "the child made no progress"
+            time.sleep(0.05)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "running" and manifest["ended"] is None
+    # What a torn final write looks like; the reader must skip it and say so.
+    with open(events_path(run_dir, 0), "ab") as f:
+        f.write(b'{"kind":"timing","step":99,"na')
+    stream = EventStream(run_dir, 0)
+    events = list(stream)
+    assert stream.torn_tail
+    steps = [e["step"] for e in events if e["kind"] == "step"]
+    assert len(steps) >= 5 and steps == list(range(1, len(steps) + 1))
+    for step in steps:  # every completed step is whole: its timings and its memory record precede it
+        forward = [e for e in events if e["kind"] == "timing" and e["step"] == step and e["category"] == "forward"]
+        assert len(forward) == MICROBATCHES
+        assert any(e["kind"] == "memory" and e["point"] == "step" and e["step"] == step for e in events)
+    assert not any(e["kind"] == "run_end" for e in events)

@@ -1,0 +1,183 @@
+"""A synthetic multi-rank "training loop" (tiny nn.Linear, micro-batches, DP/TP/PP collectives) driving the ProbeSet
+exactly as the engine does, on gloo ranks; checks what lands in the run directory."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from engine.parallel_state import ParallelState
+from ledger.config import parse_args
+from probes.probe_set import create_probe_set
+from probes.run_dir import iter_events, ranks_present, read_manifest, trace_files
+from tests.dist_harness import run_distributed
+
+MICROBATCHES = 2
+WIDTH = 16
+LIFECYCLE = ("after_model_build", "after_ddp_buffers", "after_optimizer_init", "after_first_step")
+
+
+def synthetic_run(rank: int, world_size: int, run_dir: str | None, flags: list[str], tp: int, pp: int, steps: int,
+                  step_sleep_s: float = 0.0) -> str:
+    """Every facade call the engine makes, in the engine's order; returns the probe set's class name."""
+    argv = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+            "--train-iters", str(steps), *flags] + (["--run-dir", run_dir] if run_dir else [])
+    cfg = parse_args(argv, world_size=world_size)
+    ps = ParallelState.initialize(tp=tp, pp=pp)
+    probes = create_probe_set(cfg, ps, argv)
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(WIDTH, WIDTH)
+    probes.memory_point("after_model_build")
+    probes.inventory([{"name": "weight", "kind": "param", "dtype": "fp32", "numel": WIDTH * WIDTH,
+                       "bytes": 4 * WIDTH * WIDTH, "padding": 0}])
+    probes.memory_point("after_ddp_buffers")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probes.memory_point("after_optimizer_init")
+    probes.collective_sweep(ps, dp_bucket_numels=[WIDTH * WIDTH, 1000], dp_grad_dtype="fp32",
+                            dp_param_dtype="fp32", activation_numel=4 * WIDTH, activation_dtype="fp32")
+    for it in range(1, steps + 1):
+        t0 = time.perf_counter()
+        probes.step_begin(it)
+        with probes.range("iteration", "iteration"):
+            loss = _forward_backward(probes, model, ps)
+            _grad_sync(probes, model, ps)
+            with probes.range("optimizer", "optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+        time.sleep(step_sleep_s)
+        probes.step_end(it, loss=loss, lr=0.1, grad_norm=1.0, tokens=MICROBATCHES * 4,
+                        step_time_s=time.perf_counter() - t0)
+        if it == 1:
+            probes.memory_point("after_first_step")
+    probes.close("complete")
+    return type(probes).__name__
+
+
+def _forward_backward(probes, model: torch.nn.Module, ps: ParallelState) -> float:
+    total = 0.0
+    for mb in range(MICROBATCHES):
+        x = torch.randn(4, WIDTH)
+        with probes.range(f"forward stage{ps.pp_rank} mb{mb}", "forward", stage=ps.pp_rank, microbatch=mb, chunk=0):
+            y = model(x)
+            if ps.tp_size > 1:
+                with probes.range("tp all-reduce", "tp-comm", stage=ps.pp_rank, microbatch=mb):
+                    dist.all_reduce(y, group=ps.groups["tp"])
+            loss = y.pow(2).mean()
+        if ps.pp_size > 1:
+            with probes.range(f"send-recv stage{ps.pp_rank} mb{mb}", "pp-comm", stage=ps.pp_rank, microbatch=mb):
+                recv = torch.empty_like(y)
+                ops = [dist.P2POp(dist.isend, y.detach(), ps.pipeline_next_rank, ps.groups["pp"]),
+                       dist.P2POp(dist.irecv, recv, ps.pipeline_prev_rank, ps.groups["pp"])]
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+        with probes.range(f"backward stage{ps.pp_rank} mb{mb}", "backward", stage=ps.pp_rank, microbatch=mb,
+                          chunk=0):
+            loss.backward()
+        total += loss.item()
+    return total / MICROBATCHES
+
+
+def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
+    for bucket, param in enumerate(model.parameters()):
+        work = dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True)
+        token = probes.comm_begin(f"all-reduce bucket{bucket}", "dp-comm", bucket=bucket,
+                                  bytes=param.grad.numel() * 4)
+        work.wait()
+        probes.comm_end(token)
+
+
+def _kinds(run_dir: Path, rank: int) -> Counter:
+    return Counter(e["kind"] for e in iter_events(run_dir, rank))
+
+
+def _check_common(run_dir: Path, world_size: int, steps: int) -> None:
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "complete" and manifest["ended"]
+    assert manifest["world_size"] == world_size and [r["rank"] for r in manifest["ranks"]] == list(range(world_size))
+    assert manifest["config"]["parallel"]["world_size"] == world_size
+    assert ranks_present(run_dir) == list(range(world_size))
+    for rank in range(world_size):
+        events = list(iter_events(run_dir, rank))
+        points = [e["point"] for e in events if e["kind"] == "memory"]
+        assert [p for p in points if p != "step"] == list(LIFECYCLE)
+        assert points.count("step") == steps
+        mem = next(e for e in events if e["kind"] == "memory")
+        assert mem["device"] == "cpu" and mem["rss_bytes"] > 0
+        assert [e["step"] for e in events if e["kind"] == "step"] == list(range(1, steps + 1))
+        assert all(e["tokens_per_s"] > 0 for e in events if e["kind"] == "step")
+        assert events[-1]["kind"] == "run_end" and events[-1]["status"] == "complete"
+
+
+@pytest.mark.slow
+def test_two_ranks_dp_every_cpu_kind(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    flags = ["--all-probes", "--use-pytorch-profiler", "--profile-step-start", "2", "--profile-step-end", "3",
+             "--profile-ranks", "0", "1"]
+    assert run_distributed(synthetic_run, 2, str(run_dir), flags, 1, 1, 5) == ["ProbeSet", "ProbeSet"]
+    _check_common(run_dir, 2, 5)
+    for rank in range(2):
+        kinds = _kinds(run_dir, rank)
+        assert {"memory", "inventory", "timing", "bandwidth", "step", "run_end"} <= set(kinds)
+        assert "nvml" not in kinds  # no GPU: the sampler is disabled and says so in the manifest
+        timings = [e for e in iter_events(run_dir, rank, {"timing"})]
+        assert {t["category"] for t in timings} == {"iteration", "forward", "backward", "optimizer", "dp-comm"}
+        fwd = [t for t in timings if t["category"] == "forward" and t["step"] == 2]
+        assert [t["microbatch"] for t in fwd] == [0, 1] and all(t["stage"] == 0 for t in fwd)
+        it = next(t for t in timings if t["category"] == "iteration" and t["step"] == 2)
+        assert all(it["start_s"] <= t["start_s"] <= t["end_s"] <= it["end_s"] for t in timings if t["step"] == 2)
+        comm = [t for t in timings if t["category"] == "dp-comm"]
+        assert all(t["async_comm"] and t["issue_s"] <= t["wait_return_s"] for t in comm)
+        sweep = {(b["group"], b["collective"]) for b in iter_events(run_dir, rank, {"bandwidth"})}
+        assert sweep == {("dp", "reduce_scatter"), ("dp", "all_gather"), ("dp", "all_reduce")}
+    notes = read_manifest(run_dir)["ranks"][0]["probes"]
+    assert notes["nvml"].startswith("disabled") and notes["timers"] == "perf_counter"
+    traces = trace_files(run_dir)
+    assert [(r, a, b) for r, a, b, _ in traces] == [(0, 2, 3), (1, 2, 3)]
+    for rank, _, _, path in traces:
+        text = gzip.decompress(path.read_bytes()).decode()
+        assert re.search(r'"rank": (\d+)', text).group(1) == str(rank)  # HTA's rank regex
+        trace = json.loads(text)
+        assert trace["distributedInfo"]["rank"] == rank and trace["distributedInfo"]["world_size"] == 2
+        steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+        assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # step 4 is the one HTA drops
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert {"forward stage0 mb0", "backward stage0 mb1", "optimizer"} <= names  # record_function twins
+    tb_files = list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert len(tb_files) == 1  # the last rank writes, as Megatron's training_log does
+
+
+@pytest.mark.slow
+def test_four_ranks_tp_pp(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert run_distributed(synthetic_run, 4, str(run_dir), ["--all-probes"], 2, 2, 3) == ["ProbeSet"] * 4
+    _check_common(run_dir, 4, 3)
+    manifest = read_manifest(run_dir)
+    assert [r["coords"] for r in manifest["ranks"]][3] == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}
+    for rank in range(4):
+        timings = list(iter_events(run_dir, rank, {"timing"}))
+        assert {"tp-comm", "pp-comm"} <= {t["category"] for t in timings}
+        assert {t["stage"] for t in timings if t["category"] == "forward"} == {rank // 2}
+        sweep = {(b["group"], b["collective"], b["group_size"]) for b in iter_events(run_dir, rank, {"bandwidth"})}
+        assert sweep == {("tp", "all_reduce", 2), ("tp", "all_gather", 2), ("tp", "reduce_scatter", 2),
+                         ("pp", "send_recv", 2)}
+    assert trace_files(run_dir) == []
+
+
+@pytest.mark.slow
+def test_disabled_probes_add_no_records(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert run_distributed(synthetic_run, 2, str(run_dir), [], 1, 1, 2) == ["ProbeSet", "ProbeSet"]
+    _check_common(run_dir, 2, 2)
+    for rank in range(2):
+        assert set(_kinds(run_dir, rank)) == {"memory", "inventory", "step", "run_end"}
+    assert not (run_dir / "traces").exists() and not (run_dir / "tb").exists()
+    notes = read_manifest(run_dir)["ranks"][1]["probes"]
+    assert notes["nvtx"] == notes["timers"] == notes["nvml"] == notes["profiler"] == "off"
+    assert run_distributed(synthetic_run, 2, None, ["--all-probes"], 1, 1, 1) == ["NullProbeSet"] * 2
