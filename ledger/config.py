@@ -379,6 +379,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--ddp-bucket-size must be >= 1, got {t.ddp_bucket_size}")
     if t.lr_warmup_iters < 0 or t.lr < 0 or t.min_lr < 0:
         raise ConfigError("--lr, --min-lr and --lr-warmup-iters must be >= 0")
+    decay_iters = t.lr_decay_iters if t.lr_decay_iters is not None else t.train_iters
+    if t.lr_warmup_iters >= decay_iters:
+        raise ConfigError(f"--lr-warmup-iters {t.lr_warmup_iters} must be < the decay length {decay_iters} "
+                          "(--lr-decay-iters, else --train-iters)")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"--min-lr {t.min_lr} is above --lr {t.lr}")
+    if t.overlap_param_gather and not t.overlap_grad_reduce:
+        raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
     if pr.profile_step_end < pr.profile_step_start:
         raise ConfigError(f"--profile-step-end {pr.profile_step_end} is before --profile-step-start "
                           f"{pr.profile_step_start}")

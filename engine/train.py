@@ -1,0 +1,77 @@
+"""`python -m engine.train [Megatron flags]`: one rank of a torchrun-launched run.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and the rendezvous; this module turns them into a process group (NCCL
+with one device per LOCAL_RANK when CUDA is present, gloo on the CPU), the flags into a RunConfig, and runs pretrain
+under the probes facade. Bad flags are one line on stderr from rank 0 and exit status 2 on every rank; any other
+failure marks the run directory's manifest failed, with the error, before it propagates.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ledger.config import RunConfig, parse_args
+from ledger.errors import ConfigError, UserError
+
+
+def init_distributed() -> torch.device:
+    """Join torchrun's process group; returns this rank's device."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        return device
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def run(run_config: RunConfig, argv: list[str], device: torch.device) -> None:
+    from engine.parallel_state import ParallelState
+    from engine.training import pretrain
+    from probes.probe_set import create_probe_set
+
+    p = run_config.parallel
+    parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                                              p.context_parallel_size, p.order,
+                                              p.virtual_pipeline_model_parallel_size)
+    torch.manual_seed(run_config.train.seed)
+    if parallel_state.rank == 0:
+        print(f"train-ledger: world {p.world_size} = tp {parallel_state.tp_size} x cp {parallel_state.cp_size} x "
+              f"dp {parallel_state.dp_size} x pp {parallel_state.pp_size} on {device.type}, "
+              f"{run_config.num_microbatches} micro-batches of {run_config.train.micro_batch_size} per step",
+              flush=True)
+    probes = create_probe_set(run_config, parallel_state, argv)
+    try:
+        pretrain(run_config, parallel_state, device, probes, log=parallel_state.rank == 0)
+    except BaseException as exc:
+        probes.close(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    probes.close(status="complete")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        run_config = parse_args(argv, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+    except ConfigError as exc:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"train-ledger train: error: {exc}", file=sys.stderr)
+        return 2
+    device = init_distributed()
+    try:
+        run(run_config, argv, device)
+    except UserError as exc:  # found only once the ranks run (an existing --run-dir, say): still one line
+        if dist.get_rank() == 0:
+            print(f"train-ledger train: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

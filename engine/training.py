@@ -1,0 +1,277 @@
+"""The training loop, as Megatron's training/training.py: pretrain -> train -> train_step, and training_log.
+
+pretrain() builds the model chunks (one per virtual pipeline stage, each wrapped in DistributedDataParallel), the
+optimizer, its learning-rate scheduler and the data iterators; train() hands DDP's callbacks to the schedule through
+ScheduleConfig and loops over train_step(). The schedule never sees DDP, only the callbacks (seed 000, 六.6).
+
+The step keeps the host out of the device's way: the micro-batch losses are reduced on device (averaged over the
+data-parallel group, broadcast from the last pipeline stage) and read back once, at the end of the step.
+
+`train_and_collect` runs the whole loop in the current process group and returns the per-step figures and the full
+(TP-assembled) parameters: every parity test compares a distributed run against `reference_run`, the same run
+on a world of one.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from engine.data import MicroBatch, build_data_iterators
+from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from engine.models.gpt_model import build_model_chunks
+from engine.optimizer import get_megatron_optimizer
+from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
+from engine.parallel_state import ParallelState
+from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
+from ledger.config import ParallelConfig, RunConfig
+from probes.probe_set import NullProbeSet
+
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
+
+
+@dataclass
+class StepLog:
+    iteration: int  # 1-based, as Megatron logs it
+    loss: float  # mean over the global batch
+    lr: float  # the learning rate this step's update used
+    grad_norm: float  # before clipping
+    step_time_s: float
+    tokens_per_s: float
+
+
+@dataclass
+class TrainResult:
+    steps: list[StepLog] = field(default_factory=list)
+    model: list[torch.nn.Module] = field(default_factory=list)
+
+    @property
+    def losses(self) -> list[float]:
+        return [s.loss for s in self.steps]
+
+    @property
+    def grad_norms(self) -> list[float]:
+        return [s.grad_norm for s in self.steps]
+
+
+def get_model(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
+              probes: Any) -> list[DistributedDataParallel]:
+    chunks = build_model_chunks(run_config, parallel_state, device, probes)
+    probes.memory_point("after_model_build")
+    ddp_config = DistributedDataParallelConfig.from_train_config(run_config.train, parallel_state.dp_size)
+    model = [DistributedDataParallel(ddp_config, chunk, parallel_state, probes) for chunk in chunks]
+    probes.memory_point("after_ddp_buffers")
+    return model
+
+
+def _one_or_list(items: list):
+    """Megatron's convention: a single-chunk model gets the callable itself, an interleaved one the list."""
+    return items[0] if len(items) == 1 else items
+
+
+def build_schedule_config(run_config: RunConfig, model: list[DistributedDataParallel],
+                          parallel_state: ParallelState, probes: Any) -> ScheduleConfig:
+    train = run_config.train
+    return ScheduleConfig(
+        pipeline_model_parallel_size=parallel_state.pp_size,
+        virtual_pipeline_model_parallel_size=parallel_state.virtual_pipeline_size,
+        no_sync_func=_one_or_list([chunk.no_sync for chunk in model]),
+        grad_sync_func=_one_or_list([chunk.start_grad_sync for chunk in model]) if train.overlap_grad_reduce else None,
+        param_sync_func=(_one_or_list([chunk.start_param_sync for chunk in model])
+                         if train.overlap_param_gather else None),
+        finalize_model_grads_func=functools.partial(finalize_model_grads, parallel_state=parallel_state),
+        probes=probes, parallel_state=parallel_state, hidden_size=run_config.model.hidden_size,
+        sequence_parallel=run_config.parallel.sequence_parallel,
+        pipeline_dtype=torch.bfloat16 if train.bf16 else torch.float32)
+
+
+def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The micro-batch's loss, averaged over its tokens (mock data has no loss mask)."""
+    loss = per_token_loss.float().mean()
+    return loss, {"lm loss": loss.detach()}
+
+
+def forward_step(data_iterator, model: torch.nn.Module):
+    batch: MicroBatch = next(data_iterator)
+    output = model(batch.tokens, batch.labels)
+    return output, (loss_func if batch.labels is not None else None)
+
+
+def reduce_loss(losses: list[dict[str, torch.Tensor]], parallel_state: ParallelState,
+                device: torch.device) -> torch.Tensor:
+    """The global batch's mean loss on every rank, without leaving the device: micro-batches have equal token
+    counts, so the mean of the micro-batch means, averaged over DP, is the mean over the global batch."""
+    ps = parallel_state
+    if ps.is_pipeline_last_stage:
+        loss = torch.stack([d["lm loss"] for d in losses]).mean()
+        if ps.dp_size > 1:
+            dist.all_reduce(loss, group=ps.groups["dp"])
+            loss = loss / ps.dp_size
+    else:
+        loss = torch.zeros((), device=device)
+    if ps.pp_size > 1:
+        dist.broadcast(loss, src=ps.ranks["pp"][-1], group=ps.groups["pp"])
+    return loss
+
+
+def train_step(forward_step_func: Callable, data_iterators: list, model: list[DistributedDataParallel], optimizer,
+               scheduler: OptimizerParamScheduler, config: ScheduleConfig, run_config: RunConfig,
+               parallel_state: ParallelState, device: torch.device):
+    """One global batch: zero the grad buffers, forward/backward every micro-batch, step the optimizer and the lr.
+    Returns (loss tensor on device, update_successful, grad_norm)."""
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    forward_backward_func = get_forward_backward_func(parallel_state.pp_size, parallel_state.virtual_pipeline_size)
+    losses = forward_backward_func(forward_step_func=forward_step_func, data_iterator=_one_or_list(data_iterators),
+                                   model=_one_or_list(model), num_microbatches=run_config.num_microbatches,
+                                   seq_length=run_config.model.seq_length,
+                                   micro_batch_size=run_config.train.micro_batch_size, config=config)
+    with config.probes.range("optimizer", "optimizer"):
+        update_successful, grad_norm = optimizer.step()
+    scheduler.step()
+    return reduce_loss(losses, parallel_state, device), update_successful, grad_norm
+
+
+def training_log(step: StepLog, train_iters: int) -> None:
+    print(f" iteration {step.iteration:>8}/{train_iters:>8} | lm loss: {step.loss:.6E} | learning rate: "
+          f"{step.lr:.6E} | grad norm: {step.grad_norm:.4f} | tokens/s: {step.tokens_per_s:,.0f} | "
+          f"step time (ms): {step.step_time_s * 1e3:.1f}", flush=True)
+
+
+def train(forward_step_func: Callable, model: list[DistributedDataParallel], optimizer,
+          scheduler: OptimizerParamScheduler, data_iterators: list, run_config: RunConfig,
+          parallel_state: ParallelState, device: torch.device, probes: Any, *, log: bool) -> list[StepLog]:
+    config = build_schedule_config(run_config, model, parallel_state, probes)
+    train = run_config.train
+    tokens_per_step = train.global_batch_size * run_config.model.seq_length
+    steps: list[StepLog] = []
+    for iteration in range(1, train.train_iters + 1):
+        probes.step_begin(iteration)
+        lr = optimizer.param_groups[0]["lr"]
+        start = time.perf_counter()
+        with probes.range("iteration", "iteration"):
+            loss, _, grad_norm = train_step(forward_step_func, data_iterators, model, optimizer, scheduler, config,
+                                            run_config, parallel_state, device)
+            loss_value = loss.item()  # the step's one host synchronisation
+        step_time = time.perf_counter() - start
+        step = StepLog(iteration=iteration, loss=loss_value, lr=lr, grad_norm=float(grad_norm),
+                       step_time_s=step_time, tokens_per_s=tokens_per_step / step_time)
+        steps.append(step)
+        probes.step_end(iteration, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm, tokens=tokens_per_step,
+                        step_time_s=step.step_time_s)
+        if iteration == 1:
+            probes.memory_point("after_first_step")
+        if log and iteration % train.log_interval == 0:
+            training_log(step, train.train_iters)
+    for chunk in model:  # under --overlap-param-gather the last update's all-gather is owed to a next step
+        chunk.start_param_sync(force_sync=True)
+    return steps
+
+
+def _inventory(model: list[DistributedDataParallel], optimizer) -> list[dict[str, Any]]:
+    return [record for chunk in model for record in chunk.inventory()] + list(optimizer.inventory())
+
+
+def collective_sweep(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
+                     probes: Any) -> None:
+    """The start-up bandwidth sweep (a no-op unless --bandwidth-sweep) at the sizes this run communicates: its DP
+    buckets, and the [s(/tp), b, h] activation that TP collectives and pipeline sends carry."""
+    buffers = [buffer for chunk in model for buffer in chunk.buffers]
+    seq = run_config.model.seq_length // (parallel_state.tp_size if run_config.parallel.sequence_parallel else 1)
+    probes.collective_sweep(parallel_state,
+                            dp_bucket_numels=[b.grad_data.numel() for buffer in buffers for b in buffer.buckets],
+                            dp_grad_dtype=buffers[0].grad_dtype, dp_param_dtype=buffers[0].param_dtype,
+                            activation_numel=seq * run_config.train.micro_batch_size * run_config.model.hidden_size,
+                            activation_dtype=buffers[0].param_dtype)
+
+
+def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device, probes: Any = None, *,
+             forward_step_func: Callable = forward_step, log: bool = False) -> TrainResult:
+    probes = probes if probes is not None else NullProbeSet()
+    model = get_model(run_config, parallel_state, device, probes)
+    optimizer = get_megatron_optimizer(run_config.train, model, parallel_state)
+    scheduler = OptimizerParamScheduler.from_train_config(optimizer, run_config.train)
+    probes.memory_point("after_optimizer_init")
+    probes.inventory(_inventory(model, optimizer))
+    collective_sweep(model, run_config, parallel_state, probes)
+    data_iterators = build_data_iterators(run_config, parallel_state, device)
+    steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,
+                  device, probes, log=log)
+    return TrainResult(steps=steps, model=model)
+
+
+def _global_name(name: str, chunk: torch.nn.Module) -> str:
+    """A chunk numbers its layers from 0; the single-process model's name uses the layer's global number."""
+    match = _LAYER.match(name)
+    if match is None:
+        return name
+    return f"decoder.layers.{chunk.decoder.layers[int(match[1])].layer_number}.{match[2]}"
+
+
+def full_parameters(model: list[torch.nn.Module], parallel_state: ParallelState) -> dict[str, torch.Tensor]:
+    """This rank's parameters by their single-process name, fp32 on the CPU, each TP shard all-gathered over the TP
+    group and reassembled along its partition_dim (honouring partition_stride). Collective over the TP group."""
+    tp = parallel_state.tp_size
+    full: dict[str, torch.Tensor] = {}
+    for chunk in model:
+        module = chunk.module
+        for name, param in module.named_parameters():
+            value = param.detach()
+            if getattr(param, "tensor_model_parallel", False) and tp > 1:
+                shards = [torch.empty_like(value) for _ in range(tp)]
+                dist.all_gather(shards, value.contiguous(), group=parallel_state.groups["tp"])
+                dim, stride = param.partition_dim, param.partition_stride
+                pieces = [shard.chunk(stride, dim=dim) for shard in shards]
+                value = torch.cat([pieces[r][s] for s in range(stride) for r in range(tp)], dim=dim)
+            full[_global_name(name, module)] = value.float().cpu()
+    return full
+
+
+def train_and_collect(run_config: RunConfig, device: torch.device | None = None) -> dict[str, Any]:
+    """Run pretrain in the current process group (initialised by the caller) and return, on every rank, the
+    per-step losses, grad norms and learning rates and this rank's full parameters: what parity tests compare."""
+    device = device or torch.device("cpu")
+    p = run_config.parallel
+    parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                                              p.context_parallel_size, p.order,
+                                              p.virtual_pipeline_model_parallel_size)
+    result = pretrain(run_config, parallel_state, device)
+    return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
+            "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
+
+
+def single_process_config(run_config: RunConfig) -> RunConfig:
+    """The same model, data and optimizer on a world of one. The vocabulary is padded as the parallel run pads it
+    (to a multiple of divisible_by x TP), so both models have the same embedding shape."""
+    reference = copy.deepcopy(run_config)
+    reference.model.make_vocab_size_divisible_by *= run_config.parallel.tensor_model_parallel_size
+    reference.parallel = ParallelConfig(world_size=1)
+    reference.train.use_distributed_optimizer = False
+    reference.train.overlap_grad_reduce = reference.train.overlap_param_gather = False
+    reference.probes.run_dir = None
+    return reference
+
+
+def reference_run(run_config: RunConfig) -> dict[str, Any]:
+    """`train_and_collect` of single_process_config(run_config), in this process on a world of one (its own gloo
+    group when none is initialised)."""
+    reference = single_process_config(run_config)
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError("reference_run needs a world of one; call it outside the distributed run")
+        return train_and_collect(reference)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
+        try:
+            return train_and_collect(reference)
+        finally:
+            dist.destroy_process_group()

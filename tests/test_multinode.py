@@ -1,0 +1,47 @@
+"""The multi-node launcher path (runs/slurm/train.sbatch) on one host: two "nodes", each its own
+`train-ledger train --nnodes 2 --nproc-per-node 2 --rdzv-endpoint localhost:PORT` (one torchrun per node, c10d
+rendezvous on the first), form one world of 4 ranks that trains exactly as a single process does.
+"""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from engine.training import reference_run
+from ledger.config import parse_args
+
+FLAGS = ["--model", "tiny", "--num-layers", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "4", "--lr", "3e-3"]
+TIMEOUT = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_host_train_as_one_world(tmp_path):
+    endpoint = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen([sys.executable, "-m", "ledger.cli", "train", "--nnodes", "2", "--nproc-per-node", "2",
+                               "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--rdzv-id", "multinode-test",
+                               *FLAGS, "--run-dir", str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for node in range(2)]
+    try:
+        outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stderr[-3000:]
+    logged = [out for out, _ in outputs if "world 4 = tp 2 x cp 1 x dp 2 x pp 1" in out]
+    assert len(logged) == 1, "global rank 0 lives on exactly one node"
+    losses = [float(m) for m in re.findall(r"lm loss: (\S+)", logged[0])]
+    expected = reference_run(parse_args(FLAGS, world_size=4))["losses"]
+    assert losses == pytest.approx(expected, rel=1e-5)

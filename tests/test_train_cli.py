@@ -1,0 +1,114 @@
+"""`train-ledger train` and `python -m engine.train`: bad input is one line and status 2; good input trains.
+
+The launcher validates the flags for the whole world before starting any process; under torchrun (RANK set) the
+rank validates them itself, rank 0 alone prints the line, and every rank exits 2 before joining a process group.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ledger.config import parse_args
+
+CLI = [sys.executable, "-m", "ledger.cli", "train"]
+TIMEOUT = 240
+
+
+def _run(cmd: list[str], env: dict | None = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+BAD_INPUT = {
+    "heads not divisible by TP": (["--model", "tiny", "--tensor-model-parallel-size", "3"], 3,
+                                  "--num-attention-heads 8 is not divisible by --tensor-model-parallel-size 3"),
+    "world not divisible": (["--model", "tiny", "--tensor-model-parallel-size", "2"], 3,
+                            "world size 3 is not divisible by tp 2"),
+    "global batch not divisible": (["--model", "tiny", "--micro-batch-size", "2", "--global-batch-size", "6"], 2,
+                                   "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel "
+                                   "size 2"),
+    "unknown flag": (["--model", "tiny", "--no-such-flag", "1"], 2, "unsupported flag: --no-such-flag"),
+}
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, message: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("train-ledger train: error: ") and message in lines[0]
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_with_launcher_is_one_line_and_starts_nothing(case):
+    flags, world, message = BAD_INPUT[case]
+    proc = _run(CLI + ["--nproc-per-node", str(world)] + flags, timeout=60)
+    _assert_one_line_error(proc, message)
+    assert "torch.distributed" not in proc.stderr
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_under_torchrun_is_one_line_from_rank0(case):
+    flags, world, message = BAD_INPUT[case]
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world)}
+    _assert_one_line_error(_run(CLI + flags, env=env, timeout=60), message)
+    other = _run(CLI + flags, env={**env, "RANK": "1", "LOCAL_RANK": "1"}, timeout=60)
+    assert (other.returncode, other.stdout, other.stderr) == (2, "", "")
+
+
+def test_bad_launcher_flags():
+    proc = _run(CLI + ["--nproc-per-node", "2", "--nnodes", "2", "--model", "tiny"], timeout=60)
+    _assert_one_line_error(proc, "--nnodes 2 needs --rdzv-endpoint HOST:PORT")
+
+
+def _log_lines(stdout: str) -> list[dict[str, float]]:
+    pattern = re.compile(r"iteration\s+(\d+)/\s*\d+ \| lm loss: (\S+) \| learning rate: (\S+) \| grad norm: (\S+)"
+                         r" \| tokens/s: (\S+) \| step time \(ms\): (\S+)")
+    return [{"iteration": int(m[1]), "loss": float(m[2]), "lr": float(m[3]), "grad_norm": float(m[4]),
+             "tokens_per_s": float(m[5].replace(",", "")), "step_ms": float(m[6])}
+            for m in pattern.finditer(stdout)]
+
+
+@pytest.mark.slow
+def test_issue_command_tp2_sp_dp2_trains(tmp_path):
+    run_dir = tmp_path / "tp2dp2"
+    proc = _run(CLI + ["--nproc-per-node", "4", "--model", "tiny", "--tensor-model-parallel-size", "2",
+                       "--sequence-parallel", "--micro-batch-size", "2", "--global-batch-size", "8",
+                       "--train-iters", "20", "--run-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 4 = tp 2 x cp 1 x dp 2 x pp 1" in proc.stdout
+    steps = _log_lines(proc.stdout)
+    assert [s["iteration"] for s in steps] == list(range(1, 21))  # rank 0 alone logs
+    losses = [s["loss"] for s in steps]
+    assert sum(losses[-5:]) < sum(losses[:5]), "the loss must fall"
+    assert all(s["tokens_per_s"] > 0 and s["step_ms"] > 0 and s["grad_norm"] > 0 for s in steps)
+    assert (run_dir / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+def test_torchrun_accepts_the_seed_run_sh_flags(tmp_path):
+    """The seed's runs/megatron/run.sh (8 ranks: TP2 x PP2 x DP2, SP, ZeRO-1, overlaps) with a tiny shape for CPU."""
+    flags = ["--use-mcore-models", "--transformer-impl", "transformer_engine",
+             "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "176",
+             "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4",
+             "--seq-length", "32", "--max-position-embeddings", "32", "--position-embedding-type", "rope",
+             "--rotary-base", "500000",
+             "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+             "--untie-embeddings-and-output-weights", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+             "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+             "--micro-batch-size", "1", "--global-batch-size", "16",
+             "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "1",
+             "--train-iters", "3", "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-beta1", "0.9",
+             "--adam-beta2", "0.95", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024",
+             "--split", "99,1,0", "--log-interval", "1", "--eval-iters", "0", "--save-interval", "1000000",
+             "--distributed-timeout-minutes", "30", "--run-dir", str(tmp_path / "seed")]
+    cfg = parse_args(flags, world_size=8)
+    assert (cfg.parallel.data_parallel_size, cfg.num_microbatches) == (2, 8)
+    proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                 "-m", "engine.train", *flags])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 8 = tp 2 x cp 1 x dp 2 x pp 2" in proc.stdout
+    assert [s["iteration"] for s in _log_lines(proc.stdout)] == [1, 2, 3]
