@@ -1,0 +1,54 @@
+"""Traces: merge the run's per-rank profiler traces into one Perfetto trace and download it; how to open it, and
+how to capture the same steps with NVTX in Nsight Systems instead."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import state
+from ledger.errors import UserError
+
+st.title("Traces")
+run = state.current_run()
+if run is None:
+    st.stop()
+files = state.guarded("trace_list", run) if state.guarded("manifest", run) is not None else None
+if files is None:
+    st.stop()
+if not files:
+    st.info("This run has no profiler traces. Record some with `--use-pytorch-profiler --profile-step-start A "
+            "--profile-step-end B [--profile-ranks ...]`.")
+else:
+    st.dataframe(pd.DataFrame(files), hide_index=True)
+    if st.button("Merge into one Perfetto trace", key="tr_merge"):
+        st.session_state["tr_merged"] = run
+    if st.session_state.get("tr_merged") == run:
+        try:
+            info, data = state.merged_trace(run)
+        except UserError as exc:
+            st.error(f"run {run}: {exc}")
+        else:
+            offsets = ", ".join(f"{r}: {o:+.1f}" for r, o in sorted(info["offsets_us"].items()))
+            st.success(f"{info['events']:,} events from ranks {info['ranks']}; clock offsets (µs) {offsets}")
+            if info["uncorrected"]:
+                st.warning(f"ranks {info['uncorrected']} share no collective with the others: their clocks are not "
+                           "aligned")
+            st.download_button("Download merged trace (.json.gz)", data, file_name=f"{run.replace('/', '_')}"
+                               ".perfetto.json.gz", mime="application/gzip", key="tr_download")
+
+st.subheader("Open it")
+st.markdown(f"""
+* **Perfetto**: open <https://ui.perfetto.dev>, *Open trace file*, pick the downloaded `.json.gz` (one process
+  per rank, named with its tp/dp/pp coordinates; memory counters per rank). `chrome://tracing` opens it too.
+* The same file from the shell: `train-ledger export-trace {state.resolve_run(run)} --out merged.json.gz
+  [--steps A-B] [--ranks 0 1 4-7]`.
+* **Nsight Systems with NVTX** (the probes' NVTX ranges never reach the PyTorch traces above): the profiler window
+  calls cudaProfilerStart/Stop around steps A..B, so capture exactly those steps with
+  ```
+  nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --trace=cuda,nvtx,osrt \\
+      -o run-%q{{RANK}} train-ledger train [Megatron flags] --run-dir RUN \\
+      --nsys-profile --profile-step-start A --profile-step-end B --profile-ranks 0
+  ```
+  and open the `.nsys-rep` in the Nsight Systems GUI (NVTX rows: forward / backward per micro-batch, dp-comm
+  buckets, optimizer).
+""")

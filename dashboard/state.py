@@ -1,0 +1,169 @@
+"""What every page shares: the runs root, the selected run, path safety, and the ledger's loaders behind one cache.
+
+Caching: st.cache_data keys on (loader, run path, the run's file signature, arguments). The signature is the count,
+total size and newest modification time of the run's files, so a run that is still writing (a new step, a rank's
+manifest renamed into place) or a fresh `train-ledger reconcile` is read again, and an unchanged one never is.
+
+Path safety: the only paths that come from the browser are run names (the run selector, the `?run=` query
+parameter). Each is resolved (symlinks and `..` included) and must lie strictly under the resolved runs root;
+anything else is refused before a file is opened.
+
+Errors: a loader that fails on a broken run shows one error naming the run and the problem; the page goes on.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import streamlit as st
+
+from ledger import dashboard_data, loaders
+from ledger.commands.dashboard import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV
+from ledger.errors import InputError, UserError
+
+LOADERS: dict[str, Callable[..., Any]] = {
+    "manifest": loaders.load_manifest,
+    "summary": loaders.load_summary,
+    "rows": loaders.load_rows,
+    "memory_timeline": loaders.memory_timeline,
+    "memory_waterfall": loaders.memory_waterfall,
+    "stage_timeline": loaders.stage_timeline,
+    "bucket_intervals": loaders.bucket_intervals,
+    "topology": loaders.topology,
+    "headline": dashboard_data.headline,
+    "static_breakdown": dashboard_data.static_breakdown,
+    "pipeline_shape": dashboard_data.pipeline_shape,
+    "rank_timing": dashboard_data.rank_timing,
+    "trace_list": dashboard_data.trace_list,
+}
+RUN_KEY = "run"  # the query parameter that opens a run: ?run=NAME
+SELECTED = "selected_run"
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get(RUNS_ROOT_ENV, str(DEFAULT_ROOT))).resolve()
+
+
+def resolve_run(name: str) -> Path:
+    """The run directory a UI-supplied name points to; InputError unless it lies strictly under the runs root."""
+    root = runs_root()
+    path = (root / name).resolve()
+    if path == root or not path.is_relative_to(root):
+        raise InputError(name, f"not a run under the runs root {root}")
+    return path
+
+
+def signature(path: Path) -> tuple[int, int, int]:
+    """(file count, total bytes, newest mtime in ns) of everything under `path`: changes whenever a file does."""
+    count = size = newest = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                st_ = os.stat(os.path.join(folder, name))
+            except FileNotFoundError:  # a temp file renamed away between listing and stat
+                continue
+            count, size, newest = count + 1, size + st_.st_size, max(newest, st_.st_mtime_ns)
+    return count, size, newest
+
+
+def _dir_signature(root: Path) -> tuple[tuple[str, int], ...]:
+    """Modification times of the root and the folders two levels down: a run appearing or renaming its manifest
+    into place changes one of them."""
+    dirs = [root] + [p for p in root.glob("*") if p.is_dir()] + [p for p in root.glob("*/*") if p.is_dir()]
+    return tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached(loader: str, path: str, sig: tuple, args: tuple) -> Any:
+    return LOADERS[loader](path, *args)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _cached_runs(root: str, sig: tuple) -> list[dict[str, Any]]:
+    return loaders.list_runs(root)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def ideal_schedule(pp: int, microbatches: int, vpp: int) -> dict[str, Any]:
+    return dashboard_data.ideal_schedule(pp, microbatches, vpp)
+
+
+@st.cache_data(show_spinner="Merging the traces ...", max_entries=4)
+def _merged_trace(path: str, sig: tuple) -> tuple[dict[str, Any], bytes]:
+    with tempfile.TemporaryDirectory() as tmp:  # never written under the runs root: the dashboard only reads there
+        out = Path(tmp) / "merged.json.gz"
+        info = dashboard_data.merged_trace(path, str(out))
+        return info, out.read_bytes()
+
+
+def merged_trace(run: str) -> tuple[dict[str, Any], bytes]:
+    """The run's merged Perfetto trace (gzip JSON bytes) and what the export says about it; UserError if broken."""
+    path = resolve_run(run)
+    return _merged_trace(str(path), signature(path))
+
+
+def list_runs() -> list[dict[str, Any]]:
+    """Every run under the root, each with `rel`: its name relative to the root (what the UI passes around)."""
+    root = runs_root()
+    if not root.is_dir():
+        return []
+    runs = _cached_runs(str(root), _dir_signature(root))
+    return [{**r, "rel": str(Path(r["path"]).relative_to(root))} for r in runs]
+
+
+def load(loader: str, run: str, *args: Any) -> Any:
+    """A loader's result for the run named `run` (relative to the root); raises UserError for a broken run."""
+    path = resolve_run(run)
+    return _cached(loader, str(path), signature(path), args)
+
+
+def guarded(loader: str, run: str, *args: Any) -> Any | None:
+    """`load`, or None after one st.error naming the run and the problem: a broken run never stops the page."""
+    try:
+        return load(loader, run, *args)
+    except UserError as exc:
+        st.error(f"run {run}: {exc}")
+    except Exception as exc:  # a reader's bug on some unforeseen file: show it for this run, keep the app alive
+        st.error(f"run {run}: {loader} failed: {exc.__class__.__name__}: {exc}")
+    return None
+
+
+def initial_run(runs: list[dict[str, Any]]) -> str | None:
+    """The run to select first: `?run=` in the URL, else the command's --run, else the newest run."""
+    names = [r["rel"] for r in runs]
+    for wanted in (st.query_params.get(RUN_KEY), os.environ.get(RUN_ENV)):
+        if wanted:
+            try:
+                rel = str(resolve_run(wanted).relative_to(runs_root()))
+            except InputError as exc:
+                st.warning(str(exc))
+                continue
+            if rel in names:
+                return rel
+    return names[0] if names else None
+
+
+def select_run(runs: list[dict[str, Any]]) -> str | None:
+    """The sidebar's run selector. The choice lives in a plain session key (SELECTED) that seeds the selector's
+    index on every run, so it survives page switches and does not depend on the widget's own state."""
+    names = [r["rel"] for r in runs]
+    if not names:
+        st.session_state.pop(SELECTED, None)
+        return None
+    if st.session_state.get(SELECTED) not in names:
+        st.session_state[SELECTED] = initial_run(runs)
+    labels = {r["rel"]: f"{r['rel']}  [{r.get('status') or 'error'}]" for r in runs}
+    run = st.sidebar.selectbox("Run", names, index=names.index(st.session_state[SELECTED]), format_func=labels.get)
+    st.session_state[SELECTED] = run
+    return run
+
+
+def current_run() -> str | None:
+    """The run the sidebar selected (pages call this; None with an explanation when there is none)."""
+    run = st.session_state.get(SELECTED)
+    if run is None:
+        st.info(f"No runs under {runs_root()}. Write one with `train-ledger demo` or `train-ledger train ... "
+                "--run-dir RUN`, then reload.")
+    return run

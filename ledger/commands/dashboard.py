@@ -1,0 +1,63 @@
+"""`train-ledger dashboard`: the Streamlit app over the run directories under one root.
+
+The process replaces itself with `python -m streamlit run dashboard/app.py` (exec), so that the pid a script or test
+holds is the server's own and a signal sent to it stops the server, never an orphaned child. The runs root and the
+run to open first travel in environment variables (dashboard.state reads them), because Streamlit keeps its own
+command line for its own flags. It binds to 127.0.0.1 unless --host says otherwise: run directories carry argv,
+host names and paths, which are nobody else's business.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from ledger.commands._args import CommandParser
+from ledger.errors import ConfigError, InputError
+
+RUNS_ROOT_ENV = "TRAIN_LEDGER_RUNS_ROOT"
+RUN_ENV = "TRAIN_LEDGER_RUN"
+DEFAULT_ROOT = Path("runs/out")
+
+
+def app_path() -> Path:
+    spec = importlib.util.find_spec("dashboard")
+    if spec is None or spec.origin is None:
+        raise ConfigError("the dashboard package is not importable (run `pip install -e .` in the repository)")
+    return Path(spec.origin).parent / "app.py"
+
+
+def streamlit_argv(app: Path, host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host, "--server.port", str(port),
+            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.runOnSave", "false"]
+
+
+def checked_root(root: Path) -> Path:
+    if not root.exists():
+        raise InputError(root, "runs root does not exist")
+    if not root.is_dir():
+        raise InputError(root, "runs root is not a directory")
+    return root.resolve()
+
+
+def main(argv: list[str]) -> int:
+    p = CommandParser("dashboard", description=__doc__.splitlines()[0])
+    p.add_argument("--runs-root", type=Path, default=DEFAULT_ROOT, help=f"default: {DEFAULT_ROOT}")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--run", help="the run (a directory name under the runs root) to open first")
+    a = p.parse_args(argv)
+    if not 1 <= a.port <= 65535:
+        raise ConfigError(f"--port {a.port}: expected 1..65535")
+    root = checked_root(a.runs_root)
+    if a.run is not None and not (root / a.run).resolve().is_relative_to(root):
+        raise ConfigError(f"--run {a.run!r} is not under the runs root {root}")
+    if importlib.util.find_spec("streamlit") is None:
+        raise ConfigError("streamlit is not installed: pip install -e '.[dashboard]'")
+    cmd = streamlit_argv(app_path(), a.host, a.port)
+    env = {**os.environ, RUNS_ROOT_ENV: str(root)}
+    if a.run is not None:
+        env[RUN_ENV] = a.run
+    print(f"train-ledger dashboard: http://{a.host}:{a.port}  (runs root {root})", flush=True)
+    os.execve(sys.executable, cmd, env)  # NoReturn: the server takes this process over

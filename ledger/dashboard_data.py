@@ -1,0 +1,189 @@
+"""The figures the dashboard shows that ledger.loaders does not return as such: a run's headline figures and layout,
+the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a run
+directory (or of plain values), like ledger.loaders, so the dashboard can cache them on path and modification time.
+
+Nothing here is a new estimate: headline figures are picked from the reconciliation rows, the static terms are the
+formulas' StaticBytes and the engine's inventory records, the ideal schedule is the engine's own plan replayed on
+its global clock (the chart `train-ledger schedule` prints).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from ledger.config import RunConfig
+from ledger.formulas.buffer_layout import rank_buffers
+from ledger.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.formulas.static_memory import static_bytes
+from ledger.loaders import load_manifest, load_rows
+from ledger.reconcile.evidence import load_config
+from ledger.reconcile.run import gather
+from probes.run_dir import trace_files
+
+# Waterfall terms in the order memory fills up, and the inventory kinds (the engine's `tensor_kind`) behind each.
+STATIC_TERMS: dict[str, tuple[str, ...]] = {
+    "params": ("param_buffer",),
+    "grads": ("grad_buffer",),
+    "padding": (),
+    "master weights": ("master_params",),
+    "fp32 grad copy": ("master_grads",),
+    "Adam states": ("adam_exp_avg", "adam_exp_avg_sq"),
+}
+
+
+def run_config(run_dir: str) -> RunConfig | None:
+    manifest = load_manifest(run_dir)
+    return load_config(manifest, Path(run_dir) / "manifest.json")
+
+
+def layout(manifest: dict[str, Any]) -> dict[str, int]:
+    """World size and TP / CP / DP / PP (/ VPP) sizes as the manifest's config states them."""
+    par = (manifest.get("config") or {}).get("parallel") or {}
+    tp, pp = par.get("tensor_model_parallel_size", 1), par.get("pipeline_model_parallel_size", 1)
+    cp = par.get("context_parallel_size", 1)
+    world = int(manifest["world_size"])
+    return {"world": world, "tp": tp, "cp": cp, "dp": world // max(1, tp * pp * cp), "pp": pp,
+            "vpp": par.get("virtual_pipeline_model_parallel_size") or 1}
+
+
+def layout_text(manifest: dict[str, Any]) -> str:
+    s = layout(manifest)
+    text = f"{s['world']} = TP{s['tp']} x CP{s['cp']} x DP{s['dp']} x PP{s['pp']}"
+    return text + (f" (VPP{s['vpp']})" if s["vpp"] > 1 else "")
+
+
+def config_text(manifest: dict[str, Any]) -> str:
+    """The model shape and the training flags that move the ledger's figures, on one line."""
+    cfg = manifest.get("config") or {}
+    model, train = cfg.get("model") or {}, cfg.get("train") or {}
+    if not model:
+        return "no config"
+    shape = (f"{cfg.get('model_preset') or 'custom'}: L{model.get('num_layers')} h{model.get('hidden_size')} "
+             f"f{model.get('ffn_hidden_size')} s{model.get('seq_length')} v{model.get('vocab_size')}")
+    dtype = "bf16" if train.get("bf16") else "fp16" if train.get("fp16") else "fp32"
+    flags = [name for key, name in (("use_distributed_optimizer", "dist-opt"), ("overlap_grad_reduce", "overlap-grad"),
+                                    ("overlap_param_gather", "overlap-param")) if train.get(key)]
+    if (cfg.get("parallel") or {}).get("sequence_parallel"):
+        flags.append("SP")
+    return f"{shape}; {dtype}; mbs {train.get('micro_batch_size')} gbs {train.get('global_batch_size')}" + \
+        (f"; {' '.join(flags)}" if flags else "")
+
+
+def _best(row: dict[str, Any]) -> tuple[float | None, str]:
+    """A row's most direct figure: measured, else the engine's inventory, else the prediction."""
+    for column in ("measured", "inventory", "predicted"):
+        if row.get(column) is not None:
+            return row[column], column
+    return None, ""
+
+
+def headline(run_dir: str) -> dict[str, dict[str, Any]]:
+    """bytes/param, peak memory, pipeline bubble, exposed DP comm and MFU, each {value, unit, source}; value None
+    where the run has no row for it (a CPU run has no MFU, a PP1 run no bubble)."""
+    rows = load_rows(run_dir)
+
+    def pick(metric: str) -> list[dict[str, Any]]:
+        return [r for r in rows if r["metric"] == metric]
+
+    def figure(metric: str, unit: str, reduce: str) -> dict[str, Any]:
+        found = [(v, src) for v, src in map(_best, pick(metric)) if v is not None]
+        if not found:
+            return {"value": None, "unit": unit, "source": "no row"}
+        values = [v for v, _ in found]
+        value = max(values) if reduce == "max" else mean(values)
+        return {"value": value, "unit": unit, "source": f"{reduce} over {len(values)} row(s), {found[0][1]}"}
+
+    return {"bytes/param": figure("memory.bytes_per_param", "bytes/param", "max"),
+            "peak memory": figure("memory.peak_allocated", "bytes", "max"),
+            "bubble": figure("pipeline.bubble_of_wall_time", "fraction", "mean"),
+            "exposed comm / step": figure("overlap.exposed_dp_comm_per_step", "s", "max"),
+            "MFU": figure("throughput.mfu.megatron", "fraction", "mean")}
+
+
+def static_breakdown(run_dir: str) -> list[dict[str, Any]]:
+    """Per rank, the static terms after the first step: predicted (formulas) and inventory (engine records) bytes.
+    Padding is shown apart from params and grads (the formulas count it inside both buffers)."""
+    ev = gather(run_dir)
+    out = []
+    for rank, r in sorted(ev.ranks.items()):
+        predicted = _predicted_terms(ev.config, r.coords) if ev.config is not None else {}
+        inventory = _inventory_terms(r.inventory)
+        out.append({"rank": rank, "stage": r.stage, "terms": [
+            {"term": term, "predicted": predicted.get(term), "inventory": inventory.get(term)}
+            for term in STATIC_TERMS]})
+    return out
+
+
+def _predicted_terms(cfg: RunConfig, coords: dict[str, int]) -> dict[str, int]:
+    s = static_bytes(cfg, coords["tp"], coords["pp"], coords["dp"], "after_first_step")
+    padding = sum(b.padding for b in rank_buffers(cfg, coords["pp"]))
+    pb, gb = DTYPE_BYTES[cfg.train.params_dtype], DTYPE_BYTES[cfg.train.grad_dtype]
+    return {"params": s.param_buffer - padding * pb, "grads": s.grad_buffer - padding * gb, "padding": s.padding,
+            "master weights": s.master_params, "fp32 grad copy": s.grad_fp32_copy, "Adam states": s.adam_m + s.adam_v}
+
+
+def _inventory_terms(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Inventory bytes by waterfall term; empty when no record carries a kind the waterfall knows."""
+    terms = {term: 0 for term in STATIC_TERMS}
+    matched = False
+    for rec in records:
+        term = next((t for t, kinds in STATIC_TERMS.items() if rec.get("tensor_kind") in kinds), None)
+        if term is None:
+            continue
+        matched = True
+        pad = int(rec.get("padding_bytes", 0))
+        terms[term] += int(rec.get("bytes", 0)) - pad
+        terms["padding"] += pad
+    return terms if matched else {}
+
+
+def pipeline_shape(run_dir: str) -> dict[str, int] | None:
+    """(p, m, v) of the run's schedule, None when the config does not say."""
+    cfg = run_config(run_dir)
+    if cfg is None:
+        return None
+    return {"pp": cfg.parallel.pipeline_model_parallel_size, "microbatches": cfg.num_microbatches,
+            "vpp": cfg.parallel.virtual_pipeline_model_parallel_size or 1}
+
+
+def ideal_schedule(pp: int, microbatches: int, vpp: int = 1) -> dict[str, Any]:
+    """The engine's schedule plan on its global clock, one cell per forward or backward of equal cost: cells
+    (stage, slot, kind, microbatch, chunk, label), the chart's bubble fraction and the closed form."""
+    from engine.pipeline_parallel.schedule_plan import (FORWARD, analytic_bubble_fraction, bubble_fraction,
+                                                        schedule_plan, simulate)  # torch-free
+
+    clock = simulate(schedule_plan(pp, microbatches, vpp), vpp)
+    cells = [{"stage": stage, "slot": slot, "kind": "forward" if item.kind == FORWARD else "backward",
+              "microbatch": item.microbatch, "chunk": item.chunk, "label": item.label(vpp > 1)}
+             for stage, row in enumerate(clock) for slot, item in enumerate(row) if item is not None]
+    return {"cells": cells, "slots": len(clock[0]) if clock else 0, "bubble_fraction": bubble_fraction(clock),
+            "analytic_bubble_fraction": analytic_bubble_fraction(pp, microbatches, vpp)}
+
+
+def rank_timing(run_dir: str, rank: int, step: int) -> list[dict[str, Any]]:
+    """One rank's timer records in one step (compute, communication, optimizer) on the timers' own clock
+    (`start_s` / `end_s`, the clock ledger.loaders.bucket_intervals reports), for drawing buckets over compute."""
+    ev = gather(run_dir)
+    r = ev.ranks.get(rank)
+    if r is None:
+        return []
+    return [{"name": t.get("name"), "category": t.get("category"), "start": t["start_s"], "end": t["end_s"],
+             "bucket": t.get("bucket"), "microbatch": t.get("microbatch")}
+            for t in r.timing if t.get("step") == step and t.get("category") != "iteration"]
+
+
+def trace_list(run_dir: str) -> list[dict[str, Any]]:
+    """The run's per-rank profiler traces: rank, step range, file name relative to the run, size in bytes."""
+    return [{"rank": rank, "steps": f"{a}-{b}", "file": str(path.relative_to(run_dir)), "bytes": path.stat().st_size}
+            for rank, a, b, path in trace_files(run_dir)]
+
+
+def merged_trace(run_dir: str, out: str) -> dict[str, Any]:
+    """Merge the run's traces into `out` (ledger.trace_export, the code behind `train-ledger export-trace`); what
+    the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
+    from ledger.trace_export import export
+
+    result = export(run_dir, out)
+    return {"out": str(result.out), "ranks": result.ranks, "events": result.events,
+            "offsets_us": result.offsets_us, "uncorrected": result.uncorrected}

@@ -1,0 +1,206 @@
+"""The dashboard headless (streamlit.testing.v1.AppTest): every page over every kind of run, the widgets that drive
+the filters and the comparison, path safety, and `train-ledger dashboard`'s argument handling.
+
+AppTest quirk (Streamlit 1.67): after the first run it drops the entry script's own elements from its element tree
+(the browser still shows them), so the sidebar's run selector is driven through the session key it reads and
+writes (state.SELECTED); tests/test_dashboard_browser.py clicks the real one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from dashboard import state  # noqa: E402
+from ledger import cli  # noqa: E402
+from ledger.commands import dashboard as command  # noqa: E402
+from ledger.errors import InputError  # noqa: E402
+from tests.fixtures.dashboard.runs import BROKEN, COMPLETE, make_runs_root  # noqa: E402
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+PAGES = ["runs", "reconciliation", "memory", "pipeline", "overlap", "topology", "traces"]
+TIMEOUT = 120  # 2 CPU cores shared with other test runs: generous, still bounded
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    make_runs_root(root)
+    return root
+
+
+@pytest.fixture
+def app(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv(command.RUNS_ROOT_ENV, str(runs_root))
+    monkeypatch.delenv(command.RUN_ENV, raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()
+    return at
+
+
+def open_page(at: AppTest, page: str, run: str | None = None) -> AppTest:
+    if run is not None:
+        at.session_state[state.SELECTED] = run
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_the_complete_run_without_errors(app: AppTest, page: str) -> None:
+    open_page(app, page, COMPLETE)
+    assert not app.error, texts(app.error)
+    assert app.title[0].value.lower() == page
+
+
+@pytest.mark.parametrize("run", ["cpu", *BROKEN])
+def test_every_page_survives_partial_and_broken_runs(app: AppTest, run: str) -> None:
+    for page in PAGES:
+        open_page(app, page, run)
+        if run == "corrupt-manifest" and page != "runs":
+            assert "corrupt JSON" in texts(app.error), page
+        if run == "corrupt-trace" and page in ("reconciliation", "memory"):
+            assert "not gzip" in texts(app.error) or "gzip" in texts(app.error), page
+
+
+def test_crashed_run_says_what_is_missing(app: AppTest) -> None:
+    open_page(app, "reconciliation", "crashed")
+    missing = texts(app.caption)
+    assert "run status is 'running'" in missing
+    assert "no events for rank(s) 3" in missing
+    assert "torn line" in missing
+
+
+def test_empty_root_renders_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(command.RUNS_ROOT_ENV, str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()
+    for page in PAGES:
+        open_page(at, page)
+        assert "No runs under" in texts(at.info), page
+
+
+def test_runs_page_lists_every_run_with_headline_figures_and_errors(app: AppTest) -> None:
+    table = app.dataframe[0].value.set_index("run")
+    assert set(table.index) == {COMPLETE, "cpu", *BROKEN}
+    assert table.loc[COMPLETE, "status"] == "complete"
+    assert table.loc[COMPLETE, "layout"] == "8 = TP2 x CP1 x DP2 x PP2"
+    assert table.loc[COMPLETE, "bubble"] == "20.00%"  # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built
+    assert table.loc[COMPLETE, "error"] == ""
+    assert table.loc["crashed", "status"] == "running"
+    assert "corrupt JSON" in table.loc["corrupt-manifest", "error"]
+    assert "gzip" in table.loc["corrupt-trace", "error"]
+
+
+def test_comparison_puts_two_runs_side_by_side(app: AppTest) -> None:
+    app.multiselect(key="compare").set_value([COMPLETE, "cpu"]).run()
+    assert not app.exception
+    side = app.dataframe[1].value
+    assert list(side.columns) == [COMPLETE, "cpu", "same"]
+    assert side.loc["layout", COMPLETE] == "8 = TP2 x CP1 x DP2 x PP2"
+    assert side.loc["layout", "cpu"] == "4 = TP2 x CP1 x DP2 x PP1"
+    assert not side.loc["layout", "same"]
+    assert {m.label for m in app.metric} >= {"bytes/param", "peak memory", "bubble", "MFU"}
+
+
+def test_reconciliation_filters_by_verdict_rank_and_metric(app: AppTest) -> None:
+    open_page(app, "reconciliation", COMPLETE)
+    everything = app.dataframe[0].value
+    assert len(everything) > 50 and set(everything["verdict"]) >= {"ok", "n/a"}
+
+    app.multiselect(key="rec_verdict").set_value(["off"]).run()
+    off = app.dataframe[0].value
+    assert 0 < len(off) < len(everything) and set(off["verdict"]) == {"off"}
+
+    app.multiselect(key="rec_verdict").set_value([]).run()
+    app.multiselect(key="rec_family").set_value(["memory"]).run()
+    app.multiselect(key="rec_rank").set_value([5]).run()
+    rows = app.dataframe[0].value
+    assert set(rows["rank"]) == {5} and all(rows["metric"].str.startswith("memory."))
+    app.multiselect(key="rec_metric").set_value(["memory.bytes_per_param"]).run()
+    assert len(app.dataframe[0].value) == 1
+    assert "static bytes" in texts(app.info)  # the chosen row's explanation
+
+
+def figure_specs(at: AppTest) -> str:
+    return "\n".join(chart.proto.spec for chart in at.get("plotly_chart"))
+
+
+def test_memory_and_overlap_widgets_switch_rank(app: AppTest) -> None:
+    open_page(app, "memory", COMPLETE)
+    assert "rank 0: where the bytes are" in figure_specs(app)
+    app.selectbox(key="mem_rank").set_value(6).run()
+    assert not app.exception and not app.error
+    assert "rank 6: where the bytes are" in figure_specs(app)
+    open_page(app, "overlap", COMPLETE)
+    app.selectbox(key="ov_rank").set_value(3).run()
+    app.selectbox(key="ov_step").set_value(2).run()
+    assert not app.exception and not app.error
+    assert "rank 3, step 2" in figure_specs(app)
+
+
+def test_traces_page_merges_and_offers_the_download(app: AppTest) -> None:
+    open_page(app, "traces", COMPLETE)
+    assert len(app.dataframe[0].value) == 8  # one trace per rank
+    app.button(key="tr_merge").click().run()
+    assert not app.exception and not app.error, texts(app.error)
+    assert "events from ranks [0, 1, 2, 3, 4, 5, 6, 7]" in texts(app.success)
+    assert "nsys profile --capture-range=cudaProfilerApi" in texts(app.markdown)
+
+
+def test_run_names_from_the_ui_cannot_leave_the_root(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(command.RUNS_ROOT_ENV, str(runs_root))
+    assert state.resolve_run(COMPLETE) == (runs_root / COMPLETE).resolve()
+    outside = runs_root.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    (runs_root / "link-out").symlink_to(outside)
+    for bad in ("..", "../outside", "/etc", "link-out", ".", f"{COMPLETE}/../../outside"):
+        with pytest.raises(InputError):
+            state.resolve_run(bad)
+
+
+def test_query_parameter_outside_the_root_is_refused(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(command.RUNS_ROOT_ENV, str(runs_root))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.query_params[state.RUN_KEY] = "../../etc"
+    at.run()
+    assert not at.exception
+    assert "not a run under the runs root" in texts(at.warning)
+    assert at.session_state[state.SELECTED] in {COMPLETE, "cpu", *BROKEN}
+
+
+def test_command_opens_the_run_it_is_given(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(command.RUNS_ROOT_ENV, str(runs_root))
+    monkeypatch.setenv(command.RUN_ENV, "cpu")
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()
+    assert at.session_state[state.SELECTED] == "cpu"
+
+
+def test_dashboard_command_binds_localhost_headless() -> None:
+    argv = command.streamlit_argv(command.app_path(), "127.0.0.1", 8501)
+    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("dashboard/app.py")
+    flags = dict(zip(argv[5::2], argv[6::2]))
+    assert flags["--server.address"] == "127.0.0.1" and flags["--server.headless"] == "true"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runs-root", "/nonexistent/runs"], "runs root does not exist"),
+    (["--runs-root", __file__], "runs root is not a directory"),
+    (["--port", "0", "--runs-root", "."], "--port 0"),
+    (["--run", "../elsewhere", "--runs-root", "."], "is not under the runs root"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_dashboard_command_bad_input_is_one_line_exit_2(args: list[str], message: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["dashboard", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
