@@ -1,0 +1,117 @@
+"""DistributedDataParallel: Megatron's, not torch's (seed 000, 六.3).
+
+It moves every trainable parameter into contiguous buffers, accumulates gradients into `param.main_grad` from a
+per-parameter hook, and reduces them bucket by bucket over the data-parallel group (DP x CP). The schedule reaches
+it only through no_sync / start_grad_sync / finish_grad_sync / start_param_sync, so communication happens once per
+step per bucket group, after the last micro-batch.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from engine.distributed.distributed_data_parallel_config import (DistributedDataParallelConfig,
+                                                                  default_bucket_size)
+from engine.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup, _ParamAndGradBuffer
+from probes.probe_set import NullProbeSet
+
+
+class DistributedDataParallel(torch.nn.Module):
+    def __init__(self, config: DistributedDataParallelConfig, module: torch.nn.Module, parallel_state: Any,
+                 probes: Any = None, disable_bucketing: bool = False):
+        """disable_bucketing: one bucket per buffer, as Megatron does for model chunks after the first."""
+        super().__init__()
+        self.ddp_config = config
+        self.module = module
+        self.parallel_state = parallel_state
+        self.probes = probes if probes is not None else NullProbeSet()
+        self.data_parallel_group = parallel_state.groups["dp_cp"]
+        dp_size = self.data_parallel_group.size()
+        # As Megatron: without overlap there is nothing to overlap a bucket with, so one bucket (one collective);
+        # later pipeline stages' DP communication is off the critical path, so they get one bucket too.
+        if disable_bucketing or not config.overlap_grad_reduce or parallel_state.pp_rank > 0:
+            self.bucket_size = None
+        else:
+            self.bucket_size = config.bucket_size if config.bucket_size is not None else default_bucket_size(dp_size)
+
+        self.param_to_name = {p: n for n, p in module.named_parameters() if p.requires_grad}
+        self.buffers = [
+            _ParamAndGradBuffer(config, param_dtype, grad_dtype, params, self.data_parallel_group, self.bucket_size)
+            for (param_dtype, grad_dtype), params in self._group_params_for_buffers().items()]
+        self.bucket_groups = [
+            _ParamAndGradBucketGroup([bucket], config, self.data_parallel_group, index, self.probes)
+            for index, bucket in enumerate(b for buffer in self.buffers for b in buffer.buckets)]
+        # The forward pass needs the last bucket (first layers) first; each all-gather hands on to the one before.
+        for later, earlier in zip(self.bucket_groups[1:], self.bucket_groups[:-1]):
+            later.next_param_gather_bucket_group = earlier
+        self.param_to_bucket_group = {p: g for g in self.bucket_groups for p in g.params}
+
+        for param in self.param_to_name:
+            param.register_post_accumulate_grad_hook(self._backward_post_hook)
+        if config.use_distributed_optimizer and config.overlap_param_gather:
+            for submodule in self.module.modules():
+                submodule.register_forward_pre_hook(self._forward_pre_hook)
+
+    def _group_params_for_buffers(self) -> dict[tuple[torch.dtype, torch.dtype], list[torch.nn.Parameter]]:
+        groups: dict[tuple[torch.dtype, torch.dtype], list[torch.nn.Parameter]] = {}
+        for param in self.param_to_name:
+            grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else param.dtype
+            groups.setdefault((param.dtype, grad_dtype), []).append(param)
+        return groups
+
+    def _backward_post_hook(self, param: torch.nn.Parameter) -> None:
+        param.main_grad.add_(param.grad)
+        param.grad = None
+        if self.ddp_config.overlap_grad_reduce:
+            self.param_to_bucket_group[param].register_grad_ready(param)
+
+    def _forward_pre_hook(self, module: torch.nn.Module, *unused: Any) -> None:
+        """Wait only for the all-gathers of this module's own parameters; later layers' are still in flight."""
+        for param in module.parameters(recurse=False):
+            group = self.param_to_bucket_group.get(param)
+            if group is not None:
+                group.finish_param_sync()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def set_input_tensor(self, input_tensor: Any) -> None:
+        """Pipeline stages receive their input from the previous stage, not through forward's arguments."""
+        self.module.set_input_tensor(input_tensor)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Micro-batches inside only accumulate into main_grad; the one after issues the collectives."""
+        for group in self.bucket_groups:
+            group.is_last_microbatch = False
+        try:
+            yield
+        finally:
+            for group in self.bucket_groups:
+                group.is_last_microbatch = True
+
+    def start_grad_sync(self, *unused: Any) -> None:
+        for group in self.bucket_groups:
+            group.start_grad_sync()
+
+    def finish_grad_sync(self) -> None:
+        for group in self.bucket_groups:
+            group.finish_grad_sync()
+
+    def start_param_sync(self, *unused: Any, force_sync: bool = False) -> None:
+        """All-gather the updated shards (distributed optimizer); replicas are already equal without it."""
+        if not self.ddp_config.use_distributed_optimizer:
+            return
+        for group in self.bucket_groups:
+            group.start_param_sync(force_sync=force_sync)
+
+    def zero_grad_buffer(self) -> None:
+        for buffer in self.buffers:
+            buffer.reset()
+        for group in self.bucket_groups:
+            group.reset()
+
+    def inventory(self) -> list[dict[str, Any]]:
+        return [record for i, buffer in enumerate(self.buffers) for record in buffer.inventory(f"ddp.buffer{i}")]

@@ -1,0 +1,34 @@
+"""The global gradient norm and clipping by it (Megatron's clip_grads.py).
+
+A parameter replicated across TP (no `tensor_model_parallel` attribute: norms, replicated biases) has the same
+gradient on every TP rank, so only TP rank 0 counts it; TP-sharded parameters are counted on every rank. The squared
+sums are then all-reduced over the groups that together hold one copy of every gradient element: the model-parallel
+group (TP x PP), plus the DP group when the distributed optimizer holds only a shard of each bucket.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def param_is_not_tensor_parallel_duplicate(param: torch.nn.Parameter, tp_rank: int) -> bool:
+    return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank == 0
+
+
+def get_grad_norm_fp32(grads_for_norm: list[torch.Tensor], groups: list[Any], device: torch.device) -> torch.Tensor:
+    """L2 norm over every rank's grads, as a device tensor: no host sync until someone reads it."""
+    if grads_for_norm:
+        total = torch.stack(torch._foreach_norm(grads_for_norm)).square().sum()
+    else:
+        total = torch.zeros((), dtype=torch.float32, device=device)
+    for group in groups:
+        dist.all_reduce(total, group=group)
+    return total.sqrt()
+
+
+def clip_grad_by_total_norm_fp32(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale by min(1, max_norm / (norm + 1e-6)) on the device, as torch's clip_grad_norm_ and Megatron do."""
+    coeff = (max_norm / (total_norm + 1.0e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, coeff)

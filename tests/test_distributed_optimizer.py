@@ -1,0 +1,211 @@
+"""The distributed optimizer (ZeRO-1) against single-process AdamW; its collectives; TP x DP; bf16; the scheduler."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from engine.optimizer import OptimizerParamScheduler
+from ledger.config import TrainConfig
+from ledger.errors import ConfigError
+from tests.dist_harness import run_distributed
+from tests.test_distributed_data_parallel import (MICROBATCHES, STEPS, TRAIN, assert_matches_reference, make_model,
+                                                  reference_adamw, train_ranks)
+
+DIST_CONFIGS = [dict(use_distributed_optimizer=True),
+                dict(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)]
+# With dist opt and bucket_size 100 the 484-element model lays out (reverse order, starts to 64, ends to 128):
+# bucket 0 = layer "4" [0, 128), bucket 1 = layer "2" [128, 512), bucket 2 = layer "0" [512, 768).
+GROUPS = 3
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["dp2", "dp4"])
+def dist_runs(request):
+    dp = request.param
+    return dp, run_distributed(train_ranks, dp, DIST_CONFIGS), reference_adamw(dp, TrainConfig(**TRAIN))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["sync", "overlap"])
+def test_distributed_optimizer_equals_single_process_adamw(dist_runs, index):
+    _, runs, reference = dist_runs
+    for rank_results in runs:
+        assert_matches_reference(rank_results[index], reference)
+
+
+def _phases(result: dict, kind: str) -> list[tuple]:
+    return [phase for what, name, phase in result["events"] if what == "begin" and name.startswith(kind)]
+
+
+def test_sync_collectives_once_per_step_per_bucket_group(dist_runs):
+    _, runs, _ = dist_runs
+    result = runs[0][0]
+    assert result["groups"] == 1  # no overlap: one bucket, Megatron's rule
+    assert _phases(result, "reduce-scatter") == [("finalize",)] * STEPS
+    assert _phases(result, "all-gather") == [("step",)] * STEPS  # synchronous, inside optimizer.step()
+    assert not _phases(result, "all-reduce")
+
+
+def test_overlapped_collectives_once_per_step_per_bucket_group(dist_runs):
+    _, runs, _ = dist_runs
+    result = runs[0][1]
+    assert result["groups"] == GROUPS
+    # Reduce-scatters start inside the last micro-batch's backward, one per bucket group per step.
+    assert _phases(result, "reduce-scatter") == [("microbatch", MICROBATCHES - 1)] * GROUPS * STEPS
+    # All-gathers of step s's update: the first in the next zero_grad, the rest during micro-batch 0's forward;
+    # the last update's are forced after the loop. Nothing in step 0 (the model starts replicated).
+    per_step = [("zero_grad",)] + [("microbatch", 0)] * (GROUPS - 1)
+    assert _phases(result, "all-gather") == per_step * (STEPS - 1) + [("final",)] * GROUPS
+    begins = sum(1 for e in result["events"] if e[0] == "begin")
+    assert begins == sum(1 for e in result["events"] if e[0] == "end")
+
+
+def test_forward_pre_hooks_wait_only_for_their_own_bucket(dist_runs):
+    _, runs, _ = dist_runs
+    result = runs[0][1]
+    start = result["step_ends"][0]  # step 1: the first step with a gather owed
+    seen = [(what, name) for what, name, _ in result["events"][start:]
+            if (what == "forward" and name in ("0", "2", "4")) or name.startswith("all-gather")]
+    # The test's marker hook runs just before DDP's pre-hook on the same module.
+    assert seen[:9] == [("begin", "all-gather bucket2"),  # optimizer.zero_grad()
+                        ("forward", "0"), ("end", "all-gather bucket2"), ("begin", "all-gather bucket1"),
+                        ("forward", "2"), ("end", "all-gather bucket1"), ("begin", "all-gather bucket0"),
+                        ("forward", "4"), ("end", "all-gather bucket0")]
+
+
+def test_master_and_adam_state_exist_only_for_the_shard(dist_runs):
+    dp, runs, _ = dist_runs
+    before, after = runs[0][0]["inventories"]
+    # fp32 model: the master params are the param buffer's shard itself, so no master copy is allocated.
+    assert [r["kind"] for r in before] == ["adam_exp_avg", "adam_exp_avg_sq"]
+    assert [r["exists"] for r in before] == [False, False] and [r["exists"] for r in after] == [True, True]
+    owned = [r["numel"] for rank in runs for r in rank[0]["inventories"][0] if r["kind"] == "adam_exp_avg"]
+    assert sum(owned) == 484  # the shards partition the model's 484 elements
+    (grad_buffer,) = [r for r in runs[0][0]["ddp_inventory"] if r["kind"] == "grad_buffer"]
+    # One bucket (no overlap): 4.bias [0,4) 4.weight [64,128) 2.bias [128,144) 2.weight [192,448)
+    # 0.bias [448,464) 0.weight [512,640); 640 is already a multiple of lcm(dp, 128).
+    assert grad_buffer["numel"] == 640 and grad_buffer["padding"] == 640 - 484
+
+
+# -- TP=2 x DP=2 --------------------------------------------------------------------------------------------------
+class _CopyToTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class TensorParallelMLP(torch.nn.Module):
+    """make_model() with layer 2 column-parallel and layer 4 row-parallel; layer 0 and the last bias replicated."""
+
+    def __init__(self, ps):
+        super().__init__()
+        full, t, half = make_model(), ps.tp_rank, 8
+        self.group = ps.groups["tp"]
+        self.l0 = full[0]
+        self.w1 = torch.nn.Parameter(full[2].weight.detach()[t * half:(t + 1) * half].clone())
+        self.b1 = torch.nn.Parameter(full[2].bias.detach()[t * half:(t + 1) * half].clone())
+        self.w2 = torch.nn.Parameter(full[4].weight.detach()[:, t * half:(t + 1) * half].clone())
+        self.b2 = torch.nn.Parameter(full[4].bias.detach().clone())
+        for sharded in (self.w1, self.b1, self.w2):
+            sharded.tensor_model_parallel = True
+
+    def forward(self, x):
+        h = _CopyToTensorParallel.apply(torch.tanh(self.l0(x)), self.group)
+        h = torch.tanh(h @ self.w1.t() + self.b1)
+        return _ReduceFromTensorParallel.apply(h @ self.w2.t(), self.group) + self.b2
+
+
+def build_tensor_parallel(ps) -> torch.nn.Module:
+    return TensorParallelMLP(ps)
+
+
+def test_tp2_dp2_distributed_optimizer_counts_tp_duplicates_once():
+    runs = run_distributed(train_ranks, 4, [DIST_CONFIGS[1]], 2, build_tensor_parallel)
+    reference = reference_adamw(2, TrainConfig(**TRAIN))
+    by_tp = {r[0]["ranks"]: r[0] for r in runs}
+    for dp in range(2):
+        shards = [by_tp[(t, dp)]["params"] for t in range(2)]
+        assembled = {"0.weight": shards[0]["l0.weight"], "0.bias": shards[0]["l0.bias"],
+                     "2.weight": torch.cat([s["w1"] for s in shards]), "2.bias": torch.cat([s["b1"] for s in shards]),
+                     "4.weight": torch.cat([s["w2"] for s in shards], dim=1), "4.bias": shards[0]["b2"]}
+        for t in range(2):
+            assert_matches_reference({**by_tp[(t, dp)], "params": assembled}, reference)
+            for name in ("l0.weight", "l0.bias", "b2"):
+                torch.testing.assert_close(by_tp[(t, dp)]["params"][name], shards[0][name], rtol=0, atol=0)
+    assert min(reference["norms"]) > TRAIN["clip_grad"]  # clipping, hence the norm, shaped every update
+
+
+# -- bf16 ---------------------------------------------------------------------------------------------------------
+def test_bf16_mixed_precision_keeps_fp32_masters_and_tracks_fp32_training():
+    configs = [dict(use_distributed_optimizer=False, bf16=True), dict(use_distributed_optimizer=True, bf16=True)]
+    runs = run_distributed(train_ranks, 2, configs)
+    reference = reference_adamw(2, TrainConfig(**TRAIN))
+    float16, distributed = runs[0]
+    for result in (float16, distributed):
+        assert_matches_reference(result, reference, rtol=3e-2, atol=2e-2)  # bf16 rounding of params and activations
+    # Both update the same fp32 masters from the same fp32 grads: they agree far better than with fp32 training.
+    for name, value in float16["params"].items():
+        torch.testing.assert_close(distributed["params"][name], value, rtol=0, atol=1e-6)
+    masters = {o["kind"]: o for o in float16["inventories"][0]}["master_params"]
+    assert (masters["numel"], masters["bytes"], masters["padding"]) == (484, 4 * 484, 0)
+    shard_masters = [{o["kind"]: o for o in r[1]["inventories"][0]}["master_params"] for r in runs]
+    assert [m["numel"] for m in shard_masters] == [640 // 2] * 2  # each rank: half of the padded buffer
+    assert sum(m["numel"] - m["padding"] for m in shard_masters) == 484
+
+
+# -- OptimizerParamScheduler --------------------------------------------------------------------------------------
+class _Groups:
+    def __init__(self):
+        self.param_groups = [{"lr": None}, {"lr": None}]
+
+
+def test_scheduler_warmup_then_cosine_to_min_lr():
+    opt = _Groups()
+    sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=3e-4, min_lr=3e-5, lr_warmup_steps=10,
+                                    lr_decay_steps=50, lr_decay_style="cosine")
+    assert opt.param_groups[0]["lr"] == 0.0  # Megatron applies step 0 at construction
+    lrs = [sched.step() for _ in range(60)]
+    assert lrs[4] == pytest.approx(3e-4 * 5 / 10)
+    assert lrs[9] == pytest.approx(3e-4)
+    # halfway through decay (step 30 of 10..50): coeff = (cos(pi/2) + 1) / 2 = 1/2
+    assert lrs[29] == pytest.approx(3e-5 + 0.5 * (3e-4 - 3e-5))
+    assert lrs[49] == pytest.approx(3e-5) and lrs[59] == 3e-5
+    assert [g["lr"] for g in opt.param_groups] == [3e-5, 3e-5]
+
+
+def test_scheduler_linear_and_constant():
+    linear = OptimizerParamScheduler(_Groups(), 0.0, 1.0, 0.0, 0, 4, "linear")
+    assert [linear.step() for _ in range(5)] == [0.75, 0.5, 0.25, 0.0, 0.0]
+    constant = OptimizerParamScheduler(_Groups(), 0.0, 1.0, 0.5, 2, 4, "constant")
+    assert [constant.step() for _ in range(4)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_scheduler_from_train_config_decays_over_train_iters_and_rejects_bad_values():
+    sched = OptimizerParamScheduler.from_train_config(_Groups(), TrainConfig(lr=1.0, train_iters=4,
+                                                                             lr_decay_style="cosine"))
+    assert [sched.step() for _ in range(4)] == pytest.approx([0.5 * (math.cos(math.pi * k / 4) + 1)
+                                                              for k in range(1, 5)])
+    with pytest.raises(ConfigError, match="--min-lr"):
+        OptimizerParamScheduler(_Groups(), 0.0, 1.0, 2.0, 0, 4, "cosine")
+    with pytest.raises(ConfigError, match="--lr-warmup-iters"):
+        OptimizerParamScheduler(_Groups(), 0.0, 1.0, 0.0, 4, 4, "cosine")
