@@ -1,0 +1,168 @@
+"""Our engine against megatron-core and torch.compile on one GPU, side by side in one process tree.
+
+Variants, alternated A B C A B C per sequence length so that drift (clocks, thermals, neighbours) hits all:
+  A megatron-core GPTModel (local spec + SDPA core attention, fused AdamW, DistributedOptimizer, fp32 grad buffer)
+    through the anchor harness ../shared/bench/mcore_anchor.py (copied to --anchors, wheel carried);
+  B plain PyTorch + torch.compile through ../shared/bench/torch_anchor.py --compile;
+  C train-ledger's engine: --bf16 --use-distributed-optimizer, every probe on except the profiler window
+    (--all-probes), launched through torchrun like a user would.
+Same shape (llama3.2-1b), synthetic tokens, micro-batch 1, --microbatches per step, the same Adam hyper-parameters.
+
+Per variant: tokens/s (mean of the last --timed steps, as the anchors report it), step time median and spread,
+TFLOP/s per GPU and MFU under Megatron-LM's FLOPs formula against the datasheet peak (989 TFLOP/s) and against the
+bf16 GEMM ceiling measured at start-up, peak allocated / reserved memory, and (ours) bytes per parameter after
+setup and after the first step from the run directory. Writes one JSON with every run and prints a table.
+
+    python runs/bench/vs_megatron.py --anchors .bench --seq 4096 8192 --microbatches 8 --rounds 2 --out result.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from ledger.config import parse_args  # noqa: E402
+from ledger.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step  # noqa: E402
+from probes.run_dir import iter_events  # noqa: E402
+
+ADAM = ["--lr", "3e-4", "--min-lr", "3e-5", "--lr-warmup-iters", "1", "--weight-decay", "0.1", "--adam-beta1", "0.9",
+        "--adam-beta2", "0.95", "--clip-grad", "1.0"]
+
+
+def engine_argv(seq: int, microbatches: int, steps: int, run_dir: str) -> list[str]:
+    return ["--model", "llama3.2-1b", "--seq-length", str(seq), "--bf16", "--use-distributed-optimizer",
+            "--micro-batch-size", "1", "--global-batch-size", str(microbatches), "--train-iters", str(steps),
+            *ADAM, "--all-probes", "--run-dir", run_dir]
+
+
+def gemm_ceiling_tflops() -> float:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192 ** 3 * reps / (time.perf_counter() - start) / 1e12
+
+
+def run(cmd: list[str], timeout: int) -> tuple[str, float]:
+    print("$ " + shlex.join(cmd), flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout, time.perf_counter() - start
+
+
+def anchor_variant(name: str, script: Path, extra: list[str], seq: int, mb: int, steps: int, timed: int) -> dict:
+    out, wall = run([sys.executable, str(script), "--seq", str(seq), "--microbatches", str(mb), "--steps", str(steps),
+                     "--timed", str(timed), *extra], timeout=900)
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    res = json.loads(line[len("RESULT "):])
+    times = res["times"][-timed:]
+    return dict(variant=name, seq=seq, times=times, peak_alloc=res["peak_alloc"], peak_reserved=res["peak_reserved"],
+                mem_setup=res["mem_setup"]["alloc"], mem_after_step1=res["mem_after_step1"]["alloc"],
+                n_params=res["n_params"], wall_s=wall, versions={k: res.get(k) for k in ("torch", "megatron_core")})
+
+
+def engine_variant(seq: int, mb: int, steps: int, timed: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        argv = engine_argv(seq, mb, steps, run_dir)
+        _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                       "-m", "engine.train", *argv], timeout=900)
+        events = list(iter_events(run_dir, 0))
+    steps_ = [e for e in events if e["kind"] == "step"]
+    memory = {e["point"]: e for e in events if e["kind"] == "memory" and e["point"] != "step"}
+    per_step = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
+    inventory = [e for e in events if e["kind"] == "inventory" and e.get("tensor_kind") == "param_buffer"]
+    n = sum(e["numel"] for e in inventory) or None
+    return dict(variant="train-ledger", seq=seq, times=[s["step_time_s"] for s in steps_][-timed:],
+                peak_alloc=max(m["allocated_bytes.all.peak"] for m in per_step),
+                peak_reserved=max(m["reserved_bytes.all.current"] for m in per_step),
+                mem_setup=memory["after_optimizer_init"]["allocated_bytes.all.current"],
+                mem_after_step1=memory["after_first_step"]["allocated_bytes.all.current"], n_params=n,
+                lifecycle_allocated={point: m["allocated_bytes.all.current"] for point, m in memory.items()},
+                wall_s=wall, argv=["torchrun", "--nproc-per-node", "1", "-m", "engine.train", *argv])
+
+
+def summarize(r: dict, mb: int, ceiling: float) -> dict:
+    cfg = parse_args(engine_argv(r["seq"], mb, 10, "x"), world_size=1)
+    flops = megatron_flops_per_step(cfg)
+    mean = sum(r["times"]) / len(r["times"])
+    tflops = flops / mean / 1e12
+    return dict(variant=r["variant"], seq=r["seq"], tokens_per_s=mb * r["seq"] / mean,
+                step_median_ms=statistics.median(r["times"]) * 1e3,
+                step_spread_ms=(max(r["times"]) - min(r["times"])) * 1e3, tflops_per_gpu=tflops,
+                mfu_datasheet=tflops * 1e12 / H200_BF16_DENSE_PEAK, mfu_gemm_ceiling=tflops / ceiling,
+                peak_alloc_gib=r["peak_alloc"] / 2 ** 30, peak_reserved_gib=r["peak_reserved"] / 2 ** 30,
+                bytes_per_param_setup=r["mem_setup"] / r["n_params"] if r["n_params"] else None,
+                bytes_per_param_step1=r["mem_after_step1"] / r["n_params"] if r["n_params"] else None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--anchors", default=".bench", help="folder holding mcore_anchor.py and torch_anchor.py")
+    p.add_argument("--seq", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--timed", type=int, default=8)
+    p.add_argument("--variants", nargs="+", default=["mcore", "compile", "ours"])
+    p.add_argument("--out", default="vs_megatron.json")
+    a = p.parse_args()
+    print("command: python " + shlex.join(sys.argv), flush=True)
+    anchors = Path(a.anchors)
+    ceiling = gemm_ceiling_tflops()
+    print(f"bf16 GEMM ceiling (8192^3, random): {ceiling:.0f} TFLOP/s", flush=True)
+    makers = {
+        "mcore": lambda s: anchor_variant("megatron-core", anchors / "mcore_anchor.py",
+                                          ["--attn", "sdpa", "--fusedadam"], s, a.microbatches, a.steps, a.timed),
+        "compile": lambda s: anchor_variant("torch.compile", anchors / "torch_anchor.py", ["--compile"], s,
+                                            a.microbatches, a.steps, a.timed),
+        "ours": lambda s: engine_variant(s, a.microbatches, a.steps, a.timed),
+    }
+    raw: list[dict] = []
+    for seq in a.seq:
+        for _ in range(a.rounds):
+            for v in a.variants:
+                raw.append(makers[v](seq))
+                print(json.dumps(summarize(raw[-1], a.microbatches, ceiling)), flush=True)
+    table = []
+    for seq in a.seq:
+        for v in {r["variant"] for r in raw}:
+            runs = [r for r in raw if r["variant"] == v and r["seq"] == seq]
+            merged = dict(runs[0], times=[t for r in runs for t in r["times"]])
+            table.append(summarize(merged, a.microbatches, ceiling))
+    by = {(t["variant"], t["seq"]): t for t in table}
+    ratios = {seq: {other: by[("train-ledger", seq)]["tokens_per_s"] / by[(other, seq)]["tokens_per_s"]
+                    for other in ("megatron-core", "torch.compile") if (other, seq) in by}
+              for seq in a.seq if ("train-ledger", seq) in by}
+    print("\nvariant          seq   tokens/s  median ms  spread ms  TFLOP/s  MFU(989)  MFU(gemm)  peak alloc GiB")
+    for t in sorted(table, key=lambda t: (t["seq"], t["variant"])):
+        print(f"{t['variant']:<15} {t['seq']:>5} {t['tokens_per_s']:>10,.0f} {t['step_median_ms']:>10.1f} "
+              f"{t['step_spread_ms']:>10.1f} {t['tflops_per_gpu']:>8.1f} {t['mfu_datasheet']:>9.3f} "
+              f"{t['mfu_gemm_ceiling']:>10.3f} {t['peak_alloc_gib']:>14.2f}")
+    print("ratios (ours / other, tokens/s):", json.dumps(ratios))
+    Path(a.out).write_text(json.dumps({"command": sys.argv, "gemm_ceiling_tflops": ceiling, "table": table,
+                                       "ratios": ratios, "runs": raw}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
