@@ -1,0 +1,100 @@
+"""Communication volume per step per rank, by (group, collective): the formulas (ledger.formulas.comm) against
+the engine's counters (the `bytes` the probes' comm ranges carry) and the trace's collective arguments.
+
+All three use nccl-tests' "size" convention: the all-reduce buffer, the all-gather output, the reduce-scatter input,
+and for point-to-point the bytes sent plus received (the engine's P2P range counts both directions of one batched
+exchange; the formula lists sends and receives separately and they are summed here).
+CPU (gloo) traces carry no process-group ranks, so their collectives are grouped by op only ("unknown" group).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+from ledger.config import RunConfig
+from ledger.formulas.comm import step_collectives
+from ledger.reconcile.evidence import RankEvidence
+from ledger.reconcile.rows import Row, row
+from ledger.reconcile.topology import group_kind
+from ledger.traces import TraceSummary, normalize_op
+
+CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp"}
+VOLUME_TOL = 0.02
+Key = tuple[str, str]  # (group kind, op)
+
+
+def _op(op: str) -> str:
+    return "send_recv" if op in ("send", "recv", "send_recv") else op
+
+
+def predicted_volume(cfg: RunConfig, pp_rank: int) -> dict[Key, int]:
+    out: dict[Key, int] = defaultdict(int)
+    for c in step_collectives(cfg, pp_rank).values():
+        out[(c.group, _op(c.kind))] += c.size_bytes
+    return dict(out)
+
+
+def counter_volume(r: RankEvidence) -> dict[Key, float]:
+    """Mean bytes per step from the engine's comm ranges (only those that carry `bytes`)."""
+    per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
+    for t in r.timing:
+        group = CATEGORY_GROUP.get(t.get("category"))
+        if group and t.get("bytes") is not None:
+            op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
+            per_step[t.get("step")][(group, op)] += int(t["bytes"])
+    return _mean_over_steps(per_step)
+
+
+def trace_volume(summary: TraceSummary, groups: dict[str, tuple[int, ...]]) -> dict[Key, float]:
+    per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
+    windows = summary.windows()
+    for c in summary.collectives:
+        step = next((s for s, (lo, hi) in windows.items() if lo <= c.start <= hi), None)
+        if step is None or c.bytes is None:
+            continue
+        per_step[step][(group_kind(groups, c.group), _op(c.op))] += c.bytes
+    return _mean_over_steps(per_step)
+
+
+def _mean_over_steps(per_step: dict[int, dict[Key, int]]) -> dict[Key, float]:
+    keys = {k for step in per_step.values() for k in step}
+    return {k: mean(step.get(k, 0) for step in per_step.values()) for k in keys}
+
+
+def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, float] | None) -> list[Row]:
+    predicted = predicted_volume(cfg, r.stage) if cfg is not None else {}
+    counters = counter_volume(r)
+    if measured and all(group == "unknown" for group, _ in measured):
+        predicted = _by_op(predicted)
+        counters = _by_op(counters)
+    traced = measured is not None
+    measured = measured or {}
+    rows = []
+    for group, op in sorted(set(predicted) | set(counters) | set(measured)):
+        key = (group, op)
+        # a traced step without the collective moved 0 bytes of it: absence in a trace is a measurement
+        rows.append(row(f"comm.{group}.{op}.bytes_per_step", "rank", predicted=predicted.get(key),
+                        inventory=counters.get(key), measured=measured.get(key, 0.0 if traced else None),
+                        unit="bytes",
+                        tolerance=VOLUME_TOL,
+                        explanation=_explain(group, op, key in counters, traced),
+                        rank=r.rank, stage=r.stage, source="trace" if traced else "events"))
+    return rows
+
+
+def _by_op(volume: dict[Key, float]) -> dict[Key, float]:
+    out: dict[Key, float] = defaultdict(float)
+    for (_, op), value in volume.items():
+        out[("unknown", op)] += value
+    return dict(out)
+
+
+def _explain(group: str, op: str, counted: bool, traced: bool) -> str:
+    parts = [f"nccl-tests size of every {op} on the {group} group in one step"]
+    if not counted:
+        parts.append("the engine counts no bytes for it (timers off, or a range without bytes)")
+    if not traced:
+        parts.append("no trace for this rank")
+    elif group == "unknown":
+        parts.append("gloo trace: groups not recorded, totals per op over all groups")
+    return "; ".join(parts)

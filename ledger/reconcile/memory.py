@@ -1,0 +1,139 @@
+"""Memory rows per rank: the NVML-measured device memory explained term by term.
+
+    NVML used = static (params, grads, optimizer state; formula / inventory / memory_stats)
+              + activations and transients at the peak (peak allocated - static)
+              + allocator cache beyond the peak, fragmentation included (reserved - peak allocated)
+              + memory outside PyTorch's allocator (NVML used - reserved: CUDA context, NCCL buffers, cuBLAS
+                workspaces)
+The Adam trap: torch's Adam creates exp_avg / exp_avg_sq at the first step, so the allocation measured "after
+optimizer init" lacks 8 bytes per parameter element the rank owns; both phases get a row, and the gap its own.
+"""
+from __future__ import annotations
+
+from ledger.config import RunConfig
+from ledger.formulas.activations import stage_activation_bytes
+from ledger.formulas.params import params_per_rank
+from ledger.formulas.static_memory import static_bytes
+from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.reconcile.rows import NOT_ON_CPU, Row, row, threshold_row
+
+ALLOCATED = "allocated_bytes.all.current"
+PEAK = "allocated_bytes.all.peak"
+RESERVED = "reserved_bytes.all.current"
+STATIC_TOL = 0.01
+WORKSPACES = ("; on CUDA the first step's GEMMs also allocate cuBLAS / cuBLASLt workspaces through the caching "
+              "allocator (tens of MiB per stream), which this measurement includes and the formula does not")
+PEAK_TOL = 0.15
+
+
+def memory_rows(ev: RunEvidence) -> list[Row]:
+    rows: list[Row] = []
+    for rank_ev in ev.ranks.values():
+        rows += rank_rows(ev.config, rank_ev)
+    return rows
+
+
+def rank_rows(cfg: RunConfig | None, r: RankEvidence) -> list[Row]:
+    where = dict(rank=r.rank, stage=r.stage)
+    pred_init = pred_step = pred_peak = params = None
+    if cfg is not None:
+        c = r.coords
+        pred_init = static_bytes(cfg, c["tp"], c["pp"], c["dp"], "after_optimizer_init").total
+        pred_step = static_bytes(cfg, c["tp"], c["pp"], c["dp"], "after_first_step").total
+        pred_peak = pred_step + stage_activation_bytes(cfg, c["pp"])
+        params = params_per_rank(cfg, c["pp"])
+    inv_step = sum(int(t.get("bytes", 0)) for t in r.inventory) if r.inventory else None
+    inv_init = (sum(int(t.get("bytes", 0)) for t in r.inventory if t.get("allocated_at") != "after_first_step")
+                if r.inventory else None)
+    cuda = r.on_cuda
+    why_missing = "" if cuda else f"; {NOT_ON_CPU}"
+    workspaces = WORKSPACES if cuda else ""
+    meas_init = _point(r, "after_optimizer_init", ALLOCATED)
+    meas_step = _point(r, "after_first_step", ALLOCATED)
+    rows = [
+        row("memory.static_after_optimizer_init", "rank", predicted=pred_init, inventory=inv_init,
+            measured=meas_init, unit="bytes", tolerance=STATIC_TOL,
+            explanation="param + grad buffers (padding included) + fp32 main params; Adam moments do not exist yet"
+                        + why_missing, source="events", **where),
+        row("memory.static_after_first_step", "rank", predicted=pred_step, inventory=inv_step, measured=meas_step,
+            unit="bytes", tolerance=STATIC_TOL,
+            explanation="static state once the optimizer has stepped: adds Adam m, v (and an fp32 grad copy for "
+                        "16-bit grads) on the owned shard" + workspaces + why_missing, source="events", **where),
+        row("memory.adam_lazy_state", "rank", predicted=_gap(pred_step, pred_init), inventory=_gap(inv_step, inv_init),
+            measured=_gap(meas_step, meas_init), unit="bytes", tolerance=STATIC_TOL,
+            explanation="torch's Adam creates exp_avg/exp_avg_sq at the first step: 'after optimizer init' and "
+                        "'after the first step' differ by 8 bytes per owned parameter element" + workspaces
+                        + why_missing,
+            source="events", **where),
+    ]
+    if params:
+        rows.append(row("memory.bytes_per_param", "rank", predicted=pred_step / params,
+                        inventory=inv_step / params if inv_step is not None else None,
+                        measured=meas_step / params if meas_step is not None else None, unit="bytes/param",
+                        tolerance=STATIC_TOL,
+                        explanation=f"static bytes / {params:,} parameters on this rank (bucket padding and uneven "
+                                    "distributed-optimizer shards move it off the textbook table)" + why_missing,
+                        source="events", **where))
+    rows.append(row("memory.peak_allocated", "rank", predicted=pred_peak, measured=_step_max(r, PEAK),
+                    unit="bytes", tolerance=PEAK_TOL,
+                    explanation="static + saved activations of the micro-batches in flight on this stage "
+                                "(activation estimate; transients such as logits and workspace are not modelled)"
+                                + why_missing, source="events", **where))
+    if cuda:
+        rows += allocator_rows(r, pred_peak)
+    return rows
+
+
+def allocator_rows(r: RankEvidence, pred_peak: float | None) -> list[Row]:
+    """Fragmentation, memory outside PyTorch, retries and OOMs: figures only a CUDA run has."""
+    where = dict(rank=r.rank, stage=r.stage)
+    rows: list[Row] = []
+    records = [m for m in r.memory_steps or list(r.memory_points.values()) if RESERVED in m and PEAK in m]
+    if not records:
+        return rows
+    top = max(records, key=lambda m: m[RESERVED])
+    reserved = top[RESERVED]
+    frag = reserved - top[PEAK]
+    rows.append(threshold_row("memory.fragmentation", "rank", measured=frag, warn_at=0.15 * reserved,
+                              off_at=0.35 * reserved, unit="bytes",
+                              explanation="reserved - peak allocated in the step where reserved peaked: cache the "
+                                          "allocator holds beyond the step's own peak demand, fragmentation included "
+                                          "(try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); warn above 15% of "
+                                          "reserved, off above 35%", source="events", **where))
+    nvml_used = max((int(n["used_bytes"]) for n in r.nvml if "used_bytes" in n), default=None)
+    non_torch = nvml_used - reserved if nvml_used is not None else None
+    rows.append(row("memory.outside_pytorch", "rank", measured=non_torch, unit="bytes", tolerance=0.0,
+                    explanation="NVML used - reserved: CUDA context, NCCL communicator buffers (one set per group), "
+                                "anything else outside the caching allocator; NVML counts every process on the GPU"
+                                + ("" if r.nvml else "; no NVML samples (--nvml-interval)"), source="nvml", **where))
+    peak = _step_max(r, PEAK)
+    if nvml_used is not None and pred_peak is not None and peak is not None:
+        rows.append(row("memory.device_total", "rank", predicted=pred_peak + frag + non_torch, measured=nvml_used,
+                        unit="bytes", tolerance=PEAK_TOL,
+                        explanation=f"NVML used = peak allocated {peak:,} (predicted {pred_peak:,}) + reserved beyond "
+                                    f"peak {frag:,} + outside PyTorch {non_torch:,}; the gap is the peak estimate's",
+                        source="nvml", **where))
+    retries = _step_max(r, "num_alloc_retries") or 0
+    ooms = _step_max(r, "num_ooms") or 0
+    rows.append(threshold_row("memory.alloc_retries", "rank", measured=retries, warn_at=1, off_at=100,
+                              unit="count", explanation="cudaMalloc retries after freeing the cache: the allocator "
+                                                        "ran out of room and synchronised", source="events", **where))
+    rows.append(threshold_row("memory.ooms", "rank", measured=ooms, warn_at=1, off_at=1, unit="count",
+                              explanation="out-of-memory errors the allocator raised", source="events", **where))
+    return rows
+
+
+def _point(r: RankEvidence, point: str, key: str) -> int | None:
+    record = r.memory_points.get(point)
+    return record.get(key) if record is not None else None
+
+
+def _step_max(r: RankEvidence, key: str) -> int | None:
+    values = [m[key] for m in list(r.memory_points.values()) + r.memory_steps if key in m]
+    return max(values) if values else None
+
+
+def _gap(after: float | None, before: float | None) -> float | None:
+    return after - before if after is not None and before is not None else None
+
+

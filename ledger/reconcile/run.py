@@ -1,0 +1,120 @@
+"""A run directory -> reconciliation rows and what is missing; written as RUN/ledger/reconciliation.json and .csv.
+
+Order of work, so that memory stays bounded by one trace: events are gathered per rank (small records), then each
+trace is streamed, summarised, checked against the manifest, turned into rows and dropped before the next (only a
+path and one number per trace are kept, for the HTA cross-check). Everything is computed
+before anything is written, and each output file is written atomically: bad input leaves nothing half-written.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ledger.errors import InputError
+from ledger.reconcile import hta, ingest_megatron
+from ledger.reconcile.comm import trace_volume, volume_rows
+from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, rank_coords
+from ledger.reconcile.memory import memory_rows
+from ledger.reconcile.overlap import bucket_rows, overlap_rows, trace_intervals
+from ledger.reconcile.pipeline import pipeline_rows
+from ledger.reconcile.rows import FIELDS, Row
+from ledger.reconcile.throughput import throughput_rows
+from ledger.reconcile.topology import rank_groups
+from ledger.traces import TraceSummary, summarize
+from probes.run_dir import atomic_write_text
+
+LEDGER_DIR = "ledger"
+JSON_NAME = "reconciliation.json"
+CSV_NAME = "reconciliation.csv"
+
+
+@dataclass
+class Reconciliation:
+    run_dir: Path
+    run: dict[str, Any]
+    rows: list[Row]
+    missing: list[str] = field(default_factory=list)
+
+    def verdict_counts(self) -> dict[str, int]:
+        counts = {"ok": 0, "warn": 0, "off": 0, "n/a": 0}
+        for r in self.rows:
+            counts[r.verdict] += 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "verdicts": self.verdict_counts(), "missing": self.missing,
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+def gather(run_dir: str | Path) -> RunEvidence:
+    run_dir = Path(run_dir)
+    if ingest_megatron.is_megatron_run(run_dir):
+        return ingest_megatron.collect(run_dir)
+    return collect_run(run_dir)
+
+
+def reconcile(run_dir: str | Path) -> Reconciliation:
+    ev = gather(run_dir)
+    rows = memory_rows(ev) + overlap_rows(ev) + pipeline_rows(ev)
+    cross_check: dict[int, hta.CrossCheck] = {}
+    traced: set[int] = set()
+    for rank, _, _, path in ev.traces:
+        summary = checked_summary(ev, rank, path)
+        r = ev.ranks.get(rank) or RankEvidence(rank=rank, coords=rank_coords(ev.manifest, rank))
+        rows += trace_rows(ev, r, summary)
+        traced.add(rank)
+        cross_check[rank] = hta.cross_check_input(summary)
+    for rank, r in ev.ranks.items():
+        if rank not in traced:
+            rows += volume_rows(ev.config, r, None)
+    rows += throughput_rows(ev)
+    check_rows, skipped = hta.hta_rows(cross_check)
+    rows += check_rows
+    run = {"run_id": ev.manifest.get("run_id"), "framework": ev.framework, "status": ev.manifest.get("status"),
+           "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
+           "traces": [str(p.relative_to(ev.run_dir)) for _, _, _, p in ev.traces]}
+    return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=ev.missing + skipped)
+
+
+def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
+    """Summarise one trace and check it belongs to this run: run id (written by our probes), rank, world size."""
+    summary = summarize(path)
+    if summary.run_id is not None and summary.run_id != ev.manifest.get("run_id"):
+        raise InputError(path, f"trace from another run: run_id {summary.run_id!r}, manifest says "
+                               f"{ev.manifest.get('run_id')!r}")
+    if summary.rank is not None and summary.rank != rank:
+        raise InputError(path, f"distributedInfo says rank {summary.rank}, the file name rank {rank}")
+    if summary.world_size is not None and summary.world_size != ev.world_size:
+        raise InputError(path, f"trace from another run: world size {summary.world_size}, this run's is "
+                               f"{ev.world_size}")
+    return summary
+
+
+def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary) -> list[Row]:
+    groups = rank_groups(ev.manifest, r.rank)
+    rows = volume_rows(ev.config, r, trace_volume(summary, groups))
+    rows += bucket_rows(ev.config, r, trace_intervals(summary, r.rank, groups["dp"]), "trace")
+    return rows
+
+
+def write(result: Reconciliation) -> tuple[Path, Path]:
+    out = result.run_dir / LEDGER_DIR
+    json_path, csv_path = out / JSON_NAME, out / CSV_NAME
+    json_text = json.dumps(result.to_dict(), indent=1, default=str) + "\n"
+    csv_text = to_csv(result.rows)
+    atomic_write_text(json_path, json_text)
+    atomic_write_text(csv_path, csv_text)
+    return json_path, csv_path
+
+
+def to_csv(rows: list[Row]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(r.to_dict())
+    return buf.getvalue()

@@ -1,0 +1,290 @@
+"""Chrome traces from torch.profiler, read one file at a time and reduced to what the ledger needs.
+
+Memory stays bounded by far less than one trace: events are parsed one at a time (`TraceStream`), so a caller
+summarises a trace (`summarize`) or streams its events out without ever holding the document. A trace is gzip or
+plain JSON; corrupt gzip, a truncated file or a JSON document that is not a Chrome trace is an InputError naming
+the file.
+
+What a summary keeps, per rank:
+  * the ProfilerStep#N windows (CPU user annotations, and their GPU-side twins) -> step numbers;
+  * collectives: NCCL kernels on GPU traces (args "Collective name", "In msg nelems", "Out msg nelems", "dtype",
+    "Process Group Ranks"/"Group size", "Seq"), else gloo's "gloo:<op>" annotations on CPU traces (bytes from
+    "Input Dims" x "Input type");
+  * compute intervals: non-communication GPU kernels, else the probes' forward/backward CPU annotations.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ledger.errors import InputError
+
+DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8, "c10::Half": 2,
+               "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2, "long int": 8, "Long": 8,
+               "int64": 8, "int": 4, "Int": 4, "int32": 4, "unsigned char": 1, "Byte": 1, "uint8": 1, "bool": 1,
+               "Bool": 1, "signed char": 1, "Char": 1, "int8": 1}
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+# Collective kinds under one spelling, whatever the backend calls them.
+_OPS = (("reduce_scatter", "reduce_scatter"), ("reducescatter", "reduce_scatter"), ("_reduce_scatter_base",
+        "reduce_scatter"), ("all_gather", "all_gather"), ("allgather", "all_gather"), ("all_reduce", "all_reduce"),
+        ("allreduce", "all_reduce"), ("all_to_all", "all_to_all"), ("alltoall", "all_to_all"),
+        ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("send", "send"), ("recv", "recv"),
+        ("barrier", "barrier"), ("reduce", "reduce"))
+COMPUTE_PREFIXES = ("forward", "backward")
+
+
+def normalize_op(name: str) -> str | None:
+    low = name.lower().replace("-", "_")
+    for needle, op in _OPS:
+        if needle in low:
+            return op
+    return None
+
+
+@dataclass
+class Collective:
+    op: str
+    start: float  # µs, the trace's own clock
+    end: float
+    bytes: int | None
+    group: tuple[int, ...] | None
+    seq: int | None = None
+
+
+@dataclass
+class TraceSummary:
+    path: Path
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    gpu_steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    collectives: list[Collective] = field(default_factory=list)
+    compute: list[tuple[float, float]] = field(default_factory=list)
+    on_gpu: bool = False
+    run_id: str | None = None  # trainLedger.run_id, when the probes wrote it
+
+    def windows(self) -> dict[int, tuple[float, float]]:
+        """Step windows on the clock the collectives and compute were recorded on: the GPU-side ProfilerStep
+        ranges when kernels were traced (kernels run after their CPU launch), else the CPU ones."""
+        return self.gpu_steps if self.on_gpu and self.gpu_steps else self.steps
+
+
+MAX_EVENT_CHARS = 64 << 20  # one event larger than this is corruption, not a slow reader
+_DECODER = json.JSONDecoder()
+
+
+class TraceStream:
+    """Iterate a trace's events without holding the document: the top-level object is walked key by key, the
+    "traceEvents" array element by element, from a text buffer refilled in 1 MiB chunks. Every other top-level
+    value (distributedInfo, trainLedger, ...) is small and lands in `meta`, complete once iteration has ended
+    (Kineto writes some of them after the events). Memory: the buffer plus one event."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta: dict[str, Any] = {}
+        self.saw_events = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self.path.is_file():
+            raise InputError(self.path, "missing trace file")
+        try:
+            with _open_text(self.path) as f:
+                yield from self._walk(_Buffer(f, self.path))
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(self.path, f"corrupt or truncated gzip ({exc.__class__.__name__}: {exc})") from None
+        except UnicodeDecodeError:
+            raise InputError(self.path, "not UTF-8 JSON") from None
+        if not self.saw_events:
+            raise InputError(self.path, "not a Chrome trace (no traceEvents list)")
+
+    def _walk(self, b: "_Buffer") -> Iterator[dict[str, Any]]:
+        b.expect("{")
+        if b.peek() == "}":
+            b.take()
+        else:
+            while True:
+                key = b.value()
+                b.expect(":")
+                if key == "traceEvents" and b.peek() == "[":
+                    self.saw_events = True
+                    yield from (e for e in b.array() if isinstance(e, dict))
+                else:
+                    self.meta[str(key)] = b.value()
+                ch = b.take()
+                if ch == "}":
+                    break
+                if ch != ",":
+                    b.fail("expected ',' or '}' between top-level keys")
+        if b.peek() != "":
+            b.fail("trailing data after the trace object")
+
+
+class _Buffer:
+    def __init__(self, f: Any, path: Path):
+        self.f, self.path, self.text, self.pos, self.eof = f, path, "", 0, False
+
+    def fill(self) -> bool:
+        chunk = self.f.read(1 << 20)
+        if not chunk:
+            self.eof = True
+            return False
+        self.text, self.pos = self.text[self.pos:] + chunk, 0
+        return True
+
+    def peek(self) -> str:
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.text) or not self.fill():
+                return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def take(self) -> str:
+        ch = self.peek()
+        self.pos += 1
+        return ch
+
+    def expect(self, ch: str) -> None:
+        if self.take() != ch:
+            self.fail(f"expected {ch!r}")
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                obj, end = _DECODER.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError as exc:
+                if len(self.text) - self.pos > MAX_EVENT_CHARS or not self.fill():
+                    self.fail(exc.msg)
+                continue
+            if end == len(self.text) and not self.eof and self.fill():
+                continue  # a number cut at the buffer's end decodes too early: decode again with more text
+            self.pos = end
+            return obj
+
+    def array(self) -> Iterator[Any]:
+        self.expect("[")
+        if self.peek() == "]":
+            self.take()
+            return
+        while True:
+            yield self.value()
+            ch = self.take()
+            if ch == "]":
+                return
+            if ch != ",":
+                self.fail("expected ',' or ']' in traceEvents")
+
+    def fail(self, problem: str) -> None:
+        where = "at end of file" if self.eof and self.pos >= len(self.text) else "mid-file"
+        raise InputError(self.path, f"corrupt or truncated JSON ({problem}, {where})")
+
+
+def _open_text(path: Path) -> Any:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def distributed_info(meta: dict[str, Any]) -> dict[str, Any]:
+    info = meta.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def summarize(path: str | Path) -> TraceSummary:
+    stream = TraceStream(path)
+    s = TraceSummary(path=Path(path), rank=None, world_size=None, backend=None)
+    gpu_compute: list[tuple[float, float]] = []
+    cpu_compute: list[tuple[float, float]] = []
+    gloo: list[Collective] = []
+    for e in stream:
+        if e.get("ph") != "X" or "ts" not in e:
+            continue
+        start = float(e["ts"])
+        end = start + float(e.get("dur", 0.0))
+        name, cat = str(e.get("name", "")), e.get("cat")
+        if cat == "kernel":
+            s.on_gpu = True
+            if name.lower().startswith("nccl"):
+                s.collectives.append(_nccl_collective(e, start, end))
+            else:
+                gpu_compute.append((start, end))
+        elif cat == "user_annotation":
+            m = STEP_RE.match(name)
+            if m:
+                s.steps[int(m.group(1))] = (start, end)
+            elif name.startswith("gloo:"):
+                gloo.append(_gloo_collective(e, start, end))
+            elif name.startswith(COMPUTE_PREFIXES):
+                cpu_compute.append((start, end))
+        elif cat == "gpu_user_annotation":
+            m = STEP_RE.match(name)
+            if m:
+                s.gpu_steps[int(m.group(1))] = (start, end)
+    info = distributed_info(stream.meta)
+    s.rank, s.world_size, s.backend = _int(info.get("rank")), _int(info.get("world_size")), info.get("backend")
+    s.run_id = _run_id(stream.meta)
+    if not s.on_gpu:
+        s.collectives = gloo
+    s.compute = sorted(gpu_compute if s.on_gpu else cpu_compute)
+    s.collectives.sort(key=lambda c: c.start)
+    return s
+
+
+def _nccl_collective(e: dict[str, Any], start: float, end: float) -> Collective:
+    args = e.get("args") or {}
+    op = normalize_op(str(args.get("Collective name", ""))) or normalize_op(e["name"]) or "unknown"
+    return Collective(op=op, start=start, end=end, bytes=_nccl_bytes(op, args), group=_ranks(args),
+                      seq=_int(args.get("Seq")))
+
+
+def _nccl_bytes(op: str, args: dict[str, Any]) -> int | None:
+    """The larger of the input and output message: the buffer a collective moves, as nccl-tests count it."""
+    size = DTYPE_BYTES.get(str(args.get("dtype")))
+    nin, nout = _int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))
+    if size is None or (nin is None and nout is None):
+        return None
+    return max(nin or 0, nout or 0) * size
+
+
+def _gloo_collective(e: dict[str, Any], start: float, end: float) -> Collective:
+    args = e.get("args") or {}
+    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+    op = normalize_op(e["name"][len("gloo:"):]) or "unknown"
+    nbytes = None
+    # gloo's annotation shows the input only; an all-gather's size (its output) is input x an unrecorded group size
+    if op != "all_gather" and dims and types and isinstance(dims[0], list) and types[0] in DTYPE_BYTES:
+        nbytes = math.prod(dims[0]) * DTYPE_BYTES[types[0]]
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=None)
+
+
+def _run_id(data: dict[str, Any]) -> str | None:
+    meta = data.get("trainLedger")
+    return str(meta["run_id"]) if isinstance(meta, dict) and meta.get("run_id") is not None else None
+
+
+def _ranks(args: dict[str, Any]) -> tuple[int, ...] | None:
+    ranks = args.get("Process Group Ranks")
+    if isinstance(ranks, str):
+        try:
+            ranks = json.loads(ranks)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
+        return tuple(ranks)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

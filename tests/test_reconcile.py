@@ -1,0 +1,159 @@
+"""Reconciliation of synthetic runs whose every figure has a known answer (tests/fixtures/synthetic_run.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ledger.cli import main as cli
+from ledger.formulas.static_memory import owned_param_elements
+from ledger.reconcile.rows import NOT_ON_CPU, judge, row
+from ledger.reconcile.run import reconcile
+from tests.fixtures.synthetic_run import Spec, make_run
+
+
+def rows_by(result, metric, **where):
+    return [r for r in result.rows if r.metric == metric
+            and all(getattr(r, k) == v for k, v in where.items())]
+
+
+def one(result, metric, **where):
+    found = rows_by(result, metric, **where)
+    assert len(found) == 1, (metric, where, found)
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    run, known = make_run(tmp_path_factory.mktemp("clean") / "run")
+    return reconcile(run), known
+
+
+def test_verdict_thresholds():
+    assert judge(101.0, 100.0, 0.02)[2] == "ok"
+    assert judge(105.0, 100.0, 0.02)[2] == "warn"
+    assert judge(107.0, 100.0, 0.02)[2] == "off"
+    assert judge(0.0, 0.0, 0.02)[2] == "ok"
+    assert judge(1.0, 0.0, 0.02)[2] == "off"
+
+
+def test_row_compares_inventory_with_prediction_when_nothing_is_measured():
+    r = row("m", "rank", predicted=100.0, inventory=140.0, unit="bytes", tolerance=0.1, explanation="")
+    assert (r.diff, r.verdict) == (40.0, "off")
+    assert row("m", "rank", measured=5.0, unit="s", tolerance=0.1, explanation="").verdict == "n/a"
+
+
+def test_bubble_matches_the_1f1b_formula_on_every_stage(clean):
+    result, known = clean
+    for stage in (0, 1):
+        for r in rows_by(result, "pipeline.bubble_of_wall_time", stage=stage):
+            assert r.measured == pytest.approx(known["bubble"]) == pytest.approx(0.2)
+            assert r.verdict == "ok"
+        for r in rows_by(result, "pipeline.bubble_relative_to_compute", stage=stage):
+            assert r.measured == pytest.approx(0.25)
+
+
+def test_backward_is_twice_forward(clean):
+    result, _ = clean
+    assert all(r.measured == pytest.approx(2.0) for r in rows_by(result, "pipeline.backward_over_forward"))
+
+
+def test_bucket_overlap_from_timers_and_trace(clean):
+    result, _ = clean
+    for source in ("timers", "trace"):
+        b0 = one(result, "overlap.reduce_scatter.overlapped_fraction", rank=0, bucket=0, source=source)
+        b1 = one(result, "overlap.reduce_scatter.overlapped_fraction", rank=0, bucket=1, source=source)
+        assert (b0.measured, b0.predicted, b0.verdict) == (pytest.approx(1.0), 1.0, "ok")
+        assert b1.measured == pytest.approx(0.5)
+        assert b1.predicted is None  # the last bucket has nothing left to hide behind
+        exposed = one(result, "overlap.exposed_dp_comm_per_step", rank=0, source=source)
+        assert exposed.measured == pytest.approx(0.5e-3 + 0.25e-3)  # half of bucket 1 + the all-gather
+
+
+def test_comm_time_predicted_from_the_bandwidth_sweep(clean):
+    result, _ = clean
+    r = one(result, "overlap.reduce_scatter.comm_time", rank=1, bucket=0, source="timers")
+    assert r.predicted == pytest.approx(1e-3) and r.verdict == "ok"
+
+
+def test_comm_volume_three_columns(clean):
+    result, known = clean
+    r = one(result, "comm.dp.reduce_scatter.bytes_per_step", rank=0)
+    assert r.predicted == r.inventory == r.measured and r.verdict == "ok"
+    p2p = one(result, "comm.pp.send_recv.bytes_per_step", rank=3)
+    assert p2p.measured == p2p.predicted
+
+
+def test_memory_terms(clean):
+    result, known = clean
+    mem = known["memory"][2]
+    static = one(result, "memory.static_after_first_step", rank=2)
+    assert static.measured == mem["stepped"] and static.verdict == "ok"
+    assert one(result, "memory.fragmentation", rank=2).measured == mem["reserved"] - mem["peak"]
+    assert one(result, "memory.outside_pytorch", rank=2).measured == 500 * 2**20
+    assert one(result, "memory.device_total", rank=2).measured == mem["nvml"]
+
+
+def test_adam_moments_explain_the_gap_between_init_and_first_step(clean):
+    result, known = clean
+    cfg = known["config"]
+    gap = one(result, "memory.adam_lazy_state", rank=1)
+    owned = owned_param_elements(cfg, pp_rank=0, dp_rank=1)
+    assert gap.predicted == 8 * owned == gap.measured
+    assert "first step" in gap.explanation
+
+
+@pytest.mark.parametrize("error, verdict", [(0.1, "ok"), (0.3, "warn"), (0.5, "off")])
+def test_peak_against_its_15_percent_tolerance(tmp_path, error, verdict):
+    run, _ = make_run(tmp_path / "run", Spec(peak_error=error))
+    peak = rows_by(reconcile(run), "memory.peak_allocated")
+    assert {r.verdict for r in peak} == {verdict}
+    assert all(r.rel_diff == pytest.approx(error, abs=1e-6) for r in peak)
+
+
+def test_cpu_run_says_not_measured(tmp_path):
+    run, _ = make_run(tmp_path / "run", Spec(cuda=False, traces=False))
+    result = reconcile(run)
+    static = one(result, "memory.static_after_first_step", rank=0)
+    assert static.measured is None and NOT_ON_CPU in static.explanation
+    assert static.verdict == "off"  # the synthetic inventory lists only part of the static state
+    assert not rows_by(result, "memory.fragmentation") and not rows_by(result, "memory.outside_pytorch")
+    assert "no profiler traces (--use-pytorch-profiler)" in result.missing
+
+
+def test_straggler(tmp_path):
+    run, known = make_run(tmp_path / "run", Spec(straggler={3: 0.01}))
+    result = reconcile(run)
+    assert one(result, "throughput.step_time", rank=3).verdict == "off"
+    assert one(result, "throughput.step_time", rank=0).verdict == "ok"
+    assert one(result, "throughput.step_time_spread").verdict == "off"
+
+
+def test_crashed_run_reconciles_what_exists(tmp_path):
+    run, _ = make_run(tmp_path / "run", Spec(status="running"))
+    with open(run / "ranks/rank1/events.jsonl", "a") as f:
+        f.write('{"kind": "step", "step": 4, "loss"')
+    (run / "ranks/rank3/events.jsonl").unlink()
+    result = reconcile(run)
+    assert any("status is 'running'" in m for m in result.missing)
+    assert any("rank(s) 3 of 4" in m for m in result.missing)
+    assert any("torn line" in m and "1" in m for m in result.missing)
+    assert rows_by(result, "memory.static_after_first_step", rank=0)
+
+
+def test_cli_writes_files_and_json_is_the_only_stdout(clean, tmp_path, capsys):
+    run, _ = make_run(tmp_path / "run")
+    assert cli(["reconcile", str(run), "--json"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert set(data) == {"run", "verdicts", "missing", "rows"}
+    assert (run / "ledger/reconciliation.json").is_file()
+    header = (run / "ledger/reconciliation.csv").read_text().splitlines()[0]
+    assert header.startswith("metric,scope,predicted,inventory,measured,unit,tolerance,explanation,rank,stage")
+
+
+def test_fail_on(tmp_path, capsys):
+    run, _ = make_run(tmp_path / "run", Spec(peak_error=0.3))
+    assert cli(["reconcile", str(run), "--fail-on", "off"]) == 0
+    assert cli(["reconcile", str(run), "--fail-on", "warn"]) == 1
+    assert cli(["reconcile", str(run)]) == 0
