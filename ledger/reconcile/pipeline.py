@@ -44,14 +44,19 @@ def stage_slots(r: RankEvidence) -> list[StageSlot]:
             for t in r.timing if t.get("category") in ("forward", "backward") and "t_start" in t]
 
 
+def steady_slots(slots: list[StageSlot]) -> list[StageSlot]:
+    """The slots of every step but the first, when there are others: the first carries one-time work (allocator
+    warm-up, cuBLAS workspaces, Adam state creation) that would skew both the bubble and the balance."""
+    steps = sorted({s.step for s in slots})
+    return [s for s in slots if s.step != steps[0]] if len(steps) > 1 else slots
+
+
 def measured_bubbles(slots: list[StageSlot]) -> dict[int, list[tuple[float, float]]]:
     """Per rank: one (of_wall_time, relative_to_compute) pair per step, within the rank's pipeline span."""
     by_step: dict[int, list[StageSlot]] = defaultdict(list)
     for s in slots:
         by_step[s.step].append(s)
     steps = sorted(by_step)
-    if len(steps) > 1:
-        steps = steps[1:]
     out: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for step in steps:
         span = (min(s.start for s in by_step[step]), max(s.end for s in by_step[step]))
@@ -80,7 +85,7 @@ def pipeline_rows(ev: RunEvidence) -> list[Row]:
     predicted = bubble(p, cfg.num_microbatches, cfg.parallel.virtual_pipeline_model_parallel_size or 1) \
         if cfg and p > 1 else None
     for column in pipeline_columns(ev).values():
-        slots = [s for r in column for s in stage_slots(r)]
+        slots = steady_slots([s for r in column for s in stage_slots(r)])
         if not slots:
             continue
         bubbles = measured_bubbles(slots) if p and p > 1 else {}
