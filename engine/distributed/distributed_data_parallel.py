@@ -49,6 +49,9 @@ class DistributedDataParallel(torch.nn.Module):
         self.param_to_bucket_group = {p: g for g in self.bucket_groups for p in g.params}
 
         for param in self.param_to_name:
+            # The parallel linears may add dL/dW into main_grad inside their GEMM (gradient-accumulation fusion);
+            # they set this flag when they did, so the hook must not add again.
+            param.grad_added_to_main_grad = False
             param.register_post_accumulate_grad_hook(self._backward_post_hook)
         if config.use_distributed_optimizer and config.overlap_param_gather:
             for submodule in self.module.modules():
@@ -62,7 +65,10 @@ class DistributedDataParallel(torch.nn.Module):
         return groups
 
     def _backward_post_hook(self, param: torch.nn.Parameter) -> None:
-        param.main_grad.add_(param.grad)
+        if param.grad_added_to_main_grad:
+            param.grad_added_to_main_grad = False
+        else:
+            param.main_grad.add_(param.grad)
         param.grad = None
         if self.ddp_config.overlap_grad_reduce:
             self.param_to_bucket_group[param].register_grad_ready(param)

@@ -10,18 +10,37 @@ group g is local head g (n_q/n_kv) + j, which is the head order SDPA's enable_gq
 head i // (n_q/n_kv)).
 
 Attention runs through F.scaled_dot_product_attention with is_causal=True (flash attention on GPU), so no s x s
-score matrix is stored.
+score matrix is stored. Splitting the fused QKV and rotating q and k is one jit_fuser function: compiled on GPU it
+writes q, k and v contiguous in one pass and dL/dQKV in the fused layout in one or two, instead of a reshape copy,
+RoPE's chain of kernels for q and for k, and a concatenation of the three gradients.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from engine.jit import jit_fuser
 from engine.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
 from engine.transformer.rotary import apply_rotary_pos_emb
 from ledger.config import ModelConfig
+
+
+@jit_fuser
+def split_qkv_and_rotate(qkv: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [s, b, groups x heads per group, d], k and v [s, b, groups, d], contiguous, RoPE applied to q and k, from
+    the fused QKV viewed as [s, b, groups, heads per group + 2, d].
+
+    v is copied too (1 / heads-per-group of q's size): SDPA saves v for backward, and a view would keep the whole
+    QKV output alive until then; the copy lets it be freed after the forward.
+    """
+    s, b, groups, width, d = qkv.shape
+    q, k, v = qkv.split((width - 2, 1, 1), dim=3)
+    q = apply_rotary_pos_emb(q.reshape(s, b, groups * (width - 2), d), cos, sin)
+    k = apply_rotary_pos_emb(k.squeeze(3), cos, sin)
+    return q, k, v.squeeze(3).contiguous()
 
 
 class SelfAttention(torch.nn.Module):
@@ -47,11 +66,8 @@ class SelfAttention(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         qkv = self.linear_qkv(hidden_states)  # [s, b, local groups x (heads per group + 2) x d]
         s, b, _ = qkv.shape
-        qkv = qkv.view(s, b, self.groups_per_partition, self.heads_per_group + 2, self.head_dim)
-        q, k, v = qkv.split((self.heads_per_group, 1, 1), dim=3)
-        q = apply_rotary_pos_emb(q.reshape(s, b, -1, self.head_dim), cos, sin)
-        k = apply_rotary_pos_emb(k.squeeze(3), cos, sin)
-        v = v.squeeze(3)
+        q, k, v = split_qkv_and_rotate(
+            qkv.view(s, b, self.groups_per_partition, self.heads_per_group + 2, self.head_dim), cos, sin)
         # SDPA wants [b, heads, s, d]; permute is a view.
         out = F.scaled_dot_product_attention(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3),
                                              is_causal=True, enable_gqa=self.heads_per_group > 1)

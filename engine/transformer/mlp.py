@@ -3,16 +3,26 @@
 The fused master weight is [gate; up] ([2f, h]); partition_stride 2 gives TP rank r the rows [gate_r; up_r], so
 the local output splits in half into this rank's gate and up columns, which line up with the input columns of
 the RowParallelLinear down projection it holds.
+
+silu(gate) * up is a jit_fuser function: compiled on GPU it is one kernel each way (eager: two forward, four
+backward), and autograd keeps only the fc1 output for backward (eager also keeps silu(gate), f values per token).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from engine.jit import jit_fuser
 from engine.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
 from ledger.config import ModelConfig
+
+
+@jit_fuser
+def swiglu(gate_and_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_and_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class MLP(torch.nn.Module):
@@ -29,5 +39,4 @@ class MLP(torch.nn.Module):
             params_dtype=params_dtype, device=device, input_is_parallel=True, sequence_parallel=sequence_parallel)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear_fc1(hidden_states).chunk(2, dim=-1)
-        return self.linear_fc2(F.silu(gate) * up)
+        return self.linear_fc2(swiglu(self.linear_fc1(hidden_states)))
