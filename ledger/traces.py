@@ -40,11 +40,12 @@ COMPUTE_PREFIXES = ("forward", "backward")
 
 
 def normalize_op(name: str) -> str | None:
+    """The collective a name states first: "sp all-gather (reduce-scatter bwd)" is an all-gather (the engine names a
+    backward collective after the forward one it conjugates). Needles found at the same place go by _OPS order, the
+    longer spelling first ("reducescatter" before "reduce", "sendrecv" before "send")."""
     low = name.lower().replace("-", "_")
-    for needle, op in _OPS:
-        if needle in low:
-            return op
-    return None
+    found = [(low.find(needle), i) for i, (needle, _) in enumerate(_OPS) if needle in low]
+    return _OPS[min(found)[1]][1] if found else None
 
 
 @dataclass
@@ -231,7 +232,7 @@ def summarize(path: str | Path) -> TraceSummary:
                 s.gpu_steps[int(m.group(1))] = (start, end)
     info = distributed_info(stream.meta)
     s.rank, s.world_size, s.backend = _int(info.get("rank")), _int(info.get("world_size")), info.get("backend")
-    s.run_id = _run_id(stream.meta)
+    s.run_id = _run_id(s.path, stream.meta)
     if not s.on_gpu:
         s.collectives = gloo
     s.compute = sorted(gpu_compute if s.on_gpu else cpu_compute)
@@ -266,9 +267,19 @@ def _gloo_collective(e: dict[str, Any], start: float, end: float) -> Collective:
     return Collective(op=op, start=start, end=end, bytes=nbytes, group=None)
 
 
-def _run_id(data: dict[str, Any]) -> str | None:
-    meta = data.get("trainLedger")
-    return str(meta["run_id"]) if isinstance(meta, dict) and meta.get("run_id") is not None else None
+def _run_id(path: Path, meta: dict[str, Any]) -> str | None:
+    """trainLedger.run_id, which the probes write into every trace; None for a trace without one (Kineto's own, an
+    older run's). A trainLedger block that cannot name its run is refused rather than read as "no run id": the
+    foreign-trace check must not be skippable by a malformed block."""
+    block = meta.get("trainLedger")
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise InputError(path, f"trainLedger is a {type(block).__name__}, expected an object")
+    run_id = block.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        raise InputError(path, f"trainLedger.run_id {run_id!r} is not a run id (a non-empty string)")
+    return run_id
 
 
 def _ranks(args: dict[str, Any]) -> tuple[int, ...] | None:

@@ -94,6 +94,15 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
 
 
+def shared_run_id() -> str:
+    """Collective over the world: rank 0's new id on every rank. The manifest and every rank's traces carry it, so
+    the ledger can tell a trace copied in from another run."""
+    run_id = [new_run_id()]
+    if dist.is_initialized():
+        dist.broadcast_object_list(run_id, src=0, group=dist.group.WORLD)
+    return run_id[0]
+
+
 def finish(run_dir: Path, rank: int, status: str, error: str | None) -> None:
     """Record the end: rank 0 on success, any rank on failure; a recorded failure is never turned into success."""
     if status == "complete" and rank != 0:

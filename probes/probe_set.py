@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ledger.errors import ConfigError
 from probes import manifest as manifest_mod
@@ -125,11 +124,12 @@ class ProbeSet:
         self.timer = StepTimer(use_cuda) if pc.timers else None
         self.bandwidth_sweep = pc.bandwidth_sweep
         self.nvml = NvmlSampler(pc.nvml_interval)
+        self.run_id = manifest_mod.shared_run_id()
         self.window = None
         if pc.use_pytorch_profiler or pc.nsys_profile:
-            self.window = ProfilerWindow(self.run_dir, self.rank, self.world_size, pc.profile_step_start,
-                                         pc.profile_step_end, pc.profile_ranks, pc.use_pytorch_profiler,
-                                         pc.nsys_profile)
+            self.window = ProfilerWindow(self.run_dir, self.rank, self.world_size, self.run_id,
+                                         pc.profile_step_start, pc.profile_step_end, pc.profile_ranks,
+                                         pc.use_pytorch_profiler, pc.nsys_profile)
         self.history = None
         if pc.record_memory_history:
             self.history = MemoryHistory(use_cuda, self.run_dir / "memory" / f"rank{self.rank}.snapshot.pickle")
@@ -151,10 +151,6 @@ class ProbeSet:
 
     def _write_manifest(self, run_config: Any, parallel_state: Any, argv: list[str]) -> None:
         ranks = manifest_mod.gather_rank_infos(manifest_mod.rank_info(parallel_state, self._notes()))
-        run_id = [manifest_mod.new_run_id()]
-        if dist.is_initialized():
-            dist.broadcast_object_list(run_id, src=0, group=dist.group.WORLD)
-        self.run_id = run_id[0]
         if self.rank == 0:
             write_manifest(self.run_dir, manifest_mod.build_manifest(run_config, argv, ranks, self.run_id))
 

@@ -12,7 +12,7 @@ RUN/traces/rank{R}.step{A}-{B}.json.gz, in the shape HolisticTraceAnalysis 0.5.0
     step_end). HTA drops the last ProfilerStep of a trace as possibly incomplete, so the window records one extra
     step, B+1, to be dropped: steps A..B survive. If the run ends before B+1, the trace is written at close and HTA
     will drop B. The file name keeps the requested window A-B either way; `trainLedger.steps_recorded` says what the
-    trace holds.
+    trace holds, and `trainLedger.run_id` which run it belongs to (the manifest's run_id).
 --nsys-profile calls cudaProfilerStart/Stop (torch.cuda.profiler) around exactly steps A..B on the same ranks, so
 `nsys profile --capture-range=cudaProfilerApi` captures just the window.
 """
@@ -31,10 +31,10 @@ from probes.run_dir import trace_path
 
 
 class ProfilerWindow:
-    def __init__(self, run_dir: str | os.PathLike, rank: int, world_size: int, start: int, end: int,
+    def __init__(self, run_dir: str | os.PathLike, rank: int, world_size: int, run_id: str, start: int, end: int,
                  ranks: list[int], use_torch_profiler: bool, nsys: bool):
         on_this_rank = rank in ranks
-        self.run_dir, self.rank, self.world_size = run_dir, rank, world_size
+        self.run_dir, self.rank, self.world_size, self.run_id = run_dir, rank, world_size, run_id
         self.start, self.end = start, end
         self.use_torch_profiler = use_torch_profiler and on_this_rank
         self.nsys = nsys and on_this_rank and torch.cuda.is_available()
@@ -104,21 +104,22 @@ class ProfilerWindow:
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             raw = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(raw))
-            write_hta_trace(raw, path, self.rank, self.world_size, steps=(self._first, self._last),
-                            window=(self.start, self.end))
+            write_hta_trace(raw, path, self.rank, self.world_size, run_id=self.run_id,
+                            steps=(self._first, self._last), window=(self.start, self.end))
         self.written = path
 
 
-def write_hta_trace(raw: Path, out: Path, rank: int, world_size: int, steps: tuple[int, int],
+def write_hta_trace(raw: Path, out: Path, rank: int, world_size: int, *, run_id: str, steps: tuple[int, int],
                     window: tuple[int, int]) -> None:
-    """Gzip a Kineto Chrome trace the way HTA 0.5.0 reads it: whole-us times, distributedInfo with `"rank": N`."""
+    """Gzip a Kineto Chrome trace the way HTA 0.5.0 reads it: whole-us times, distributedInfo with `"rank": N`;
+    `trainLedger.run_id` ties the file to its run's manifest (the ledger refuses a trace from another run)."""
     trace = json.loads(raw.read_text(encoding="utf-8"))
     for event in trace.get("traceEvents", []):
         _whole_microseconds(event)
     info = trace.setdefault("distributedInfo", {})
     info["rank"] = rank
     info.setdefault("world_size", world_size)
-    trace["trainLedger"] = {"window": list(window), "steps_recorded": list(steps),
+    trace["trainLedger"] = {"run_id": run_id, "window": list(window), "steps_recorded": list(steps),
                             "hta_note": "HTA drops the last ProfilerStep; the window records one extra step"}
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:

@@ -183,6 +183,19 @@ def test_one_all_reduce_per_bucket_group_per_step_after_the_last_microbatch(ddp_
     assert sum(1 for e in result["events"] if e[0] == "end") == len(begins)
 
 
+def test_a_dp_group_of_one_issues_and_announces_no_collective():
+    # Averaging one gradient and gathering a shard that is the whole bucket are identities: nothing moves, so no
+    # collective runs and the probes hear of none (the ledger's formulas leave groups of one out too).
+    configs = DDP_CONFIGS + [dict(use_distributed_optimizer=True),
+                             dict(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)]
+    (results,) = run_distributed(train_ranks, 1, configs)
+    reference = reference_adamw(1, TrainConfig(**TRAIN))
+    for result in results:
+        assert_matches_reference(result, reference)
+        assert [e for e in result["events"] if e[0] in ("begin", "end")] == []
+    assert results[-1]["groups"] > 1  # several bucket groups, each skipping its own collectives
+
+
 def _sequence_parallel_grads(rank: int, world_size: int) -> list[float]:
     from engine.parallel_state import ParallelState
 

@@ -34,6 +34,17 @@ def _rewrite_trace(run: Path, change: Callable[[dict], None], rank: int = 0) -> 
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
 
 
+def _rewrite_trace_by_probes(run: Path, run_id: str) -> None:
+    """Rewrite rank 0's trace through the probes' own writer, as a run with id `run_id` writes it: the writer and
+    the ledger's reader must agree on where the run id lives."""
+    from probes.profiler import write_hta_trace
+
+    path = _trace(run)
+    raw = run.parent / "raw-trace.json"
+    raw.write_bytes(gzip.decompress(path.read_bytes()))
+    write_hta_trace(raw, path, 0, _manifest(run)["world_size"], run_id=run_id, steps=(1, 3), window=(1, 3))
+
+
 def _insert_line(run: Path, rank: int, line: str) -> None:
     path = run / f"ranks/rank{rank}/events.jsonl"
     lines = path.read_text().splitlines()
@@ -80,6 +91,10 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
                            "rank0.step1-3.json.gz", "traceEvents"),
     "trace from another run": (lambda r: _rewrite_trace(r, lambda d: d["trainLedger"].update(run_id="other")),
                                "rank0.step1-3.json.gz", "another run"),
+    "probes' trace from another run": (lambda r: _rewrite_trace_by_probes(r, "20260101T000000Z-0123abcd"),
+                                       "rank0.step1-3.json.gz", "another run"),
+    "trace with a malformed run id": (lambda r: _rewrite_trace(r, lambda d: d["trainLedger"].update(run_id=42)),
+                                      "rank0.step1-3.json.gz", "not a run id"),
     "trace of another world size": (lambda r: _rewrite_trace(r, lambda d: d["distributedInfo"].update(
         world_size=16), rank=1), "rank1.step1-3.json.gz", "another run"),
     "trace of another rank": (lambda r: _rewrite_trace(r, lambda d: d["distributedInfo"].update(rank=3), rank=2),
@@ -109,7 +124,7 @@ def test_missing_run_directory(tmp_path, capsys):
     assert "nowhere" in err and "not a directory" in err
 
 
-@pytest.mark.parametrize("name", ["truncated gzip trace", "trace from another run"])
+@pytest.mark.parametrize("name", ["truncated gzip trace", "trace from another run", "probes' trace from another run"])
 def test_export_trace_refuses_and_leaves_no_output(tmp_path, capsys, name):
     run, _ = make_run(tmp_path / "run", Spec(steps=3))
     CASES[name][0](run)

@@ -100,12 +100,12 @@ def test_hta_trace_format(tmp_path: Path) -> None:
     raw.write_text('{"distributedInfo":{"backend":"gloo","rank":3},"traceEvents":['
                    '{"ph":"X","ts":10.4,"dur":0.3},{"ph":"X","ts":10.7,"dur":1.0},{"ph":"i","ts":3.6}]}')
     out = tmp_path / "rank3.step1-2.json.gz"
-    write_hta_trace(raw, out, 3, 8, steps=(1, 3), window=(1, 2))
+    write_hta_trace(raw, out, 3, 8, run_id="run-a", steps=(1, 3), window=(1, 2))
     text = gzip.decompress(out.read_bytes()).decode()
     assert re.search(r'"rank": (\d+)', text).group(1) == "3"
     trace = json.loads(text)
     assert trace["distributedInfo"] == {"backend": "gloo", "rank": 3, "world_size": 8}
-    assert trace["trainLedger"]["steps_recorded"] == [1, 3]
+    assert trace["trainLedger"]["steps_recorded"] == [1, 3] and trace["trainLedger"]["run_id"] == "run-a"
     # Whole microseconds, ends rounded too: the first event still ends where the second begins.
     assert [(e["ts"], e.get("dur")) for e in trace["traceEvents"]] == [(10, 1), (11, 1), (4, None)]
 

@@ -9,6 +9,7 @@ from ledger.cli import main as cli
 from ledger.formulas.static_memory import owned_param_elements
 from ledger.reconcile.rows import NOT_ON_CPU, judge, row
 from ledger.reconcile.run import reconcile
+from ledger.traces import normalize_op
 from tests.fixtures.synthetic_run import Spec, make_run
 
 
@@ -82,6 +83,17 @@ def test_comm_volume_three_columns(clean):
     assert r.predicted == r.inventory == r.measured and r.verdict == "ok"
     p2p = one(result, "comm.pp.send_recv.bytes_per_step", rank=3)
     assert p2p.measured == p2p.predicted
+
+
+def test_a_collective_is_the_op_its_name_states_first():
+    # The engine names a backward collective after the forward one it conjugates: "sp all-gather (reduce-scatter
+    # bwd)" runs an all-gather. Matching the later name swapped TP+SP's all-gather and reduce-scatter counters.
+    assert normalize_op("sp all-gather (reduce-scatter bwd)") == "all_gather"
+    assert normalize_op("sp reduce-scatter (gather bwd)") == "reduce_scatter"
+    assert normalize_op("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "reduce_scatter"
+    assert normalize_op("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
+    assert normalize_op("c10d::_reduce_scatter_base_") == "reduce_scatter"
+    assert normalize_op("ncclDevKernel_SendRecv") == "send_recv" and normalize_op("forward stage0") is None
 
 
 def test_memory_terms(clean):

@@ -119,6 +119,8 @@ class _ParamAndGradBucketGroup:
     micro-batch issues the async reduce-scatter (distributed optimizer) or all-reduce; finish_grad_sync waits.
     Without overlap, finish_grad_sync issues it synchronously. Gradients are averaged over the DP group.
     Param sync (distributed optimizer only): an all-gather of each bucket's param_data from the owners' shards.
+    Over a DP group of one rank both are the identity (the average of one gradient, a shard that is the whole
+    bucket): no collective is issued and none is announced to the probes, since nothing moves.
     """
 
     def __init__(self, buckets: list[_ParamAndGradBucket], ddp_config: DistributedDataParallelConfig,
@@ -152,6 +154,8 @@ class _ParamAndGradBucketGroup:
         if self.grad_reduce_issued:
             return
         self.grad_reduce_issued = True
+        if self.dp_size == 1:
+            return
         async_op = self.ddp_config.overlap_grad_reduce
         kind = "reduce-scatter" if self.ddp_config.use_distributed_optimizer else "all-reduce"
         for bucket, shard in zip(self.buckets, self.grad_shards):
@@ -190,7 +194,7 @@ class _ParamAndGradBucketGroup:
     def start_param_sync(self, force_sync: bool = False) -> None:
         """Issue the all-gather owed for the latest update (once); force_sync also waits for it."""
         assert self.ddp_config.use_distributed_optimizer
-        if not self.param_gather_dispatched:
+        if not self.param_gather_dispatched and self.dp_size > 1:
             async_op = self.ddp_config.overlap_param_gather and not force_sync
             for bucket, shard in zip(self.buckets, self.param_shards):
                 token = self.probes.comm_begin(f"all-gather bucket{self.index}", "dp-comm", bucket=self.index,
@@ -198,7 +202,7 @@ class _ParamAndGradBucketGroup:
                                                numel=bucket.param_data.numel())
                 work = _all_gather(bucket.param_data, shard, group=self.data_parallel_group, async_op=async_op)
                 self.param_gather_handles.append((work, token))
-            self.param_gather_dispatched = True
+        self.param_gather_dispatched = True
         if force_sync or not self.ddp_config.overlap_param_gather:
             self._wait(self.param_gather_handles)
 
