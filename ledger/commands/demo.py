@@ -1,62 +1,205 @@
-"""`train-ledger demo`: the main job on whatever machine this is.
+"""`train-ledger demo`: the main job on whatever machine this is: an instrumented run -> reconcile -> report.
 
-First version: an instrumented tiny run through the same launcher as `train-ledger train`. On the CPU that is 4
-gloo ranks, TP2 x DP2 with sequence parallelism; with GPUs it is one rank per GPU, TP2 where there are two or more.
-It prints the rank layout, the engine's per-step log, and the loss curve read back from the run directory.
+Without a GPU it runs the seed's layout (runs/megatron/run.sh) on 8 gloo ranks: TP2 x PP2 x DP2 with sequence
+parallelism, the distributed optimizer and both overlaps, micro-batch 1 and global batch 16, so each pipeline runs
+8 micro-batches a step and the analytic bubble is the seed's (p-1)/(m+p-1) = 1/9; the model is `tiny`. With GPUs it
+runs the same flags with --bf16 on the GPUs present, the layout cut to fit (8: the seed's; 4: PP2 x DP2, which keeps
+the pipeline and its bubble; 2: DP2; 1: one GPU; other counts use the largest of these that fits) and llama3.2-1b's
+shape cut to 4 layers at sequence 4096 (0.77 B parameters: its embedding and output layer are full size, which keeps
+the memory rows' proportions real while one GPU holds it). 8 micro-batches per pipeline per step in every layout.
+
+Every probe is on (--all-probes) and the profiler window covers steps 2-3 on every rank. The phases, each announced
+on a line: training under torchrun (the engine logs each step), reconciliation and report (in this process, through
+ledger.reconcile.run and ledger.report), the headline rows, and the command that opens the run in the dashboard.
 """
 from __future__ import annotations
 
+import shlex
 import time
+from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from ledger.commands._args import CommandParser
+from ledger.commands.dashboard import DEFAULT_ROOT
+from ledger.errors import ConfigError
 
-CPU_RANKS = 4
-
-
-def layout(device_count: int) -> tuple[int, int]:
-    """(world size, TP size) for the machine: 4 CPU ranks without GPUs, else one rank per GPU."""
-    world = device_count or CPU_RANKS
-    return world, 2 if world >= 2 and world % 2 == 0 else 1
+MICROBATCHES = 8  # per pipeline per step: the seed's global batch 16 over DP2 at micro-batch 1
+PROFILE_STEPS = (2, 3)  # the profiler window; step 1 carries one-time work and the ledger leaves it out
 
 
-def demo_flags(world: int, tp: int, train_iters: int, run_dir: Path) -> list[str]:
-    dp = world // tp
-    return ["--model", "tiny", "--tensor-model-parallel-size", str(tp), "--sequence-parallel",
-            "--micro-batch-size", "2", "--global-batch-size", str(2 * 2 * dp), "--train-iters", str(train_iters),
-            "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--mock-data", "--timers",
-            "--log-memory-to-tensorboard", "--run-dir", str(run_dir)]
+@dataclass(frozen=True)
+class Layout:
+    world: int
+    tp: int
+    pp: int
+    gpu: bool
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp)
+
+    def describe(self) -> str:
+        """The layout and what of the seed's configuration is active in it (SP needs TP > 1, the overlaps DP > 1)."""
+        where = f"{self.world} GPU{'s' if self.world > 1 else ''}" if self.gpu else f"{self.world} gloo ranks (no GPU)"
+        active = (["sequence parallel"] if self.tp > 1 else []) + ["distributed optimizer"]
+        if self.dp > 1:
+            active.append("overlapped grad reduce-scatter and param all-gather")
+        return f"{where}: TP{self.tp} x PP{self.pp} x DP{self.dp}, {', '.join(active)}"
 
 
-def print_layout(world: int, tp: int) -> None:
-    from engine.parallel_state import group_lists, rank_generator_for
-
-    groups = group_lists(rank_generator_for(world, tp, pp=1))
-    print(f"demo: {world} ranks, TP{tp} x DP{world // tp}" + (" with sequence parallelism" if tp > 1 else ""))
-    for kind in ("tp", "dp"):
-        print(f"  {kind.upper()} groups: {groups[kind]}")
+# GPUs -> (TP, PP); the rest of the world is DP.
+GPU_LAYOUTS = {8: (2, 2), 4: (1, 2), 2: (1, 1), 1: (1, 1)}
 
 
-def print_loss(run_dir: Path) -> None:
-    from probes.run_dir import iter_events
+def choose_layout(gpus: int) -> Layout:
+    """The seed's 8-rank layout on the CPU; on GPUs the largest layout of GPU_LAYOUTS that fits."""
+    if gpus == 0:
+        return Layout(world=8, tp=2, pp=2, gpu=False)
+    world = max(n for n in GPU_LAYOUTS if n <= gpus)
+    tp, pp = GPU_LAYOUTS[world]
+    return Layout(world=world, tp=tp, pp=pp, gpu=True)
 
-    losses = [event["loss"] for event in iter_events(run_dir, 0, {"step"})]
-    print(f"demo: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps; run directory {run_dir}")
+
+def model_flags(layout: Layout) -> list[str]:
+    if layout.gpu:
+        return ["--model", "llama3.2-1b", "--num-layers", "4", "--bf16", "--lr", "3e-4", "--min-lr", "3e-5"]
+    return ["--model", "tiny", "--lr", "3e-3", "--min-lr", "3e-4"]
+
+
+def demo_flags(layout: Layout, train_iters: int, run_dir: Path) -> list[str]:
+    """The engine's flags: Megatron's names, as runs/engine/llama1b_tp2pp2dp2.sh passes them."""
+    start, end = PROFILE_STEPS
+    return [*model_flags(layout),
+            "--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp),
+            "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--micro-batch-size", "1", "--global-batch-size", str(MICROBATCHES * layout.dp),
+            "--train-iters", str(train_iters), "--mock-data", "--all-probes",
+            "--use-pytorch-profiler", "--profile-step-start", str(start), "--profile-step-end", str(end),
+            "--profile-ranks", *map(str, range(layout.world)), "--run-dir", str(run_dir)]
+
+
+def phase(text: str) -> None:
+    print(f"demo: {text}", flush=True)
+
+
+# --- headline rows ----------------------------------------------------------------------------------------------
+# (label, metric): the figures a reader checks first; every one is a reconciliation row, aggregated over ranks.
+HEADLINE = (("bytes/param", "memory.bytes_per_param"),
+            ("static memory after step 1", "memory.static_after_first_step"),
+            ("pipeline bubble (of wall time)", "pipeline.bubble_of_wall_time"),
+            ("exposed DP comm per step", "overlap.exposed_dp_comm_per_step"),
+            ("throughput (tokens/s)", "throughput.tokens_per_s"),
+            ("TFLOP/s per GPU", "throughput.tflops_per_gpu.megatron"),
+            ("MFU", "throughput.mfu.megatron"))
+
+
+def span(values: list[float | None], unit: str) -> str:
+    """One figure, or min..max over ranks when they differ; '-' when no rank has the column."""
+    from ledger.report import fmt
+
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    low, high = fmt(min(present), unit), fmt(max(present), unit)
+    return low if low == high else f"{low}..{high}"
+
+
+def analytic_bubble(rows: list) -> str:
+    """The bubble rows' prediction as a fraction: the formula's (p-1)/(v m+p-1) for the run's p, m and v."""
+    predicted = {r.predicted for r in rows if r.predicted is not None}
+    return ", ".join(f"{p:.4f} ({Fraction(p).limit_denominator(10_000)})" for p in sorted(predicted)) or "-"
+
+
+def verdict(rows: list) -> str:
+    """The worst verdict of the rows that have one; "n/a" when none can be judged (a figure nobody predicts)."""
+    from ledger.reconcile.rows import worst
+
+    judged = [r for r in rows if r.verdict != "n/a"]
+    return worst(judged) if judged else "n/a"
+
+
+def headline_line(label: str, rows: list) -> str:
+    from ledger.reconcile.rows import NOT_ON_CPU
+
+    if not rows:
+        return f"  {label:<31} no row in this run"
+    unit = rows[0].unit
+    predicted = analytic_bubble(rows) if rows[0].metric.startswith("pipeline.bubble") else \
+        span([r.predicted for r in rows], unit)
+    columns = (f"formula {predicted} | inventory {span([r.inventory for r in rows], unit)} | "
+               f"measured {span([r.measured for r in rows], unit)}")
+    ranks = {r.rank for r in rows if r.rank is not None}
+    where = f"over {len(ranks)} rank{'s' if len(ranks) > 1 else ''}" if ranks else rows[0].scope
+    line = f"  {label:<31} {columns} [{verdict(rows)}; {where}]"
+    if all(r.measured is None and r.inventory is None for r in rows) and rows[0].predicted is None:
+        line += f": {rows[0].explanation}"
+    elif all(r.measured is None for r in rows) and NOT_ON_CPU in rows[0].explanation:
+        line += f": {NOT_ON_CPU}"
+    return line
+
+
+def print_headline(result) -> None:
+    counts = ", ".join(f"{n} {kind}" for kind, n in result.verdict_counts().items())
+    print(f"headline ({len(result.rows)} rows: {counts}; every row with its explanation in report.md):")
+    for label, metric in HEADLINE:
+        print(headline_line(label, [r for r in result.rows if r.metric == metric]))
+    for line in result.missing:
+        print(f"  missing: {line}")
+
+
+# --- the pipeline -------------------------------------------------------------------------------------------------
+def train_phase(layout: Layout, train_iters: int, run_dir: Path) -> int:
+    from ledger.commands import train
+
+    model = "llama3.2-1b cut to 4 layers, bf16" if layout.gpu else "tiny"
+    phase(f"[1/3] training {model} on {layout.describe()}; {MICROBATCHES} micro-batches of 1 per pipeline per step, "
+          f"{train_iters} steps, every probe on, profiler window steps {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]} on "
+          f"every rank -> {run_dir}")
+    return train.main(["--nproc-per-node", str(layout.world), *demo_flags(layout, train_iters, run_dir)])
+
+
+def ledger_phases(run_dir: Path):
+    from ledger import report
+    from ledger.reconcile.run import reconcile, write
+
+    phase("[2/3] reconciling formula vs inventory vs measurement")
+    result = reconcile(run_dir)
+    json_path, csv_path = write(result)
+    phase(f"      wrote {json_path} and {csv_path}")
+    phase("[3/3] writing the report")
+    md, page = report.write(str(run_dir))
+    phase(f"      wrote {md} and {page} (the .html opens offline in any browser)")
+    return result
+
+
+def dashboard_command(run_dir: Path) -> str:
+    return shlex.join(["train-ledger", "dashboard", "--runs-root", str(run_dir.parent), "--run", run_dir.name])
+
+
+def checked_run_dir(run_dir: Path) -> Path:
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"--run-dir {run_dir}: not empty; the demo writes a new run directory")
+    return run_dir
 
 
 def main(argv: list[str]) -> int:
     import torch
 
-    from ledger.commands import train
-
     p = CommandParser("demo", description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", type=Path, help="default: runs/out/demo-<timestamp>")
-    p.add_argument("--train-iters", type=int, default=20)
+    p.add_argument("--run-dir", type=Path, help=f"default: {DEFAULT_ROOT}/demo-<timestamp>")
+    p.add_argument("--train-iters", type=int, default=4,
+                   help=f"steps (default 4: the window {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]} and one after it)")
     a = p.parse_args(argv)
-    run_dir = a.run_dir or Path("runs/out") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    world, tp = layout(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    print_layout(world, tp)
-    status = train.main(["--nproc-per-node", str(world), *demo_flags(world, tp, a.train_iters, run_dir)])
-    if status == 0:
-        print_loss(run_dir)
-    return status
+    if a.train_iters < PROFILE_STEPS[1]:
+        raise ConfigError(f"--train-iters {a.train_iters}: the profiler window needs at least {PROFILE_STEPS[1]}")
+    run_dir = checked_run_dir(a.run_dir or DEFAULT_ROOT / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    layout = choose_layout(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    status = train_phase(layout, a.train_iters, run_dir)
+    if status != 0:
+        phase(f"training failed (exit status {status}); what the ranks wrote is in {run_dir}")
+        return status
+    result = ledger_phases(run_dir)
+    print_headline(result)
+    print(f"open it in the dashboard:\n  {dashboard_command(run_dir)}", flush=True)
+    return 0

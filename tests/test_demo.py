@@ -1,0 +1,130 @@
+"""`train-ledger demo` end to end on the CPU, started the way the README's first set-up command starts it: the
+console script with no arguments, from a fresh directory (so the default run directory is exercised too). Eight gloo
+ranks train the seed's TP2 x PP2 x DP2 layout with every probe on, then the run is reconciled and reported.
+
+SLOW: one whole demo run, about a minute on an idle 2-core machine, several on a loaded one (`-m "not slow"`
+leaves it out). CUDA is hidden from it so that the CPU path is what runs, on any machine.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+DEMO_TIMEOUT = 1500  # seconds; the run itself takes ~1 min idle
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    exe = shutil.which("train-ledger")
+    assert exe, "the train-ledger console script is not on PATH (pip install -e '.[dashboard]')"
+    cwd = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([exe, "demo"], cwd=cwd, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return cwd, done
+
+
+@pytest.fixture(scope="module")
+def run(demo: tuple[Path, subprocess.CompletedProcess]) -> Path:
+    cwd, _ = demo
+    runs = sorted((cwd / "runs" / "out").glob("demo-*"))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def test_readme_first_set_up_command_runs_the_demo() -> None:
+    text = README.read_text()
+    first_block = re.search(r"## Set up.*?```\n(.*?)```", text, re.S).group(1).strip()
+    assert first_block.endswith("&& train-ledger demo"), first_block
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_progress_is_shown_phase_by_phase(demo) -> None:
+    out = demo[1].stdout
+    marks = ["demo: [1/3] training", " iteration        1/", " iteration        4/", "demo: [2/3] reconciling",
+             "demo: [3/3] writing the report", "headline (", "open it in the dashboard:"]
+    positions = [out.find(m) for m in marks]
+    assert -1 not in positions and positions == sorted(positions), dict(zip(marks, positions))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_run_directory_is_complete_for_eight_ranks(run: Path) -> None:
+    m = manifest(run)
+    assert m["status"] == "complete" and m["world_size"] == 8
+    assert sorted(r["rank"] for r in m["ranks"]) == list(range(8))
+    coords = {(r["coords"]["tp"], r["coords"]["dp"], r["coords"]["pp"]) for r in m["ranks"]}
+    assert coords == {(t, d, p) for t in (0, 1) for d in (0, 1) for p in (0, 1)}
+    for rank in range(8):
+        last = json.loads((run / "ranks" / f"rank{rank}" / "events.jsonl").read_text().splitlines()[-1])
+        assert (last["kind"], last["status"]) == ("run_end", "complete")
+    traces = sorted((run / "traces").glob("rank*.step2-3.json.gz"))
+    assert len(traces) == 8  # the profiler window on every rank
+    for path in traces:
+        assert json.loads(gzip.decompress(path.read_bytes()))["trainLedger"]["run_id"] == m["run_id"]
+    for name in ("reconciliation.json", "reconciliation.csv", "report.md", "report.html"):
+        assert (run / "ledger" / name).is_file(), name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_bubble_row_shows_the_analytic_figure(demo, run: Path) -> None:
+    cfg = manifest(run)["config"]
+    par, train = cfg["parallel"], cfg["train"]
+    p = par["pipeline_model_parallel_size"]
+    dp = par["world_size"] // (par["tensor_model_parallel_size"] * p)
+    m = train["global_batch_size"] // (train["micro_batch_size"] * dp)
+    assert (p, m) == (2, 8)  # the seed's pipeline: 2 stages, 8 micro-batches
+    expected = Fraction(p - 1, m + p - 1)  # idle slots over the stage's wall time, one model chunk per stage
+    (line,) = [line for line in demo[1].stdout.splitlines() if line.lstrip().startswith("pipeline bubble")]
+    assert f"formula {float(expected):.4f} ({expected})" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_headline_static_memory_formula_matches_inventory(demo) -> None:
+    lines = {line.split("  ")[1].strip(): line for line in demo[1].stdout.splitlines()
+             if line.startswith("  ") and "formula" in line}
+    for label in ("bytes/param", "static memory after step 1"):
+        assert "[ok;" in lines[label], lines[label]  # the engine's inventory equals the formula on every rank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_printed_dashboard_command_opens_the_run(demo, run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cwd, done = demo
+    argv = shlex.split(done.stdout.strip().splitlines()[-1])
+    assert argv[:3] == ["train-ledger", "dashboard", "--runs-root"] and argv[4] == "--run", argv
+    root, name = cwd / argv[3], argv[5]
+    assert (root / name).resolve() == run.resolve()
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import state
+    from ledger.commands.dashboard import RUN_ENV, RUNS_ROOT_ENV
+
+    # What `train-ledger dashboard` hands the app (it execs Streamlit with these two variables set).
+    monkeypatch.setenv(RUNS_ROOT_ENV, str(root.resolve()))
+    monkeypatch.setenv(RUN_ENV, name)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    assert at.session_state[state.SELECTED] == name
+    for page in ("runs", "reconciliation", "memory", "pipeline", "overlap", "topology", "traces"):
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception and not at.error, (page, [e.value for e in [*at.exception, *at.error]])
