@@ -5,7 +5,9 @@ Variants, alternated A B C A B C per sequence length so that drift (clocks, ther
     through the anchor harness ../shared/bench/mcore_anchor.py (copied to --anchors, wheel carried);
   B plain PyTorch + torch.compile through ../shared/bench/torch_anchor.py --compile;
   C train-ledger's engine: --bf16 --use-distributed-optimizer, every probe on except the profiler window
-    (--all-probes), launched through torchrun like a user would.
+    (--all-probes), launched through torchrun like a user would; "ours-eager" is the same with
+    TRAIN_LEDGER_COMPILE=0 (no compiled pointwise fusions), to show what the fusions buy.
+A variant that fails is reported as failed and the others still run.
 Same shape (llama3.2-1b), synthetic tokens, micro-batch 1, --microbatches per step, the same Adam hyper-parameters.
 
 Per variant: tokens/s (mean of the last --timed steps, as the anchors report it), step time median and spread,
@@ -60,11 +62,11 @@ def gemm_ceiling_tflops() -> float:
     return 2 * 8192 ** 3 * reps / (time.perf_counter() - start) / 1e12
 
 
-def run(cmd: list[str], timeout: int) -> tuple[str, float]:
-    print("$ " + shlex.join(cmd), flush=True)
+def run(cmd: list[str], timeout: int, env: dict[str, str] | None = None) -> tuple[str, float]:
+    print("$ " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + shlex.join(cmd), flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout, time.perf_counter() - start
@@ -81,19 +83,20 @@ def anchor_variant(name: str, script: Path, extra: list[str], seq: int, mb: int,
                 n_params=res["n_params"], wall_s=wall, versions={k: res.get(k) for k in ("torch", "megatron_core")})
 
 
-def engine_variant(seq: int, mb: int, steps: int, timed: int) -> dict:
+def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = True) -> dict:
+    """Our engine through torchrun; compile_=False sets TRAIN_LEDGER_COMPILE=0 (the eager model, engine/jit.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         argv = engine_argv(seq, mb, steps, run_dir)
         _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                       "-m", "engine.train", *argv], timeout=900)
+                       "-m", "engine.train", *argv], timeout=900, env={"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
         events = list(iter_events(run_dir, 0))
     steps_ = [e for e in events if e["kind"] == "step"]
     memory = {e["point"]: e for e in events if e["kind"] == "memory" and e["point"] != "step"}
     per_step = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
     inventory = [e for e in events if e["kind"] == "inventory" and e.get("tensor_kind") == "param_buffer"]
     n = sum(e["numel"] for e in inventory) or None
-    return dict(variant="train-ledger", seq=seq, times=[s["step_time_s"] for s in steps_][-timed:],
+    return dict(variant="train-ledger" if compile_ else "train-ledger eager", seq=seq, times=[s["step_time_s"] for s in steps_][-timed:],
                 peak_alloc=max(m["allocated_bytes.all.peak"] for m in per_step),
                 peak_reserved=max(m["reserved_bytes.all.current"] for m in per_step),
                 mem_setup=memory["after_optimizer_init"]["allocated_bytes.all.current"],
@@ -137,16 +140,23 @@ def main() -> None:
         "compile": lambda s: anchor_variant("torch.compile", anchors / "torch_anchor.py", ["--compile"], s,
                                             a.microbatches, a.steps, a.timed),
         "ours": lambda s: engine_variant(s, a.microbatches, a.steps, a.timed),
+        "ours-eager": lambda s: engine_variant(s, a.microbatches, a.steps, a.timed, compile_=False),
     }
     raw: list[dict] = []
+    failures: list[dict] = []
     for seq in a.seq:
         for _ in range(a.rounds):
             for v in a.variants:
-                raw.append(makers[v](seq))
+                try:
+                    raw.append(makers[v](seq))
+                except (RuntimeError, subprocess.TimeoutExpired, StopIteration, KeyError) as exc:
+                    failures.append({"variant": v, "seq": seq, "error": str(exc)[-2000:]})
+                    print(f"FAILED {v} seq {seq}: {str(exc)[-2000:]}", flush=True)
+                    continue
                 print(json.dumps(summarize(raw[-1], a.microbatches, ceiling)), flush=True)
     table = []
     for seq in a.seq:
-        for v in {r["variant"] for r in raw}:
+        for v in sorted({r["variant"] for r in raw if r["seq"] == seq}):
             runs = [r for r in raw if r["variant"] == v and r["seq"] == seq]
             merged = dict(runs[0], times=[t for r in runs for t in r["times"]])
             table.append(summarize(merged, a.microbatches, ceiling))
@@ -161,7 +171,8 @@ def main() -> None:
               f"{t['mfu_gemm_ceiling']:>10.3f} {t['peak_alloc_gib']:>14.2f}")
     print("ratios (ours / other, tokens/s):", json.dumps(ratios))
     Path(a.out).write_text(json.dumps({"command": sys.argv, "gemm_ceiling_tflops": ceiling, "table": table,
-                                       "ratios": ratios, "runs": raw}, indent=1))
+                                       "ratios": ratios, "runs": raw,
+                                       "failures": failures}, indent=1))
 
 
 if __name__ == "__main__":
