@@ -163,5 +163,6 @@ def test_real_gpu_run_directory_reads_back() -> None:
     assert all(e["used_bytes"] > 0 for e in events if e["kind"] == "nvml")
     ((rank, start, end, path),) = trace_files(GPU_FIXTURE)
     text = gzip.decompress(path.read_bytes()).decode()
-    assert (rank, start, end) == (0, 3, 3) and re.search(r'"rank": (\d+)', text).group(1) == "0"
+    assert (rank, start, end) == (0, 3, 4) and re.search(r'"rank": (\d+)', text).group(1) == "0"
+    assert json.loads(text)["trainLedger"]["run_id"] == m["run_id"]
     assert all(isinstance(e["ts"], int) for e in json.loads(text)["traceEvents"] if "ts" in e)
