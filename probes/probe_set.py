@@ -28,7 +28,8 @@ every completed step readable; the fsync runs on the writer's thread. What is wr
   memory     point ("after_model_build" ... | "step" | "oom" | "failure"), device, memory_stats keys or RSS
   inventory  the engine's dicts as given, except that their "kind" is stored as "tensor_kind"
   timing     name, category, start_s, end_s, duration_s, t_start, t_end, clock, the range's attrs [, async_comm,
-             issue_s, wait_return_s]  (see probes.timers)
+             issue_s, wait_return_s]  (see probes.timers); a range started outside step_begin..step_end has step
+             None (start-up work, the final param sync after the last step)
   nvml       t_sample, used_bytes, total_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
   bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
   step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
@@ -221,6 +222,8 @@ class ProbeSet:
             self.tb.log_step(iteration, figures, memory)
         if self.window is not None:
             self.window.step_end(iteration)
+        if self.timer is not None:
+            self.timer.step_end()
 
     def _write_timings(self) -> None:
         if self.timer is not None:

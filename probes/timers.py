@@ -60,6 +60,12 @@ class StepTimer:
     def step_begin(self, step: int) -> None:
         self._anchor = _Anchor(step, self._mark())
 
+    def step_end(self) -> None:
+        """Close the step: ranges started from now until the next step_begin belong to no step (step None), so work
+        after the last step (the engine's final forced param all-gather, waiting on a rank that is still writing its
+        profiler trace) cannot land in the last step's figures."""
+        self._anchor = _Anchor(None, self._mark())
+
     def start(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
         interval = _Interval(name, category, attrs, self._anchor)
         interval.start = self._mark()

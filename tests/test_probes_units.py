@@ -131,6 +131,16 @@ def test_cpu_timer_intervals_nest_and_span_steps() -> None:
     assert late["name"] == "iteration" and late["step"] == 1 and late["start_s"] <= fwd["start_s"]
 
 
+def test_ranges_after_step_end_belong_to_no_step() -> None:
+    # The engine's forced param all-gather after the last step must not be timed as part of that step.
+    timer = StepTimer(use_cuda=False)
+    timer.step_begin(4)
+    timer.stop(timer.start("forward", "forward", {}))
+    timer.step_end()
+    timer.comm_end(timer.comm_begin("all-gather bucket0", "dp-comm", {"bucket": 0}))
+    assert [(r["name"], r["step"]) for r in timer.collect()] == [("forward", 4), ("all-gather bucket0", None)]
+
+
 def test_cpu_fallbacks_say_what_they_are() -> None:
     record = MemoryProbe(use_cuda=False).read_step()
     assert record["device"] == "cpu" and record["rss_bytes"] > 0 and "RSS" in record["note"]

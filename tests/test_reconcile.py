@@ -71,6 +71,16 @@ def test_bucket_overlap_from_timers_and_trace(clean):
         assert exposed.measured == pytest.approx(0.5e-3 + 0.25e-3)  # half of bucket 1 + the all-gather
 
 
+def test_comm_after_the_last_step_lands_in_no_step(tmp_path):
+    # The forced param all-gather after the loop is step-less: a second-long wait there changes no per-step figure.
+    run, _ = make_run(tmp_path / "run", Spec(final_sync_s=1.6, traces=False))
+    result = reconcile(run)
+    exposed = one(result, "overlap.exposed_dp_comm_per_step", rank=0, source="timers")
+    assert exposed.measured == pytest.approx(0.5e-3 + 0.25e-3)
+    gather = one(result, "overlap.all_gather.comm_time", rank=0, bucket=0, source="timers")
+    assert gather.measured == pytest.approx(0.25e-3)
+
+
 def test_comm_time_predicted_from_the_bandwidth_sweep(clean):
     result, _ = clean
     r = one(result, "overlap.reduce_scatter.comm_time", rank=1, bucket=0, source="timers")

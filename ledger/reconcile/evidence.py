@@ -2,7 +2,9 @@
 
 Events are streamed through probes.run_dir (the one reader of the contract); only the records the rows use are
 kept (memory points, per-step memory, inventory, timing, NVML, bandwidth, step), which is a few records per
-micro-batch per step. Traces are not read here: they are summarised one file at a time by the modules that need them.
+micro-batch per step. Timing records with no step are dropped: every row built from timings is per step, and work
+outside the steps (start-up, the final forced param all-gather after the last step) belongs to none of them. Traces
+are not read here: they are summarised one file at a time by the modules that need them.
 """
 from __future__ import annotations
 
@@ -113,7 +115,8 @@ def _keep(ev: RankEvidence, record: dict[str, Any], path: Path) -> None:
     elif kind == "timing":
         if "start_s" not in record or "end_s" not in record:
             raise InputError(path, f"timing record without start_s/end_s: {record.get('name')!r}")
-        ev.timing.append(record)
+        if record.get("step") is not None:  # step-less: outside every step (start-up, the final param sync)
+            ev.timing.append(record)
     else:
         getattr(ev, {"nvml": "nvml", "bandwidth": "bandwidth", "step": "steps"}[kind]).append(record)
 
