@@ -64,15 +64,23 @@ def _driver_version() -> str | None:
 
 
 def rank_info(parallel_state: Any, notes: dict[str, str]) -> dict[str, Any]:
-    """This rank's entry in the manifest's `ranks` list."""
+    """This rank's entry in the manifest's `ranks` list. The backend tells the ledger which trace figures are
+    measurements (gloo's profiler annotations are not, for some collectives); a CPU's core count tells it how many
+    ranks compete for each core."""
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
         device = {"type": "cuda", "index": index, "name": torch.cuda.get_device_name(index),
                   "total_bytes": torch.cuda.get_device_properties(index).total_memory}
     else:
-        device = {"type": "cpu", "name": platform.processor() or platform.machine()}
+        device = {"type": "cpu", "name": platform.processor() or platform.machine(), "cores": _usable_cores()}
+    backend = dist.get_backend() if dist.is_initialized() else None
     return {"rank": parallel_state.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
-            "coords": dict(parallel_state.coordinates), "probes": notes}
+            "backend": backend, "coords": dict(parallel_state.coordinates), "probes": notes}
+
+
+def _usable_cores() -> int | None:
+    """Cores this process may run on (its affinity mask, what a container or taskset grants), not the host's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def gather_rank_infos(info: dict[str, Any]) -> list[dict[str, Any]]:

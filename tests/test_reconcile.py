@@ -1,6 +1,7 @@
 """Reconciliation of synthetic runs whose every figure has a known answer (tests/fixtures/synthetic_run.py)."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from ledger.formulas.static_memory import owned_param_elements
 from ledger.reconcile.rows import NOT_ON_CPU, judge, row
 from ledger.reconcile.run import reconcile
 from ledger.traces import normalize_op
-from tests.fixtures.synthetic_run import Spec, make_run
+from tests.fixtures.synthetic_run import Spec, make_run, write_trace
 
 
 def rows_by(result, metric, **where):
@@ -93,6 +94,48 @@ def test_comm_volume_three_columns(clean):
     assert r.predicted == r.inventory == r.measured and r.verdict == "ok"
     p2p = one(result, "comm.pp.send_recv.bytes_per_step", rank=3)
     assert p2p.measured == p2p.predicted
+
+
+def gloo_trace_events(steps: int, rs_numel: int, ag_numel: int) -> list[dict]:
+    """A CPU trace as ProcessGroupGloo annotates it: the reduce-scatter as gloo:all_reduce, the all-gather with its
+    input only, one send and one recv of a [16, 1, 64] fp32 activation per step."""
+    def gloo(op, ts, dims):
+        return {"ph": "X", "cat": "user_annotation", "name": f"gloo:{op}", "pid": 100, "tid": 1, "ts": ts,
+                "dur": 10.0, "args": {"Input Dims": [dims], "Input type": ["float"]}}
+
+    out = []
+    for step in range(1, steps + 1):
+        t0 = step * 1e6
+        out += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 100, "tid": 1,
+                 "ts": t0, "dur": 1e5},
+                gloo("all_reduce", t0 + 10, [rs_numel]), gloo("all_gather", t0 + 30, [ag_numel]),
+                gloo("send", t0 + 50, [16, 1, 64]), gloo("recv", t0 + 70, [16, 1, 64])]
+    return out
+
+
+def test_gloo_trace_is_no_measurement_of_reduce_scatter_all_reduce_all_gather(tmp_path):
+    spec = Spec(cuda=False, traces=False)
+    run, _ = make_run(tmp_path / "run", spec)
+    trace = write_trace(run, spec, 0, gloo_trace_events(spec.steps, 1000, 500))
+    info = json.loads(gzip.decompress(trace.read_bytes()))["distributedInfo"]
+    assert info["backend"] == "gloo"
+    result = reconcile(run)
+    for op in ("reduce_scatter", "all_gather"):
+        r = one(result, f"comm.unknown.{op}.bytes_per_step", rank=0)
+        assert r.measured is None and "gloo backend" in r.explanation and r.source == "events"
+        assert r.predicted == r.inventory and r.verdict == "ok"  # the formula still checks the engine's counter
+    p2p = one(result, "comm.unknown.send_recv.bytes_per_step", rank=0)
+    assert (p2p.measured, p2p.source) == (2 * 16 * 64 * 4, "trace")  # send + recv: gloo traces measure these
+
+
+def test_the_manifest_names_the_backend_before_the_trace(tmp_path):
+    spec = Spec(cuda=False, traces=False)
+    run, _ = make_run(tmp_path / "run", spec)
+    path = write_trace(run, spec, 0, gloo_trace_events(spec.steps, 1000, 500))
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    trace["distributedInfo"]["backend"] = "nccl"  # a trace that says otherwise does not override the manifest
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    assert one(reconcile(run), "comm.unknown.all_gather.bytes_per_step", rank=0).measured is None
 
 
 def test_a_collective_is_the_op_its_name_states_first():

@@ -4,7 +4,9 @@ the engine's counters (the `bytes` the probes' comm ranges carry) and the trace'
 All three use nccl-tests' "size" convention: the all-reduce buffer, the all-gather output, the reduce-scatter input,
 and for point-to-point the bytes sent plus received (the engine's P2P range counts both directions of one batched
 exchange; the formula lists sends and receives separately and they are summed here).
-CPU (gloo) traces carry no process-group ranks, so their collectives are grouped by op only ("unknown" group).
+CPU (gloo) traces carry no process-group ranks, so their collectives are grouped by op only ("unknown" group). And
+on gloo the trace is no measurement of three collectives (GLOO_UNTRACEABLE): those rows keep the formula and the
+engine's counters and say why the measured column is empty. The backend is the manifest's (else distributedInfo's).
 """
 from __future__ import annotations
 
@@ -21,6 +23,17 @@ from ledger.traces import TraceSummary, normalize_op
 CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp"}
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
+# What a gloo profiler trace cannot measure, and why (torch's ProcessGroupGloo record_function annotations).
+GLOO_UNTRACEABLE = {
+    "reduce_scatter": "gloo runs a reduce-scatter as an all-reduce and its trace records it as gloo:all_reduce",
+    "all_reduce": "gloo's trace records its reduce-scatters as gloo:all_reduce too, so the traced total mixes both",
+    "all_gather": "gloo's trace records an all-gather's input only, not the gathered size",
+}
+
+
+def untraceable_ops(backend: str | None) -> dict[str, str]:
+    """Ops whose trace figure is not a measurement on this backend, with the reason; none on NCCL."""
+    return GLOO_UNTRACEABLE if backend == "gloo" else {}
 
 
 def _op(op: str) -> str:
@@ -61,7 +74,10 @@ def _mean_over_steps(per_step: dict[int, dict[Key, int]]) -> dict[Key, float]:
     return {k: mean(step.get(k, 0) for step in per_step.values()) for k in keys}
 
 
-def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, float] | None) -> list[Row]:
+def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, float] | None,
+                untraceable: dict[str, str] | None = None) -> list[Row]:
+    """One row per (group, op); `untraceable` ops (untraceable_ops) get no measured figure from the trace."""
+    untraceable = untraceable or {}
     predicted = predicted_volume(cfg, r.stage) if cfg is not None else {}
     counters = counter_volume(r)
     if measured and all(group == "unknown" for group, _ in measured):
@@ -72,13 +88,14 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
     rows = []
     for group, op in sorted(set(predicted) | set(counters) | set(measured)):
         key = (group, op)
+        measures = traced and op not in untraceable
         # a traced step without the collective moved 0 bytes of it: absence in a trace is a measurement
         rows.append(row(f"comm.{group}.{op}.bytes_per_step", "rank", predicted=predicted.get(key),
-                        inventory=counters.get(key), measured=measured.get(key, 0.0 if traced else None),
+                        inventory=counters.get(key), measured=measured.get(key, 0.0) if measures else None,
                         unit="bytes",
                         tolerance=VOLUME_TOL,
-                        explanation=_explain(group, op, key in counters, traced),
-                        rank=r.rank, stage=r.stage, source="trace" if traced else "events"))
+                        explanation=_explain(group, op, key in counters, traced, untraceable.get(op)),
+                        rank=r.rank, stage=r.stage, source="trace" if measures else "events"))
     return rows
 
 
@@ -89,12 +106,14 @@ def _by_op(volume: dict[Key, float]) -> dict[Key, float]:
     return dict(out)
 
 
-def _explain(group: str, op: str, counted: bool, traced: bool) -> str:
+def _explain(group: str, op: str, counted: bool, traced: bool, untraceable: str | None) -> str:
     parts = [f"nccl-tests size of every {op} on the {group} group in one step"]
     if not counted:
         parts.append("the engine counts no bytes for it (timers off, or a range without bytes)")
     if not traced:
         parts.append("no trace for this rank")
-    elif group == "unknown":
+    elif untraceable:
+        parts.append(f"not measured: the trace is no measurement of it on the gloo backend ({untraceable})")
+    if traced and group == "unknown":
         parts.append("gloo trace: groups not recorded, totals per op over all groups")
     return "; ".join(parts)

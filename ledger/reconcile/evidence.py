@@ -58,17 +58,30 @@ class RunEvidence:
         return int(self.manifest["world_size"])
 
 
-def rank_coords(manifest: dict[str, Any], rank: int) -> dict[str, int]:
-    """A rank's (tp, cp, dp, pp) from the manifest, else derived from the run's parallel sizes."""
+def rank_entry(manifest: dict[str, Any], rank: int) -> dict[str, Any]:
+    """A rank's entry in the manifest's `ranks` (a list, or a dict keyed by rank); {} when there is none."""
     entries = manifest.get("ranks")
     entry = None
     if isinstance(entries, dict):
         entry = entries.get(str(rank))
     elif isinstance(entries, list):
         entry = next((e for e in entries if isinstance(e, dict) and e.get("rank") == rank), None)
-    if isinstance(entry, dict) and isinstance(entry.get("coords"), dict):
-        return {k: int(v) for k, v in entry["coords"].items()}
+    return entry if isinstance(entry, dict) else {}
+
+
+def rank_coords(manifest: dict[str, Any], rank: int) -> dict[str, int]:
+    """A rank's (tp, cp, dp, pp) from the manifest, else derived from the run's parallel sizes."""
+    coords = rank_entry(manifest, rank).get("coords")
+    if isinstance(coords, dict):
+        return {k: int(v) for k, v in coords.items()}
     return derived_coords(manifest, rank)
+
+
+def rank_backend(manifest: dict[str, Any], rank: int, trace_backend: str | None) -> str | None:
+    """The rank's process-group backend as the manifest records it, else as the trace's distributedInfo does
+    (manifests written before the field existed); None when neither says."""
+    backend = rank_entry(manifest, rank).get("backend")
+    return str(backend) if backend else trace_backend
 
 
 def derived_coords(manifest: dict[str, Any], rank: int) -> dict[str, int]:

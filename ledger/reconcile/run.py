@@ -16,8 +16,8 @@ from typing import Any
 
 from ledger.errors import InputError
 from ledger.reconcile import hta, ingest_megatron
-from ledger.reconcile.comm import trace_volume, volume_rows
-from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, rank_coords
+from ledger.reconcile.comm import trace_volume, untraceable_ops, volume_rows
+from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.overlap import bucket_rows, overlap_rows, trace_intervals
 from ledger.reconcile.pipeline import pipeline_rows
@@ -96,7 +96,8 @@ def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
 
 def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary) -> list[Row]:
     groups = rank_groups(ev.manifest, r.rank)
-    rows = volume_rows(ev.config, r, trace_volume(summary, groups))
+    untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend))
+    rows = volume_rows(ev.config, r, trace_volume(summary, groups), untraceable)
     rows += bucket_rows(ev.config, r, trace_intervals(summary, r.rank, groups["dp"]), "trace")
     return rows
 
