@@ -88,6 +88,17 @@ def test_comm_time_predicted_from_the_bandwidth_sweep(clean):
     assert r.predicted == pytest.approx(1e-3) and r.verdict == "ok"
 
 
+@pytest.mark.parametrize("speedup, timers, trace", [(4.0, "n/a", "off"), (0.25, "warn", "warn")])
+def test_a_timer_span_bounds_comm_time_from_above(tmp_path, speedup, timers, trace):
+    # Timers span issue -> wait returned: longer than the sweep's time says nothing (the wait may come late), shorter
+    # contradicts it. The trace's kernel duration is the collective itself and is judged both ways.
+    run, _ = make_run(tmp_path / "run", Spec(sweep_speedup=speedup))
+    result = reconcile(run)
+    timed = one(result, "overlap.reduce_scatter.comm_time", rank=1, bucket=0, source="timers")
+    assert timed.predicted == pytest.approx(1e-3 / speedup) and timed.verdict == timers
+    assert one(result, "overlap.reduce_scatter.comm_time", rank=1, bucket=0, source="trace").verdict == trace
+
+
 def test_comm_volume_three_columns(clean):
     result, known = clean
     r = one(result, "comm.dp.reduce_scatter.bytes_per_step", rank=0)

@@ -19,7 +19,7 @@ from ledger.config import RunConfig
 from ledger.reconcile.bandwidth import predicted_time
 from ledger.reconcile.evidence import RankEvidence, RunEvidence
 from ledger.reconcile.intervals import covered, union
-from ledger.reconcile.rows import Row, row
+from ledger.reconcile.rows import Row, row, upper_bound_row
 from ledger.traces import TraceSummary, normalize_op
 
 COMPUTE_CATEGORIES = ("forward", "backward")
@@ -105,12 +105,13 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
                         **where))
         nbytes = items[0].bytes
         pred = predicted_time(r.bandwidth, op, "dp", nbytes) if nbytes else None
-        rows.append(row(f"overlap.{op}.comm_time", "bucket", predicted=pred[0] if pred else None, measured=duration,
-                        unit="s", tolerance=TIME_TOL,
-                        explanation=(pred[1] if pred else "no bandwidth sweep point for this op/group")
-                        + (f"; {nbytes:,} bytes" if nbytes else "")
-                        + ("; timers span issue -> wait returned (an upper bound)" if source == "timers" else ""),
-                        **where))
+        judged = upper_bound_row if source == "timers" else row
+        rows.append(judged(f"overlap.{op}.comm_time", "bucket", predicted=pred[0] if pred else None,
+                           measured=duration, unit="s", tolerance=TIME_TOL,
+                           explanation=(pred[1] if pred else "no bandwidth sweep point for this op/group")
+                           + (f"; {nbytes:,} bytes" if nbytes else "")
+                           + ("; timers span issue -> wait returned (an upper bound)" if source == "timers" else ""),
+                           **where))
     if intervals:
         steps = {i.step for i in intervals}
         rows.append(row("overlap.exposed_dp_comm_per_step", "rank",

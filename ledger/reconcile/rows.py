@@ -69,6 +69,19 @@ def row(metric: str, scope: str, *, predicted: float | None = None, inventory: f
     return r
 
 
+def upper_bound_row(metric: str, scope: str, *, predicted: float | None, measured: float | None, unit: str,
+                    tolerance: float, explanation: str, **where: Any) -> Row:
+    """A measurement that bounds the true figure from above (an async collective timed from issue to wait returned
+    spans whatever compute ran before the wait). Below the prediction it is judged as usual: the true figure is
+    lower still. Above it beyond the tolerance it neither confirms nor refutes the prediction: verdict n/a."""
+    r = row(metric, scope, predicted=predicted, measured=measured, unit=unit, tolerance=tolerance,
+            explanation=explanation, **where)
+    if r.rel_diff is not None and r.rel_diff > tolerance:
+        r.verdict = "n/a"
+        r.explanation += "; the bound lies above the prediction, so it does not test it"
+    return r
+
+
 def threshold_row(metric: str, scope: str, *, measured: float, warn_at: float, off_at: float, unit: str,
                   explanation: str, **where: Any) -> Row:
     """A measured-only figure judged against fixed limits (retries, OOMs, stragglers, fragmentation)."""
