@@ -197,6 +197,21 @@ def test_cpu_run_says_not_measured(tmp_path):
     assert "no profiler traces (--use-pytorch-profiler)" in result.missing
 
 
+@pytest.mark.parametrize("cuda, cores, shared", [(False, 2, True), (False, None, True), (False, 4, False),
+                                                  (True, None, False)])
+def test_timed_rows_name_cpu_oversubscription(tmp_path, cuda, cores, shared):
+    # 4 ranks on one host: on 2 cores (or an unrecorded count) each rank waits for a core, and the rows say so.
+    run, _ = make_run(tmp_path / "run", Spec(cuda=cuda, cpu_cores=cores, traces=False))
+    result = reconcile(run)
+    bubble = one(result, "pipeline.bubble_of_wall_time", rank=0)
+    assert ("process oversubscription" in bubble.explanation) == shared
+    assert bubble.verdict == "ok"  # a real measurement of that machine: the verdict is not touched
+    assert ("4 ranks share host node0's 2 cores" in bubble.explanation) == (shared and cores == 2)
+    step = one(result, "throughput.step_time", rank=0)
+    assert ("process oversubscription" in step.explanation) == shared
+    assert "process oversubscription" not in one(result, "memory.static_after_first_step", rank=0).explanation
+
+
 def test_straggler(tmp_path):
     run, known = make_run(tmp_path / "run", Spec(straggler={3: 0.01}))
     result = reconcile(run)

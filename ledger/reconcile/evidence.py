@@ -84,6 +84,24 @@ def rank_backend(manifest: dict[str, Any], rank: int, trace_backend: str | None)
     return str(backend) if backend else trace_backend
 
 
+def cpu_sharing(manifest: dict[str, Any]) -> str | None:
+    """A sentence when CPU ranks outnumber their host's cores (from the manifest's per-rank host and device): then
+    every timed range includes time spent waiting for a core, which dominates timing gaps. None otherwise."""
+    per_host: dict[str, list[dict[str, Any]]] = {}
+    for rank in range(int(manifest.get("world_size") or 0)):
+        entry = rank_entry(manifest, rank)
+        device = entry.get("device") or {}
+        if device.get("type") == "cpu" and entry.get("host"):
+            per_host.setdefault(entry["host"], []).append(device)
+    for host, devices in per_host.items():
+        cores = devices[0].get("cores")
+        if len(devices) > (cores or 1):
+            where = f"{cores} cores" if cores else "its CPU (core count not recorded)"
+            return (f"{len(devices)} ranks share host {host}'s {where}: process oversubscription; every timed range "
+                    "includes waits for a core, and that, not the schedule or the network, dominates timed figures")
+    return None
+
+
 def derived_coords(manifest: dict[str, Any], rank: int) -> dict[str, int]:
     from engine.parallel_state import rank_generator_for  # pure rank arithmetic, torch-free
 

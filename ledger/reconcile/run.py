@@ -17,7 +17,7 @@ from typing import Any
 from ledger.errors import InputError
 from ledger.reconcile import hta, ingest_megatron
 from ledger.reconcile.comm import trace_volume, untraceable_ops, volume_rows
-from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, rank_backend, rank_coords
+from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.overlap import bucket_rows, overlap_rows, trace_intervals
 from ledger.reconcile.pipeline import pipeline_rows
@@ -72,12 +72,26 @@ def reconcile(run_dir: str | Path) -> Reconciliation:
         if rank not in traced:
             rows += volume_rows(ev.config, r, None)
     rows += throughput_rows(ev)
+    note_cpu_sharing(rows, cpu_sharing(ev.manifest))
     check_rows, skipped = hta.hta_rows(cross_check)
     rows += check_rows
     run = {"run_id": ev.manifest.get("run_id"), "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
            "traces": [str(p.relative_to(ev.run_dir)) for _, _, _, p in ev.traces]}
     return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=ev.missing + skipped)
+
+
+TIMED_METRICS = ("throughput.step_time", "throughput.step_time_spread")
+
+
+def note_cpu_sharing(rows: list[Row], note: str | None) -> None:
+    """Say, on every row built from wall-clock timings, that the ranks shared too few cores: the figures are real
+    measurements of that machine, so verdicts stand, but the explanation must name what dominates them."""
+    if note is None:
+        return
+    for r in rows:
+        if r.source == "timers" or r.metric in TIMED_METRICS:
+            r.explanation += f"; {note}"
 
 
 def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
