@@ -107,6 +107,13 @@ def test_comm_volume_three_columns(clean):
     assert p2p.measured == p2p.predicted
 
 
+def test_comm_counters_skip_the_first_step_which_owes_no_param_all_gather(tmp_path):
+    # Under --overlap-param-gather step N's all-gather runs in step N+1: step 1 has none, the steady step one.
+    run, _ = make_run(tmp_path / "run", Spec(first_step_all_gather=False, traces=False))
+    r = one(reconcile(run), "comm.dp.all_gather.bytes_per_step", rank=0)
+    assert r.inventory == r.predicted and r.verdict == "ok"
+
+
 def gloo_trace_events(steps: int, rs_numel: int, ag_numel: int) -> list[dict]:
     """A CPU trace as ProcessGroupGloo annotates it: the reduce-scatter as gloo:all_reduce, the all-gather with its
     input only, one send and one recv of a [16, 1, 64] fp32 activation per step."""

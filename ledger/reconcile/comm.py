@@ -48,13 +48,17 @@ def predicted_volume(cfg: RunConfig, pp_rank: int) -> dict[Key, int]:
 
 
 def counter_volume(r: RankEvidence) -> dict[Key, float]:
-    """Mean bytes per step from the engine's comm ranges (only those that carry `bytes`)."""
+    """Mean bytes per step from the engine's comm ranges (only those that carry `bytes`), over every step but the
+    run's first when there are others: under --overlap-param-gather a step's param all-gather runs at the start of
+    the next step's forward, so the first step has none (no earlier update) while the formula's steady step has one."""
     per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
     for t in r.timing:
         group = CATEGORY_GROUP.get(t.get("category"))
         if group and t.get("bytes") is not None:
             op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
             per_step[t.get("step")][(group, op)] += int(t["bytes"])
+    if len(per_step) > 1:
+        del per_step[min(per_step)]
     return _mean_over_steps(per_step)
 
 
