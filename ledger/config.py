@@ -373,10 +373,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--fp16 training (loss scaling) is not implemented; use --bf16")
     if t.grad_reduce_in_bf16 and not t.bf16:
         raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
-    if t.overlap_param_gather and not t.use_distributed_optimizer:
-        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-    if t.ddp_bucket_size is not None and t.ddp_bucket_size < 1:
-        raise ConfigError(f"--ddp-bucket-size must be >= 1, got {t.ddp_bucket_size}")
+    check_ddp_flags(use_distributed_optimizer=t.use_distributed_optimizer, overlap_grad_reduce=t.overlap_grad_reduce,
+                    overlap_param_gather=t.overlap_param_gather, bucket_size=t.ddp_bucket_size)
     if t.lr_warmup_iters < 0 or t.lr < 0 or t.min_lr < 0:
         raise ConfigError("--lr, --min-lr and --lr-warmup-iters must be >= 0")
     decay_iters = t.lr_decay_iters if t.lr_decay_iters is not None else t.train_iters
@@ -385,8 +383,6 @@ def validate(cfg: RunConfig) -> None:
                           "(--lr-decay-iters, else --train-iters)")
     if t.min_lr > t.lr:
         raise ConfigError(f"--min-lr {t.min_lr} is above --lr {t.lr}")
-    if t.overlap_param_gather and not t.overlap_grad_reduce:
-        raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
     if pr.profile_step_end < pr.profile_step_start:
         raise ConfigError(f"--profile-step-end {pr.profile_step_end} is before --profile-step-start "
                           f"{pr.profile_step_start}")
@@ -395,3 +391,16 @@ def validate(cfg: RunConfig) -> None:
     bad_ranks = [r for r in pr.profile_ranks if not 0 <= r < p.world_size]
     if pr.use_pytorch_profiler and bad_ranks:
         raise ConfigError(f"--profile-ranks {bad_ranks[0]} is outside the world of {p.world_size} ranks")
+
+
+def check_ddp_flags(*, use_distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
+                    bucket_size: int | None) -> None:
+    """Megatron's validate_args for the DDP knobs: the all-gather only exists with the distributed optimizer, and its
+    overlap rides on the same bucket machinery as the reduce overlap. Shared by the CLI check and the engine's
+    DistributedDataParallelConfig, which can also be built directly."""
+    if overlap_param_gather and not use_distributed_optimizer:
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    if overlap_param_gather and not overlap_grad_reduce:
+        raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
+    if bucket_size is not None and bucket_size < 1:
+        raise ConfigError(f"--ddp-bucket-size must be >= 1, got {bucket_size}")

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.config import TrainConfig
-from ledger.errors import ConfigError
+from ledger.config import TrainConfig, check_ddp_flags
 
 
 def default_bucket_size(dp_size: int) -> int:
@@ -24,14 +23,9 @@ class DistributedDataParallelConfig:
     alignment_padding: bool = True
 
     def __post_init__(self) -> None:
-        # Megatron's validate_args: the all-gather only exists with the distributed optimizer, and its overlap is
-        # only wired through the same bucket machinery as the reduce overlap.
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise ConfigError("--overlap-param-gather requires --use-distributed-optimizer")
-        if self.overlap_param_gather and not self.overlap_grad_reduce:
-            raise ConfigError("--overlap-param-gather requires --overlap-grad-reduce")
-        if self.bucket_size is not None and self.bucket_size < 1:
-            raise ConfigError(f"--ddp-bucket-size must be >= 1, got {self.bucket_size}")
+        check_ddp_flags(use_distributed_optimizer=self.use_distributed_optimizer,
+                        overlap_grad_reduce=self.overlap_grad_reduce,
+                        overlap_param_gather=self.overlap_param_gather, bucket_size=self.bucket_size)
 
     @classmethod
     def from_train_config(cls, train: TrainConfig, dp_size: int) -> "DistributedDataParallelConfig":
