@@ -33,6 +33,7 @@ from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
 from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
 from ledger.config import ParallelConfig, RunConfig
+from ledger.formulas.flops import megatron_flops_per_step
 from probes.probe_set import NullProbeSet
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
@@ -46,6 +47,7 @@ class StepLog:
     grad_norm: float  # before clipping
     step_time_s: float
     tokens_per_s: float
+    tflops_per_gpu: float  # Megatron-LM's model-FLOPs convention (ledger.formulas.flops), Megatron's "throughput"
 
 
 @dataclass
@@ -144,7 +146,8 @@ def train_step(forward_step_func: Callable, data_iterators: list, model: list[Di
 def training_log(step: StepLog, train_iters: int) -> None:
     print(f" iteration {step.iteration:>8}/{train_iters:>8} | lm loss: {step.loss:.6E} | learning rate: "
           f"{step.lr:.6E} | grad norm: {step.grad_norm:.4f} | tokens/s: {step.tokens_per_s:,.0f} | "
-          f"step time (ms): {step.step_time_s * 1e3:.1f}", flush=True)
+          f"step time (ms): {step.step_time_s * 1e3:.1f} | throughput per GPU (TFLOP/s/GPU): {step.tflops_per_gpu:.4g}",
+          flush=True)
 
 
 def train(forward_step_func: Callable, model: list[DistributedDataParallel], optimizer,
@@ -153,6 +156,7 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
     config = build_schedule_config(run_config, model, parallel_state, probes)
     train = run_config.train
     tokens_per_step = train.global_batch_size * run_config.model.seq_length
+    flops_per_gpu_step = megatron_flops_per_step(run_config) / parallel_state.world_size
     steps: list[StepLog] = []
     for iteration in range(1, train.train_iters + 1):
         probes.step_begin(iteration)
@@ -164,10 +168,11 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
             loss_value = loss.item()  # the step's one host synchronisation
         step_time = time.perf_counter() - start
         step = StepLog(iteration=iteration, loss=loss_value, lr=lr, grad_norm=float(grad_norm),
-                       step_time_s=step_time, tokens_per_s=tokens_per_step / step_time)
+                       step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
+                       tflops_per_gpu=flops_per_gpu_step / step_time / 1e12)
         steps.append(step)
         probes.step_end(iteration, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm, tokens=tokens_per_step,
-                        step_time_s=step.step_time_s)
+                        step_time_s=step.step_time_s, throughput=step.tflops_per_gpu)
         if iteration == 1:
             probes.memory_point("after_first_step")
         if log and iteration % train.log_interval == 0:

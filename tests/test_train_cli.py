@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ledger.config import parse_args
+from ledger.formulas.flops import megatron_flops_per_step
 
 CLI = [sys.executable, "-m", "ledger.cli", "train"]
 TIMEOUT = 240
@@ -65,9 +66,9 @@ def test_bad_launcher_flags():
 
 def _log_lines(stdout: str) -> list[dict[str, float]]:
     pattern = re.compile(r"iteration\s+(\d+)/\s*\d+ \| lm loss: (\S+) \| learning rate: (\S+) \| grad norm: (\S+)"
-                         r" \| tokens/s: (\S+) \| step time \(ms\): (\S+)")
+                         r" \| tokens/s: (\S+) \| step time \(ms\): (\S+) \| throughput per GPU \(TFLOP/s/GPU\): (\S+)")
     return [{"iteration": int(m[1]), "loss": float(m[2]), "lr": float(m[3]), "grad_norm": float(m[4]),
-             "tokens_per_s": float(m[5].replace(",", "")), "step_ms": float(m[6])}
+             "tokens_per_s": float(m[5].replace(",", "")), "step_ms": float(m[6]), "tflops": float(m[7])}
             for m in pattern.finditer(stdout)]
 
 
@@ -84,6 +85,12 @@ def test_issue_command_tp2_sp_dp2_trains(tmp_path):
     losses = [s["loss"] for s in steps]
     assert sum(losses[-5:]) < sum(losses[:5]), "the loss must fall"
     assert all(s["tokens_per_s"] > 0 and s["step_ms"] > 0 and s["grad_norm"] > 0 for s in steps)
+    # Megatron's "throughput": model FLOPs per step / step time / GPUs; tokens/s and TFLOP/s tell the same time
+    flops_per_token = megatron_flops_per_step(parse_args(["--model", "tiny", "--tensor-model-parallel-size", "2",
+                                                           "--micro-batch-size", "2", "--global-batch-size", "8"],
+                                                          world_size=4)) / (8 * 32)
+    for s in steps:
+        assert s["tflops"] == pytest.approx(s["tokens_per_s"] * flops_per_token / 4 / 1e12, rel=0.01)
     assert (run_dir / "manifest.json").is_file()
 
 
