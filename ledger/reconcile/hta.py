@@ -48,9 +48,14 @@ def ledger_overlap(summary: TraceSummary) -> float | None:
 
 
 def hta_overlap(files: dict[int, Path]) -> dict[int, float]:
-    """HTA's comp_comm_overlap per rank, as a fraction."""
+    """HTA's comp_comm_overlap per rank, as a fraction.
+
+    Built from HTA's Trace with use_multiprocessing=False rather than TraceAnalysis: HTA's parallel parser forks a
+    process pool, and a fork from a threaded host (the Streamlit dashboard computes reconciliations live) can
+    deadlock. The traces are parsed one after the other instead; the figures are the same."""
+    from hta.analyzers.communication_analysis import CommunicationAnalysis
+    from hta.common.trace import Trace
     from hta.configs.parser_config import ParserConfig
-    from hta.trace_analysis import TraceAnalysis
 
     previous = ParserConfig.get_default_cfg()
     cfg = previous.clone()
@@ -58,9 +63,9 @@ def hta_overlap(files: dict[int, Path]) -> dict[int, float]:
     ParserConfig.set_default_cfg(cfg)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # `reconcile --json` owns stdout
-            analysis = TraceAnalysis(trace_files={r: str(p) for r, p in files.items()},
-                                     include_last_profiler_step=False)
-            df = analysis.get_comm_comp_overlap(visualize=False)
+            trace = Trace(trace_files={r: str(p) for r, p in files.items()})
+            trace.load_traces(include_last_profiler_step=False, use_multiprocessing=False)
+            df = CommunicationAnalysis.get_comm_comp_overlap(trace, visualize=False)
     finally:
         ParserConfig.set_default_cfg(previous)
     # HTA divides by the communication time it found: NaN when it kept no communication kernel
