@@ -130,6 +130,19 @@ def guarded(loader: str, run: str, *args: Any) -> Any | None:
     return None
 
 
+def open_page(title: str, *loaders: str) -> tuple[Any, ...]:
+    """Every run page's opening: its title, the selected run, and each loader's data for it; the page stops here
+    (after the explanation or the run's error) when there is no run or a loader failed."""
+    st.title(title)
+    run = current_run()
+    if run is None:
+        st.stop()
+    data = tuple(guarded(loader, run) for loader in loaders)
+    if any(d is None for d in data):
+        st.stop()
+    return (run, *data)
+
+
 def initial_run(runs: list[dict[str, Any]]) -> str | None:
     """The run to select first: `?run=` in the URL, else the command's --run, else the newest run."""
     names = [r["rel"] for r in runs]

@@ -16,15 +16,8 @@ MEASURED_TERMS = {"activations + transients": "activations", "reserved beyond pe
 LINES = {"peak": ("peak allocated", "#1565c0"), "reserved": ("reserved", "#6a1b9a"),
          "nvml_used": ("NVML used", "#c62828")}
 
-st.title("Memory")
-run = state.current_run()
-if run is None:
-    st.stop()
-static = state.guarded("static_breakdown", run)
-waterfall = state.guarded("memory_waterfall", run)
-timeline = state.guarded("memory_timeline", run)
-if static is None or waterfall is None or timeline is None:
-    st.stop()
+run, static, waterfall, timeline = state.open_page("Memory", "static_breakdown", "memory_waterfall",
+                                                   "memory_timeline")
 if not static:
     st.info("No rank of this run wrote events yet.")
     st.stop()

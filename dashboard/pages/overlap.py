@@ -8,13 +8,7 @@ import streamlit as st
 
 from dashboard import state
 
-st.title("Overlap")
-run = state.current_run()
-if run is None:
-    st.stop()
-intervals = state.guarded("bucket_intervals", run)
-if intervals is None:
-    st.stop()
+run, intervals = state.open_page("Overlap", "bucket_intervals")
 if not intervals:
     st.info("No DP bucket timers in this run (run with --timers; buckets exist with DP > 1).")
     st.stop()

@@ -10,14 +10,7 @@ from dashboard import state
 
 KIND_COLOURS = {"forward": "#42a5f5", "backward": "#ef6c00", "idle": "#e0e0e0"}
 
-st.title("Pipeline")
-run = state.current_run()
-if run is None:
-    st.stop()
-shape = state.guarded("pipeline_shape", run)
-topo = state.guarded("topology", run)
-if shape is None or topo is None:
-    st.stop()
+run, shape, topo = state.open_page("Pipeline", "pipeline_shape", "topology")
 if shape["pp"] < 2:
     st.info(f"This run has pipeline size {shape['pp']}: there is no pipeline schedule to draw.")
     st.stop()

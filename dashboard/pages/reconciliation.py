@@ -14,14 +14,7 @@ COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "invento
 FORMATS = {**{c: "{:.0f}" for c in ("rank", "stage", "bucket")},
            **{c: "{:,.6g}" for c in ("predicted", "inventory", "measured", "tolerance")}, "rel_diff": "{:+.2%}"}
 
-st.title("Reconciliation")
-run = state.current_run()
-if run is None:
-    st.stop()
-summary = state.guarded("summary", run)
-rows = state.guarded("rows", run)
-if summary is None or rows is None:
-    st.stop()
+run, summary, rows = state.open_page("Reconciliation", "summary", "rows")
 
 counts = summary["verdicts"]
 for column, verdict in zip(st.columns(len(counts)), counts):

@@ -12,13 +12,7 @@ GROUP_STYLE = {"tp": ("TP group (layer shards)", "#1e88e5", 0.0), "dp": ("DP gro
                "pp": ("PP group (stages)", "#e53935", 0.0)}
 BLOCK_GAP = 0.6
 
-st.title("Topology")
-run = state.current_run()
-if run is None:
-    st.stop()
-topo = state.guarded("topology", run)
-if topo is None:
-    st.stop()
+run, topo = state.open_page("Topology", "topology")
 st.caption(f"world {topo['world_size']} = TP{topo['tp']} x DP{topo['dp']} x PP{topo['pp']}")
 
 
