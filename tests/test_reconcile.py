@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +257,27 @@ def test_fail_on(tmp_path, capsys):
     assert cli(["reconcile", str(run), "--fail-on", "off"]) == 0
     assert cli(["reconcile", str(run), "--fail-on", "warn"]) == 1
     assert cli(["reconcile", str(run)]) == 0
+
+
+def test_the_real_h200_run_reconciles_static_memory_to_the_byte(tmp_path):
+    """The committed H200 run (llama3.2-1b shape cut to 2 layers, bf16, distributed optimizer at N_d = 1): after
+    optimizer init the device holds bf16 params (2) + fp32 main grads (4) + fp32 master weights (4) = 10 bytes per
+    parameter, and formula, engine inventory and memory_stats agree to the byte; Adam's m and v (8 more) come with
+    the first step."""
+    import shutil
+
+    from ledger.reconcile.run import reconcile
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "gpu_h200_llama1b_l2", run)
+    h, f, v, q_kv = 2048, 8192, 128256, (32 + 2 * 8) * 64
+    per_layer = h * q_kv + h * h + 3 * h * f + 2 * h  # QKV, output projection, SwiGLU, two RMSNorms
+    assert per_layer == 60_821_504
+    params = 2 * per_layer + 2 * v * h + h  # embedding, output layer, final norm
+    rows = {r.metric: r for r in reconcile(run).rows}
+    static = rows["memory.static_after_optimizer_init"]
+    assert static.predicted == static.inventory == static.measured == 10 * params
+    after_step = rows["memory.static_after_first_step"]
+    assert after_step.predicted == after_step.inventory == 18 * params and after_step.verdict == "ok"
+    assert rows["memory.bytes_per_param"].predicted == 18 and rows["memory.bytes_per_param"].verdict == "ok"
+    assert not [r.metric for r in rows.values() if r.verdict == "off"]
