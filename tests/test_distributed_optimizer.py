@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from engine.optimizer import OptimizerParamScheduler
+from engine.tensor_parallel.mappings import (TPGroup, copy_to_tensor_model_parallel_region,
+                                             reduce_from_tensor_model_parallel_region)
 from ledger.config import TrainConfig
 from ledger.errors import ConfigError
 from tests.dist_harness import run_distributed
@@ -89,38 +90,13 @@ def test_master_and_adam_state_exist_only_for_the_shard(dist_runs):
 
 
 # -- TP=2 x DP=2 --------------------------------------------------------------------------------------------------
-class _CopyToTensorParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromTensorParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
 class TensorParallelMLP(torch.nn.Module):
     """make_model() with layer 2 column-parallel and layer 4 row-parallel; layer 0 and the last bias replicated."""
 
     def __init__(self, ps):
         super().__init__()
         full, t, half = make_model(), ps.tp_rank, 8
-        self.group = ps.groups["tp"]
+        self.tp = TPGroup.from_parallel_state(ps)
         self.l0 = full[0]
         self.w1 = torch.nn.Parameter(full[2].weight.detach()[t * half:(t + 1) * half].clone())
         self.b1 = torch.nn.Parameter(full[2].bias.detach()[t * half:(t + 1) * half].clone())
@@ -130,9 +106,9 @@ class TensorParallelMLP(torch.nn.Module):
             sharded.tensor_model_parallel = True
 
     def forward(self, x):
-        h = _CopyToTensorParallel.apply(torch.tanh(self.l0(x)), self.group)
+        h = copy_to_tensor_model_parallel_region(torch.tanh(self.l0(x)), self.tp)
         h = torch.tanh(h @ self.w1.t() + self.b1)
-        return _ReduceFromTensorParallel.apply(h @ self.w2.t(), self.group) + self.b2
+        return reduce_from_tensor_model_parallel_region(h @ self.w2.t(), self.tp) + self.b2
 
 
 def build_tensor_parallel(ps) -> torch.nn.Module:
