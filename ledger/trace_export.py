@@ -21,9 +21,7 @@ written to a temporary file and renamed, so a failure never leaves half a trace 
 """
 from __future__ import annotations
 
-import gzip
 import json
-import os
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,7 @@ from ledger.errors import ConfigError, InputError
 from ledger.reconcile.evidence import rank_coords
 from ledger.reconcile.topology import rank_label
 from ledger.traces import TraceStream, TraceSummary, summarize
-from probes.run_dir import iter_events as iter_run_events, events_path, read_manifest, trace_files
+from probes.run_dir import atomic_open, events_path, iter_events as iter_run_events, read_manifest, trace_files
 
 MEMORY_KEYS = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
                "peak": "allocated_bytes.all.peak"}
@@ -147,28 +145,20 @@ def export(run_dir: str | Path, out: str | Path, steps: tuple[int, int] | None =
         raise ConfigError(f"--steps {steps[0]}-{steps[1]}: no trace holds those steps")
     offsets, uncorrected = clock_offsets(indexes)
     result = ExportResult(out=out, ranks=[r for r, _ in files], offsets_us=offsets, uncorrected=uncorrected)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        opener = gzip.open if out.name.endswith(".gz") else open
-        with opener(tmp, "wt", encoding="utf-8") as f:
-            f.write('{"displayTimeUnit": "ms", "otherData": ')
-            f.write(json.dumps({"run_id": manifest.get("run_id"), "clock_offsets_us": offsets,
-                                "uncorrected_ranks": uncorrected,
-                                "clock_alignment": "median collective-end difference per rank pair, see "
-                                                   "ledger/trace_export.py"}))
-            f.write(', "traceEvents": [\n')
-            first = True
-            for rank, path in files:
-                for event in rank_events(run_dir, manifest, rank, path, indexes[rank], offsets[rank], steps):
-                    f.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
-                    first = False
-                    result.events += 1
-            f.write("\n]}\n")
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_open(out) as f:
+        f.write('{"displayTimeUnit": "ms", "otherData": ')
+        f.write(json.dumps({"run_id": manifest.get("run_id"), "clock_offsets_us": offsets,
+                            "uncorrected_ranks": uncorrected,
+                            "clock_alignment": "median collective-end difference per rank pair, see "
+                                               "ledger/trace_export.py"}))
+        f.write(', "traceEvents": [\n')
+        first = True
+        for rank, path in files:
+            for event in rank_events(run_dir, manifest, rank, path, indexes[rank], offsets[rank], steps):
+                f.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
+                first = False
+                result.events += 1
+        f.write("\n]}\n")
     return result
 
 

@@ -18,7 +18,6 @@ RUN/traces/rank{R}.step{A}-{B}.json.gz, in the shape HolisticTraceAnalysis 0.5.0
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from probes.run_dir import trace_path
+from probes.run_dir import atomic_open, trace_path
 
 
 class ProfilerWindow:
@@ -121,10 +120,8 @@ def write_hta_trace(raw: Path, out: Path, rank: int, world_size: int, *, run_id:
     info.setdefault("world_size", world_size)
     trace["trainLedger"] = {"run_id": run_id, "window": list(window), "steps_recorded": list(steps),
                             "hta_note": "HTA drops the last ProfilerStep; the window records one extra step"}
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+    with atomic_open(out) as f:
         json.dump(trace, f)  # default separators: ", " and ": " -- the space HTA's rank regex needs
-    os.replace(tmp, out)
 
 
 def _whole_microseconds(event: dict[str, Any]) -> None:

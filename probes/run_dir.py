@@ -14,13 +14,15 @@ reports it; a bad line anywhere else is corruption.
 """
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
 import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from ledger.errors import InputError
 
@@ -42,16 +44,29 @@ def trace_path(run_dir: str | os.PathLike, rank: int, start: int, end: int) -> P
     return Path(run_dir) / "traces" / f"rank{rank}.step{start}-{end}.json.gz"
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike) -> Iterator[IO[str]]:
+    """A text stream into a temp file beside `path` (gzip when the name ends in .gz), fsynced and renamed over `path`
+    when the block ends cleanly and removed when it fails, so a reader never sees half a file and a failed write
+    leaves whatever was there before."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as f:
+            yield f
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path) as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(run_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:
