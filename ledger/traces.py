@@ -96,7 +96,7 @@ class TraceStream:
         if not self.path.is_file():
             raise InputError(self.path, "missing trace file")
         try:
-            with _open_text(self.path) as f:
+            with open_trace_text(self.path) as f:
                 yield from self._walk(_Buffer(f, self.path))
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(self.path, f"corrupt or truncated gzip ({exc.__class__.__name__}: {exc})") from None
@@ -187,7 +187,8 @@ class _Buffer:
         raise InputError(self.path, f"corrupt or truncated JSON ({problem}, {where})")
 
 
-def _open_text(path: Path) -> Any:
+def open_trace_text(path: Path) -> Any:
+    """A trace as text, gzip or plain by its magic bytes rather than its name."""
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"\x1f\x8b":

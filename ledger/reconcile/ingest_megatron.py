@@ -22,7 +22,6 @@ timers, NVML or bandwidth sweep: those rows say so.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
@@ -32,6 +31,7 @@ from typing import Any
 from ledger.config import RunConfig, build_parser, resolve, validate
 from ledger.errors import ConfigError, InputError
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, derived_coords, missing_items
+from ledger.traces import open_trace_text
 
 META = "megatron_run.json"
 TB_DIR = "tb"
@@ -100,15 +100,11 @@ def tb_scalars(tb_dir: Path) -> dict[str, dict[int, float]]:
 def trace_rank(path: Path) -> int:
     """The rank in a trace's distributedInfo, read from the file's head (Kineto writes it before the events)."""
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
-        else:
-            with open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
-    except (OSError, EOFError, zlib.error) as exc:
+        with open_trace_text(path) as f:
+            head = f.read(HEAD_BYTES)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise InputError(path, f"corrupt or truncated gzip ({exc.__class__.__name__})") from None
-    m = RANK_RE.search(head.decode("utf-8", errors="replace"))
+    m = RANK_RE.search(head)
     if m is None:
         raise InputError(path, "no distributedInfo rank in the trace's head: cannot tell whose trace it is")
     return int(m.group(1))
