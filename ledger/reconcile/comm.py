@@ -15,7 +15,7 @@ from statistics import mean
 
 from ledger.config import RunConfig
 from ledger.formulas.comm import step_collectives
-from ledger.reconcile.evidence import RankEvidence
+from ledger.reconcile.evidence import RankEvidence, after_first_step
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.topology import group_kind
 from ledger.traces import TraceSummary, normalize_op
@@ -52,13 +52,11 @@ def counter_volume(r: RankEvidence) -> dict[Key, float]:
     run's first when there are others: under --overlap-param-gather a step's param all-gather runs at the start of
     the next step's forward, so the first step has none (no earlier update) while the formula's steady step has one."""
     per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
-    for t in r.timing:
-        group = CATEGORY_GROUP.get(t.get("category"))
-        if group and t.get("bytes") is not None:
-            op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
-            per_step[t.get("step")][(group, op)] += int(t["bytes"])
-    if len(per_step) > 1:
-        del per_step[min(per_step)]
+    counted = [t for t in r.timing if CATEGORY_GROUP.get(t.get("category")) and t.get("bytes") is not None]
+    for t in after_first_step(counted, lambda t: t.get("step")):
+        group = CATEGORY_GROUP[t["category"]]
+        op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
+        per_step[t.get("step")][(group, op)] += int(t["bytes"])
     return _mean_over_steps(per_step)
 
 

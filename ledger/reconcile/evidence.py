@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from ledger.config import RunConfig
 from ledger.errors import InputError
@@ -56,6 +56,20 @@ class RunEvidence:
     @property
     def world_size(self) -> int:
         return int(self.manifest["world_size"])
+
+
+T = TypeVar("T")
+
+
+def after_first_step(items: list[T], step_of: Callable[[T], int]) -> list[T]:
+    """The items of every step but the run's first, when there are others: the first step carries one-time work
+    (allocator and cuBLAS warm-up, Adam state creation, compilation) and, under --overlap-param-gather, no param
+    all-gather, so steady-state figures leave it out."""
+    steps = {step_of(i) for i in items}
+    if len(steps) < 2:
+        return list(items)
+    first = min(steps)
+    return [i for i in items if step_of(i) != first]
 
 
 def rank_entry(manifest: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from statistics import mean
 
 from ledger.formulas.bubble import bubble
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.reconcile.evidence import RankEvidence, RunEvidence, after_first_step
 from ledger.reconcile.intervals import length, union
 from ledger.reconcile.rows import Row, row
 
@@ -42,13 +42,6 @@ def stage_slots(r: RankEvidence) -> list[StageSlot]:
     return [StageSlot(rank=r.rank, stage=r.stage, step=t.get("step"), kind=t["category"],
                       microbatch=t.get("microbatch"), chunk=t.get("chunk"), start=t["t_start"], end=t["t_end"])
             for t in r.timing if t.get("category") in ("forward", "backward") and "t_start" in t]
-
-
-def steady_slots(slots: list[StageSlot]) -> list[StageSlot]:
-    """The slots of every step but the first, when there are others: the first carries one-time work (allocator
-    warm-up, cuBLAS workspaces, Adam state creation) that would skew both the bubble and the balance."""
-    steps = sorted({s.step for s in slots})
-    return [s for s in slots if s.step != steps[0]] if len(steps) > 1 else slots
 
 
 def measured_bubbles(slots: list[StageSlot]) -> dict[int, list[tuple[float, float]]]:
@@ -85,7 +78,7 @@ def pipeline_rows(ev: RunEvidence) -> list[Row]:
     predicted = bubble(p, cfg.num_microbatches, cfg.parallel.virtual_pipeline_model_parallel_size or 1) \
         if cfg and p > 1 else None
     for column in pipeline_columns(ev).values():
-        slots = steady_slots([s for r in column for s in stage_slots(r)])
+        slots = after_first_step([s for r in column for s in stage_slots(r)], lambda s: s.step)
         if not slots:
             continue
         bubbles = measured_bubbles(slots) if p and p > 1 else {}

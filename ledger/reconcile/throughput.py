@@ -11,7 +11,7 @@ from statistics import median
 from typing import Any
 
 from ledger.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step, palm_flops_per_token, tokens_per_step
-from ledger.reconcile.evidence import RunEvidence
+from ledger.reconcile.evidence import RunEvidence, after_first_step
 from ledger.reconcile.rows import Row, row, threshold_row
 
 # Dense 16-bit peaks (FLOP/s) by device name fragment; MFU needs the device's own peak, never a guess.
@@ -20,8 +20,7 @@ STRAGGLER_TOL = 0.05
 
 
 def steady_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    ordered = sorted((r for r in records if r.get("step_time_s")), key=lambda r: r.get("step") or 0)
-    return ordered[1:] if len(ordered) > 1 else ordered
+    return after_first_step([r for r in records if r.get("step_time_s")], lambda r: r.get("step") or 0)
 
 
 def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
