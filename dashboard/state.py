@@ -1,6 +1,8 @@
 """What every page shares: the runs root, the selected run, path safety, and the ledger's loaders behind one cache.
 
-Caching: st.cache_data keys on (loader, run path, the run's file signature, arguments). The signature is the count,
+Pages name the ledger function that computes their data (`state.open_page("Memory", loaders.memory_timeline)`), so a
+reader can follow a page to its data. Caching: st.cache_data keys on (the function's qualified name, run path, the
+run's file signature, arguments). The signature is the count,
 total size and newest modification time of the run's files, so a run that is still writing (a new step, a rank's
 manifest renamed into place) or a fresh `train-ledger reconcile` is read again, and an unchanged one never is.
 
@@ -19,25 +21,10 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from common.errors import InputError, UserError
+from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV
 from ledger import dashboard_data, loaders
-from ledger.commands.dashboard import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV
-from ledger.errors import InputError, UserError
 
-LOADERS: dict[str, Callable[..., Any]] = {
-    "manifest": loaders.load_manifest,
-    "summary": loaders.load_summary,
-    "rows": loaders.load_rows,
-    "memory_timeline": loaders.memory_timeline,
-    "memory_waterfall": loaders.memory_waterfall,
-    "stage_timeline": loaders.stage_timeline,
-    "bucket_intervals": loaders.bucket_intervals,
-    "topology": loaders.topology,
-    "headline": dashboard_data.headline,
-    "static_breakdown": dashboard_data.static_breakdown,
-    "pipeline_shape": dashboard_data.pipeline_shape,
-    "rank_timing": dashboard_data.rank_timing,
-    "trace_list": dashboard_data.trace_list,
-}
 RUN_KEY = "run"  # the query parameter that opens a run: ?run=NAME
 SELECTED = "selected_run"
 
@@ -75,9 +62,17 @@ def _dir_signature(root: Path) -> tuple[tuple[str, int], ...]:
     return tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
 
 
+Loader = Callable[..., Any]  # loader(run_dir: str, *args) -> plain values (ledger.loaders, ledger.dashboard_data)
+
+
+def _name(loader: Loader) -> str:
+    return f"{loader.__module__}.{loader.__qualname__}"
+
+
 @st.cache_data(show_spinner=False, max_entries=512)
-def _cached(loader: str, path: str, sig: tuple, args: tuple) -> Any:
-    return LOADERS[loader](path, *args)
+def _cached(name: str, _loader: Loader, path: str, sig: tuple, args: tuple) -> Any:
+    """`name` is the cache key for the function; `_loader` (unhashed, by Streamlit's underscore rule) is called."""
+    return _loader(path, *args)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -113,24 +108,24 @@ def list_runs() -> list[dict[str, Any]]:
     return [{**r, "rel": str(Path(r["path"]).relative_to(root))} for r in runs]
 
 
-def load(loader: str, run: str, *args: Any) -> Any:
+def load(loader: Loader, run: str, *args: Any) -> Any:
     """A loader's result for the run named `run` (relative to the root); raises UserError for a broken run."""
     path = resolve_run(run)
-    return _cached(loader, str(path), signature(path), args)
+    return _cached(_name(loader), loader, str(path), signature(path), args)
 
 
-def guarded(loader: str, run: str, *args: Any) -> Any | None:
+def guarded(loader: Loader, run: str, *args: Any) -> Any | None:
     """`load`, or None after one st.error naming the run and the problem: a broken run never stops the page."""
     try:
         return load(loader, run, *args)
     except UserError as exc:
         st.error(f"run {run}: {exc}")
     except Exception as exc:  # a reader's bug on some unforeseen file: show it for this run, keep the app alive
-        st.error(f"run {run}: {loader} failed: {exc.__class__.__name__}: {exc}")
+        st.error(f"run {run}: {loader.__name__} failed: {exc.__class__.__name__}: {exc}")
     return None
 
 
-def open_page(title: str, *loaders: str) -> tuple[Any, ...]:
+def open_page(title: str, *loaders: Loader) -> tuple[Any, ...]:
     """Every run page's opening: its title, the selected run, and each loader's data for it; the page stops here
     (after the explanation or the run's error) when there is no run or a loader failed."""
     st.title(title)

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 
 _MIX = 0x9E3779B97F4A7C15  # Weyl constant: spreads (seed, index) over the generator's 63-bit seed space
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -26,12 +26,10 @@ class RankGenerator:
     def __init__(self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str = "tp-cp-ep-dp-pp",
                  world_size: int | None = None):
         self.sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
-        self.order = order.lower().split("-")
-        if sorted(self.order) != sorted(AXES):
-            raise ConfigError(f"order {order!r} must name each of {'-'.join(AXES)} exactly once")
         for axis, size in self.sizes.items():
             if size < 1:
                 raise ConfigError(f"{axis} size must be >= 1, got {size}")
+        self.order = _full_order(order, self.sizes)
         self.world_size = math.prod(self.sizes.values())
         if world_size is not None and world_size != self.world_size:
             raise ConfigError(f"world size {world_size} != tp {tp} x cp {cp} x ep {ep} x dp {dp} x pp {pp}")
@@ -56,6 +54,19 @@ class RankGenerator:
             groups.append([base + sum(c * self.strides[a] for a, c in zip(varying, coords))
                            for coords in _counting(varying, self.sizes)])
         return groups
+
+
+def _full_order(order: str, sizes: dict[str, int]) -> list[str]:
+    """The order's axes with every axis it leaves out appended, as Megatron's RankGenerator does: leaving an axis out
+    is allowed only when its size is 1 (it does not change any rank's place)."""
+    named = order.lower().split("-")
+    if len(set(named)) != len(named) or not set(named) <= set(AXES):
+        raise ConfigError(f"order {order!r} must name axes of {'-'.join(AXES)}, each at most once")
+    for axis in AXES:
+        if axis not in named and sizes[axis] != 1:
+            raise ConfigError(f"order {order!r} leaves out {axis}, whose size is {sizes[axis]} (only axes of size 1 "
+                              "may be left out)")
+    return named + [axis for axis in AXES if axis not in named]
 
 
 def _counting(axes: list[str], sizes: dict[str, int]):

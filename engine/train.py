@@ -13,8 +13,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ledger.config import RunConfig, parse_args
-from ledger.errors import ConfigError, UserError
+from common.arguments import parse_args
+from common.config import RunConfig
+from common.errors import ConfigError, UserError
 
 
 def init_distributed() -> torch.device:

@@ -2,22 +2,15 @@
 
 pretrain() builds the model chunks (one per virtual pipeline stage, each wrapped in DistributedDataParallel), the
 optimizer, its learning-rate scheduler and the data iterators; train() hands DDP's callbacks to the schedule through
-ScheduleConfig and loops over train_step(). The schedule never sees DDP, only the callbacks (seed 000, 六.6).
+ScheduleConfig and loops over train_step(). The schedule never sees DDP, only the callbacks (docs/engine.md,
+"Schedules").
 
 The step keeps the host out of the device's way: the micro-batch losses are reduced on device (averaged over the
 data-parallel group, broadcast from the last pipeline stage) and read back once, at the end of the step.
-
-`train_and_collect` runs the whole loop in the current process group and returns the per-step figures and the full
-(TP-assembled) parameters: every parity test compares a distributed run against `reference_run`, the same run
-on a world of one.
 """
 from __future__ import annotations
 
-import copy
 import functools
-import os
-import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,6 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from common.config import RunConfig
 from engine.data import MicroBatch, build_data_iterators
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from engine.models.gpt_model import build_model_chunks
@@ -32,11 +26,8 @@ from engine.optimizer import get_megatron_optimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
 from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
-from ledger.config import ParallelConfig, RunConfig
-from ledger.formulas.flops import megatron_flops_per_step
+from engine.tensor_parallel.layers import pad_vocab_size
 from probes.probe_set import NullProbeSet
-
-_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 
 @dataclass
@@ -47,7 +38,7 @@ class StepLog:
     grad_norm: float  # before clipping
     step_time_s: float
     tokens_per_s: float
-    tflops_per_gpu: float  # Megatron-LM's model-FLOPs convention (ledger.formulas.flops), Megatron's "throughput"
+    tflops_per_gpu: float  # num_floating_point_operations / step time / world size: Megatron's "throughput"
 
 
 @dataclass
@@ -62,6 +53,21 @@ class TrainResult:
     @property
     def grad_norms(self) -> list[float]:
         return [s.grad_norm for s in self.steps]
+
+
+def num_floating_point_operations(run_config: RunConfig, batch_size: int) -> float:
+    """Model FLOPs of one global batch, in Megatron's training.py form: 12 B s L h^2 times the per-layer GEMM widths
+    over h (attention projections, the causal half of the s x s attention, SwiGLU's 3/2 wider MLP) plus the logit
+    GEMM spread over the layers. 12 = 3 (forward, wgrad, dgrad) x 2 (each matrix appears in a pair of GEMMs) x 2
+    (multiply-add). The ledger derives the same count term by term (docs/formulas.md, "FLOPs"); a test holds the
+    two equal."""
+    m, tp = run_config.model, run_config.parallel.tensor_model_parallel_size
+    h, s, layers = m.hidden_size, m.seq_length, m.num_layers
+    query_projection_ratio = m.num_attention_heads * m.head_dim / h
+    attention = (1 + m.num_query_groups / m.num_attention_heads + s / h / 2) * query_projection_ratio
+    mlp = m.ffn_hidden_size / h * 3 / 2  # SwiGLU: gate and up projections, then down
+    logit = pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp) / (2 * layers * h)
+    return 12 * batch_size * s * layers * h * h * (attention + mlp + logit)
 
 
 def get_model(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
@@ -156,7 +162,8 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
     config = build_schedule_config(run_config, model, parallel_state, probes)
     train = run_config.train
     tokens_per_step = train.global_batch_size * run_config.model.seq_length
-    flops_per_gpu_step = megatron_flops_per_step(run_config) / parallel_state.world_size
+    flops_per_gpu_step = (num_floating_point_operations(run_config, train.global_batch_size)
+                          / parallel_state.world_size)
     steps: list[StepLog] = []
     for iteration in range(1, train.train_iters + 1):
         probes.step_begin(iteration)
@@ -212,71 +219,3 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,
                   device, probes, log=log)
     return TrainResult(steps=steps, model=model)
-
-
-def _global_name(name: str, chunk: torch.nn.Module) -> str:
-    """A chunk numbers its layers from 0; the single-process model's name uses the layer's global number."""
-    match = _LAYER.match(name)
-    if match is None:
-        return name
-    return f"decoder.layers.{chunk.decoder.layers[int(match[1])].layer_number}.{match[2]}"
-
-
-def full_parameters(model: list[torch.nn.Module], parallel_state: ParallelState) -> dict[str, torch.Tensor]:
-    """This rank's parameters by their single-process name, fp32 on the CPU, each TP shard all-gathered over the TP
-    group and reassembled along its partition_dim (honouring partition_stride). Collective over the TP group."""
-    tp = parallel_state.tp_size
-    full: dict[str, torch.Tensor] = {}
-    for chunk in model:
-        module = chunk.module
-        for name, param in module.named_parameters():
-            value = param.detach()
-            if getattr(param, "tensor_model_parallel", False) and tp > 1:
-                shards = [torch.empty_like(value) for _ in range(tp)]
-                dist.all_gather(shards, value.contiguous(), group=parallel_state.groups["tp"])
-                dim, stride = param.partition_dim, param.partition_stride
-                pieces = [shard.chunk(stride, dim=dim) for shard in shards]
-                value = torch.cat([pieces[r][s] for s in range(stride) for r in range(tp)], dim=dim)
-            full[_global_name(name, module)] = value.float().cpu()
-    return full
-
-
-def train_and_collect(run_config: RunConfig, device: torch.device | None = None) -> dict[str, Any]:
-    """Run pretrain in the current process group (initialised by the caller) and return, on every rank, the
-    per-step losses, grad norms and learning rates and this rank's full parameters: what parity tests compare."""
-    device = device or torch.device("cpu")
-    p = run_config.parallel
-    parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                                              p.context_parallel_size, p.order,
-                                              p.virtual_pipeline_model_parallel_size)
-    result = pretrain(run_config, parallel_state, device)
-    return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
-            "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
-
-
-def single_process_config(run_config: RunConfig) -> RunConfig:
-    """The same model, data and optimizer on a world of one. The vocabulary is padded as the parallel run pads it
-    (to a multiple of divisible_by x TP), so both models have the same embedding shape."""
-    reference = copy.deepcopy(run_config)
-    reference.model.make_vocab_size_divisible_by *= run_config.parallel.tensor_model_parallel_size
-    reference.parallel = ParallelConfig(world_size=1)
-    reference.train.use_distributed_optimizer = False
-    reference.train.overlap_grad_reduce = reference.train.overlap_param_gather = False
-    reference.probes.run_dir = None
-    return reference
-
-
-def reference_run(run_config: RunConfig) -> dict[str, Any]:
-    """`train_and_collect` of single_process_config(run_config), in this process on a world of one (its own gloo
-    group when none is initialised)."""
-    reference = single_process_config(run_config)
-    if dist.is_initialized():
-        if dist.get_world_size() != 1:
-            raise RuntimeError("reference_run needs a world of one; call it outside the distributed run")
-        return train_and_collect(reference)
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
-        try:
-            return train_and_collect(reference)
-        finally:
-            dist.destroy_process_group()

@@ -3,23 +3,26 @@ the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch
 directory (or of plain values), like ledger.loaders, so the dashboard can cache them on path and modification time.
 
 Nothing here is a new estimate: headline figures are picked from the reconciliation rows, the static terms are the
-formulas' StaticBytes and the engine's inventory records, the ideal schedule is the engine's own plan replayed on
-its global clock (the chart `train-ledger schedule` prints).
+formulas' StaticBytes and the engine's inventory records, the ideal schedule is the ledger's own schedule replayed on
+its global clock (ledger.schedule, the chart `train-ledger schedule` prints).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
-from ledger.config import RunConfig
+from common.config import RunConfig
+from common.run_dir import trace_files
+from ledger.formulas.bubble import bubble
 from ledger.formulas.buffer_layout import rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.static_memory import static_bytes
+from ledger.headline import figures
 from ledger.loaders import load_manifest, load_rows
+from ledger.rank_groups import Layout
 from ledger.reconcile.evidence import load_config
 from ledger.reconcile.run import gather
-from probes.run_dir import trace_files
+from ledger.schedule import FORWARD, simulate
 
 # Waterfall terms in the order memory fills up, and the inventory kinds (the engine's `tensor_kind`) behind each.
 STATIC_TERMS: dict[str, tuple[str, ...]] = {
@@ -37,20 +40,11 @@ def run_config(run_dir: str) -> RunConfig | None:
     return load_config(manifest, Path(run_dir) / "manifest.json")
 
 
-def layout(manifest: dict[str, Any]) -> dict[str, int]:
-    """World size and TP / CP / DP / PP (/ VPP) sizes as the manifest's config states them."""
-    par = (manifest.get("config") or {}).get("parallel") or {}
-    tp, pp = par.get("tensor_model_parallel_size", 1), par.get("pipeline_model_parallel_size", 1)
-    cp = par.get("context_parallel_size", 1)
-    world = int(manifest["world_size"])
-    return {"world": world, "tp": tp, "cp": cp, "dp": world // max(1, tp * pp * cp), "pp": pp,
-            "vpp": par.get("virtual_pipeline_model_parallel_size") or 1}
-
-
 def layout_text(manifest: dict[str, Any]) -> str:
-    s = layout(manifest)
-    text = f"{s['world']} = TP{s['tp']} x CP{s['cp']} x DP{s['dp']} x PP{s['pp']}"
-    return text + (f" (VPP{s['vpp']})" if s["vpp"] > 1 else "")
+    """World size and TP / CP / DP / PP (/ VPP) sizes as the manifest's config states them."""
+    s = Layout.from_manifest(manifest)
+    text = f"{s.world_size} = TP{s.tp} x CP{s.cp} x DP{s.dp} x PP{s.pp}"
+    return text + (f" (VPP{s.vpp})" if s.vpp > 1 else "")
 
 
 def config_text(manifest: dict[str, Any]) -> str:
@@ -70,35 +64,9 @@ def config_text(manifest: dict[str, Any]) -> str:
         (f"; {' '.join(flags)}" if flags else "")
 
 
-def _best(row: dict[str, Any]) -> tuple[float | None, str]:
-    """A row's most direct figure: measured, else the engine's inventory, else the prediction."""
-    for column in ("measured", "inventory", "predicted"):
-        if row.get(column) is not None:
-            return row[column], column
-    return None, ""
-
-
 def headline(run_dir: str) -> dict[str, dict[str, Any]]:
-    """bytes/param, peak memory, pipeline bubble, exposed DP comm and MFU, each {value, unit, source}; value None
-    where the run has no row for it (a CPU run has no MFU, a PP1 run no bubble)."""
-    rows = load_rows(run_dir)
-
-    def pick(metric: str) -> list[dict[str, Any]]:
-        return [r for r in rows if r["metric"] == metric]
-
-    def figure(metric: str, unit: str, reduce: str) -> dict[str, Any]:
-        found = [(v, src) for v, src in map(_best, pick(metric)) if v is not None]
-        if not found:
-            return {"value": None, "unit": unit, "source": "no row"}
-        values = [v for v, _ in found]
-        value = max(values) if reduce == "max" else mean(values)
-        return {"value": value, "unit": unit, "source": f"{reduce} over {len(values)} row(s), {found[0][1]}"}
-
-    return {"bytes/param": figure("memory.bytes_per_param", "bytes/param", "max"),
-            "peak memory": figure("memory.peak_allocated", "bytes", "max"),
-            "bubble": figure("pipeline.bubble_of_wall_time", "fraction", "mean"),
-            "exposed comm / step": figure("overlap.exposed_dp_comm_per_step", "s", "max"),
-            "MFU": figure("throughput.mfu.megatron", "fraction", "mean")}
+    """The run's headline figures (ledger.headline), each {value, unit, source}."""
+    return figures(load_rows(run_dir))
 
 
 def static_breakdown(run_dir: str) -> list[dict[str, Any]]:
@@ -148,17 +116,15 @@ def pipeline_shape(run_dir: str) -> dict[str, int] | None:
 
 
 def ideal_schedule(pp: int, microbatches: int, vpp: int = 1) -> dict[str, Any]:
-    """The engine's schedule plan on its global clock, one cell per forward or backward of equal cost: cells
+    """The schedule (ledger.schedule) on its global clock, one cell per forward or backward of equal cost: cells
     (stage, slot, kind, microbatch, chunk, label), the chart's bubble fraction and the closed form."""
-    from engine.pipeline_parallel.schedule_plan import (FORWARD, analytic_bubble_fraction, bubble_fraction,
-                                                        schedule_plan, simulate)  # torch-free
-
-    clock = simulate(schedule_plan(pp, microbatches, vpp), vpp)
+    timeline = simulate(pp, microbatches, vpp)
+    clock = timeline.cells()
     cells = [{"stage": stage, "slot": slot, "kind": "forward" if item.kind == FORWARD else "backward",
               "microbatch": item.microbatch, "chunk": item.chunk, "label": item.label(vpp > 1)}
              for stage, row in enumerate(clock) for slot, item in enumerate(row) if item is not None]
-    return {"cells": cells, "slots": len(clock[0]) if clock else 0, "bubble_fraction": bubble_fraction(clock),
-            "analytic_bubble_fraction": analytic_bubble_fraction(pp, microbatches, vpp)}
+    return {"cells": cells, "slots": len(clock[0]) if clock else 0, "bubble_fraction": timeline.bubble_fraction(),
+            "analytic_bubble_fraction": bubble(pp, microbatches, vpp).of_wall_time}
 
 
 def rank_timing(run_dir: str, rank: int, step: int) -> list[dict[str, Any]]:

@@ -9,15 +9,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ledger.errors import InputError
+from common.errors import InputError
+from common.run_dir import MANIFEST
+from ledger.rank_groups import Layout
 from ledger.reconcile import ingest_megatron
+from ledger.reconcile.evidence import rank_coords
 from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
 from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, gather, reconcile
 from ledger.reconcile.topology import group_lists_of, rank_label
-from ledger.reconcile.evidence import rank_coords
-from probes.run_dir import MANIFEST
 
 
 def list_runs(root: str) -> list[dict[str, Any]]:
@@ -45,7 +46,7 @@ def load_manifest(run_dir: str) -> dict[str, Any]:
     path = Path(run_dir)
     if ingest_megatron.is_megatron_run(path):
         return ingest_megatron.collect(path).manifest
-    from probes.run_dir import read_manifest
+    from common.run_dir import read_manifest
 
     return read_manifest(path)
 
@@ -153,14 +154,11 @@ def bucket_intervals(run_dir: str) -> list[dict[str, Any]]:
 def topology(run_dir: str) -> dict[str, Any]:
     """World size, parallel sizes, each rank's coordinates and label, and the TP / DP / PP group lists."""
     manifest = load_manifest(run_dir)
-    par = (manifest.get("config") or {}).get("parallel") or {}
-    world = int(manifest["world_size"])
+    layout = Layout.from_manifest(manifest)
     lists = group_lists_of(manifest)
     ranks = []
-    for rank in range(world):
+    for rank in range(layout.world_size):
         coords = rank_coords(manifest, rank)
         ranks.append({"rank": rank, "coords": coords, "label": rank_label(rank, coords)})
-    return {"world_size": world, "tp": par.get("tensor_model_parallel_size", 1),
-            "pp": par.get("pipeline_model_parallel_size", 1), "dp": world // max(1, par.get(
-                "tensor_model_parallel_size", 1) * par.get("pipeline_model_parallel_size", 1) * par.get(
-                "context_parallel_size", 1)), "ranks": ranks, "groups": {k: lists[k] for k in ("tp", "dp", "pp")}}
+    return {"world_size": layout.world_size, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ranks": ranks,
+            "groups": {k: lists[k] for k in ("tp", "dp", "pp")}}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 from ledger.formulas import activations, bubble, comm, flops, params
 from ledger.formulas.bytes_per_param import run_bytes_per_param, run_strategy
 from ledger.formulas.static_memory import static_bytes, static_bytes_max

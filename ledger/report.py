@@ -8,9 +8,10 @@ import html
 from pathlib import Path
 from typing import Any
 
+from common.run_dir import atomic_write_text
 from ledger import loaders
+from ledger.headline import HEADLINES, figure, rows_of, verdict
 from ledger.reconcile.run import LEDGER_DIR
-from probes.run_dir import atomic_write_text
 
 COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "off": "#c62828", "n/a": "#757575",
           "forward": "#1e88e5", "backward": "#8e24aa", "overlapped": "#43a047", "exposed": "#e53935"}
@@ -51,6 +52,11 @@ def fmt(value: Any, unit: str = "") -> str:
     return f"{value:,.4g}" if isinstance(value, float) else str(value)
 
 
+def headline(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], str]]:
+    """(label, figure, verdict) of every headline (ledger.headline), as the demo and the dashboard show them."""
+    return [(h.label, figure(rows, h), verdict(rows_of(rows, h))) for h in HEADLINES]
+
+
 def _where(row: dict[str, Any]) -> str:
     return " ".join(f"{k} {row[k]}" for k in ("rank", "stage", "bucket", "step") if row.get(k) is not None) or "run"
 
@@ -62,6 +68,10 @@ def render_markdown(view: dict[str, Any]) -> str:
     lines = [f"# Reconciliation of run {run['run_id']}", "",
              f"{run['framework']}, status {run['status']}, world size {run['world_size']}. Verdicts: "
              + ", ".join(f"{n} {k}" for k, n in data["verdicts"].items()) + ".", ""]
+    lines += ["## Headline", "", "| figure | value | verdict | from |", "|---|---|---|---|"]
+    for label, fig, judged in headline(data["rows"]):
+        lines.append(f"| {label} | {fmt(fig['value'], fig['unit'])} | {judged} | {fig['source']} |")
+    lines.append("")
     if data["missing"]:
         lines += ["## Missing", ""] + [f"- {m}" for m in data["missing"]] + [""]
     for section, rows in sections(data["rows"]).items():
@@ -103,6 +113,11 @@ def render_html(view: dict[str, Any]) -> str:
              f"<p>{e(str(run['framework']))}, status <b>{e(str(run['status']))}</b>, world size {run['world_size']}. "
              + " ".join(f"<span class='pill' style='background:{COLORS[k]}'>{n} {k}</span>"
                         for k, n in data["verdicts"].items()) + "</p>"]
+    parts.append("<h2>Headline</h2><table><tr><th>figure</th><th>value</th><th>verdict</th><th>from</th></tr>"
+                 + "".join(f"<tr><td class='l'>{e(label)}</td><td>{e(fmt(fig['value'], fig['unit']))}</td>"
+                           f"<td style='color:{COLORS[judged]}'><b>{judged}</b></td>"
+                           f"<td class='l'>{e(fig['source'])}</td></tr>"
+                           for label, fig, judged in headline(data["rows"])) + "</table>")
     if data["missing"]:
         parts.append("<h2>Missing</h2><ul>" + "".join(f"<li>{e(m)}</li>" for m in data["missing"]) + "</ul>")
     parts.append("<h2>Memory waterfall per rank</h2>" + waterfall_svg(view["waterfall"]))

@@ -28,11 +28,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Iterable, Iterator
 
-from ledger.errors import ConfigError, InputError
+from common.errors import ConfigError, InputError
+from common.run_dir import atomic_open, events_path, read_manifest, trace_files
+from common.run_dir import iter_events as iter_run_events
 from ledger.reconcile.evidence import rank_coords
 from ledger.reconcile.topology import rank_label
 from ledger.traces import TraceStream, TraceSummary, summarize
-from probes.run_dir import atomic_open, events_path, iter_events as iter_run_events, read_manifest, trace_files
 
 MEMORY_KEYS = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
                "peak": "allocated_bytes.all.peak"}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ledger.errors import InputError
+from common.errors import InputError
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8, "c10::Half": 2,
                "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2, "long int": 8, "Long": 8,

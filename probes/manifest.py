@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from probes.run_dir import read_manifest, update_manifest
+from common.run_dir import read_manifest, update_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,8 @@ def _driver_version() -> str | None:
 def rank_info(parallel_state: Any, notes: dict[str, str]) -> dict[str, Any]:
     """This rank's entry in the manifest's `ranks` list. The backend tells the ledger which trace figures are
     measurements (gloo's profiler annotations are not, for some collectives); a CPU's core count tells it how many
-    ranks compete for each core."""
+    ranks compete for each core; `groups` are the process groups this rank actually joined (kind -> global ranks),
+    which the ledger checks against its own derivation of Megatron's rule."""
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
         device = {"type": "cuda", "index": index, "name": torch.cuda.get_device_name(index),
@@ -75,7 +76,8 @@ def rank_info(parallel_state: Any, notes: dict[str, str]) -> dict[str, Any]:
         device = {"type": "cpu", "name": platform.processor() or platform.machine(), "cores": _usable_cores()}
     backend = dist.get_backend() if dist.is_initialized() else None
     return {"rank": parallel_state.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
-            "backend": backend, "coords": dict(parallel_state.coordinates), "probes": notes}
+            "backend": backend, "coords": dict(parallel_state.coordinates),
+            "groups": {kind: list(ranks) for kind, ranks in parallel_state.ranks.items()}, "probes": notes}
 
 
 def _usable_cores() -> int | None:

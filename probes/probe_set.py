@@ -43,14 +43,14 @@ from typing import Any
 
 import torch
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
+from common.run_dir import MANIFEST, EventWriter, write_manifest
 from probes import manifest as manifest_mod
 from probes.bandwidth import Sweep
 from probes.memory import MemoryHistory, MemoryProbe, attach_oom_observer
 from probes.nvml import NvmlSampler
 from probes.nvtx_range import Marker, check_category, profiler_active
 from probes.profiler import ProfilerWindow
-from probes.run_dir import MANIFEST, EventWriter, write_manifest
 from probes.tensorboard import TensorBoardLog
 from probes.timers import StepTimer
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from probes.run_dir import atomic_open, trace_path
+from common.run_dir import atomic_open, trace_path
 
 
 class ProfilerWindow:

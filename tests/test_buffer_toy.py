@@ -1,16 +1,18 @@
-"""`train-ledger buffer` prints the seed's figures (seed 000, 六.3-六.4) and --json parses."""
+"""`train-ledger buffer` prints the toy's figures (docs/buffer_layout.md) and --json parses."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
+import pytest
 
-from ledger import cli
+import cli.main as cli
 
 
+@pytest.mark.slow
 def test_buffer_prints_the_seed_layout_boundary_and_match():
-    done = subprocess.run([sys.executable, "-m", "ledger.cli", "buffer"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "cli.main", "buffer"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -22,6 +24,7 @@ def test_buffer_prints_the_seed_layout_boundary_and_match():
     assert lines[-1] == "matches single-process Adam: True"
 
 
+@pytest.mark.slow
 def test_buffer_json_is_one_object_with_the_seed_figures(capsys):
     assert cli.main(["buffer", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

@@ -15,10 +15,11 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+import cli.main as cli  # noqa: E402
+from cli import dashboard as command  # noqa: E402
+from common.errors import InputError  # noqa
 from dashboard import state  # noqa: E402
-from ledger import cli  # noqa: E402
-from ledger.commands import dashboard as command  # noqa: E402
-from ledger.errors import InputError  # noqa: E402
+from ledger.headline import HEADLINES  # noqa: E402
 from tests.fixtures.dashboard.runs import BROKEN, COMPLETE, make_runs_root  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -93,7 +94,7 @@ def test_runs_page_lists_every_run_with_headline_figures_and_errors(app: AppTest
     assert set(table.index) == {COMPLETE, "cpu", *BROKEN}
     assert table.loc[COMPLETE, "status"] == "complete"
     assert table.loc[COMPLETE, "layout"] == "8 = TP2 x CP1 x DP2 x PP2"
-    assert table.loc[COMPLETE, "bubble"] == "20.00%"  # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built
+    assert table.loc[COMPLETE, "pipeline bubble"] == "20.00%"  # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built
     assert table.loc[COMPLETE, "error"] == ""
     assert table.loc["crashed", "status"] == "running"
     assert "corrupt JSON" in table.loc["corrupt-manifest", "error"]
@@ -108,7 +109,7 @@ def test_comparison_puts_two_runs_side_by_side(app: AppTest) -> None:
     assert side.loc["layout", COMPLETE] == "8 = TP2 x CP1 x DP2 x PP2"
     assert side.loc["layout", "cpu"] == "4 = TP2 x CP1 x DP2 x PP1"
     assert not side.loc["layout", "same"]
-    assert {m.label for m in app.metric} >= {"bytes/param", "peak memory", "bubble", "MFU"}
+    assert {m.label for m in app.metric} == {h.label for h in HEADLINES}
 
 
 def test_reconciliation_filters_by_verdict_rank_and_metric(app: AppTest) -> None:

@@ -63,7 +63,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp / "server.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "dashboard", "--runs-root", str(tmp / "runs"),
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--runs-root", str(tmp / "runs"),
                                  "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(proc, port, log)

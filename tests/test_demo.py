@@ -117,7 +117,7 @@ def test_printed_dashboard_command_opens_the_run(demo, run: Path, monkeypatch: p
     from streamlit.testing.v1 import AppTest
 
     from dashboard import state
-    from ledger.commands.dashboard import RUN_ENV, RUNS_ROOT_ENV
+    from dashboard.launch import RUN_ENV, RUNS_ROOT_ENV
 
     # What `train-ledger dashboard` hands the app (it execs Streamlit with these two variables set).
     monkeypatch.setenv(RUNS_ROOT_ENV, str(root.resolve()))

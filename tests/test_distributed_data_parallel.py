@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.config import TrainConfig
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from engine.optimizer import get_megatron_optimizer
 from engine.pipeline_parallel.schedules import ScheduleConfig, forward_backward_no_pipelining
-from ledger.config import TrainConfig
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
 
 STEPS, MICROBATCHES = 5, 2
 TRAIN = dict(lr=0.01, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, clip_grad=0.05)  # clipping is active
@@ -159,6 +159,7 @@ def ddp_runs(request):
     return dp, run_distributed(train_ranks, dp, DDP_CONFIGS), reference_adamw(dp, TrainConfig(**TRAIN))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(DDP_CONFIGS)), ids=["sync", "overlap"])
 def test_ddp_equals_single_process_adamw(ddp_runs, index):
     dp, runs, reference = ddp_runs
@@ -166,6 +167,7 @@ def test_ddp_equals_single_process_adamw(ddp_runs, index):
         assert_matches_reference(rank_results[index], reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(DDP_CONFIGS)), ids=["sync", "overlap"])
 def test_one_all_reduce_per_bucket_group_per_step_after_the_last_microbatch(ddp_runs, index):
     dp, runs, _ = ddp_runs
@@ -183,6 +185,7 @@ def test_one_all_reduce_per_bucket_group_per_step_after_the_last_microbatch(ddp_
     assert sum(1 for e in result["events"] if e[0] == "end") == len(begins)
 
 
+@pytest.mark.slow
 def test_a_dp_group_of_one_issues_and_announces_no_collective():
     # Averaging one gradient and gathering a shard that is the whole bucket are identities: nothing moves, so no
     # collective runs and the probes hear of none (the ledger's formulas leave groups of one out too).
@@ -208,6 +211,7 @@ def _sequence_parallel_grads(rank: int, world_size: int) -> list[float]:
     return norm.weight.main_grad.flatten().tolist() + norm.bias.main_grad.tolist()
 
 
+@pytest.mark.slow
 def test_finalize_sums_sequence_parallel_grads_over_tp_only():
     # d(sum(W x + b))/dW[i, j] = x_j: rank 0 has x = 1, rank 1 has x = 2; the TP sum is 3. The bias is not marked.
     out = run_distributed(_sequence_parallel_grads, 2)

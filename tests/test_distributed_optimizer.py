@@ -6,14 +6,24 @@ import math
 import pytest
 import torch
 
+from common.config import TrainConfig
+from common.errors import ConfigError
 from engine.optimizer import OptimizerParamScheduler
-from engine.tensor_parallel.mappings import (TPGroup, copy_to_tensor_model_parallel_region,
-                                             reduce_from_tensor_model_parallel_region)
-from ledger.config import TrainConfig
-from ledger.errors import ConfigError
-from tests.dist_harness import run_distributed
-from tests.test_distributed_data_parallel import (MICROBATCHES, STEPS, TRAIN, assert_matches_reference, make_model,
-                                                  reference_adamw, train_ranks)
+from engine.tensor_parallel.mappings import (
+    TPGroup,
+    copy_to_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
+from tests.support.gloo import run_distributed
+from tests.test_distributed_data_parallel import (
+    MICROBATCHES,
+    STEPS,
+    TRAIN,
+    assert_matches_reference,
+    make_model,
+    reference_adamw,
+    train_ranks,
+)
 
 DIST_CONFIGS = [dict(use_distributed_optimizer=True),
                 dict(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)]
@@ -28,6 +38,7 @@ def dist_runs(request):
     return dp, run_distributed(train_ranks, dp, DIST_CONFIGS), reference_adamw(dp, TrainConfig(**TRAIN))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 1], ids=["sync", "overlap"])
 def test_distributed_optimizer_equals_single_process_adamw(dist_runs, index):
     _, runs, reference = dist_runs
@@ -39,6 +50,7 @@ def _phases(result: dict, kind: str) -> list[tuple]:
     return [phase for what, name, phase in result["events"] if what == "begin" and name.startswith(kind)]
 
 
+@pytest.mark.slow
 def test_sync_collectives_once_per_step_per_bucket_group(dist_runs):
     _, runs, _ = dist_runs
     result = runs[0][0]
@@ -48,6 +60,7 @@ def test_sync_collectives_once_per_step_per_bucket_group(dist_runs):
     assert not _phases(result, "all-reduce")
 
 
+@pytest.mark.slow
 def test_overlapped_collectives_once_per_step_per_bucket_group(dist_runs):
     _, runs, _ = dist_runs
     result = runs[0][1]
@@ -62,6 +75,7 @@ def test_overlapped_collectives_once_per_step_per_bucket_group(dist_runs):
     assert begins == sum(1 for e in result["events"] if e[0] == "end")
 
 
+@pytest.mark.slow
 def test_forward_pre_hooks_wait_only_for_their_own_bucket(dist_runs):
     _, runs, _ = dist_runs
     result = runs[0][1]
@@ -75,6 +89,7 @@ def test_forward_pre_hooks_wait_only_for_their_own_bucket(dist_runs):
                         ("forward", "4"), ("end", "all-gather bucket0")]
 
 
+@pytest.mark.slow
 def test_master_and_adam_state_exist_only_for_the_shard(dist_runs):
     dp, runs, _ = dist_runs
     before, after = runs[0][0]["inventories"]
@@ -115,6 +130,7 @@ def build_tensor_parallel(ps) -> torch.nn.Module:
     return TensorParallelMLP(ps)
 
 
+@pytest.mark.slow
 def test_tp2_dp2_distributed_optimizer_counts_tp_duplicates_once():
     runs = run_distributed(train_ranks, 4, [DIST_CONFIGS[1]], 2, build_tensor_parallel)
     reference = reference_adamw(2, TrainConfig(**TRAIN))
@@ -132,6 +148,7 @@ def test_tp2_dp2_distributed_optimizer_counts_tp_duplicates_once():
 
 
 # -- bf16 ---------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bf16_mixed_precision_keeps_fp32_masters_and_tracks_fp32_training():
     configs = [dict(use_distributed_optimizer=False, bf16=True), dict(use_distributed_optimizer=True, bf16=True)]
     runs = run_distributed(train_ranks, 2, configs)

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from ledger.config import parse_args
-from ledger.errors import ConfigError
+from common.arguments import parse_args
+from common.errors import ConfigError
 from ledger.formulas import activations, bubble, comm, flops, nccl_bw, params
 from ledger.formulas.buffer_layout import ParamTensor, layout_buffer, megatron_bucket_size, shard_param_elements
 from ledger.formulas.bytes_per_param import bytes_per_param
@@ -319,6 +319,19 @@ def test_seed_megatron_flops():
     attention_per_token = L * 2 * s * q / 2                                   # QK^T and PV, causal half
     expected = 3 * 2 * (gemm_per_token + attention_per_token) * B * s        # x2 FMA, x3 forward + 2 backward
     assert flops.megatron_flops_per_step(c) == expected
+
+
+@pytest.mark.parametrize("flags", [
+    SEED, "--model tiny --world-size 2 --tensor-model-parallel-size 2 --global-batch-size 8 --num-query-groups 2",
+    "--model llama3.1-8b --world-size 4 --tensor-model-parallel-size 4 --global-batch-size 4"])
+def test_the_engines_throughput_counts_the_ledgers_flops(flags):
+    """The engine's step log derives Megatron's FLOPs in its own (factored) form; the ledger's term-by-term count is the
+    same number, held equal here rather than shared by import."""
+    from engine.training import num_floating_point_operations
+
+    c = cfg(flags)
+    engine = num_floating_point_operations(c, c.train.global_batch_size)
+    assert engine == pytest.approx(flops.megatron_flops_per_step(c), rel=1e-12)
 
 
 def test_palm_flops_and_mfu():

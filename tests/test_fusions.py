@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.config import PRESETS, ModelConfig
 from engine import jit
 from engine.models.gpt_model import GPTModel
 from engine.parallel_state import ParallelState
@@ -18,7 +19,6 @@ from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import ColumnParallelLinear
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
-from ledger.config import ModelConfig, PRESETS
 
 TINY = ModelConfig(**PRESETS["tiny"])
 S, B = 16, 2

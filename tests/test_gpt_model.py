@@ -4,12 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.arguments import parse_args
+from common.config import PRESETS, ModelConfig
+from common.errors import ConfigError
 from engine.models.gpt_model import GPTModel, build_model_chunks
 from engine.parallel_state import ParallelState
 from engine.transformer.transformer_block import get_layer_numbers
-from ledger.config import ModelConfig, PRESETS, parse_args
-from ledger.errors import ConfigError
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
 
 # tiny: vocab 1000 padded to a multiple of 8 x TP -> 1000 at TP=1 and 1008 at TP=2, so padding is exercised.
 TINY = ModelConfig(**PRESETS["tiny"])
@@ -80,6 +81,7 @@ def _tp_matches_tp1(rank: int, world_size: int, sequence_parallel: bool) -> dict
     return worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2", "tp2-sp"])
 def test_tensor_parallel_model_matches_single_process(sequence_parallel):
     worst = run_distributed(_tp_matches_tp1, 2, sequence_parallel)
@@ -94,6 +96,7 @@ def _sp_stage_output_shape(rank: int, world_size: int) -> tuple[int, ...]:
     return tuple(first_stage(_tokens()[0]).shape)
 
 
+@pytest.mark.slow
 def test_sequence_parallel_stage_output_is_sequence_sharded():
     assert run_distributed(_sp_stage_output_shape, 2) == [(S // 2, B, TINY.hidden_size)] * 2
 

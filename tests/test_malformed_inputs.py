@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from ledger.cli import main as cli
+from cli.main import main as cli
 from tests.fixtures.synthetic_run import Spec, make_run
 
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from engine.training import reference_run
-from ledger.config import parse_args
+from common.arguments import parse_args
+from tests.support.parity import reference_run
 
 FLAGS = ["--model", "tiny", "--num-layers", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "4", "--lr", "3e-3"]
@@ -28,7 +28,7 @@ def _free_port() -> int:
 def test_two_nodes_on_one_host_train_as_one_world(tmp_path):
     endpoint = f"127.0.0.1:{_free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen([sys.executable, "-m", "ledger.cli", "train", "--nnodes", "2", "--nproc-per-node", "2",
+    nodes = [subprocess.Popen([sys.executable, "-m", "cli.main", "train", "--nnodes", "2", "--nproc-per-node", "2",
                                "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--rdzv-id", "multinode-test",
                                *FLAGS, "--run-dir", str(tmp_path / "run")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -1,16 +1,16 @@
-"""Rank groups follow Megatron Core's generate_masked_orthogonal_rank_groups; seed 000 chapter 五 is the oracle."""
+"""Rank groups follow Megatron Core's generate_masked_orthogonal_rank_groups (docs/engine.md, "Rank groups")."""
 import json
 import subprocess
 import sys
 
 import pytest
 
+from common.errors import ConfigError
 from engine.parallel_state import RankGenerator, group_lists, rank_generator_for
-from ledger.errors import ConfigError
 
 
 def test_seed_eight_gpu_example():
-    # rank = tp + 2*dp + 4*pp for TP2 x DP2 x PP2 (seed 000, F1)
+    # rank = tp + 2*dp + 4*pp for TP2 x DP2 x PP2 (docs/engine.md)
     lists = group_lists(rank_generator_for(8, tp=2, pp=2))
     assert lists["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert lists["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
@@ -57,26 +57,43 @@ def test_groups_match_definition(world, tp, cp, pp, order):
         assert sorted(r for g in groups for r in g) == list(range(world))  # a partition of the world
 
 
-def test_order_must_name_each_axis():
-    with pytest.raises(ConfigError):
-        RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
+def test_an_order_may_leave_out_only_axes_of_size_one():
+    """As Megatron's RankGenerator: cp and ep of size 1 may be left out (appended at the end, they move no rank)."""
+    short = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
+    full = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp-cp-ep")
+    assert group_lists(short) == group_lists(full)
+    with pytest.raises(ConfigError, match="leaves out cp, whose size is 2"):
+        RankGenerator(tp=2, ep=1, dp=1, pp=2, cp=2, order="tp-dp-pp")
+    with pytest.raises(ConfigError, match="each at most once"):
+        RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-dp-pp")
 
 
 def test_groups_cli_text_and_json():
-    out = subprocess.run([sys.executable, "-m", "ledger.cli", "groups", "--world-size", "8", "--tp", "2", "--pp",
+    out = subprocess.run([sys.executable, "-m", "cli.main", "groups", "--world-size", "8", "--tp", "2", "--pp",
                           "2"], capture_output=True, text=True, check=True).stdout
     assert "TP: [[0, 1], [2, 3], [4, 5], [6, 7]]" in out
     assert "DP: [[0, 2], [1, 3], [4, 6], [5, 7]]" in out
     assert "PP: [[0, 4], [1, 5], [2, 6], [3, 7]]" in out
-    js = json.loads(subprocess.run([sys.executable, "-m", "ledger.cli", "groups", "--world-size", "8", "--tp", "2",
+    js = json.loads(subprocess.run([sys.executable, "-m", "cli.main", "groups", "--world-size", "8", "--tp", "2",
                                     "--pp", "2", "--rank", "3", "--json"], capture_output=True, text=True,
                                    check=True).stdout)
     assert js["rank"]["groups"]["pp"] == [3, 7] and js["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
 
 
+def test_groups_accepts_an_order_that_leaves_out_axes_of_size_one():
+    """--order tp-pp-dp with cp = ep = 1 (Megatron appends the missing axes): rank = tp + 2 pp + 4 dp."""
+    js = json.loads(subprocess.run([sys.executable, "-m", "cli.main", "groups", "--world-size", "8", "--tp", "2",
+                                    "--pp", "2", "--order", "tp-pp-dp", "--json"], capture_output=True, text=True,
+                                   check=True).stdout)
+    assert js["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert js["pp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert js["dp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
 @pytest.mark.parametrize("args", [["--world-size", "6", "--tp", "4"], ["--world-size", "8", "--bogus"],
-                                  ["--world-size", "8", "--rank", "9"], ["--world-size", "8", "--order", "tp-dp"]])
+                                  ["--world-size", "8", "--rank", "9"],
+                                  ["--world-size", "8", "--tp", "2", "--pp", "2", "--order", "tp-dp"]])
 def test_groups_bad_input(args):
-    r = subprocess.run([sys.executable, "-m", "ledger.cli", "groups", *args], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli.main", "groups", *args], capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr

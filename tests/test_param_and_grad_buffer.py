@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
+from common.errors import ConfigError
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from engine.distributed.param_and_grad_buffer import build_buffer_layout, padding_rule
 from engine.optimizer.optimizer import shard_param_ranges
-from ledger.errors import ConfigError
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
 
 W1, W2, WL = 6, 4, 12  # the seed's toy, in module order
 
@@ -121,6 +121,7 @@ def _views_share_storage(rank: int, world_size: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_params_and_main_grads_are_views_at_the_same_offset_per_dtype_buffer():
     out = run_distributed(_views_share_storage, 2)[0]
     assert out["values_kept"]

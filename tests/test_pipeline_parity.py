@@ -1,22 +1,20 @@
 """Pipelined GPT training equals the single-process run: same losses, same final parameters.
 
 The tiny model (4 layers, fp32, mock data) trains 5 steps on gloo ranks with a global batch of 8 in micro-batches of
-1, and is compared with engine.training.reference_run (the same configuration on a world of one) to 1e-5 relative.
+1, and is compared with the same configuration on a world of one (tests.support.parity) to 1e-5 relative.
 Pipelining only reorders the micro-batches' forwards and backwards and moves activations between ranks, so
 nothing may change but fp32 summation order. Every stage reports the loss (broadcast from the last stage), and the
 union of the stages' parameters is the whole model.
 """
 from __future__ import annotations
 
-import functools
 import time
 
 import pytest
 import torch
 
-from engine.training import reference_run, train_and_collect
-from ledger.config import parse_args
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
+from tests.support.parity import assert_close_rel, flag_value, reference, train_rank
 
 BASE = ["--model", "tiny", "--num-layers", "4", "--micro-batch-size", "1", "--global-batch-size", "8",
         "--train-iters", "5", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--mock-data"]
@@ -37,34 +35,22 @@ LAYOUTS = {
 }
 
 
-def _train_rank(rank: int, world_size: int, argv: list[str]) -> dict:
+def _timed_train_rank(rank: int, world_size: int, argv: list[str]) -> dict:
     start = time.perf_counter()
-    result = train_and_collect(parse_args(argv, world_size=world_size))
-    return result | {"seconds": time.perf_counter() - start}
+    return train_rank(rank, world_size, argv) | {"seconds": time.perf_counter() - start}
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(tp: int) -> dict:
-    return reference_run(parse_args(BASE + ["--tensor-model-parallel-size", str(tp)], world_size=tp))
-
-
-def _close_rel(actual, expected, what: str) -> None:
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), rtol=1e-5, atol=0,
-                               msg=lambda m: f"{what}: {m}")
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_pipelined_training_equals_single_process(layout):
     world, flags = LAYOUTS[layout]
-    results = run_distributed(_train_rank, world, BASE + flags)
-    tp = int(flags[flags.index("--tensor-model-parallel-size") + 1]) if "--tensor-model-parallel-size" in flags else 1
-    ref = _reference(tp)
+    results = run_distributed(_timed_train_rank, world, BASE + flags)
+    ref = reference(tuple(BASE), flag_value(flags, "--tensor-model-parallel-size"))
     assert ref["losses"][-1] < ref["losses"][0], "the reference must actually train"
     covered: set[str] = set()
     for rank, res in enumerate(results):
-        _close_rel(res["losses"], ref["losses"], f"rank {rank} loss")
-        _close_rel(res["grad_norms"], ref["grad_norms"], f"rank {rank} grad norm")
+        assert_close_rel(res["losses"], ref["losses"], f"rank {rank} loss")
+        assert_close_rel(res["grad_norms"], ref["grad_norms"], f"rank {rank} grad norm")
         for name, value in res["params"].items():  # names carry global layer numbers
             torch.testing.assert_close(value, ref["params"][name], rtol=1e-5, atol=1e-6,
                                        msg=lambda m, n=name: f"rank {rank} {n}: {m}")

@@ -14,7 +14,7 @@ SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-
 
 
 def plan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ledger.cli", "plan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", "plan", *args], capture_output=True, text=True,
                           timeout=60)
 
 
@@ -78,7 +78,7 @@ def test_bad_config_is_one_line_and_status_2(args, needle):
 
 
 def test_plan_does_not_import_torch():
-    code = ("import sys, contextlib, io; from ledger.cli import main\n"
+    code = ("import sys, contextlib, io; from cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    rc = main(['plan', *{SEED!r}, '--json'])\n"
             "assert rc == 0\n"

@@ -9,9 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 
-from probes.run_dir import EventStream, events_path, read_manifest
+from common.run_dir import EventStream, events_path, read_manifest
 from tests.test_probes_distributed import MICROBATCHES, synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +31,7 @@ def _completed_steps(path: Path) -> int:
     return path.read_bytes().count(b'"kind":"step"')
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_completed_steps_readable(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     child = subprocess.Popen([sys.executable, "-c", f"from tests.test_probes_crash import crash_child; "

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from common.arguments import parse_args
+from common.run_dir import iter_events, ranks_present, read_manifest, trace_files
 from engine.parallel_state import ParallelState
-from ledger.config import parse_args
 from probes.probe_set import create_probe_set
-from probes.run_dir import iter_events, ranks_present, read_manifest, trace_files
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
 
 MICROBATCHES = 2
 WIDTH = 16

@@ -9,17 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cli import main as cli_main
-from ledger.config import parse_args
-from ledger.errors import ConfigError, InputError
+from cli.main import main as cli_main
+from common.arguments import parse_args
+from common.errors import ConfigError, InputError
+from common.run_dir import (
+    EventStream,
+    EventWriter,
+    events_path,
+    iter_events,
+    read_manifest,
+    trace_files,
+    trace_path,
+    update_manifest,
+    write_manifest,
+)
 from probes import manifest as manifest_mod
 from probes.bandwidth import bandwidth_figures
 from probes.memory import MemoryProbe
 from probes.nvml import NvmlSampler
 from probes.nvtx_range import Marker, check_category
 from probes.profiler import write_hta_trace
-from probes.run_dir import (EventStream, EventWriter, events_path, iter_events, read_manifest, trace_files,
-                            trace_path, update_manifest, write_manifest)
 from probes.timers import StepTimer
 
 

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from ledger.cli import main as cli
+from cli.main import main as cli
 from ledger.formulas.static_memory import owned_param_elements
 from ledger.reconcile.rows import NOT_ON_CPU, judge, row
 from ledger.reconcile.run import reconcile
@@ -281,3 +280,21 @@ def test_the_real_h200_run_reconciles_static_memory_to_the_byte(tmp_path):
     assert after_step.predicted == after_step.inventory == 18 * params and after_step.verdict == "ok"
     assert rows["memory.bytes_per_param"].predicted == 18 and rows["memory.bytes_per_param"].verdict == "ok"
     assert not [r.metric for r in rows.values() if r.verdict == "off"]
+
+
+def test_the_engines_groups_are_checked_against_megatrons_rule():
+    """The manifest records the groups each rank joined; the ledger derives its own and a wrong group is off, named.
+    (A manifest built here: the rule itself is tested on the engine's real groups in test_reconcile_gloo.)"""
+    from ledger.reconcile.topology import groups_rows
+
+    rank3 = {"tp": [2, 3], "dp": [1, 3], "pp": [3, 7], "dp_cp": [1, 3], "cp": [3], "mp": [2, 3, 6, 7],
+             "embedding": [3, 7], "position": [3]}  # rank = tp + 2 dp + 4 pp
+    manifest = {"world_size": 8, "config": {"parallel": {"tensor_model_parallel_size": 2,
+                                                         "pipeline_model_parallel_size": 2}},
+                "ranks": [{"rank": 1, "groups": {**rank3, "tp": [0, 1], "pp": [1, 5], "cp": [1], "mp": [0, 1, 4, 5],
+                                                 "embedding": [1, 5], "position": [1]}},
+                          {"rank": 3, "groups": {**rank3, "dp": [2, 3]}}]}
+    ok, wrong = groups_rows(manifest)
+    assert (ok.rank, ok.measured, ok.verdict) == (1, 0, "ok")
+    assert (wrong.rank, wrong.measured, wrong.verdict) == (3, 1, "off")
+    assert wrong.explanation.endswith("dp [2, 3] (Megatron's rule: [1, 3])")

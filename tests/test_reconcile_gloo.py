@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("gloo") / "run"
-    argv = [sys.executable, "-m", "ledger.cli", "train", "--nproc-per-node", "2", "--model", "tiny",
+    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", "--model", "tiny",
             "--pipeline-model-parallel-size", "2", "--global-batch-size", "4", "--micro-batch-size", "1",
             "--train-iters", "3", "--timers", "--bandwidth-sweep", "--use-pytorch-profiler", "--profile-step-start",
             "1", "--profile-step-end", "2", "--profile-ranks", "0", "1", "--run-dir", str(run)]
@@ -37,10 +37,12 @@ def test_gloo_run_reconciles(gloo_run):
     assert p2p and all(r.predicted == r.inventory == r.measured for r in p2p)
     assert {r.stage for r in result.rows if r.metric == "pipeline.bubble_of_wall_time"} == {0, 1}
     assert any("no GPU kernels" in m for m in result.missing)
+    groups = [r for r in result.rows if r.metric == "topology.rank_groups"]  # the engine's real process groups
+    assert [(r.rank, r.measured, r.verdict) for r in groups] == [(0, 0, "ok"), (1, 0, "ok")]
 
 
 def test_gloo_run_report_and_trace(gloo_run, tmp_path):
-    from ledger.cli import main as cli
+    from cli.main import main as cli
 
     assert cli(["report", str(gloo_run)]) == 0
     out = tmp_path / "merged.json.gz"

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
+from cli.main import main as cli
 from ledger import loaders
-from ledger.cli import main as cli
 from tests.fixtures.synthetic_run import Spec, make_run
 
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from engine.parallel_state import ParallelState
-from engine.pipeline_parallel.schedules import (ScheduleConfig, forward_backward_no_pipelining,
-                                                get_forward_backward_func)
-from tests.dist_harness import run_distributed
+from engine.pipeline_parallel.schedules import ScheduleConfig, forward_backward_no_pipelining, get_forward_backward_func
+from tests.support.gloo import run_distributed
 
 HIDDEN, SEQ, MBS, LAYERS = 8, 4, 2, 8
 
@@ -145,6 +144,7 @@ def _pipeline_worker(rank: int, world_size: int, vpp: int, m: int, use_grad_sync
             "held_deallocated": SENT.held_deallocated, "held_with_storage": SENT.held_with_storage}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(2, 1, 8), (4, 1, 8), (2, 2, 4), (2, 2, 6)])
 def test_pipelined_losses_and_grads_equal_single_process(pp, vpp, m):
     ref_losses, ref_grads = reference(m)
@@ -158,6 +158,7 @@ def test_pipelined_losses_and_grads_equal_single_process(pp, vpp, m):
         torch.testing.assert_close(b, ref_grads[j][1], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (2, 2, 4)])
 def test_forward_only_gives_the_losses_and_no_gradients(pp, vpp, m):
     results = run_distributed(_pipeline_worker, pp, vpp, m, False, True)
@@ -165,6 +166,7 @@ def test_forward_only_gives_the_losses_and_no_gradients(pp, vpp, m):
     assert all(r["events"] == [] and r["held_with_storage"] == 0 for r in results)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (2, 2, 4)])
 def test_sent_activations_keep_no_storage(pp, vpp, m):
     """1F1B stage 0 of 4 holds 3 warmup activations for backward; each must be a one-element shell."""
@@ -174,6 +176,7 @@ def test_sent_activations_keep_no_storage(pp, vpp, m):
     assert results[0]["held_deallocated"] == expected_held_on_stage0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(2, 1, 4), (2, 2, 4)])
 def test_grad_sync_only_in_each_chunks_last_backward(pp, vpp, m):
     results = run_distributed(_pipeline_worker, pp, vpp, m, False)
@@ -183,6 +186,7 @@ def test_grad_sync_only_in_each_chunks_last_backward(pp, vpp, m):
         assert r["events"] == [("finalize", vpp)]
 
 
+@pytest.mark.slow
 def test_grad_sync_func_launches_each_chunk_after_its_last_backward():
     m, vpp = 4, 2
     for r in run_distributed(_pipeline_worker, 2, vpp, m, True):
@@ -228,6 +232,7 @@ def _p2p_worker(rank: int, world_size: int) -> dict:
     return {"got": [(t[0, 0, 0].item(), t.requires_grad) for t in got], "ranges": probes.ranges}
 
 
+@pytest.mark.slow
 def test_p2p_named_calls_pair_up_and_each_is_one_pp_comm_range():
     rank0, rank1 = run_distributed(_p2p_worker, 2)
     assert rank1["got"] == [(10.0, True), (30.0, True)]  # activations arrive ready to collect their gradient

@@ -17,11 +17,15 @@ import torch.nn.functional as F
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel import mappings
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                           pad_vocab_size)
+from engine.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    pad_vocab_size,
+)
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, partition
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
 
 S, B, IN, OUT = 8, 2, 12, 16
 STD = 0.5
@@ -165,6 +169,7 @@ def _all_layers(rank: int, world_size: int) -> list[tuple[str, str]]:
     return probes.ranges
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [2, 4])
 def test_parallel_layers_match_single_device_oracles(tp):
     ranges = run_distributed(_all_layers, tp)[0]

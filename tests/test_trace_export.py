@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ledger.cli import main as cli
+from cli.main import main as cli
 from ledger.trace_export import clock_offsets, export, index, parse_ranks
 from ledger.traces import summarize
 from tests.fixtures.synthetic_run import Spec, make_run

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ledger.config import parse_args
+from common.arguments import parse_args
 from ledger.formulas.flops import megatron_flops_per_step
 
-CLI = [sys.executable, "-m", "ledger.cli", "train"]
+CLI = [sys.executable, "-m", "cli.main", "train"]
 TIMEOUT = 240
 
 

@@ -1,19 +1,17 @@
 """A parallel run trains exactly the single-process model: same data, same losses, same grad norms, same weights.
 
 Every layout below runs pretrain on gloo ranks (fp32, CPU) for 5 steps, a global batch of 8 in micro-batches of 1
-(4 to 8 per DP rank), and is compared with `reference_run`, the same configuration on a world of one, to 1e-5
-relative. The clip threshold is
-below every step's grad norm, so clipping is active and the norms compared are the ones it uses.
+(4 to 8 per DP rank), and is compared with the same configuration on a world of one (tests.support.parity), to 1e-5
+relative. The clip threshold is below every step's grad norm, so clipping is active and the norms compared are the
+ones it uses.
 """
-import functools
-
 import pytest
 import torch
 
+from common.arguments import parse_args
 from engine.data import MockDataIterator, MockGPTDataset, micro_batch_samples
-from engine.training import reference_run, train_and_collect
-from ledger.config import parse_args
-from tests.dist_harness import run_distributed
+from tests.support.gloo import run_distributed
+from tests.support.parity import assert_close_rel, flag_value, reference, train_rank
 
 CLIP = 0.05
 BASE = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "8",
@@ -32,33 +30,17 @@ LAYOUTS = {
 }
 
 
-def _train_rank(rank: int, world_size: int, argv: list[str]) -> dict:
-    return train_and_collect(parse_args(argv, world_size=world_size))
-
-
-@functools.lru_cache(maxsize=None)
-def _reference(tp: int) -> dict:
-    # The reference pads the vocabulary as TP=tp does; the run itself is on a world of one.
-    return reference_run(parse_args(BASE + ["--tensor-model-parallel-size", str(tp)], world_size=tp))
-
-
-def _assert_close_rel(actual: list[float], expected: list[float], what: str) -> None:
-    torch.testing.assert_close(torch.tensor(actual, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64),
-                               rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_parallel_run_equals_single_process(layout):
     world, flags = LAYOUTS[layout]
-    results = run_distributed(_train_rank, world, BASE + flags)
-    tp = int(flags[flags.index("--tensor-model-parallel-size") + 1]) if flags else 1
-    ref = _reference(tp)
+    results = run_distributed(train_rank, world, BASE + flags)
+    ref = reference(tuple(BASE), flag_value(flags, "--tensor-model-parallel-size"))
     assert min(ref["grad_norms"]) > CLIP, "clipping must be active on every step"
     assert ref["losses"][-1] < ref["losses"][0], "the reference must actually train"
     for rank, res in enumerate(results):
-        _assert_close_rel(res["losses"], ref["losses"], f"rank {rank} loss")
-        _assert_close_rel(res["grad_norms"], ref["grad_norms"], f"rank {rank} grad norm")
+        assert_close_rel(res["losses"], ref["losses"], f"rank {rank} loss")
+        assert_close_rel(res["grad_norms"], ref["grad_norms"], f"rank {rank} grad norm")
         assert res["lrs"] == pytest.approx(ref["lrs"], rel=1e-12)
         assert res["params"].keys() == ref["params"].keys()
         for name, value in ref["params"].items():

@@ -7,8 +7,9 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
+from common.units import human_bytes
 from dashboard import state
-from dashboard.units import human_bytes
+from ledger import dashboard_data, loaders
 
 # loaders.memory_waterfall's measured terms beyond the static ones, under the waterfall's names
 MEASURED_TERMS = {"activations + transients": "activations", "reserved beyond peak": "fragmentation",
@@ -16,8 +17,8 @@ MEASURED_TERMS = {"activations + transients": "activations", "reserved beyond pe
 LINES = {"peak": ("peak allocated", "#1565c0"), "reserved": ("reserved", "#6a1b9a"),
          "nvml_used": ("NVML used", "#c62828")}
 
-run, static, waterfall, timeline = state.open_page("Memory", "static_breakdown", "memory_waterfall",
-                                                   "memory_timeline")
+run, static, waterfall, timeline = state.open_page("Memory", dashboard_data.static_breakdown,
+                                                   loaders.memory_waterfall, loaders.memory_timeline)
 if not static:
     st.info("No rank of this run wrote events yet.")
     st.stop()

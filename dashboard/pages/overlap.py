@@ -7,8 +7,9 @@ import plotly.express as px
 import streamlit as st
 
 from dashboard import state
+from ledger import dashboard_data, loaders
 
-run, intervals = state.open_page("Overlap", "bucket_intervals")
+run, intervals = state.open_page("Overlap", loaders.bucket_intervals)
 if not intervals:
     st.info("No DP bucket timers in this run (run with --timers; buckets exist with DP > 1).")
     st.stop()
@@ -19,7 +20,7 @@ rank = left.selectbox("Rank", sorted(frame["rank"].unique()), key="ov_rank")
 steps = sorted(frame.loc[frame["rank"] == rank, "step"].unique())
 step = right.selectbox("Step", steps, index=len(steps) - 1, key="ov_step")
 
-timing = state.guarded("rank_timing", run, int(rank), int(step))
+timing = state.guarded(dashboard_data.rank_timing, run, int(rank), int(step))
 if timing:
     bars = pd.DataFrame(timing)
     base = bars["start"].min()
@@ -41,7 +42,7 @@ per_bucket["bucket"] = per_bucket["op"] + " bucket " + per_bucket["bucket"].asty
 st.plotly_chart(px.bar(per_bucket, x="bucket", y=["overlapped_ms", "exposed_ms"], title="mean over steps (ms)"),
                 width="stretch")
 st.dataframe(per_bucket, hide_index=True)
-rows = state.guarded("rows", run) or []
+rows = state.guarded(loaders.load_rows, run) or []
 exposed = [r for r in rows if r["metric"] == "overlap.exposed_dp_comm_per_step"]
 if exposed:
     st.dataframe(pd.DataFrame(exposed)[["rank", "stage", "measured", "source", "explanation"]]

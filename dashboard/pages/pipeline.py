@@ -7,10 +7,11 @@ import plotly.express as px
 import streamlit as st
 
 from dashboard import state
+from ledger import dashboard_data, loaders
 
 KIND_COLOURS = {"forward": "#42a5f5", "backward": "#ef6c00", "idle": "#e0e0e0"}
 
-run, shape, topo = state.open_page("Pipeline", "pipeline_shape", "topology")
+run, shape, topo = state.open_page("Pipeline", dashboard_data.pipeline_shape, loaders.topology)
 if shape["pp"] < 2:
     st.info(f"This run has pipeline size {shape['pp']}: there is no pipeline schedule to draw.")
     st.stop()
@@ -20,7 +21,7 @@ left, right = st.columns(2)
 column = left.selectbox("Pipeline (tp, dp)", columns, format_func=lambda c: f"tp{c[0]} dp{c[1]}", key="pp_column")
 step = right.number_input("Step (0 = the last with timers)", min_value=0, value=0, step=1, key="pp_step")
 members = {r["rank"] for r in topo["ranks"] if (r["coords"].get("tp", 0), r["coords"].get("dp", 0)) == column}
-slots = state.guarded("stage_timeline", run, int(step) or None)
+slots = state.guarded(loaders.stage_timeline, run, int(step) or None)
 if slots is None:
     st.stop()
 
@@ -71,7 +72,7 @@ st.caption(f"p={shape['pp']}, m={shape['microbatches']}, V={shape['vpp']}: ideal
            f"{ideal['bubble_fraction']:.2%}, closed form {ideal['analytic_bubble_fraction']:.2%}")
 
 st.subheader("Bubble per stage: measured vs formula")
-rows = state.guarded("rows", run)
+rows = state.guarded(loaders.load_rows, run)
 bubbles = pd.DataFrame([r for r in rows or [] if r["metric"].startswith("pipeline.bubble")])
 if bubbles.empty:
     st.info("No bubble rows: the run has no forward / backward timers.")

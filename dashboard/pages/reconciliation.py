@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from common.units import human
 from dashboard import state
-from dashboard.units import human
+from ledger import loaders
 
 COLOURS = {"ok": "#c8e6c9", "warn": "#ffe0b2", "off": "#ffcdd2", "n/a": "#eceff1"}
 COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "inventory", "measured", "unit", "rel_diff",
@@ -14,7 +15,7 @@ COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "invento
 FORMATS = {**{c: "{:.0f}" for c in ("rank", "stage", "bucket")},
            **{c: "{:,.6g}" for c in ("predicted", "inventory", "measured", "tolerance")}, "rel_diff": "{:+.2%}"}
 
-run, summary, rows = state.open_page("Reconciliation", "summary", "rows")
+run, summary, rows = state.open_page("Reconciliation", loaders.load_summary, loaders.load_rows)
 
 counts = summary["verdicts"]
 for column, verdict in zip(st.columns(len(counts)), counts):

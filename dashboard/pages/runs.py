@@ -7,10 +7,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from common.errors import UserError
+from common.units import human
 from dashboard import state
-from dashboard.units import human
-from ledger import dashboard_data
-from ledger.errors import UserError
+from ledger import dashboard_data, loaders
+from ledger.headline import HEADLINES
 
 st.title("Runs")
 runs = state.list_runs()
@@ -26,9 +27,9 @@ def describe(run: dict[str, Any]) -> dict[str, Any]:
     error = run.get("error")
     if error is None:
         try:
-            manifest = state.load("manifest", run["rel"])
+            manifest = state.load(loaders.load_manifest, run["rel"])
             out.update(layout=dashboard_data.layout_text(manifest), config=dashboard_data.config_text(manifest))
-            for name, fig in state.load("headline", run["rel"]).items():
+            for name, fig in state.load(dashboard_data.headline, run["rel"]).items():
                 out[name] = human(fig["value"], fig["unit"])
         except UserError as exc:
             error = str(exc)
@@ -36,8 +37,8 @@ def describe(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-COLUMNS = ["run", "status", "layout", "bytes/param", "peak memory", "bubble", "exposed comm / step", "MFU",
-           "framework", "config", "reconciled", "started", "error"]
+FIGURES = [h.label for h in HEADLINES]
+COLUMNS = ["run", "status", "layout", *FIGURES, "framework", "config", "reconciled", "started", "error"]
 table = pd.DataFrame([describe(r) for r in runs]).reindex(columns=COLUMNS)
 st.dataframe(table, hide_index=True, width="stretch")
 broken = table[table["error"].fillna("") != ""]
@@ -48,15 +49,14 @@ st.subheader("Compare two runs")
 pair = st.multiselect("Runs to compare", [r["rel"] for r in runs], max_selections=2, key="compare")
 if len(pair) == 2:
     rows = {name: table.set_index("run").loc[name] for name in pair}
-    fields = ["status", "framework", "layout", "config", "bytes/param", "peak memory", "bubble",
-              "exposed comm / step", "MFU", "error"]
+    fields = ["status", "framework", "layout", "config", *FIGURES, "error"]
     side = pd.DataFrame({name: [rows[name].get(f, "") for f in fields] for name in pair}, index=fields)
     side["same"] = side[pair[0]] == side[pair[1]]
     st.dataframe(side, width="stretch")
     for column, name in zip(st.columns(2), pair):
         with column:
             st.markdown(f"**{name}**")
-            figures = state.guarded("headline", name)
+            figures = state.guarded(dashboard_data.headline, name)
             for label, fig in (figures or {}).items():
                 st.metric(label, human(fig["value"], fig["unit"]), help=fig["source"])
 elif pair:

@@ -1,5 +1,5 @@
-"""Topology: the run's ranks placed as in seed 000's figure F1 (one row per pipeline stage; within a row, the DP
-replicas side by side, each a block of its TP ranks) with the TP, DP and PP groups drawn as connections."""
+"""Topology: the run's ranks placed on the grid of docs/engine.md, "Rank groups" (one row per pipeline stage; within a
+row, the DP replicas side by side, each a block of its TP ranks) with the TP, DP and PP groups drawn as connections."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,12 +7,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import state
+from ledger import loaders
 
 GROUP_STYLE = {"tp": ("TP group (layer shards)", "#1e88e5", 0.0), "dp": ("DP group (replicas)", "#43a047", 0.16),
                "pp": ("PP group (stages)", "#e53935", 0.0)}
 BLOCK_GAP = 0.6
 
-run, topo = state.open_page("Topology", "topology")
+run, topo = state.open_page("Topology", loaders.topology)
 st.caption(f"world {topo['world_size']} = TP{topo['tp']} x DP{topo['dp']} x PP{topo['pp']}")
 
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from common.errors import UserError
 from dashboard import state
-from ledger.errors import UserError
+from ledger import dashboard_data, loaders
 
 st.title("Traces")
 run = state.current_run()
 if run is None:
     st.stop()
-files = state.guarded("trace_list", run) if state.guarded("manifest", run) is not None else None
+files = state.guarded(dashboard_data.trace_list, run) if state.guarded(loaders.load_manifest, run) is not None else None
 if files is None:
     st.stop()
 if not files:

@@ -1,4 +1,4 @@
-"""DistributedDataParallel: Megatron's, not torch's (seed 000, 六.3).
+"""DistributedDataParallel: Megatron's, not torch's (docs/engine.md, "Data parallel").
 
 It moves every trainable parameter into contiguous buffers, accumulates gradients into `param.main_grad` from a
 per-parameter hook, and reduces them bucket by bucket over the data-parallel group (DP x CP). The schedule reaches
@@ -12,8 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
-from engine.distributed.distributed_data_parallel_config import (DistributedDataParallelConfig,
-                                                                  default_bucket_size)
+from engine.distributed.distributed_data_parallel_config import DistributedDataParallelConfig, default_bucket_size
 from engine.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup, _ParamAndGradBuffer
 from probes.probe_set import NullProbeSet
 

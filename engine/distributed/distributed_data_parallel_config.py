@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.config import TrainConfig, check_ddp_flags
+from common.config import TrainConfig, check_ddp_flags
 
 
 def default_bucket_size(dp_size: int) -> int:

@@ -1,4 +1,4 @@
-"""finalize_model_grads: everything between the last backward and optimizer.step() (seed 000, 六.6).
+"""finalize_model_grads: everything between the last backward and optimizer.step() (docs/engine.md).
 
 1. Finish the DP reduction of every model chunk (waits for the overlapped collectives, or runs them now).
 2. Sum over TP the gradients of parameters replicated across TP under sequence parallelism (`sequence_parallel`

@@ -1,4 +1,5 @@
-"""Contiguous param/grad buffers, their buckets, and the bucket groups that communicate (seed 000, 六.3).
+"""Contiguous param/grad buffers, their buckets, and the bucket groups that communicate (docs/buffer_layout.md,
+docs/engine.md "Data parallel").
 
 Every parameter of one (param dtype, grad dtype) group lives in one `param_data` tensor and its gradient in one
 `grad_data` tensor at the same offset: `param.data` and `param.main_grad` are views. Parameters are laid out in

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
+from common.config import ModelConfig, RunConfig
+from common.errors import ConfigError
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
 from engine.transformer.rotary import RotaryEmbedding
 from engine.transformer.transformer_block import TransformerBlock, get_layer_numbers
-from ledger.config import ModelConfig, RunConfig
-from ledger.errors import ConfigError
 from probes.probe_set import NullProbeSet
 
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.config import TrainConfig
+from common.errors import ConfigError
 from engine.optimizer.distrib_optimizer import DistributedOptimizer
 from engine.optimizer.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer, MegatronOptimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
-from ledger.config import TrainConfig
-from ledger.errors import ConfigError
 
 __all__ = ["DistributedOptimizer", "Float16OptimizerWithFloat16Params", "FP32Optimizer", "MegatronOptimizer",
            "OptimizerParamScheduler", "get_megatron_optimizer"]

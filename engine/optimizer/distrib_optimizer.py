@@ -1,4 +1,5 @@
-"""DistributedOptimizer: ZeRO-1 by byte range of each bucket (Megatron's distrib_optimizer.py; seed 000, 六.4).
+"""DistributedOptimizer: ZeRO-1 by byte range of each bucket (Megatron's distrib_optimizer.py; docs/engine.md,
+"Distributed optimizer").
 
 Rank r of the DP group owns [r*n/dp, (r+1)*n/dp) of every bucket of n elements (the layout pads n to a multiple
 of dp). It keeps fp32 main params and Adam's m and v only for that range, whose edges need not fall on parameter
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.config import TrainConfig
 from engine.optimizer.optimizer import MegatronOptimizer
-from ledger.config import TrainConfig
 
 
 class DistributedOptimizer(MegatronOptimizer):

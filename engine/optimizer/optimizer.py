@@ -1,4 +1,4 @@
-"""MegatronOptimizer and the two non-sharded flavours (Megatron's optimizer.py; seed 000, 六.4).
+"""MegatronOptimizer and the two non-sharded flavours (Megatron's optimizer.py; docs/engine.md).
 
 Every optimizer here works on contiguous ranges of the DDP buffers, not on the nn.Parameters: a range's fp32 main
 copy (`main_params`) and fp32 gradient (`main_grads`) are one tensor each, and each parameter's main param is a
@@ -17,9 +17,12 @@ from typing import Any
 
 import torch
 
-from engine.optimizer.clip_grads import (clip_grad_by_total_norm_fp32, get_grad_norm_fp32,
-                                         param_is_not_tensor_parallel_duplicate)
-from ledger.config import TrainConfig
+from common.config import TrainConfig
+from engine.optimizer.clip_grads import (
+    clip_grad_by_total_norm_fp32,
+    get_grad_norm_fp32,
+    param_is_not_tensor_parallel_duplicate,
+)
 
 
 def shard_param_ranges(param_ranges: list[tuple[int, int]], shard_start: int,

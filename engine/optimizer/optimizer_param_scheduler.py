@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ledger.config import TrainConfig
-from ledger.errors import ConfigError
+from common.config import TrainConfig
+from common.errors import ConfigError
 
 DECAY_STYLES = ("constant", "linear", "cosine")
 

@@ -2,13 +2,13 @@
 
 Every public method is one torch.distributed.batch_isend_irecv call: a stage in the 1F1B steady state sends its
 activation and receives the next gradient in a single exchange, so neighbours meet once per step instead of twice
-(seed 000 ch. 七). Peers are global ranks (the next / previous rank of this rank's pipeline group, wrapping around
-so that, interleaved, the last stage's chunk c feeds the first stage's chunk c + 1).
+(docs/engine.md, "Schedules"). Peers are global ranks (the next / previous rank of this rank's pipeline group, wrapping
+around so that, interleaved, the last stage's chunk c feeds the first stage's chunk c + 1).
 
-Ops are posted in one fixed order (send next, recv prev, send prev, recv next). With a pipeline of two, next and
-prev are the same rank and both directions share one channel; schedule_plan's plans send and receive the two kinds
-in the same order on both ends (tests/test_schedule_plan.py checks it), so no tags are needed and NCCL, which has
-none, matches them too.
+Ops are posted in one fixed order (send next, recv prev, send prev, recv next). With a pipeline of two, next and prev
+are the same rank and both directions share one channel; schedule_plan's plans send and receive the two kinds in the
+same order on both ends (tests/test_schedule_plan.py checks it), so no tags are needed and NCCL, which has none, matches
+them too.
 
 Received tensors are fresh buffers of the configured shape: [s, b, h], or [s/tp, b, h] under sequence parallelism.
 Nothing here synchronises the device: waiting on the requests orders the exchange against later kernels.

@@ -2,10 +2,10 @@
 
 A stage's plan is its ordered work items (forward or backward of one micro-batch on one model chunk), grouped into
 steps, each step followed by the one P2P exchange that sends its results and receives what the next step needs. The real
-schedules (schedules.py) execute exactly this plan; `train-ledger schedule` prints it and replays it on a global
-clock (`simulate`), so the chart and the engine cannot disagree about the order.
+schedules (schedules.py) execute exactly this plan. The ledger derives the same order on its own (ledger/schedule.py,
+for charts and the time model) and a test holds the two equal.
 
-The order is Megatron Core's (schedules.py, seed 000 ch. 七, seeds 001/002):
+The order is Megatron Core's (schedules.py; docs/engine.md, "Schedules"):
   1F1B:        stage i runs min(p - i - 1, m) warmup forwards, then alternates one forward / one backward, then
                drains the remaining backwards (cooldown).
   interleaved: V chunks per stage; a stage's k-th forward is micro-batch (k // pV) * p + k % p on chunk
@@ -14,13 +14,12 @@ The order is Megatron Core's (schedules.py, seed 000 ch. 七, seeds 001/002):
 Chunk c of stage i is virtual stage c * p + i: activations flow through the virtual stages in order, so the last
 stage's chunk c feeds the first stage's chunk c + 1.
 
-Torch-free: the CLI imports it without the engine's dependencies.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 FORWARD, BACKWARD = "F", "B"
 
@@ -122,10 +121,6 @@ def stage_steps(pipeline_size: int, stage: int, num_microbatches: int, virtual_s
     return [(f,) for f in forwards[:warmup]] + steady + [(b,) for b in backwards[total - warmup:]], warmup
 
 
-def virtual_stage(pipeline_size: int, stage: int, chunk: int) -> int:
-    return chunk * pipeline_size + stage
-
-
 def is_first_virtual_stage(pipeline_size: int, stage: int, chunk: int) -> bool:
     return stage == 0 and chunk == 0
 
@@ -173,62 +168,3 @@ def schedule_plan(pipeline_size: int, num_microbatches: int, virtual_size: int =
     check_plan_arguments(pipeline_size, num_microbatches, virtual_size)
     return [stage_plan(pipeline_size, s, num_microbatches, virtual_size, forward_only)
             for s in range(pipeline_size)]
-
-
-def dependencies(item: WorkItem, pipeline_size: int, stage: int, virtual_size: int) -> list[tuple[str, int, int]]:
-    """(kind, micro-batch, virtual stage) of the work that must finish before `item` can start."""
-    vs = virtual_stage(pipeline_size, stage, item.chunk)
-    if item.kind == FORWARD:
-        return [(FORWARD, item.microbatch, vs - 1)] if vs > 0 else []
-    deps = [(FORWARD, item.microbatch, vs)]
-    if vs < pipeline_size * virtual_size - 1:
-        deps.append((BACKWARD, item.microbatch, vs + 1))
-    return deps
-
-
-def simulate(plans: list[StagePlan], virtual_size: int = 1) -> list[list[WorkItem | None]]:
-    """Replay the plans on a global clock where every item takes one cell and starts as soon as its stage is free
-    and its dependencies are done (P2P latency zero). Returns one row per stage, None for an idle cell. Raises
-    ValueError when the plans deadlock (an item waits on work that never finishes)."""
-    p = len(plans)
-    finish: dict[tuple[str, int, int], int] = {}
-    nxt, free = [0] * p, [0] * p
-    starts: list[list[tuple[int, WorkItem]]] = [[] for _ in range(p)]
-    remaining = sum(len(plan.items) for plan in plans)
-    while remaining:
-        progressed = False
-        for s, plan in enumerate(plans):
-            while nxt[s] < len(plan.items):
-                item = plan.items[nxt[s]]
-                deps = dependencies(item, p, s, virtual_size)
-                if any(d not in finish for d in deps):
-                    break
-                start = max([free[s]] + [finish[d] for d in deps])
-                free[s] = start + 1
-                finish[(item.kind, item.microbatch, virtual_stage(p, s, item.chunk))] = free[s]
-                starts[s].append((start, item))
-                nxt[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError(f"the plan deadlocks: stages wait at items {nxt}")
-    span = max(free)
-    clock: list[list[WorkItem | None]] = [[None] * span for _ in range(p)]
-    for s, row in enumerate(starts):
-        for start, item in row:
-            clock[s][start] = item
-    return clock
-
-
-def bubble_fraction(clock: list[list[WorkItem | None]]) -> float:
-    """Idle cells over all cells of the chart (stages x makespan)."""
-    cells = sum(len(row) for row in clock)
-    return sum(cell is None for row in clock for cell in row) / cells
-
-
-def analytic_bubble_fraction(pipeline_size: int, num_microbatches: int, virtual_size: int = 1) -> float:
-    """Idle share of the step with equal forward and backward cost: each stage idles (p - 1) forward + backward
-    slots of one chunk, which is 1/V of a stage's work per micro-batch, so the bubble over the whole step is
-    (p - 1) / (V m + p - 1); V = 1 gives 1F1B's (p - 1) / (m + p - 1). (Narayanan et al. quote the same bubble
-    relative to the ideal time instead: (p - 1) / (V m).)"""
-    return (pipeline_size - 1) / (virtual_size * num_microbatches + pipeline_size - 1)

@@ -24,12 +24,16 @@ import os
 import torch
 import torch.nn.functional as F
 
-from engine.tensor_parallel.mappings import (TPGroup, _all_gather, _reduce_scatter_dim0,
-                                             copy_to_tensor_model_parallel_region,
-                                             gather_from_tensor_model_parallel_region,
-                                             reduce_from_tensor_model_parallel_region,
-                                             reduce_scatter_to_sequence_parallel_region,
-                                             scatter_to_tensor_model_parallel_region)
+from engine.tensor_parallel.mappings import (
+    TPGroup,
+    _all_gather,
+    _reduce_scatter_dim0,
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
 from engine.tensor_parallel.random import MasterWeightInit, sharded_master_weight
 
 

@@ -1,6 +1,7 @@
-"""The seed's buffer / distributed-optimizer toy (seed 000, 六.3-六.4) on the real DDP and DistributedOptimizer.
+"""The buffer / distributed-optimizer toy (docs/buffer_layout.md, "The toy") on the real DDP and DistributedOptimizer.
 
-Two gloo ranks, three bias-free linear layers W1 (2x3 = 6 elements), W2 (2x2 = 4), WL (6x2 = 12), fp32. The
+`python -m torch.distributed.run --nproc-per-node 2 -m engine.toys.buffer_toy --out FILE` (what `train-ledger buffer`
+launches): two gloo ranks, three bias-free linear layers W1 (2x3 = 6 elements), W2 (2x2 = 4), WL (6x2 = 12), fp32. The
 buffer holds them last layer first: WL [0, 12), W2 [12, 16), W1 [16, 22). The toy runs the distributed optimizer
 with alignment padding off (DistributedDataParallelConfig.alignment_padding=False): the bucket end is padded only
 to a multiple of dp_size = 2, and 22 already is one, so pad = 0 and the shard boundary falls at element 11, inside
@@ -12,13 +13,16 @@ micro-batches per step.
 """
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from common.config import TrainConfig
 from engine.distributed.param_and_grad_buffer import build_buffer_layout
-from engine.toys import run_on_gloo_ranks
-from ledger.config import TrainConfig
 
 DP_SIZE, MICROBATCHES, STEPS = 2, 2, 2
 SHAPES = {"W1": (2, 3), "W2": (2, 2), "WL": (6, 2)}  # (out, in), in module (forward) order
@@ -44,7 +48,7 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def _rank(rank: int, world_size: int) -> dict[str, Any]:
+def _rank() -> dict[str, Any]:
     from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from engine.optimizer import get_megatron_optimizer
     from engine.optimizer.optimizer import shard_param_ranges
@@ -99,9 +103,8 @@ def single_process_adamw() -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for p, name in _names(model).items()}
 
 
-def run_buffer_toy() -> dict[str, Any]:
-    """Spawn the two ranks, compare with single-process AdamW; a JSON-ready summary."""
-    ranks = run_on_gloo_ranks(_rank, DP_SIZE)
+def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both ranks' results against single-process AdamW: a JSON-ready summary."""
     reference = single_process_adamw()
     diffs = {name: max((r["params"][name] - reference[name]).abs().max().item() for r in ranks)
              for name in SHAPES}
@@ -119,3 +122,25 @@ def run_buffer_toy() -> dict[str, Any]:
         "max_abs_diff": max(diffs.values()), "max_abs_diff_per_param": diffs, "tolerance": TOLERANCE,
         "matches": max(diffs.values()) <= TOLERANCE,
     }
+
+
+def main() -> None:
+    """One rank of the toy under torchrun; rank 0 gathers both ranks' results and writes the summary to --out."""
+    parser = argparse.ArgumentParser(prog="python -m engine.toys.buffer_toy")
+    parser.add_argument("--out", type=Path, required=True)
+    out = parser.parse_args().out
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        if dist.get_world_size() != DP_SIZE:
+            raise SystemExit(f"the toy runs on {DP_SIZE} ranks, got {dist.get_world_size()}")
+        gathered: list[Any] = [None] * DP_SIZE
+        dist.all_gather_object(gathered, _rank())
+        if dist.get_rank() == 0:
+            out.write_text(json.dumps(summarize(gathered)), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from common.config import ModelConfig
 from engine.jit import jit_fuser
 from engine.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
-from ledger.config import ModelConfig
 
 
 @jit_fuser

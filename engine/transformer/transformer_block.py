@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from common.config import ModelConfig
+from common.errors import ConfigError
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.rms_norm import RMSNorm
 from engine.transformer.transformer_layer import TransformerLayer
-from ledger.config import ModelConfig
-from ledger.errors import ConfigError
 
 
 def get_layer_numbers(num_layers: int, pp_size: int, pp_rank: int, vpp_size: int | None = None,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import SelfAttention
 from engine.transformer.mlp import MLP
 from engine.transformer.rms_norm import RMSNorm
-from ledger.config import ModelConfig
 
 
 class TransformerLayer(torch.nn.Module):

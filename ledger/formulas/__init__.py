@@ -2,7 +2,7 @@
 
 These are derived from Megatron-LM's documented rules and first principles, never from the engine's code: the
 reconciliation holds them against the engine's inventory and the measurements, which proves something only if the
-two were derived independently. Every function takes plain numbers or a `ledger.config.RunConfig` (rebuilt from a
+two were derived independently. Every function takes plain numbers or a `common.config.RunConfig` (rebuilt from a
 run manifest with `RunConfig.from_dict`). docs/formulas.md has the derivations.
 
     params          parameter counts per component / layer / stage / TP rank, vocab padding, registration order

@@ -17,8 +17,8 @@ Full recompute (uniform, one layer a checkpoint) keeps each layer's input and, i
 """
 from __future__ import annotations
 
-from ledger.config import RunConfig
-from ledger.errors import ConfigError
+from common.config import RunConfig
+from common.errors import ConfigError
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.params import num_chunks, padded_vocab_size
 

@@ -22,3 +22,10 @@ class Bubble:
 
 def bubble(p: int, m: int, v: int = 1) -> Bubble:
     return Bubble(of_wall_time=(p - 1) / (v * m + p - 1), relative_to_compute=(p - 1) / (v * m))
+
+
+def of_wall_time_text(p: int, m: int, v: int = 1) -> str:
+    """The of-wall-time formula with the run's numbers in it, as reports and the CLI print it."""
+    if v == 1:
+        return f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}"
+    return f"(p-1)/(V*m+p-1) = {p - 1}/{v * m + p - 1}"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 from ledger.formulas.params import ParamTensor, chunk_tensors
 
 PARAM_ALIGNMENT = 64

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.config import RunConfig
-from ledger.errors import ConfigError
+from common.config import RunConfig
+from common.errors import ConfigError
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")

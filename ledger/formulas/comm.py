@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 from ledger.formulas.activations import activation_bytes
 from ledger.formulas.buffer_layout import rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES

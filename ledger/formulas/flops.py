@@ -12,9 +12,9 @@ with N_embedding the input embedding only (the output layer counts) and no causa
 """
 from __future__ import annotations
 
-from ledger.config import RunConfig
-from ledger.errors import ConfigError
-from ledger.formulas.params import component_counts, params_total, padded_vocab_size
+from common.config import RunConfig
+from common.errors import ConfigError
+from ledger.formulas.params import component_counts, padded_vocab_size, params_total
 
 H200_BF16_DENSE_PEAK = 989e12
 MEGATRON = "megatron: num_floating_point_operations (GQA + SwiGLU, causal-halved attention), per global batch"

@@ -8,7 +8,7 @@ all-reduce 2(n-1)/n; all-gather, reduce-scatter (n-1)/n; broadcast, reduce, send
 """
 from __future__ import annotations
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv")
 

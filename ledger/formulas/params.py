@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ledger.config import ModelConfig, RunConfig
+from common.config import ModelConfig, RunConfig
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ledger.config import RunConfig
-from ledger.errors import ConfigError
+from common.config import RunConfig
+from common.errors import ConfigError
 from ledger.formulas.buffer_layout import rank_buffers, shard_param_elements
 from ledger.formulas.bytes_per_param import DTYPE_BYTES, PHASES, grad_copy_bytes, master_param_bytes
 

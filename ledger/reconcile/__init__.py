@@ -1,7 +1,7 @@
 """Reconciliation: every figure of a run as formula / inventory / measurement, with a verdict and an explanation.
 
     run.py            a run directory -> rows + what is missing; writes RUN/ledger/reconciliation.{json,csv}
-    evidence.py       the run's events gathered per rank (through probes.run_dir)
+    evidence.py       the run's events gathered per rank (through common.run_dir)
     rows.py           the Row and its verdict
     memory.py overlap.py pipeline.py comm.py throughput.py    the rows of each concern
     bandwidth.py      predicted collective time from the run's bandwidth sweep

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 from ledger.formulas.comm import step_collectives
 from ledger.reconcile.evidence import RankEvidence, after_first_step
 from ledger.reconcile.rows import Row, row

@@ -1,6 +1,6 @@
 """What a run directory holds, gathered once per rank into small in-memory records the row builders share.
 
-Events are streamed through probes.run_dir (the one reader of the contract); only the records the rows use are
+Events are streamed through common.run_dir (the one reader of the contract); only the records the rows use are
 kept (memory points, per-step memory, inventory, timing, NVML, bandwidth, step), which is a few records per
 micro-batch per step. Timing records with no step are dropped: every row built from timings is per step, and work
 outside the steps (start-up, the final forced param all-gather after the last step) belongs to none of them. Traces
@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ledger.config import RunConfig
-from ledger.errors import InputError
-from probes.run_dir import EventStream, events_path, ranks_present, read_manifest, trace_files
+from common.config import RunConfig
+from common.errors import InputError
+from common.run_dir import EventStream, events_path, ranks_present, read_manifest, trace_files
+from ledger.rank_groups import Layout, coordinates
 
 KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "step"}
 
@@ -117,13 +118,7 @@ def cpu_sharing(manifest: dict[str, Any]) -> str | None:
 
 
 def derived_coords(manifest: dict[str, Any], rank: int) -> dict[str, int]:
-    from engine.parallel_state import rank_generator_for  # pure rank arithmetic, torch-free
-
-    par = (manifest.get("config") or {}).get("parallel") or {}
-    gen = rank_generator_for(int(manifest["world_size"]), par.get("tensor_model_parallel_size", 1),
-                             par.get("pipeline_model_parallel_size", 1), par.get("context_parallel_size", 1),
-                             par.get("order", "tp-cp-ep-dp-pp"))
-    c = gen.coordinates(rank)
+    c = coordinates(Layout.from_manifest(manifest), rank)
     return {k: c[k] for k in ("tp", "cp", "dp", "pp")}
 
 

@@ -28,8 +28,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ledger.config import RunConfig, build_parser, resolve, validate
-from ledger.errors import ConfigError, InputError
+from common.arguments import build_parser, resolve
+from common.config import RunConfig, validate
+from common.errors import ConfigError, InputError
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, derived_coords, missing_items
 from ledger.traces import open_trace_text
 

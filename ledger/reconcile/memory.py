@@ -10,7 +10,7 @@ optimizer init" lacks 8 bytes per parameter element the rank owns; both phases g
 """
 from __future__ import annotations
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 from ledger.formulas.activations import stage_activation_bytes
 from ledger.formulas.params import params_per_rank
 from ledger.formulas.static_memory import static_bytes

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
 
-from ledger.config import RunConfig
+from common.config import RunConfig
 from ledger.reconcile.bandwidth import predicted_time
 from ledger.reconcile.evidence import RankEvidence, RunEvidence
 from ledger.reconcile.intervals import covered, union

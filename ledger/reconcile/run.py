@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledger.errors import InputError
+from common.errors import InputError
+from common.run_dir import atomic_write_text
 from ledger.reconcile import hta, ingest_megatron
 from ledger.reconcile.comm import trace_volume, untraceable_ops, volume_rows
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
@@ -23,9 +24,8 @@ from ledger.reconcile.overlap import bucket_rows, overlap_rows, trace_intervals
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, Row
 from ledger.reconcile.throughput import throughput_rows
-from ledger.reconcile.topology import rank_groups
+from ledger.reconcile.topology import groups_rows, rank_groups
 from ledger.traces import TraceSummary, summarize
-from probes.run_dir import atomic_write_text
 
 LEDGER_DIR = "ledger"
 JSON_NAME = "reconciliation.json"
@@ -59,7 +59,7 @@ def gather(run_dir: str | Path) -> RunEvidence:
 
 def reconcile(run_dir: str | Path) -> Reconciliation:
     ev = gather(run_dir)
-    rows = memory_rows(ev) + overlap_rows(ev) + pipeline_rows(ev)
+    rows = groups_rows(ev.manifest) + memory_rows(ev) + overlap_rows(ev) + pipeline_rows(ev)
     cross_check: dict[int, hta.CrossCheck] = {}
     traced: set[int] = set()
     for rank, _, _, path in ev.traces:

@@ -1,29 +1,28 @@
-"""Which ranks share a TP, DP or PP group in a run, from its manifest: pure rank arithmetic (engine.parallel_state's
-RankGenerator, which is torch-free), never the engine's formulas."""
+"""Which ranks share a TP, DP or PP group in a run, and whether the engine's groups are the ones Megatron's rule gives.
+
+The groups come from the ledger's own derivation (ledger.rank_groups) of the manifest's layout, never from the
+engine: the manifest also records the groups each rank actually joined (`ranks[r].groups`, written by the engine),
+and `groups_rows` holds the two against each other, so an engine that builds the wrong groups is "off".
+"""
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
 
+from ledger.rank_groups import Layout, group_lists
+from ledger.reconcile.evidence import rank_entry
+from ledger.reconcile.rows import Row, threshold_row
+
 KINDS = ("tp", "dp", "pp")
 
 
-def parallel_sizes(manifest: dict[str, Any]) -> tuple[int, int, int, int, str]:
-    par = (manifest.get("config") or {}).get("parallel") or {}
-    return (int(manifest["world_size"]), par.get("tensor_model_parallel_size", 1),
-            par.get("pipeline_model_parallel_size", 1), par.get("context_parallel_size", 1),
-            par.get("order", "tp-cp-ep-dp-pp"))
-
-
 @lru_cache(maxsize=16)
-def _lists(world: int, tp: int, pp: int, cp: int, order: str) -> dict[str, list[list[int]]]:
-    from engine.parallel_state import group_lists, rank_generator_for
-
-    return group_lists(rank_generator_for(world, tp, pp, cp, order))
+def _lists(layout: Layout) -> dict[str, list[list[int]]]:
+    return group_lists(layout)
 
 
 def group_lists_of(manifest: dict[str, Any]) -> dict[str, list[list[int]]]:
-    return _lists(*parallel_sizes(manifest))
+    return _lists(Layout.from_manifest(manifest))
 
 
 def rank_groups(manifest: dict[str, Any], rank: int) -> dict[str, tuple[int, ...]]:
@@ -43,3 +42,28 @@ def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None
 
 def rank_label(rank: int, coords: dict[str, int]) -> str:
     return f"rank {rank} (tp{coords.get('tp', 0)} dp{coords.get('dp', 0)} pp{coords.get('pp', 0)})"
+
+
+def groups_rows(manifest: dict[str, Any]) -> list[Row]:
+    """One row per rank whose manifest entry records its groups: the number of group kinds where the engine's group
+    differs from Megatron's rule (0 expected; any difference is off and named)."""
+    lists = group_lists_of(manifest)
+    rows = []
+    for rank in range(int(manifest["world_size"])):
+        actual = rank_entry(manifest, rank).get("groups")
+        if not isinstance(actual, dict):
+            continue
+        wrong = []
+        for kind, ranks in sorted(actual.items()):
+            expected = next((g for g in lists.get(kind, []) if rank in g), None)
+            if kind in lists and list(ranks) != expected:
+                wrong.append(f"{kind} {list(ranks)} (Megatron's rule: {expected})")
+        missing = [kind for kind in ("tp", "dp", "pp") if kind not in actual]
+        wrong += [f"{kind} not recorded" for kind in missing]
+        rows.append(threshold_row(
+            "topology.rank_groups", "rank", measured=len(wrong), warn_at=1, off_at=1, unit="count",
+            explanation=("the engine's process groups for this rank differ from Megatron's rank rule: "
+                         + "; ".join(wrong)) if wrong else
+            f"the {len(actual)} process groups the engine created for this rank are Megatron's",
+            rank=rank, source="manifest"))
+    return rows

@@ -30,7 +30,7 @@ def peak_rss_mib() -> float:
 
 def child(argv: list[str]) -> None:
     """Run one CLI command in this process and print its wall time and peak RSS."""
-    from ledger.cli import main
+    from cli.main import main
 
     start = time.perf_counter()
     rc = main(argv)

@@ -1,7 +1,7 @@
 """`train-ledger report RUN`: RUN/ledger/report.md and a self-contained RUN/ledger/report.html."""
 from __future__ import annotations
 
-from ledger.commands._args import CommandParser
+from cli.args import CommandParser
 
 
 def main(argv: list[str]) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledger.commands._args import CommandParser
-from ledger.config import parse_args
+from cli.args import CommandParser
+from common.arguments import parse_args
 from ledger.plan import build_plan
 
 GB, GIB = 1e9, 2 ** 30

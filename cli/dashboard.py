@@ -1,10 +1,10 @@
 """`train-ledger dashboard`: the Streamlit app over the run directories under one root.
 
 The process replaces itself with `python -m streamlit run dashboard/app.py` (exec), so that the pid a script or test
-holds is the server's own and a signal sent to it stops the server, never an orphaned child. The runs root and the
-run to open first travel in environment variables (dashboard.state reads them), because Streamlit keeps its own
-command line for its own flags. It binds to 127.0.0.1 unless --host says otherwise: run directories carry argv,
-host names and paths, which are nobody else's business.
+holds is the server's own and a signal sent to it stops the server, never an orphaned child. The runs root and the run
+to open first travel in environment variables (dashboard.state reads them), because Streamlit keeps its own command line
+for its own flags (dashboard.launch names them). It binds to 127.0.0.1 unless --host says otherwise: run directories
+carry argv, host names and paths, which are nobody else's business.
 """
 from __future__ import annotations
 
@@ -13,19 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from ledger.commands._args import CommandParser
-from ledger.errors import ConfigError, InputError
-
-RUNS_ROOT_ENV = "TRAIN_LEDGER_RUNS_ROOT"
-RUN_ENV = "TRAIN_LEDGER_RUN"
-DEFAULT_ROOT = Path("runs/out")
-
-
-def app_path() -> Path:
-    spec = importlib.util.find_spec("dashboard")
-    if spec is None or spec.origin is None:
-        raise ConfigError("the dashboard package is not importable (run `pip install -e .` in the repository)")
-    return Path(spec.origin).parent / "app.py"
+from cli.args import CommandParser
+from common.errors import ConfigError, InputError
+from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV, app_path
 
 
 def streamlit_argv(app: Path, host: str, port: int) -> list[str]:

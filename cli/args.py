@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 
 class CommandParser(argparse.ArgumentParser):

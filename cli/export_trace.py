@@ -1,7 +1,7 @@
 """`train-ledger export-trace RUN --out FILE.json.gz [--steps A-B] [--ranks ...]`: one Perfetto trace for the run."""
 from __future__ import annotations
 
-from ledger.commands._args import CommandParser
+from cli.args import CommandParser
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from ledger.commands._args import CommandParser
+from cli.args import CommandParser
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from ledger.errors import InputError
+from common.errors import InputError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

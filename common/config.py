@@ -1,22 +1,17 @@
-"""The run configuration: Megatron-LM command-line flags -> dataclasses, torch-free.
+"""The run configuration schema: dataclasses, presets and their validation, torch-free.
 
-One parser serves `train-ledger train`, `python -m engine.train` and `train-ledger plan`, so the engine and the
-ledger's formulas read the same resolved shape. The resolved config is written into the run directory's manifest
-(`RunConfig.to_dict`) and read back from it (`RunConfig.from_dict`); that dict is the contract between the engine and
-the ledger, not this module's objects.
-
-Flags keep Megatron-LM's names so that a Megatron user's script runs with the entry point changed. A flag we do not
-know is an error that names it. Flags of Megatron's that only restate what this engine always does (RMSNorm, SwiGLU,
-RoPE, no biases, untied embeddings) are accepted and checked: a value we do not implement is an error, never ignored.
+The resolved config is written into the run directory's manifest (`RunConfig.to_dict`) and read back from it
+(`RunConfig.from_dict`); that dict is the contract between the engine and the ledger, not this module's objects.
+Command-line flags become a RunConfig in common.arguments (Megatron's arguments.py); `validate` holds every check
+Megatron's validate_args makes for the features we have, so a config built any other way is checked the same.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 
 @dataclass
@@ -150,171 +145,6 @@ PRESETS: dict[str, dict[str, Any]] = {
                         num_query_groups=8, vocab_size=128256, seq_length=8192, max_position_embeddings=131072,
                         rotary_base=500000.0),
 }
-
-# Megatron flags that restate what the engine always does: the accepted values, checked.
-_FIXED_CHOICES: dict[str, tuple[str, ...]] = {
-    "--normalization": ("RMSNorm",),
-    "--position-embedding-type": ("rope",),
-    "--transformer-impl": ("transformer_engine", "local"),
-    "--tokenizer-type": ("NullTokenizer",),
-}
-_ACCEPTED_SWITCHES = ("--use-mcore-models", "--swiglu", "--disable-bias-linear",
-                      "--untie-embeddings-and-output-weights", "--group-query-attention", "--use-flash-attn")
-_ZERO_ONLY = ("--attention-dropout", "--hidden-dropout")
-_IGNORED_VALUES = ("--split", "--save-interval", "--distributed-timeout-minutes", "--eval-iters", "--eval-interval")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage and exit; we want one line and status 2
-        raise ConfigError(message)
-
-
-def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, allow_abbrev=False, add_help=True)
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=sorted(PRESETS), help="a preset shape; explicit shape flags override it")
-    for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
-                 "vocab-size", "seq-length", "max-position-embeddings", "make-vocab-size-divisible-by"):
-        m.add_argument(f"--{name}", type=int)
-    m.add_argument("--rotary-base", type=float)
-    m.add_argument("--norm-epsilon", type=float)
-    m.add_argument("--init-method-std", type=float)
-
-    par = p.add_argument_group("parallel")
-    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    par.add_argument("--context-parallel-size", type=int, default=1)
-    par.add_argument("--virtual-pipeline-model-parallel-size", type=int)
-    par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
-    par.add_argument("--sequence-parallel", action="store_true")
-    par.add_argument("--world-size", type=int, help="for `plan`; `train` takes it from the launcher")
-
-    t = p.add_argument_group("training")
-    for name, typ in (("micro-batch-size", int), ("global-batch-size", int), ("train-iters", int),
-                      ("lr", float), ("min-lr", float), ("lr-warmup-iters", int), ("lr-decay-iters", int),
-                      ("weight-decay", float), ("adam-beta1", float), ("adam-beta2", float), ("adam-eps", float),
-                      ("clip-grad", float), ("ddp-bucket-size", int), ("seed", int), ("log-interval", int)):
-        t.add_argument(f"--{name}", type=typ)
-    t.add_argument("--lr-decay-style", choices=("cosine", "linear", "constant"))
-    for name in ("bf16", "fp16", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
-                 "grad-reduce-in-bf16", "mock-data"):
-        t.add_argument(f"--{name}", action="store_true")
-
-    pr = p.add_argument_group("probes")
-    pr.add_argument("--run-dir")
-    pr.add_argument("--tensorboard-dir")
-    pr.add_argument("--log-memory-to-tensorboard", action="store_true")
-    pr.add_argument("--use-pytorch-profiler", action="store_true")
-    pr.add_argument("--profile-step-start", type=int)
-    pr.add_argument("--profile-step-end", type=int)
-    pr.add_argument("--profile-ranks", type=int, nargs="+")
-    pr.add_argument("--nsys-profile", action="store_true")
-    pr.add_argument("--record-memory-history", action="store_true")
-    pr.add_argument("--nvml-interval", type=float)
-    pr.add_argument("--nvtx", action="store_true", help="emit NVTX ranges (and matching record_function names)")
-    pr.add_argument("--timers", action="store_true", help="CUDA-event / perf_counter timers per micro-batch")
-    pr.add_argument("--bandwidth-sweep", action="store_true")
-    pr.add_argument("--all-probes", action="store_true",
-                    help="every probe on except the profiler window and memory history")
-
-    acc = p.add_argument_group("accepted Megatron flags (checked, no effect beyond the check)")
-    for flag, choices in _FIXED_CHOICES.items():
-        acc.add_argument(flag, choices=choices)
-    for flag in _ACCEPTED_SWITCHES:
-        acc.add_argument(flag, action="store_true")
-    for flag in _ZERO_ONLY:
-        acc.add_argument(flag, type=float)
-    for flag in _IGNORED_VALUES:
-        acc.add_argument(flag)
-    return p
-
-
-def parse_args(argv: Sequence[str], *, world_size: int | None = None, prog: str = "train-ledger train") -> RunConfig:
-    """Parse Megatron-style flags into a validated RunConfig; raise ConfigError on anything wrong."""
-    parser = build_parser(prog)
-    ns, unknown = parser.parse_known_args(list(argv))
-    if unknown:
-        raise ConfigError(f"unsupported flag: {unknown[0]}")
-    for flag in _ZERO_ONLY:
-        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
-        if value not in (None, 0.0):
-            raise ConfigError(f"{flag} {value}: dropout is not implemented; only 0.0 is accepted")
-    return resolve(ns, world_size=world_size)
-
-
-def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
-    shape: dict[str, Any] = dict(PRESETS[ns.model]) if ns.model else {}
-    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "vocab_size", "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by",
-                "rotary_base", "norm_epsilon", "init_method_std"):
-        if getattr(ns, key) is not None:
-            shape[key] = getattr(ns, key)
-    if ns.model is None and not shape:
-        shape = dict(PRESETS["tiny"])
-    if "num_query_groups" not in shape and "num_attention_heads" in shape:
-        shape["num_query_groups"] = shape["num_attention_heads"]
-    if "max_position_embeddings" not in shape and "seq_length" in shape:
-        shape["max_position_embeddings"] = shape["seq_length"]
-    missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
-                           "seq_length") if k not in shape]
-    if missing:
-        raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
-    model = ModelConfig(**shape)
-
-    ws = world_size if world_size is not None else (ns.world_size or 1)
-    parallel = ParallelConfig(world_size=ws, tensor_model_parallel_size=ns.tensor_model_parallel_size,
-                              pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
-                              context_parallel_size=ns.context_parallel_size,
-                              virtual_pipeline_model_parallel_size=_virtual_pp(ns, model),
-                              sequence_parallel=ns.sequence_parallel)
-    train = TrainConfig()
-    for f in dataclasses.fields(TrainConfig):
-        value = getattr(ns, f.name, None)
-        if value is not None and value is not False:
-            setattr(train, f.name, value)
-    if train.global_batch_size is None:
-        train.global_batch_size = train.micro_batch_size * parallel.data_parallel_size if ws else 1
-    probes = _probe_config(ns)
-    cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model)
-    validate(cfg)
-    return cfg
-
-
-def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
-    vpp = ns.virtual_pipeline_model_parallel_size
-    per_stage = ns.num_layers_per_virtual_pipeline_stage
-    if per_stage is not None:
-        pp = ns.pipeline_model_parallel_size
-        if per_stage <= 0 or model.num_layers % (per_stage * pp):
-            raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: num layers {model.num_layers}"
-                              f" is not divisible by {per_stage} x pipeline size {pp}")
-        derived = model.num_layers // (per_stage * pp)
-        if vpp is not None and vpp != derived:
-            raise ConfigError(f"--virtual-pipeline-model-parallel-size {vpp} contradicts "
-                              f"--num-layers-per-virtual-pipeline-stage {per_stage} (gives {derived})")
-        vpp = derived
-    return vpp if vpp and vpp > 1 else None
-
-
-def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
-    pc = ProbeConfig(run_dir=ns.run_dir, tensorboard_dir=ns.tensorboard_dir,
-                     log_memory_to_tensorboard=ns.log_memory_to_tensorboard,
-                     use_pytorch_profiler=ns.use_pytorch_profiler, nsys_profile=ns.nsys_profile,
-                     record_memory_history=ns.record_memory_history, nvtx=ns.nvtx, timers=ns.timers,
-                     bandwidth_sweep=ns.bandwidth_sweep)
-    if ns.profile_step_start is not None:
-        pc.profile_step_start = ns.profile_step_start
-    if ns.profile_step_end is not None:
-        pc.profile_step_end = ns.profile_step_end
-    if ns.profile_ranks is not None:
-        pc.profile_ranks = list(ns.profile_ranks)
-    if ns.nvml_interval is not None:
-        pc.nvml_interval = ns.nvml_interval
-    if ns.all_probes:
-        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.log_memory_to_tensorboard = True
-        pc.nvml_interval = pc.nvml_interval or 0.5
-    return pc
-
 
 def validate(cfg: RunConfig) -> None:
     """Every check Megatron's validate_args makes for the features we have, one clear message each."""

@@ -1,13 +1,14 @@
-"""`train-ledger groups`: the rank lists of a layout, as Megatron Core builds them."""
+"""`train-ledger groups`: the rank lists of a layout, as Megatron Core builds them (the ledger's derivation,
+ledger/rank_groups.py, which tests hold equal to the groups the engine creates)."""
 from __future__ import annotations
 
 import json
 
-from ledger.commands._args import CommandParser
+from cli.args import CommandParser
 
 
 def main(argv: list[str]) -> int:
-    from engine.parallel_state import group_lists, rank_generator_for
+    from ledger.rank_groups import Layout, coordinates, group_lists, rank_groups_of
 
     p = CommandParser("groups")
     p.add_argument("--world-size", type=int, required=True)
@@ -18,17 +19,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rank", type=int)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    gen = rank_generator_for(a.world_size, a.tp, a.pp, a.cp, a.order)
-    lists = group_lists(gen)
+    layout = Layout.of(a.world_size, tp=a.tp, pp=a.pp, cp=a.cp, order=a.order)
+    lists = group_lists(layout)
     out = {kind: lists[kind] for kind in ("tp", "cp", "dp", "pp")}
     if a.rank is not None:
-        coords = gen.coordinates(a.rank)
+        coords = coordinates(layout, a.rank)
         out["rank"] = {"rank": a.rank, "coordinates": {k: coords[k] for k in ("tp", "cp", "dp", "pp")},
-                       "groups": {kind: next(g for g in groups if a.rank in g) for kind, groups in lists.items()}}
+                       "groups": rank_groups_of(layout, a.rank)}
     if a.json:
         print(json.dumps(out))
         return 0
-    print(f"world {a.world_size} = tp {a.tp} x cp {a.cp} x dp {gen.sizes['dp']} x pp {a.pp}  (order {a.order})")
+    print(f"world {a.world_size} = tp {a.tp} x cp {a.cp} x dp {layout.dp} x pp {a.pp}  (order {a.order})")
     for kind in ("tp", "cp", "dp", "pp"):
         print(f"{kind.upper()}: {out[kind]}")
     if a.rank is not None:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from ledger.commands._args import CommandParser
-from ledger.commands.dashboard import DEFAULT_ROOT
-from ledger.errors import ConfigError
+from cli.args import CommandParser
+from common.errors import ConfigError
+from dashboard.launch import DEFAULT_ROOT
 
 MICROBATCHES = 8  # per pipeline per step: the seed's global batch 16 over DP2 at micro-batch 1
 PROFILE_STEPS = (2, 3)  # the profiler window; step 1 carries one-time work and the ledger leaves it out
@@ -84,16 +84,6 @@ def phase(text: str) -> None:
 
 
 # --- headline rows ----------------------------------------------------------------------------------------------
-# (label, metric): the figures a reader checks first; every one is a reconciliation row, aggregated over ranks.
-HEADLINE = (("bytes/param", "memory.bytes_per_param"),
-            ("static memory after step 1", "memory.static_after_first_step"),
-            ("pipeline bubble (of wall time)", "pipeline.bubble_of_wall_time"),
-            ("exposed DP comm per step", "overlap.exposed_dp_comm_per_step"),
-            ("throughput (tokens/s)", "throughput.tokens_per_s"),
-            ("TFLOP/s per GPU", "throughput.tflops_per_gpu.megatron"),
-            ("MFU", "throughput.mfu.megatron"))
-
-
 def span(values: list[float | None], unit: str) -> str:
     """One figure, or min..max over ranks when they differ; '-' when no rank has the column."""
     from ledger.report import fmt
@@ -105,52 +95,48 @@ def span(values: list[float | None], unit: str) -> str:
     return low if low == high else f"{low}..{high}"
 
 
-def analytic_bubble(rows: list) -> str:
+def analytic_bubble(rows: list[dict]) -> str:
     """The bubble rows' prediction as a fraction: the formula's (p-1)/(v m+p-1) for the run's p, m and v."""
-    predicted = {r.predicted for r in rows if r.predicted is not None}
+    predicted = {r["predicted"] for r in rows if r["predicted"] is not None}
     return ", ".join(f"{p:.4f} ({Fraction(p).limit_denominator(10_000)})" for p in sorted(predicted)) or "-"
 
 
-def verdict(rows: list) -> str:
-    """The worst verdict of the rows that have one; "n/a" when none can be judged (a figure nobody predicts)."""
-    from ledger.reconcile.rows import worst
-
-    judged = [r for r in rows if r.verdict != "n/a"]
-    return worst(judged) if judged else "n/a"
-
-
-def headline_line(label: str, rows: list) -> str:
+def headline_line(label: str, rows: list[dict]) -> str:
+    from ledger.headline import verdict
     from ledger.reconcile.rows import NOT_ON_CPU
 
     if not rows:
         return f"  {label:<31} no row in this run"
-    unit = rows[0].unit
-    predicted = analytic_bubble(rows) if rows[0].metric.startswith("pipeline.bubble") else \
-        span([r.predicted for r in rows], unit)
-    columns = (f"formula {predicted} | inventory {span([r.inventory for r in rows], unit)} | "
-               f"measured {span([r.measured for r in rows], unit)}")
-    ranks = {r.rank for r in rows if r.rank is not None}
-    where = f"over {len(ranks)} rank{'s' if len(ranks) > 1 else ''}" if ranks else rows[0].scope
+    unit = rows[0]["unit"]
+    predicted = analytic_bubble(rows) if rows[0]["metric"].startswith("pipeline.bubble") else \
+        span([r["predicted"] for r in rows], unit)
+    columns = (f"formula {predicted} | inventory {span([r['inventory'] for r in rows], unit)} | "
+               f"measured {span([r['measured'] for r in rows], unit)}")
+    ranks = {r["rank"] for r in rows if r["rank"] is not None}
+    where = f"over {len(ranks)} rank{'s' if len(ranks) > 1 else ''}" if ranks else rows[0]["scope"]
     line = f"  {label:<31} {columns} [{verdict(rows)}; {where}]"
-    if all(r.measured is None and r.inventory is None for r in rows) and rows[0].predicted is None:
-        line += f": {rows[0].explanation}"
-    elif all(r.measured is None for r in rows) and NOT_ON_CPU in rows[0].explanation:
+    if all(r["measured"] is None and r["inventory"] is None for r in rows) and rows[0]["predicted"] is None:
+        line += f": {rows[0]['explanation']}"
+    elif all(r["measured"] is None for r in rows) and NOT_ON_CPU in rows[0]["explanation"]:
         line += f": {NOT_ON_CPU}"
     return line
 
 
 def print_headline(result) -> None:
+    from ledger.headline import HEADLINES, rows_of
+
     counts = ", ".join(f"{n} {kind}" for kind, n in result.verdict_counts().items())
     print(f"headline ({len(result.rows)} rows: {counts}; every row with its explanation in report.md):")
-    for label, metric in HEADLINE:
-        print(headline_line(label, [r for r in result.rows if r.metric == metric]))
+    rows = [r.to_dict() for r in result.rows]
+    for headline in HEADLINES:
+        print(headline_line(headline.label, rows_of(rows, headline)))
     for line in result.missing:
         print(f"  missing: {line}")
 
 
 # --- the pipeline -------------------------------------------------------------------------------------------------
 def train_phase(layout: Layout, train_iters: int, run_dir: Path) -> int:
-    from ledger.commands import train
+    from cli import train
 
     model = "llama3.2-1b cut to 4 layers, bf16" if layout.gpu else "tiny"
     phase(f"[1/3] training {model} on {layout.describe()}; {MICROBATCHES} micro-batches of 1 per pipeline per step, "

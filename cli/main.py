@@ -1,4 +1,4 @@
-"""`train-ledger`: one dispatcher, one module per command under ledger/commands/.
+"""`train-ledger`: one dispatcher, one module per command in this package.
 
 Commands import their implementation lazily so that `train-ledger plan` never imports torch and a missing optional
 dependency (streamlit, say) only affects its own command. Any UserError becomes one line on stderr and exit status 2.
@@ -8,19 +8,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-from ledger.errors import UserError
+from common.errors import UserError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("ledger.commands.demo", "the main job here: instrumented run -> reconcile -> report"),
-    "train": ("ledger.commands.train", "train with Megatron flags (under torchrun, or --nproc-per-node N)"),
-    "groups": ("ledger.commands.groups", "the rank groups of a TP x CP x DP x PP layout"),
-    "buffer": ("ledger.commands.buffer", "the seed's 2-rank buffer / distributed-optimizer toy"),
-    "schedule": ("ledger.commands.schedule", "a pipeline schedule's event order, chart and bubble"),
-    "plan": ("ledger.commands.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
-    "reconcile": ("ledger.commands.reconcile", "formula vs inventory vs measurement for a run directory"),
-    "report": ("ledger.commands.report", "report.md and report.html for a run directory"),
-    "export-trace": ("ledger.commands.export_trace", "merge per-rank traces into one Perfetto trace"),
-    "dashboard": ("ledger.commands.dashboard", "the Streamlit app over run directories"),
+    "demo": ("cli.demo", "the main job here: instrumented run -> reconcile -> report"),
+    "train": ("cli.train", "train with Megatron flags (under torchrun, or --nproc-per-node N)"),
+    "groups": ("cli.groups", "the rank groups of a TP x CP x DP x PP layout"),
+    "buffer": ("cli.buffer", "the seed's 2-rank buffer / distributed-optimizer toy"),
+    "schedule": ("cli.schedule", "a pipeline schedule's event order, chart and bubble"),
+    "plan": ("cli.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
+    "reconcile": ("cli.reconcile", "formula vs inventory vs measurement for a run directory"),
+    "report": ("cli.report", "report.md and report.html for a run directory"),
+    "export-trace": ("cli.export_trace", "merge per-rank traces into one Perfetto trace"),
+    "dashboard": ("cli.dashboard", "the Streamlit app over run directories"),
 }
 
 

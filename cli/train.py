@@ -12,8 +12,8 @@ import os
 import subprocess
 import sys
 
-from ledger.commands._args import CommandParser
-from ledger.errors import ConfigError
+from cli.args import CommandParser
+from common.errors import ConfigError
 
 
 def launcher_parser() -> CommandParser:
@@ -27,7 +27,8 @@ def launcher_parser() -> CommandParser:
     return p
 
 
-def torchrun_command(launch, engine_argv: list[str]) -> list[str]:
+def torchrun_command(launch, module: str, argv: list[str]) -> list[str]:
+    """`python -m torch.distributed.run ... -m MODULE ARGV` for the launch flags in `launch` (launcher_parser's)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc_per_node),
            "--nnodes", str(launch.nnodes), "--max-restarts", "0"]
     if launch.rdzv_endpoint:
@@ -37,7 +38,7 @@ def torchrun_command(launch, engine_argv: list[str]) -> list[str]:
         cmd += ["--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(launch.master_port)]
     else:
         cmd += ["--standalone"]
-    return cmd + ["-m", "engine.train", *engine_argv]
+    return cmd + ["-m", module, *argv]
 
 
 def check_launch(launch) -> None:
@@ -52,7 +53,7 @@ def check_launch(launch) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from ledger.config import build_parser, parse_args
+    from common.arguments import build_parser, parse_args
 
     if "-h" in argv or "--help" in argv:
         launcher_parser().print_help()
@@ -67,4 +68,4 @@ def main(argv: list[str]) -> int:
     parse_args(engine_argv, world_size=launch.nproc_per_node * launch.nnodes)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(torchrun_command(launch, engine_argv), env=env)
+    return subprocess.call(torchrun_command(launch, "engine.train", engine_argv), env=env)

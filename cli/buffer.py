@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from ledger.commands._args import CommandParser
+from cli.args import CommandParser
+from cli.train import launcher_parser, torchrun_command
 
 
 def _span(elements: dict[str, list[int]]) -> str:
@@ -43,8 +48,19 @@ def main(argv: list[str]) -> int:
     p = CommandParser("buffer", description="the seed's buffer / ZeRO-1 toy: 2 gloo ranks on CPU")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a = p.parse_args(argv)
-    from engine.toys.buffer_toy import run_buffer_toy
-
-    result = run_buffer_toy()
+    result = run_toy()
     print(json.dumps(result) if a.json else format_report(result))
     return 0 if result["matches"] else 1
+
+
+def run_toy() -> dict[str, Any]:
+    """The toy as a real 2-rank torchrun program (engine.toys.buffer_toy); its summary, or RuntimeError with the
+    ranks' output when it fails (a bug, not bad input)."""
+    launch = launcher_parser().parse_args(["--nproc-per-node", "2"])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "buffer.json"
+        done = subprocess.run(torchrun_command(launch, "engine.toys.buffer_toy", ["--out", str(out)]),
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"the buffer toy failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        return json.loads(out.read_text(encoding="utf-8"))

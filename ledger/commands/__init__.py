@@ -1,1 +1,0 @@
-"""One module per `train-ledger` command; each exposes main(argv) -> exit status."""

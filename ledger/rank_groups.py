@@ -1,0 +1,147 @@
+"""Rank groups as the ledger derives them, independently of the engine.
+
+Why a second derivation: if the ledger asked the engine's RankGenerator which ranks share a group, an engine bug would
+reconcile as "ok". So this follows Megatron Core's own construction (generate_masked_orthogonal_rank_groups): the sizes
+in the order's sequence give prefix products (strides); a mask picks the group's axes; group g and member r decompose
+into index vectors over the unmasked / masked shapes; a rank is their inner product with the strides. Imports common.*
+only (no engine, probes or torch).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from dataclasses import dataclass
+
+from common.errors import ConfigError
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+def _prefix_product(shape: list[int]) -> list[int]:
+    return [1, *itertools.accumulate(shape, operator.mul)]
+
+
+def _decompose(index: int, shape: list[int], strides: list[int] | None = None) -> list[int]:
+    """Index vector of `index` over `shape`, first entry fastest (Megatron's decompose)."""
+    return [(index // stride) % size for size, stride in zip(shape, strides or _prefix_product(shape))]
+
+
+def _inner(a: list[int], b: list[int]) -> int:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
+    """The full axis sequence of `order`, as Megatron's RankGenerator reads it: an axis of size 1 may be left out
+    (it is appended at the end, where it changes nothing); leaving out an axis of size > 1 is an error."""
+    names = [n.strip() for n in order.lower().split("-")]
+    if any(n not in AXES for n in names) or len(set(names)) != len(names):
+        raise ConfigError(f"order {order!r} must name axes among {'-'.join(AXES)}, each at most once")
+    for axis in AXES:
+        if axis not in names:
+            if sizes.get(axis, 1) != 1:
+                raise ConfigError(f"order {order!r} omits {axis} of size {sizes[axis]}; an order may leave out "
+                                  f"only axes of size 1")
+            names.append(axis)
+    return names
+
+
+@dataclass(frozen=True)
+class Layout:
+    """World size, the size of each axis and their order. `of` is the one place in the ledger that computes dp
+    from the world size. ep is an axis of this grid (as in the engine, which always uses ep = 1); Megatron proper
+    lays experts out on a second generator, so callers of the dense groups leave ep at 1."""
+    world_size: int
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    order: str = DEFAULT_ORDER
+    vpp: int = 1
+
+    def __post_init__(self) -> None:
+        for name, size in (("world size", self.world_size), ("vpp", self.vpp), *self.sizes.items()):
+            if size < 1:
+                raise ConfigError(f"{name} must be >= 1, got {size}")
+        if math.prod(self.sizes.values()) != self.world_size:
+            product = " x ".join(f"{a} {s}" for a, s in self.sizes.items())
+            raise ConfigError(f"world size {self.world_size} != {product}")
+        object.__setattr__(self, "order", "-".join(normalize_order(self.order, self.sizes)))
+
+    @classmethod
+    def of(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
+           order: str = DEFAULT_ORDER, vpp: int = 1) -> "Layout":
+        """dp is what is left of the world once tp, pp, cp (and ep, if given) are placed."""
+        for name, size in {"world size": world_size, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp}.items():
+            if size < 1:
+                raise ConfigError(f"{name} must be >= 1, got {size}")
+        if world_size % (tp * pp * cp * ep):
+            parts = f"tp {tp} x pp {pp} x cp {cp}" + (f" x ep {ep}" if ep != 1 else "")
+            raise ConfigError(f"world size {world_size} is not divisible by {parts} = {tp * pp * cp * ep}")
+        return cls(world_size, tp=tp, cp=cp, ep=ep, dp=world_size // (tp * pp * cp * ep), pp=pp, order=order, vpp=vpp)
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "Layout":
+        """From a run manifest: world_size and config.parallel, every parallel key optional (absent or None: 1)."""
+        if "world_size" not in manifest:
+            raise ConfigError("the manifest has no world_size")
+        par = (manifest.get("config") or {}).get("parallel") or {}
+        size = {k: 1 if par.get(k) is None else int(par[k]) for k in (
+            "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+            "virtual_pipeline_model_parallel_size")}
+        return cls.of(int(manifest["world_size"]), tp=size["tensor_model_parallel_size"],
+                      pp=size["pipeline_model_parallel_size"], cp=size["context_parallel_size"],
+                      order=par.get("order") or DEFAULT_ORDER, vpp=size["virtual_pipeline_model_parallel_size"])
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+
+
+def rank_groups(layout: Layout, token: str) -> list[list[int]]:
+    """Every group spanned by the axes named in `token` ("tp", "dp-cp", ...), in Megatron's enumeration order."""
+    axes = layout.order.split("-")
+    names = token.lower().split("-")
+    if any(n not in axes for n in names):
+        raise ConfigError(f"group token {token!r} must name axes among {'-'.join(AXES)}")
+    shape = [layout.sizes[a] for a in axes]
+    mask = [a in names for a in axes]
+    strides = _prefix_product(shape)[:-1]
+
+    def select(values: list[int], keep: bool) -> list[int]:
+        return [x for x, m in zip(values, mask) if m == keep]
+
+    in_shape, in_stride, out_shape, out_stride = (select(shape, True), select(strides, True),
+                                                  select(shape, False), select(strides, False))
+    size = math.prod(in_shape)
+    # The member and group offsets do not depend on each other: compute each once, then add them.
+    in_prefix, out_prefix = _prefix_product(in_shape), _prefix_product(out_shape)
+    members = [_inner(_decompose(r, in_shape, in_prefix), in_stride) for r in range(size)]
+    bases = [_inner(_decompose(g, out_shape, out_prefix), out_stride) for g in range(layout.world_size // size)]
+    return [[base + member for member in members] for base in bases]
+
+
+def group_lists(layout: Layout) -> dict[str, list[list[int]]]:
+    """Every group kind the engine should create. embedding: both ends of each pp group; position: its first."""
+    pp = rank_groups(layout, "pp")
+    return {"tp": rank_groups(layout, "tp"), "cp": rank_groups(layout, "cp"), "dp": rank_groups(layout, "dp"),
+            "dp_cp": rank_groups(layout, "dp-cp"), "pp": pp, "mp": rank_groups(layout, "tp-pp"),
+            "embedding": [sorted({g[0], g[-1]}) for g in pp], "position": [[g[0]] for g in pp]}
+
+
+def coordinates(layout: Layout, rank: int) -> dict[str, int]:
+    """The coordinate of `rank` along each axis: its index vector over the ordered shape."""
+    if not 0 <= rank < layout.world_size:
+        raise ConfigError(f"rank {rank} is outside the world of {layout.world_size} ranks")
+    axes = layout.order.split("-")
+    vector = dict(zip(axes, _decompose(rank, [layout.sizes[a] for a in axes])))
+    return {a: vector[a] for a in AXES}
+
+
+def rank_groups_of(layout: Layout, rank: int) -> dict[str, list[int]]:
+    """The group of each kind that contains `rank`; a kind with no group holding it (embedding or position on a
+    middle pipeline stage) is left out, as the engine leaves it out of ParallelState.ranks."""
+    coordinates(layout, rank)  # ConfigError outside the world
+    return {kind: group for kind, groups in group_lists(layout).items() for group in groups if rank in group}

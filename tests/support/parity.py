@@ -1,0 +1,115 @@
+"""The parity harness: run pretrain in a process group and compare it with the same run on a world of one.
+
+`train_and_collect` runs the whole loop in the current process group and returns the per-step figures and the full
+(TP-assembled) parameters; `reference_run` is the same configuration on a world of one. Every parity test (training,
+pipeline, multi-node) compares the two with `assert_close_rel` to 1e-5 relative: a parallel layout may change
+nothing but fp32 summation order.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import tempfile
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from common.arguments import parse_args
+from common.config import ParallelConfig, RunConfig
+from engine.parallel_state import ParallelState
+from engine.training import pretrain
+
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
+
+
+def _global_name(name: str, chunk: torch.nn.Module) -> str:
+    """A chunk numbers its layers from 0; the single-process model's name uses the layer's global number."""
+    match = _LAYER.match(name)
+    if match is None:
+        return name
+    return f"decoder.layers.{chunk.decoder.layers[int(match[1])].layer_number}.{match[2]}"
+
+
+def full_parameters(model: list[torch.nn.Module], parallel_state: ParallelState) -> dict[str, torch.Tensor]:
+    """This rank's parameters by their single-process name, fp32 on the CPU, each TP shard all-gathered over the TP
+    group and reassembled along its partition_dim (honouring partition_stride). Collective over the TP group."""
+    tp = parallel_state.tp_size
+    full: dict[str, torch.Tensor] = {}
+    for chunk in model:
+        module = chunk.module
+        for name, param in module.named_parameters():
+            value = param.detach()
+            if getattr(param, "tensor_model_parallel", False) and tp > 1:
+                shards = [torch.empty_like(value) for _ in range(tp)]
+                dist.all_gather(shards, value.contiguous(), group=parallel_state.groups["tp"])
+                dim, stride = param.partition_dim, param.partition_stride
+                pieces = [shard.chunk(stride, dim=dim) for shard in shards]
+                value = torch.cat([pieces[r][s] for s in range(stride) for r in range(tp)], dim=dim)
+            full[_global_name(name, module)] = value.float().cpu()
+    return full
+
+
+def train_and_collect(run_config: RunConfig, device: torch.device | None = None) -> dict[str, Any]:
+    """Run pretrain in the current process group (initialised by the caller) and return, on every rank, the
+    per-step losses, grad norms and learning rates and this rank's full parameters: what parity tests compare."""
+    device = device or torch.device("cpu")
+    p = run_config.parallel
+    parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                                              p.context_parallel_size, p.order,
+                                              p.virtual_pipeline_model_parallel_size)
+    result = pretrain(run_config, parallel_state, device)
+    return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
+            "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
+
+
+def single_process_config(run_config: RunConfig) -> RunConfig:
+    """The same model, data and optimizer on a world of one. The vocabulary is padded as the parallel run pads it
+    (to a multiple of divisible_by x TP), so both models have the same embedding shape."""
+    reference = copy.deepcopy(run_config)
+    reference.model.make_vocab_size_divisible_by *= run_config.parallel.tensor_model_parallel_size
+    reference.parallel = ParallelConfig(world_size=1)
+    reference.train.use_distributed_optimizer = False
+    reference.train.overlap_grad_reduce = reference.train.overlap_param_gather = False
+    reference.probes.run_dir = None
+    return reference
+
+
+def reference_run(run_config: RunConfig) -> dict[str, Any]:
+    """`train_and_collect` of single_process_config(run_config), in this process on a world of one (its own gloo
+    group when none is initialised)."""
+    reference = single_process_config(run_config)
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError("reference_run needs a world of one; call it outside the distributed run")
+        return train_and_collect(reference)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
+        try:
+            return train_and_collect(reference)
+        finally:
+            dist.destroy_process_group()
+
+
+def train_rank(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:
+    """One gloo rank of a parity test (tests.support.gloo.run_distributed calls it by name)."""
+    return train_and_collect(parse_args(argv, world_size=world_size))
+
+
+@functools.lru_cache(maxsize=None)
+def reference(base: tuple[str, ...], tp: int) -> dict[str, Any]:
+    """reference_run of the flags `base` with the vocabulary padded as TP=tp pads it, cached per (flags, tp): every
+    layout of a test file with the same TP compares against one single-process run."""
+    return reference_run(parse_args([*base, "--tensor-model-parallel-size", str(tp)], world_size=tp))
+
+
+def flag_value(flags: Sequence[str], name: str, default: int = 1) -> int:
+    return int(flags[flags.index(name) + 1]) if name in flags else default
+
+
+def assert_close_rel(actual: Any, expected: Any, what: str, rtol: float = 1e-5) -> None:
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
+                               torch.as_tensor(expected, dtype=torch.float64), rtol=rtol, atol=0,
+                               msg=lambda m: f"{what}: {m}")
