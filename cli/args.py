@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from common.errors import ConfigError
+from common.errors import ConfigError, InputError
+from common.run_dir import LEDGER_DIR, check_writable
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -12,3 +14,17 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:
         raise ConfigError(message)
+
+
+def ledger_output_dir(run: str, out: str | None) -> Path:
+    """The folder `reconcile` / `report` write into: --out, else RUN/ledger; checked before any work so that a
+    read-only run directory is one line that offers --out, not a traceback after the reconciliation."""
+    if not Path(run).is_dir():
+        raise InputError(run, "not a directory")
+    folder = Path(out) if out is not None else Path(run) / LEDGER_DIR
+    try:
+        check_writable(folder / ".write-check")
+    except InputError as exc:
+        hint = "" if out is not None else "; pass --out DIR to write it elsewhere"
+        raise InputError(folder, f"cannot write the ledger output here ({exc.problem}){hint}") from None
+    return folder

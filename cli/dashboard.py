@@ -31,6 +31,19 @@ def checked_root(root: Path) -> Path:
     return root.resolve()
 
 
+def check_run(root: Path, name: str) -> None:
+    """--run must name a run directory under the root (ours or a Megatron-LM one), not merely any path."""
+    from ledger.loaders import list_runs
+
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ConfigError(f"--run {name!r} is not under the runs root {root}")
+    runs = [Path(r["path"]).resolve() for r in list_runs(str(root))]
+    if path not in runs:
+        known = ", ".join(sorted(str(p.relative_to(root)) for p in runs)[:8]) or "none"
+        raise ConfigError(f"--run {name!r}: no run directory of that name under {root} (runs there: {known})")
+
+
 def main(argv: list[str]) -> int:
     p = CommandParser("dashboard", description=__doc__.splitlines()[0])
     p.add_argument("--runs-root", type=Path, default=DEFAULT_ROOT, help=f"default: {DEFAULT_ROOT}")
@@ -41,8 +54,8 @@ def main(argv: list[str]) -> int:
     if not 1 <= a.port <= 65535:
         raise ConfigError(f"--port {a.port}: expected 1..65535")
     root = checked_root(a.runs_root)
-    if a.run is not None and not (root / a.run).resolve().is_relative_to(root):
-        raise ConfigError(f"--run {a.run!r} is not under the runs root {root}")
+    if a.run is not None:
+        check_run(root, a.run)
     if importlib.util.find_spec("streamlit") is None:
         raise ConfigError("streamlit is not installed: pip install -e '.[dashboard]'")
     cmd = streamlit_argv(app_path(), a.host, a.port)

@@ -5,8 +5,10 @@ parallelism, the distributed optimizer and both overlaps, micro-batch 1 and glob
 8 micro-batches a step and the analytic bubble is the seed's (p-1)/(m+p-1) = 1/9; the model is `tiny`. With GPUs it
 runs the same flags with --bf16 on the GPUs present, the layout cut to fit (8: the seed's; 4: PP2 x DP2, which keeps
 the pipeline and its bubble; 2: DP2; 1: one GPU; other counts use the largest of these that fits) and llama3.2-1b's
-shape cut to 4 layers at sequence 4096 (0.77 B parameters: its embedding and output layer are full size, which keeps
-the memory rows' proportions real while one GPU holds it). 8 micro-batches per pipeline per step in every layout.
+shape cut to 4 layers at sequence 4096 (0.51 B parameters: its vocabulary matrix is full size, which keeps the
+memory rows' proportions real while one GPU holds it). 8 micro-batches per pipeline per step in every layout. The
+embedding and output layer are tied, Megatron's default and the real Llama-3.2-1B's (the seed's scripts untie them):
+under PP2 the last stage holds a copy and the two ends all-reduce its gradient each step, a row of its own.
 
 Every probe is on (--all-probes) and the profiler window covers steps 2-3 on every rank. The phases, each announced
 on a line: training under torchrun (the engine logs each step), reconciliation and report (in this process, through
@@ -25,6 +27,7 @@ from common.errors import ConfigError
 from dashboard.launch import DEFAULT_ROOT
 
 MICROBATCHES = 8  # per pipeline per step: the seed's global batch 16 over DP2 at micro-batch 1
+MAX_DEMO_ITERS = 1000
 PROFILE_STEPS = (2, 3)  # the profiler window; step 1 carries one-time work and the ledger leaves it out
 
 
@@ -68,7 +71,7 @@ def model_flags(layout: Layout) -> list[str]:
 
 
 def demo_flags(layout: Layout, train_iters: int, run_dir: Path) -> list[str]:
-    """The engine's flags: Megatron's names, as runs/engine/llama1b_tp2pp2dp2.sh passes them."""
+    """The engine's flags: Megatron's names, as runs/engine/llama1b_tp2pp2dp2.sh passes them (tied: no --untie-...)."""
     start, end = PROFILE_STEPS
     return [*model_flags(layout),
             "--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp),
@@ -177,8 +180,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--train-iters", type=int, default=4,
                    help=f"steps (default 4: the window {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]} and one after it)")
     a = p.parse_args(argv)
-    if a.train_iters < PROFILE_STEPS[1]:
-        raise ConfigError(f"--train-iters {a.train_iters}: the profiler window needs at least {PROFILE_STEPS[1]}")
+    if not PROFILE_STEPS[1] <= a.train_iters <= MAX_DEMO_ITERS:
+        raise ConfigError(f"--train-iters {a.train_iters}: the demo takes {PROFILE_STEPS[1]} (its profiler window) to "
+                          f"{MAX_DEMO_ITERS} steps; `train-ledger train` runs longer")
     run_dir = checked_run_dir(a.run_dir or DEFAULT_ROOT / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     layout = choose_layout(torch.cuda.device_count() if torch.cuda.is_available() else 0)
     status = train_phase(layout, a.train_iters, run_dir)

@@ -6,6 +6,7 @@ dependency (streamlit, say) only affects its own command. Any UserError becomes 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from common.errors import UserError
@@ -47,5 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `train-ledger` script. A reader that closes the pipe (`train-ledger plan ... | head -3`) ends the command
+    quietly, as it ends `cat`, instead of with a BrokenPipeError traceback; every output file is written atomically,
+    so nothing is left half-written."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -20,6 +20,20 @@ def _size(n: float) -> str:
     return f"{n / GB:.2f} GB ({n / GIB:.2f} GiB)"
 
 
+def _embeddings(params: dict[str, Any]) -> str:
+    if params["embeddings"] == "untied":
+        return "untied embedding and output layer"
+    copy = "; the last stage holds a copy" if params["embedding_copy_on_last_stage"] else ""
+    return f"tied embedding and output layer{copy}"
+
+
+def _other_recompute_modes(memory: dict[str, Any], stage: int) -> str:
+    peaks = memory["peak_bytes_per_stage_by_recompute"]
+    return "; ".join(f"{label}: activations {_size(act[stage])}, peak {_size(peaks[label][stage])}"
+                     for label, act in memory["activation_bytes_per_stage_by_recompute"].items()
+                     if label != memory["recompute"])
+
+
 def render(plan: dict[str, Any]) -> str:
     c, pa, me, pi, co, fl = (plan[k] for k in ("config", "params", "memory", "pipeline", "comm", "flops"))
     vpp = f" x vpp {c['vpp']}" if c["vpp"] else ""
@@ -27,13 +41,15 @@ def render(plan: dict[str, Any]) -> str:
         f"model {c['model'] or 'custom'}: world {c['world_size']} = tp {c['tp']} x pp {c['pp']}{vpp} x dp {c['dp']}"
         f"{' + SP' if c['sequence_parallel'] else ''}; {c['params_dtype']} params, {c['grad_dtype']} grads, "
         f"{c['strategy']}; seq {c['seq_length']}, micro {c['micro_batch_size']}, global {c['global_batch_size']}",
-        f"parameters: {pa['total']:,} total, {pa['per_layer']:,} per layer; vocab {pa['vocab']['size']:,} padded to "
-        f"{pa['vocab']['padded']:,} (+{pa['vocab']['padding_rows']} rows, {pa['vocab']['rule']})",
+        f"parameters: {pa['total']:,} total ({_embeddings(pa)}), {pa['per_layer']:,} per layer; vocab "
+        f"{pa['vocab']['size']:,} padded to {pa['vocab']['padded']:,} (+{pa['vocab']['padding_rows']} rows, "
+        f"{pa['vocab']['rule']})",
         f"bytes per parameter: {me['bytes_per_param']:g} ({me['bytes_per_param_after_optimizer_init']:g} after "
         f"optimizer init, before Adam's first step)",
         f"pipeline: {pi['schedule']}, m = {pi['num_microbatches']} micro-batches per DP replica; bubble "
         f"{pi['bubble_fraction']:.2%} [{pi['bubble_convention']}], {pi['bubble_relative_to_compute']:.2%} "
         f"[{pi['bubble_relative_to_compute_convention']}]",
+        f"activation recompute: {me['recompute']} [{me['recompute_convention']}]",
         "",
         "per stage, one rank (tp 0; static of its largest DP rank):",
     ]
@@ -45,10 +61,10 @@ def render(plan: dict[str, Any]) -> str:
             f"{_size(s['grad_buffer'])} (padding {s['padding']:,} B), master {_size(s['master_params'])}, "
             f"Adam m {_size(s['adam_m'])}, v {_size(s['adam_v'])}, fp32 grad copy {_size(s['grad_fp32_copy'])}",
             f"    activations {_size(me['activation_bytes_per_stage'][i])} "
-            f"({me['activation_in_flight_per_stage'][i]} in flight; full recompute "
-            f"{_size(me['activation_bytes_per_stage_full_recompute'][i])}), logits transient "
+            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}), logits transient "
             f"{_size(me['logits_transient_bytes_per_stage'][i])}",
             f"    peak {_size(me['peak_bytes_per_stage'][i])}",
+            f"    other recompute modes: {_other_recompute_modes(me, i)}",
         ]
         for name, col in co["per_stage"][i].items():
             lines.append(f"    comm {name}: {col['calls']} calls, {_size(col['bytes_per_rank'])} per rank")

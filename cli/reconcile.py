@@ -1,14 +1,15 @@
-"""`train-ledger reconcile RUN [--json] [--fail-on off|warn]`: formula vs inventory vs measurement for a run.
+"""`train-ledger reconcile RUN [--json] [--fail-on off|warn] [--out DIR]`: formula vs inventory vs measurement.
 
-Writes RUN/ledger/reconciliation.json and .csv (atomically, after everything is computed). --json prints the same
-object on stdout and nothing else. --fail-on warn|off makes the exit status 1 when any row reaches that verdict,
-so a CI job can gate on the ledger.
+Writes reconciliation.json and .csv into RUN/ledger (or --out DIR), atomically, after everything is computed.
+--json prints the same object on stdout and nothing else. --fail-on warn|off makes the exit status 1 when any row
+reaches that verdict, so a CI job can gate on the ledger; stderr then says which rows.
 """
 from __future__ import annotations
 
 import json
+import sys
 
-from cli.args import CommandParser
+from cli.args import CommandParser, ledger_output_dir
 
 
 def main(argv: list[str]) -> int:
@@ -19,14 +20,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true")
     p.add_argument("--fail-on", choices=("off", "warn"))
+    p.add_argument("--out", metavar="DIR", help="write the reconciliation here instead of RUN/ledger")
     a = p.parse_args(argv)
+    out = ledger_output_dir(a.run, a.out)
     result = reconcile(a.run)
-    json_path, csv_path = write(result)
+    json_path, csv_path = write(result, out)
     if a.json:
         print(json.dumps(result.to_dict(), default=str))
     else:
         print_summary(result, json_path, csv_path)
-    return 1 if a.fail_on and reaches(result.rows, a.fail_on) else 0
+    if a.fail_on and reaches(result.rows, a.fail_on):
+        failed = [r for r in result.rows if reaches([r], a.fail_on)]
+        names = ", ".join(sorted({r.metric for r in failed}))
+        print(f"train-ledger reconcile: {len(failed)} row(s) at or above {a.fail_on!r}: {names}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def print_summary(result, json_path, csv_path) -> None:

@@ -9,11 +9,22 @@ The flags are validated here, for the whole world, before any process starts: ba
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+from pathlib import Path
+from typing import Iterable, TextIO
 
 from cli.args import CommandParser
-from common.errors import ConfigError
+from common.errors import ConfigError, InputError
+from common.process import die_with_parent
+from common.run_dir import MANIFEST, now_iso, read_manifest, update_manifest
+
+
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 
 
 def launcher_parser() -> CommandParser:
@@ -50,6 +61,8 @@ def check_launch(launch) -> None:
         raise ConfigError(f"--nnodes {launch.nnodes} needs --rdzv-endpoint HOST:PORT (the first node)")
     if launch.rdzv_endpoint and launch.master_port is not None:
         raise ConfigError("--rdzv-endpoint and --master-port are alternatives; give one")
+    if launch.master_port is not None and not 1 <= launch.master_port <= 65535:
+        raise ConfigError(f"--master-port {launch.master_port}: expected 1..65535")
 
 
 def main(argv: list[str]) -> int:
@@ -63,9 +76,133 @@ def main(argv: list[str]) -> int:
     if launch.nproc_per_node is None and "RANK" in os.environ:
         from engine.train import main as engine_main
         return engine_main(engine_argv)
-    launch.nproc_per_node = launch.nproc_per_node or 1
+    launch.nproc_per_node = 1 if launch.nproc_per_node is None else launch.nproc_per_node
     check_launch(launch)
-    parse_args(engine_argv, world_size=launch.nproc_per_node * launch.nnodes)
+    run_config = parse_args(engine_argv, world_size=launch.nproc_per_node * launch.nnodes)
+    run_dir = run_config.probes.run_dir
+    if run_dir is not None:
+        check_new_run_dir(Path(run_dir))
+    check_fits(run_config, launch.nproc_per_node)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(torchrun_command(launch, "engine.train", engine_argv), env=env)
+    status, stopped_by = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
+    if run_dir is not None and status != 0:
+        mark_failed(Path(run_dir), stopped_by or f"the ranks exited with status {status}")
+    return status
+
+
+def check_fits(run_config, ranks_here: int) -> None:
+    """Refuse, before any rank starts, a run whose planned peak memory cannot fit: on the CPU the ranks of this node
+    share its RAM; on GPUs each rank needs its plan's peak on its own device (NVML's total, read without creating a
+    CUDA context in this launcher). The plan's peak leaves out what it cannot know (allocator cache, CUDA context),
+    so only what cannot fit even then is refused; a tight fit is left to the run."""
+    from ledger.plan import build_plan
+
+    peak = max(build_plan(run_config)["memory"]["peak_bytes_per_stage"])
+    gpu_bytes = _gpu_total_bytes()
+    if gpu_bytes is not None and peak > gpu_bytes:
+        raise ConfigError(f"the plan's peak memory per rank is {peak / 2**30:,.1f} GiB; this machine's GPUs hold "
+                          f"{gpu_bytes / 2**30:,.1f} GiB (see `train-ledger plan` with the same flags)")
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if gpu_bytes is None and peak * ranks_here > ram:
+        raise ConfigError(f"the plan's peak memory is {peak / 2**30:,.1f} GiB per rank x {ranks_here} ranks on this "
+                          f"node; it has {ram / 2**30:,.1f} GiB of RAM (see `train-ledger plan` with the same flags)")
+
+
+def _gpu_total_bytes() -> int | None:
+    """Memory of GPU 0 from NVML, None without a GPU or NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - ImportError or any NVMLError (no driver, no device): no GPU to check against
+        return None
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """Refuse an existing run before any rank starts (the ranks would find it only after start-up)."""
+    if (run_dir / MANIFEST).exists():
+        raise ConfigError(f"--run-dir {run_dir}: already holds a run ({MANIFEST}); choose a new directory")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: is a file")
+
+
+def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+    """Run torchrun as a child that dies with this launcher, forwarding SIGINT and SIGTERM to it (torchrun stops
+    its ranks on either). Returns the child's exit status and the signal that stopped the launcher, if one did."""
+    parent = os.getpid()
+    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1,
+                             preexec_fn=lambda: die_with_parent(parent))
+    relay = threading.Thread(target=relay_stderr, args=(child.stderr, sys.stderr), daemon=True)
+    relay.start()
+    stopped_by: list[str] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopped_by.append(f"the launcher received {signal.Signals(signum).name}")
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = child.wait()
+        relay.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return status, (stopped_by[0] if stopped_by else None)
+
+
+def relay_stderr(lines: Iterable[str], out: TextIO) -> None:
+    """Copy torchrun's stderr (the ranks' own lines included) but not torchrun's Python traceback: that is the
+    launcher's plumbing, not the user's problem. The ranks report their own errors (one line each); torchrun's
+    exception becomes one line (the last of a chain of tracebacks), or none when it only says that a rank failed or
+    that it was signalled."""
+    state = "copy"  # copy | traceback (inside one) | after (its exception line seen: a chain may follow)
+    error = ""
+    box_rules = 0  # the failure report after ChildFailedError: a box between two lines of '='; 0 = no box
+    for line in lines:
+        if box_rules:
+            box_rules += line.startswith("=" * 20)
+            box_rules = 0 if box_rules > 2 else box_rules
+            continue
+        if line.startswith("Traceback (most recent call last):"):
+            state = "traceback"
+            continue
+        if state == "traceback":
+            if not line.startswith((" ", "\t")):
+                state, error = "after", line.strip()
+            continue
+        if state == "after":
+            if not line.strip() or line.startswith(CHAINED):
+                continue
+            state, box_rules = "copy", _report_error(error, out)
+            if box_rules:
+                continue
+        out.write(line)
+        out.flush()
+    if state == "after":
+        _report_error(error, out)
+
+
+def _report_error(error: str, out: TextIO) -> int:
+    """One line for torchrun's own exception unless it only says a rank failed (returns 1: its report box follows,
+    to be dropped) or that torchrun was signalled."""
+    if error.startswith(CHILD_FAILED):
+        return 1
+    if SIGNALLED not in error:
+        print(f"train-ledger train: torchrun: {error}", file=out, flush=True)
+    return 0
+
+
+def mark_failed(run_dir: Path, why: str) -> None:
+    """A run whose ranks did not finish is failed; the ranks record it themselves when they can, this covers the
+    ranks that could not (killed outright) without overwriting what they wrote."""
+    try:
+        manifest = read_manifest(run_dir)
+    except InputError:
+        return  # no run was started (bad flags caught by the ranks, or a start-up failure before the manifest)
+    if manifest["status"] == "running":
+        update_manifest(run_dir, status="failed", error=why, ended=now_iso())

@@ -3,7 +3,7 @@
 One parser serves `train-ledger train`, `python -m engine.train` and `train-ledger plan`, so the engine and the
 ledger's formulas read the same resolved shape. Flags keep Megatron-LM's names so that a Megatron user's script runs
 with the entry point changed. A flag we do not know is an error that names it. Flags of Megatron's that only restate
-what this engine always does (RMSNorm, SwiGLU, RoPE, no biases, untied embeddings) are accepted and checked: a value
+what this engine always does (RMSNorm, SwiGLU, RoPE, no biases) are accepted and checked: a value
 we do not implement is an error, never ignored.
 """
 from __future__ import annotations
@@ -12,7 +12,16 @@ import argparse
 import dataclasses
 from typing import Any, Sequence
 
-from common.config import PRESETS, ModelConfig, ParallelConfig, ProbeConfig, RunConfig, TrainConfig, validate
+from common.config import (
+    PRESETS,
+    ModelConfig,
+    ParallelConfig,
+    ProbeConfig,
+    RecomputeConfig,
+    RunConfig,
+    TrainConfig,
+    validate,
+)
 from common.errors import ConfigError
 
 # Megatron flags that restate what the engine always does: the accepted values, checked.
@@ -22,8 +31,8 @@ _FIXED_CHOICES: dict[str, tuple[str, ...]] = {
     "--transformer-impl": ("transformer_engine", "local"),
     "--tokenizer-type": ("NullTokenizer",),
 }
-_ACCEPTED_SWITCHES = ("--use-mcore-models", "--swiglu", "--disable-bias-linear",
-                      "--untie-embeddings-and-output-weights", "--group-query-attention", "--use-flash-attn")
+_ACCEPTED_SWITCHES = ("--use-mcore-models", "--swiglu", "--disable-bias-linear", "--group-query-attention",
+                      "--use-flash-attn")
 _ZERO_ONLY = ("--attention-dropout", "--hidden-dropout")
 _IGNORED_VALUES = ("--split", "--save-interval", "--distributed-timeout-minutes", "--eval-iters", "--eval-interval")
 
@@ -43,6 +52,8 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
     m.add_argument("--rotary-base", type=float)
     m.add_argument("--norm-epsilon", type=float)
     m.add_argument("--init-method-std", type=float)
+    m.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="a separate output layer; without it the output layer multiplies by the input embedding")
 
     par = p.add_argument_group("parallel")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -63,6 +74,9 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
     for name in ("bf16", "fp16", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
                  "grad-reduce-in-bf16", "mock-data"):
         t.add_argument(f"--{name}", action="store_true")
+    t.add_argument("--recompute-granularity", choices=("full", "selective"))
+    t.add_argument("--recompute-method", choices=("uniform", "block"))
+    t.add_argument("--recompute-num-layers", type=int)
 
     pr = p.add_argument_group("probes")
     pr.add_argument("--run-dir")
@@ -78,6 +92,10 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
     pr.add_argument("--nvtx", action="store_true", help="emit NVTX ranges (and matching record_function names)")
     pr.add_argument("--timers", action="store_true", help="CUDA-event / perf_counter timers per micro-batch")
     pr.add_argument("--bandwidth-sweep", action="store_true")
+    pr.add_argument("--compute-sweep", action="store_true",
+                    help="time this run's own kernels at start-up (cached per machine and shape) for the time model")
+    pr.add_argument("--no-compute-sweep-cache", dest="compute_sweep_cache", action="store_false",
+                    help="measure the compute sweep even when this machine's cache holds its shapes")
     pr.add_argument("--all-probes", action="store_true",
                     help="every probe on except the profiler window and memory history")
 
@@ -123,9 +141,9 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
                            "seq_length") if k not in shape]
     if missing:
         raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
-    model = ModelConfig(**shape)
+    model = ModelConfig(**shape, untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights)
 
-    ws = world_size if world_size is not None else (ns.world_size or 1)
+    ws = world_size if world_size is not None else (ns.world_size if ns.world_size is not None else 1)
     parallel = ParallelConfig(world_size=ws, tensor_model_parallel_size=ns.tensor_model_parallel_size,
                               pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
                               context_parallel_size=ns.context_parallel_size,
@@ -139,7 +157,9 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
     if train.global_batch_size is None:
         train.global_batch_size = train.micro_batch_size * parallel.data_parallel_size if ws else 1
     probes = _probe_config(ns)
-    cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model)
+    recompute = RecomputeConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RecomputeConfig)})
+    cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
+                    recompute=recompute)
     validate(cfg)
     return cfg
 
@@ -147,9 +167,13 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
 def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
     vpp = ns.virtual_pipeline_model_parallel_size
     per_stage = ns.num_layers_per_virtual_pipeline_stage
+    for flag, value in (("--virtual-pipeline-model-parallel-size", vpp),
+                        ("--num-layers-per-virtual-pipeline-stage", per_stage)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     if per_stage is not None:
         pp = ns.pipeline_model_parallel_size
-        if per_stage <= 0 or model.num_layers % (per_stage * pp):
+        if pp < 1 or model.num_layers % (per_stage * pp):
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: num layers {model.num_layers}"
                               f" is not divisible by {per_stage} x pipeline size {pp}")
         derived = model.num_layers // (per_stage * pp)
@@ -165,7 +189,8 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
                      log_memory_to_tensorboard=ns.log_memory_to_tensorboard,
                      use_pytorch_profiler=ns.use_pytorch_profiler, nsys_profile=ns.nsys_profile,
                      record_memory_history=ns.record_memory_history, nvtx=ns.nvtx, timers=ns.timers,
-                     bandwidth_sweep=ns.bandwidth_sweep)
+                     bandwidth_sweep=ns.bandwidth_sweep, compute_sweep=ns.compute_sweep,
+                     compute_sweep_cache=ns.compute_sweep_cache)
     if ns.profile_step_start is not None:
         pc.profile_step_start = ns.profile_step_start
     if ns.profile_step_end is not None:
@@ -175,6 +200,6 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
     if ns.nvml_interval is not None:
         pc.nvml_interval = ns.nvml_interval
     if ns.all_probes:
-        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.log_memory_to_tensorboard = True
+        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.log_memory_to_tensorboard = True
         pc.nvml_interval = pc.nvml_interval or 0.5
     return pc

@@ -8,6 +8,7 @@ Megatron's validate_args makes for the features we have, so a config built any o
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,8 @@ class ModelConfig:
     norm_epsilon: float = 1e-5
     make_vocab_size_divisible_by: int = 128
     init_method_std: float = 0.02
+    # Megatron ties the output layer to the input embedding unless --untie-embeddings-and-output-weights.
+    untie_embeddings_and_output_weights: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -53,7 +56,7 @@ class ParallelConfig:
     def data_parallel_size(self) -> int:
         model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
                           * self.context_parallel_size)
-        return self.world_size // model_parallel
+        return self.world_size // model_parallel if model_parallel > 0 else 0  # sizes < 1: validate refuses them
 
 
 @dataclass
@@ -109,6 +112,18 @@ class ProbeConfig:
     nvtx: bool = False
     timers: bool = False
     bandwidth_sweep: bool = False
+    compute_sweep: bool = False
+    compute_sweep_cache: bool = True  # reuse this machine's cached sweep of the same shapes
+
+
+@dataclass
+class RecomputeConfig:
+    """Activation recompute, Megatron's TransformerConfig fields. granularity None | "full" (whole layers, cut per
+    model chunk by method "uniform": groups of num_layers, or "block": the first num_layers one by one) |
+    "selective" (core attention only). Rules: validate; what each saves: docs/formulas.md ("Recompute")."""
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
 
 
 @dataclass
@@ -118,6 +133,7 @@ class RunConfig:
     train: TrainConfig
     probes: ProbeConfig
     model_preset: str | None = None
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
 
     @property
     def num_microbatches(self) -> int:
@@ -128,12 +144,17 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        return cls(model=ModelConfig(**d["model"]), parallel=ParallelConfig(**d["parallel"]),
+        # Manifests written before the flag existed lack it: that engine always untied.
+        model = {"untie_embeddings_and_output_weights": True, **d["model"]}
+        return cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
                    train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
-                   model_preset=d.get("model_preset"))
+                   model_preset=d.get("model_preset"),
+                   recompute=RecomputeConfig(**d.get("recompute", {})))  # manifests before recompute lack it
 
 
-# The seeds' shape is llama3.2-1b: L16 h2048 f8192 32/8 heads vocab 128256, untied -> 1,498,482,688 parameters.
+# Shapes only; tying is --untie-embeddings-and-output-weights (tied without it, as Megatron). The seeds' shape is
+# llama3.2-1b (L16 h2048 f8192 32/8 heads vocab 128256): 1,235,814,400 parameters tied, as the real Llama-3.2-1B,
+# 1,498,482,688 untied, as the seeds' scripts run it. The real Llama-3.1-8B is untied: pass the flag.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=4, hidden_size=64, ffn_hidden_size=176, num_attention_heads=8, num_query_groups=4,
                  vocab_size=1000, seq_length=32, max_position_embeddings=32, rotary_base=10000.0,
@@ -146,16 +167,61 @@ PRESETS: dict[str, dict[str, Any]] = {
                         rotary_base=500000.0),
 }
 
+# Sizes far beyond any real run are refused rather than computed: the formulas enumerate layers and ranks, so a typo
+# such as --num-layers 100000000 would otherwise run for minutes. The largest public runs are far inside these.
+MAX_WORLD_SIZE = 65_536
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1 << 20  # hidden, ffn, heads, query groups
+MAX_TOKENS = 1 << 27  # sequence length, max position embeddings, vocabulary (128 Mi)
+
+
+def check_ranges(cfg: RunConfig) -> None:
+    """Every number in range, one message naming the flag: counts >= 1 (and below the bounds above), rates and
+    coefficients finite and >= 0, Adam's betas in [0, 1), epsilons > 0."""
+    m, p, t, pr = cfg.model, cfg.parallel, cfg.train, cfg.probes
+    counts = [("--num-layers", m.num_layers, MAX_LAYERS), ("--hidden-size", m.hidden_size, MAX_WIDTH),
+              ("--ffn-hidden-size", m.ffn_hidden_size, MAX_WIDTH),
+              ("--num-attention-heads", m.num_attention_heads, MAX_WIDTH),
+              ("--num-query-groups", m.num_query_groups, MAX_WIDTH), ("--vocab-size", m.vocab_size, MAX_TOKENS),
+              ("--seq-length", m.seq_length, MAX_TOKENS),
+              ("--max-position-embeddings", m.max_position_embeddings, MAX_TOKENS),
+              ("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by, MAX_TOKENS),
+              ("world size", p.world_size, MAX_WORLD_SIZE),
+              ("--tensor-model-parallel-size", p.tensor_model_parallel_size, MAX_WORLD_SIZE),
+              ("--pipeline-model-parallel-size", p.pipeline_model_parallel_size, MAX_WORLD_SIZE),
+              ("--context-parallel-size", p.context_parallel_size, MAX_WORLD_SIZE),
+              ("--virtual-pipeline-model-parallel-size", p.virtual_pipeline_model_parallel_size or 1, MAX_LAYERS),
+              ("--micro-batch-size", t.micro_batch_size, MAX_TOKENS),
+              ("--global-batch-size", t.global_batch_size, None),
+              ("--train-iters", t.train_iters, None), ("--log-interval", t.log_interval, None),
+              ("--profile-step-start", pr.profile_step_start, None), ("--profile-step-end", pr.profile_step_end, None)]
+    for flag, value, highest in counts:
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+        if highest is not None and value > highest:
+            raise ConfigError(f"{flag} {value:,} is beyond the largest supported value {highest:,}")
+    if t.lr_decay_iters is not None and t.lr_decay_iters < 1:
+        raise ConfigError(f"--lr-decay-iters must be >= 1, got {t.lr_decay_iters}")
+    if t.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {t.seed}")
+    for flag, value in (("--lr", t.lr), ("--min-lr", t.min_lr), ("--lr-warmup-iters", t.lr_warmup_iters),
+                        ("--weight-decay", t.weight_decay), ("--clip-grad", t.clip_grad),
+                        ("--init-method-std", m.init_method_std), ("--nvml-interval", pr.nvml_interval)):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{flag} must be a finite number >= 0, got {value}")
+    for flag, value in (("--adam-eps", t.adam_eps), ("--norm-epsilon", m.norm_epsilon),
+                        ("--rotary-base", m.rotary_base)):
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+    for flag, value in (("--adam-beta1", t.adam_beta1), ("--adam-beta2", t.adam_beta2)):
+        if not (math.isfinite(value) and 0 <= value < 1):
+            raise ConfigError(f"{flag} must be in [0, 1), got {value}")
+
+
 def validate(cfg: RunConfig) -> None:
     """Every check Megatron's validate_args makes for the features we have, one clear message each."""
     m, p, t, pr = cfg.model, cfg.parallel, cfg.train, cfg.probes
-    for name, value in (("--tensor-model-parallel-size", p.tensor_model_parallel_size),
-                        ("--pipeline-model-parallel-size", p.pipeline_model_parallel_size),
-                        ("--context-parallel-size", p.context_parallel_size), ("world size", p.world_size),
-                        ("--micro-batch-size", t.micro_batch_size), ("--num-layers", m.num_layers),
-                        ("--train-iters", t.train_iters)):
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+    check_ranges(cfg)
     if p.context_parallel_size != 1:
         raise ConfigError("--context-parallel-size > 1 is not implemented by this engine")
     model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
@@ -205,8 +271,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
     check_ddp_flags(use_distributed_optimizer=t.use_distributed_optimizer, overlap_grad_reduce=t.overlap_grad_reduce,
                     overlap_param_gather=t.overlap_param_gather, bucket_size=t.ddp_bucket_size)
-    if t.lr_warmup_iters < 0 or t.lr < 0 or t.min_lr < 0:
-        raise ConfigError("--lr, --min-lr and --lr-warmup-iters must be >= 0")
+    check_recompute(cfg.recompute)
     decay_iters = t.lr_decay_iters if t.lr_decay_iters is not None else t.train_iters
     if t.lr_warmup_iters >= decay_iters:
         raise ConfigError(f"--lr-warmup-iters {t.lr_warmup_iters} must be < the decay length {decay_iters} "
@@ -216,10 +281,8 @@ def validate(cfg: RunConfig) -> None:
     if pr.profile_step_end < pr.profile_step_start:
         raise ConfigError(f"--profile-step-end {pr.profile_step_end} is before --profile-step-start "
                           f"{pr.profile_step_start}")
-    if pr.nvml_interval < 0:
-        raise ConfigError(f"--nvml-interval must be >= 0, got {pr.nvml_interval}")
     bad_ranks = [r for r in pr.profile_ranks if not 0 <= r < p.world_size]
-    if pr.use_pytorch_profiler and bad_ranks:
+    if bad_ranks:
         raise ConfigError(f"--profile-ranks {bad_ranks[0]} is outside the world of {p.world_size} ranks")
 
 
@@ -234,3 +297,26 @@ def check_ddp_flags(*, use_distributed_optimizer: bool, overlap_grad_reduce: boo
         raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
     if bucket_size is not None and bucket_size < 1:
         raise ConfigError(f"--ddp-bucket-size must be >= 1, got {bucket_size}")
+
+
+def check_recompute(r: RecomputeConfig) -> None:
+    """Megatron's TransformerConfig checks: full needs a method and a layer count, selective takes neither. Megatron
+    ignores a method or count given without a granularity; here that is an error, as a flag with no effect would be
+    (a script that means to recompute and does not). A count above a model chunk's layers is accepted, as Megatron
+    accepts it: uniform then makes the whole chunk one group, block checkpoints every layer."""
+    granularity, method, count = r.recompute_granularity, r.recompute_method, r.recompute_num_layers
+    if granularity not in (None, "full", "selective"):
+        raise ConfigError(f"--recompute-granularity {granularity}: expected full or selective")
+    if method not in (None, "uniform", "block"):
+        raise ConfigError(f"--recompute-method {method}: expected uniform or block")
+    if granularity == "full":
+        if method is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-method (uniform or block)")
+        if count is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-num-layers")
+        if count < 1:
+            raise ConfigError(f"--recompute-num-layers must be >= 1, got {count}")
+    elif method is not None or count is not None:
+        flag = "--recompute-method" if method is not None else "--recompute-num-layers"
+        why = " (selective recomputes core attention in every layer)" if granularity == "selective" else ""
+        raise ConfigError(f"{flag} needs --recompute-granularity full{why}")

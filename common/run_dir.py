@@ -2,7 +2,10 @@
 
     RUN/manifest.json                      schema_version, run_id, framework, argv, config, world_size, ranks
                                            (host, device, coords), versions, git_sha, started, ended, status, error
-    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line
+    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line; kinds: memory,
+                                           inventory, timing, nvml, step, run_end, and the start-up calibration
+                                           sweeps: bandwidth (a collective at a size), compute (a kernel of the
+                                           run's own shapes: op, dims, dtype, seconds), both step None
     RUN/traces/rank{R}.step{A}-{B}.json.gz torch.profiler Chrome traces
     RUN/tb/                                TensorBoard event files
     RUN/ledger/                            written by `train-ledger reconcile` / `report`
@@ -15,6 +18,7 @@ reports it; a bad line anywhere else is corruption.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gzip
 import json
 import os
@@ -28,6 +32,7 @@ from common.errors import InputError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+LEDGER_DIR = "ledger"  # RUN/ledger: what `reconcile` and `report` write, unless told to write elsewhere
 STATUSES = ("running", "complete", "failed")
 TRACE_RE = re.compile(r"^rank(\d+)\.step(\d+)-(\d+)\.json(\.gz)?$")
 
@@ -44,13 +49,32 @@ def trace_path(run_dir: str | os.PathLike, rank: int, start: int, end: int) -> P
     return Path(run_dir) / "traces" / f"rank{rank}.step{start}-{end}.json.gz"
 
 
+def check_writable(path: str | os.PathLike) -> Path:
+    """`path` if a file can be written there (its folder is created when missing), else InputError naming the path
+    and the operating system's reason. Called before long work, so that a read-only run directory, a path under a
+    file or a pseudo file system is refused at once rather than after minutes of merging or reconciling."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(path, "is a directory; name a file")
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():
+        raise InputError(path, f"cannot be written: {existing} is a file, not a folder (Not a directory)")
+    probe = path.with_name(f".{path.name}.probe{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.open("w").close()
+    except OSError as exc:
+        raise InputError(path, f"cannot be written ({exc.strerror or exc})") from None
+    probe.unlink()
+    return path
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike) -> Iterator[IO[str]]:
     """A text stream into a temp file beside `path` (gzip when the name ends in .gz), fsynced and renamed over `path`
     when the block ends cleanly and removed when it fails, so a reader never sees half a file and a failed write
     leaves whatever was there before."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = check_writable(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
@@ -67,6 +91,11 @@ def atomic_open(path: str | os.PathLike) -> Iterator[IO[str]]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_open(path) as f:
         f.write(text)
+
+
+def now_iso() -> str:
+    """The manifest's timestamps (started, ended): UTC, ISO 8601, milliseconds."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def write_manifest(run_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:

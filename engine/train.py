@@ -3,11 +3,13 @@
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and the rendezvous; this module turns them into a process group (NCCL
 with one device per LOCAL_RANK when CUDA is present, gloo on the CPU), the flags into a RunConfig, and runs pretrain
 under the probes facade. Bad flags are one line on stderr from rank 0 and exit status 2 on every rank; any other
-failure marks the run directory's manifest failed, with the error, before it propagates.
+failure marks the run directory's manifest failed, with the error, before it propagates. A rank dies with its
+launcher and turns SIGTERM / SIGINT into a failed run (common.process).
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import torch
@@ -16,6 +18,7 @@ import torch.distributed as dist
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError, UserError
+from common.process import Terminated, die_with_parent, raise_on_termination
 
 
 def init_distributed() -> torch.device:
@@ -56,6 +59,8 @@ def run(run_config: RunConfig, argv: list[str], device: torch.device) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    die_with_parent()  # torchrun's agent: if it is killed outright, this rank must not run on
+    raise_on_termination()  # SIGTERM from torchrun (or the kernel) -> the run is recorded as failed
     try:
         run_config = parse_args(argv, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as exc:
@@ -69,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         if dist.get_rank() == 0:
             print(f"train-ledger train: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated as exc:
+        if dist.get_rank() == 0:
+            print(f"train-ledger train: {exc}; the run is marked failed", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         dist.destroy_process_group()
     return 0

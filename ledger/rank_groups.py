@@ -13,6 +13,7 @@ import math
 import operator
 from dataclasses import dataclass
 
+from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -65,6 +66,8 @@ class Layout:
         for name, size in (("world size", self.world_size), ("vpp", self.vpp), *self.sizes.items()):
             if size < 1:
                 raise ConfigError(f"{name} must be >= 1, got {size}")
+        if self.world_size > MAX_WORLD_SIZE:  # the group lists enumerate every rank
+            raise ConfigError(f"world size {self.world_size:,} is beyond the largest supported {MAX_WORLD_SIZE:,}")
         if math.prod(self.sizes.values()) != self.world_size:
             product = " x ".join(f"{a} {s}" for a, s in self.sizes.items())
             raise ConfigError(f"world size {self.world_size} != {product}")

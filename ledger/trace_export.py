@@ -28,8 +28,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Iterable, Iterator
 
+from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError, InputError
-from common.run_dir import atomic_open, events_path, read_manifest, trace_files
+from common.run_dir import atomic_open, check_writable, events_path, read_manifest, trace_files
 from common.run_dir import iter_events as iter_run_events
 from ledger.reconcile.evidence import rank_coords
 from ledger.reconcile.topology import rank_label
@@ -69,8 +70,8 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
         lo, hi = int(a), int(b or a)
     except ValueError:
         raise ConfigError(f"--steps {text!r}: expected A-B, e.g. 10-12") from None
-    if hi < lo:
-        raise ConfigError(f"--steps {text!r}: end before start")
+    if hi < lo or lo < 1:
+        raise ConfigError(f"--steps {text!r}: expected steps 1 <= A <= B")
     return lo, hi
 
 
@@ -83,9 +84,12 @@ def parse_ranks(items: Iterable[str] | None) -> set[int] | None:
         for part in filter(None, item.split(",")):
             try:
                 a, _, b = part.partition("-")
-                out.update(range(int(a), int(b or a) + 1))
+                lo, hi = int(a), int(b or a)
             except ValueError:
                 raise ConfigError(f"--ranks {part!r}: expected ranks like 0,1,4-7") from None
+            if not 0 <= lo <= hi < MAX_WORLD_SIZE:
+                raise ConfigError(f"--ranks {part!r}: expected ranks 0 <= A <= B < {MAX_WORLD_SIZE:,}")
+            out.update(range(lo, hi + 1))
     return out
 
 
@@ -136,7 +140,7 @@ def clock_offsets(indexes: dict[int, TraceIndex]) -> tuple[dict[int, float], lis
 
 def export(run_dir: str | Path, out: str | Path, steps: tuple[int, int] | None = None,
            ranks: set[int] | None = None) -> ExportResult:
-    run_dir, out = Path(run_dir), Path(out)
+    run_dir, out = Path(run_dir), check_writable(out)
     manifest = read_manifest(run_dir)
     files = [(r, p) for r, _, _, p in trace_files(run_dir) if ranks is None or r in ranks]
     if not files:

@@ -20,13 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.run_dir import read_manifest, update_manifest
+from common.run_dir import now_iso, read_manifest, update_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def git_sha() -> str | None:

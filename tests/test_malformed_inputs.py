@@ -136,3 +136,75 @@ def test_export_trace_refuses_and_leaves_no_output(tmp_path, capsys, name):
 
 def test_corpus_size():
     assert len(CASES) >= 15
+
+
+# ---- outputs that cannot be written ------------------------------------------------------------------------------
+
+REAL_RUN = Path(__file__).parent / "fixtures" / "gpu_h200_llama1b_l2"
+
+
+@pytest.fixture
+def read_only_run(tmp_path: Path):
+    """A copy of a real run on a file system that refuses writes. Root ignores permission bits, so as root the copy
+    lives on a tmpfs remounted read-only (skipped where mounting is not allowed)."""
+    import os
+    import shutil
+    import subprocess
+
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    run = mount / "run"
+    if os.geteuid() != 0:
+        shutil.copytree(REAL_RUN, run)
+        for path in [run, *run.rglob("*")]:
+            path.chmod(path.stat().st_mode & ~0o222)
+        yield run
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("as root a read-only file system is needed, and mount is not allowed here")
+    try:
+        shutil.copytree(REAL_RUN, run)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True, capture_output=True)
+        yield run
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("command", ["reconcile", "report"])
+def test_a_read_only_run_directory_is_one_line_offering_out(read_only_run: Path, tmp_path: Path, capsys, command):
+    assert cli([command, str(read_only_run)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert f"{read_only_run / 'ledger'}: cannot write the ledger output here" in line and "--out DIR" in line, line
+    out = tmp_path / "elsewhere"
+    assert cli([command, str(read_only_run), "--out", str(out)]) == 0
+    assert any(out.iterdir())
+
+
+@pytest.mark.parametrize("out,problem", [
+    ("/proc/version/merged.json.gz", "Not a directory"),  # a path under a file
+    ("/proc/no-such-dir/merged.json.gz", "No such file or directory"),  # a pseudo file system
+    ("/sys/merged.json.gz", "Permission denied"),
+    (".", "is a directory")])
+def test_export_trace_to_an_unwritable_place_is_one_line(capsys, out, problem):
+    assert cli(["export-trace", str(REAL_RUN), "--out", out]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("train-ledger export-trace: error: ") and problem in line, line
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    """`train-ledger schedule ... | head -1`: no BrokenPipeError traceback (the command dies of SIGPIPE, as cat does)."""
+    import subprocess
+
+    done = subprocess.run("python3 -m cli schedule --pp 4 --microbatches 4000 | head -1", shell=True,
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+    assert done.stdout == "1F1B: pp=4, microbatches=4000\n"
+    assert done.stderr == ""
+
+
+def test_dashboard_refuses_a_run_that_is_not_there(tmp_path: Path, capsys):
+    assert cli(["dashboard", "--runs-root", str(tmp_path), "--run", "nope"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--run 'nope': no run directory of that name under {tmp_path.resolve()}" in line

@@ -3,10 +3,13 @@
 The launcher validates the flags for the whole world before starting any process; under torchrun (RANK set) the
 rank validates them itself, rank 0 alone prints the line, and every rank exits 2 before joining a process group.
 """
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -119,3 +122,77 @@ def test_torchrun_accepts_the_seed_run_sh_flags(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world 8 = tp 2 x cp 1 x dp 2 x pp 2" in proc.stdout
     assert [s["iteration"] for s in _log_lines(proc.stdout)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--nproc-per-node", "0"], "--nproc-per-node must be >= 1, got 0"),
+    (["--nproc-per-node", "-2"], "--nproc-per-node must be >= 1, got -2")])
+def test_no_process_count_below_one(flags, message):
+    _assert_one_line_error(_run(CLI + flags + ["--model", "tiny"], timeout=60), message)
+
+
+def test_an_existing_run_is_refused_before_any_rank_starts(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    proc = _run(CLI + ["--nproc-per-node", "2", "--model", "tiny", "--run-dir", str(tmp_path)], timeout=60)
+    _assert_one_line_error(proc, f"--run-dir {tmp_path}: already holds a run (manifest.json)")
+    assert (tmp_path / "manifest.json").read_text() == "{}"  # what was there is untouched
+
+
+def _wait_for_steps(run_dir, steps: int, launcher: subprocess.Popen) -> list[int]:
+    """The rank pids from the manifest, once rank 0 has logged `steps` steps (the launcher must still run)."""
+    events = run_dir / "ranks" / "rank0" / "events.jsonl"
+    deadline = time.monotonic() + TIMEOUT
+    while not events.is_file() or events.read_bytes().count(b'"kind":"step"') < steps:
+        assert launcher.poll() is None, launcher.communicate()[1]
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.2)
+    return [r["pid"] for r in json.loads((run_dir / "manifest.json").read_text())["ranks"]]
+
+
+def _gone(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
+                   for pid in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_stopping_the_launcher_stops_every_rank_and_fails_the_run(tmp_path, sig):
+    """SIGINT / SIGTERM are forwarded to every rank, which records the run as failed; a launcher killed outright
+    (SIGKILL) cannot forward anything, and its ranks still stop (each dies with its parent) instead of training on."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(CLI + ["--nproc-per-node", "2", "--model", "tiny", "--global-batch-size", "2",
+                                       "--train-iters", "100000", "--run-dir", str(run_dir)],
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    pids = _wait_for_steps(run_dir, 3, launcher)
+    launcher.send_signal(sig)
+    _, stderr = launcher.communicate(timeout=60)
+    assert _gone(pids, 30), f"ranks {pids} outlived their launcher"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert "SIG" in manifest["error"], manifest["error"]
+    assert "Traceback" not in stderr, stderr
+
+
+def test_torchruns_chained_traceback_on_a_signal_reaches_the_user_as_nothing():
+    # What torchrun printed when its launcher was SIGTERMed from inside another program (seen: a stray
+    # "During handling of the above exception" line reached the user).
+    import io
+
+    from cli.train import relay_stderr
+
+    signalled = "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15\n"
+    lines = ["rank line\n", "Traceback (most recent call last):\n", '  File "x.py", line 1\n', signalled, "\n",
+             "During handling of the above exception, another exception occurred:\n", "\n",
+             "Traceback (most recent call last):\n", '  File "y.py", line 2\n', signalled, "after\n"]
+    out = io.StringIO()
+    relay_stderr(lines, out)
+    assert out.getvalue() == "rank line\nafter\n"
+    out = io.StringIO()
+    relay_stderr(["Traceback (most recent call last):\n", "  x\n", "ValueError: bad\n"], out)
+    assert out.getvalue() == "train-ledger train: torchrun: ValueError: bad\n"

@@ -5,11 +5,12 @@
 importable (module level), as spawn pickles it by name."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def _worker(rank: int, world_size: int, tmp: str, fn: Callable, args: tuple) -> None:
@@ -49,3 +50,17 @@ def run_distributed(fn: Callable, world_size: int, *args: Any) -> list[Any]:
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results.append(value)
         return results
+
+
+@contextlib.contextmanager
+def world_of_one() -> Iterator[None]:
+    """A gloo process group of this process alone, for single-process tests of what needs one (DDP, the optimizers,
+    a reference run); destroyed on exit."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
