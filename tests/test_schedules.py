@@ -2,8 +2,9 @@
 
 Specification: pipelining reorders the work but not the arithmetic, so every rank's gradients (and the last stage's
 micro-batch losses) equal those of the whole stack run in one process by forward_backward_no_pipelining, to fp32
-rounding. Along the way: a sent activation keeps no storage (deallocate_output_tensor), DP grad sync is enabled
-only for each chunk's last backward, and finalize_model_grads_func sees every chunk once.
+rounding. Along the way: a sent activation keeps no storage (deallocate_output_tensor), each chunk's DP grad
+reduction is launched once, where Megatron Core launches it (docs/engine.md, "Schedules"), and
+finalize_model_grads_func sees every chunk once.
 """
 from __future__ import annotations
 
@@ -117,6 +118,25 @@ def reference(m: int) -> tuple[list[float], dict]:
     return [d["loss"].item() for d in losses], _grads([model])
 
 
+class TimelineProbes:
+    """Probes that log each backward ("backward", chunk, micro-batch) and each P2P exchange ("p2p",) into the rank's
+    event list, where the DDP callbacks log their calls too: the rank's timeline, in order."""
+
+    def __init__(self, events: list[tuple]):
+        self.events = events
+
+    def range(self, name: str, category: str, **attrs):
+        if category == "backward":
+            self.events.append(("backward", attrs["chunk"], attrs["microbatch"]))
+        elif category == "pp-comm":
+            self.events.append(("p2p",))
+        return contextlib.nullcontext()
+
+
+def _callbacks(events: list[tuple]) -> list[tuple]:
+    return [e for e in events if e[0] in ("grad_sync", "finalize")]
+
+
 def _pipeline_worker(rank: int, world_size: int, vpp: int, m: int, use_grad_sync_func: bool,
                      forward_only: bool = False) -> dict:
     torch.manual_seed(0)
@@ -125,7 +145,7 @@ def _pipeline_worker(rank: int, world_size: int, vpp: int, m: int, use_grad_sync
     events: list[tuple] = []
 
     def grad_sync(c: int):
-        return lambda params: events.append(("grad_sync", c, len(chunks[c].backward_sync)))
+        return lambda params: events.append(("grad_sync", c))
 
     one_or_list = (lambda xs: xs[0]) if vpp == 1 else list
     config = ScheduleConfig(
@@ -133,7 +153,7 @@ def _pipeline_worker(rank: int, world_size: int, vpp: int, m: int, use_grad_sync
         no_sync_func=one_or_list([c.no_sync for c in chunks]),
         grad_sync_func=one_or_list([grad_sync(c) for c in range(vpp)]) if use_grad_sync_func else None,
         finalize_model_grads_func=lambda model: events.append(("finalize", len(model))),
-        parallel_state=ps, tensor_shape=(SEQ, MBS, HIDDEN))
+        probes=TimelineProbes(events), parallel_state=ps, tensor_shape=(SEQ, MBS, HIDDEN))
     func = get_forward_backward_func(world_size, vpp if vpp > 1 else None)
     iterators = [iter(_microbatches(m)) for _ in chunks]
     losses = func(forward_step_func=forward_step_func, data_iterator=one_or_list(iterators),
@@ -163,7 +183,7 @@ def test_pipelined_losses_and_grads_equal_single_process(pp, vpp, m):
 def test_forward_only_gives_the_losses_and_no_gradients(pp, vpp, m):
     results = run_distributed(_pipeline_worker, pp, vpp, m, False, True)
     assert results[-1]["losses"] == pytest.approx(reference(m)[0], rel=1e-5, abs=1e-7)
-    assert all(r["events"] == [] and r["held_with_storage"] == 0 for r in results)
+    assert all(_callbacks(r["events"]) == [] and r["held_with_storage"] == 0 for r in results)
 
 
 @pytest.mark.slow
@@ -179,22 +199,51 @@ def test_sent_activations_keep_no_storage(pp, vpp, m):
 @pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(2, 1, 4), (2, 2, 4)])
 def test_grad_sync_only_in_each_chunks_last_backward(pp, vpp, m):
+    """Without grad_sync_func, on every stage each chunk's last backward (micro-batch m - 1) runs with DDP's bucket
+    hooks enabled, so they launch its reduction during that backward; every other backward runs under no_sync."""
     results = run_distributed(_pipeline_worker, pp, vpp, m, False)
     for r in results:
         for chunk_log in r["backward_sync"]:
             assert chunk_log == [(i, i == m - 1) for i in range(m)]
-        assert r["events"] == [("finalize", vpp)]
+        assert _callbacks(r["events"]) == [("finalize", vpp)]
 
 
 @pytest.mark.slow
-def test_grad_sync_func_launches_each_chunk_after_its_last_backward():
-    m, vpp = 4, 2
-    for r in run_distributed(_pipeline_worker, 2, vpp, m, True):
-        for chunk_log in r["backward_sync"]:
-            assert chunk_log == [(i, False) for i in range(m)], "with grad_sync_func every backward is no_sync"
-        launches = [e for e in r["events"] if e[0] == "grad_sync"]
-        assert sorted(launches) == [("grad_sync", c, m) for c in range(vpp)]
-        assert r["events"][-1] == ("finalize", vpp)
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8)])
+def test_1f1b_grad_sync_func_overlaps_stage0_and_later_stages_launch_after_their_last_exchange(pp, m):
+    """1F1B with grad_sync_func: stage 0 (the stage with several buckets) runs its last backward with the bucket
+    hooks enabled and never calls grad_sync_func; every later stage runs all backwards under no_sync and calls
+    grad_sync_func once, after the P2P send of its last backward (in the pipeline bubble), then finalizes."""
+    stage0, *later = run_distributed(_pipeline_worker, pp, 1, m, True)
+    assert stage0["backward_sync"] == [[(i, i == m - 1) for i in range(m)]]
+    assert _callbacks(stage0["events"]) == [("finalize", 1)]
+    for r in later:
+        assert r["backward_sync"] == [[(i, False) for i in range(m)]]
+        assert r["events"][-4:] == [("backward", 0, m - 1), ("p2p",), ("grad_sync", 0), ("finalize", 1)]
+        assert _callbacks(r["events"]) == [("grad_sync", 0), ("finalize", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8)])
+def test_grad_sync_func_launches_each_chunk_after_its_last_backward(pp, m):
+    """Interleaved with grad_sync_func, every backward runs under no_sync. If chunk c's last backward (micro-batch
+    m - 1) is stage s's k-th, the stage launches c right after its (k + s)-th backward (before that step's P2P
+    exchange), so all stages launch c at about the same time; a stage with fewer backwards launches c after its
+    last exchange. Each chunk is launched once, then finalize_model_grads runs."""
+    vpp = 2
+    for stage, r in enumerate(run_distributed(_pipeline_worker, pp, vpp, m, True)):
+        assert r["backward_sync"] == [[(i, False) for i in range(m)]] * vpp
+        events = r["events"]
+        backwards = [e for e in events if e[0] == "backward"]
+        assert sorted(_callbacks(events)) == [("finalize", vpp)] + [("grad_sync", c) for c in range(vpp)]
+        assert events[-1] == ("finalize", vpp)
+        for chunk in range(vpp):
+            launch = events.index(("grad_sync", chunk))
+            k = backwards.index(("backward", chunk, m - 1)) + stage
+            if k < len(backwards):
+                assert events[launch - 1] == backwards[k], f"stage {stage} chunk {chunk}"
+            else:
+                assert {e[0] for e in events[launch:]} == {"grad_sync", "finalize"}, f"stage {stage} chunk {chunk}"
 
 
 def test_get_forward_backward_func_chooses_by_pipeline_and_virtual_size():

@@ -23,7 +23,14 @@ import torch
 from torch.autograd.variable import Variable
 
 from engine.pipeline_parallel.p2p_communication import P2PCommunicator, p2p_tensor_shape
-from engine.pipeline_parallel.schedule_plan import FORWARD, StagePlan, WorkItem, is_last_virtual_stage, stage_plan
+from engine.pipeline_parallel.schedule_plan import (
+    BACKWARD,
+    FORWARD,
+    StagePlan,
+    WorkItem,
+    is_last_virtual_stage,
+    stage_plan,
+)
 from probes.probe_set import NullProbeSet
 
 
@@ -122,15 +129,32 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
 
 
 class _GradSync:
-    """Megatron's enable_grad_sync / disable_grad_sync: every backward runs under no_sync except each chunk's
-    last, so DDP launches a chunk's reduce-scatter as soon as its gradients are final and it overlaps the
-    remaining backwards (the cooldown). With grad_sync_func the last backward also runs under no_sync and the
-    chunk's reduction is launched explicitly right after it."""
+    """When a pipeline stage launches each model chunk's DP grad reduction, as Megatron's schedules do
+    (docs/engine.md, "Schedules"). Backwards are numbered k = 0, 1, ... in the order the stage runs them (Megatron's
+    virtual micro-batch id) and all run under no_sync, except:
 
-    def __init__(self, config: ScheduleConfig, chunks: Sequence[torch.nn.Module]):
-        self.chunks = chunks
+    - a chunk's last backward (micro-batch m - 1) runs with DDP's bucket hooks enabled when there is no
+      grad_sync_func, or in 1F1B on stage 0: each bucket is issued as soon as its gradients are final and overlaps
+      the rest of that backward (stage 0 is the one stage split into several buckets);
+    - interleaved with grad_sync_func, after its k-th backward (before the step's P2P exchange) stage s launches the
+      chunk whose last backward was its (k - s)-th: every stage launches a chunk's reduction at about the same time,
+      so the slowdown asynchronous communication causes does not mismatch the stages' micro-batch times;
+    - finish(), after the stage's last exchange, launches every chunk not launched yet through grad_sync_func. In
+      1F1B these are the stages after the first (not split by bucket size): their reduction goes out in the bubble.
+    A chunk is recorded as synchronized when launched either way, so no chunk is launched twice.
+    """
+
+    def __init__(self, config: ScheduleConfig, chunks: Sequence[torch.nn.Module], stage: int,
+                 backwards: Sequence[WorkItem], num_microbatches: int):
+        self.chunks, self.stage, self.num_microbatches = chunks, stage, num_microbatches
         self.no_sync = _per_chunk(config.no_sync_func, len(chunks))
         self.grad_sync = _per_chunk(config.grad_sync_func, len(chunks))
+        self.has_grad_sync_func = config.grad_sync_func is not None
+        self.interleaved = len(chunks) > 1
+        self.hooks_in_last_backward = not self.has_grad_sync_func or (not self.interleaved and stage == 0)
+        self.backwards = list(backwards)
+        self.backward_id = {item: k for k, item in enumerate(self.backwards)}
+        self.synchronized: set[int] = set()
         self.stack: contextlib.ExitStack | None = None
 
     def disable(self) -> None:
@@ -144,15 +168,33 @@ class _GradSync:
             self.stack.close()
             self.stack = None
 
-    def backward(self, chunk: int, last_of_chunk: bool, run_backward: Callable[[], torch.Tensor | None]):
-        if last_of_chunk and self.grad_sync[chunk] is None:
+    def _is_last_of_chunk(self, k: int) -> bool:
+        return self.backwards[k].microbatch == self.num_microbatches - 1
+
+    def _launch(self, chunk: int) -> None:
+        self.enable()
+        self.grad_sync[chunk](self.chunks[chunk].parameters())
+        self.synchronized.add(chunk)
+
+    def backward(self, item: WorkItem, run_backward: Callable[[], torch.Tensor | None]) -> torch.Tensor | None:
+        k = self.backward_id[item]
+        if self.hooks_in_last_backward and self._is_last_of_chunk(k):
             self.enable()
+            self.synchronized.add(item.chunk)
         input_grad = run_backward()
-        if last_of_chunk and self.grad_sync[chunk] is not None:
-            self.enable()
-            self.grad_sync[chunk](self.chunks[chunk].parameters())
-        self.disable()
+        if self.interleaved:
+            j = k - self.stage  # Megatron's grad_sync_microbatch_id
+            if self.has_grad_sync_func and j >= 0 and self._is_last_of_chunk(j):
+                self._launch(self.backwards[j].chunk)
+            self.disable()
         return input_grad
+
+    def finish(self) -> None:
+        """Megatron's "launch any remaining grad reductions"."""
+        self.enable()
+        for chunk in range(len(self.chunks)):
+            if chunk not in self.synchronized and self.grad_sync[chunk] is not None:
+                self._launch(chunk)
 
 
 def _per_chunk(funcs: Callable | list[Callable] | None, num_chunks: int) -> list[Callable | None]:
@@ -188,7 +230,8 @@ def _run_stage_plan(plan: StagePlan, *, forward_step_func, data_iterators: list,
     losses: list[dict] = []
     inputs: list[list] = [[] for _ in chunks]
     outputs: list[list] = [[] for _ in chunks]
-    grad_sync = _GradSync(config, chunks)
+    grad_sync = _GradSync(config, chunks, stage, [item for item in plan.items if item.kind == BACKWARD],
+                          num_microbatches)
     param_sync = _per_chunk(config.param_sync_func, num_chunks) if num_chunks > 1 else [None]
     if param_sync[0] is not None:
         param_sync[0](chunks[0].parameters())
@@ -210,8 +253,8 @@ def _run_stage_plan(plan: StagePlan, *, forward_step_func, data_iterators: list,
     def run_backward(item: WorkItem, output_grad: torch.Tensor | None) -> torch.Tensor | None:
         c = item.chunk
         input_tensor, output = inputs[c].pop(0), outputs[c].pop(0)
-        return grad_sync.backward(c, item.microbatch == num_microbatches - 1, lambda: backward_step(
-            input_tensor, output, output_grad, config, item.microbatch, stage, c))
+        return grad_sync.backward(item, lambda: backward_step(input_tensor, output, output_grad, config,
+                                                              item.microbatch, stage, c))
 
     ex = plan.first_exchange
     activation, output_grad = p2p.send_forward_backward_recv_forward_backward(None, None, ex.recv_forward,
@@ -230,7 +273,7 @@ def _run_stage_plan(plan: StagePlan, *, forward_step_func, data_iterators: list,
         if ex.send_forward:
             deallocate_output_tensor(sent_output)
     if not forward_only:
-        grad_sync.enable()
+        grad_sync.finish()
         if config.finalize_model_grads_func is not None:
             config.finalize_model_grads_func(list(chunks))
     return losses
