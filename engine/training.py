@@ -21,12 +21,18 @@ import torch.distributed as dist
 from common.config import RunConfig
 from engine.data import MicroBatch, build_data_iterators
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from engine.jit import COMPILE_DEVICE_TYPES
 from engine.models.gpt_model import build_model_chunks
 from engine.optimizer import get_megatron_optimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
 from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
+from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import pad_vocab_size
+from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.attention import split_qkv_and_rotate
+from engine.transformer.mlp import swiglu
+from probes.compute_sweep import EngineKernels
 from probes.probe_set import NullProbeSet
 
 
@@ -75,7 +81,9 @@ def get_model(run_config: RunConfig, parallel_state: ParallelState, device: torc
     chunks = build_model_chunks(run_config, parallel_state, device, probes)
     probes.memory_point("after_model_build")
     ddp_config = DistributedDataParallelConfig.from_train_config(run_config.train, parallel_state.dp_size)
-    model = [DistributedDataParallel(ddp_config, chunk, parallel_state, probes) for chunk in chunks]
+    # As Megatron: only the first model chunk is bucketed; later chunks' reductions run in the cooldown anyway.
+    model = [DistributedDataParallel(ddp_config, chunk, parallel_state, probes, disable_bucketing=index > 0)
+             for index, chunk in enumerate(chunks)]
     probes.memory_point("after_ddp_buffers")
     return model
 
@@ -95,7 +103,7 @@ def build_schedule_config(run_config: RunConfig, model: list[DistributedDataPara
         grad_sync_func=_one_or_list([chunk.start_grad_sync for chunk in model]) if train.overlap_grad_reduce else None,
         param_sync_func=(_one_or_list([chunk.start_param_sync for chunk in model])
                          if train.overlap_param_gather else None),
-        finalize_model_grads_func=functools.partial(finalize_model_grads, parallel_state=parallel_state),
+        finalize_model_grads_func=functools.partial(finalize_model_grads, parallel_state=parallel_state, probes=probes),
         probes=probes, parallel_state=parallel_state, hidden_size=run_config.model.hidden_size,
         sequence_parallel=run_config.parallel.sequence_parallel,
         pipeline_dtype=torch.bfloat16 if train.bf16 else torch.float32)
@@ -206,6 +214,24 @@ def collective_sweep(model: list[DistributedDataParallel], run_config: RunConfig
                             activation_dtype=buffers[0].param_dtype)
 
 
+def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
+                  parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
+    """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes, timing the engine's own
+    fused functions as they run here (compiled or eager); the loss on a TP group of one, so it issues no collective."""
+    m, tp = run_config.model, parallel_state.tp_size
+    kernels = EngineKernels(
+        split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
+        cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
+                                        vocab_size=m.vocab_size),
+        variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager")
+    probes.compute_sweep(run_config, tp_size=tp,
+                         padded_vocab_size=pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp),
+                         first_stage=parallel_state.is_pipeline_first_stage,
+                         last_stage=parallel_state.is_pipeline_last_stage,
+                         optimizer_numel=sum(p.numel() for p in optimizer.main_params),
+                         grad_buffer_numel=sum(b.numel for chunk in model for b in chunk.buffers), kernels=kernels)
+
+
 def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device, probes: Any = None, *,
              forward_step_func: Callable = forward_step, log: bool = False) -> TrainResult:
     probes = probes if probes is not None else NullProbeSet()
@@ -215,6 +241,7 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     probes.memory_point("after_optimizer_init")
     probes.inventory(_inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
+    compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
     data_iterators = build_data_iterators(run_config, parallel_state, device)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,
                   device, probes, log=log)

@@ -6,6 +6,8 @@ weight decay on biases. DDP must reproduce its losses and parameters to 1e-5 rel
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -48,6 +50,11 @@ class RecordingProbes:
 
     def comm_end(self, token) -> None:
         self.events.append(("end", token, self.phase))
+
+    def range(self, name: str, category: str, **attrs):
+        """A named range (the DDP pre-hook's "dp-wait"), logged when it opens."""
+        self.events.append((category, name, self.phase))
+        return contextlib.nullcontext()
 
     def forward_marker(self, module, args) -> None:
         self.events.append(("forward", module.marker, self.phase))

@@ -1,4 +1,5 @@
-"""The distributed optimizer (ZeRO-1) against single-process AdamW; its collectives; TP x DP; bf16; the scheduler."""
+"""The distributed optimizer (ZeRO-1) against single-process AdamW; its collectives; TP x DP; bf16; what the optimizers
+allocate and when, against the ledger's static-memory formula; the scheduler."""
 from __future__ import annotations
 
 import math
@@ -6,6 +7,7 @@ import math
 import pytest
 import torch
 
+from common.arguments import parse_args
 from common.config import TrainConfig
 from common.errors import ConfigError
 from engine.optimizer import OptimizerParamScheduler
@@ -90,6 +92,20 @@ def test_forward_pre_hooks_wait_only_for_their_own_bucket(dist_runs):
 
 
 @pytest.mark.slow
+def test_a_pre_hook_that_waits_for_its_all_gather_opens_a_dp_wait_range(dist_runs):
+    # The wait is a range of its own around each owed all-gather's end, so the ledger can cut it out of the forward's
+    # compute: a forward stalled on its all-gather is not that all-gather's overlap. Without overlap nothing waits.
+    _, runs, _ = dist_runs
+    overlapped, sync = runs[0][1], runs[0][0]
+    start = overlapped["step_ends"][0]
+    seen = [(what, name) for what, name, _ in overlapped["events"][start:] if what in ("dp-wait", "end")]
+    assert seen[:6] == [("dp-wait", "wait all-gather bucket2"), ("end", "all-gather bucket2"),
+                        ("dp-wait", "wait all-gather bucket1"), ("end", "all-gather bucket1"),
+                        ("dp-wait", "wait all-gather bucket0"), ("end", "all-gather bucket0")]
+    assert not [e for e in overlapped["events"][:start] + sync["events"] if e[0] == "dp-wait"]  # nothing owed
+
+
+@pytest.mark.slow
 def test_master_and_adam_state_exist_only_for_the_shard(dist_runs):
     dp, runs, _ = dist_runs
     before, after = runs[0][0]["inventories"]
@@ -161,9 +177,73 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_tracks_fp32_training():
         torch.testing.assert_close(distributed["params"][name], value, rtol=0, atol=1e-6)
     masters = {o["kind"]: o for o in float16["inventories"][0]}["master_params"]
     assert (masters["numel"], masters["bytes"], masters["padding"]) == (484, 4 * 484, 0)
+    # Each rank owns half of the 640-element buffer (layout in test_master_and_adam_state_exist_only_for_the_shard):
+    # rank 0 [0, 320): 4.bias 4, 4.weight 64, 2.bias 16, 2.weight [192, 320) 128; rank 1 the rest of 2.weight 128,
+    # 0.bias 16, 0.weight 128. Masters exist for those parameter elements only, never for padding (as Megatron).
     shard_masters = [{o["kind"]: o for o in r[1]["inventories"][0]}["master_params"] for r in runs]
-    assert [m["numel"] for m in shard_masters] == [640 // 2] * 2  # each rank: half of the padded buffer
-    assert sum(m["numel"] - m["padding"] for m in shard_masters) == 484
+    assert [(m["numel"], m["padding"]) for m in shard_masters] == [(4 + 64 + 16 + 128, 0), (128 + 16 + 128, 0)]
+
+
+# -- allocations against the formula ------------------------------------------------------------------------------
+# tiny, tied, one stage: 4 layers of 2 norms (64), QKV (8 + 2 x 4) x 8 x 64, proj 64 x 64, fc1 352 x 64, fc2 64 x 176,
+# the 1000 x 64 embedding and the final norm: every tensor a multiple of 64 elements.
+TINY_NUMEL = 4 * (2 * 64 + 128 * 64 + 64 * 64 + 352 * 64 + 64 * 176) + 1000 * 64 + 64
+STATIC_ROWS = ("memory.static_after_optimizer_init", "memory.static_after_first_step", "memory.adam_lazy_state")
+
+
+def _train_one_step_on_a_world_of_one(flags: list[str]) -> tuple[list[dict], list[dict], dict]:
+    """The engine's inventory after optimizer construction and after one training step, and the optimizer's fp32
+    grad copy (None or its numel) before the step, after it, and after the next zero_grad."""
+    from engine.data import build_data_iterators
+    from engine.optimizer import get_megatron_optimizer
+    from engine.parallel_state import ParallelState
+    from engine.training import build_schedule_config, forward_step, get_model, train_step
+    from probes.probe_set import NullProbeSet
+    from tests.support.gloo import world_of_one
+
+    run_config = parse_args(["--model", "tiny", "--global-batch-size", "2", "--train-iters", "1", "--mock-data",
+                             *flags], world_size=1)
+    device, probes = torch.device("cpu"), NullProbeSet()
+    with world_of_one():
+        ps = ParallelState.initialize()
+        model = get_model(run_config, ps, device, probes)
+        optimizer = get_megatron_optimizer(run_config.train, model, ps)
+        copies = {"init": optimizer.main_grad_storage}
+        init = [r for chunk in model for r in chunk.inventory()] + optimizer.inventory()
+        train_step(forward_step, build_data_iterators(run_config, ps, device), model, optimizer,
+                   OptimizerParamScheduler.from_train_config(optimizer, run_config.train),
+                   build_schedule_config(run_config, model, ps, probes), run_config, ps, device)
+        copies["stepped"] = optimizer.main_grad_storage
+        stepped = [r for chunk in model for r in chunk.inventory()] + optimizer.inventory()
+        optimizer.zero_grad()
+        copies["zero_grad"] = optimizer.main_grad_storage
+    return init, stepped, {k: None if v is None else v.numel() for k, v in copies.items()}
+
+
+@pytest.mark.parametrize("flags", [["--bf16", "--grad-reduce-in-bf16"], ["--bf16", "--use-distributed-optimizer"],
+                                   ["--bf16", "--use-distributed-optimizer", "--grad-reduce-in-bf16"]],
+                         ids=["bf16-grads", "distopt", "distopt-bf16-grads"])
+def test_optimizer_allocations_equal_the_static_memory_formula_to_the_byte(flags):
+    """Megatron allocates the fp32 copy of a 16-bit main grad at step time (_copy_model_grads_to_main_grads) and
+    frees it at zero_grad; it keeps fp32 main params for parameter elements only, never for bucket padding. The
+    engine's inventory must then equal the formula in both phases, to the byte, not within a tolerance."""
+    from ledger.reconcile.evidence import RankEvidence
+    from ledger.reconcile.memory import rank_rows
+
+    init, stepped, copies = _train_one_step_on_a_world_of_one(flags)
+    (grad_buffer,) = [r for r in init if r["kind"] == "grad_buffer"]
+    if "--use-distributed-optimizer" in flags:  # one bucket, its end padded to a multiple of lcm(1, 128)
+        assert (grad_buffer["numel"], grad_buffer["padding"]) == (math.ceil(TINY_NUMEL / 128) * 128, 64)
+    masters = {r["kind"]: r for r in init}["master_params"]
+    assert (masters["numel"], masters["padding"]) == (TINY_NUMEL, 0)
+    if "--grad-reduce-in-bf16" in flags:
+        assert copies == {"init": None, "stepped": TINY_NUMEL, "zero_grad": None}
+    cfg = parse_args(["--model", "tiny", "--global-batch-size", "2", *flags], world_size=1)
+    coords = {"tp": 0, "pp": 0, "dp": 0, "cp": 0}
+    for inventory in (init, stepped):  # the inventory's allocated_at, not the moment it was taken, sorts it
+        rows = {r.metric: r for r in rank_rows(cfg, RankEvidence(rank=0, coords=coords, inventory=inventory))}
+        for metric in STATIC_ROWS:
+            assert rows[metric].inventory == rows[metric].predicted, metric
 
 
 # -- OptimizerParamScheduler --------------------------------------------------------------------------------------

@@ -9,16 +9,20 @@ import math
 import pytest
 
 from common.arguments import parse_args
+from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from ledger.formulas import activations, bubble, comm, flops, nccl_bw, params
 from ledger.formulas.buffer_layout import ParamTensor, layout_buffer, megatron_bucket_size, shard_param_elements
 from ledger.formulas.bytes_per_param import bytes_per_param
 from ledger.formulas.static_memory import static_bytes
 
-# The seed (000, chapters 1 and 4): llama3.2-1b shape on 8 GPUs, TP2 x PP2 x DP2, SP, ZeRO-1, bf16.
+# The seed (000, chapters 1 and 4): llama3.2-1b shape on 8 GPUs, TP2 x PP2 x DP2, SP, ZeRO-1, bf16, untied as its
+# scripts (runs/megatron/run.sh) pass --untie-embeddings-and-output-weights.
 SEED = ("--model llama3.2-1b --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
         "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --seq-length 8192 "
-        "--max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 16 --bf16")
+        "--max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 16 --bf16 "
+        "--untie-embeddings-and-output-weights")
+TIED_SEED = SEED.replace(" --untie-embeddings-and-output-weights", "")
 NO_TP_SEED = (SEED.replace("--world-size 8 --tensor-model-parallel-size 2", "--world-size 4")
               .replace(" --sequence-parallel", ""))
 L, H, F, NQ, NKV, V = 16, 2048, 8192, 32, 8, 128256
@@ -43,6 +47,41 @@ def test_seed_parameter_counts():
     assert params.params_total(c) == L * per_layer + 2 * V * H + H == 1_498_482_688
 
 
+def test_llama32_1b_ties_by_default_as_the_real_model():
+    # Llama-3.2-1B shares its input embedding with the output layer: the vocabulary matrix counts once.
+    per_layer = 2 * H * H + 2 * H * (NKV * D) + 3 * H * F + 2 * H
+    tied, untied = cfg("--model llama3.2-1b"), cfg("--model llama3.2-1b --untie-embeddings-and-output-weights")
+    assert params.params_total(tied) == L * per_layer + V * H + H == 1_235_814_400
+    assert params.params_total(untied) == L * per_layer + 2 * V * H + H == 1_498_482_688
+    assert params.component_counts(tied.model)["output_layer"] == 0
+    assert params.component_counts(untied.model)["output_layer"] == V * H
+
+
+def test_a_manifest_from_before_the_flag_reads_as_untied():
+    # The engine untied always before --untie-embeddings-and-output-weights existed; its manifests lack the field.
+    tied = cfg("--model llama3.2-1b")
+    old = tied.to_dict()
+    del old["model"]["untie_embeddings_and_output_weights"]
+    assert RunConfig.from_dict(old).model.untie_embeddings_and_output_weights
+    assert RunConfig.from_dict(tied.to_dict()) == tied
+
+
+def test_tied_embeddings_register_no_output_weight_on_one_stage_and_a_copy_under_pp():
+    one = cfg("--model tiny")
+    assert [t.name for t in params.chunk_tensors(one, 0, 0)][-1] == "decoder.final_layernorm.weight"
+    assert not any(t.shared_embedding for t in params.chunk_tensors(one, 0, 0))
+    c = cfg("--model tiny --world-size 2 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 "
+            "--global-batch-size 2")
+    first, last = params.chunk_tensors(c, 0, 0), params.chunk_tensors(c, 1, 1)
+    assert (first[0].name, first[0].shared_embedding) == ("embedding.word_embeddings.weight", True)
+    assert (last[-1].name, last[-1].shape, last[-1].shared_embedding) == ("output_layer.weight", (1000, 64), True)
+    assert [t.shared_embedding for t in params.chunk_tensors(c, 0, 1) + params.chunk_tensors(c, 1, 0)] == [False] * 12
+    # The model has one vocabulary matrix; the stages together hold two.
+    h, vocab = 64, 1000
+    assert sum(params.params_per_stage(c)) == params.params_total(c) + vocab * h
+    assert params.params_per_rank(c, 1) == params.params_per_rank(c, 0) + h  # + final norm, copy for embedding
+
+
 def test_seed_parameters_per_stage_and_per_card():
     c = cfg(SEED)
     per_layer_matrices = 60_821_504 - 2 * H
@@ -63,12 +102,13 @@ def test_vocab_padding_to_divisible_by_times_tp():
     assert params.padded_vocab_size(1000, 8, 2) == 63 * 16              # ceil(1000 / 16) = 63
 
 
-def test_vocab_padding_changes_totals_only_when_it_pads():
-    base = "--model llama3.2-1b --micro-batch-size 1 --global-batch-size 8"
+@pytest.mark.parametrize("untie, vocab_matrices", [("", 1), (" --untie-embeddings-and-output-weights", 2)])
+def test_vocab_padding_changes_totals_only_when_it_pads(untie, vocab_matrices):
+    base = "--model llama3.2-1b --micro-batch-size 1 --global-batch-size 8" + untie
     tp2 = cfg(f"{base} --world-size 2 --tensor-model-parallel-size 2")
     tp4 = cfg(f"{base} --world-size 4 --tensor-model-parallel-size 4")
-    assert params.params_total(tp2) == 1_498_482_688
-    assert params.params_total(tp4) - params.params_total(tp2) == 2 * (251 * 512 - V) * H
+    assert params.params_total(tp2) == L * 60_821_504 + vocab_matrices * V * H + H
+    assert params.params_total(tp4) - params.params_total(tp2) == vocab_matrices * (251 * 512 - V) * H
 
 
 def test_interleaved_chunks_hold_virtual_stages():
@@ -143,6 +183,20 @@ def test_layout_single_bucket_and_large_dp_alignment():
     assert lay.buckets == [(0, 512)]                     # lcm(256, 128) = 256
 
 
+def test_shared_embedding_gets_a_bucket_of_its_own_under_the_distributed_optimizer():
+    # a (100) is the shared embedding, registered first: laid out last. c [0, 200), b [256, 286); a would start at
+    # 320 (64-aligned), but the open bucket closes there (padded to 384 = 3 x lcm(2, 128)) and a gets [384, 484),
+    # its bucket padded to 512. Every DP rank then owns the same elements of it as of the other stage's copy.
+    shared = [ParamTensor("a", (100,), shared_embedding=True), ParamTensor("b", (30,)), ParamTensor("c", (20, 10))]
+    lay = layout_buffer(shared, bucket_size=None, dp=2, distributed_optimizer=True)
+    assert lay.param_ranges == {"c": (0, 200, 0), "b": (256, 286, 0), "a": (384, 484, 1)}
+    assert lay.buckets == [(0, 384), (384, 512)]
+    copy_first = layout_buffer(shared[::-1], bucket_size=None, dp=2, distributed_optimizer=True)
+    assert copy_first.param_ranges["a"] == (0, 100, 0) and copy_first.buckets[0] == (0, 128)
+    # Without the distributed optimizer nothing is sharded: no bucket of its own, no padding.
+    assert layout_buffer(shared, None, 2, False).buckets == [(0, 330)]
+
+
 def test_megatron_bucket_size_rule():
     flags = "--model tiny --world-size 128 --pipeline-model-parallel-size 2 --global-batch-size 64"
     assert megatron_bucket_size(cfg(flags), 0, 0) is None                          # no --overlap-grad-reduce
@@ -153,7 +207,7 @@ def test_megatron_bucket_size_rule():
 
 
 def test_static_bytes_to_the_byte_depend_on_dp_rank():
-    c = cfg("--model tiny --world-size 2 --bf16 --use-distributed-optimizer")
+    c = cfg("--model tiny --world-size 2 --bf16 --use-distributed-optimizer --untie-embeddings-and-output-weights")
     n = 4 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64) + 2 * 1000 * 64 + 64
     assert n == 312_896
     numel = math.ceil(n / 128) * 128                   # every tensor is a multiple of 64; one bucket padded to 128
@@ -233,15 +287,46 @@ def test_in_flight_microbatches_1f1b_and_interleaved():
     assert held_layers == (1 + (p - 1) / (p * v)) * p * layers / p
 
 
-def test_full_recompute_keeps_layer_inputs():
+def _with(c, granularity, method=None, layers=None):
+    return activations.with_recompute(c, RecomputeConfig(granularity, method, layers))
+
+
+def test_full_recompute_keeps_group_inputs_and_rebuilds_one_group():
+    # Stage 0 of the seed: 8 layers, two micro-batches in flight, SP; I = a layer's input, B = a layer's saved set.
     c = cfg(SEED)
     s, b, t = 8192, 1, 2
-    layer_input = 2 * s * b * H // t
-    none0 = activations.stage_activation_bytes(c, 0)
-    full0 = activations.stage_activation_bytes(c, 0, "full")
-    in_flight, extras = 2, 2 * 8 * s * b           # stage 0 of p = 2: two micro-batches; token ids
-    assert none0 == in_flight * 8 * activations.layer_bytes(c) + extras
-    assert full0 == in_flight * 8 * layer_input + activations.layer_bytes(c) + extras
+    i, layer = 2 * s * b * H // t, activations.layer_bytes(c)
+    tokens = 2 * 8 * s * b
+    assert activations.stage_activation_bytes(c, 0) == 2 * 8 * layer + tokens
+    # uniform 1: 8 inputs per micro-batch; the oldest's backward rebuilds layer 7 while layers 0-6 keep their inputs
+    assert activations.stage_activation_bytes(_with(c, "full", "uniform", 1), 0) == 8 * i + (7 * i + layer) + tokens
+    # uniform 3 cuts 8 layers into 3 + 3 + 2: 3 inputs; the peak rebuilds a group of 3 with one earlier input held
+    assert activations.stage_activation_bytes(_with(c, "full", "uniform", 3), 0) == 3 * i + (i + 3 * layer) + tokens
+    # block 2: 2 inputs + 6 whole layers; rebuilding layer 1 (with layer 0's input) comes after 6 layers were freed
+    assert activations.stage_activation_bytes(_with(c, "full", "block", 2), 0) == 2 * (2 * i + 6 * layer) + tokens
+    # block over every layer (or more, as Megatron accepts) is uniform 1
+    for n in (8, 20):
+        assert (activations.stage_activation_bytes(_with(c, "full", "block", n), 0)
+                == activations.stage_activation_bytes(_with(c, "full", "uniform", 1), 0))
+
+
+def test_the_last_stage_frees_its_loss_tensors_before_the_decoder_backward():
+    # Stage 1, one micro-batch in flight: after the forward it holds one input + the loss side (fp32 softmax of the
+    # 128256-word vocabulary); rebuilding all 8 layers at once (uniform 8) is larger, and is the peak on its own.
+    c = _with(cfg(SEED), "full", "uniform", 8)
+    s, b, t = 8192, 1, 2
+    i, layer = 2 * s * b * H // t, activations.layer_bytes(c)
+    loss_side = 2 * 2 * s * b * H // t + 4 * s * b // t + 4 * s * b * V // t + 9 * s * b
+    assert 8 * layer > i + loss_side
+    assert activations.stage_activation_bytes(c, 1) == 8 * layer
+
+
+def test_selective_recompute_frees_only_the_logsumexp():
+    c = cfg(SEED)
+    selective = _with(c, "selective")
+    assert "attention.logsumexp" not in activations.layer_saved_tensors(selective)
+    assert activations.layer_bytes(c) - activations.layer_bytes(selective) == 4 * 1 * (NQ // 2) * 8192
+    assert activations.recompute_label(selective.recompute) == "selective"
 
 
 # ---- bubble -------------------------------------------------------------------------------------------------------
@@ -297,6 +382,48 @@ def test_tp_collectives_with_and_without_sp(sp):
     else:    # per layer 4 AR; embedding forward AR; output layer backward AR
         assert col["tp.all_reduce.activations[bf16]"].size_bytes == m * (4 * layers + 2) * msg
     assert col["tp.all_reduce.cross_entropy[fp32]"].size_bytes == m * 3 * 4 * s * b
+    assert not [name for name in col if "recompute" in name]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute, groups", [(("full", "uniform", 3), [3, 1]), (("full", "block", 1), [1]),
+                                               (("selective", None, None), [])])
+def test_recompute_repeats_the_forward_collectives_of_each_checkpointed_group(sp, recompute, groups):
+    # Backward re-runs a group's forward up to its last saved tensor (fc2's input): per layer the all-gathers before
+    # QKV and fc1 (SP) and the proj / fc2 output collectives, but not the group's last fc2 output collective.
+    s, b, h, m, t = 32, 1, 64, 2, 2
+    c = cfg(f"--model tiny --world-size {t} --tensor-model-parallel-size {t} --global-batch-size {m} --bf16"
+            + (" --sequence-parallel" if sp else ""))
+    col = comm.step_collectives(_with(c, *recompute), 0)
+    msg = 2 * s * b * h
+    repeated = {k: v.size_bytes for k, v in col.items() if "recompute" in k}
+    layers = sum(groups)
+    if not groups:
+        assert repeated == {}
+    elif sp:
+        assert repeated == {"tp.all_gather.recompute[bf16]": m * 2 * layers * msg,
+                            "tp.reduce_scatter.recompute[bf16]": m * (2 * layers - len(groups)) * msg}
+    else:
+        assert repeated == {"tp.all_reduce.recompute[bf16]": m * (2 * layers - len(groups)) * msg}
+
+
+@pytest.mark.parametrize("flags, stages", [
+    ("--world-size 8 --pipeline-model-parallel-size 4 --tensor-model-parallel-size 2", (0, 3)),
+    ("--world-size 4 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2", (0, 1))])
+def test_tied_embeddings_all_reduce_their_grads_once_per_step_on_both_ends(flags, stages):
+    c = cfg(f"--model tiny --global-batch-size 4 --bf16 {flags}")
+    pp, tp = c.parallel.pipeline_model_parallel_size, c.parallel.tensor_model_parallel_size
+    vocab_shard = params.padded_vocab_size(1000, 8, tp) // tp
+    for stage in range(pp):
+        col = comm.step_collectives(c, stage).get("embedding.all_reduce.word_embedding_grads[fp32]")
+        if stage in stages:  # this TP rank's vocab shard of the fp32 main grad, over the 2 ranks of the group
+            assert (col.group_size, col.calls, col.size_bytes) == (2, 1, 4 * vocab_shard * 64)
+            assert col.bytes_per_rank == col.size_bytes * 2 * (2 - 1) / 2
+        else:
+            assert col is None
+    untied = cfg(f"--model tiny --global-batch-size 4 --bf16 {flags} --untie-embeddings-and-output-weights")
+    assert not any(n.startswith("embedding.") for s in range(pp) for n in comm.step_collectives(untied, s))
+    assert not any(n.startswith("embedding.") for n in comm.step_collectives(cfg("--model tiny"), 0))
 
 
 def test_pp_sends_per_microbatch():
@@ -322,7 +449,8 @@ def test_seed_megatron_flops():
 
 
 @pytest.mark.parametrize("flags", [
-    SEED, "--model tiny --world-size 2 --tensor-model-parallel-size 2 --global-batch-size 8 --num-query-groups 2",
+    SEED, TIED_SEED,
+    "--model tiny --world-size 2 --tensor-model-parallel-size 2 --global-batch-size 8 --num-query-groups 2",
     "--model llama3.1-8b --world-size 4 --tensor-model-parallel-size 4 --global-batch-size 4"])
 def test_the_engines_throughput_counts_the_ledgers_flops(flags):
     """The engine's step log derives Megatron's FLOPs in its own (factored) form; the ledger's term-by-term count is the
@@ -338,5 +466,10 @@ def test_palm_flops_and_mfu():
     c = cfg(SEED)
     n_non_embedding = 1_498_482_688 - V * H
     assert flops.palm_flops_per_token(c) == 6 * n_non_embedding + 12 * L * H * 8192
+    # Tied, N = 1,235,814,400 holds the vocabulary matrix once, and it is the logit GEMM's weight: nothing is left
+    # out, and the count is the untied one (Megatron's count does not depend on tying either).
+    assert flops.palm_flops_per_token(cfg(TIED_SEED)) == 6 * 1_235_814_400 + 12 * L * H * 8192
+    assert flops.palm_flops_per_token(cfg(TIED_SEED)) == flops.palm_flops_per_token(c)
+    assert flops.megatron_flops_per_step(cfg(TIED_SEED)) == flops.megatron_flops_per_step(c)
     assert flops.mfu(989e12 * 8 * 2.0, 2.0, 8) == pytest.approx(1.0)
     assert flops.mfu(1e15, 1.0, 1, peak_flops=2e15) == pytest.approx(0.5)

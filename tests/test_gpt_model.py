@@ -1,4 +1,5 @@
-"""GPTModel: TP and PP splits reproduce the single-process model; layer assignment; the seeds' parameter count."""
+"""GPTModel: TP and PP splits reproduce the single-process model; layer assignment; tied and untied output layers; the
+seeds' parameter count."""
 from __future__ import annotations
 
 import pytest
@@ -7,13 +8,16 @@ import torch
 from common.arguments import parse_args
 from common.config import PRESETS, ModelConfig
 from common.errors import ConfigError
+from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from engine.models.gpt_model import GPTModel, build_model_chunks
 from engine.parallel_state import ParallelState
 from engine.transformer.transformer_block import get_layer_numbers
-from tests.support.gloo import run_distributed
+from tests.support.gloo import run_distributed, world_of_one
 
-# tiny: vocab 1000 padded to a multiple of 8 x TP -> 1000 at TP=1 and 1008 at TP=2, so padding is exercised.
+# tiny: vocab 1000 padded to a multiple of 8 x TP -> 1000 at TP=1 and 1008 at TP=2, so padding is exercised. Tied,
+# Megatron's default.
 TINY = ModelConfig(**PRESETS["tiny"])
+UNTIED = ModelConfig(**PRESETS["tiny"], untie_embeddings_and_output_weights=True)
 B, S = 2, 16
 
 
@@ -28,8 +32,8 @@ def _tokens(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1], ids[:, 1:]
 
 
-def _whole_model(state: ParallelState, sequence_parallel: bool = False) -> GPTModel:
-    return GPTModel(TINY, state, pre_process=True, post_process=True, layer_numbers=list(range(TINY.num_layers)),
+def _whole_model(state: ParallelState, sequence_parallel: bool = False, config: ModelConfig = TINY) -> GPTModel:
+    return GPTModel(config, state, pre_process=True, post_process=True, layer_numbers=list(range(config.num_layers)),
                     sequence_parallel=sequence_parallel, params_dtype=torch.float32, device="cpu")
 
 
@@ -85,13 +89,15 @@ def _tp_matches_tp1(rank: int, world_size: int, sequence_parallel: bool) -> dict
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2", "tp2-sp"])
 def test_tensor_parallel_model_matches_single_process(sequence_parallel):
     worst = run_distributed(_tp_matches_tp1, 2, sequence_parallel)
-    # every parameter was compared: embedding, 6 per layer (2 norms, qkv, proj, fc1, fc2), final norm, output layer
-    assert len(worst[0]) == 1 + 6 * TINY.num_layers + 1 + 1
+    # every parameter was compared: embedding (the output layer's weight too: tied), 6 per layer (2 norms, qkv,
+    # proj, fc1, fc2), final norm
+    assert len(worst[0]) == 1 + 6 * TINY.num_layers + 1
 
 
 def _sp_stage_output_shape(rank: int, world_size: int) -> tuple[int, ...]:
     state = ParallelState.initialize(tp=world_size)
-    first_stage = GPTModel(TINY, state, pre_process=True, post_process=False, layer_numbers=[0],
+    # A first stage without a pipeline: tied, its embedding would have no last stage to share with.
+    first_stage = GPTModel(UNTIED, state, pre_process=True, post_process=False, layer_numbers=[0],
                            sequence_parallel=True, params_dtype=torch.float32, device="cpu")
     return tuple(first_stage(_tokens()[0]).shape)
 
@@ -132,9 +138,11 @@ def _backward_stages(chunks_in_order: list[GPTModel], loss: torch.Tensor) -> Non
                                      ["--pipeline-model-parallel-size", "2",
                                       "--virtual-pipeline-model-parallel-size", "2"]], ids=["pp2", "pp2-vpp2"])
 def test_pipeline_stages_reproduce_whole_model(pp_args):
-    run_config = parse_args(["--model", "tiny", "--global-batch-size", "2", *pp_args], world_size=2)
+    # Untied: tied stages start their copy from an all-reduce over the embedding group (tests/test_pipeline_parity).
+    run_config = parse_args(["--model", "tiny", "--global-batch-size", "2", "--untie-embeddings-and-output-weights",
+                             *pp_args], world_size=2)
     input_ids, labels = _tokens(1)
-    whole = _whole_model(_single_process_state())
+    whole = _whole_model(_single_process_state(), config=UNTIED)
     ref_loss = whole(input_ids, labels)
     ref_loss.mean().backward()
 
@@ -175,17 +183,65 @@ def test_get_layer_numbers_rejects_uneven_or_out_of_range(args):
         get_layer_numbers(*args)
 
 
-def test_llama32_1b_parameter_count_matches_the_seed():
-    run_config = parse_args(["--model", "llama3.2-1b"], world_size=1)
+@pytest.mark.parametrize("flags, vocab_matrices, expected", [([], 1, 1_235_814_400),
+                                                             (["--untie-embeddings-and-output-weights"], 2,
+                                                              1_498_482_688)], ids=["tied", "untied"])
+def test_llama32_1b_parameter_count_matches_the_seed(flags, vocab_matrices, expected):
+    run_config = parse_args(["--model", "llama3.2-1b", *flags], world_size=1)
     (model,) = build_model_chunks(run_config, _single_process_state(), "meta")
     m = run_config.model
     h, f, v, kv = m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.kv_channels
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # Q and O, K and V, gate/up/down, two RMSNorms
     assert per_layer == 60_821_504
     assert sum(p.numel() for p in model.decoder.layers[0].parameters()) == per_layer
-    total = m.num_layers * per_layer + 2 * v * h + h  # + untied embedding and output layer, + final norm
-    assert total == 1_498_482_688
+    total = m.num_layers * per_layer + vocab_matrices * v * h + h  # + embedding (and output layer), + final norm
+    assert total == expected  # tied: the real Llama-3.2-1B; untied: as the seeds' scripts run it
     assert sum(p.numel() for p in model.parameters()) == total
+
+
+def test_tied_output_layer_multiplies_by_the_embedding_weight():
+    tied = _whole_model(_single_process_state())
+    assert tied.output_layer.weight is None and "output_layer.weight" not in dict(tied.named_parameters())
+    hidden = {}
+    tied.output_layer.register_forward_hook(lambda module, args, out: hidden.update(x=args[0]))
+    logits = tied(_tokens()[0])  # [s, b, V]: the final norm's output [s, b, h] times the embedding [V, h], transposed
+    torch.testing.assert_close(logits, hidden["x"] @ tied.embedding.weight.t())
+
+
+def _untied_twin(tied: GPTModel) -> GPTModel:
+    """The untied model with the tied one's weights, its output layer holding a copy of the embedding."""
+    untied = _whole_model(_single_process_state(), config=UNTIED)
+    state = tied.state_dict() | {"output_layer.weight": tied.embedding.weight.detach().clone()}
+    untied.load_state_dict(state)
+    return untied
+
+
+def test_tied_embedding_gradient_sums_both_uses():
+    tied = _whole_model(_single_process_state())
+    untied = _untied_twin(tied)
+    input_ids, labels = _tokens()
+    tied_loss, untied_loss = tied(input_ids, labels), untied(input_ids, labels)
+    torch.testing.assert_close(tied_loss, untied_loss)
+    tied_loss.mean().backward()
+    untied_loss.mean().backward()
+    both = untied.embedding.weight.grad + untied.output_layer.weight.grad
+    torch.testing.assert_close(tied.embedding.weight.grad, both)
+
+
+def test_tied_embedding_gradient_under_ddp_grad_accumulation_fusion():
+    """DDP's main_grad gets both uses' gradients: the output layer's GEMM adds its part itself (gradient-accumulation
+    fusion) and hands autograd zeros to sum with the lookup's gradient, which DDP's hook then adds."""
+    tied = _whole_model(_single_process_state())
+    untied = _untied_twin(tied)
+    input_ids, labels = _tokens()
+    untied(input_ids, labels).mean().backward()
+    with world_of_one():
+        ddp = DistributedDataParallel(DistributedDataParallelConfig(grad_reduce_in_fp32=True), tied,
+                                      ParallelState.initialize())
+        assert tied.embedding.weight.zero_out_wgrad
+        ddp(input_ids, labels).mean().backward()
+    both = untied.embedding.weight.grad + untied.output_layer.weight.grad
+    torch.testing.assert_close(tied.embedding.weight.main_grad, both)
 
 
 def test_bf16_run_builds_bf16_parameters():

@@ -63,6 +63,21 @@ def test_aligned_buckets_start_where_the_previous_padded_bucket_ends():
     assert layout.padding == 256 - 20
 
 
+def test_a_shared_embedding_gets_a_bucket_of_its_own_under_the_distributed_optimizer():
+    # First stage [embedding a (100, shared), b (30), c (200)], reversed: c [0, 200), b [256, 286); a would start at
+    # 320, but the open bucket closes there (padded to 384 = 3 x lcm(2, 128)) and a's own bucket is [384, 512).
+    first = build_buffer_layout([100, 30, 200], None, 2, True, shared_embedding=[True, False, False])
+    assert first.param_ranges == ((384, 484), (256, 286), (0, 200))
+    assert first.bucket_ranges == ((0, 384), (384, 512))
+    # Last stage, its copy registered last so laid out first: a bucket of the same 128 elements, so DP rank r owns
+    # the same 64 elements of the weight on both stages.
+    last = build_buffer_layout([200, 30, 100], None, 2, True, shared_embedding=[False, False, True])
+    assert last.param_ranges[2] == (0, 100) and last.bucket_ranges[0] == (0, 128)
+    # Nothing is sharded without the distributed optimizer: no bucket of its own.
+    assert build_buffer_layout([100, 30, 200], None, 2, False, shared_embedding=[True, False, False]).bucket_ranges \
+        == ((0, 330),)
+
+
 @pytest.mark.parametrize("dp_size,aligned", [(2, True), (3, True), (4, False), (8, True), (3, False)])
 def test_shards_tile_every_bucket(dp_size, aligned):
     numels = [7, 130, 1, 64, 65, 300, 2]

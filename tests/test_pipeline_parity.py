@@ -5,6 +5,11 @@ The tiny model (4 layers, fp32, mock data) trains 5 steps on gloo ranks with a g
 Pipelining only reorders the micro-batches' forwards and backwards and moves activations between ranks, so
 nothing may change but fp32 summation order. Every stage reports the loss (broadcast from the last stage), and the
 union of the stages' parameters is the whole model.
+
+Tied embeddings (Megatron's default) split over stages: the last stage's copy of the embedding starts equal to the
+first stage's and both must apply the single-process weight's update (the two copies' grads summed over the
+embedding group), so each copy is compared with the reference's one weight. The untied layouts pass
+--untie-embeddings-and-output-weights, to the reference too.
 """
 from __future__ import annotations
 
@@ -14,24 +19,33 @@ import pytest
 import torch
 
 from tests.support.gloo import run_distributed
-from tests.support.parity import assert_close_rel, flag_value, reference, train_rank
+from tests.support.parity import TIED_EMBEDDING, assert_close_rel, flag_value, reference, train_rank
 
 BASE = ["--model", "tiny", "--num-layers", "4", "--micro-batch-size", "1", "--global-batch-size", "8",
         "--train-iters", "5", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--mock-data"]
 
+UNTIE = ["--untie-embeddings-and-output-weights"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+VPP2 = ["--virtual-pipeline-model-parallel-size", "2"]
+DISTOPT_OVERLAP = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+
+# name: (world size, model flags (the reference's too), parallel flags)
 LAYOUTS = {
-    "pp2-1f1b": (2, ["--pipeline-model-parallel-size", "2"]),
-    "pp4-1f1b": (4, ["--pipeline-model-parallel-size", "4"]),
-    "pp2-vpp2-interleaved": (2, ["--pipeline-model-parallel-size", "2",
-                                 "--virtual-pipeline-model-parallel-size", "2"]),
+    "pp2-1f1b": (2, UNTIE, PP2),
+    "pp4-1f1b": (4, UNTIE, ["--pipeline-model-parallel-size", "4"]),
+    "pp2-vpp2-interleaved": (2, UNTIE, PP2 + VPP2),
     # Interleaving with per-chunk DDP callbacks: each chunk's reduce-scatter and all-gather launched by the schedule.
-    "pp2-vpp2-dp2-distopt-overlap": (4, ["--pipeline-model-parallel-size", "2",
-                                         "--virtual-pipeline-model-parallel-size", "2", "--use-distributed-optimizer",
-                                         "--overlap-grad-reduce", "--overlap-param-gather"]),
+    "pp2-vpp2-dp2-distopt-overlap": (4, UNTIE, PP2 + VPP2 + DISTOPT_OVERLAP),
     # The seed's layout: rank = tp + 2 dp + 4 pp, sequence parallel, ZeRO-1 with overlapped reduce and gather.
-    "tp2-pp2-dp2-sp-distopt": (8, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                                   "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                                   "--overlap-param-gather"]),
+    "tp2-pp2-dp2-sp-distopt": (8, UNTIE, ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel",
+                                          *DISTOPT_OVERLAP]),
+    # Tied: the copy on the last stage, its grad all-reduced with the first stage's after the DP reduction.
+    "pp2-tied": (2, [], PP2),
+    # ...the original on chunk 0 of stage 0, the copy on chunk 1 of stage 1, each in a bucket of its own whose
+    # shards the same DP rank owns on both stages.
+    "pp2-vpp2-dp2-distopt-tied": (4, [], PP2 + VPP2 + DISTOPT_OVERLAP),
+    # ...each TP rank's vocab shard paired with the same TP rank's on the other stage.
+    "tp2-pp2-sp-tied": (4, [], ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel"]),
 }
 
 
@@ -43,9 +57,9 @@ def _timed_train_rank(rank: int, world_size: int, argv: list[str]) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_pipelined_training_equals_single_process(layout):
-    world, flags = LAYOUTS[layout]
-    results = run_distributed(_timed_train_rank, world, BASE + flags)
-    ref = reference(tuple(BASE), flag_value(flags, "--tensor-model-parallel-size"))
+    world, model_flags, flags = LAYOUTS[layout]
+    results = run_distributed(_timed_train_rank, world, BASE + model_flags + flags)
+    ref = reference(tuple(BASE + model_flags), flag_value(flags, "--tensor-model-parallel-size"))
     assert ref["losses"][-1] < ref["losses"][0], "the reference must actually train"
     covered: set[str] = set()
     for rank, res in enumerate(results):
@@ -56,6 +70,9 @@ def test_pipelined_training_equals_single_process(layout):
                                        msg=lambda m, n=name: f"rank {rank} {n}: {m}")
         covered |= res["params"].keys()
     assert covered == ref["params"].keys(), "the stages together hold the whole model"
+    if model_flags != UNTIE:  # tied: both ends of every pipeline held a copy, each compared with the one weight
+        ends = {0, flag_value(flags, "--pipeline-model-parallel-size") - 1}
+        assert all(TIED_EMBEDDING in res["params"] for res in results if res["coordinates"]["pp"] in ends)
     # The run itself (process start-up and imports excluded: on a loaded 2-core machine they dominate).
     seconds = max(res["seconds"] for res in results)
     assert seconds < 60, f"{layout}: 5 steps took {seconds:.0f} s"

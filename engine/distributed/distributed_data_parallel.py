@@ -7,7 +7,7 @@ step per bucket group, after the last micro-batch.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 import torch
@@ -64,19 +64,28 @@ class DistributedDataParallel(torch.nn.Module):
         return groups
 
     def _backward_post_hook(self, param: torch.nn.Parameter) -> None:
-        if param.grad_added_to_main_grad:
-            param.grad_added_to_main_grad = False
-        else:
+        # A weight the linear accumulated into main_grad itself has a placeholder grad, unless it also feeds another
+        # op (zero_out_wgrad: a tied embedding): then the grad is that op's, on zeros, and is added too.
+        if not param.grad_added_to_main_grad or getattr(param, "zero_out_wgrad", False):
             param.main_grad.add_(param.grad)
+        param.grad_added_to_main_grad = False
         param.grad = None
         if self.ddp_config.overlap_grad_reduce:
             self.param_to_bucket_group[param].register_grad_ready(param)
 
     def _forward_pre_hook(self, module: torch.nn.Module, *unused: Any) -> None:
-        """Wait only for the all-gathers of this module's own parameters; later layers' are still in flight."""
+        """Wait only for the all-gathers of this module's own parameters; later layers' are still in flight.
+
+        A wait that can block (an all-gather in flight, or owed and about to be issued) is a range of its own,
+        category "dp-wait", nested in the forward range: the ledger takes it out of compute, so a forward that stalls
+        on its all-gather is not counted as the all-gather's overlap. A DP group of one gathers nothing: no range."""
         for param in module.parameters(recurse=False):
             group = self.param_to_bucket_group.get(param)
-            if group is not None:
+            if group is None:
+                continue
+            waits = group.dp_size > 1 and (bool(group.param_gather_handles) or not group.param_gather_dispatched)
+            with self.probes.range(f"wait all-gather bucket{group.index}", "dp-wait", bucket=group.index) \
+                    if waits else nullcontext():
                 group.finish_param_sync()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

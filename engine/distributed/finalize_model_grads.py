@@ -3,7 +3,12 @@
 1. Finish the DP reduction of every model chunk (waits for the overlapped collectives, or runs them now).
 2. Sum over TP the gradients of parameters replicated across TP under sequence parallelism (`sequence_parallel`
    attribute, RMSNorm weights): each TP rank saw only its slice of the sequence, so each holds a partial gradient.
-Embeddings are untied and positions are rotary, so pipeline stages share no parameter and need nothing more.
+3. Tied embeddings under PP > 1: sum the gradients of the two copies of the word embeddings (first stage's embedding,
+   last stage's output layer) over the embedding group, so both stages apply the same update and the copies stay
+   equal. After the DP reduction, on the whole main_grad, as Megatron: under the distributed optimizer the shared
+   weight has a bucket of its own laid out alike on both stages, so the elements this DP rank owns are reduced ones
+   on both sides and their sum is right (the rest of main_grad is not read by this rank's optimizer).
+Positions are rotary: there are no position embeddings to share.
 """
 from __future__ import annotations
 
@@ -13,11 +18,15 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from probes.probe_set import NullProbeSet
 
-def finalize_model_grads(model_chunks: list[torch.nn.Module], parallel_state: Any) -> None:
+
+def finalize_model_grads(model_chunks: list[torch.nn.Module], parallel_state: Any,
+                         probes: Any = NullProbeSet()) -> None:
     for chunk in model_chunks:
         chunk.finish_grad_sync()
     _allreduce_sequence_parallel_grads(model_chunks, parallel_state)
+    _allreduce_word_embedding_grads(model_chunks, parallel_state, probes)
 
 
 def _allreduce_sequence_parallel_grads(model_chunks: list[torch.nn.Module], parallel_state: Any) -> None:
@@ -32,3 +41,15 @@ def _allreduce_sequence_parallel_grads(model_chunks: list[torch.nn.Module], para
     dist.all_reduce(coalesced, group=parallel_state.groups["tp"])
     for grad, reduced in zip(grads, _unflatten_dense_tensors(coalesced, grads)):
         grad.copy_(reduced)
+
+
+def _allreduce_word_embedding_grads(model_chunks: list[torch.nn.Module], parallel_state: Any, probes: Any) -> None:
+    """The embedding group is this rank's only on the first and last stage, and has two ranks only under PP > 1."""
+    if "embedding" not in parallel_state.groups or parallel_state.pp_size == 1:
+        return
+    module = (model_chunks[0] if parallel_state.is_pipeline_first_stage else model_chunks[-1]).module
+    if not module.share_embeddings_and_output_weights:
+        return
+    grad = module.shared_embedding_or_output_weight().main_grad
+    with probes.range("all-reduce word embedding grads", "embd-comm", bytes=grad.numel() * grad.element_size()):
+        dist.all_reduce(grad, group=parallel_state.groups["embedding"])

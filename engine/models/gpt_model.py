@@ -2,8 +2,16 @@
 
     pre_process:  VocabParallelEmbedding (ids [b, s] -> [s, b, h], or [s/tp, b, h] under sequence parallelism)
     decoder:      TransformerBlock over this stage's global layer numbers (final RMSNorm when post_process)
-    post_process: output layer = ColumnParallelLinear over the padded vocabulary (not tied to the embedding),
-                  gather_output=False, feeding the vocab-parallel cross entropy
+    post_process: output layer = ColumnParallelLinear over the padded vocabulary, gather_output=False, feeding the
+                  vocab-parallel cross entropy; its weight is its own (--untie-embeddings-and-output-weights) or
+                  the embedding's (share_embeddings_and_output_weights, Megatron's default)
+
+Tied embeddings (Megatron's LanguageModule.setup_embeddings_and_output_layer): on a stage that holds both, the output
+layer multiplies by the embedding's weight, one parameter used twice. Under PP > 1 the last stage's output layer
+keeps a weight of its own, marked `shared_embedding` (and `shared`: the grad norm counts the first stage's copy
+only); it starts at zero and an all-reduce over the embedding group (first and last pipeline rank, same TP rank)
+gives it the first stage's values. finalize_model_grads all-reduces the two copies' grads each step, so both apply
+the same update.
 
 Every parameter's initial value depends only on (seed, its global name), so any TP / PP / VPP split of the model
 starts from the weights of the single-process model.
@@ -13,8 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from common.config import ModelConfig, RunConfig
+from common.config import ModelConfig, RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
@@ -28,11 +37,14 @@ from probes.probe_set import NullProbeSet
 class GPTModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, parallel_state: Any, *, pre_process: bool, post_process: bool,
                  layer_numbers: list[int], sequence_parallel: bool, params_dtype: torch.dtype,
-                 device: torch.device | str, probes: Any = NullProbeSet(), seed: int = 1234):
-        """parallel_state needs tp_size, tp_rank and (when tp_size > 1) groups["tp"]; seed is --seed."""
+                 device: torch.device | str, probes: Any = NullProbeSet(), seed: int = 1234,
+                 recompute: RecomputeConfig = RecomputeConfig()):
+        """parallel_state needs tp_size, tp_rank and (when tp_size > 1) groups["tp"], and for tied embeddings split
+        over pipeline stages pp_size and groups["embedding"]; seed is --seed."""
         super().__init__()
         self.config = config
         self.pre_process, self.post_process = pre_process, post_process
+        self.share_embeddings_and_output_weights = not config.untie_embeddings_and_output_weights
         self.tp = TPGroup.from_parallel_state(parallel_state, probes)
         self.sequence_parallel = sequence_parallel and self.tp.size > 1
         self.padded_vocab_size = pad_vocab_size(config.vocab_size, config.make_vocab_size_divisible_by, self.tp.size)
@@ -45,12 +57,40 @@ class GPTModel(torch.nn.Module):
         self.rotary_pos_emb = RotaryEmbedding(config.head_dim, config.rotary_base)
         self.decoder = TransformerBlock(config, layer_numbers, post_process=post_process, tp=self.tp,
                                         sequence_parallel=self.sequence_parallel, params_dtype=params_dtype,
-                                        device=device, seed=seed)
+                                        device=device, seed=seed, recompute=recompute)
         if post_process:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size, self.padded_vocab_size, tp=self.tp,
                 init=MasterWeightInit(std, seed, "output_layer.weight", config.vocab_size), params_dtype=params_dtype,
-                device=device, gather_output=False, sequence_parallel=self.sequence_parallel)
+                device=device, gather_output=False, sequence_parallel=self.sequence_parallel,
+                skip_weight_param_allocation=pre_process and self.share_embeddings_and_output_weights)
+        if self.share_embeddings_and_output_weights:
+            self._setup_embeddings_and_output_layer(parallel_state)
+
+    def shared_embedding_or_output_weight(self) -> torch.nn.Parameter | None:
+        """Tied embeddings: the embedding's weight where this chunk has one, else the output layer's (its copy)."""
+        if self.pre_process:
+            return self.embedding.weight
+        return self.output_layer.weight if self.post_process else None
+
+    def _setup_embeddings_and_output_layer(self, parallel_state: Any) -> None:
+        weight = self.shared_embedding_or_output_weight()
+        if weight is None:
+            return
+        if self.pre_process and self.post_process:
+            # Used by the embedding and the output layer: the linear's fused wgrad must hand autograd zeros, not
+            # garbage, to sum with the embedding's gradient (layers._LinearWithGradAccumulation).
+            weight.zero_out_wgrad = True
+            return
+        if parallel_state.pp_size == 1:
+            raise ConfigError("tied embeddings need the embedding and the output layer in one model chunk or on "
+                              "different pipeline ranks; use --untie-embeddings-and-output-weights with a virtual "
+                              "pipeline on one rank")
+        weight.shared_embedding = True
+        if self.post_process:
+            weight.shared = True
+            weight.data.zero_()
+        dist.all_reduce(weight.data, group=parallel_state.groups["embedding"])
 
     def set_input_tensor(self, input_tensor: torch.Tensor | list[torch.Tensor] | None) -> None:
         """The activation received from the previous stage; Megatron's schedules pass a one-element list."""
@@ -73,7 +113,8 @@ class GPTModel(torch.nn.Module):
         hidden_states = self.decoder(hidden_states, cos, sin)
         if not self.post_process:
             return hidden_states
-        logits = self.output_layer(hidden_states)
+        output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        logits = self.output_layer(hidden_states, weight=output_weight)
         if labels is None:
             return logits
         loss = vocab_parallel_cross_entropy(logits, labels.t(), self.tp, self.config.vocab_size)
@@ -98,5 +139,5 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
             pre_process=parallel_state.is_pipeline_first_stage and chunk == 0,
             post_process=parallel_state.is_pipeline_last_stage and chunk == vpp - 1,
             layer_numbers=layers, sequence_parallel=parallel.sequence_parallel, params_dtype=params_dtype,
-            device=device, probes=probes, seed=run_config.train.seed))
+            device=device, probes=probes, seed=run_config.train.seed, recompute=run_config.recompute))
     return chunks

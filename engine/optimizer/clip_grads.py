@@ -1,7 +1,8 @@
 """The global gradient norm and clipping by it (Megatron's clip_grads.py).
 
 A parameter replicated across TP (no `tensor_model_parallel` attribute: norms, replicated biases) has the same
-gradient on every TP rank, so only TP rank 0 counts it; TP-sharded parameters are counted on every rank. The squared
+gradient on every TP rank, so only TP rank 0 counts it; TP-sharded parameters are counted on every rank. The last
+stage's copy of tied embeddings (`shared`) is not counted: the first stage's holds the same gradient. The squared
 sums are then all-reduced over the groups that together hold one copy of every gradient element: the model-parallel
 group (TP x PP), plus the DP group when the distributed optimizer holds only a shard of each bucket.
 """
@@ -15,6 +16,12 @@ import torch.distributed as dist
 
 def param_is_not_tensor_parallel_duplicate(param: torch.nn.Parameter, tp_rank: int) -> bool:
     return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank == 0
+
+
+def param_is_not_shared(param: torch.nn.Parameter) -> bool:
+    """False for the last pipeline stage's copy of tied embeddings: its gradient equals the first stage's after
+    finalize_model_grads, so counting both would count those elements twice."""
+    return not getattr(param, "shared", False)
 
 
 def get_grad_norm_fp32(grads_for_norm: list[torch.Tensor], groups: list[Any], device: torch.device) -> torch.Tensor:

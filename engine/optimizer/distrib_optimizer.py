@@ -2,9 +2,10 @@
 "Distributed optimizer").
 
 Rank r of the DP group owns [r*n/dp, (r+1)*n/dp) of every bucket of n elements (the layout pads n to a multiple
-of dp). It keeps fp32 main params and Adam's m and v only for that range, whose edges need not fall on parameter
-edges. step(): the reduce-scattered grad shard becomes the main grads, clip, Adam, main params -> this rank's
-range of param_data, then every bucket's param_data is all-gathered from its owners: synchronously here, or under
+of dp). It keeps fp32 main params and Adam's m and v only for the parameter elements of that range (padding gets
+none), whose edges need not fall on parameter edges. step(): the reduce-scattered grad shard becomes the main grads,
+clip, Adam, main params -> this rank's range of param_data, then every bucket's param_data is all-gathered from its
+owners: synchronously here, or under
 --overlap-param-gather asynchronously, the first bucket group's from zero_grad() and each next one when the forward
 pre-hook has waited for the previous one.
 """
@@ -34,8 +35,9 @@ class DistributedOptimizer(MegatronOptimizer):
         return [self.parallel_state.groups["mp"], self.parallel_state.groups["dp_cp"]]
 
     def zero_grad(self) -> None:
-        """Under --overlap-param-gather, issue the all-gather the first forward needs (the last bucket group holds
-        the first layers); the forward pre-hooks issue the rest in turn."""
+        """Also, under --overlap-param-gather, issue the all-gather the first forward needs (the last bucket group
+        holds the first layers); the forward pre-hooks issue the rest in turn."""
+        super().zero_grad()
         if self.overlap_param_gather:
             self.model_chunks[0].bucket_groups[-1].start_param_sync()
 

@@ -1,19 +1,28 @@
 """MegatronOptimizer and the two non-sharded flavours (Megatron's optimizer.py; docs/engine.md).
 
-Every optimizer here works on contiguous ranges of the DDP buffers, not on the nn.Parameters: a range's fp32 main
-copy (`main_params`) and fp32 gradient (`main_grads`) are one tensor each, and each parameter's main param is a
-view into them. So the per-step copies are one kernel per range (grad buffer -> main grads, main params -> param
-buffer), and where the model is already fp32 the "copy" is the buffer itself and costs nothing. The subclasses only
-choose the ranges: the whole buffer (FP32Optimizer, Float16OptimizerWithFloat16Params) or this rank's shard of each
-bucket (DistributedOptimizer).
+Every optimizer here updates parameter *pieces*, not nn.Parameters: the elements of one parameter inside one range
+of a DDP buffer that this rank updates. The subclasses only choose the ranges: the whole buffer (FP32Optimizer,
+Float16OptimizerWithFloat16Params) or this rank's shard of each bucket (DistributedOptimizer), whose edges may cut a
+parameter. Buffer padding is never a piece: as in Megatron, main params and Adam state exist for parameter elements
+only.
+
+Precision follows Megatron's MixedPrecisionOptimizer:
+- main params: a piece of an fp32 param buffer is its own main param (fp32 training copies nothing); 16-bit pieces
+  get fp32 copies at construction, views into one compact tensor (`main_param_storage`), copied back into the param
+  buffer after each update (one foreach launch).
+- main grads: a piece of an fp32 grad buffer is its own main grad (a view: Megatron's `.float()` of an fp32 tensor);
+  16-bit pieces (--grad-reduce-in-bf16) are copied to fp32 at step time (Megatron's
+  `_copy_model_grads_to_main_grads`), into one compact tensor that zero_grad() frees again (set_to_none). So the
+  copy first exists after the first step, as the ledger's "after_first_step" phase counts it.
 
 The inner optimizer is torch's AdamW (decoupled weight decay, as Megatron's Adam); 1-D parameters and biases get
-no weight decay, Megatron's default. Fused kernels on CUDA, foreach elsewhere.
+no weight decay, Megatron's default. Fused kernels on CUDA, foreach elsewhere. The grad norm counts each gradient
+element once: TP-duplicated parameters on TP rank 0 only, and of tied embeddings split over pipeline stages only the
+first stage's copy (the last stage's is marked `shared`, Megatron's param_is_not_shared).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -21,6 +30,7 @@ from common.config import TrainConfig
 from engine.optimizer.clip_grads import (
     clip_grad_by_total_norm_fp32,
     get_grad_norm_fp32,
+    param_is_not_shared,
     param_is_not_tensor_parallel_duplicate,
 )
 
@@ -39,20 +49,28 @@ def shard_param_ranges(param_ranges: list[tuple[int, int]], shard_start: int,
     return out
 
 
-@dataclass
-class _MainShard:
-    """One contiguous buffer range this optimizer updates; main_* alias model_* where the buffer is fp32."""
-    model_params: torch.Tensor
-    model_grads: torch.Tensor
-    main_params: torch.Tensor
-    main_grads: torch.Tensor
-    numel_params: int  # elements that belong to parameters; the rest of the range is padding
+def _fp32_views(pieces: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """An fp32 tensor per piece: the piece itself where it is fp32, else a view into one new compact fp32 tensor,
+    returned too (None when no piece needed one). Allocates; copies nothing."""
+    numel = sum(piece.numel() for piece in pieces if piece.dtype != torch.float32)
+    if numel == 0:
+        return list(pieces), None
+    storage = torch.empty(numel, dtype=torch.float32, device=pieces[0].device)
+    views, offset = [], 0
+    for piece in pieces:
+        if piece.dtype == torch.float32:
+            views.append(piece)
+        else:
+            views.append(storage[offset:offset + piece.numel()])
+            offset += piece.numel()
+    return views, storage
 
-    @classmethod
-    def of(cls, buffer: Any, start: int, end: int, numel_params: int) -> "_MainShard":
-        model_params, model_grads = buffer.param_data[start:end], buffer.grad_data[start:end]
-        # .float() returns the tensor itself when it is already fp32: then main and model are one memory.
-        return cls(model_params, model_grads, model_params.float(), model_grads.float(), numel_params)
+
+def _copy_pieces(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """destination <- source wherever the two are different tensors, converting dtype."""
+    pairs = [(d, s) for d, s in zip(destinations, sources) if d is not s]
+    if pairs:
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
 
 
 def _kernel_flags(device: torch.device) -> dict[str, bool]:
@@ -70,33 +88,39 @@ class MegatronOptimizer:
         self.train = train
         self.model_chunks = model_chunks
         self.parallel_state = parallel_state
-        self.shards: list[_MainShard] = []
-        self.grads_for_norm: list[torch.Tensor] = []
-        decay: list[torch.Tensor] = []
-        no_decay: list[torch.Tensor] = []
+        self.model_params: list[torch.Tensor] = []  # pieces of the param buffers
+        self.model_grads: list[torch.Tensor] = []  # the same pieces of the grad buffers
+        decays: list[bool] = []
+        self.counts_for_norm: list[bool] = []
         for chunk in model_chunks:
             for buffer in chunk.buffers:
-                ranges = [buffer.param_index_map[p] for p in buffer.params]
-                for start, end in self._shard_bounds(buffer):
-                    parts = shard_param_ranges(ranges, start, end)
-                    owned = [(p, part) for p, part in zip(buffer.params, parts) if part is not None]
-                    shard = _MainShard.of(buffer, start, end, sum(part[1] - part[0] for _, part in owned))
-                    self.shards.append(shard)
-                    for param, (lo, hi, _, _) in owned:
-                        main = shard.main_params[lo:hi]
-                        main.grad = shard.main_grads[lo:hi]
-                        (no_decay if _no_weight_decay(chunk.param_to_name[param], param) else decay).append(main)
-                        if param_is_not_tensor_parallel_duplicate(param, parallel_state.tp_rank):
-                            self.grads_for_norm.append(main.grad)
-        self.device = self.shards[0].main_params.device
+                for param, lo, hi in self._owned_pieces(buffer):
+                    self.model_params.append(buffer.param_data[lo:hi])
+                    self.model_grads.append(buffer.grad_data[lo:hi])
+                    decays.append(not _no_weight_decay(chunk.param_to_name[param], param))
+                    self.counts_for_norm.append(param_is_not_shared(param) and
+                                                param_is_not_tensor_parallel_duplicate(param, parallel_state.tp_rank))
+        self.main_params, self.main_param_storage = _fp32_views(self.model_params)
+        _copy_pieces(self.main_params, self.model_params)
+        self.main_grad_storage: torch.Tensor | None = None
+        self.device = model_chunks[0].buffers[0].param_data.device
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [{"params": [m for m, d in zip(self.main_params, decays) if d], "weight_decay": train.weight_decay},
+             {"params": [m for m, d in zip(self.main_params, decays) if not d], "weight_decay": 0.0}],
             lr=train.lr, betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps,
             **_kernel_flags(self.device))
 
     def _shard_bounds(self, buffer: Any) -> list[tuple[int, int]]:
         """The [start, end) ranges of `buffer` this rank updates: all of it unless sharded."""
         return [(0, buffer.numel)]
+
+    def _owned_pieces(self, buffer: Any) -> Iterator[tuple[torch.nn.Parameter, int, int]]:
+        """(param, start, end) in buffer elements of each parameter piece inside the ranges this rank updates."""
+        ranges = [buffer.param_index_map[p] for p in buffer.params]
+        for start, end in self._shard_bounds(buffer):
+            for param, part in zip(buffer.params, shard_param_ranges(ranges, start, end)):
+                if part is not None:
+                    yield param, start + part[0], start + part[1]
 
     def _grad_stats_groups(self) -> list[Any]:
         return [self.parallel_state.groups["mp"]]
@@ -106,21 +130,28 @@ class MegatronOptimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self) -> None:
-        """Nothing to clear: main grads are the DDP grad buffers (or refilled from them), which
-        model_chunk.zero_grad_buffer() clears at the start of the step."""
+        """Megatron's set_to_none on the main grads: the fp32 copy of 16-bit grads is freed until the next step. The
+        grads themselves are the DDP grad buffers, which model_chunk.zero_grad_buffer() clears."""
+        for main_param in self.main_params:
+            main_param.grad = None
+        self.main_grad_storage = None
+
+    def _copy_model_grads_to_main_grads(self) -> list[torch.Tensor]:
+        main_grads, self.main_grad_storage = _fp32_views(self.model_grads)
+        _copy_pieces(main_grads, self.model_grads)
+        for main_param, main_grad in zip(self.main_params, main_grads):
+            main_param.grad = main_grad
+        return main_grads
 
     @torch.no_grad()
     def step(self) -> tuple[bool, float]:
-        for shard in self.shards:
-            if shard.main_grads is not shard.model_grads:
-                shard.main_grads.copy_(shard.model_grads)
-        grad_norm = get_grad_norm_fp32(self.grads_for_norm, self._grad_stats_groups(), self.device)
-        if self.train.clip_grad > 0.0:
-            clip_grad_by_total_norm_fp32([s.main_grads for s in self.shards], self.train.clip_grad, grad_norm)
+        main_grads = self._copy_model_grads_to_main_grads()
+        grads_for_norm = [g for g, counts in zip(main_grads, self.counts_for_norm) if counts]
+        grad_norm = get_grad_norm_fp32(grads_for_norm, self._grad_stats_groups(), self.device)
+        if self.train.clip_grad > 0.0 and main_grads:
+            clip_grad_by_total_norm_fp32(main_grads, self.train.clip_grad, grad_norm)
         self.optimizer.step()
-        for shard in self.shards:
-            if shard.main_params is not shard.model_params:
-                shard.model_params.copy_(shard.main_params)
+        _copy_pieces(self.model_params, self.main_params)
         self._sync_params()
         # The one host sync of the step, after every kernel and collective of it has been issued.
         return True, float(grad_norm)
@@ -129,25 +160,27 @@ class MegatronOptimizer:
         """Make every rank's model params current after the update; replicas already are unless sharded."""
 
     def inventory(self) -> list[dict[str, Any]]:
-        """What this optimizer allocated, and when: torch's Adam creates m and v at the first step."""
+        """What this optimizer allocates, and when: the fp32 main params at construction; the fp32 grad copy and
+        torch's Adam m and v at the first step."""
         records = []
-        for kind, main_attr, model_attr in (("master_params", "main_params", "model_params"),
-                                            ("master_grads", "main_grads", "model_grads")):
-            copies = [s for s in self.shards if getattr(s, main_attr) is not getattr(s, model_attr)]
-            if copies:
-                numel = sum(getattr(s, main_attr).numel() for s in copies)
-                records.append(_record(f"optimizer.{main_attr}", kind, numel,
-                                       numel - sum(s.numel_params for s in copies), "after_optimizer_init", True))
-        numel = sum(p.numel() for group in self.optimizer.param_groups for p in group["params"])
+        if self.main_param_storage is not None:
+            records.append(_record("optimizer.main_params", "master_params", self.main_param_storage.numel(),
+                                   "after_optimizer_init", True))
+        grad_copy = sum(g.numel() for g in self.model_grads if g.dtype != torch.float32)
+        if grad_copy:
+            records.append(_record("optimizer.main_grads", "master_grads", grad_copy, "after_first_step",
+                                   self.main_grad_storage is not None))
+        numel = sum(m.numel() for m in self.main_params)
         for moment in ("exp_avg", "exp_avg_sq"):
-            records.append(_record(f"optimizer.adam.{moment}", f"adam_{moment}", numel, 0, "after_first_step",
+            records.append(_record(f"optimizer.adam.{moment}", f"adam_{moment}", numel, "after_first_step",
                                    bool(self.optimizer.state)))
         return records
 
 
-def _record(name: str, kind: str, numel: int, padding: int, allocated_at: str, exists: bool) -> dict[str, Any]:
+def _record(name: str, kind: str, numel: int, allocated_at: str, exists: bool) -> dict[str, Any]:
+    """Parameter elements only, so no padding (the DDP buffers' records carry theirs)."""
     return {"name": name, "kind": kind, "dtype": str(torch.float32), "numel": numel, "bytes": 4 * numel,
-            "padding": padding, "allocated_at": allocated_at, "exists": exists}
+            "padding": 0, "allocated_at": allocated_at, "exists": exists}
 
 
 class FP32Optimizer(MegatronOptimizer):

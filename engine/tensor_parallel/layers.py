@@ -98,8 +98,9 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
 
     With fusion, backward adds dL/dW into weight.main_grad, sets weight.grad_added_to_main_grad and returns an
     uninitialised tensor of the weight's shape as its gradient: only so that autograd still runs DDP's
-    post-accumulate-grad hook (bucket bookkeeping), which drops it and clears the flag. Each weight must feed one
-    linear per micro-batch (true here: the output layer is not tied to the embedding).
+    post-accumulate-grad hook (bucket bookkeeping), which drops it and clears the flag. A weight that also feeds
+    another op (the output layer tied to the embedding on one stage) carries Megatron's `zero_out_wgrad`: then the
+    returned gradient is zeros, autograd adds the other op's gradient to it, and DDP's hook adds that sum too.
     """
 
     @staticmethod
@@ -124,7 +125,8 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
             if _fuses_weight_grad(weight):
                 _addmm_into(weight.main_grad, grad_output.t(), total_input)
                 weight.grad_added_to_main_grad = True
-                grad_weight = torch.empty_like(weight)
+                zero = getattr(weight, "zero_out_wgrad", False)
+                grad_weight = torch.zeros_like(weight) if zero else torch.empty_like(weight)
             else:
                 grad_weight = grad_output.t().matmul(total_input)
         return grad_input, grad_weight, None, None
@@ -136,11 +138,13 @@ class ColumnParallelLinear(torch.nn.Module):
     Without sequence parallelism the input is replicated (copy_to: its gradient is all-reduced in backward); with
     it the input is sequence-sharded and all-gathered. gather_output all-gathers the output's last dim.
     `stride` > 1 keeps a fused weight [A; B; ...] correct under TP: each rank holds [A_r; B_r; ...].
+    skip_weight_param_allocation (Megatron's): no weight of its own; forward takes one (a tied output layer
+    multiplies by the embedding's weight, which has the same [output_size/tp, input_size] shard).
     """
 
     def __init__(self, input_size: int, output_size: int, *, tp: TPGroup, init: MasterWeightInit,
                  params_dtype: torch.dtype, device: torch.device | str, gather_output: bool = False,
-                 sequence_parallel: bool = False, stride: int = 1):
+                 sequence_parallel: bool = False, stride: int = 1, skip_weight_param_allocation: bool = False):
         super().__init__()
         if output_size % tp.size:
             raise ValueError(f"ColumnParallelLinear: output size {output_size} is not divisible by TP {tp.size}")
@@ -149,13 +153,18 @@ class ColumnParallelLinear(torch.nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.tp, self.gather_output = tp, gather_output
         self.sequence_parallel = sequence_parallel and tp.size > 1
-        self.weight = _sharded_parameter(init, (output_size, input_size), 0, stride, tp, params_dtype,
-                                         torch.device(device))
+        self.weight = None if skip_weight_param_allocation else _sharded_parameter(
+            init, (output_size, input_size), 0, stride, tp, params_dtype, torch.device(device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """weight: the one to multiply by instead of self.weight (required without a weight of its own)."""
+        if weight is None:
+            if self.weight is None:
+                raise ValueError("ColumnParallelLinear: built with skip_weight_param_allocation, forward needs weight")
+            weight = self.weight
         if not self.sequence_parallel:
             x = copy_to_tensor_model_parallel_region(x, self.tp)
-        out = _LinearWithGradAccumulation.apply(x, self.weight, self.tp, self.sequence_parallel)
+        out = _LinearWithGradAccumulation.apply(x, weight, self.tp, self.sequence_parallel)
         return gather_from_tensor_model_parallel_region(out, self.tp) if self.gather_output else out
 
 

@@ -10,7 +10,12 @@ Rule (Megatron Core `_ParamAndGradBuffer` with `DistributedOptimizer._compute_pe
    (param end - bucket start) reach `bucket_size`; a parameter never splits. `bucket_size is None` is one bucket.
 5. Distributed optimizer only: each bucket's end is rounded up to a multiple of lcm(dp, 128) (older Megatron: dp),
    and the next bucket starts there, so every bucket splits evenly into dp shards.
-6. Without the distributed optimizer nothing is padded.
+6. Distributed optimizer only: a shared embedding (tied embeddings under PP > 1, params.py) gets a bucket of its own:
+   the open bucket closes where it would start, and its bucket closes right after it (Megatron's
+   `_does_param_require_new_bucket`). Its bucket is then laid out alike on the first and the last stage, so each DP
+   rank owns the same elements of both copies and the embedding all-reduce after the reduce-scatter adds matching
+   shards.
+7. Without the distributed optimizer nothing is padded.
 
 `bucket_size` follows Megatron's DistributedDataParallel: --ddp-bucket-size or max(40,000,000, 1,000,000 x dp); None
 (one bucket) when --overlap-grad-reduce is off, on pipeline ranks > 0, and for model chunks after the first.
@@ -69,10 +74,13 @@ def layout_buffer(params: list[ParamTensor], bucket_size: int | None, dp: int,
 
     for p in reversed(params):
         start = round_up(cursor, PARAM_ALIGNMENT) if distributed_optimizer else cursor
+        own_bucket = distributed_optimizer and p.shared_embedding
+        if own_bucket and open_bucket:
+            bucket_start = start = close(start)
         end = start + p.numel
         ranges[p.name] = (start, end, len(buckets))
         open_bucket = True
-        if bucket_size is not None and end - bucket_start >= bucket_size:
+        if own_bucket or (bucket_size is not None and end - bucket_start >= bucket_size):
             bucket_start = cursor = close(end)
             open_bucket = False
         else:

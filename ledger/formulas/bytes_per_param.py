@@ -14,9 +14,10 @@ temporaries are excluded. With d = data-parallel size:
 
 which gives Megatron's table: bf16/fp32-grad 18 and 6 + 12/d; fp16/fp16-grad 20 and 4 + 16/d; fp32 16 and 8 + 8/d.
 
-torch's Adam creates m and v at the first `step()`, and the fp32 grad copy appears there too: "after optimizer
-init" excludes them, "after the first step" includes them; for bf16 with fp32 grads the difference is 8 bytes per
-sharded parameter (8 / d per parameter under ZeRO-1).
+torch's Adam creates m and v at the first `step()`, and the fp32 grad copy appears there too (Megatron makes it at
+step time, `_copy_model_grads_to_main_grads`, and drops it at the next zero_grad): "after optimizer init" excludes
+them, "after the first step" includes them; for bf16 with fp32 grads the difference is 8 bytes per sharded parameter
+(8 / d per parameter under ZeRO-1).
 """
 from __future__ import annotations
 

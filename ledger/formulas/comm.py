@@ -15,7 +15,10 @@ optimizer (param_and_grad_buffer.py), vocab-parallel cross-entropy, the p2p sche
 - PP: each model chunk sends its output forward (unless it is the last virtual stage) and its input grad backward
   (unless the first): [s, b, h], [s/t, b, h] under SP; receives mirror the sends.
 Per step: DP grad all-reduce (DDP) or grad reduce-scatter + param all-gather (distributed optimizer) of the whole
-buffers, padding included; under SP an all-reduce of the replicated norm weights' grads over TP.
+buffers, padding included; under SP an all-reduce of the replicated norm weights' grads over TP; with tied embeddings
+under PP > 1 an all-reduce of the shared word embedding's grad (this TP rank's vocab shard, grad dtype) over the
+embedding group (the first and last rank of the pipeline group), on those two stages (Megatron's
+finalize_model_grads, after the DP reduction).
 Groups of one move nothing and are left out.
 """
 from __future__ import annotations
@@ -23,11 +26,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
-from ledger.formulas.activations import activation_bytes
+from ledger.formulas.activations import activation_bytes, checkpoint_groups
 from ledger.formulas.buffer_layout import rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.nccl_bw import bus_factor
-from ledger.formulas.params import chunk_layers, chunk_tensors, num_chunks
+from ledger.formulas.params import chunk_layers, chunk_tensors, embedding_copy_on_last_stage, num_chunks
 
 CONVENTION = ("per rank per step: size_bytes = nccl-tests size summed over calls; "
               "bytes_per_rank = size x ring bus factor")
@@ -73,6 +76,10 @@ def dp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
 
 
 def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """TP collectives per step (module docstring), plus what full recompute repeats: backward re-runs each
+    checkpointed group's forward up to its last saved tensor (torch's checkpoint early stop), so a group of g layers
+    repeats 2g all-gathers and 2g - 1 reduce-scatters under SP (2g - 1 all-reduces without), everything but its last
+    fc2's output collective; selective recompute repeats SDPA alone, no collective."""
     p, m = cfg.parallel, cfg.model
     tp, sp, mb = p.tensor_model_parallel_size, p.sequence_parallel, cfg.num_microbatches
     dt = cfg.train.params_dtype
@@ -88,6 +95,10 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     out: dict[str, Collective] = {}
     for kind, n in counts.items():
         _add(out, f"tp.{kind}.activations[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
+    groups = [g for g, checkpointed in checkpoint_groups(cfg) if checkpointed] * num_chunks(cfg)
+    rerun = 2 * sum(groups) - len(groups)
+    for kind, n in ({"all_gather": 2 * sum(groups), "reduce_scatter": rerun} if sp else {"all_reduce": rerun}).items():
+        _add(out, f"tp.{kind}.recompute[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
     if last:
         sb = m.seq_length * cfg.train.micro_batch_size
         _add(out, "tp.all_reduce.cross_entropy[fp32]",
@@ -116,5 +127,20 @@ def pp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     return out
 
 
+def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """The first and last stage each all-reduce the grad of their copy of the tied embedding, once per step."""
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if not embedding_copy_on_last_stage(cfg) or pp_rank not in (0, pp - 1):
+        return {}
+    chunk = 0 if pp_rank == 0 else num_chunks(cfg) - 1
+    (shared,) = [t for t in chunk_tensors(cfg, pp_rank, chunk) if t.shared_embedding]
+    gdt = cfg.train.grad_dtype
+    out: dict[str, Collective] = {}
+    _add(out, f"embedding.all_reduce.word_embedding_grads[{gdt}]",
+         Collective("embedding", "all_reduce", 2, gdt, 1, shared.numel * DTYPE_BYTES[gdt]))
+    return out
+
+
 def step_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
-    return {**dp_collectives(cfg, pp_rank), **tp_collectives(cfg, pp_rank), **pp_collectives(cfg, pp_rank)}
+    return {**dp_collectives(cfg, pp_rank), **tp_collectives(cfg, pp_rank), **pp_collectives(cfg, pp_rank),
+            **embedding_collectives(cfg, pp_rank)}

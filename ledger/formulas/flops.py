@@ -4,11 +4,14 @@
 per global batch of B sequences of length s. Every GEMM counts 2mnk (FMA) x 3 (forward, wgrad, dgrad):
     6 B s [ 3 h f L  +  L (h (q + 2 kv) + q h)  +  h V ]  +  6 B s^2 q L
 with q = n_q d (query projection width), kv = n_kv d, V the padded vocab: SwiGLU's three f x h GEMMs, the QKV and
-output projections, the logit GEMM; the core attention QK^T and (softmax)V cost 2 x 2 B s^2 q forward, halved by
-the causal mask. Norms, RoPE, softmax and activation recompute are not counted.
+output projections, the logit GEMM (tied or not: the GEMM runs either way); the core attention QK^T and (softmax)V
+cost 2 x 2 B s^2 q forward, halved by the causal mask. Norms, RoPE, softmax and activation recompute are not counted.
 "palm_6n": PaLM (Chowdhery et al. 2022, app. B) as torchtitan computes it, per token:
     6 (N - N_embedding) + 12 L q s
-with N_embedding the input embedding only (the output layer counts) and no causal halving.
+with no causal halving and N - N_embedding the parameters that are GEMM weights: N_embedding is the input
+embedding's own matrix, a lookup. Tied, that one matrix is also the logit GEMM's weight, so nothing is left out
+(torchtitan's literal count, deduplicated parameters minus nn.Embedding's, would drop the logit GEMM that still runs);
+the figure is the same tied or untied, as Megatron's.
 """
 from __future__ import annotations
 
@@ -37,9 +40,11 @@ def megatron_flops_per_step(cfg: RunConfig) -> int:
 
 def palm_flops_per_token(cfg: RunConfig) -> int:
     m = cfg.model
-    embedding = component_counts(m, cfg.parallel.tensor_model_parallel_size)["embedding"]
+    lookup_only = component_counts(m, cfg.parallel.tensor_model_parallel_size)["embedding"]
+    if not m.untie_embeddings_and_output_weights:
+        lookup_only = 0  # tied: the embedding is also the logit GEMM's weight
     q = m.num_attention_heads * m.head_dim
-    return 6 * (params_total(cfg) - embedding) + 12 * m.num_layers * q * m.seq_length
+    return 6 * (params_total(cfg) - lookup_only) + 12 * m.num_layers * q * m.seq_length
 
 
 def mfu(flops_per_step: float, step_seconds: float, num_gpus: int, peak_flops: float = H200_BF16_DENSE_PEAK) -> float:

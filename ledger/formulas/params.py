@@ -1,10 +1,13 @@
 """Parameter counts of our Llama-style model, as Megatron Core registers and splits them.
 
 The model (docs/formulas.md, "Parameters"): RMSNorm (weight only), GQA attention with a fused QKV projection, SwiGLU
-MLP with a fused gate+up projection, no biases, untied input embedding and output layer, a final norm. TP splits
-every matrix (column-parallel: output dim; row-parallel: input dim; vocab-parallel: vocab dim) and replicates the
-norms. Pipeline stages hold `num_layers / (pp x vpp)` layers per model chunk; the embedding lives on the first chunk
-of pipeline rank 0, the final norm and output layer on the last chunk of the last pipeline rank.
+MLP with a fused gate+up projection, no biases, a final norm, and an output layer that is the input embedding
+(tied, Megatron's default) or a matrix of its own (--untie-embeddings-and-output-weights). TP splits every matrix
+(column-parallel: output dim; row-parallel: input dim; vocab-parallel: vocab dim) and replicates the norms. Pipeline
+stages hold `num_layers / (pp x vpp)` layers per model chunk; the embedding lives on the first chunk of pipeline rank
+0, the final norm and output layer on the last chunk of the last pipeline rank. Tied under PP > 1 the last stage
+holds a copy of the embedding as its output layer's weight (Megatron's `shared_embedding`), kept equal to the first
+stage's by an all-reduce of their gradients: a parameter of that stage, not of the model.
 
 Shapes are TP-local `(rows, cols)` in the order the engine registers them (model.parameters()); the buffer layout
 walks that order reversed.
@@ -19,9 +22,11 @@ from common.config import ModelConfig, RunConfig
 
 @dataclass(frozen=True)
 class ParamTensor:
-    """One registered parameter, TP-local."""
+    """One registered parameter, TP-local. shared_embedding: one of the two pipeline-stage copies of tied word
+    embeddings (the distributed optimizer gives it a bucket of its own, buffer_layout.py)."""
     name: str
     shape: tuple[int, ...]
+    shared_embedding: bool = False
 
     @property
     def numel(self) -> int:
@@ -50,8 +55,14 @@ def layer_tensors(model: ModelConfig, tp: int, layer: int) -> list[ParamTensor]:
     ]
 
 
+def embedding_copy_on_last_stage(cfg: RunConfig) -> bool:
+    """Tied embeddings under PP > 1: the last stage's output layer holds a copy (Megatron's setup rule)."""
+    return not cfg.model.untie_embeddings_and_output_weights and cfg.parallel.pipeline_model_parallel_size > 1
+
+
 def component_counts(model: ModelConfig, tp: int = 1) -> dict[str, int]:
-    """Full-model count of each component (tp only matters through vocab padding)."""
+    """Full-model count of each component (tp only matters through vocab padding). Tied, the output layer has no
+    parameter of its own: it multiplies by the embedding's."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
     nq, nkv = model.num_attention_heads, model.num_query_groups
     vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
@@ -65,7 +76,7 @@ def component_counts(model: ModelConfig, tp: int = 1) -> dict[str, int]:
         "mlp.down": f * h,
         "norms": 2 * h,
         "embedding": vocab * h,
-        "output_layer": vocab * h,
+        "output_layer": vocab * h if model.untie_embeddings_and_output_weights else 0,
         "final_norm": h,
     }
 
@@ -77,7 +88,8 @@ def params_per_layer(model: ModelConfig) -> int:
 
 
 def params_total(cfg: RunConfig) -> int:
-    """All parameters of the model, with the vocab padded for this run's TP size."""
+    """All parameters of the model, with the vocab padded for this run's TP size; the tied embedding once (the last
+    stage's copy under PP > 1 is a second memory location of one parameter, counted in params_per_stage)."""
     c = component_counts(cfg.model, cfg.parallel.tensor_model_parallel_size)
     return (cfg.model.num_layers * params_per_layer(cfg.model) + c["embedding"] + c["output_layer"]
             + c["final_norm"])
@@ -101,14 +113,16 @@ def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int) -> list[ParamTensor]
     pp, vpp = cfg.parallel.pipeline_model_parallel_size, num_chunks(cfg)
     h = model.hidden_size
     vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    copy = embedding_copy_on_last_stage(cfg)
     tensors: list[ParamTensor] = []
     if pp_rank == 0 and chunk == 0:
-        tensors.append(ParamTensor("embedding.word_embeddings.weight", (vocab // tp, h)))
+        tensors.append(ParamTensor("embedding.word_embeddings.weight", (vocab // tp, h), shared_embedding=copy))
     for layer in chunk_layers(cfg, pp_rank, chunk):
         tensors += layer_tensors(model, tp, layer)
     if pp_rank == pp - 1 and chunk == vpp - 1:
         tensors.append(ParamTensor("decoder.final_layernorm.weight", (h,)))
-        tensors.append(ParamTensor("output_layer.weight", (vocab // tp, h)))
+        if model.untie_embeddings_and_output_weights or copy:
+            tensors.append(ParamTensor("output_layer.weight", (vocab // tp, h), shared_embedding=copy))
     return tensors
 
 
@@ -118,7 +132,8 @@ def params_per_rank(cfg: RunConfig, pp_rank: int) -> int:
 
 
 def params_per_stage(cfg: RunConfig) -> list[int]:
-    """Parameters of each pipeline rank summed over its TP group (norms counted once, not per TP rank)."""
+    """Parameters of each pipeline rank summed over its TP group (norms counted once, not per TP rank), the last
+    stage's copy of tied embeddings included."""
     tp = cfg.parallel.tensor_model_parallel_size
     per_stage = []
     for pp_rank in range(cfg.parallel.pipeline_model_parallel_size):

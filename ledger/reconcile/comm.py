@@ -4,6 +4,10 @@ the engine's counters (the `bytes` the probes' comm ranges carry) and the trace'
 All three use nccl-tests' "size" convention: the all-reduce buffer, the all-gather output, the reduce-scatter input,
 and for point-to-point the bytes sent plus received (the engine's P2P range counts both directions of one batched
 exchange; the formula lists sends and receives separately and they are summed here).
+Point-to-point volume in a trace is counted from the dispatcher's `c10d::send` / `c10d::recv_` ops (NCCL's SendRecv
+kernels carry no sizes; ledger.traces), whose TensorList inputs record element counts but no element type: the
+elements are multiplied by the size of the run's params dtype (the activations' dtype the pipeline sends), and the
+row says so.
 CPU (gloo) traces carry no process-group ranks, so their collectives are grouped by op only ("unknown" group). And
 on gloo the trace is no measurement of three collectives (GLOO_UNTRACEABLE): those rows keep the formula and the
 engine's counters and say why the measured column is empty. The backend is the manifest's (else distributedInfo's).
@@ -14,13 +18,14 @@ from collections import defaultdict
 from statistics import mean
 
 from common.config import RunConfig
+from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.comm import step_collectives
 from ledger.reconcile.evidence import RankEvidence, after_first_step
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.topology import group_kind
 from ledger.traces import TraceSummary, normalize_op
 
-CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp"}
+CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding"}
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
 # What a gloo profiler trace cannot measure, and why (torch's ProcessGroupGloo record_function annotations).
@@ -36,14 +41,15 @@ def untraceable_ops(backend: str | None) -> dict[str, str]:
     return GLOO_UNTRACEABLE if backend == "gloo" else {}
 
 
-def _op(op: str) -> str:
+def volume_op(op: str) -> str:
+    """Sends and receives count as one point-to-point figure, as nccl-tests and the formulas do."""
     return "send_recv" if op in ("send", "recv", "send_recv") else op
 
 
 def predicted_volume(cfg: RunConfig, pp_rank: int) -> dict[Key, int]:
     out: dict[Key, int] = defaultdict(int)
     for c in step_collectives(cfg, pp_rank).values():
-        out[(c.group, _op(c.kind))] += c.size_bytes
+        out[(c.group, volume_op(c.kind))] += c.size_bytes
     return dict(out)
 
 
@@ -60,15 +66,33 @@ def counter_volume(r: RankEvidence) -> dict[Key, float]:
     return _mean_over_steps(per_step)
 
 
-def trace_volume(summary: TraceSummary, groups: dict[str, tuple[int, ...]]) -> dict[Key, float]:
+def trace_volume(summary: TraceSummary, groups: dict[str, tuple[int, ...]],
+                 p2p_element_bytes: int | None) -> dict[Key, float]:
+    """Mean bytes per traced step by (group, op); P2P from the dispatcher's send/recv ops (CPU clock, CPU step
+    windows) at `p2p_element_bytes` per element (None: P2P not counted)."""
     per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
     windows = summary.windows()
     for c in summary.collectives:
-        step = next((s for s, (lo, hi) in windows.items() if lo <= c.start <= hi), None)
+        step = step_of(windows, c.start)
         if step is None or c.bytes is None:
             continue
-        per_step[step][(group_kind(groups, c.group), _op(c.op))] += c.bytes
+        op = volume_op(c.op)
+        per_step[step][(group_kind(groups, c.group, op), op)] += c.bytes
+    if p2p_element_bytes is not None:
+        for p2p in summary.p2p:
+            step = step_of(summary.steps, p2p.start)
+            if step is not None:
+                per_step[step][("pp", "send_recv")] += p2p.elements * p2p_element_bytes
     return _mean_over_steps(per_step)
+
+
+def step_of(windows: dict[int, tuple[float, float]], t: float) -> int | None:
+    """The step whose window holds time `t`, None outside every window."""
+    return next((step for step, (lo, hi) in windows.items() if lo <= t <= hi), None)
+
+
+def p2p_element_bytes(cfg: RunConfig | None) -> int | None:
+    return DTYPE_BYTES[cfg.train.params_dtype] if cfg is not None else None
 
 
 def _mean_over_steps(per_step: dict[int, dict[Key, int]]) -> dict[Key, float]:
@@ -82,9 +106,8 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
     untraceable = untraceable or {}
     predicted = predicted_volume(cfg, r.stage) if cfg is not None else {}
     counters = counter_volume(r)
-    if measured and all(group == "unknown" for group, _ in measured):
-        predicted = _by_op(predicted)
-        counters = _by_op(counters)
+    if measured and any(group == "unknown" for group, _ in measured):
+        predicted, counters, measured = _by_op(predicted), _by_op(counters), _by_op(measured)
     traced = measured is not None
     measured = measured or {}
     rows = []
@@ -96,7 +119,7 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
                         inventory=counters.get(key), measured=measured.get(key, 0.0) if measures else None,
                         unit="bytes",
                         tolerance=VOLUME_TOL,
-                        explanation=_explain(group, op, key in counters, traced, untraceable.get(op)),
+                        explanation=_explain(group, op, key in counters, traced, untraceable.get(op), cfg),
                         rank=r.rank, stage=r.stage, source="trace" if measures else "events"))
     return rows
 
@@ -108,8 +131,12 @@ def _by_op(volume: dict[Key, float]) -> dict[Key, float]:
     return dict(out)
 
 
-def _explain(group: str, op: str, counted: bool, traced: bool, untraceable: str | None) -> str:
+def _explain(group: str, op: str, counted: bool, traced: bool, untraceable: str | None,
+             cfg: RunConfig | None) -> str:
     parts = [f"nccl-tests size of every {op} on the {group} group in one step"]
+    if traced and op == "send_recv" and cfg is not None:
+        parts.append(f"measured: c10d::send / c10d::recv_ element counts x {p2p_element_bytes(cfg)} B, the run's "
+                     f"params dtype {cfg.train.params_dtype} (a TensorList input records no element type)")
     if not counted:
         parts.append("the engine counts no bytes for it (timers off, or a range without bytes)")
     if not traced:

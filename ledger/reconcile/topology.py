@@ -1,4 +1,5 @@
-"""Which ranks share a TP, DP or PP group in a run, and whether the engine's groups are the ones Megatron's rule gives.
+"""Which ranks share a TP, DP, PP or embedding group in a run, and whether the engine's groups are the ones Megatron's
+rule gives.
 
 The groups come from the ledger's own derivation (ledger.rank_groups) of the manifest's layout, never from the
 engine: the manifest also records the groups each rank actually joined (`ranks[r].groups`, written by the engine),
@@ -13,7 +14,7 @@ from ledger.rank_groups import Layout, group_lists
 from ledger.reconcile.evidence import rank_entry
 from ledger.reconcile.rows import Row, threshold_row
 
-KINDS = ("tp", "dp", "pp")
+KINDS = ("tp", "dp", "pp", "embedding")
 
 
 @lru_cache(maxsize=16)
@@ -26,18 +27,24 @@ def group_lists_of(manifest: dict[str, Any]) -> dict[str, list[list[int]]]:
 
 
 def rank_groups(manifest: dict[str, Any], rank: int) -> dict[str, tuple[int, ...]]:
-    """This rank's TP, DP and PP groups as sorted rank tuples."""
+    """This rank's TP, DP and PP groups, and its embedding group on the first and last pipeline stage, as sorted rank
+    tuples (a middle stage is in no embedding group)."""
     lists = group_lists_of(manifest)
-    return {kind: tuple(sorted(next(g for g in lists[kind] if rank in g))) for kind in KINDS}
+    return {kind: tuple(sorted(group)) for kind in KINDS for group in lists[kind] if rank in group}
 
 
-def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None) -> str:
-    """"dp" / "tp" / "pp" for a collective's rank list (DP first when a group is several kinds at once), "other"
-    for any other group, "unknown" when the trace did not record the ranks (gloo)."""
+def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None, op: str | None = None) -> str:
+    """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when the
+    trace did not record the ranks (gloo). A group of several kinds goes to the first in KINDS order, except that
+    under PP2 the pipeline group is also the embedding group: there point-to-point traffic (op "send_recv") is the
+    pipeline's and a collective the embedding's (the only collective on that group)."""
     if ranks is None:
         return "unknown"
     key = tuple(sorted(ranks))
-    return next((kind for kind in KINDS if groups[kind] == key), "other")
+    kinds = [kind for kind in KINDS if groups.get(kind) == key]
+    if "pp" in kinds and "embedding" in kinds:
+        kinds.remove("embedding" if op == "send_recv" else "pp")
+    return kinds[0] if kinds else "other"
 
 
 def rank_label(rank: int, coords: dict[str, int]) -> str:

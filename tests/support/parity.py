@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import re
-import tempfile
 from typing import Any, Sequence
 
 import torch
@@ -21,8 +19,12 @@ from common.arguments import parse_args
 from common.config import ParallelConfig, RunConfig
 from engine.parallel_state import ParallelState
 from engine.training import pretrain
+from tests.support.gloo import world_of_one
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
+# The last stage's copy of tied embeddings (Megatron's `shared` weight) stands for the one weight the single-process
+# model has under this name, so both stages' copies are held against it.
+TIED_EMBEDDING = "embedding.weight"
 
 
 def _global_name(name: str, chunk: torch.nn.Module) -> str:
@@ -34,8 +36,9 @@ def _global_name(name: str, chunk: torch.nn.Module) -> str:
 
 
 def full_parameters(model: list[torch.nn.Module], parallel_state: ParallelState) -> dict[str, torch.Tensor]:
-    """This rank's parameters by their single-process name, fp32 on the CPU, each TP shard all-gathered over the TP
-    group and reassembled along its partition_dim (honouring partition_stride). Collective over the TP group."""
+    """This rank's parameters by their single-process name (a tied embedding's copy by the embedding's), fp32 on
+    the CPU, each TP shard all-gathered over the TP group and reassembled along its partition_dim (honouring
+    partition_stride). Collective over the TP group."""
     tp = parallel_state.tp_size
     full: dict[str, torch.Tensor] = {}
     for chunk in model:
@@ -48,19 +51,22 @@ def full_parameters(model: list[torch.nn.Module], parallel_state: ParallelState)
                 dim, stride = param.partition_dim, param.partition_stride
                 pieces = [shard.chunk(stride, dim=dim) for shard in shards]
                 value = torch.cat([pieces[r][s] for s in range(stride) for r in range(tp)], dim=dim)
-            full[_global_name(name, module)] = value.float().cpu()
+            name = TIED_EMBEDDING if getattr(param, "shared", False) else _global_name(name, module)
+            full[name] = value.float().cpu()
     return full
 
 
-def train_and_collect(run_config: RunConfig, device: torch.device | None = None) -> dict[str, Any]:
+def train_and_collect(run_config: RunConfig, device: torch.device | None = None,
+                      probes: Any = None) -> dict[str, Any]:
     """Run pretrain in the current process group (initialised by the caller) and return, on every rank, the
-    per-step losses, grad norms and learning rates and this rank's full parameters: what parity tests compare."""
+    per-step losses, grad norms and learning rates and this rank's full parameters: what parity tests compare.
+    probes (default none) is what the engine reports to, for tests that also count what it did."""
     device = device or torch.device("cpu")
     p = run_config.parallel
     parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
                                               p.context_parallel_size, p.order,
                                               p.virtual_pipeline_model_parallel_size)
-    result = pretrain(run_config, parallel_state, device)
+    result = pretrain(run_config, parallel_state, device, probes)
     return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
             "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
 
@@ -85,12 +91,8 @@ def reference_run(run_config: RunConfig) -> dict[str, Any]:
         if dist.get_world_size() != 1:
             raise RuntimeError("reference_run needs a world of one; call it outside the distributed run")
         return train_and_collect(reference)
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
-        try:
-            return train_and_collect(reference)
-        finally:
-            dist.destroy_process_group()
+    with world_of_one():
+        return train_and_collect(reference)
 
 
 def train_rank(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:
