@@ -18,6 +18,10 @@ BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp
 PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + saved activations at the "
                    "schedule's peak + the logits transient on the last stage; no CUDA context, NCCL buffers or "
                    "allocator fragmentation")
+RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_by_recompute: the same run under each "
+                        "mode. selective checkpoints the core attention (SDPA) call, which with flash attention frees "
+                        "only its fp32 logsumexp (q, k, v stay as the checkpoint's inputs, the output as linear_proj's "
+                        "input); full keeps each checkpointed group's input, plus one group rebuilt in backward")
 
 
 def build_plan(cfg: RunConfig) -> dict[str, Any]:
@@ -40,6 +44,8 @@ def _params(cfg: RunConfig) -> dict[str, Any]:
     per_rank = [params.params_per_rank(cfg, i) for i in range(cfg.parallel.pipeline_model_parallel_size)]
     padded = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
     return {"total": params.params_total(cfg), "per_layer": params.params_per_layer(m),
+            "embeddings": "untied" if m.untie_embeddings_and_output_weights else "tied",
+            "embedding_copy_on_last_stage": params.embedding_copy_on_last_stage(cfg),
             "per_component": params.component_counts(m, tp), "per_stage": params.params_per_stage(cfg),
             "per_rank": per_rank, "per_rank_max": max(per_rank),
             "vocab": {"size": m.vocab_size, "padded": padded, "padding_rows": padded - m.vocab_size,
@@ -51,8 +57,12 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
     bpp = run_bytes_per_param(cfg)
     static_max, rank_max = static_bytes_max(cfg)
     static_per_stage = [max((static_bytes(cfg, 0, i, d) for d in range(dp)), key=lambda s: s.total) for i in range(pp)]
-    act = [activations.stage_activation_bytes(cfg, i) for i in range(pp)]
+    modes = {label: activations.with_recompute(cfg, r) for label, r in activations.comparison_modes(cfg).items()}
+    act_by_mode = {label: [activations.stage_activation_bytes(c, i) for i in range(pp)] for label, c in modes.items()}
     transient = [activations.logits_transient_bytes(cfg) if i == pp - 1 else 0 for i in range(pp)]
+    peak_by_mode = {label: [s.total + a + x for s, a, x in zip(static_per_stage, stage_act, transient)]
+                    for label, stage_act in act_by_mode.items()}
+    run_mode = activations.recompute_label(cfg.recompute)
     return {
         "bytes_per_param": bpp.total, "bytes_per_param_convention": BYTES_PER_PARAM_CONVENTION,
         "bytes_per_param_breakdown": vars(bpp),
@@ -64,11 +74,12 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
         "activation_bytes_per_layer": activations.layer_bytes(cfg),
         "activation_saved_tensors_per_layer": activations.layer_saved_tensors(cfg),
         "activation_in_flight_per_stage": [activations.in_flight(cfg, i) for i in range(pp)],
-        "activation_bytes_per_stage": act,
-        "activation_bytes_per_stage_full_recompute": [activations.stage_activation_bytes(cfg, i, "full")
-                                                      for i in range(pp)],
+        "recompute": run_mode, "recompute_convention": RECOMPUTE_CONVENTION,
+        "activation_bytes_per_stage": act_by_mode[run_mode],
+        "activation_bytes_per_stage_by_recompute": act_by_mode,
         "logits_transient_bytes_per_stage": transient,
-        "peak_bytes_per_stage": [s.total + a + x for s, a, x in zip(static_per_stage, act, transient)],
+        "peak_bytes_per_stage": peak_by_mode[run_mode],
+        "peak_bytes_per_stage_by_recompute": peak_by_mode,
         "peak_convention": PEAK_CONVENTION,
     }
 

@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
+# The seed's scripts run the llama3.2-1b shape untied.
 SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
         "--pipeline-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
         "--seq-length", "8192", "--max-position-embeddings", "8192", "--micro-batch-size", "1",
-        "--global-batch-size", "16", "--bf16"]
+        "--global-batch-size", "16", "--bf16", "--untie-embeddings-and-output-weights"]
 
 
 def plan(*args: str) -> subprocess.CompletedProcess:
@@ -44,6 +45,21 @@ def test_seed_plan_json():
     assert p["flops"]["per_token"] == pytest.approx(p["flops"]["per_step"] / tokens)
     assert p["flops"]["palm_6n"]["per_step"] == p["flops"]["palm_6n"]["per_token"] * tokens
     assert "megatron" in p["flops"]["convention"] and "palm" in p["flops"]["palm_6n"]["convention"]
+
+
+def test_embeddings_are_tied_unless_untied_as_in_megatron():
+    h, v, per_layer = 2048, 128256, 60_821_504
+    tied = plan_json("--model", "llama3.2-1b")["params"]
+    assert (tied["total"], tied["embeddings"]) == (16 * per_layer + v * h + h, "tied") == (1_235_814_400, "tied")
+    untied = plan_json("--model", "llama3.2-1b", "--untie-embeddings-and-output-weights")["params"]
+    assert (untied["total"], untied["embeddings"]) == (16 * per_layer + 2 * v * h + h, "untied")
+    # PP2: the last stage holds a copy of the embedding besides its 8 layers and the final norm
+    pp2 = plan_json("--model", "llama3.2-1b", "--world-size", "2", "--pipeline-model-parallel-size", "2")["params"]
+    assert pp2["embedding_copy_on_last_stage"]
+    assert pp2["per_stage"] == [8 * per_layer + v * h, 8 * per_layer + h + v * h]
+    lines = [plan(*args).stdout.splitlines()[1] for args in (("--model", "llama3.2-1b"), SEED)]
+    assert lines[0].startswith("parameters: 1,235,814,400 total (tied embedding and output layer)")
+    assert lines[1].startswith("parameters: 1,498,482,688 total (untied embedding and output layer)")
 
 
 def test_precision_follows_megatron():

@@ -13,11 +13,18 @@ Attention runs through F.scaled_dot_product_attention with is_causal=True (flash
 score matrix is stored. Splitting the fused QKV and rotating q and k is one jit_fuser function: compiled on GPU it
 writes q, k and v contiguous in one pass and dL/dQKV in the fused layout in one or two, instead of a reshape copy,
 RoPE's chain of kernels for q and for k, and a concatenation of the three gradients.
+
+Selective recompute (--recompute-granularity selective, Megatron's checkpoint_core_attention) runs the SDPA call
+under torch.utils.checkpoint and redoes it in backward. What that frees here is small, because flash attention
+already keeps no s x s scores: SDPA's saved q, k and v stay alive as the checkpoint's inputs, and its output stays
+alive as linear_proj's saved input, so only the fp32 logsumexp (4 bytes per head per token) goes. The rest of the
+layer is unchanged. docs/formulas.md ("Recompute") has the accounting; tests/test_recompute.py measures it.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from common.config import ModelConfig
 from engine.jit import jit_fuser
@@ -45,8 +52,10 @@ def split_qkv_and_rotate(qkv: torch.Tensor, cos: torch.Tensor,
 
 class SelfAttention(torch.nn.Module):
     def __init__(self, config: ModelConfig, prefix: str, *, tp: TPGroup, sequence_parallel: bool,
-                 params_dtype: torch.dtype, device: torch.device | str, seed: int):
+                 params_dtype: torch.dtype, device: torch.device | str, seed: int,
+                 checkpoint_core_attention: bool = False):
         super().__init__()
+        self.checkpoint_core_attention = checkpoint_core_attention
         n_q, n_kv, d = config.num_attention_heads, config.num_query_groups, config.head_dim
         if n_q % n_kv or n_kv % tp.size:
             raise ValueError(f"attention: {n_q} heads / {n_kv} query groups do not split over TP {tp.size}")
@@ -69,6 +78,14 @@ class SelfAttention(torch.nn.Module):
         q, k, v = split_qkv_and_rotate(
             qkv.view(s, b, self.groups_per_partition, self.heads_per_group + 2, self.head_dim), cos, sin)
         # SDPA wants [b, heads, s, d]; permute is a view.
-        out = F.scaled_dot_product_attention(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3),
-                                             is_causal=True, enable_gqa=self.heads_per_group > 1)
+        q, k, v = q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
+        if self.checkpoint_core_attention:
+            # No dropout, so no RNG state to replay (see transformer_block).
+            out = checkpoint(self.core_attention, q, k, v, use_reentrant=False, preserve_rng_state=False)
+        else:
+            out = self.core_attention(q, k, v)
         return self.linear_proj(out.permute(2, 0, 1, 3).reshape(s, b, -1))
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d), causal) v on [b, heads, s, d]; GQA reads KV head i // heads per group."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads_per_group > 1)

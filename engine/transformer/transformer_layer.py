@@ -16,15 +16,18 @@ from engine.transformer.rms_norm import RMSNorm
 
 class TransformerLayer(torch.nn.Module):
     def __init__(self, config: ModelConfig, layer_number: int, *, tp: TPGroup, sequence_parallel: bool,
-                 params_dtype: torch.dtype, device: torch.device | str, seed: int):
-        """layer_number is the layer's global index (0-based) in the whole model; it names the init seeds."""
+                 params_dtype: torch.dtype, device: torch.device | str, seed: int,
+                 checkpoint_core_attention: bool = False):
+        """layer_number is the layer's global index (0-based) in the whole model; it names the init seeds.
+        checkpoint_core_attention is selective recompute (see SelfAttention)."""
         super().__init__()
         self.layer_number = layer_number
         prefix = f"decoder.layers.{layer_number}"
         common = dict(tp=tp, sequence_parallel=sequence_parallel, params_dtype=params_dtype, device=device, seed=seed)
         norm = dict(sequence_parallel=sequence_parallel, params_dtype=params_dtype, device=device)
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_epsilon, **norm)
-        self.self_attention = SelfAttention(config, f"{prefix}.self_attention", **common)
+        self.self_attention = SelfAttention(config, f"{prefix}.self_attention", **common,
+                                            checkpoint_core_attention=checkpoint_core_attention)
         self.pre_mlp_layernorm = RMSNorm(config.hidden_size, config.norm_epsilon, **norm)
         self.mlp = MLP(config, f"{prefix}.mlp", **common)
 

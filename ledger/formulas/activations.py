@@ -1,4 +1,5 @@
-"""Activation memory: the tensors our layer saves for backward, per layer, per micro-batch, per stage.
+"""Activation memory: the tensors our layer saves for backward, per layer, per micro-batch, per stage, under the
+run's activation-recompute mode.
 
 Derivation in docs/formulas.md ("Activations"). Sequence-first [s, b, h] layout, activations in the params' dtype
 (2 bytes under --bf16, 4 in fp32), no dropout (so no masks), flash / SDPA attention (saves q, k, v, the output and
@@ -13,16 +14,49 @@ Per layer, t = 1, a = activation bytes, r = n_kv / n_q:  a*sbh(6 + 2r) + 3a*sbf 
 In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
 min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is
 Megatron's (1 + (p - 1)/(p v)) x p micro-batches' worth of its layers (theoretical_memory_usage.py).
-Full recompute (uniform, one layer a checkpoint) keeps each layer's input and, in backward, one layer's full set.
+
+Recompute, per model chunk of n layers and one micro-batch, B = one layer's saved bytes, I = a layer's input
+(a sbh, /t under SP):
+- none: n B after the forward.
+- selective (Megatron's core-attention checkpoint): n (B - logsumexp). The checkpointed SDPA call's q, k, v stay
+  alive as the checkpoint's inputs and its output as linear_proj's saved input; only the fp32 logsumexp goes.
+- full: the chunk is cut into groups (uniform N: N consecutive layers each, the last shorter; block N: each of the
+  first min(N, n) layers alone, the rest plain); a checkpointed group of g layers keeps I, a plain one g B.
+  Its backward first recomputes the group's whole saved set (g B, its input among it) while the groups before it
+  still hold theirs, so the micro-batch being back-propagated peaks at the largest (earlier groups' bytes + g B).
 """
 from __future__ import annotations
 
-from common.config import RunConfig
-from common.errors import ConfigError
+import dataclasses
+from dataclasses import dataclass
+
+from common.config import RecomputeConfig, RunConfig
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.params import num_chunks, padded_vocab_size
 
-RECOMPUTE = ("none", "full")
+NO_RECOMPUTE = RecomputeConfig()
+# What a layer no longer keeps under selective recompute (see the module docstring).
+SELECTIVE_FREES = ("attention.logsumexp",)
+
+
+def recompute_label(r: RecomputeConfig) -> str:
+    """"none", "selective", or "full uniform N" / "full block N"."""
+    if r.recompute_granularity == "full":
+        return f"full {r.recompute_method} {r.recompute_num_layers}"
+    return r.recompute_granularity or "none"
+
+
+def with_recompute(cfg: RunConfig, r: RecomputeConfig) -> RunConfig:
+    """The same run under another recompute mode: every formula here reads the mode from the config."""
+    return dataclasses.replace(cfg, recompute=r)
+
+
+def comparison_modes(cfg: RunConfig) -> dict[str, RecomputeConfig]:
+    """The run's own mode first, then none, selective and full uniform 1 (Megatron's usual full setting)."""
+    modes: dict[str, RecomputeConfig] = {}
+    for r in (cfg.recompute, NO_RECOMPUTE, RecomputeConfig("selective"), RecomputeConfig("full", "uniform", 1)):
+        modes.setdefault(recompute_label(r), r)
+    return modes
 
 
 def activation_bytes(cfg: RunConfig) -> int:
@@ -35,12 +69,13 @@ def _sp_div(cfg: RunConfig) -> int:
 
 
 def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
-    """Bytes each saved tensor of one layer takes on one TP rank for one micro-batch."""
+    """Bytes each saved tensor of one layer takes on one TP rank for one micro-batch, for a layer outside any full
+    recompute group (under selective recompute, without what the core-attention checkpoint frees)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     s, b, h, f = m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
     q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
     a, sp = activation_bytes(cfg), _sp_div(cfg)
-    return {
+    saved = {
         "input_layernorm.input": a * s * b * h // sp,
         "input_layernorm.rstd": 4 * s * b // sp,
         "linear_qkv.input": a * s * b * h // sp,
@@ -55,16 +90,57 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "swiglu.input=linear_fc1.output": a * s * b * 2 * f // t,
         "linear_fc2.input": a * s * b * f // t,
     }
+    if cfg.recompute.recompute_granularity == "selective":
+        saved = {name: n for name, n in saved.items() if name not in SELECTIVE_FREES}
+    return saved
 
 
-def layer_bytes(cfg: RunConfig, recompute: str = "none") -> int:
-    """Saved bytes of one layer for one micro-batch while it waits for its backward."""
-    if recompute not in RECOMPUTE:
-        raise ConfigError(f"unknown recompute option {recompute!r} (one of {', '.join(RECOMPUTE)})")
-    if recompute == "full":
-        m = cfg.model
-        return activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size // _sp_div(cfg)
+def layer_bytes(cfg: RunConfig) -> int:
+    """Saved bytes of one layer (outside any full recompute group) for one micro-batch while it waits for its
+    backward."""
     return sum(layer_saved_tensors(cfg).values())
+
+
+def layer_input_bytes(cfg: RunConfig) -> int:
+    """A layer's input [s, b, h] ([s/t, b, h] under SP): all a full recompute group keeps."""
+    m = cfg.model
+    return activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size // _sp_div(cfg)
+
+
+def layers_per_chunk(cfg: RunConfig) -> int:
+    return cfg.model.num_layers // (cfg.parallel.pipeline_model_parallel_size * num_chunks(cfg))
+
+
+def checkpoint_groups(cfg: RunConfig) -> list[tuple[int, bool]]:
+    """A model chunk's layers as (layers, checkpointed) groups in forward order (Megatron's _checkpointed_forward):
+    uniform N groups of N (the last shorter), block N the first N one by one and the rest plain; one plain group
+    without full recompute. Every chunk of the run has the same layer count, so the same groups."""
+    r, num_layers = cfg.recompute, layers_per_chunk(cfg)
+    if r.recompute_granularity != "full":
+        return [(num_layers, False)]
+    n = r.recompute_num_layers
+    if r.recompute_method == "uniform":
+        return [(min(n, num_layers - start), True) for start in range(0, num_layers, n)]
+    checkpointed = min(n, num_layers)
+    return [(1, True)] * checkpointed + ([(num_layers - checkpointed, False)] if num_layers > checkpointed else [])
+
+
+@dataclass(frozen=True)
+class ChunkActivations:
+    """One model chunk, one micro-batch: bytes held from its forward to its backward (saved), and the most held
+    while its backward runs (backward_peak: a full recompute group's saved set rebuilt beside the earlier groups')."""
+    saved: int
+    backward_peak: int
+
+
+def chunk_activation_bytes(cfg: RunConfig) -> ChunkActivations:
+    layer, layer_input = layer_bytes(cfg), layer_input_bytes(cfg)
+    held = peak = 0
+    for layers, checkpointed in checkpoint_groups(cfg):
+        if checkpointed:
+            peak = max(peak, held + layers * layer)  # earlier groups still saved + this group rebuilt
+        held += layer_input if checkpointed else layers * layer
+    return ChunkActivations(saved=held, backward_peak=max(held, peak))
 
 
 def first_stage_extra_bytes(cfg: RunConfig) -> int:
@@ -101,18 +177,17 @@ def in_flight(cfg: RunConfig, pp_rank: int) -> int:
     return min(2 * (p - pp_rank - 1) + (v - 1) * p + 1, m * v)
 
 
-def stage_activation_bytes(cfg: RunConfig, pp_rank: int, recompute: str = "none") -> int:
-    """Peak saved activations on one TP rank of pipeline rank `pp_rank`."""
-    p, v = cfg.parallel.pipeline_model_parallel_size, num_chunks(cfg)
-    layers_per_chunk = cfg.model.num_layers // (p * v)
-    total = in_flight(cfg, pp_rank) * layers_per_chunk * layer_bytes(cfg, recompute)
-    if recompute == "full":
-        total += layer_bytes(cfg, "none")
-    if pp_rank == 0:
-        total += min(p, cfg.num_microbatches) * first_stage_extra_bytes(cfg)
-    if pp_rank == p - 1:
-        total += last_stage_extra_bytes(cfg)
-    return total
+def stage_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
+    """Peak saved activations on one TP rank of pipeline rank `pp_rank`: the larger of the moment a forward ends
+    (every chunk-micro-batch in flight saved, the stage extras held) and the backward of the oldest one (the others
+    saved, it at its backward peak; the last stage's loss tensors are freed before the decoder's backward starts)."""
+    p = cfg.parallel.pipeline_model_parallel_size
+    held, chunk = in_flight(cfg, pp_rank), chunk_activation_bytes(cfg)
+    first = min(p, cfg.num_microbatches) * first_stage_extra_bytes(cfg) if pp_rank == 0 else 0
+    last = last_stage_extra_bytes(cfg) if pp_rank == p - 1 else 0
+    after_forward = held * chunk.saved + first + last
+    in_backward = (held - 1) * chunk.saved + chunk.backward_peak + first
+    return max(after_forward, in_backward)
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, heads: int, tp: int = 1, sequence_parallel: bool = False) -> float:
