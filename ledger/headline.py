@@ -63,6 +63,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def verdict(rows: list[dict[str, Any]]) -> str:
-    """The worst verdict of the rows that have one; "n/a" when none can be judged (a figure nobody predicts)."""
-    judged = [r["verdict"] for r in rows if r["verdict"] != "n/a"]
+    """The worst verdict of the rows that have one; "n/a" when none can be judged (a figure nobody predicts, or one
+    that agrees with its reference by construction: "identity")."""
+    judged = [r["verdict"] for r in rows if r["verdict"] not in ("n/a", "identity")]
     return max(judged, key=SEVERITY.__getitem__) if judged else "n/a"

@@ -13,7 +13,7 @@ from ledger import loaders
 from ledger.headline import HEADLINES, figure, rows_of, verdict
 from ledger.reconcile.run import LEDGER_DIR
 
-COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "off": "#c62828", "n/a": "#757575",
+COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "off": "#c62828", "n/a": "#757575", "identity": "#5c6bc0",
           "forward": "#1e88e5", "backward": "#8e24aa", "overlapped": "#43a047", "exposed": "#e53935"}
 TERM_COLORS = ("#1e88e5", "#8e24aa", "#fb8c00", "#6d4c41")
 NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket the profiler window with "
@@ -30,9 +30,10 @@ def build(run_dir: str) -> dict[str, Any]:
             "topology": loaders.topology(run_dir)}
 
 
-def write(run_dir: str) -> tuple[Path, Path]:
+def write(run_dir: str, out: Path | None = None) -> tuple[Path, Path]:
+    """report.md and report.html into `out` (default RUN/ledger)."""
     view = build(run_dir)
-    out = Path(run_dir) / LEDGER_DIR
+    out = out if out is not None else Path(run_dir) / LEDGER_DIR
     md, page = out / "report.md", out / "report.html"
     markdown, html_text = render_markdown(view), render_html(view)
     atomic_write_text(md, markdown)

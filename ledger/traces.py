@@ -10,7 +10,14 @@ What a summary keeps, per rank:
   * collectives: NCCL kernels on GPU traces (args "Collective name", "In msg nelems", "Out msg nelems", "dtype",
     "Process Group Ranks"/"Group size", "Seq"), else gloo's "gloo:<op>" annotations on CPU traces (bytes from
     "Input Dims" x "Input type");
-  * compute intervals: non-communication GPU kernels, else the probes' forward/backward CPU annotations.
+  * point-to-point volumes: NCCL's SendRecv kernels carry no sizes (a batched isend/irecv runs as one coalesced
+    kernel, its CPU side an `nccl:coalesced` range after the `c10d::send` / `c10d::recv_` ops it batches). Those
+    dispatcher ops are recorded on every backend with their "Input Dims" (a TensorList: no element type), so P2P
+    volume is kept as element counts per op (`p2p`) and the kernels' and gloo annotations' bytes are left empty:
+    the reader multiplies by the size of the run's params dtype (what the pipeline sends);
+  * compute intervals: non-communication GPU kernels, else the probes' forward/backward CPU annotations minus the
+    annotations nested in them on the same thread that name a collective or a wait (a synchronous TP collective, the
+    DDP pre-hook's all-gather wait): time the thread spent blocked is no compute.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from common.errors import InputError
+from ledger.reconcile.intervals import subtract, union
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8, "c10::Half": 2,
                "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2, "long int": 8, "Long": 8,
@@ -37,6 +45,9 @@ _OPS = (("reduce_scatter", "reduce_scatter"), ("reducescatter", "reduce_scatter"
         ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("send", "send"), ("recv", "recv"),
         ("barrier", "barrier"), ("reduce", "reduce"))
 COMPUTE_PREFIXES = ("forward", "backward")
+P2P_KINDS = ("send", "recv", "send_recv")
+STALL_PREFIX = "wait "  # probes' stall ranges ("wait all-gather bucket3"): blocked time nested in compute
+P2P_OPS = {"c10d::send": "send", "c10d::recv_": "recv"}
 
 
 def normalize_op(name: str) -> str | None:
@@ -59,6 +70,14 @@ class Collective:
 
 
 @dataclass
+class P2POp:
+    """One send or receive as the dispatcher recorded it (CPU clock): its tensors' element count."""
+    op: str  # "send" | "recv"
+    start: float  # µs
+    elements: int
+
+
+@dataclass
 class TraceSummary:
     path: Path
     rank: int | None
@@ -68,6 +87,7 @@ class TraceSummary:
     gpu_steps: dict[int, tuple[float, float]] = field(default_factory=dict)
     collectives: list[Collective] = field(default_factory=list)
     compute: list[tuple[float, float]] = field(default_factory=list)
+    p2p: list[P2POp] = field(default_factory=list)
     on_gpu: bool = False
     run_id: str | None = None  # trainLedger.run_id, when the probes wrote it
 
@@ -205,7 +225,8 @@ def summarize(path: str | Path) -> TraceSummary:
     stream = TraceStream(path)
     s = TraceSummary(path=Path(path), rank=None, world_size=None, backend=None)
     gpu_compute: list[tuple[float, float]] = []
-    cpu_compute: list[tuple[float, float]] = []
+    cpu_compute: dict[Any, list[tuple[float, float]]] = {}  # by thread
+    blocked: dict[Any, list[tuple[float, float]]] = {}
     gloo: list[Collective] = []
     for e in stream:
         if e.get("ph") != "X" or "ts" not in e:
@@ -219,14 +240,19 @@ def summarize(path: str | Path) -> TraceSummary:
                 s.collectives.append(_nccl_collective(e, start, end))
             else:
                 gpu_compute.append((start, end))
+        elif cat == "cpu_op" and name in P2P_OPS:
+            s.p2p.append(P2POp(op=P2P_OPS[name], start=start, elements=_tensor_list_elements(e)))
         elif cat == "user_annotation":
             m = STEP_RE.match(name)
             if m:
                 s.steps[int(m.group(1))] = (start, end)
-            elif name.startswith("gloo:"):
+                continue
+            if name.startswith("gloo:"):
                 gloo.append(_gloo_collective(e, start, end))
-            elif name.startswith(COMPUTE_PREFIXES):
-                cpu_compute.append((start, end))
+            if name.startswith(COMPUTE_PREFIXES):
+                cpu_compute.setdefault(e.get("tid"), []).append((start, end))
+            elif name.startswith(STALL_PREFIX) or normalize_op(name) is not None:
+                blocked.setdefault(e.get("tid"), []).append((start, end))
         elif cat == "gpu_user_annotation":
             m = STEP_RE.match(name)
             if m:
@@ -236,16 +262,32 @@ def summarize(path: str | Path) -> TraceSummary:
     s.run_id = _run_id(s.path, stream.meta)
     if not s.on_gpu:
         s.collectives = gloo
-    s.compute = sorted(gpu_compute if s.on_gpu else cpu_compute)
+    s.compute = union(gpu_compute) if s.on_gpu else _cpu_compute(cpu_compute, blocked)
     s.collectives.sort(key=lambda c: c.start)
+    s.p2p.sort(key=lambda p: p.start)
     return s
+
+
+def _cpu_compute(compute: dict[Any, list[tuple[float, float]]],
+                 blocked: dict[Any, list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Forward/backward time of each thread without the time that thread spent blocked in a collective or a wait
+    nested in it; a collective on another thread (gloo's worker) is the communication itself, not a hole."""
+    return union(part for tid, spans in compute.items()
+                 for part in subtract(union(spans), union(blocked.get(tid, []))))
+
+
+def _tensor_list_elements(e: dict[str, Any]) -> int:
+    """Elements of a dispatcher op's first input, a TensorList ("Input Dims" [[[d0, d1, ...], ...], ...])."""
+    dims = (e.get("args") or {}).get("Input Dims") or []
+    tensors = dims[0] if dims and isinstance(dims[0], list) else []
+    return sum(math.prod(t) for t in tensors if isinstance(t, list))
 
 
 def _nccl_collective(e: dict[str, Any], start: float, end: float) -> Collective:
     args = e.get("args") or {}
     op = normalize_op(str(args.get("Collective name", ""))) or normalize_op(e["name"]) or "unknown"
-    return Collective(op=op, start=start, end=end, bytes=_nccl_bytes(op, args), group=_ranks(args),
-                      seq=_int(args.get("Seq")))
+    nbytes = None if op in P2P_KINDS else _nccl_bytes(op, args)  # P2P volume: from the dispatcher ops (`p2p`)
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=_ranks(args), seq=_int(args.get("Seq")))
 
 
 def _nccl_bytes(op: str, args: dict[str, Any]) -> int | None:
@@ -262,8 +304,10 @@ def _gloo_collective(e: dict[str, Any], start: float, end: float) -> Collective:
     dims, types = args.get("Input Dims") or [], args.get("Input type") or []
     op = normalize_op(e["name"][len("gloo:"):]) or "unknown"
     nbytes = None
-    # gloo's annotation shows the input only; an all-gather's size (its output) is input x an unrecorded group size
-    if op != "all_gather" and dims and types and isinstance(dims[0], list) and types[0] in DTYPE_BYTES:
+    # gloo's annotation shows the input only; an all-gather's size (its output) is input x an unrecorded group size.
+    # P2P volume comes from the dispatcher ops (`p2p`), as on NCCL, so it is not counted twice.
+    if op not in ("all_gather",) + P2P_KINDS and dims and types and isinstance(dims[0], list) \
+            and types[0] in DTYPE_BYTES:
         nbytes = math.prod(dims[0]) * DTYPE_BYTES[types[0]]
     return Collective(op=op, start=start, end=end, bytes=nbytes, group=None)
 

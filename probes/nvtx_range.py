@@ -25,6 +25,8 @@ CATEGORY_COLOURS: dict[str, str] = {
     "dp-comm": "orange",
     "pp-comm": "red",
     "tp-comm": "yellow",
+    "dp-wait": "white",  # a stall: the compute stream waits for a DP collective (its name starts with "wait ")
+    "embd-comm": "cyan",
 }
 CATEGORIES = tuple(CATEGORY_COLOURS)
 

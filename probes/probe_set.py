@@ -8,9 +8,14 @@ these; keep them stable):
     probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
     probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
                             activation_numel=..., activation_dtype=...)   # collective; optional start-up sweep
+    probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
+                         optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
     with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
         ...                                         # + a timer when timers are on; categories: iteration, forward,
-                                                    # backward, optimizer, dp-comm, pp-comm, tp-comm
+                                                    # backward, optimizer, dp-comm, pp-comm, tp-comm,
+                                                    # embd-comm (tied embeddings' grad all-reduce),
+                                                    # dp-wait (a stall: "wait ..." names, e.g. the DDP
+                                                    # pre-hook's all-gather wait nested in a forward)
     token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
     probes.comm_end(token)                          # ... and its wait returned
     probes.step_begin(iteration)
@@ -32,7 +37,11 @@ every completed step readable; the fsync runs on the writer's thread. What is wr
              None (start-up work, the final param sync after the last step)
   nvml       t_sample, used_bytes, total_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
   bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
-  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
+             (the run's own sizes, and one element per rank: the latency point of the time model's fit)
+  compute    op, dims, dtype, seconds, flops, iters, device, threads, variant, cached  (see probes.compute_sweep)
+  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes;
+             profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
+             after_trace_export (the step after the window's traces were written: it waits for the slowest export)
   run_end    status, error (this rank's close)
 """
 from __future__ import annotations
@@ -42,9 +51,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from common.errors import ConfigError
 from common.run_dir import MANIFEST, EventWriter, write_manifest
+from probes import compute_sweep as compute_sweep_mod
 from probes import manifest as manifest_mod
 from probes.bandwidth import Sweep
 from probes.memory import MemoryHistory, MemoryProbe, attach_oom_observer
@@ -72,6 +83,9 @@ class NullProbeSet:
         return _NULL
 
     def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
+        pass
+
+    def compute_sweep(self, run_config: Any, **shapes: Any) -> None:
         pass
 
     def comm_begin(self, name: str, category: str, **attrs: Any) -> None:
@@ -124,6 +138,7 @@ class ProbeSet:
         self.marker = Marker(pc.nvtx)
         self.timer = StepTimer(use_cuda) if pc.timers else None
         self.bandwidth_sweep = pc.bandwidth_sweep
+        self.compute_sweep_on, self.compute_sweep_cache = pc.compute_sweep, pc.compute_sweep_cache
         self.nvml = NvmlSampler(pc.nvml_interval)
         self.run_id = manifest_mod.shared_run_id()
         self.window = None
@@ -174,10 +189,33 @@ class ProbeSet:
         device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
         warmup, iters = (5, 20) if self.memory.use_cuda else (1, 3)
         sweep = Sweep(parallel_state, device, warmup=warmup, iters=iters)
-        for record in sweep.run(list(dp_bucket_numels), dp_grad_dtype, dp_param_dtype, activation_numel,
-                                activation_dtype):
+        records = sweep.run(list(dp_bucket_numels), dp_grad_dtype, dp_param_dtype, activation_numel, activation_dtype)
+        # One element per rank as well: the time model fits latency + size / bandwidth and needs a size where the
+        # latency dominates (a 4-byte all-reduce is priced at it).
+        records += sweep.run([1] if dp_bucket_numels else [], dp_grad_dtype, dp_param_dtype, 1, activation_dtype)
+        for record in records:
             self.writer.write("bandwidth", None, **record)
         self.writer.sync()
+
+    def compute_sweep(self, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
+                      last_stage: bool, optimizer_numel: int, grad_buffer_numel: int,
+                      kernels: compute_sweep_mod.EngineKernels) -> None:
+        """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (a barrier each),
+        so that no measurement shares the cores with another rank's: the time model scales for that sharing."""
+        if not self.compute_sweep_on:
+            return
+        spec = compute_sweep_mod.SweepSpec.from_run(
+            run_config, tp_size=tp_size, padded_vocab_size=padded_vocab_size, first_stage=first_stage,
+            last_stage=last_stage, optimizer_numel=optimizer_numel, grad_buffer_numel=grad_buffer_numel)
+        device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
+        turns = range(self.world_size) if device.type == "cpu" and dist.is_initialized() else [self.rank]
+        for turn in turns:
+            if turn == self.rank:
+                for record in compute_sweep_mod.run(spec, device, kernels, use_cache=self.compute_sweep_cache):
+                    self.writer.write("compute", None, **record)
+                self.writer.sync()
+            if len(turns) > 1:
+                dist.barrier()
 
     # --- hot path -----------------------------------------------------------------------------------------------
     def range(self, name: str, category: str, **attrs: Any):
@@ -216,6 +254,8 @@ class ProbeSet:
         tokens, step_time = figures.get("tokens"), figures.get("step_time_s")
         if tokens is not None and step_time:
             figures.setdefault("tokens_per_s", tokens / step_time)
+        figures["profiled"] = self.window is not None and self.window.recording
+        figures["after_trace_export"] = self.window is not None and self.window.follows_export(iteration)
         self.writer.write("step", iteration, **figures)
         self.writer.sync(wait=False)  # flushed now (SIGKILL-safe); fsynced by the writer's thread
         if self.tb is not None:

@@ -35,6 +35,7 @@ class ProfilerWindow:
         on_this_rank = rank in ranks
         self.run_dir, self.rank, self.world_size, self.run_id = run_dir, rank, world_size, run_id
         self.start, self.end = start, end
+        self.some_rank_traces = use_torch_profiler and bool(ranks)
         self.use_torch_profiler = use_torch_profiler and on_this_rank
         self.nsys = nsys and on_this_rank and torch.cuda.is_available()
         self.nsys_without_cuda = nsys and on_this_rank and not torch.cuda.is_available()
@@ -54,6 +55,16 @@ class ProfilerWindow:
         if self.nsys_without_cuda:
             parts.append("--nsys-profile off: no CUDA")
         return "; ".join(parts) or "off on this rank"
+
+    @property
+    def recording(self) -> bool:
+        """Whether this rank's profiler (torch.profiler or an nsys capture) is collecting the current step."""
+        return self._prof is not None or self._nsys_running
+
+    def follows_export(self, step: int) -> bool:
+        """Whether `step` comes right after the step at whose end the profiled ranks wrote their traces (B + 1): its
+        first collective makes every rank wait for the slowest export. Never in a world of one: nobody waits."""
+        return self.some_rank_traces and self.world_size > 1 and step == self.end + 2
 
     def step_begin(self, step: int) -> None:
         if self.nsys and step == self.start:

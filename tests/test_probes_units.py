@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli.main import main as cli_main
 from common.arguments import parse_args
@@ -28,7 +29,7 @@ from probes.bandwidth import bandwidth_figures
 from probes.memory import MemoryProbe
 from probes.nvml import NvmlSampler
 from probes.nvtx_range import Marker, check_category
-from probes.profiler import write_hta_trace
+from probes.profiler import ProfilerWindow, write_hta_trace
 from probes.timers import StepTimer
 
 
@@ -138,6 +139,28 @@ def test_cpu_timer_intervals_nest_and_span_steps() -> None:
     timer.step_begin(2)
     (late,) = timer.collect()
     assert late["name"] == "iteration" and late["step"] == 1 and late["start_s"] <= fwd["start_s"]
+
+
+def test_the_profiler_window_flags_the_steps_it_disturbs(tmp_path: Path) -> None:
+    # Window 2-3 on rank 0 of 2: torch.profiler records 2, 3 and one more step for HTA (4), then writes its trace at
+    # the end of step 4; step 5 is the one every rank spends waiting for that export. Rank 1 profiles nothing but
+    # still waits in step 5. A world of one has nobody to wait for.
+    profiled = ProfilerWindow(tmp_path, 0, 2, "run-a", 2, 3, [0], True, False)
+    bystander = ProfilerWindow(tmp_path, 1, 2, "run-a", 2, 3, [0], True, False)
+    flags = []
+    for step in range(1, 7):
+        for w in (profiled, bystander):
+            w.step_begin(step)
+        torch.ones(4).add_(1)
+        flags.append((step, profiled.recording, bystander.recording, profiled.follows_export(step),
+                      bystander.follows_export(step)))
+        for w in (profiled, bystander):
+            w.step_end(step)
+    assert [s for s, rec, *_ in flags if rec] == [2, 3, 4] and not any(f[2] for f in flags)
+    assert [s for s, _, _, a, b in flags if a and b] == [5] and not any(f[3] != f[4] for f in flags)
+    assert profiled.written is not None and profiled.written.is_file()
+    alone = ProfilerWindow(tmp_path / "alone", 0, 1, "run-b", 2, 3, [0], True, False)
+    assert not any(alone.follows_export(step) for step in range(10))
 
 
 def test_ranges_after_step_end_belong_to_no_step() -> None:

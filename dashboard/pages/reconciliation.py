@@ -9,7 +9,7 @@ from common.units import human
 from dashboard import state
 from ledger import loaders
 
-COLOURS = {"ok": "#c8e6c9", "warn": "#ffe0b2", "off": "#ffcdd2", "n/a": "#eceff1"}
+COLOURS = {"ok": "#c8e6c9", "warn": "#ffe0b2", "off": "#ffcdd2", "n/a": "#eceff1", "identity": "#e8eaf6"}
 COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "inventory", "measured", "unit", "rel_diff",
            "tolerance", "scope", "source", "explanation"]
 FORMATS = {**{c: "{:.0f}" for c in ("rank", "stage", "bucket")},

@@ -5,7 +5,8 @@
     rows.py           the Row and its verdict
     memory.py overlap.py pipeline.py comm.py throughput.py    the rows of each concern
     bandwidth.py      predicted collective time from the run's bandwidth sweep
-    intervals.py      interval union / coverage
+    intervals.py      interval union / subtraction / coverage
+    steps.py          which steps measure steady-state time (not the first, not the profiler's)
     topology.py       which ranks share a group (pure rank arithmetic)
     hta.py            HolisticTraceAnalysis cross-check (optional)
     ingest_megatron.py  a Megatron-LM run directory as the same evidence

@@ -11,11 +11,11 @@ optimizer init" lacks 8 bytes per parameter element the rank owns; both phases g
 from __future__ import annotations
 
 from common.config import RunConfig
-from ledger.formulas.activations import stage_activation_bytes
+from ledger.formulas.activations import recompute_label, stage_activation_bytes
 from ledger.formulas.params import params_per_rank
 from ledger.formulas.static_memory import static_bytes
 from ledger.reconcile.evidence import RankEvidence, RunEvidence
-from ledger.reconcile.rows import NOT_ON_CPU, Row, row, threshold_row
+from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_row
 
 ALLOCATED = "allocated_bytes.all.current"
 PEAK = "allocated_bytes.all.peak"
@@ -74,17 +74,18 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence) -> list[Row]:
                         explanation=f"static bytes / {params:,} parameters on this rank (bucket padding and uneven "
                                     "distributed-optimizer shards move it off the textbook table)" + why_missing,
                         source="events", **where))
+    recompute = f", recompute {recompute_label(cfg.recompute)}" if cfg is not None else ""
     rows.append(row("memory.peak_allocated", "rank", predicted=pred_peak, measured=_step_max(r, PEAK),
                     unit="bytes", tolerance=PEAK_TOL,
-                    explanation="static + saved activations of the micro-batches in flight on this stage "
+                    explanation=f"static + saved activations of the micro-batches in flight on this stage{recompute} "
                                 "(activation estimate; transients such as logits and workspace are not modelled)"
                                 + why_missing, source="events", **where))
     if cuda:
-        rows += allocator_rows(r, pred_peak)
+        rows += allocator_rows(r)
     return rows
 
 
-def allocator_rows(r: RankEvidence, pred_peak: float | None) -> list[Row]:
+def allocator_rows(r: RankEvidence) -> list[Row]:
     """Fragmentation, memory outside PyTorch, retries and OOMs: figures only a CUDA run has."""
     where = dict(rank=r.rank, stage=r.stage)
     rows: list[Row] = []
@@ -107,12 +108,12 @@ def allocator_rows(r: RankEvidence, pred_peak: float | None) -> list[Row]:
                                 "anything else outside the caching allocator; NVML counts every process on the GPU"
                                 + ("" if r.nvml else "; no NVML samples (--nvml-interval)"), source="nvml", **where))
     peak = _step_max(r, PEAK)
-    if nvml_used is not None and pred_peak is not None and peak is not None:
-        rows.append(row("memory.device_total", "rank", predicted=pred_peak + frag + non_torch, measured=nvml_used,
-                        unit="bytes", tolerance=PEAK_TOL,
-                        explanation=f"NVML used = peak allocated {peak:,} (predicted {pred_peak:,}) + reserved beyond "
-                                    f"peak {frag:,} + outside PyTorch {non_torch:,}; the gap is the peak estimate's",
-                        source="nvml", **where))
+    if nvml_used is not None and peak is not None:
+        rows.append(identity_row("memory.device_total", "rank", measured=nvml_used, unit="bytes",
+                                 explanation=f"NVML used = peak allocated {peak:,} + reserved beyond peak {frag:,} + "
+                                             f"outside PyTorch {non_torch:,}: every term is measured, so the sum "
+                                             "equals the measurement by construction (the peak is judged on "
+                                             "memory.peak_allocated)", source="nvml", **where))
     retries = _step_max(r, "num_alloc_retries") or 0
     ooms = _step_max(r, "num_ooms") or 0
     rows.append(threshold_row("memory.alloc_retries", "rank", measured=retries, warn_at=1, off_at=100,

@@ -1,31 +1,54 @@
-"""DP bucket overlap, per bucket and per rank: how much of each bucket's reduce-scatter / all-reduce / all-gather
-ran while the same rank was computing, and how much was exposed.
+"""Communication against compute, per rank: each DP bucket's collective (its interval, the part concurrent with
+compute and the part exposed) and, per step, every group's exposed communication.
 
-Two sources, each its own rows: the probes' timers (`dp-comm` records with a bucket, issue -> wait returned, so an
-upper bound of the collective's true interval) and the profiler trace (the NCCL kernels on the DP group, matched to
-buckets in issue order within each ProfilerStep, against compute kernels). Compute is the union of the rank's
-forward / backward ranges (timers) or non-communication kernels (trace). Figures are averaged over the steps seen.
+Two sources, each its own rows (`source`):
+  * trace: the GPU timeline is the ground truth. NCCL kernel intervals against the union of compute kernels; a
+    kernel's group is its "Process Group Ranks" matched against the rank's groups. CPU (gloo) traces: gloo's
+    annotations (no group recorded: group "unknown") against the forward / backward annotations minus the blocked
+    time nested in them (ledger.traces).
+  * timers (CUDA events, else perf_counter): an async collective spans issue -> wait returned, an upper bound of its
+    interval, so every time figure from timers bounds the truth from above and is judged as a bound. Compute = the
+    forward / backward ranges minus the blocking ranges nested in them: stalls (dp-wait: the DDP pre-hook waiting for
+    its all-gather) and synchronous communication (a TP collective inside a forward). Without that cut a forward that
+    stalls on its all-gather would count as the all-gather's overlap.
+Per bucket: trace kernels are matched to the engine's buckets by size (the inventory's bucket layout) and, among
+buckets of one size, by the engine's issue order; the timers carry the bucket index. Per step: a group's exposed
+communication is the length of the union over time of its collectives minus compute, never a sum of per-bucket
+exposed tails (finalize waits the buckets in sequence: their tails overlap in time). Steps: traces use their full
+profiler steps (a step record exists: the step ended) but the run's first; timers use the steady steps
+(ledger.reconcile.steps). Per-group figures come from the trace where the rank has one, else from the timers.
 
-Expected overlap with --overlap-grad-reduce: every bucket but the last one issued, which starts after the last
-backward op and has only the other buckets' traffic left to hide behind.
+Predictions: the overlapped fraction has a structural one from the config (all or nothing, and none for the bucket
+that has nothing to hide behind); exposed time, per bucket and per step, takes the time model's (`predicted_*`
+parameters, None until it is wired: the row is n/a and says so); comm_time takes the bandwidth sweep's.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
+from typing import Any, Iterable, Mapping
 
 from common.config import RunConfig
 from ledger.reconcile.bandwidth import predicted_time
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
-from ledger.reconcile.intervals import covered, union
-from ledger.reconcile.rows import Row, row, upper_bound_row
-from ledger.traces import TraceSummary, normalize_op
+from ledger.reconcile.comm import CATEGORY_GROUP, step_of, volume_op
+from ledger.reconcile.evidence import RankEvidence
+from ledger.reconcile.intervals import Interval, covered, length, subtract, union
+from ledger.reconcile.rows import NO_TIME_MODEL, Row, predicted_row, row, upper_bound_row
+from ledger.reconcile.steps import StepSelection, steps_text
+from ledger.reconcile.topology import group_kind
+from ledger.traces import Collective, TraceSummary, normalize_op
 
 COMPUTE_CATEGORIES = ("forward", "backward")
+STALL_CATEGORIES = ("dp-wait",)
 GRAD_OPS = ("reduce_scatter", "all_reduce")
+BUCKET_OPS = GRAD_OPS + ("all_gather",)
 FRACTION_TOL = 0.25
 TIME_TOL = 0.5
+EXPOSED_TOL = 0.25
+STEP_EXPOSED_ABS_S = 2e-3
+BUCKET_EXPOSED_ABS_S = 2e-4
+TIMER_BOUND = "timers span issue -> wait returned: an upper bound of the collective's interval"
 
 
 @dataclass
@@ -49,13 +72,28 @@ class BucketInterval:
         return self.duration - self.overlapped
 
 
+# --- timers -------------------------------------------------------------------------------------------------------
+def _by_step(records: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for t in records:
+        out[t.get("step")].append(t)
+    return out
+
+
+def timer_compute(records: list[dict[str, Any]]) -> list[Interval]:
+    """Forward / backward time of one step without the blocking ranges nested in it (stalls, and synchronous
+    communication: any comm range that is not an async collective)."""
+    busy = union((t["start_s"], t["end_s"]) for t in records if t.get("category") in COMPUTE_CATEGORIES)
+    blocked = union((t["start_s"], t["end_s"]) for t in records
+                    if t.get("category") in STALL_CATEGORIES + tuple(CATEGORY_GROUP) and not t.get("async_comm"))
+    return subtract(busy, blocked)
+
+
 def timer_intervals(r: RankEvidence) -> list[BucketInterval]:
-    by_step: dict[int, list[dict]] = defaultdict(list)
-    for t in r.timing:
-        by_step[t.get("step")].append(t)
+    """Every DP bucket collective of every step from the timers, against that step's compute."""
     out = []
-    for step, records in by_step.items():
-        busy = union((t["start_s"], t["end_s"]) for t in records if t.get("category") in COMPUTE_CATEGORIES)
+    for step, records in _by_step(r.timing).items():
+        busy = timer_compute(records)
         for t in records:
             if t.get("category") == "dp-comm" and t.get("bucket") is not None:
                 span = (t["start_s"], t["end_s"])
@@ -65,81 +103,229 @@ def timer_intervals(r: RankEvidence) -> list[BucketInterval]:
     return out
 
 
-def trace_intervals(summary: TraceSummary, rank: int, dp_group: tuple[int, ...]) -> list[BucketInterval]:
-    """DP-group collectives in each ProfilerStep, numbered per op in issue order (bucket 0 first)."""
-    busy = union(summary.compute)
+def timer_exposed(r: RankEvidence, steps: list[int]) -> dict[int, dict[str, float]]:
+    """Per step, per group: exposed communication from the timers (a union, upper-bounded by the timers' spans)."""
+    by_step = _by_step(r.timing)
+    out = {}
+    for step in steps:
+        records = by_step.get(step, [])
+        spans: dict[str, list[Interval]] = defaultdict(list)
+        for t in records:
+            if t.get("category") in CATEGORY_GROUP:
+                spans[CATEGORY_GROUP[t["category"]]].append((t["start_s"], t["end_s"]))
+        out[step] = exposed_by_group(spans, timer_compute(records))
+    return out
+
+
+# --- traces -------------------------------------------------------------------------------------------------------
+def bucket_bytes(inventory: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each DP bucket's bytes in the grad ("grad_buffer") and param ("param_buffer") buffers, numbered as the engine
+    numbers its bucket groups: buffer after buffer, bucket after bucket (the inventory's order)."""
+    out: dict[str, list[int]] = {"grad_buffer": [], "param_buffer": []}
+    for t in inventory:
+        kind = t.get("tensor_kind")
+        if kind in out and t.get("numel"):
+            element = int(t["bytes"]) // int(t["numel"])
+            out[kind] += [int(b["numel"]) * element for b in t.get("buckets") or []]
+    return out
+
+
+def match_buckets(kernels: list[Collective], sizes: list[int], descending: bool) -> list[tuple[int, Collective]]:
+    """(bucket, kernel) for each kernel of one op in one step, in issue order, whose size is a bucket's: a kernel of
+    any other size is no bucket's (a 4-byte loss all-reduce). Among buckets of one size the engine issues in index
+    order, descending for the forward pre-hooks' chained all-gathers (the first layers sit in the last bucket)."""
+    queues: dict[int, list[int]] = defaultdict(list)
+    for index in (reversed(range(len(sizes))) if descending else range(len(sizes))):
+        queues[sizes[index]].append(index)
     out = []
-    for step, (lo, hi) in summary.windows().items():
-        seen: dict[str, int] = defaultdict(int)
-        for c in summary.collectives:
-            on_dp = c.group is not None and tuple(sorted(c.group)) == dp_group
-            if not on_dp or not lo <= c.start <= hi or c.op not in GRAD_OPS + ("all_gather",):
-                continue
-            bucket = seen[c.op]
-            seen[c.op] += 1
-            out.append(BucketInterval(rank=rank, step=step, bucket=bucket, op=c.op, start=c.start / 1e6,
-                                      end=c.end / 1e6, overlapped=covered((c.start, c.end), busy) / 1e6,
+    for kernel in kernels:
+        queue = queues.get(kernel.bytes)
+        if queue:
+            out.append((queue.pop(0), kernel))
+    return out
+
+
+def trace_steps(summary: TraceSummary, r: RankEvidence, selection: StepSelection) -> list[int]:
+    """Traced steps that count: full ones (this rank wrote their step record: the step ended inside the trace) but
+    the run's first."""
+    ended = {s.get("step") for s in r.steps}
+    return sorted(s for s in summary.windows() if (not ended or s in ended) and s != selection.first)
+
+
+def trace_intervals(summary: TraceSummary, r: RankEvidence, dp_group: tuple[int, ...],
+                    cfg: RunConfig | None) -> list[BucketInterval]:
+    """The DP-group bucket collectives of each traced step, matched to the engine's buckets (match_buckets)."""
+    sizes = bucket_bytes(r.inventory)
+    descending = cfg is not None and cfg.train.overlap_param_gather
+    windows = summary.windows()
+    per_step: dict[tuple[int, str], list[Collective]] = defaultdict(list)
+    for c in summary.collectives:
+        step = step_of(windows, c.start)
+        if step is not None and c.op in BUCKET_OPS and c.group is not None and tuple(sorted(c.group)) == dp_group:
+            per_step[(step, c.op)].append(c)
+    out = []
+    for (step, op), kernels in sorted(per_step.items()):
+        buffer = "param_buffer" if op == "all_gather" else "grad_buffer"
+        for bucket, c in match_buckets(kernels, sizes[buffer], descending and op == "all_gather"):
+            out.append(BucketInterval(rank=r.rank, step=step, bucket=bucket, op=op, start=c.start / 1e6,
+                                      end=c.end / 1e6, overlapped=covered((c.start, c.end), summary.compute) / 1e6,
                                       bytes=c.bytes))
     return out
 
 
-def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketInterval], source: str) -> list[Row]:
+def trace_exposed(summary: TraceSummary, groups: dict[str, tuple[int, ...]],
+                  steps: list[int]) -> dict[int, dict[str, float]]:
+    """Per step, per group: exposed communication from the trace's kernels (seconds)."""
+    windows = summary.windows()
+    spans: dict[int, dict[str, list[Interval]]] = {step: defaultdict(list) for step in steps}
+    for c in summary.collectives:
+        step = step_of(windows, c.start)
+        if step in spans:
+            spans[step][kernel_group(groups, c)].append((c.start, c.end))
+    return {step: {g: t / 1e6 for g, t in exposed_by_group(by_group, summary.compute).items()}
+            for step, by_group in spans.items()}
+
+
+def kernel_group(groups: dict[str, tuple[int, ...]], c: Collective) -> str:
+    """The group a traced collective ran on. NCCL's SendRecv kernels (and gloo's send/recv) record no ranks; the
+    engine's only point-to-point traffic is the pipeline's, so they are "pp"."""
+    op = volume_op(c.op)
+    return "pp" if op == "send_recv" and c.group is None else group_kind(groups, c.group, op)
+
+
+def exposed_by_group(spans: Mapping[str, list[Interval]], compute: list[Interval]) -> dict[str, float]:
+    """Each group's communication time with no compute beside it: |union(spans) - compute|."""
+    return {group: length(subtract(union(s), compute)) for group, s in spans.items()}
+
+
+# --- rows ---------------------------------------------------------------------------------------------------------
+def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketInterval], source: str, *,
+                steps: list[int], note: str = "", judged_elsewhere: str | None = None,
+                predicted_exposed: Mapping[tuple[str, int], float] | None = None) -> list[Row]:
+    """Per (op, bucket), averaged over `steps`: overlapped fraction, exposed time (judged against
+    `predicted_exposed[(op, bucket)]`, the time model's) and comm time (against the bandwidth sweep)."""
     groups: dict[tuple[str, int], list[BucketInterval]] = defaultdict(list)
     for i in intervals:
-        groups[(i.op, i.bucket)].append(i)
-    overlap_on = cfg is not None and cfg.train.overlap_grad_reduce
+        if i.step in steps:
+            groups[(i.op, i.bucket)].append(i)
+    timers = source == "timers"
+    suffix = (f" ({source}; {note})" if note else f" ({source})") + (f"; {TIMER_BOUND}" if timers else "")
     rows: list[Row] = []
     for (op, bucket), items in sorted(groups.items()):
         last = bucket == max(b for o, b in groups if o == op)
         where = dict(rank=r.rank, stage=r.stage, bucket=bucket, source=source)
-        duration = mean(i.duration for i in items)
         fraction = mean(i.overlapped / i.duration if i.duration > 0 else 0.0 for i in items)
-        expected = _expected_fraction(op, last, overlap_on, cfg)
-        rows.append(row(f"overlap.{op}.overlapped_fraction", "bucket", predicted=expected, measured=fraction,
-                        unit="fraction", tolerance=FRACTION_TOL,
+        rows.append(row(f"overlap.{op}.overlapped_fraction", "bucket", predicted=_expected_fraction(op, last, cfg),
+                        measured=fraction, unit="fraction", tolerance=FRACTION_TOL,
                         explanation=f"share of the bucket's {op} interval during compute on this rank, mean of "
-                                    f"{len(items)} step(s) ({source}); " + _why(op, last, overlap_on),
-                        **where))
-        rows.append(row(f"overlap.{op}.exposed_time", "bucket", measured=mean(i.exposed for i in items), unit="s",
-                        tolerance=TIME_TOL, explanation="time the bucket's collective ran with no compute beside it",
-                        **where))
+                                    f"{len(items)} step(s){suffix}; " + _why(op, last, cfg), **where))
+        judged = upper_bound_row if timers else predicted_row
+        exposed = (predicted_exposed or {}).get((op, bucket))
+        extra = dict(judged_elsewhere=judged_elsewhere) if timers else {}
+        rows.append(judged(f"overlap.{op}.exposed_time", "bucket", predicted=exposed,
+                           measured=mean(i.exposed for i in items), unit="s", tolerance=EXPOSED_TOL,
+                           abs_tolerance=BUCKET_EXPOSED_ABS_S,
+                           explanation="time the bucket's collective ran with no compute beside it" + suffix
+                           + (f"; {NO_TIME_MODEL}" if timers and exposed is None else ""), **extra, **where))
         nbytes = items[0].bytes
         pred = predicted_time(r.bandwidth, op, "dp", nbytes) if nbytes else None
-        judged = upper_bound_row if source == "timers" else row
-        rows.append(judged(f"overlap.{op}.comm_time", "bucket", predicted=pred[0] if pred else None,
-                           measured=duration, unit="s", tolerance=TIME_TOL,
-                           explanation=(pred[1] if pred else "no bandwidth sweep point for this op/group")
-                           + (f"; {nbytes:,} bytes" if nbytes else "")
-                           + ("; timers span issue -> wait returned (an upper bound)" if source == "timers" else ""),
-                           **where))
-    if intervals:
-        steps = {i.step for i in intervals}
-        rows.append(row("overlap.exposed_dp_comm_per_step", "rank",
-                        measured=sum(i.exposed for i in intervals) / len(steps), unit="s", tolerance=TIME_TOL,
-                        explanation=f"DP communication not hidden behind compute, per step ({source})",
-                        rank=r.rank, stage=r.stage, source=source))
+        comm = upper_bound_row if timers else row
+        rows.append(comm(f"overlap.{op}.comm_time", "bucket", predicted=pred[0] if pred else None,
+                         measured=mean(i.duration for i in items), unit="s", tolerance=TIME_TOL,
+                         explanation=(pred[1] if pred else "no bandwidth sweep point for this op/group")
+                         + (f"; {nbytes:,} bytes" if nbytes else "") + suffix, **extra, **where))
     return rows
 
 
-def _expected_fraction(op: str, last: bool, overlap_on: bool, cfg: RunConfig | None) -> float | None:
-    if cfg is None or last:
+def exposed_comm_rows(r: RankEvidence, per_step: dict[int, dict[str, float]], source: str, *, note: str = "",
+                      bucket_tails: float | None = None,
+                      predicted: Mapping[str, float] | None = None) -> list[Row]:
+    """One row per group: exposed communication per step, the mean over `per_step`'s steps of the union's length,
+    judged against `predicted[group]` (the time model's). `bucket_tails`: the DP buckets' exposed times summed per
+    step, shown beside the union for the dp row."""
+    if not per_step:
+        return []
+    timers = source == "timers"
+    judged = upper_bound_row if timers else predicted_row
+    rows = []
+    for group in sorted({g for by_group in per_step.values() for g in by_group}):
+        measured = mean(by_group.get(group, 0.0) for by_group in per_step.values())
+        pred = (predicted or {}).get(group)
+        text = (f"length of the union over time of the {group} group's collectives with no compute beside them, "
+                f"mean of {len(per_step)} step(s) {steps_text(per_step)} ({source}{'; ' + note if note else ''})")
+        if timers:
+            text += f"; {TIMER_BOUND}, so this bounds the exposed time from above"
+        if group == "pp":
+            text += ("; a point-to-point transfer runs from its issue until the peer stage is there, so this holds the "
+                     "wait for the other stage (the pipeline's bubble) as well as the transfer")
+        if group == "dp" and bucket_tails is not None:
+            text += (f"; the buckets' exposed times sum to {bucket_tails * 1e3:.3f} ms per step (they overlap in "
+                     "time: the union is the figure)")
+        if timers and pred is None:
+            text += f"; {NO_TIME_MODEL}"
+        rows.append(judged(f"overlap.exposed_{group}_comm_per_step", "rank", predicted=pred, measured=measured,
+                           unit="s", tolerance=EXPOSED_TOL, abs_tolerance=STEP_EXPOSED_ABS_S, explanation=text,
+                           rank=r.rank, stage=r.stage, source=source))
+    return rows
+
+
+def overlap_rows(cfg: RunConfig | None, r: RankEvidence, selection: StepSelection, traced: bool, *,
+                 predicted_exposed: Mapping[tuple[str, int], float] | None = None,
+                 predicted_per_step: Mapping[str, float] | None = None) -> list[Row]:
+    """Timer rows of one rank: per bucket always, per group per step only when the rank has no trace (the trace's
+    kernels are the better measurement of the same figure)."""
+    steps, note = selection.timed({t.get("step") for t in r.timing})
+    intervals = timer_intervals(r)
+    rows = bucket_rows(cfg, r, intervals, "timers", steps=steps, note=note,
+                       judged_elsewhere="the trace row (source trace)" if traced else None,
+                       predicted_exposed=predicted_exposed)
+    if not traced:
+        rows += exposed_comm_rows(r, timer_exposed(r, steps), "timers", note=note,
+                                  bucket_tails=_bucket_tails(intervals, steps), predicted=predicted_per_step)
+    return rows
+
+
+def trace_overlap_rows(cfg: RunConfig | None, r: RankEvidence, summary: TraceSummary,
+                       groups: dict[str, tuple[int, ...]], selection: StepSelection, *,
+                       predicted_exposed: Mapping[tuple[str, int], float] | None = None,
+                       predicted_per_step: Mapping[str, float] | None = None) -> list[Row]:
+    """Trace rows of one rank: per bucket (NCCL kernels on the DP group) and per group per step."""
+    steps = trace_steps(summary, r, selection)
+    intervals = trace_intervals(summary, r, groups["dp"], cfg)
+    rows = bucket_rows(cfg, r, intervals, "trace", steps=steps, predicted_exposed=predicted_exposed)
+    rows += exposed_comm_rows(r, trace_exposed(summary, groups, steps), "trace",
+                              bucket_tails=_bucket_tails(intervals, steps), predicted=predicted_per_step)
+    return rows
+
+
+def _bucket_tails(intervals: list[BucketInterval], steps: list[int]) -> float | None:
+    kept = [i for i in intervals if i.step in steps]
+    return sum(i.exposed for i in kept) / len(steps) if kept else None
+
+
+def _expected_fraction(op: str, last: bool, cfg: RunConfig | None) -> float | None:
+    """Structural expectation from the config: without overlap nothing hides (the collective runs after backward, or
+    in the optimizer step); with it every bucket hides but the one with nothing to hide behind (no prediction)."""
+    if cfg is None:
         return None
+    overlap = cfg.train.overlap_param_gather if op == "all_gather" else cfg.train.overlap_grad_reduce
+    if not overlap:
+        return 0.0
+    return None if last else 1.0
+
+
+def _why(op: str, last: bool, cfg: RunConfig | None) -> str:
+    if cfg is None:
+        return "no config: no expectation"
     if op == "all_gather":
-        return 1.0 if cfg.train.overlap_param_gather else 0.0
-    return 1.0 if overlap_on else 0.0
-
-
-def _why(op: str, last: bool, overlap_on: bool) -> str:
+        if not cfg.train.overlap_param_gather:
+            return "without --overlap-param-gather the all-gathers run in the optimizer step: no overlap expected"
+        if last:
+            return ("the first layers' bucket is gathered first: issued at the end of the optimizer step and waited "
+                    "for by the first layer's pre-hook, it has no forward to hide behind (no prediction)")
+        return "--overlap-param-gather hides each all-gather behind the forward of the layers before it"
+    if not cfg.train.overlap_grad_reduce:
+        return "without --overlap-grad-reduce grads are reduced after backward: no overlap expected"
     if last:
         return "the last bucket issued has no backward left to hide behind (no prediction)"
-    if op == "all_gather":
-        return "--overlap-param-gather hides all-gathers behind the next forward"
-    return "--overlap-grad-reduce issues buckets during backward" if overlap_on else \
-        "without --overlap-grad-reduce grads are reduced after backward: no overlap expected"
-
-
-def overlap_rows(ev: RunEvidence) -> list[Row]:
-    rows: list[Row] = []
-    for r in ev.ranks.values():
-        rows += bucket_rows(ev.config, r, timer_intervals(r), "timers")
-    return rows
+    return "--overlap-grad-reduce issues buckets during backward"

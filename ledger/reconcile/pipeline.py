@@ -5,8 +5,12 @@ Measured bubble of a stage in one step: 1 - busy / span, where busy is the union
 ranges and span runs from the first forward to the last backward of the whole pipeline (all stages of the same
 (tp, dp) column), on the timers' wall clock (`t_start` / `t_end`). That is the formula's "of wall time"
 convention; idle / busy gives the "relative to compute" one. With equal micro-batch times every stage idles
-(p - 1) slots, so every stage should match (p - 1) / (v m + p - 1). The first step is left out when there are
-others: it carries one-time work (allocator warm-up, Adam state creation).
+(p - 1) slots, so every stage should match the textbook (p - 1) / (v m + p - 1), the figure users recognise, kept as
+its own row and labelled so. The time model's bubble (ledger.time_model: the engine's schedule replayed with each
+stage's own forward / backward times, P2P transfers and param all-gather waits) is what the measurement must match:
+`pipeline.bubble_of_wall_time.model`, within BUBBLE_ABS_TOL (absolute), its explanation saying whether stage
+imbalance or communication makes it differ from the textbook. The first step is left out when there are others: it
+carries one-time work (allocator warm-up, Adam state creation).
 """
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ from ledger.formulas.bubble import bubble
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, after_first_step
 from ledger.reconcile.intervals import length, union
 from ledger.reconcile.rows import Row, row
+from ledger.reconcile.time_rows import TimeModel
 
 BUBBLE_TOL = 0.3
+BUBBLE_ABS_TOL = 0.03  # the model's bubble: 3 percentage points of the step
 BALANCE_TOL = 0.1
 BACKWARD_OVER_FORWARD = 2.0  # backward does two GEMMs (input and weight grads) per forward GEMM
 RATIO_TOL = 0.25
@@ -71,7 +77,8 @@ def pipeline_columns(ev: RunEvidence) -> dict[tuple[int, int], list[RankEvidence
     return columns
 
 
-def pipeline_rows(ev: RunEvidence) -> list[Row]:
+def pipeline_rows(ev: RunEvidence, model: TimeModel | None = None) -> list[Row]:
+    """`model`: the time model's predictions for the run (ledger.reconcile.time_rows.predict_run)."""
     cfg = ev.config
     rows: list[Row] = []
     p = cfg.parallel.pipeline_model_parallel_size if cfg else None
@@ -90,14 +97,44 @@ def pipeline_rows(ev: RunEvidence) -> list[Row]:
                 m, v = cfg.num_microbatches, cfg.parallel.virtual_pipeline_model_parallel_size or 1
                 rows.append(row("pipeline.bubble_of_wall_time", "stage", predicted=predicted.of_wall_time,
                                 measured=wall, unit="fraction", tolerance=BUBBLE_TOL,
-                                explanation=f"idle / pipeline span; formula (p-1)/(v m+p-1) with p={p} m={m} v={v}",
-                                **where))
+                                explanation=f"textbook (equal stages, no comm): idle / pipeline span; formula "
+                                            f"(p-1)/(v m+p-1) with p={p} m={m} v={v}", **where))
+                rows.append(model_bubble_row(model, r.stage, wall, predicted.of_wall_time, where))
                 rows.append(row("pipeline.bubble_relative_to_compute", "stage",
                                 predicted=predicted.relative_to_compute, measured=rel, unit="fraction",
                                 tolerance=BUBBLE_TOL,
                                 explanation=f"idle / busy; formula (p-1)/(v m) with p={p} m={m} v={v}", **where))
         rows += balance_rows(column, slots)
     return rows
+
+
+def model_bubble_row(model: TimeModel | None, stage: int, measured: float, textbook: float,
+                     where: dict) -> Row:
+    """The time model's bubble of one stage, and which of stage imbalance or communication (P2P transfers, param
+    all-gather waits) moves it off the textbook figure."""
+    step = model.step if model is not None else None
+    if step is None:
+        why = "; ".join(model.missing) if model is not None and model.missing else "no time model"
+        return row("pipeline.bubble_of_wall_time.model", "stage", measured=measured, unit="fraction", tolerance=0.0,
+                   abs_tolerance=BUBBLE_ABS_TOL, explanation=f"time model, imbalance-aware: no prediction ({why})",
+                   **where)
+    st = step.stages[stage]
+    imbalance, comm = st.bubble_without_comm - textbook, st.bubble - st.bubble_without_comm
+    totals = [x.compute.forward + x.compute.backward for x in step.stages]
+    shares = " / ".join(f"{t / mean(totals):.2f}" for t in totals)
+    heavy = max(range(len(totals)), key=totals.__getitem__)
+    terms = step.stages[heavy].compute.terms(True)
+    term, seconds = max(((k, v) for k, v in terms.items() if k != "layers"), key=lambda kv: kv[1],
+                        default=("layers", terms.get("layers", 0.0)))
+    dominant = "stage imbalance" if abs(imbalance) >= abs(comm) else "communication"
+    return row("pipeline.bubble_of_wall_time.model", "stage", predicted=st.bubble, measured=measured,
+               unit="fraction", tolerance=0.0, abs_tolerance=BUBBLE_ABS_TOL,
+               explanation=f"time model, imbalance-aware: busy {st.busy * 1e3:.3g} ms of a {step.span * 1e3:.3g} ms "
+                           f"span; against the textbook {textbook:.3f}: stage imbalance {imbalance:+.3f} (stage time "
+                           f"shares {shares}; stage {heavy} is {totals[heavy] / mean(totals):.2f}x the mean, its "
+                           f"largest term beside its layers: {term} {seconds * 1e3:.3g} ms per forward), P2P "
+                           f"transfers and param all-gather waits {comm:+.3f}: {dominant} dominates; within "
+                           f"{BUBBLE_ABS_TOL:.0%} of the step (absolute)", **where)
 
 
 def balance_rows(column: list[RankEvidence], slots: list[StageSlot]) -> list[Row]:

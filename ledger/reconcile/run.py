@@ -15,19 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from common.run_dir import atomic_write_text
+from common.run_dir import LEDGER_DIR, atomic_write_text
 from ledger.reconcile import hta, ingest_megatron
-from ledger.reconcile.comm import trace_volume, untraceable_ops, volume_rows
+from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
-from ledger.reconcile.overlap import bucket_rows, overlap_rows, trace_intervals
+from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
-from ledger.reconcile.rows import FIELDS, Row
+from ledger.reconcile.rows import FIELDS, VERDICTS, Row
+from ledger.reconcile.steps import StepSelection, select_steps
 from ledger.reconcile.throughput import throughput_rows
+from ledger.reconcile.time_rows import explain_step_time, predict_run, time_rows
 from ledger.reconcile.topology import groups_rows, rank_groups
 from ledger.traces import TraceSummary, summarize
 
-LEDGER_DIR = "ledger"
 JSON_NAME = "reconciliation.json"
 CSV_NAME = "reconciliation.csv"
 
@@ -40,7 +41,8 @@ class Reconciliation:
     missing: list[str] = field(default_factory=list)
 
     def verdict_counts(self) -> dict[str, int]:
-        counts = {"ok": 0, "warn": 0, "off": 0, "n/a": 0}
+        """Rows per verdict; "identity" rows (agreeing by construction) are counted apart, never as "ok"."""
+        counts = dict.fromkeys(VERDICTS, 0)
         for r in self.rows:
             counts[r.verdict] += 1
         return counts
@@ -59,29 +61,41 @@ def gather(run_dir: str | Path) -> RunEvidence:
 
 def reconcile(run_dir: str | Path) -> Reconciliation:
     ev = gather(run_dir)
-    rows = groups_rows(ev.manifest) + memory_rows(ev) + overlap_rows(ev) + pipeline_rows(ev)
+    selection = run_steps(ev)
+    model = predict_run(ev)
+    traced = {rank for rank, _, _, _ in ev.traces}
+    rows = groups_rows(ev.manifest) + memory_rows(ev) + pipeline_rows(ev, model)
+    for rank, r in sorted(ev.ranks.items()):
+        rows += overlap_rows(ev.config, r, selection, rank in traced)
     cross_check: dict[int, hta.CrossCheck] = {}
-    traced: set[int] = set()
     for rank, _, _, path in ev.traces:
         summary = checked_summary(ev, rank, path)
         r = ev.ranks.get(rank) or RankEvidence(rank=rank, coords=rank_coords(ev.manifest, rank))
-        rows += trace_rows(ev, r, summary)
-        traced.add(rank)
+        rows += trace_rows(ev, r, summary, selection)
         cross_check[rank] = hta.cross_check_input(summary)
     for rank, r in ev.ranks.items():
         if rank not in traced:
             rows += volume_rows(ev.config, r, None)
-    rows += throughput_rows(ev)
+    rows += throughput_rows(ev, selection, predicted_step_time=model.step.step_time if model.step else None)
+    explain_step_time(rows, ev, model, selection)
+    rows += time_rows(ev, model, selection)
     note_cpu_sharing(rows, cpu_sharing(ev.manifest))
     check_rows, skipped = hta.hta_rows(cross_check)
     rows += check_rows
     run = {"run_id": ev.manifest.get("run_id"), "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
            "traces": [str(p.relative_to(ev.run_dir)) for _, _, _, p in ev.traces]}
-    return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=ev.missing + skipped)
+    return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=ev.missing + skipped + list(model.missing))
 
 
-TIMED_METRICS = ("throughput.step_time", "throughput.step_time_spread")
+TIMED_METRICS = ("throughput.step_time", "throughput.step_time_vs_other_ranks", "throughput.step_time_spread",
+                 "throughput.step_time_spread_profiled", "throughput.profiler_overhead")
+
+
+def run_steps(ev: RunEvidence) -> StepSelection:
+    """Which steps measure steady-state time (ledger.reconcile.steps), from every rank's step and timing records."""
+    return select_steps(ev.config, ev.world_size, (s for r in ev.ranks.values() for s in r.steps),
+                        (t.get("step") for r in ev.ranks.values() for t in r.timing))
 
 
 def note_cpu_sharing(rows: list[Row], note: str | None) -> None:
@@ -108,16 +122,17 @@ def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
     return summary
 
 
-def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary) -> list[Row]:
+def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selection: StepSelection) -> list[Row]:
     groups = rank_groups(ev.manifest, r.rank)
     untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend))
-    rows = volume_rows(ev.config, r, trace_volume(summary, groups), untraceable)
-    rows += bucket_rows(ev.config, r, trace_intervals(summary, r.rank, groups["dp"]), "trace")
+    rows = volume_rows(ev.config, r, trace_volume(summary, groups, p2p_element_bytes(ev.config)), untraceable)
+    rows += trace_overlap_rows(ev.config, r, summary, groups, selection)
     return rows
 
 
-def write(result: Reconciliation) -> tuple[Path, Path]:
-    out = result.run_dir / LEDGER_DIR
+def write(result: Reconciliation, out: Path | None = None) -> tuple[Path, Path]:
+    """reconciliation.json and .csv into `out` (default RUN/ledger)."""
+    out = out if out is not None else result.run_dir / LEDGER_DIR
     json_path, csv_path = out / JSON_NAME, out / CSV_NAME
     json_text = json.dumps(result.to_dict(), indent=1, default=str) + "\n"
     csv_text = to_csv(result.rows)

@@ -1,9 +1,13 @@
 """Throughput rows: tokens per step and per second, model TFLOP/s per GPU and MFU under both FLOPs conventions
-(Megatron's num_floating_point_operations and PaLM's 6N + 12 L q s), and the spread of step time across ranks.
+(Megatron's num_floating_point_operations and PaLM's 6N + 12 L q s), step time against the time model, the
+profiler's own cost, and the spread of step time across ranks.
 
-Step time is the median over steps after the first (the first carries one-time work). A straggler shows as a rank
-whose median step time sits above the run's median; the run row gives the worst per-step spread (max - min) / median.
-MFU is only computed for GPUs whose dense peak is known; on CPU the row says so rather than inventing a peak.
+Step time is judged on steady steps only (ledger.reconcile.steps): not the run's first (one-time work) and not the
+steps the profiler disturbed, whose time includes the profiler's cost (recording, then the trace export every rank
+waits for). That cost is a figure of its own (`throughput.profiler_overhead`: profiled against steady median), so a
+slow profiled step explains itself instead of passing for a straggler. A real straggler stays visible: a rank whose
+median steady step time exceeds the other ranks' median is off. MFU is only computed for GPUs whose dense peak is
+known; on CPU the row says so rather than inventing a peak.
 """
 from __future__ import annotations
 
@@ -11,16 +15,18 @@ from statistics import median
 from typing import Any
 
 from ledger.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step, palm_flops_per_token, tokens_per_step
-from ledger.reconcile.evidence import RunEvidence, after_first_step
-from ledger.reconcile.rows import Row, row, threshold_row
+from ledger.reconcile.evidence import RunEvidence
+from ledger.reconcile.rows import Row, at_most_row, identity_row, predicted_row, row, threshold_row
+from ledger.reconcile.steps import StepSelection
 
 # Dense 16-bit peaks (FLOP/s) by device name fragment; MFU needs the device's own peak, never a guess.
 PEAKS = {"H200": H200_BF16_DENSE_PEAK, "H100": 989e12, "A100": 312e12}
 STRAGGLER_TOL = 0.05
+STEP_TIME_TOL = 0.05
 
 
-def steady_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return after_first_step([r for r in records if r.get("step_time_s")], lambda r: r.get("step") or 0)
+def timed_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("step_time_s")]
 
 
 def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
@@ -35,29 +41,49 @@ def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
     return None, f"no known dense peak for {name!r}: MFU not computed"
 
 
-def throughput_rows(ev: RunEvidence) -> list[Row]:
-    per_rank = {rank: steady_steps(r.steps) for rank, r in ev.ranks.items()}
-    per_rank = {rank: s for rank, s in per_rank.items() if s}
-    if not per_rank:
+def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
+                    predicted_step_time: float | None = None) -> list[Row]:
+    """`predicted_step_time`: the time model's step time (None until it is wired: the step_time row says so)."""
+    records = {rank: timed_steps(r.steps) for rank, r in ev.ranks.items()}
+    records = {rank: s for rank, s in records.items() if s}
+    if not records:
         return []
+    steps = {s["step"] for steps in records.values() for s in steps}
+    steady = set(selection.steady(steps))
+    per_rank = {rank: [s for s in steps if s["step"] in steady] for rank, steps in records.items()}
+    per_rank = {rank: s for rank, s in per_rank.items() if s}
+    kept, note = selection.timed(steps)
+    figures = [s for steps in records.values() for s in steps if s["step"] in kept]
+    step_time = median(s["step_time_s"] for s in figures)
+    tokens = [s["tokens"] for s in figures if s.get("tokens") is not None]
+    where = f"median step time {step_time * 1e3:.1f} ms over {len(figures)} rank-step(s): {selection.describe()}" \
+            + (f"; {note}" if note else "")
     cfg = ev.config
-    all_steps = [s for steps in per_rank.values() for s in steps]
-    step_time = median(s["step_time_s"] for s in all_steps)
-    tokens = [s["tokens"] for s in all_steps if s.get("tokens") is not None]
-    rows = [row("throughput.tokens_per_step", "run", predicted=tokens_per_step(cfg) if cfg else None,
-                measured=median(tokens) if tokens else None, unit="tokens", tolerance=0.0,
-                explanation="global batch x sequence length", source="events"),
+    rows = [identity_row("throughput.tokens_per_step", "run", measured=median(tokens) if tokens else None,
+                         unit="tokens", explanation="global batch x sequence length: the engine counts it from the "
+                                                    "same two config fields the formula reads", source="events"),
             row("throughput.tokens_per_s", "run", measured=median(tokens) / step_time if tokens else None,
-                unit="tokens/s", tolerance=0.0, explanation=f"median step time {step_time * 1e3:.1f} ms over "
-                                                             f"{len(all_steps)} rank-steps after the first",
-                source="events")]
+                unit="tokens/s", tolerance=0.0, explanation=where, source="events")]
+    rows.append(step_time_row(per_rank, selection, predicted_step_time))
     if cfg is not None:
-        rows += flops_rows(ev, step_time)
-    rows += straggler_rows(per_rank, step_time)
+        rows += flops_rows(ev, step_time, where)
+    rows += profiler_rows(records, steady, selection)
+    rows += straggler_rows(per_rank, selection)
     return rows
 
 
-def flops_rows(ev: RunEvidence, step_time: float) -> list[Row]:
+def step_time_row(per_rank: dict[int, list[dict[str, Any]]], selection: StepSelection,
+                  predicted: float | None) -> Row:
+    times = [s["step_time_s"] for steps in per_rank.values() for s in steps]
+    measured = median(times) if times else None
+    text = (f"median over {len(times)} steady rank-step(s) ({selection.describe()})" if times else
+            f"no steady step to judge: every step after the first was disturbed by the profiler "
+            f"({selection.describe()})")
+    return predicted_row("throughput.step_time", "run", predicted=predicted, measured=measured, unit="s",
+                         tolerance=STEP_TIME_TOL, explanation=text, source="events")
+
+
+def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     cfg = ev.config
     peak, peak_note = device_peak(ev.manifest)
     conventions = {"megatron": megatron_flops_per_step(cfg),
@@ -67,28 +93,63 @@ def flops_rows(ev: RunEvidence, step_time: float) -> list[Row]:
         per_gpu = flops / step_time / ev.world_size
         rows.append(row(f"throughput.tflops_per_gpu.{name}", "run", measured=per_gpu / 1e12, unit="TFLOP/s",
                         tolerance=0.0, explanation=f"{flops:.3e} FLOPs per step ({name} convention) / step time / "
-                                                   f"{ev.world_size} GPUs", source="events"))
+                                                   f"{ev.world_size} GPUs; {where}", source="events"))
         rows.append(row(f"throughput.mfu.{name}", "run", measured=per_gpu / peak if peak else None,
                         unit="fraction", tolerance=0.0, explanation=peak_note, source="events"))
     return rows
 
 
-def straggler_rows(per_rank: dict[int, list[dict[str, Any]]], run_median: float) -> list[Row]:
+def profiler_rows(records: dict[int, list[dict[str, Any]]], steady: set[int], selection: StepSelection) -> list[Row]:
+    """The profiler's cost as a measured figure: median profiled step time / median steady step time - 1."""
+    profiled = [s["step_time_s"] for steps in records.values() for s in steps if s["step"] in selection.profiled]
+    normal = [s["step_time_s"] for steps in records.values() for s in steps if s["step"] in steady]
+    if not profiled or not normal:
+        return []
+    rows = [row("throughput.profiler_overhead", "run", measured=median(profiled) / median(normal) - 1,
+                unit="fraction", tolerance=0.0,
+                explanation=f"median profiled step {median(profiled) * 1e3:.1f} ms against median steady step "
+                            f"{median(normal) * 1e3:.1f} ms ({selection.describe()}): the profiler's own cost, "
+                            "which is why profiled steps are not judged as normal ones", source="events")]
+    spreads = _spreads(records, selection.disturbed)
+    if spreads:
+        worst = max(spreads, key=spreads.get)
+        rows.append(row("throughput.step_time_spread_profiled", "run", measured=spreads[worst], unit="fraction",
+                        tolerance=0.0, step=worst, source="events",
+                        explanation=f"(max - min) / median step time across ranks over the profiler's steps, worst "
+                                    f"step {worst}: ranks record and export traces at different speeds and the "
+                                    "collectives make the others wait (not judged)"))
+    return rows
+
+
+def straggler_rows(per_rank: dict[int, list[dict[str, Any]]], selection: StepSelection) -> list[Row]:
+    """Per rank: its median steady step time against the other ranks' median (a faster rank is no straggler); per
+    run: the worst per-step spread (max - min) / median on steady steps."""
     rows = []
-    for rank, steps in sorted(per_rank.items()):
-        rows.append(row("throughput.step_time", "rank", predicted=run_median,
-                        measured=median(s["step_time_s"] for s in steps), unit="s", tolerance=STRAGGLER_TOL,
-                        explanation="this rank's median step time against the run's median (a straggler is above "
-                                    "it)", rank=rank, source="events"))
-    by_step: dict[int, list[float]] = {}
-    for steps in per_rank.values():
-        for s in steps:
-            by_step.setdefault(s.get("step"), []).append(s["step_time_s"])
-    spreads = {step: (max(t) - min(t)) / median(t) for step, t in by_step.items() if len(t) > 1}
+    medians = {rank: median(s["step_time_s"] for s in steps) for rank, steps in per_rank.items()}
+    for rank, mine in sorted(medians.items()):
+        others = [m for other, m in medians.items() if other != rank]
+        if others:
+            rows.append(at_most_row("throughput.step_time_vs_other_ranks", "rank", reference=median(others),
+                                    measured=mine, unit="s", tolerance=STRAGGLER_TOL,
+                                    explanation="this rank's median steady step time against the other ranks' "
+                                                f"median ({selection.describe()}); above it: a straggler",
+                                    rank=rank, source="events"))
+    spreads = _spreads(per_rank)
     if spreads:
         worst = max(spreads, key=spreads.get)
         rows.append(threshold_row("throughput.step_time_spread", "run", measured=spreads[worst],
                                   warn_at=STRAGGLER_TOL, off_at=4 * STRAGGLER_TOL, unit="fraction",
-                                  explanation=f"(max - min) / median step time across ranks, worst step {worst}",
+                                  explanation=f"(max - min) / median step time across ranks on steady steps, worst "
+                                              f"step {worst} ({selection.describe()})",
                                   step=worst, source="events"))
     return rows
+
+
+def _spreads(per_rank: dict[int, list[dict[str, Any]]], only: frozenset[int] | None = None) -> dict[int, float]:
+    """(max - min) / median across ranks of each step seen on more than one rank (of `only`, when given)."""
+    by_step: dict[int, list[float]] = {}
+    for steps in per_rank.values():
+        for s in steps:
+            if only is None or s["step"] in only:
+                by_step.setdefault(s["step"], []).append(s["step_time_s"])
+    return {step: (max(t) - min(t)) / median(t) for step, t in by_step.items() if len(t) > 1}

@@ -1,0 +1,86 @@
+"""Which steps of a run measure steady-state time: every step but the run's first (one-time work: allocator and
+cuBLAS warm-up, Adam state creation) and but the steps the profiler disturbed.
+
+The probes flag each step record: "profiled" when this rank's profiler recorded the step (torch.profiler's own cost
+is tens of percent of a real step: TP2+SP on two H200s ran ~88k tokens/s before the window and 40-57k inside it),
+"after_trace_export" for the step right after the window's traces were written (ranks export at different speeds,
+and the next step's first collective makes the faster ones wait for the slowest). A step that one rank flags is
+disturbed on every rank, since collectives make the others wait for it. A run recorded before the flags existed gets
+the same sets from its config's profiler window, and `source` says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from common.config import RunConfig
+
+FROM_RECORDS = "the step records' profiled flags"
+FROM_CONFIG = "the config's profiler window, as these step records carry no profiled flag"
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    first: int | None  # the run's first step
+    profiled: frozenset[int]
+    after_export: frozenset[int]
+    source: str
+
+    @property
+    def disturbed(self) -> frozenset[int]:
+        return self.profiled | self.after_export
+
+    def steady(self, steps: Iterable[int]) -> list[int]:
+        """The steps of `steps` that measure steady-state time: not the run's first, not disturbed by the profiler."""
+        return sorted(s for s in set(steps) if s != self.first and s not in self.disturbed)
+
+    def timed(self, steps: Iterable[int]) -> tuple[list[int], str]:
+        """(steps, note) for figures taken from timers: the steady steps when there are any, else every step but the
+        run's first, with a note that the profiler's cost is then inside the figure."""
+        steps = set(steps)
+        steady = self.steady(steps)
+        if steady or not steps:
+            return steady, ""
+        kept = sorted(s for s in steps if s != self.first) or sorted(steps)
+        return kept, "no step outside the profiler window: profiled steps included (the profiler's cost is in them)"
+
+    def describe(self) -> str:
+        """The left-out steps in words, for a row's explanation."""
+        parts = []
+        if self.profiled:
+            parts.append(f"profiled step(s) {steps_text(self.profiled)}")
+        if self.after_export:
+            parts.append(f"step(s) {steps_text(self.after_export)} after the trace export")
+        return (" and ".join(parts) + f" left out, per {self.source}") if parts else "no profiled step"
+
+
+def select_steps(cfg: RunConfig | None, world_size: int, step_records: Iterable[dict[str, Any]],
+                 timed_steps: Iterable[int] = ()) -> StepSelection:
+    """The run's step selection from every rank's step records (and the steps its timing records name)."""
+    records = list(step_records)
+    steps = {r.get("step") for r in records} | set(timed_steps)
+    steps.discard(None)
+    first = min(steps) if steps else None
+    if any("profiled" in r for r in records):
+        profiled = frozenset(r["step"] for r in records if r.get("profiled"))
+        after = frozenset(r["step"] for r in records if r.get("after_trace_export"))
+        return StepSelection(first, profiled, after, FROM_RECORDS)
+    profiled, after = config_window(cfg, world_size)
+    return StepSelection(first, profiled, after, FROM_CONFIG)
+
+
+def config_window(cfg: RunConfig | None, world_size: int) -> tuple[frozenset[int], frozenset[int]]:
+    """(profiled, after export) as the probes would have flagged them: torch.profiler records steps A..B and one extra
+    step for HTA, then writes its trace; nsys captures A..B. A world of one has no other rank to wait for the export."""
+    pc = cfg.probes if cfg is not None else None
+    if pc is None or not pc.profile_ranks or not (pc.use_pytorch_profiler or pc.nsys_profile):
+        return frozenset(), frozenset()
+    last = pc.profile_step_end + (1 if pc.use_pytorch_profiler else 0)
+    after = {last + 1} if pc.use_pytorch_profiler and world_size > 1 else set()
+    return frozenset(range(pc.profile_step_start, last + 1)), frozenset(after)
+
+
+def steps_text(steps: Iterable[int]) -> str:
+    """Step numbers in words: "3-5" for a run of three or more, else listed."""
+    s = sorted(steps)
+    return f"{s[0]}-{s[-1]}" if len(s) > 2 and s[-1] - s[0] == len(s) - 1 else ", ".join(map(str, s))

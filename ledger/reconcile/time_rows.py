@@ -1,0 +1,225 @@
+"""Time rows: the time model's predictions (ledger.time_model) against the run's own step records and timers.
+
+The prediction reads the run's config and its calibration only: the start-up compute sweep (`compute` events) and
+bandwidth sweep (`bandwidth` events), merged over ranks, and, for CPU ranks sharing cores, the manifest's cores and
+ranks per host. Never the step times it is judged against. Rows (docs/formulas.md, "Time model", lists the
+tolerances and why):
+
+  time.forward_per_microbatch   stage  one forward range of the stage: its layers, + embedding (first stage), final
+                                       norm, output layer and loss (last stage), TP collectives inside; against the
+                                       median of the stage's forward timer ranges over steady steps            10%
+  time.backward_per_microbatch  stage  the same for backward (recompute included)                               10%
+  time.optimizer_step           stage  the optimizer range: waiting at the grad-norm all-reduce for the slowest
+                                       stage, the update, the synchronous param all-gather                     10%
+  time.tokens_per_s             run    tokens per step / predicted step time, against tokens / median step time  5%
+The step time itself is throughput.step_time's (ledger/reconcile/throughput.py): reconcile hands it the prediction,
+and `explain_step_time` adds the model's terms and, from the timers, which phase's gap is largest. The model's
+per-stage bubble sits beside the textbook one in ledger/reconcile/pipeline.py. Steady steps are
+ledger.reconcile.steps' (not the first, not the profiler's). Without calibration the rows keep their measurement,
+have no prediction and `missing` says why.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import median
+
+from ledger.formulas.activations import layers_per_chunk
+from ledger.formulas.flops import tokens_per_step
+from ledger.formulas.params import padded_vocab_size
+from ledger.reconcile.evidence import RankEvidence, RunEvidence, rank_entry
+from ledger.reconcile.rows import Row, row
+from ledger.reconcile.steps import StepSelection
+from ledger.time_model import (
+    Calibration,
+    CalibrationMissing,
+    StageTime,
+    StepPrediction,
+    oversubscription,
+    predict_step,
+    stage_time,
+)
+
+STEP_TOL = 0.05
+STAGE_TOL = 0.10
+OPTIMIZER_TOL = 0.10
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """The run's predictions: the whole step, or only the stages' passes when a collective's sweep is missing."""
+    calibration: Calibration | None
+    step: StepPrediction | None = None
+    stages: dict[int, StageTime] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
+
+
+def host_share(ev: RunEvidence) -> tuple[float, str | None]:
+    """(compute scale, note) for CPU ranks that outnumber their host's cores: the sweep ran one rank at a time."""
+    hosts: dict[str, list[dict]] = defaultdict(list)
+    for rank in range(ev.world_size):
+        entry = rank_entry(ev.manifest, rank)
+        device = entry.get("device") or {}
+        if device.get("type") == "cpu" and entry.get("host") and device.get("cores"):
+            hosts[entry["host"]].append(device)
+    threads = max((int(r.get("threads") or 1) for e in ev.ranks.values() for r in e.compute), default=1)
+    scale, note = 1.0, None
+    for host, devices in hosts.items():
+        cores = int(devices[0]["cores"])
+        factor = oversubscription(len(devices), cores, threads)
+        if factor > scale:
+            scale = factor
+            note = (f"compute scaled x{factor:.2f}: {len(devices)} ranks of {threads} thread(s) share host {host}'s "
+                    f"{cores} cores, and the sweep timed one rank at a time")
+    return scale, note
+
+
+def calibration(ev: RunEvidence) -> Calibration:
+    scale, note = host_share(ev)
+    return Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
+                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note)
+
+
+def predict_run(ev: RunEvidence) -> TimeModel:
+    """The time model applied to the run; a CalibrationMissing becomes a line of `missing`."""
+    cfg = ev.config
+    if cfg is None:
+        return TimeModel(calibration=None)
+    cal = calibration(ev)
+    missing: list[str] = []
+    stages: dict[int, StageTime] = {}
+    try:
+        stages = {s: stage_time(cfg, cal, s) for s in range(cfg.parallel.pipeline_model_parallel_size)}
+    except CalibrationMissing as exc:
+        missing.append(f"time model: {exc}")
+    step = None
+    try:
+        step = predict_step(cfg, cal)
+    except CalibrationMissing as exc:
+        if f"time model: {exc}" not in missing:
+            missing.append(f"time model: {exc}: no step time prediction")
+    return TimeModel(calibration=cal, step=step, stages=stages, missing=tuple(missing))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _ranges(ranks: list[RankEvidence], category: str, steps: set[int]) -> list[float]:
+    return [t["duration_s"] for r in ranks for t in r.timing
+            if t.get("category") == category and t.get("step") in steps and "duration_s" in t]
+
+
+def _steps(ev: RunEvidence, selection: StepSelection) -> tuple[set[int], str]:
+    timed = {t.get("step") for r in ev.ranks.values() for t in r.timing}
+    kept, note = selection.timed(timed)
+    return set(kept), "; ".join(x for x in (selection.describe(), note) if x)
+
+
+def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
+    """The breakdown, largest first, with the parameters behind an end stage's term."""
+    cfg = ev.config
+    vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by,
+                              cfg.parallel.tensor_model_parallel_size) // cfg.parallel.tensor_model_parallel_size
+    params = {"output_layer": vocab * cfg.model.hidden_size, "embedding": vocab * cfg.model.hidden_size}
+    parts = []
+    for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):
+        if seconds > 0:
+            extra = f" ({params[term] / 1e6:.0f} M params)" if term in params else ""
+            parts.append(f"{term} {_ms(seconds)}{extra}")
+    return ", ".join(parts)
+
+
+def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
+    cfg = ev.config
+    if cfg is None:
+        return []
+    steps, chosen = _steps(ev, selection)
+    layers = layers_per_chunk(cfg)
+    rows = []
+    for s in range(cfg.parallel.pipeline_model_parallel_size):
+        ranks = [r for r in ev.ranks.values() if r.stage == s]
+        predicted = model.stages.get(s)
+        for kind in ("forward", "backward"):
+            measured = _ranges(ranks, kind, steps)
+            if predicted is None and not measured:
+                continue
+            if predicted is not None:
+                seconds = getattr(predicted, kind)
+                terms = predicted.terms(kind == "forward")
+                text = (f"time model, per {kind} range: {_terms_text(terms, ev)}; {layers} layer(s) per chunk, "
+                        f"{_ms(terms.get('layers', 0.0) / layers)} a layer")
+            else:
+                seconds, text = None, f"no prediction: {'; '.join(model.missing) or 'no config'}"
+            if model.calibration is not None and model.calibration.scale_note:
+                text += f"; {model.calibration.scale_note}"
+            rows.append(row(f"time.{kind}_per_microbatch", "stage", predicted=seconds,
+                            measured=median(measured) if measured else None, unit="s", tolerance=STAGE_TOL,
+                            explanation=f"{text}; measured: median of {len(measured)} timer range(s), {chosen}",
+                            stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
+        rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
+    return rows
+
+
+def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEvidence], steps: set[int],
+                   chosen: str) -> list[Row]:
+    measured = _ranges(ranks, "optimizer", steps)
+    predicted = model.step.stages[s].optimizer if model.step is not None else None
+    if not measured and predicted is None:
+        return []
+    text = ("time model: waiting at the grad-norm all-reduce for the slowest stage, the update (optimizer.step per "
+            "element of this rank's main params) and any synchronous param all-gather" if predicted is not None
+            else f"no prediction: {'; '.join(model.missing)}")
+    return [row("time.optimizer_step", "stage", predicted=predicted, measured=median(measured) if measured else None,
+                unit="s", tolerance=OPTIMIZER_TOL,
+                explanation=f"{text}; measured: median of {len(measured)} optimizer range(s), {chosen}", stage=s,
+                rank=ranks[0].rank if ranks else None, source="timers")]
+
+
+def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
+    records = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s") and s.get("tokens")]
+    steady = set(selection.steady(s["step"] for s in records))
+    kept = [s for s in records if s["step"] in steady]
+    if ev.config is None or not kept:
+        return []
+    measured = median(s["tokens"] for s in kept) / median(s["step_time_s"] for s in kept)
+    predicted = model.step.tokens_per_s if model.step is not None else None
+    text = (f"time model: {tokens_per_step(ev.config):,} tokens per step / predicted step "
+            f"{_ms(model.step.step_time)}" if model.step is not None
+            else f"no prediction: {'; '.join(model.missing)}")
+    return [row("time.tokens_per_s", "run", predicted=predicted, measured=measured, unit="tokens/s",
+                tolerance=STEP_TOL, explanation=f"{text}; measured: median tokens / median step time over "
+                                                f"{len(kept)} steady rank-step(s), {selection.describe()}",
+                source="events")]
+
+
+def time_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
+    return stage_rows(ev, model, selection) + tokens_row(ev, model, selection)
+
+
+def explain_step_time(rows: list[Row], ev: RunEvidence, model: TimeModel, selection: StepSelection) -> None:
+    """Add to throughput.step_time the model's terms, largest first, and, where timers measured the critical stage,
+    which phase (forward, backward, optimizer) is furthest from its prediction."""
+    step = model.step
+    if step is None:
+        for r in rows:
+            if r.metric == "throughput.step_time" and model.missing:
+                r.explanation += f"; {'; '.join(model.missing)}"
+        return
+    cfg, s = ev.config, step.critical_stage
+    text = f"time model (critical stage {s}): {_terms_text(step.terms, ev)}; {'; '.join(step.notes)}"
+    steps, _ = _steps(ev, selection)
+    ranks = [r for r in ev.ranks.values() if r.stage == s]
+    stage = step.stages[s]
+    items = cfg.num_microbatches * len(stage.compute.chunks)
+    predicted = {"forward": items * stage.compute.forward, "backward": items * stage.compute.backward,
+                 "optimizer": stage.optimizer}
+    per_step = {kind: sum(_ranges(ranks, kind, steps)) / (len(steps) * len(ranks)) for kind in predicted
+                if ranks and steps and _ranges(ranks, kind, steps)}
+    if per_step:
+        kind = max(per_step, key=lambda k: abs(per_step[k] - predicted[k]))
+        text += (f"; largest gap per step on stage {s}: {kind} measured {_ms(per_step[kind])} against "
+                 f"{_ms(predicted[kind])} predicted")
+    for r in rows:
+        if r.metric == "throughput.step_time":
+            r.explanation += f"; {text}"

@@ -1,0 +1,272 @@
+"""The work of one micro-batch through one model chunk on one rank, op by op at TP-local shapes: what the compute
+sweep (probes/compute_sweep.py) times and the time model adds up.
+
+Kernels are named after the engine's modules and passes, with Megatron Core's names (linear_qkv.fprop / .dgrad /
+.wgrad, core_attention.fwd / .bwd, ...), and carry the dims that set their cost, so a calibration record matches a
+kernel by (name, dims, dtype). The probe derives its list independently from the run's config; a test holds the two
+equal. Each pass is a list in execution order, so a running sum of its times says when each parameter is first used
+in the forward (where its param all-gather is waited for) and when its gradient is final in the backward (where its
+DP bucket can be issued).
+
+TP collectives run on the compute stream (synchronous), so they are entries of the same lists, with Megatron's
+placement: without SP an all-reduce after linear_proj and linear_fc2 forward and of linear_qkv's and linear_fc1's
+input gradient backward; with SP an all-gather before linear_qkv / linear_fc1 and a reduce-scatter after
+linear_proj / linear_fc2 forward, and backward their conjugates plus the re-gather of each saved input shard; the
+embedding all-reduces (SP: reduce-scatters) its output, the output layer all-reduces its input gradient (SP: gathers
+its input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32
+[s, b] tensors. Per step these are ledger/formulas/comm.py's counts, which a test holds these lists against.
+
+Recompute (the run's mode, ledger/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
+forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
+fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.config import RunConfig
+from ledger.formulas.activations import checkpoint_groups
+from ledger.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.formulas.params import chunk_layers, chunk_tensors, num_chunks, padded_vocab_size
+
+EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
+FINAL_NORM = "decoder.final_layernorm.weight"
+# Ops whose cost is per element of a buffer, calibrated at one size and scaled (the sweep records their numel).
+RATE_OPS = ("optimizer.step", "grad_buffer.zero")
+# The sweep's record of a layer's kernels back to back at the device's power limit (calibration.py).
+SUSTAINED = "sustained.layer"
+# Breakdown labels of a pass.
+LAYERS, RECOMPUTE, TP_COMM = "layers", "recompute", "tp_comm"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    dims: tuple[tuple[str, int], ...]  # sorted (dim, size)
+    flops: float = 0.0
+
+    def describe(self) -> str:
+        return f"{self.name}[{', '.join(f'{k}={v}' for k, v in self.dims)}]"
+
+
+def kernel(name: str, flops: float = 0.0, **dims: int) -> Kernel:
+    return Kernel(name, tuple(sorted(dims.items())), flops)
+
+
+@dataclass(frozen=True)
+class Collective:
+    group: str  # "tp"
+    kind: str  # all_reduce | all_gather | reduce_scatter
+    size_bytes: int  # nccl-tests size: the all-reduce buffer, the gathered output, the reduce-scatter input
+
+
+@dataclass(frozen=True)
+class Work:
+    """One entry of a pass. `param`: in a forward, the parameter first used by this op; in a backward, the one whose
+    gradient is final once this op ends. `term`: the breakdown label it is counted under."""
+    op: Kernel | Collective
+    term: str
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """One micro-batch's TP-local dims: tokens = s b (GEMM rows, all-gathered under SP), norm_tokens = s b / t under
+    SP (norms, residual adds); widths local to the TP rank."""
+    dtype: str
+    seq: int
+    micro_batch: int
+    hidden: int
+    tokens: int
+    norm_tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv: int
+    query: int
+    ffn: int
+    vocab: int
+    tp: int
+    sequence_parallel: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "Shapes":
+        m, p = cfg.model, cfg.parallel
+        t, b, s = p.tensor_model_parallel_size, cfg.train.micro_batch_size, m.seq_length
+        d = m.head_dim
+        return cls(dtype=cfg.train.params_dtype, seq=s, micro_batch=b, hidden=m.hidden_size, tokens=s * b,
+                   norm_tokens=s * b // (t if p.sequence_parallel else 1), heads=m.num_attention_heads // t,
+                   kv_heads=m.num_query_groups // t, head_dim=d,
+                   qkv=(m.num_attention_heads + 2 * m.num_query_groups) * d // t,
+                   query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t,
+                   vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
+                   sequence_parallel=p.sequence_parallel)
+
+    @property
+    def activation_bytes(self) -> int:
+        """The full [s, b, h] activation: every TP collective's nccl-tests size."""
+        return DTYPE_BYTES[self.dtype] * self.tokens * self.hidden
+
+
+def _gemm(name: str, m: int, n: int, k: int) -> Kernel:
+    return kernel(name, 2.0 * m * n * k, m=m, n=n, k=k)
+
+
+def _attention(sh: Shapes, pass_: str) -> Kernel:
+    """Causal flash attention: QK^T and PV are 4 b heads s^2 d FLOPs forward, halved by the mask; backward 2.5x."""
+    forward = 2.0 * sh.micro_batch * sh.heads * sh.seq ** 2 * sh.head_dim
+    return kernel(f"core_attention.{pass_}", forward * (2.5 if pass_ == "bwd" else 1.0), batch=sh.micro_batch,
+                  heads=sh.heads, kv_heads=sh.kv_heads, seq=sh.seq, head_dim=sh.head_dim)
+
+
+def _norm(sh: Shapes, pass_: str) -> Kernel:
+    return kernel(f"rms_norm.{pass_}", tokens=sh.norm_tokens, hidden=sh.hidden)
+
+
+def _residual(sh: Shapes) -> Kernel:
+    return kernel("residual_add", numel=sh.norm_tokens * sh.hidden)
+
+
+def _rope(sh: Shapes, pass_: str) -> Kernel:
+    """split_qkv_and_rotate on the fused QKV viewed as [s, b, groups, heads per group + 2, d]."""
+    return kernel(f"rope.{pass_}", seq=sh.seq, batch=sh.micro_batch, groups=sh.kv_heads,
+                  width=sh.heads // sh.kv_heads + 2, head_dim=sh.head_dim)
+
+
+def _tp(sh: Shapes, kind: str) -> list[Work]:
+    return [Work(Collective("tp", kind, sh.activation_bytes), TP_COMM)] if sh.tp > 1 else []
+
+
+def _in_gather(sh: Shapes) -> list[Work]:
+    """The gather of a column-parallel linear's sequence-sharded input (SP only)."""
+    return _tp(sh, "all_gather") if sh.sequence_parallel else []
+
+
+def _out_reduce(sh: Shapes) -> list[Work]:
+    """A row-parallel linear's partial sums: reduce-scatter under SP, all-reduce otherwise."""
+    return _tp(sh, "reduce_scatter" if sh.sequence_parallel else "all_reduce")
+
+
+def _fprop(sh: Shapes, name: str, out: int, inp: int, param: str | None, term: str = LAYERS) -> Work:
+    return Work(_gemm(f"{name}.fprop", sh.tokens, out, inp), term, param)
+
+
+def layer_forward(sh: Shapes, prefix: str) -> list[Work]:
+    t, h = sh.tokens, sh.hidden
+    return [Work(_norm(sh, "fwd"), LAYERS, prefix + "input_layernorm.weight"), *_in_gather(sh),
+            _fprop(sh, "linear_qkv", sh.qkv, h, prefix + "self_attention.linear_qkv.weight"),
+            Work(_rope(sh, "fwd"), LAYERS), Work(_attention(sh, "fwd"), LAYERS),
+            Work(kernel("attention_output.copy", numel=t * sh.query), LAYERS),
+            _fprop(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight"), *_out_reduce(sh),
+            Work(_residual(sh), LAYERS),
+            Work(_norm(sh, "fwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), *_in_gather(sh),
+            _fprop(sh, "linear_fc1", 2 * sh.ffn, h, prefix + "mlp.linear_fc1.weight"),
+            Work(kernel("swiglu.fwd", tokens=t, width=2 * sh.ffn), LAYERS),
+            _fprop(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight"), *_out_reduce(sh),
+            Work(_residual(sh), LAYERS)]
+
+
+def _linear_backward(sh: Shapes, name: str, out: int, inp: int, param: str | None, column: bool,
+                     term: str = LAYERS) -> list[Work]:
+    """dgrad then wgrad in one autograd Function; a column-parallel linear under SP re-gathers its saved input first
+    and reduce-scatters its input gradient before the wgrad; without SP its input gradient is all-reduced after."""
+    t = sh.tokens
+    dgrad = Work(_gemm(f"{name}.dgrad", t, inp, out), term)
+    wgrad = Work(_gemm(f"{name}.wgrad", out, inp, t), term, param)
+    if not column:
+        return [dgrad, wgrad]
+    if sh.sequence_parallel:
+        return [*_tp(sh, "all_gather"), dgrad, *_tp(sh, "reduce_scatter"), wgrad]
+    return [dgrad, wgrad, *_tp(sh, "all_reduce")]
+
+
+def layer_backward(sh: Shapes, prefix: str, selective: bool) -> list[Work]:
+    t, h = sh.tokens, sh.hidden
+    conj = _in_gather(sh)  # the conjugate of a forward reduce-scatter (identity for a forward all-reduce)
+    rerun = [Work(_attention(sh, "fwd"), RECOMPUTE)] if selective else []
+    return [*conj, *_linear_backward(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight", False),
+            Work(kernel("swiglu.bwd", tokens=t, width=2 * sh.ffn), LAYERS),
+            *_linear_backward(sh, "linear_fc1", 2 * sh.ffn, h, prefix + "mlp.linear_fc1.weight", True),
+            Work(_norm(sh, "bwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), Work(_residual(sh), LAYERS),
+            *conj, *_linear_backward(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight",
+                                     False), *rerun,
+            Work(_attention(sh, "bwd"), LAYERS), Work(_rope(sh, "bwd"), LAYERS),
+            *_linear_backward(sh, "linear_qkv", sh.qkv, h, prefix + "self_attention.linear_qkv.weight", True),
+            Work(_norm(sh, "bwd"), LAYERS, prefix + "input_layernorm.weight"), Work(_residual(sh), LAYERS)]
+
+
+def _recomputed(sh: Shapes, layers: list[int]) -> list[Work]:
+    """A checkpointed group's forward as its backward re-runs it: up to the last saved tensor (linear_fc2's input
+    and weight, saved once its GEMM has run), so the last layer's output collective and residual add are not
+    repeated."""
+    work = [w for layer in layers for w in layer_forward(sh, f"decoder.layers.{layer}.")]
+    cut = max(i for i, w in enumerate(work) if isinstance(w.op, Kernel) and w.op.name == "linear_fc2.fprop")
+    return [Work(w.op, TP_COMM if isinstance(w.op, Collective) else RECOMPUTE) for w in work[:cut + 1]]
+
+
+def _embedding_forward(sh: Shapes) -> list[Work]:
+    return [Work(kernel("embedding.fwd", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden), "embedding",
+                 EMBEDDING), *_out_reduce(sh)]
+
+
+def _embedding_backward(sh: Shapes) -> list[Work]:
+    return [*_in_gather(sh), Work(kernel("embedding.bwd", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden),
+                                  "embedding", EMBEDDING)]
+
+
+def _head_forward(sh: Shapes, output_param: str | None) -> list[Work]:
+    """Final norm, output layer (its input gathered under SP inside the linear) and the vocab-parallel loss."""
+    ce_bytes = 4 * sh.tokens
+    ce = [Work(Collective("tp", "all_reduce", ce_bytes), TP_COMM)] * 3 if sh.tp > 1 else []
+    return [Work(_norm(sh, "fwd"), "final_norm", FINAL_NORM), *_in_gather(sh),
+            _fprop(sh, "output_layer", sh.vocab, sh.hidden, output_param, "output_layer"),
+            Work(kernel("cross_entropy.fwd", tokens=sh.tokens, vocab=sh.vocab), "cross_entropy"), *ce]
+
+
+def _head_backward(sh: Shapes, output_param: str | None) -> list[Work]:
+    return [Work(kernel("cross_entropy.bwd", tokens=sh.tokens, vocab=sh.vocab), "cross_entropy"),
+            *_linear_backward(sh, "output_layer", sh.vocab, sh.hidden, output_param, True, "output_layer"),
+            Work(_norm(sh, "bwd"), "final_norm", FINAL_NORM)]
+
+
+def _output_param(cfg: RunConfig, pp_rank: int, chunk: int) -> str | None:
+    """The output layer's own weight where the chunk registers one; tied on one stage it multiplies by the
+    embedding's, whose gradient is final only after the embedding's backward."""
+    return OUTPUT if any(t.name == OUTPUT for t in chunk_tensors(cfg, pp_rank, chunk)) else None
+
+
+def _ends(cfg: RunConfig, pp_rank: int, chunk: int) -> tuple[bool, bool]:
+    """(holds the embedding, holds the output layer): chunk 0 of the first stage, last chunk of the last."""
+    return (pp_rank == 0 and chunk == 0,
+            pp_rank == cfg.parallel.pipeline_model_parallel_size - 1 and chunk == num_chunks(cfg) - 1)
+
+
+def chunk_forward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
+    sh = Shapes.of(cfg)
+    first, last = _ends(cfg, pp_rank, chunk)
+    work = _embedding_forward(sh) if first else []
+    for layer in chunk_layers(cfg, pp_rank, chunk):
+        work += layer_forward(sh, f"decoder.layers.{layer}.")
+    return work + (_head_forward(sh, _output_param(cfg, pp_rank, chunk)) if last else [])
+
+
+def chunk_backward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
+    sh = Shapes.of(cfg)
+    first, last = _ends(cfg, pp_rank, chunk)
+    selective = cfg.recompute.recompute_granularity == "selective"
+    work = _head_backward(sh, _output_param(cfg, pp_rank, chunk)) if last else []
+    layers, groups, start = list(chunk_layers(cfg, pp_rank, chunk)), [], 0
+    for count, checkpointed in checkpoint_groups(cfg):
+        groups.append((layers[start:start + count], checkpointed))
+        start += count
+    for group, checkpointed in reversed(groups):
+        work += _recomputed(sh, group) if checkpointed else []
+        for layer in reversed(group):
+            work += layer_backward(sh, f"decoder.layers.{layer}.", selective)
+    return work + (_embedding_backward(sh) if first else [])
+
+
+def kernels(cfg: RunConfig, pp_rank: int) -> set[Kernel]:
+    """Every distinct kernel a pipeline rank runs in a step (all its chunks, both passes)."""
+    passes = [chunk_forward(cfg, pp_rank, c) + chunk_backward(cfg, pp_rank, c) for c in range(num_chunks(cfg))]
+    return {w.op for work in passes for w in work if isinstance(w.op, Kernel)}

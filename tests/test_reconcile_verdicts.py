@@ -1,0 +1,373 @@
+"""Every judged row type can be off: each case builds the evidence of a clean run, checks the row is judged ok, then
+feeds the same builder a wrong measurement and sees "off". Rows whose prediction is the time model's get the clean
+measurement as their prediction (the model is wired separately), so only the measurement moves.
+
+The clean run is synthetic (tests/fixtures/synthetic_run.py): these tests are about verdicts, not about a machine.
+Also here: the verdict rules themselves (absolute floors, upper bounds, identity rows).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
+from ledger.reconcile.evidence import RunEvidence
+from ledger.reconcile.hta import CrossCheck, available, hta_rows
+from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED, memory_rows
+from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
+from ledger.reconcile.pipeline import pipeline_rows
+from ledger.reconcile.rows import NO_TIME_MODEL, Row, identity_row, judge, reaches, row, upper_bound_row
+from ledger.reconcile.run import Reconciliation, gather, run_steps
+from ledger.reconcile.throughput import throughput_rows
+from ledger.reconcile.topology import group_lists_of, groups_rows, rank_groups
+from ledger.traces import TraceSummary, summarize
+from tests.fixtures.synthetic_run import Spec, make_run
+
+
+@dataclass
+class Base:
+    ev: RunEvidence
+    summaries: dict[int, TraceSummary]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Base:
+    # steps long enough that the exposed figures (tens of ms) lie beyond the rows' absolute floors
+    run, _ = make_run(tmp_path_factory.mktemp("verdicts") / "run", Spec(t_fwd=20e-3, t_bwd=40e-3, t_opt=40e-3))
+    ev = gather(run)
+    return Base(ev, {rank: summarize(path) for rank, _, _, path in ev.traces})
+
+
+# --- perturbations of the measurement -------------------------------------------------------------------------------
+def scale_memory(key: str, factor: float, point: str | None = None) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for r in ev.ranks.values():
+            records = [r.memory_points[point]] if point else list(r.memory_points.values()) + r.memory_steps
+            for m in records:
+                if key in m:
+                    m[key] = int(m[key] * factor)
+    return apply
+
+
+def set_memory(key: str, value: int) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for r in ev.ranks.values():
+            for m in r.memory_steps:
+                m[key] = value
+    return apply
+
+
+def timings(ev: RunEvidence, stage: int | None = None, category: str | None = None):
+    return [t for r in ev.ranks.values() if stage is None or r.stage == stage for t in r.timing
+            if category is None or t.get("category") == category]
+
+
+def stretch(t: dict, factor: float) -> None:
+    """Make a timed range `factor` times as long, on both clocks."""
+    for lo, hi in (("start_s", "end_s"), ("t_start", "t_end")):
+        if lo in t:
+            t[hi] = t[lo] + (t[hi] - t[lo]) * factor
+
+
+def shift(t: dict, by: float) -> None:
+    for key in ("start_s", "end_s", "t_start", "t_end"):
+        if key in t:
+            t[key] += by
+
+
+def delay_stage(stage: int, by: float) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for kind in ("forward", "backward"):
+            for t in timings(ev, stage, kind):
+                shift(t, by)
+    return apply
+
+
+def stretch_kind(kind: str, factor: float, stage: int | None = None) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for t in timings(ev, stage, kind):
+            stretch(t, factor)
+    return apply
+
+
+def comm_records(ev: RunEvidence, bucket: int | None = None, op: str = "reduce-scatter"):
+    return [t for t in timings(ev, category="dp-comm") if t["name"].startswith(op)
+            and (bucket is None or t["bucket"] == bucket)]
+
+
+def move_comm_after_compute(bucket: int) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for t in comm_records(ev, bucket):
+            shift(t, 1.0)  # a second later: past every compute range of its step
+    return apply
+
+
+def hide_comm_in_compute(ev: RunEvidence) -> None:
+    """Every DP collective shrunk to the first microsecond of its step's first backward: nothing exposed."""
+    for r in ev.ranks.values():
+        first = {}
+        for t in r.timing:
+            if t["category"] == "backward":
+                first[t["step"]] = min(first.get(t["step"], t["start_s"]), t["start_s"])
+        for t in r.timing:
+            if t["category"] == "dp-comm":
+                t["start_s"], t["end_s"] = first[t["step"]], first[t["step"]] + 1e-6
+
+
+def scale_comm_bytes(factor: float) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for t in timings(ev):
+            if "bytes" in t:
+                t["bytes"] = int(t["bytes"] * factor)
+    return apply
+
+
+def slow_steps(factor: float, rank: int | None = None) -> Callable[[RunEvidence], None]:
+    def apply(ev: RunEvidence) -> None:
+        for r in ev.ranks.values():
+            if rank is None or r.rank == rank:
+                for s in r.steps:
+                    s["step_time_s"] *= factor
+    return apply
+
+
+def with_groups(ev: RunEvidence) -> None:
+    """The groups each rank joined, as the engine records them in the manifest: Megatron's, unless set already."""
+    lists = group_lists_of(ev.manifest)
+    for entry in ev.manifest["ranks"]:
+        entry.setdefault("groups", {k: next(g for g in v if entry["rank"] in g) for k, v in lists.items()
+                                    if any(entry["rank"] in g for g in v)})
+
+
+def wrong_groups(ev: RunEvidence) -> None:
+    with_groups(ev)
+    ev.manifest["ranks"][1]["groups"]["dp"] = [1, 2]
+
+
+def trace_kernels(factor: float = 1.0, by_us: float = 0.0, op: str = "reduce_scatter"):
+    def apply(summaries: dict[int, TraceSummary]) -> None:
+        for s in summaries.values():
+            for c in s.collectives:
+                if c.op == op:
+                    c.end = c.start + (c.end - c.start) * factor + by_us
+    return apply
+
+
+def double_p2p(summaries: dict[int, TraceSummary]) -> None:
+    for s in summaries.values():
+        for p in s.p2p:
+            p.elements *= 2
+
+
+# --- builders -------------------------------------------------------------------------------------------------------
+def timer_rows(ev: RunEvidence, predicted: dict) -> list[Row]:
+    selection = run_steps(ev)
+    return [x for r in ev.ranks.values() for x in overlap_rows(ev.config, r, selection, False, **predicted)]
+
+
+def trace_rows(ev: RunEvidence, summaries: dict[int, TraceSummary], predicted: dict) -> list[Row]:
+    selection = run_steps(ev)
+    return [x for rank, s in summaries.items()
+            for x in trace_overlap_rows(ev.config, ev.ranks[rank], s, rank_groups(ev.manifest, rank), selection,
+                                        **predicted)]
+
+
+def traced_volume(ev: RunEvidence, summaries: dict[int, TraceSummary], _: dict) -> list[Row]:
+    return [x for rank, s in summaries.items()
+            for x in volume_rows(ev.config, ev.ranks[rank],
+                                 trace_volume(s, rank_groups(ev.manifest, rank), p2p_element_bytes(ev.config)))]
+
+
+def counted_volume(ev: RunEvidence, *_) -> list[Row]:
+    return [x for r in ev.ranks.values() for x in volume_rows(ev.config, r, None)]
+
+
+@dataclass
+class Case:
+    metric: str
+    where: dict
+    build: Callable[[RunEvidence, dict[int, TraceSummary], dict], list[Row]]  # (evidence, traces, predictions)
+    perturb_ev: Callable[[RunEvidence], None] | None = None
+    perturb_trace: Callable[[dict[int, TraceSummary]], None] | None = None
+    predicted: Callable[[list[Row]], dict] | None = None  # the time model's figure: the clean measurement
+
+    def rows(self, base: Base, perturbed: bool, predicted: dict) -> list[Row]:
+        ev, summaries = copy.deepcopy(base.ev), copy.deepcopy(base.summaries)
+        if perturbed and self.perturb_ev:
+            self.perturb_ev(ev)
+        if perturbed and self.perturb_trace:
+            self.perturb_trace(summaries)
+        return self.build(ev, summaries, predicted)
+
+
+def memory(ev, *_):
+    return memory_rows(ev)
+
+
+def pipeline(ev, *_):
+    return pipeline_rows(ev)
+
+
+def topology(ev, *_):
+    with_groups(ev)
+    return groups_rows(ev.manifest)
+
+
+def bucket_prediction(metric: str, source: str):
+    op = metric.split(".")[1]
+    return lambda rows: {"predicted_exposed": {(op, r.bucket): r.measured for r in rows
+                                               if r.metric == metric and r.source == source}}
+
+
+def step_prediction(rows):
+    exposed = next(r.measured for r in rows if r.metric == "overlap.exposed_dp_comm_per_step")
+    return {"predicted_per_step": {"dp": exposed}}
+
+
+def timers(ev, _, predicted):
+    return timer_rows(ev, predicted)
+
+
+def traced(ev, summaries, predicted):
+    return trace_rows(ev, summaries, predicted)
+
+
+def throughput(ev, _, predicted):
+    return throughput_rows(ev, run_steps(ev), **predicted)
+
+
+RANK2 = dict(rank=2)
+CASES = {
+    "static after optimizer init": Case("memory.static_after_optimizer_init", RANK2, memory,
+                                        scale_memory(ALLOCATED, 1.5, "after_optimizer_init")),
+    "static after first step": Case("memory.static_after_first_step", RANK2, memory,
+                                    scale_memory(ALLOCATED, 1.5, "after_first_step")),
+    "adam lazy state": Case("memory.adam_lazy_state", RANK2, memory, scale_memory(ALLOCATED, 1.5, "after_first_step")),
+    "bytes per param": Case("memory.bytes_per_param", RANK2, memory, scale_memory(ALLOCATED, 1.5, "after_first_step")),
+    "peak allocated": Case("memory.peak_allocated", RANK2, memory, scale_memory(PEAK, 2.0)),
+    "fragmentation": Case("memory.fragmentation", RANK2, memory, scale_memory(RESERVED, 3.0)),
+    "alloc retries": Case("memory.alloc_retries", RANK2, memory, set_memory("num_alloc_retries", 1000)),
+    "ooms": Case("memory.ooms", RANK2, memory, set_memory("num_ooms", 1)),
+    "rank groups": Case("topology.rank_groups", dict(rank=1), topology, wrong_groups),
+    "bubble of wall time": Case("pipeline.bubble_of_wall_time", dict(rank=0), pipeline, delay_stage(1, 0.5)),
+    "bubble relative to compute": Case("pipeline.bubble_relative_to_compute", dict(rank=0), pipeline,
+                                       delay_stage(1, 0.5)),
+    "stage time share": Case("pipeline.stage_time_share", dict(rank=2), pipeline, stretch_kind("backward", 3.0, 1)),
+    "backward over forward": Case("pipeline.backward_over_forward", dict(rank=0), pipeline,
+                                  stretch_kind("backward", 3.0)),
+    "bytes per step (trace)": Case("comm.pp.send_recv.bytes_per_step", dict(rank=0), traced_volume,
+                                   perturb_trace=double_p2p),
+    "bytes per step (counters)": Case("comm.dp.reduce_scatter.bytes_per_step", dict(rank=0), counted_volume,
+                                      scale_comm_bytes(2.0)),
+    "overlapped fraction (timers)": Case("overlap.reduce_scatter.overlapped_fraction", dict(rank=0, bucket=0),
+                                         timers, move_comm_after_compute(0)),
+    "overlapped fraction (trace)": Case("overlap.reduce_scatter.overlapped_fraction", dict(rank=0, bucket=0),
+                                        traced, perturb_trace=trace_kernels(by_us=1e6)),
+    "exposed time (timers)": Case("overlap.reduce_scatter.exposed_time", dict(rank=0, bucket=1), timers,
+                                  hide_comm_in_compute,
+                                  predicted=bucket_prediction("overlap.reduce_scatter.exposed_time", "timers")),
+    "exposed time (trace)": Case("overlap.reduce_scatter.exposed_time", dict(rank=0, bucket=1), traced,
+                                 perturb_trace=trace_kernels(by_us=1e4),
+                                 predicted=bucket_prediction("overlap.reduce_scatter.exposed_time", "trace")),
+    "comm time (timers)": Case("overlap.reduce_scatter.comm_time", dict(rank=1, bucket=0), timers,
+                               stretch_kind("dp-comm", 0.1)),
+    "comm time (trace)": Case("overlap.reduce_scatter.comm_time", dict(rank=1, bucket=0), traced,
+                              perturb_trace=trace_kernels(factor=4.0)),
+    "exposed comm per step (timers)": Case("overlap.exposed_dp_comm_per_step", dict(rank=0), timers,
+                                           hide_comm_in_compute, predicted=step_prediction),
+    "exposed comm per step (trace)": Case("overlap.exposed_dp_comm_per_step", dict(rank=0), traced,
+                                          perturb_trace=trace_kernels(by_us=1e5), predicted=step_prediction),
+    "step time": Case("throughput.step_time", {}, throughput, slow_steps(2.0),
+                      predicted=lambda rows: {"predicted_step_time": next(r.measured for r in rows
+                                                                          if r.metric == "throughput.step_time")}),
+    "step time against the other ranks": Case("throughput.step_time_vs_other_ranks", dict(rank=3), throughput,
+                                              slow_steps(1.5, rank=3)),
+    "step time spread": Case("throughput.step_time_spread", {}, throughput, slow_steps(1.5, rank=3)),
+}
+
+
+def pick(rows: list[Row], case: Case) -> Row:
+    found = [r for r in rows if r.metric == case.metric and all(getattr(r, k) == v for k, v in case.where.items())]
+    assert len(found) == 1, (case.metric, case.where, found)
+    return found[0]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_wrong_measurement_is_off(base, name):
+    case = CASES[name]
+    predicted = case.predicted(case.rows(base, False, {})) if case.predicted else {}
+    clean = pick(case.rows(base, False, predicted), case)
+    assert clean.verdict == "ok", clean
+    wrong = pick(case.rows(base, True, predicted), case)
+    assert wrong.verdict == "off", wrong
+
+
+def test_every_judged_row_type_of_a_full_reconciliation_has_a_case(base):
+    """A new judged row type without a case above fails here (identity and n/a-only rows are not judged). The time
+    model's own rows ("time.*") have their can-be-off tests beside the model."""
+    from ledger.reconcile.run import reconcile
+
+    result = reconcile(base.ev.run_dir)
+    judged = {family(r.metric) for r in result.rows if r.verdict in ("ok", "warn", "off")
+              and not r.metric.startswith("time.")}
+    covered = {family(c.metric) for c in CASES.values()} | {"overlap.hta_comm_comp_overlap"}
+    assert judged <= covered
+
+
+def family(metric: str) -> str:
+    """A row type: the metric without the group or collective it is about."""
+    parts = metric.split(".")
+    if parts[0] == "comm":
+        return "comm.*.*." + parts[-1]
+    if parts[0] == "overlap" and len(parts) == 3:
+        return f"overlap.*.{parts[2]}"
+    if metric.startswith("overlap.exposed_"):
+        return "overlap.exposed_*_comm_per_step"
+    return metric
+
+
+@pytest.mark.skipif(not available(), reason="HolisticTraceAnalysis not installed")
+def test_the_hta_cross_check_is_off_when_the_ledgers_figure_disagrees(base):
+    path = Path(base.summaries[0].path)
+    (clean,), _ = hta_rows({0: CrossCheck(path, True, None)})
+    (agree,), _ = hta_rows({0: CrossCheck(path, True, clean.measured)})
+    (wrong,), _ = hta_rows({0: CrossCheck(path, True, clean.measured + 0.5)})
+    assert (agree.verdict, wrong.verdict) == ("ok", "off")
+
+
+def test_an_absolute_floor_forgives_small_gaps_only():
+    # 1 ms against 0.5 ms is 100% off in relative terms but within a 2 ms floor; 10 ms against 0.5 ms is not
+    assert judge(1e-3, 0.5e-3, 0.25, 2e-3)[2] == "ok"
+    assert judge(5e-3, 0.5e-3, 0.25, 2e-3)[2] == "warn"  # within 3 x the floor
+    assert judge(10e-3, 0.5e-3, 0.25, 2e-3)[2] == "off"
+    assert judge(0.0, 0.0, 0.25)[2] == "ok" and judge(1.0, 0.0, 0.25)[2] == "off"
+
+
+@pytest.mark.parametrize("measured, verdict", [(0.4, "off"), (0.8, "ok"), (1.2, "ok"), (3.0, "n/a")])
+def test_an_upper_bound_below_its_prediction_is_off_and_above_it_says_what_it_cannot_tell(measured, verdict):
+    r = upper_bound_row("overlap.x.comm_time", "bucket", predicted=1.0, measured=measured, unit="s", tolerance=0.5,
+                        explanation="e", judged_elsewhere="the trace row")
+    assert r.verdict == verdict
+    if verdict == "n/a":
+        assert "cannot tell a slower collective from a wait that came late" in r.explanation
+        assert r.explanation.endswith("the trace row judges it")
+    if verdict == "off":
+        assert "the true figure is lower still" in r.explanation
+
+
+def test_identity_rows_are_never_agreement_nor_failure():
+    rows = [identity_row("memory.device_total", "rank", measured=5.0, unit="bytes", explanation="sum of its terms"),
+            row("m", "rank", predicted=1.0, measured=1.0, unit="s", tolerance=0.1, explanation="")]
+    result = Reconciliation(run_dir=Path("."), run={}, rows=rows)
+    assert result.verdict_counts() == {"ok": 1, "warn": 0, "off": 0, "n/a": 0, "identity": 1}
+    assert not reaches(rows, "warn")
+
+
+def test_a_row_without_its_time_model_prediction_says_so(base):
+    rows = timer_rows(copy.deepcopy(base.ev), {})
+    exposed = [r for r in rows if r.metric == "overlap.exposed_dp_comm_per_step"]
+    assert exposed and all(r.verdict == "n/a" and NO_TIME_MODEL in r.explanation for r in exposed)

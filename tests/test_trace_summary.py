@@ -1,0 +1,70 @@
+"""What a trace summary and the step selection keep, on small hand-written inputs with answers worked out here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common.arguments import parse_args
+from ledger.reconcile.intervals import length, subtract, union
+from ledger.reconcile.steps import FROM_CONFIG, FROM_RECORDS, select_steps
+from ledger.traces import summarize
+
+
+def annotation(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_cpu_compute_leaves_out_the_time_a_thread_was_blocked(tmp_path: Path):
+    # forward 0-100 on the main thread holds a synchronous TP all-reduce (20-30) and the DDP pre-hook's wait
+    # (50-70); gloo's worker thread runs an async all-gather (40-90) beside it: that is communication, not a hole.
+    events = [annotation("ProfilerStep#2", 0, 200), annotation("forward stage0 mb0", 0, 100),
+              annotation("tp all-reduce", 20, 10), annotation("wait all-gather bucket1", 50, 20),
+              annotation("gloo:all_gather", 40, 50, tid=2), annotation("backward stage0 mb0", 120, 60)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    s = summarize(path)
+    assert s.compute == [(0, 20), (30, 50), (70, 100), (120, 180)]
+    assert length(s.compute) == 100 + 60 - 10 - 20
+
+
+def test_p2p_sizes_come_from_the_dispatcher_ops_not_the_kernels(tmp_path: Path):
+    dims = [[[4096, 1, 2048]], [], [], []]
+    events = [annotation("ProfilerStep#9", 0, 1000),
+              {"ph": "X", "cat": "cpu_op", "name": "c10d::send", "pid": 7, "tid": 1, "ts": 10, "dur": 1,
+               "args": {"Input Dims": dims, "Input type": ["TensorList", "", "Scalar", "Scalar"]}},
+              {"ph": "X", "cat": "cpu_op", "name": "c10d::recv_", "pid": 7, "tid": 1, "ts": 12, "dur": 1,
+               "args": {"Input Dims": dims, "Input type": ["TensorList", "", "Scalar", "Scalar"]}},
+              {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+               "pid": 0, "tid": 5, "ts": 20, "dur": 30, "args": {"In msg nelems": 5, "dtype": "Float"}}]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    s = summarize(path)
+    assert [(p.op, p.elements) for p in s.p2p] == [("send", 4096 * 2048), ("recv", 4096 * 2048)]
+    (kernel,) = s.collectives
+    assert kernel.op == "send_recv" and kernel.bytes is None  # counted once, from the ops
+
+
+def test_subtract_cuts_holes_out_of_disjoint_intervals():
+    assert subtract(union([(0, 10), (20, 30)]), union([(2, 3), (5, 25), (29, 40)])) == [(0, 2), (3, 5), (25, 29)]
+    assert subtract([(0, 10)], []) == [(0, 10)] and subtract([], [(1, 2)]) == []
+
+
+def test_a_step_one_rank_profiled_is_disturbed_on_every_rank():
+    records = [{"step": s, "profiled": s in (3, 4, 5) and rank == 0, "after_trace_export": s == 6}
+               for rank in (0, 1) for s in range(1, 9)]
+    sel = select_steps(None, 2, records)
+    assert sel.source == FROM_RECORDS and sel.first == 1
+    assert sel.steady(range(1, 9)) == [2, 7, 8]
+    kept, note = sel.timed([3, 4])  # nothing steady among them: kept, and the figure says what is in it
+    assert kept == [3, 4] and "profiled steps included" in note
+
+
+def test_runs_without_flags_take_the_profiler_window_from_their_config():
+    cfg = parse_args(["--model", "tiny", "--use-pytorch-profiler", "--profile-step-start", "3", "--profile-step-end",
+                      "4", "--profile-ranks", "0", "--train-iters", "8", "--global-batch-size", "2",
+                      "--tensor-model-parallel-size", "2"], world_size=4)
+    records = [{"step": s} for s in range(1, 9)]
+    sel = select_steps(cfg, 4, records)
+    # torch.profiler: steps 3-4 plus the one HTA drops (5), then the export every rank waits for in step 6
+    assert sel.source == FROM_CONFIG and sel.profiled == {3, 4, 5} and sel.after_export == {6}
+    assert not select_steps(cfg, 1, records).after_export  # a world of one waits for nobody
