@@ -10,6 +10,12 @@ Fixtures (tests/fixtures/):
   gloo_dp2_overlap      the same with DP2 instead of PP2: --use-distributed-optimizer --overlap-grad-reduce
                         --overlap-param-gather --ddp-bucket-size 40000
   h200_pp2_p2p_slice    the point-to-point events of a real 2-H200 PP2 trace (its README says what was kept)
+  gloo_dp2_sweeps       `train-ledger train --nproc-per-node 2 --model tiny --num-layers 2 --global-batch-size 4
+                        --micro-batch-size 1 --train-iters 7 --use-distributed-optimizer --overlap-grad-reduce
+                        --overlap-param-gather --ddp-bucket-size 40000 --timers --compute-sweep --bandwidth-sweep
+                        --use-pytorch-profiler --profile-step-start 4 --profile-step-end 5 --profile-ranks 0` on CPU
+                        (gloo, OMP_NUM_THREADS=1): with both sweeps, so the time model predicts; rank 0's trace export
+                        stalled rank 1's step 7 by about a second
 """
 from __future__ import annotations
 
@@ -57,6 +63,17 @@ def only(result, metric, **where):
     found = [r for r in result.rows if r.metric == metric and all(getattr(r, k) == v for k, v in where.items())]
     assert len(found) == 1, (metric, where, found)
     return found[0]
+
+
+def test_a_step_stalled_by_another_ranks_trace_export_is_left_out_of_the_pipeline_rows(tmp_path):
+    # Rank 1 waited ~986 ms in step 7's first forward for rank 0, which was writing its trace: with that step in,
+    # rank 1's mean forward is ~140 ms and its backward/forward ratio reads 0.05 (seen before the fix).
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "gloo_dp2_sweeps", run)
+    result = reconcile(run)
+    ratio = only(result, "pipeline.backward_over_forward", rank=1)
+    assert 0.3 < ratio.measured < 4, ratio
+    assert 7 not in run_steps(gather(run)).steady(range(1, 8))
 
 
 def test_p2p_bytes_from_the_gloo_trace_equal_the_formula_and_the_engines_counters(pp2):

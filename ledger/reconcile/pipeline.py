@@ -22,6 +22,7 @@ from ledger.formulas.bubble import bubble
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, after_first_step
 from ledger.reconcile.intervals import length, union
 from ledger.reconcile.rows import Row, row
+from ledger.reconcile.steps import StepSelection
 from ledger.reconcile.time_rows import TimeModel
 
 BUBBLE_TOL = 0.3
@@ -77,15 +78,23 @@ def pipeline_columns(ev: RunEvidence) -> dict[tuple[int, int], list[RankEvidence
     return columns
 
 
-def pipeline_rows(ev: RunEvidence, model: TimeModel | None = None) -> list[Row]:
-    """`model`: the time model's predictions for the run (ledger.reconcile.time_rows.predict_run)."""
+def pipeline_rows(ev: RunEvidence, model: TimeModel | None = None,
+                  selection: StepSelection | None = None) -> list[Row]:
+    """`model`: the time model's predictions for the run (ledger.reconcile.time_rows.predict_run); `selection`: the
+    steady steps (ledger.reconcile.steps), else every step but the first. A step the profiler or a trace export
+    disturbed on any rank stalls the whole pipeline, so it is left out of every rank's figures."""
     cfg = ev.config
     rows: list[Row] = []
     p = cfg.parallel.pipeline_model_parallel_size if cfg else None
     predicted = bubble(p, cfg.num_microbatches, cfg.parallel.virtual_pipeline_model_parallel_size or 1) \
         if cfg and p > 1 else None
     for column in pipeline_columns(ev).values():
-        slots = after_first_step([s for r in column for s in stage_slots(r)], lambda s: s.step)
+        slots = [s for r in column for s in stage_slots(r)]
+        if selection is None:
+            slots = after_first_step(slots, lambda s: s.step)
+        else:
+            steps, _ = selection.timed({s.step for s in slots})
+            slots = [s for s in slots if s.step in steps]
         if not slots:
             continue
         bubbles = measured_bubbles(slots) if p and p > 1 else {}

@@ -4,7 +4,7 @@ The verdict compares the measurement against the best available reference (the p
 without a measurement it compares the inventory against the prediction, which is still worth doing on a CPU run
 (the formula and the engine were derived independently). A row with fewer than two columns has verdict "n/a": it
 is a term that explains another figure (fragmentation, non-PyTorch memory) or a figure nobody predicts; when it is
-n/a only because its prediction is not wired yet, its explanation says so (NO_TIME_MODEL).
+n/a only because the time model gave it no figure, its explanation says so and why that can be (NO_TIME_MODEL).
 
 Verdict "identity" marks a row whose reference is built from its own measurement (or from the same config as the
 measurement): it agrees by construction, so it is shown for reading, never counted as "ok" and never fails a gate.
@@ -23,7 +23,9 @@ SEVERITY = {"n/a": 0, "identity": 0, "ok": 0, "warn": 1, "off": 2}
 # A gap up to `tolerance` is ok, up to WARN_FACTOR x tolerance a warning, beyond that off.
 WARN_FACTOR = 3.0
 NOT_ON_CPU = "not measured on CPU (no CUDA memory_stats / NVML)"
-NO_TIME_MODEL = "no prediction: the time model (ledger.time_model) is not wired into this row yet"
+NO_TIME_MODEL = ("no prediction: the time model (ledger.time_model) gave none (it needs --compute-sweep and "
+                 "--bandwidth-sweep; it prices a synchronous all-gather inside the optimizer step, not per bucket, "
+                 "and per-bucket figures only with one model chunk)")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.config import RunConfig
 from common.errors import InputError
 from common.run_dir import LEDGER_DIR, atomic_write_text
 from ledger.reconcile import hta, ingest_megatron
@@ -25,7 +26,7 @@ from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
 from ledger.reconcile.steps import StepSelection, select_steps
 from ledger.reconcile.throughput import throughput_rows
-from ledger.reconcile.time_rows import explain_step_time, predict_run, time_rows
+from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
 from ledger.reconcile.topology import groups_rows, rank_groups
 from ledger.traces import TraceSummary, summarize
 
@@ -64,14 +65,14 @@ def reconcile(run_dir: str | Path) -> Reconciliation:
     selection = run_steps(ev)
     model = predict_run(ev)
     traced = {rank for rank, _, _, _ in ev.traces}
-    rows = groups_rows(ev.manifest) + memory_rows(ev) + pipeline_rows(ev, model)
+    rows = groups_rows(ev.manifest) + memory_rows(ev) + pipeline_rows(ev, model, selection)
     for rank, r in sorted(ev.ranks.items()):
-        rows += overlap_rows(ev.config, r, selection, rank in traced)
+        rows += overlap_rows(ev.config, r, selection, rank in traced, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
     for rank, _, _, path in ev.traces:
         summary = checked_summary(ev, rank, path)
         r = ev.ranks.get(rank) or RankEvidence(rank=rank, coords=rank_coords(ev.manifest, rank))
-        rows += trace_rows(ev, r, summary, selection)
+        rows += trace_rows(ev, r, summary, selection, model)
         cross_check[rank] = hta.cross_check_input(summary)
     for rank, r in ev.ranks.items():
         if rank not in traced:
@@ -122,12 +123,32 @@ def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
     return summary
 
 
-def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selection: StepSelection) -> list[Row]:
+def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selection: StepSelection,
+               model: TimeModel) -> list[Row]:
     groups = rank_groups(ev.manifest, r.rank)
     untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend))
     rows = volume_rows(ev.config, r, trace_volume(summary, groups, p2p_element_bytes(ev.config)), untraceable)
-    rows += trace_overlap_rows(ev.config, r, summary, groups, selection)
+    rows += trace_overlap_rows(ev.config, r, summary, groups, selection,
+                               **exposed_predictions(ev.config, model, r))
     return rows
+
+
+# The time model prices a point-to-point transfer alone; the measured "pp" exposure also holds the wait for the
+# peer stage (the bubble), judged by the pipeline rows, so it is not predicted here.
+PREDICTED_EXPOSED_GROUPS = ("dp", "tp", "embedding")
+
+
+def exposed_predictions(cfg: RunConfig | None, model: TimeModel, r: RankEvidence) -> dict[str, dict | None]:
+    """The time model's exposed communication for one rank's overlap rows: per DP bucket (op, bucket index) and
+    per group per step. Per bucket only with one model chunk: the measured rows number a rank's buckets per
+    buffer, and later chunks' buckets would collide with the first chunk's."""
+    if model.step is None or cfg is None or r.stage is None or r.stage >= len(model.step.stages):
+        return {"predicted_exposed": None, "predicted_per_step": None}
+    one_chunk = (cfg.parallel.virtual_pipeline_model_parallel_size or 1) == 1
+    per_bucket = {(b.op, b.bucket): b.exposed for b in model.step.buckets if b.stage == r.stage} if one_chunk else None
+    stage = model.step.stages[r.stage]
+    return {"predicted_exposed": per_bucket,
+            "predicted_per_step": {g: stage.exposed[g] for g in PREDICTED_EXPOSED_GROUPS if g in stage.exposed}}
 
 
 def write(result: Reconciliation, out: Path | None = None) -> tuple[Path, Path]:
