@@ -30,7 +30,8 @@ with the same kernels' isolated sums split into compute-bound (GEMM, attention: 
 Records (run-directory events of kind "compute"): op, dims, dtype, seconds, flops, iters, device, threads, variant,
 cached. A cache under $XDG_CACHE_HOME/train-ledger/compute (default ~/.cache) keyed by device name, torch version,
 dtypes, the planned ops with their dims, the engine's kernel variant and (CPU) the thread count lets a later run on
-the same machine and shapes skip the measurement; `--no-compute-sweep-cache` measures anyway and refreshes it.
+the same machine and shapes skip the measurement; `--no-compute-sweep-cache` measures anyway and refreshes it. The
+cache is best effort: where it cannot be written (a read-only home) the run keeps its measurement and goes on.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from common.errors import InputError
 from common.run_dir import atomic_write_text
 from probes.bandwidth import to_dtype
 
@@ -460,6 +462,14 @@ def _cached(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     return entry["records"] if isinstance(entry, dict) and entry.get("key") == key else None
 
 
+def _store(key: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Write the cache entry; one that cannot be written costs a later run a measurement, never this run."""
+    try:
+        atomic_write_text(_cache_file(key), json.dumps({"key": key, "records": records}, sort_keys=True) + "\n")
+    except (InputError, OSError):
+        pass
+
+
 def run(spec: SweepSpec, device: torch.device, kernels: EngineKernels, *, use_cache: bool = True,
         warmup: int | None = None, iters: int | None = None) -> list[dict[str, Any]]:
     """This rank's `compute` records: from the cache when it holds this machine and shape (and use_cache), else
@@ -480,5 +490,5 @@ def run(spec: SweepSpec, device: torch.device, kernels: EngineKernels, *, use_ca
                for r in records]
     if cuda:
         torch.cuda.empty_cache()  # the sweep's buffers leave no reserved memory behind
-    atomic_write_text(_cache_file(key), json.dumps({"key": key, "records": records}, sort_keys=True) + "\n")
+    _store(key, records)
     return [{**r, "cached": False} for r in records]

@@ -43,6 +43,8 @@ from ledger.time_model import (
 STEP_TOL = 0.05
 STAGE_TOL = 0.10
 OPTIMIZER_TOL = 0.10
+# A term this small is the float residue of the difference that defines it (a single stage's bubble), not time.
+NEGLIGIBLE_S = 1e-9
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
     params = {"output_layer": vocab * cfg.model.hidden_size, "embedding": vocab * cfg.model.hidden_size}
     parts = []
     for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):
-        if seconds > 0:
+        if seconds > NEGLIGIBLE_S:
             extra = f" ({params[term] / 1e6:.0f} M params)" if term in params else ""
             parts.append(f"{term} {_ms(seconds)}{extra}")
     return ", ".join(parts)

@@ -87,4 +87,4 @@ class Calibration:
     def _absent(self, what: str) -> str:
         if not self.kernels and not self.rates:
             return "no compute sweep records (--compute-sweep): no compute time predictions"
-        return f"the compute sweep has no record of {what}: no compute time predictions"
+        return f"the compute sweep (--compute-sweep) has no record of {what}: no compute time predictions"

@@ -140,7 +140,8 @@ class _Replay:
                 stall = max(0.0, st.memset - start[first]) if c == 0 else 0.0
                 begin = start[first] + stall
                 if with_comm and self.cfg.train.overlap_param_gather and self.gathering:
-                    issue = st.memset if c == 0 else start[Item(FORWARD, 0, c - 1)]
+                    # zero_grad issues chunk 0's; chunk c - 1's first forward, never before zero_grad, chunk c's
+                    issue = max(st.memset, start[Item(FORWARD, 0, c - 1)]) if c else st.memset
                     layout = st.layouts[c]
                     offsets = buckets.first_use_offsets(layout, st.times.chunks[c].forward.marks)
                     order = sorted(range(len(layout.buckets)), reverse=True)  # the last bucket holds the first layers
