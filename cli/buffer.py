@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.args import CommandParser
+from cli.progress import Progress, progress_wanted
 from cli.train import launcher_parser, torchrun_command
 
 
@@ -48,19 +49,22 @@ def main(argv: list[str]) -> int:
     p = CommandParser("buffer", description="the seed's buffer / ZeRO-1 toy: 2 gloo ranks on CPU")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a = p.parse_args(argv)
-    result = run_toy()
+    result = run_toy(Progress("buffer", progress_wanted(a.json)))
     print(json.dumps(result) if a.json else format_report(result))
     return 0 if result["matches"] else 1
 
 
-def run_toy() -> dict[str, Any]:
+def run_toy(progress: Progress | None = None) -> dict[str, Any]:
     """The toy as a real 2-rank torchrun program (engine.toys.buffer_toy); its summary, or RuntimeError with the
     ranks' output when it fails (a bug, not bad input)."""
+    progress = progress or Progress("buffer", False)
     launch = launcher_parser().parse_args(["--nproc-per-node", "2"])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "buffer.json"
-        done = subprocess.run(torchrun_command(launch, "engine.toys.buffer_toy", ["--out", str(out)]),
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        with progress.waiting("2 gloo ranks (torchrun) running the toy's 2 steps and the single-process check"):
+            done = subprocess.run(torchrun_command(launch, "engine.toys.buffer_toy", ["--out", str(out)]),
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        progress(f"ranks finished (exit {done.returncode})")
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"the buffer toy failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
         return json.loads(out.read_text(encoding="utf-8"))

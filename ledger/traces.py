@@ -8,8 +8,14 @@ the file.
 What a summary keeps, per rank:
   * the ProfilerStep#N windows (CPU user annotations, and their GPU-side twins) -> step numbers;
   * collectives: NCCL kernels on GPU traces (args "Collective name", "In msg nelems", "Out msg nelems", "dtype",
-    "Process Group Ranks"/"Group size", "Seq"), else gloo's "gloo:<op>" annotations on CPU traces (bytes from
-    "Input Dims" x "Input type");
+    "Process Group Ranks"/"Group size", "Seq"), else gloo's "gloo:<op>" annotations on CPU traces. gloo's annotation
+    records its process group's worker thread and its first input only, and calls a reduce-scatter "gloo:all_reduce"
+    (gloo runs it as one); so each is read through the dispatcher's `c10d::<op>` that issued it (`_link_gloo`): the
+    collective it names, nccl-tests' size from its largest tensor (a reduce-scatter's input, an all-gather's output)
+    at the annotation's element type, and the innermost annotation around it on the issuing thread (`issued_in`: the
+    engine's range, "all-reduce word embedding grads", that says which group the collective served; gloo records no
+    group ranks, ledger.reconcile.trace_groups names them). An annotation no dispatcher op matches keeps what it
+    shows (its input's bytes, None for an all-gather) and `issued_in` None;
   * point-to-point volumes: NCCL's SendRecv kernels carry no sizes (a batched isend/irecv runs as one coalesced
     kernel, its CPU side an `nccl:coalesced` range after the `c10d::send` / `c10d::recv_` ops it batches). Those
     dispatcher ops are recorded on every backend with their "Input Dims" (a TensorList: no element type), so P2P
@@ -48,6 +54,7 @@ COMPUTE_PREFIXES = ("forward", "backward")
 P2P_KINDS = ("send", "recv", "send_recv")
 STALL_PREFIX = "wait "  # probes' stall ranges ("wait all-gather bucket3"): blocked time nested in compute
 P2P_OPS = {"c10d::send": "send", "c10d::recv_": "recv"}
+GLOO_ISSUERS = {"all_reduce": ("all_reduce", "reduce_scatter")}  # gloo runs a reduce-scatter as an all-reduce
 
 
 def normalize_op(name: str) -> str | None:
@@ -67,6 +74,20 @@ class Collective:
     bytes: int | None
     group: tuple[int, ...] | None
     seq: int | None = None
+    thread: Any = None  # gloo: the worker thread it ran on (one process group's)
+    # gloo: the innermost annotation around the c10d op that issued it ("" for none), None when none was matched
+    issued_in: str | None = None
+    # the group kind the evidence names (ledger.reconcile.trace_groups): "" when it names none, None without evidence
+    issued_as: str | None = None
+
+
+@dataclass
+class _Dispatch:
+    """A dispatcher op `c10d::<op>` on the thread that issued a collective (gloo traces)."""
+    op: str
+    start: float
+    tid: Any
+    shapes: list[tuple[int, ...]]
 
 
 @dataclass
@@ -227,7 +248,9 @@ def summarize(path: str | Path) -> TraceSummary:
     gpu_compute: list[tuple[float, float]] = []
     cpu_compute: dict[Any, list[tuple[float, float]]] = {}  # by thread
     blocked: dict[Any, list[tuple[float, float]]] = {}
-    gloo: list[Collective] = []
+    gloo: list[tuple[Collective, dict[str, Any]]] = []
+    dispatches: list[_Dispatch] = []
+    annotations: dict[Any, list[tuple[float, float, str]]] = {}  # by thread
     for e in stream:
         if e.get("ph") != "X" or "ts" not in e:
             continue
@@ -240,15 +263,21 @@ def summarize(path: str | Path) -> TraceSummary:
                 s.collectives.append(_nccl_collective(e, start, end))
             else:
                 gpu_compute.append((start, end))
-        elif cat == "cpu_op" and name in P2P_OPS:
-            s.p2p.append(P2POp(op=P2P_OPS[name], start=start, elements=_tensor_list_elements(e)))
+        elif cat == "cpu_op" and name.startswith("c10d::"):
+            if name in P2P_OPS:
+                s.p2p.append(P2POp(op=P2P_OPS[name], start=start, elements=_tensor_list_elements(e)))
+            op = normalize_op(name[len("c10d::"):])
+            if op is not None:
+                dispatches.append(_Dispatch(op, start, e.get("tid"), _tensor_shapes(e.get("args") or {})))
         elif cat == "user_annotation":
             m = STEP_RE.match(name)
             if m:
                 s.steps[int(m.group(1))] = (start, end)
                 continue
             if name.startswith("gloo:"):
-                gloo.append(_gloo_collective(e, start, end))
+                gloo.append((_gloo_collective(e, start, end), e.get("args") or {}))
+            else:
+                annotations.setdefault(e.get("tid"), []).append((start, end, name))
             if name.startswith(COMPUTE_PREFIXES):
                 cpu_compute.setdefault(e.get("tid"), []).append((start, end))
             elif name.startswith(STALL_PREFIX) or normalize_op(name) is not None:
@@ -261,7 +290,7 @@ def summarize(path: str | Path) -> TraceSummary:
     s.rank, s.world_size, s.backend = _int(info.get("rank")), _int(info.get("world_size")), info.get("backend")
     s.run_id = _run_id(s.path, stream.meta)
     if not s.on_gpu:
-        s.collectives = gloo
+        s.collectives = _link_gloo(gloo, dispatches, annotations)
     s.compute = union(gpu_compute) if s.on_gpu else _cpu_compute(cpu_compute, blocked)
     s.collectives.sort(key=lambda c: c.start)
     s.p2p.sort(key=lambda p: p.start)
@@ -300,16 +329,96 @@ def _nccl_bytes(op: str, args: dict[str, Any]) -> int | None:
 
 
 def _gloo_collective(e: dict[str, Any], start: float, end: float) -> Collective:
+    """What gloo's annotation shows alone: its input only, so an all-gather's size (its output, input x the group
+    size) is unknown. P2P volume comes from the dispatcher ops (`p2p`), as on NCCL, so it is not counted twice."""
     args = e.get("args") or {}
-    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
     op = normalize_op(e["name"][len("gloo:"):]) or "unknown"
+    payload, size = _payload(args)
     nbytes = None
-    # gloo's annotation shows the input only; an all-gather's size (its output) is input x an unrecorded group size.
-    # P2P volume comes from the dispatcher ops (`p2p`), as on NCCL, so it is not counted twice.
-    if op not in ("all_gather",) + P2P_KINDS and dims and types and isinstance(dims[0], list) \
-            and types[0] in DTYPE_BYTES:
-        nbytes = math.prod(dims[0]) * DTYPE_BYTES[types[0]]
-    return Collective(op=op, start=start, end=end, bytes=nbytes, group=None)
+    if op not in ("all_gather",) + P2P_KINDS and payload is not None and size is not None:
+        nbytes = math.prod(payload) * size
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=None, thread=e.get("tid"))
+
+
+def _payload(args: dict[str, Any]) -> tuple[tuple[int, ...] | None, int | None]:
+    """A gloo annotation's first input: its shape and its element size."""
+    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+    shape = tuple(dims[0]) if dims and isinstance(dims[0], list) else None
+    return shape, DTYPE_BYTES.get(types[0]) if types else None
+
+
+def _tensor_shapes(args: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The shapes of every tensor a dispatcher op takes: a TensorList's members and plain tensors (whose "Input
+    type" is their element type; scalars and other arguments have "", "Scalar", ...)."""
+    out: list[tuple[int, ...]] = []
+    for dims, kind in zip(args.get("Input Dims") or [], args.get("Input type") or []):
+        if kind == "TensorList" and isinstance(dims, list):
+            out += [tuple(d) for d in dims if isinstance(d, list)]
+        elif kind in DTYPE_BYTES and isinstance(dims, list):
+            out.append(tuple(dims))
+    return out
+
+
+def _link_gloo(gloo: list[tuple[Collective, dict[str, Any]]], dispatches: list[_Dispatch],
+               annotations: dict[Any, list[tuple[float, float, str]]]) -> list[Collective]:
+    """Each gloo annotation read through the c10d op that issued it: the earliest unmatched dispatcher op of the same
+    collective (a "gloo:all_reduce" may be a reduce-scatter's) that started no later and holds a tensor of the
+    annotation's input shape. A process group runs its work in issue order, so the first such op is its issuer."""
+    pending: dict[str, list[_Dispatch]] = {}
+    for d in sorted(dispatches, key=lambda d: d.start):
+        pending.setdefault(d.op, []).append(d)
+    linked: list[tuple[Collective, _Dispatch]] = []
+    for c, args in sorted(gloo, key=lambda item: item[0].start):
+        shape, size = _payload(args)
+        candidates = []
+        for op in GLOO_ISSUERS.get(c.op, (c.op,)):
+            i = _first_issuer(pending.get(op, []), c.start, shape)
+            if i is not None:
+                candidates.append((pending[op][i].start, op, i))
+        if not candidates:
+            continue
+        _, op, i = min(candidates)
+        d = pending[op].pop(i)
+        c.op = d.op
+        if d.op not in P2P_KINDS and d.shapes and size is not None:
+            c.bytes = max(math.prod(s) for s in d.shapes) * size
+        linked.append((c, d))
+    for (c, _), name in zip(linked, _innermost(annotations, [d for _, d in linked])):
+        c.issued_in = name
+    return [c for c, _ in gloo]
+
+
+def _first_issuer(queue: list[_Dispatch], start: float, shape: tuple[int, ...] | None) -> int | None:
+    for i, d in enumerate(queue):
+        if d.start > start:
+            return None
+        if shape in d.shapes:
+            return i
+    return None
+
+
+def _innermost(annotations: dict[Any, list[tuple[float, float, str]]], dispatches: list[_Dispatch]) -> list[str]:
+    """For each dispatcher op, the innermost annotation open on its thread when it started ("" for none): one sweep
+    per thread with a stack, annotations on one thread being nested."""
+    names = [""] * len(dispatches)
+    by_thread: dict[Any, list[int]] = {}
+    for i, d in enumerate(dispatches):
+        by_thread.setdefault(d.tid, []).append(i)
+    for tid, indices in by_thread.items():
+        spans = sorted(annotations.get(tid, []), key=lambda a: (a[0], -a[1]))
+        stack: list[tuple[float, float, str]] = []
+        j = 0
+        for i in sorted(indices, key=lambda i: dispatches[i].start):
+            t = dispatches[i].start
+            while j < len(spans) and spans[j][0] <= t:
+                while stack and stack[-1][1] < spans[j][0]:
+                    stack.pop()
+                stack.append(spans[j])
+                j += 1
+            while stack and stack[-1][1] < t:
+                stack.pop()
+            names[i] = stack[-1][2] if stack else ""
+    return names
 
 
 def _run_id(path: Path, meta: dict[str, Any]) -> str | None:

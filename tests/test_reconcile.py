@@ -155,11 +155,11 @@ def test_gloo_trace_is_no_measurement_of_reduce_scatter_all_reduce_all_gather(tm
     info = json.loads(gzip.decompress(trace.read_bytes()))["distributedInfo"]
     assert info["backend"] == "gloo"
     result = reconcile(run)
-    for op in ("reduce_scatter", "all_gather"):
-        r = one(result, f"comm.unknown.{op}.bytes_per_step", rank=0)
+    for op in ("reduce_scatter", "all_gather"):  # no c10d op issued these annotations: gloo's own is no measurement
+        r = one(result, f"comm.dp.{op}.bytes_per_step", rank=0)
         assert r.measured is None and "gloo backend" in r.explanation and r.source == "events"
         assert r.predicted == r.inventory and r.verdict == "ok"  # the formula still checks the engine's counter
-    p2p = one(result, "comm.unknown.send_recv.bytes_per_step", rank=0)
+    p2p = one(result, "comm.pp.send_recv.bytes_per_step", rank=0)
     # send + recv, counted once each from the dispatcher ops at the run's params dtype (bf16: 2 bytes an element)
     assert (p2p.measured, p2p.source) == (2 * 16 * 64 * 2, "trace")
     assert "params dtype bf16" in p2p.explanation
@@ -172,7 +172,7 @@ def test_the_manifest_names_the_backend_before_the_trace(tmp_path):
     trace = json.loads(gzip.decompress(path.read_bytes()))
     trace["distributedInfo"]["backend"] = "nccl"  # a trace that says otherwise does not override the manifest
     path.write_bytes(gzip.compress(json.dumps(trace).encode()))
-    assert one(reconcile(run), "comm.unknown.all_gather.bytes_per_step", rank=0).measured is None
+    assert one(reconcile(run), "comm.dp.all_gather.bytes_per_step", rank=0).measured is None
 
 
 def test_a_collective_is_the_op_its_name_states_first():

@@ -79,7 +79,7 @@ def test_a_step_stalled_by_another_ranks_trace_export_is_left_out_of_the_pipelin
 def test_p2p_bytes_from_the_gloo_trace_equal_the_formula_and_the_engines_counters(pp2):
     run, result = pp2
     # Stage 0 of 2 with 4 micro-batches sends 4 activations and receives 4 gradients of [s, b, h] = [32, 1, 64] bf16
-    p2p = only(result, "comm.unknown.send_recv.bytes_per_step", rank=0)  # gloo records no groups: "unknown"
+    p2p = only(result, "comm.pp.send_recv.bytes_per_step", rank=0)  # point-to-point is the pipeline's
     assert p2p.source == "trace"
     assert p2p.measured == p2p.predicted == p2p.inventory == 8 * 32 * 1 * 64 * 2
     summary = summarize(next((run / "traces").glob("rank0.*")))

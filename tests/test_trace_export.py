@@ -26,10 +26,10 @@ def load(path):
 
 def test_offsets_undo_the_skew(skewed):
     indexes = {r: index(summarize(next(skewed.glob(f"traces/rank{r}.*")))) for r in range(4)}
-    offsets, uncorrected = clock_offsets(indexes)
-    assert uncorrected == []
+    alignment = clock_offsets(indexes)
+    assert alignment.uncorrected == []
     for rank in range(4):
-        assert offsets[rank] == pytest.approx(-SKEW.get(rank, 0.0))
+        assert alignment.offsets[rank] == pytest.approx(-SKEW.get(rank, 0.0))
 
 
 def test_merged_trace_layout(skewed, tmp_path):

@@ -1,13 +1,17 @@
-"""What a trace summary and the step selection keep, on small hand-written inputs with answers worked out here."""
+"""What a trace summary and the step selection keep, on small hand-written inputs with answers worked out here, and
+on the recorded gloo runs where the claim is about what torch.profiler writes."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 from common.arguments import parse_args
 from ledger.reconcile.intervals import length, subtract, union
 from ledger.reconcile.steps import FROM_CONFIG, FROM_RECORDS, select_steps
 from ledger.traces import summarize
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def annotation(name: str, ts: float, dur: float, tid: int = 1) -> dict:
@@ -68,3 +72,40 @@ def test_runs_without_flags_take_the_profiler_window_from_their_config():
     # torch.profiler: steps 3-4 plus the one HTA drops (5), then the export every rank waits for in step 6
     assert sel.source == FROM_CONFIG and sel.profiled == {3, 4, 5} and sel.after_export == {6}
     assert not select_steps(cfg, 1, records).after_export  # a world of one waits for nobody
+
+
+def test_gloo_collectives_are_read_through_the_c10d_op_that_issued_them():
+    """gloo's own annotation calls a reduce-scatter "gloo:all_reduce" and shows an all-gather's input only; the
+    dispatcher's c10d op that issued it names the collective and holds every tensor. The recorded DP2 run (distributed
+    optimizer, --overlap-param-gather) has three buckets of 46208, 46208 and 64128 elements (its inventory): every
+    traced step reduce-scatters each fp32 grad bucket and all-gathers each bf16 param bucket, nccl-tests' size being
+    the whole bucket for both."""
+    s = summarize(next((FIXTURES / "gloo_dp2_overlap" / "traces").glob("rank0.*")))
+    buckets = [46208, 46208, 64128]
+    per_step: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for c in s.collectives:
+        step = next(n for n, (lo, hi) in s.windows().items() if lo <= c.start <= hi)
+        per_step[(step, c.op)].append(c.bytes)
+    assert sorted(s.windows()) == [3, 4, 5]
+    for step in (3, 4, 5):
+        assert sorted(per_step[(step, "reduce_scatter")]) == [4 * n for n in buckets]
+        assert sorted(per_step[(step, "all_gather")]) == [2 * n for n in buckets]
+        # what is left: fp32 scalars (the loss, and the grad norm over each of its two groups)
+        assert per_step[(step, "all_reduce")] == [4, 4, 4]
+
+
+def test_a_gloo_collective_knows_the_engine_range_it_was_issued_in():
+    """The tied embedding's grad all-reduce is issued inside the engine's "all-reduce word embedding grads" range on
+    the main thread, while gloo runs it on a worker thread of its process group; the loss broadcast and the grad-norm
+    all-reduce are issued outside any communication range (in the optimizer's and the iteration's tail)."""
+    s = summarize(next((FIXTURES / "gloo_pp2" / "traces").glob("rank0.*")))
+    collectives = [c for c in s.collectives if c.op not in ("send", "recv")]
+    embedding = [c for c in collectives if c.issued_in == "all-reduce word embedding grads"]
+    assert [(c.op, c.bytes) for c in embedding] == [("all_reduce", 1000 * 64 * 4)] * 3
+    others = sorted((c.op, c.bytes, c.issued_in) for c in collectives if c not in embedding)
+    assert others == [("all_reduce", 4, "optimizer")] * 3 + [("broadcast", 4, "iteration")] * 3
+    # a process group's work runs on its own worker threads: no thread carries two of these three kinds of work
+    kinds = defaultdict(set)
+    for c in collectives:
+        kinds[c.thread].add((c.op, c.bytes))
+    assert all(len(k) == 1 for k in kinds.values()) and len(kinds) >= 3

@@ -8,9 +8,12 @@ Point-to-point volume in a trace is counted from the dispatcher's `c10d::send` /
 kernels carry no sizes; ledger.traces), whose TensorList inputs record element counts but no element type: the
 elements are multiplied by the size of the run's params dtype (the activations' dtype the pipeline sends), and the
 row says so.
-CPU (gloo) traces carry no process-group ranks, so their collectives are grouped by op only ("unknown" group). And
-on gloo the trace is no measurement of three collectives (GLOO_UNTRACEABLE): those rows keep the formula and the
-engine's counters and say why the measured column is empty. The backend is the manifest's (else distributedInfo's).
+CPU (gloo) traces carry no process-group ranks: ledger.reconcile.trace_groups names them from the evidence, and an op
+with a collective that nothing names ("unknown" group) is reported as totals per op over all groups, its other ops
+per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.traces reads each
+through the c10d op that issued it, and only an op with an annotation that no c10d op matched keeps the formula and
+the engine's counters and says why the measured column is empty. The backend is the manifest's (else
+distributedInfo's).
 """
 from __future__ import annotations
 
@@ -28,17 +31,24 @@ from ledger.traces import TraceSummary, normalize_op
 CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding"}
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
-# What a gloo profiler trace cannot measure, and why (torch's ProcessGroupGloo record_function annotations).
+# What gloo's own annotation cannot measure, and why (torch's ProcessGroupGloo record_function annotations): it
+# matters only for an annotation that no c10d op matched (ledger.traces), which hides the ops listed in UNMATCHED_HIDES.
 GLOO_UNTRACEABLE = {
     "reduce_scatter": "gloo runs a reduce-scatter as an all-reduce and its trace records it as gloo:all_reduce",
     "all_reduce": "gloo's trace records its reduce-scatters as gloo:all_reduce too, so the traced total mixes both",
     "all_gather": "gloo's trace records an all-gather's input only, not the gathered size",
 }
+UNMATCHED_HIDES = {"all_reduce": ("all_reduce", "reduce_scatter"), "all_gather": ("all_gather",)}
 
 
-def untraceable_ops(backend: str | None) -> dict[str, str]:
-    """Ops whose trace figure is not a measurement on this backend, with the reason; none on NCCL."""
-    return GLOO_UNTRACEABLE if backend == "gloo" else {}
+def untraceable_ops(backend: str | None, summary: TraceSummary) -> dict[str, str]:
+    """Ops whose trace figure is not a measurement, with the reason: on gloo, the ops that an annotation matched to no
+    issuing c10d op may hide; none on NCCL."""
+    if backend != "gloo":
+        return {}
+    hidden = {op for c in summary.collectives if c.issued_in is None for op in UNMATCHED_HIDES.get(c.op, ())}
+    return {op: f"{GLOO_UNTRACEABLE[op]}, and some gloo annotations matched no c10d op that issued them"
+            for op in sorted(hidden)}
 
 
 def volume_op(op: str) -> str:
@@ -77,7 +87,7 @@ def trace_volume(summary: TraceSummary, groups: dict[str, tuple[int, ...]],
         if step is None or c.bytes is None:
             continue
         op = volume_op(c.op)
-        per_step[step][(group_kind(groups, c.group, op), op)] += c.bytes
+        per_step[step][(group_kind(groups, c.group, op, c.issued_as), op)] += c.bytes
     if p2p_element_bytes is not None:
         for p2p in summary.p2p:
             step = step_of(summary.steps, p2p.start)
@@ -106,8 +116,9 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
     untraceable = untraceable or {}
     predicted = predicted_volume(cfg, r.stage) if cfg is not None else {}
     counters = counter_volume(r)
-    if measured and any(group == "unknown" for group, _ in measured):
-        predicted, counters, measured = _by_op(predicted), _by_op(counters), _by_op(measured)
+    unnamed = {op for group, op in measured or {} if group == "unknown"}
+    if unnamed:
+        predicted, counters, measured = (_by_op(v, unnamed) for v in (predicted, counters, measured or {}))
     traced = measured is not None
     measured = measured or {}
     rows = []
@@ -124,10 +135,11 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
     return rows
 
 
-def _by_op(volume: dict[Key, float]) -> dict[Key, float]:
+def _by_op(volume: dict[Key, float], ops: set[str]) -> dict[Key, float]:
+    """`ops`' figures summed over all groups under the "unknown" group; other ops' kept per group."""
     out: dict[Key, float] = defaultdict(float)
-    for (_, op), value in volume.items():
-        out[("unknown", op)] += value
+    for (group, op), value in volume.items():
+        out[("unknown", op) if op in ops else (group, op)] += value
     return dict(out)
 
 
@@ -144,5 +156,7 @@ def _explain(group: str, op: str, counted: bool, traced: bool, untraceable: str 
     elif untraceable:
         parts.append(f"not measured: the trace is no measurement of it on the gloo backend ({untraceable})")
     if traced and group == "unknown":
-        parts.append("gloo trace: groups not recorded, totals per op over all groups")
+        parts.append("gloo trace: no group recorded, and for some of these collectives neither the engine range "
+                     "that issued them nor their worker thread names one (ledger/reconcile/trace_groups.py): "
+                     "totals per op over all groups")
     return "; ".join(parts)

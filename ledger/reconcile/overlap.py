@@ -4,8 +4,8 @@ compute and the part exposed) and, per step, every group's exposed communication
 Two sources, each its own rows (`source`):
   * trace: the GPU timeline is the ground truth. NCCL kernel intervals against the union of compute kernels; a
     kernel's group is its "Process Group Ranks" matched against the rank's groups. CPU (gloo) traces: gloo's
-    annotations (no group recorded: group "unknown") against the forward / backward annotations minus the blocked
-    time nested in them (ledger.traces).
+    annotations (no group recorded: named by ledger.reconcile.trace_groups, else group "unknown") against the
+    forward / backward annotations minus the blocked time nested in them (ledger.traces).
   * timers (CUDA events, else perf_counter): an async collective spans issue -> wait returned, an upper bound of its
     interval, so every time figure from timers bounds the truth from above and is judged as a bound. Compute = the
     forward / backward ranges minus the blocking ranges nested in them: stalls (dp-wait: the DDP pre-hook waiting for
@@ -190,7 +190,7 @@ def kernel_group(groups: dict[str, tuple[int, ...]], c: Collective) -> str:
     """The group a traced collective ran on. NCCL's SendRecv kernels (and gloo's send/recv) record no ranks; the
     engine's only point-to-point traffic is the pipeline's, so they are "pp"."""
     op = volume_op(c.op)
-    return "pp" if op == "send_recv" and c.group is None else group_kind(groups, c.group, op)
+    return "pp" if op == "send_recv" and c.group is None else group_kind(groups, c.group, op, c.issued_as)
 
 
 def exposed_by_group(spans: Mapping[str, list[Interval]], compute: list[Interval]) -> dict[str, float]:

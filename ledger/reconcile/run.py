@@ -28,6 +28,7 @@ from ledger.reconcile.steps import StepSelection, select_steps
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
 from ledger.reconcile.topology import groups_rows, rank_groups
+from ledger.reconcile.trace_groups import attribute_groups, range_kinds
 from ledger.traces import TraceSummary, summarize
 
 JSON_NAME = "reconciliation.json"
@@ -126,7 +127,8 @@ def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
 def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selection: StepSelection,
                model: TimeModel) -> list[Row]:
     groups = rank_groups(ev.manifest, r.rank)
-    untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend))
+    summary = attribute_groups(summary, groups, ev.world_size, range_kinds(r.timing)).summary
+    untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend), summary)
     rows = volume_rows(ev.config, r, trace_volume(summary, groups, p2p_element_bytes(ev.config)), untraceable)
     rows += trace_overlap_rows(ev.config, r, summary, groups, selection,
                                **exposed_predictions(ev.config, model, r))

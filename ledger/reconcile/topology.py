@@ -33,17 +33,22 @@ def rank_groups(manifest: dict[str, Any], rank: int) -> dict[str, tuple[int, ...
     return {kind: tuple(sorted(group)) for kind in KINDS for group in lists[kind] if rank in group}
 
 
-def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None, op: str | None = None) -> str:
-    """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when the
-    trace did not record the ranks (gloo). A group of several kinds goes to the first in KINDS order, except that
-    under PP2 the pipeline group is also the embedding group: there point-to-point traffic (op "send_recv") is the
-    pipeline's and a collective the embedding's (the only collective on that group)."""
+def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None, op: str | None = None,
+               issued_as: str | None = None) -> str:
+    """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when no
+    ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the engine
+    range the collective was issued in, ledger.reconcile.trace_groups), else to the first in KINDS order, except that
+    under PP2 the pipeline group is also the embedding group, whose only collective is the tied embedding's grad
+    all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued outside the embedding's
+    range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the pipeline's."""
     if ranks is None:
         return "unknown"
     key = tuple(sorted(ranks))
     kinds = [kind for kind in KINDS if groups.get(kind) == key]
+    if issued_as in kinds:
+        return issued_as
     if "pp" in kinds and "embedding" in kinds:
-        kinds.remove("embedding" if op == "send_recv" else "pp")
+        kinds.remove("pp" if op == "all_reduce" and issued_as is None else "embedding")
     return kinds[0] if kinds else "other"
 
 
