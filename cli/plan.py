@@ -9,15 +9,12 @@ from typing import Any
 
 from cli.args import CommandParser
 from common.arguments import parse_args
+from ledger.format import si, size
 from ledger.plan import build_plan
 
-GB, GIB = 1e9, 2 ** 30
 
-
-def _size(n: float) -> str:
-    if n < 1e7:
-        return f"{n:,.0f} B"
-    return f"{n / GB:.2f} GB ({n / GIB:.2f} GiB)"
+def _coords(coords: dict[str, int]) -> str:
+    return " ".join(f"{axis} {index}" for axis, index in coords.items())
 
 
 def _embeddings(params: dict[str, Any]) -> str:
@@ -29,7 +26,7 @@ def _embeddings(params: dict[str, Any]) -> str:
 
 def _other_recompute_modes(memory: dict[str, Any], stage: int) -> str:
     peaks = memory["peak_bytes_per_stage_by_recompute"]
-    return "; ".join(f"{label}: activations {_size(act[stage])}, peak {_size(peaks[label][stage])}"
+    return "; ".join(f"{label}: activations {size(act[stage])}, peak {size(peaks[label][stage])}"
                      for label, act in memory["activation_bytes_per_stage_by_recompute"].items()
                      if label != memory["recompute"])
 
@@ -57,23 +54,24 @@ def render(plan: dict[str, Any]) -> str:
         s = me["static_bytes_per_stage"][i]
         lines += [
             f"  stage {i}: {pa['per_stage'][i]:,} params, {per_rank:,} per TP rank",
-            f"    static {_size(s['total'])}: param buffer {_size(s['param_buffer'])}, grad buffer "
-            f"{_size(s['grad_buffer'])} (padding {s['padding']:,} B), master {_size(s['master_params'])}, "
-            f"Adam m {_size(s['adam_m'])}, v {_size(s['adam_v'])}, fp32 grad copy {_size(s['grad_fp32_copy'])}",
-            f"    activations {_size(me['activation_bytes_per_stage'][i])} "
+            f"    static {size(s['total'])}: param buffer {size(s['param_buffer'])}, grad buffer "
+            f"{size(s['grad_buffer'])} (padding {size(s['padding'])}), master {size(s['master_params'])}, "
+            f"Adam m {size(s['adam_m'])}, v {size(s['adam_v'])}, fp32 grad copy {size(s['grad_fp32_copy'])}",
+            f"    activations {size(me['activation_bytes_per_stage'][i])} "
             f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}), logits transient "
-            f"{_size(me['logits_transient_bytes_per_stage'][i])}",
-            f"    peak {_size(me['peak_bytes_per_stage'][i])}",
+            f"{size(me['logits_transient_bytes_per_stage'][i])}",
+            f"    peak {size(me['peak_bytes_per_stage'][i])}",
             f"    other recompute modes: {_other_recompute_modes(me, i)}",
         ]
         for name, col in co["per_stage"][i].items():
-            lines.append(f"    comm {name}: {col['calls']} calls, {_size(col['bytes_per_rank'])} per rank")
+            lines.append(f"    comm {name}: {col['calls']} calls, {size(col['bytes_per_rank'])} per rank")
     lines += [
         "",
-        f"static per rank, max: {_size(me['static_bytes_per_rank_max'])} at {me['static_rank_max']} "
-        f"(estimate bytes/param x params: {_size(me['static_bytes_per_rank_estimate'])})",
-        f"FLOPs per step: {fl['per_step']:.4g} [{fl['convention']}], {fl['per_token']:.4g} per token",
-        f"FLOPs per step: {fl['palm_6n']['per_step']:.4g} [{fl['palm_6n']['convention']}]",
+        f"static per rank, max: {size(me['static_bytes_per_rank_max'])} at {_coords(me['static_rank_max'])} "
+        f"(estimate bytes/param x params: {size(me['static_bytes_per_rank_estimate'])})",
+        f"FLOPs per step: {si(fl['per_step'], 'FLOP')} [{fl['convention']}], {si(fl['per_token'], 'FLOP')} "
+        "per token",
+        f"FLOPs per step: {si(fl['palm_6n']['per_step'], 'FLOP')} [{fl['palm_6n']['convention']}]",
     ]
     return "\n".join(lines)
 

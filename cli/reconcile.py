@@ -38,21 +38,24 @@ def main(argv: list[str]) -> int:
 
 
 def print_summary(result, json_path, csv_path) -> None:
+    """The verdict counts, then each warn / off figure once (rows that agree across ranks are one line, as in
+    report.md), caveats they share as numbered notes, and what is missing."""
+    from ledger import format as units
+    from ledger.caveats import Notes
+    from ledger.report import against
+    from ledger.row_groups import group
+
     run = result.run
     counts = result.verdict_counts()
     print(f"run {run['run_id']} ({run['framework']}, {run['status']}, world {run['world_size']}): "
           f"{len(result.rows)} rows: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    for r in result.rows:
-        if r.verdict in ("warn", "off"):
-            where = " ".join(f"{k}{getattr(r, k)}" for k in ("rank", "stage", "bucket") if getattr(r, k) is not None)
-            print(f"  {r.verdict:<4} {r.metric} [{where or r.scope}] predicted {_fmt(r.predicted)} inventory "
-                  f"{_fmt(r.inventory)} measured {_fmt(r.measured)} {r.unit}: {r.explanation}")
+    lines = [line for line in group([r.to_dict() for r in result.rows]) if line.verdict() in ("warn", "off")]
+    notes = Notes.of([line.explanation() for line in lines])
+    for line in lines:
+        cited = units.plain(notes.cite(line.explanation()).inline())
+        print(f"  {line.verdict():<4} {line.metric} [{line.where()}] {against(line)}; worst {line.gap()}: {cited}")
+    for number, text in enumerate(notes.texts, 1):
+        print(f"  [{number}] {units.plain(text)}")
     for line in result.missing:
-        print(f"  missing: {line}")
+        print(f"  missing: {units.plain(line)}")
     print(f"wrote {json_path} and {csv_path}")
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"

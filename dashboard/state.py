@@ -10,7 +10,13 @@ Path safety: the only paths that come from the browser are run names (the run se
 parameter). Each is resolved (symlinks and `..` included) and must lie strictly under the resolved runs root;
 anything else is refused before a file is opened.
 
-Errors: a loader that fails on a broken run shows one error naming the run and the problem; the page goes on.
+Errors: a loader that fails on a broken run shows one error naming the run and the problem, once per page however
+many loaders meet the same problem (`start_page` clears the record); `open_page` stops at the first loader that
+fails, so the error stands under the title.
+
+Progress: every load runs under st.spinner, which Streamlit shows only when the load takes longer than half a second,
+that is when it is computed rather than cached; it says what is being computed (reconciling a run that has no
+reconciliation.json yet takes seconds).
 """
 from __future__ import annotations
 
@@ -22,11 +28,16 @@ from typing import Any, Callable
 import streamlit as st
 
 from common.errors import InputError, UserError
+from common.run_dir import LEDGER_DIR
 from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV
 from ledger import dashboard_data, loaders
+from ledger.reconcile.run import JSON_NAME
 
 RUN_KEY = "run"  # the query parameter that opens a run: ?run=NAME
 SELECTED = "selected_run"
+SHOWN_ERRORS = "errors_shown"  # the errors this page has shown, so that each is shown once
+RECONCILING = (loaders.load_reconciliation, loaders.load_summary, loaders.load_rows, loaders.memory_waterfall,
+               dashboard_data.headline)  # the loaders that reconcile the run when it has no reconciliation.json
 
 
 def runs_root() -> Path:
@@ -85,7 +96,8 @@ def ideal_schedule(pp: int, microbatches: int, vpp: int) -> dict[str, Any]:
     return dashboard_data.ideal_schedule(pp, microbatches, vpp)
 
 
-@st.cache_data(show_spinner="Merging the traces ...", max_entries=4)
+@st.cache_data(show_spinner="Merging the per-rank traces into one Perfetto trace (aligning their clocks on shared "
+               "collectives) ...", max_entries=4)
 def _merged_trace(path: str, sig: tuple) -> tuple[dict[str, Any], bytes]:
     with tempfile.TemporaryDirectory() as tmp:  # never written under the runs root: the dashboard only reads there
         out = Path(tmp) / "merged.json.gz"
@@ -108,33 +120,61 @@ def list_runs() -> list[dict[str, Any]]:
     return [{**r, "rel": str(Path(r["path"]).relative_to(root))} for r in runs]
 
 
+def progress_text(loader: Loader, run: str, path: Path) -> str:
+    """What the spinner says while `loader` computes for `run`."""
+    if loader in RECONCILING and not (path / LEDGER_DIR / JSON_NAME).is_file():
+        return (f"Reconciling run {run}: formula vs inventory vs measurement, every rank and trace (it has no "
+                f"{LEDGER_DIR}/{JSON_NAME} yet; `train-ledger reconcile` writes one) ...")
+    return f"Reading run {run} ({loader.__name__.replace('_', ' ')}) ..."
+
+
 def load(loader: Loader, run: str, *args: Any) -> Any:
     """A loader's result for the run named `run` (relative to the root); raises UserError for a broken run."""
     path = resolve_run(run)
-    return _cached(_name(loader), loader, str(path), signature(path), args)
+    with st.spinner(progress_text(loader, run, path)):
+        return _cached(_name(loader), loader, str(path), signature(path), args)
+
+
+def show_error(text: str) -> None:
+    """st.error, unless this page has shown the same text already."""
+    shown = st.session_state.setdefault(SHOWN_ERRORS, set())
+    if text not in shown:
+        shown.add(text)
+        st.error(text)
 
 
 def guarded(loader: Loader, run: str, *args: Any) -> Any | None:
-    """`load`, or None after one st.error naming the run and the problem: a broken run never stops the page."""
+    """`load`, or None after an error naming the run and the problem (shown once): a broken run never stops the
+    page."""
     try:
         return load(loader, run, *args)
     except UserError as exc:
-        st.error(f"run {run}: {exc}")
+        show_error(f"run {run}: {exc}")
     except Exception as exc:  # a reader's bug on some unforeseen file: show it for this run, keep the app alive
-        st.error(f"run {run}: {loader.__name__} failed: {exc.__class__.__name__}: {exc}")
+        show_error(f"run {run}: {loader.__name__} failed: {exc.__class__.__name__}: {exc}")
     return None
 
 
-def open_page(title: str, *loaders: Loader) -> tuple[Any, ...]:
-    """Every run page's opening: its title, the selected run, and each loader's data for it; the page stops here
-    (after the explanation or the run's error) when there is no run or a loader failed."""
+def start_page(title: str) -> None:
+    """Every page's first line: its title, and a fresh record of the errors it has shown."""
+    st.session_state[SHOWN_ERRORS] = set()
     st.title(title)
+
+
+def open_page(title: str, *loaders: Loader) -> tuple[Any, ...]:
+    """Every run page's opening: its title, the selected run, and each loader's data for it; the page stops here,
+    under the title, when there is no run (with the explanation) or at the first loader that fails (with its
+    error)."""
+    start_page(title)
     run = current_run()
     if run is None:
         st.stop()
-    data = tuple(guarded(loader, run) for loader in loaders)
-    if any(d is None for d in data):
-        st.stop()
+    data = []
+    for loader in loaders:
+        result = guarded(loader, run)
+        if result is None:
+            st.stop()
+        data.append(result)
     return (run, *data)
 
 

@@ -7,6 +7,8 @@ writes (state.SELECTED); tests/test_dashboard_browser.py clicks the real one.
 """
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import cli.main as cli  # noqa: E402
 from cli import dashboard as command  # noqa: E402
 from common.errors import InputError  # noqa
 from dashboard import state  # noqa: E402
+from ledger import loaders  # noqa: E402
 from ledger.headline import HEADLINES  # noqa: E402
 from tests.fixtures.dashboard.runs import BROKEN, COMPLETE, make_runs_root  # noqa: E402
 
@@ -94,11 +97,24 @@ def test_runs_page_lists_every_run_with_headline_figures_and_errors(app: AppTest
     assert set(table.index) == {COMPLETE, "cpu", *BROKEN}
     assert table.loc[COMPLETE, "status"] == "complete"
     assert table.loc[COMPLETE, "layout"] == "8 = TP2 x CP1 x DP2 x PP2"
-    assert table.loc[COMPLETE, "pipeline bubble"] == "20.00%"  # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built
-    assert table.loc[COMPLETE, "error"] == ""
+    # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built; measured by the timers
+    assert table.loc[COMPLETE, "pipeline bubble"] == "20.00% · measured"
     assert table.loc["crashed", "status"] == "running"
-    assert "corrupt JSON" in table.loc["corrupt-manifest", "error"]
-    assert "gzip" in table.loc["corrupt-trace", "error"]
+    (warning,) = app.warning  # the broken runs and their errors, once, above the table
+    assert "**corrupt-manifest**" in warning.value and "corrupt JSON" in warning.value
+    assert "**corrupt-trace**" in warning.value and "gzip" in warning.value
+    assert "error" not in table.columns
+    assert not table.isin(["None", None]).any().any()
+
+
+def test_runs_page_labels_figures_predicted_or_measured(app: AppTest) -> None:
+    """The GPU run measures its peak (memory_stats); the CPU run cannot, so its peak is the formula's."""
+    table = app.dataframe[0].value.set_index("run")
+    assert table.loc[COMPLETE, "peak memory"].endswith(" · measured")
+    assert table.loc["cpu", "peak memory"].endswith(" · predicted")
+    assert table.loc["cpu", "bytes/param"].endswith(" · engine inventory")
+    assert table.loc["cpu", "MFU"] == "—"  # no GPU peak to divide by: no figure, and no label
+    assert "**measured**" in texts(app.caption) and "**predicted**" in texts(app.caption)
 
 
 def test_comparison_puts_two_runs_side_by_side(app: AppTest) -> None:
@@ -109,7 +125,8 @@ def test_comparison_puts_two_runs_side_by_side(app: AppTest) -> None:
     assert side.loc["layout", COMPLETE] == "8 = TP2 x CP1 x DP2 x PP2"
     assert side.loc["layout", "cpu"] == "4 = TP2 x CP1 x DP2 x PP1"
     assert not side.loc["layout", "same"]
-    assert {m.label for m in app.metric} == {h.label for h in HEADLINES}
+    assert {m.label.split(" · ")[0] for m in app.metric} == {h.label for h in HEADLINES}
+    assert "peak memory · measured" in {m.label for m in app.metric}
 
 
 def test_reconciliation_filters_by_verdict_rank_and_metric(app: AppTest) -> None:
@@ -125,7 +142,7 @@ def test_reconciliation_filters_by_verdict_rank_and_metric(app: AppTest) -> None
     app.multiselect(key="rec_family").set_value(["memory"]).run()
     app.multiselect(key="rec_rank").set_value([5]).run()
     rows = app.dataframe[0].value
-    assert set(rows["rank"]) == {5} and all(rows["metric"].str.startswith("memory."))
+    assert set(rows["rank"]) == {"5"} and all(rows["metric"].str.startswith("memory."))
     app.multiselect(key="rec_metric").set_value(["memory.bytes_per_param"]).run()
     assert len(app.dataframe[0].value) == 1
     assert "static bytes" in texts(app.info)  # the chosen row's explanation
@@ -133,6 +150,64 @@ def test_reconciliation_filters_by_verdict_rank_and_metric(app: AppTest) -> None
 
 def figure_specs(at: AppTest) -> str:
     return "\n".join(chart.proto.spec for chart in at.get("plotly_chart"))
+
+
+def axis_titles(at: AppTest) -> list[tuple[str, str]]:
+    """(x title, y title) of every Plotly chart on the page."""
+    out = []
+    for chart in at.get("plotly_chart"):
+        layout = json.loads(chart.proto.spec)["layout"]
+        out.append(tuple((layout.get(axis, {}).get("title") or {}).get("text", "") for axis in ("xaxis", "yaxis")))
+    return out
+
+
+@pytest.mark.parametrize("page", ["memory", "pipeline", "overlap"])
+def test_every_chart_names_its_axes_with_units(app: AppTest, page: str) -> None:
+    open_page(app, page, COMPLETE)
+    titles = axis_titles(app)
+    assert titles, page
+    for x, y in titles:
+        assert x and y and not {x, y} & {"value", "variable", "ms", "bytes"}, (page, x, y)
+    units = re.compile(r"\((B|KiB|MiB|GiB|ns|µs|ms|s|%)\)")
+    assert any(units.search(x) or units.search(y) for x, y in titles), titles
+    assert not re.search(r'"(value|variable)"', figure_specs(app))  # plotly's names for melted columns
+
+
+def test_overlap_page_names_the_parts_of_a_collective(app: AppTest) -> None:
+    open_page(app, "overlap", COMPLETE)
+    specs = figure_specs(app)
+    assert "beside compute" in specs and "exposed" in specs and "part of the collective" in specs
+    assert re.search(r"mean time per step \((ns|µs|ms|s)\)", specs)
+    table = app.dataframe[0].value
+    assert list(table.columns) == ["bucket", "steps", "duration", "beside compute", "exposed"]
+    assert all(re.fullmatch(r"[\d.,]+ (ns|µs|ms|s)", t) for t in table["duration"])
+
+
+@pytest.mark.parametrize("run", ["corrupt-manifest", "corrupt-trace"])
+def test_a_broken_runs_error_is_shown_once_under_the_title(app: AppTest, run: str) -> None:
+    for page in PAGES[1:]:
+        open_page(app, page, run)
+        assert len(app.error) <= 1, (page, texts(app.error))
+        if run == "corrupt-manifest":
+            assert len(app.error) == 1, page
+
+
+def test_reconciliation_page_writes_figures_in_their_units(app: AppTest) -> None:
+    open_page(app, "reconciliation", COMPLETE)
+    app.multiselect(key="rec_metric").set_value(["memory.peak_allocated", "pipeline.bubble_of_wall_time"]).run()
+    table = app.dataframe[0].value.set_index("metric")
+    assert all(re.fullmatch(r"[\d.]+ (KiB|MiB|GiB)", v) for v in table.loc["memory.peak_allocated", "measured"])
+    assert set(table.loc["pipeline.bubble_of_wall_time", "measured"]) == {"20.00%"}
+    assert set(table.loc["pipeline.bubble_of_wall_time", "predicted by"]) == {"formula"}
+    assert not table.isin(["None", "nan", None]).any().any() and not table.isna().any().any()
+
+
+def test_a_computation_shows_what_it_is_doing(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reconciling a run that has no reconciliation.json takes seconds: the spinner says so."""
+    monkeypatch.setenv(command.RUNS_ROOT_ENV, str(runs_root))
+    path = state.resolve_run(COMPLETE)
+    assert state.progress_text(loaders.load_rows, COMPLETE, path).startswith(f"Reconciling run {COMPLETE}:")
+    assert state.progress_text(loaders.topology, COMPLETE, path) == f"Reading run {COMPLETE} (topology) ..."
 
 
 def test_memory_and_overlap_widgets_switch_rank(app: AppTest) -> None:

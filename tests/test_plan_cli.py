@@ -77,7 +77,7 @@ def test_text_breakdown_per_stage():
     out = plan(*SEED)
     assert out.returncode == 0, out.stderr
     assert "stage 0:" in out.stdout and "stage 1:" in out.stdout
-    assert "1,498,482,688" in out.stdout and "4.50 GB (4.19 GiB)" in out.stdout
+    assert "1,498,482,688" in out.stdout and "static 4.19 GiB" in out.stdout
 
 
 @pytest.mark.parametrize("args,needle", [

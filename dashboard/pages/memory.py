@@ -7,15 +7,17 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from common.units import human_bytes
 from dashboard import state
 from ledger import dashboard_data, loaders
+from ledger import format as units
 
 # loaders.memory_waterfall's measured terms beyond the static ones, under the waterfall's names
 MEASURED_TERMS = {"activations + transients": "activations", "reserved beyond peak": "fragmentation",
                   "outside PyTorch (CUDA context, NCCL, cuBLAS)": "non-PyTorch"}
 LINES = {"peak": ("peak allocated", "#1565c0"), "reserved": ("reserved", "#6a1b9a"),
          "nvml_used": ("NVML used", "#c62828")}
+FIGURES = {"allocated": "allocated", "peak": "peak allocated", "reserved": "reserved", "nvml_used": "NVML used",
+           "rss": "process RSS"}  # loaders.memory_timeline's columns, as the chart names them
 
 run, static, waterfall, timeline = state.open_page("Memory", dashboard_data.static_breakdown,
                                                    loaders.memory_waterfall, loaders.memory_timeline)
@@ -34,22 +36,31 @@ for term in measured["terms"]:
     value = term["measured"] if term["measured"] is not None else term["predicted"]
     if term["term"] in MEASURED_TERMS and value:
         bars.append((MEASURED_TERMS[term["term"]], value, "measured" if term["measured"] is not None else "formula"))
+peaks = {key: max(v) for key in LINES if (v := [s[key] for s in steps if s.get(key) is not None])}
 if bars:
-    fig = go.Figure(go.Waterfall(x=[b[0] for b in bars], y=[b[1] for b in bars], measure=["relative"] * len(bars),
-                                 text=[f"{human_bytes(b[1])} ({b[2]})" for b in bars], textposition="outside"))
-    for key, (label, colour) in LINES.items():
-        values = [s[key] for s in steps if s.get(key) is not None]
-        if values:
-            fig.add_hline(y=max(values), line_dash="dash", line_color=colour,
-                          annotation_text=f"{label} {human_bytes(max(values))}")
-    fig.update_layout(title=f"rank {rank}: where the bytes are", yaxis_title="bytes", showlegend=False, height=480)
+    unit = units.axis_scale(max([sum(b[1] for b in bars), *peaks.values()]), "bytes")
+    fig = go.Figure(go.Waterfall(x=[b[0] for b in bars], y=[b[1] / unit[0] for b in bars],
+                                 measure=["relative"] * len(bars), textposition="outside",
+                                 text=[f"{units.size(b[1])} ({b[2]})" for b in bars],
+                                 hovertext=[f"{b[0]}: {units.exact(b[1], 'bytes')} ({b[2]})" for b in bars],
+                                 hoverinfo="text"))
+    for key, peak in peaks.items():
+        label, colour = LINES[key]
+        fig.add_hline(y=peak / unit[0], line_dash="dash", line_color=colour, annotation_text=f"{label} "
+                      f"{units.size(peak)}")
+    fig.update_layout(title=f"rank {rank}: where the bytes are", xaxis_title="term (formula, then measured)",
+                      yaxis_title=f"bytes ({unit[1]})", showlegend=False, height=480)
     st.plotly_chart(fig, width="stretch")
+    st.caption("What to look for: each bar adds a term to the one before; the dashed lines are what the allocator "
+               "and NVML measured at the peak. A gap between the last bar and NVML used is memory the terms miss."
+               if peaks else "What to look for: which term dominates the rank's memory; nothing measured it on "
+               "this rank, so there is no measured line to compare the terms with.")
 else:
     st.info("No static terms: the manifest has no config, and nothing was measured.")
 
-table = pd.DataFrame(terms)
-table["predicted"] = table["predicted"].map(lambda v: human_bytes(v) if v is not None else "—")
-table["inventory"] = table["inventory"].map(lambda v: human_bytes(v) if v is not None else "—")
+table = pd.DataFrame(terms).rename(columns={"predicted": "formula", "inventory": "engine inventory"})
+for column in ("formula", "engine inventory"):
+    table[column] = table[column].map(units.size)
 st.dataframe(table, hide_index=True)
 if not any(s.get("peak") is not None for s in steps):
     st.caption("No CUDA memory_stats on this rank (a CPU run records process RSS only): the waterfall shows the "
@@ -61,8 +72,20 @@ if frame.empty:
     st.info("No per-step memory records.")
     st.stop()
 shown = st.multiselect("Ranks", ranks, default=[rank], key="mem_ranks")
-columns = [c for c in ("allocated", "peak", "reserved", "nvml_used", "rss") if frame[c].notna().any()]
+columns = [c for c in FIGURES if frame[c].notna().any()]
 long = frame[frame["rank"].isin(shown)].melt(id_vars=["rank", "step"], value_vars=columns, var_name="figure",
                                                value_name="bytes").dropna()
-long["series"] = "rank " + long["rank"].astype(str) + " " + long["figure"]
-st.plotly_chart(px.line(long, x="step", y="bytes", color="series", markers=True), width="stretch")
+if long.empty:
+    st.info("No per-step memory figure for the chosen ranks.")
+    st.stop()
+unit = units.axis_scale(long["bytes"].max(), "bytes")
+long["series"] = "rank " + long["rank"].astype(str) + " " + long["figure"].map(FIGURES)
+long["value"] = long["bytes"] / unit[0]
+long["exact"] = long["bytes"].map(lambda b: units.exact(b, "bytes"))
+fig = px.line(long, x="step", y="value", color="series", markers=True, hover_data={"exact": True, "value": False},
+              labels={"step": "step", "value": f"bytes ({unit[1]})", "series": "rank and figure",
+                      "exact": "bytes"})
+fig.update_xaxes(dtick=1)  # steps are whole numbers
+st.plotly_chart(fig, width="stretch")
+st.caption("What to look for: a figure that keeps growing from step to step (a leak, or the allocator's cache "
+           "filling), and ranks that differ (pipeline stages hold different activations).")

@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard import state
 from ledger import dashboard_data, loaders
+from ledger import format as units
 
 KIND_COLOURS = {"forward": "#42a5f5", "backward": "#ef6c00", "idle": "#e0e0e0"}
 
@@ -52,11 +53,16 @@ with a:
         st.info("No forward / backward timers for this pipeline and step (run with --timers).")
     else:
         measured["stage"] = "stage " + measured["stage"].astype(str)
-        measured["ms"] = (measured["end"] - measured["start"]) * 1e3
+        divisor, unit = units.axis_scale(measured["end"].max(), "s")
+        measured["from"] = measured["start"] / divisor
+        measured["length"] = (measured["end"] - measured["start"]) / divisor
+        measured["duration"] = (measured["end"] - measured["start"]).map(units.duration)
         measured["label"] = measured["microbatch"].map(lambda m: "" if pd.isna(m) else str(int(m)))
-        fig = px.bar(measured, base=measured["start"] * 1e3, x="ms", y="stage", color="kind", orientation="h",
-                     text="label", color_discrete_map=KIND_COLOURS, category_orders={"kind": list(KIND_COLOURS)})
-        fig.update_layout(xaxis_title="ms from the step's first forward", yaxis_autorange="reversed", height=320)
+        fig = px.bar(measured, base="from", x="length", y="stage", color="kind", orientation="h", text="label",
+                     color_discrete_map=KIND_COLOURS, category_orders={"kind": list(KIND_COLOURS)},
+                     hover_data={"duration": True, "length": False, "from": False}, labels={"kind": "range"})
+        fig.update_layout(xaxis_title=f"time from the step's first forward ({unit})", yaxis_title="pipeline stage",
+                          yaxis_autorange="reversed", height=320)
         st.plotly_chart(fig, width="stretch")
 with b:
     st.subheader("Ideal schedule")
@@ -65,23 +71,51 @@ with b:
     cells["width"] = 1
     fig = px.bar(cells, base="slot", x="width", y="stage", color="kind", orientation="h", text="label",
                  color_discrete_map=KIND_COLOURS)
-    fig.update_layout(xaxis_title="clock (one cell per forward or backward)", yaxis_autorange="reversed",
-                      height=320)
+    fig.update_layout(xaxis_title="clock (one cell per forward or backward)", yaxis_title="pipeline stage",
+                      yaxis_autorange="reversed", height=320)
     st.plotly_chart(fig, width="stretch")
 st.caption(f"p={shape['pp']}, m={shape['microbatches']}, V={shape['vpp']}: ideal chart bubble "
-           f"{ideal['bubble_fraction']:.2%}, closed form {ideal['analytic_bubble_fraction']:.2%}")
+           f"{units.percent(ideal['bubble_fraction'])}, closed form "
+           f"{units.percent(ideal['analytic_bubble_fraction'])}. What to look for: the grey idle time of the measured "
+           "stages against the ideal schedule's empty cells.")
 
-st.subheader("Bubble per stage: measured vs formula")
+
+def bubble_chart(bubbles: pd.DataFrame):
+    """Per stage and convention: the textbook formula's, the time model's and the measured bubble, in percent;
+    None when no row has a figure."""
+    records = []
+    for r in bubbles.itertuples():
+        convention = "idle / pipeline span" if "of_wall_time" in r.metric else "idle / busy"
+        predictor = "time model" if r.metric.endswith(".model") else "textbook formula"
+        for figure, value in ((predictor, r.predicted), ("measured", r.measured)):
+            if pd.notna(value):
+                records.append({"stage": f"stage {r.stage}", "rank": r.rank, "convention": convention,
+                                "figure": figure, "bubble": value * 100})
+    if not records:
+        return None
+    long = pd.DataFrame(records).drop_duplicates(["stage", "rank", "convention", "figure"])
+    fig = px.bar(long, x="stage", y="bubble", color="figure", facet_col="convention", barmode="group",
+                 hover_data={"rank": True}, labels={"bubble": "bubble (%)", "stage": "pipeline stage",
+                                                    "figure": "figure", "convention": "bubble as"})
+    return fig.for_each_annotation(lambda a: a.update(text=a.text.replace("bubble as=", "bubble as ")))
+
+
+st.subheader("Bubble per stage: measured vs formula and time model")
 rows = state.guarded(loaders.load_rows, run)
 bubbles = pd.DataFrame([r for r in rows or [] if r["metric"].startswith("pipeline.bubble")])
 if bubbles.empty:
     st.info("No bubble rows: the run has no forward / backward timers.")
 else:
     bubbles = bubbles[bubbles["rank"].isin(members)]
-    long = bubbles.melt(id_vars=["metric", "stage", "rank"], value_vars=["predicted", "measured"], var_name="column",
-                        value_name="fraction")
-    long["stage"] = "stage " + long["stage"].astype(str)
-    st.plotly_chart(px.bar(long, x="stage", y="fraction", color="column", facet_col="metric", barmode="group"),
-                    width="stretch")
-    st.dataframe(bubbles[["metric", "rank", "stage", "predicted", "measured", "verdict", "explanation"]],
-                 hide_index=True)
+    chart = bubble_chart(bubbles)
+    if chart is None:
+        st.info("The bubble rows of this pipeline have neither a prediction nor a measurement.")
+    else:
+        st.plotly_chart(chart, width="stretch")
+    st.caption("What to look for: the measured bubble against the textbook formula (equal stages, no "
+               "communication) and the time model (each stage's own times, P2P transfers); a row's explanation "
+               "names the term that moves it.")
+    table = bubbles[["metric", "rank", "stage", "predicted", "measured", "verdict", "explanation"]].copy()
+    for column in ("predicted", "measured"):
+        table[column] = table[column].map(units.percent)
+    st.dataframe(table, hide_index=True)

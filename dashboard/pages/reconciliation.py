@@ -1,19 +1,35 @@
 """Reconciliation: the ledger's rows (formula, inventory, measurement, verdict) with verdict colours, filters by
-metric, rank and verdict, and each row's explanation."""
+metric, rank and verdict, and each row's explanation. Every figure is written by ledger.format in its row's unit
+(the exact numbers are in RUN/ledger/reconciliation.csv)."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from common.units import human
 from dashboard import state
+from ledger import format as units
 from ledger import loaders
+from ledger.row_groups import predictor
 
 COLOURS = {"ok": "#c8e6c9", "warn": "#ffe0b2", "off": "#ffcdd2", "n/a": "#eceff1", "identity": "#e8eaf6"}
-COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "inventory", "measured", "unit", "rel_diff",
-           "tolerance", "scope", "source", "explanation"]
-FORMATS = {**{c: "{:.0f}" for c in ("rank", "stage", "bucket")},
-           **{c: "{:,.6g}" for c in ("predicted", "inventory", "measured", "tolerance")}, "rel_diff": "{:+.2%}"}
+VALUES = ("predicted", "inventory", "measured")
+COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "predicted by", "inventory", "measured",
+           "gap", "tolerance", "scope", "source", "explanation"]
+
+
+def readable(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows as a person reads them: each figure in its row's unit, the gap and tolerance in percent."""
+    out = table.copy()
+    for column in VALUES:
+        out[column] = [units.value(v, u) for v, u in zip(table[column], table["unit"])]
+    out["predicted by"] = [predictor(m) if pd.notna(p) else units.DASH
+                           for m, p in zip(table["metric"], table["predicted"])]
+    out["gap"] = table["rel_diff"].map(lambda x: units.percent(x, signed=True))
+    out["tolerance"] = table["tolerance"].map(units.percent)
+    for column in ("rank", "stage", "bucket"):  # Streamlit draws a missing number as "None": write "—" instead
+        out[column] = table[column].map(lambda x: units.DASH if units.missing(x) else str(int(x)))
+    return out.reindex(columns=COLUMNS)
+
 
 run, summary, rows = state.open_page("Reconciliation", loaders.load_summary, loaders.load_rows)
 
@@ -21,12 +37,12 @@ counts = summary["verdicts"]
 for column, verdict in zip(st.columns(len(counts)), counts):
     column.metric(verdict, counts[verdict])
 for item in summary["missing"]:
-    st.caption(f"missing: {item}")
+    st.caption(f"missing: {units.plain(item)}")
 if not rows:
     st.info("The run has no reconciliation rows yet.")
     st.stop()
 
-table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+table = pd.DataFrame(rows)
 families = sorted({m.split(".")[0] for m in table["metric"]})
 left, middle, right = st.columns(3)
 family = left.multiselect("Metric family", families, key="rec_family")
@@ -52,9 +68,7 @@ def colour(value: str) -> str:
     return f"background-color: {COLOURS.get(value, '')}"
 
 
-st.dataframe(shown.style.map(colour, subset=["verdict"]).format(FORMATS, na_rep=""), hide_index=True,
-             width="stretch")
-
+st.dataframe(readable(shown).style.map(colour, subset=["verdict"]), hide_index=True, width="stretch")
 
 
 def label(r: pd.Series) -> str:
@@ -62,15 +76,13 @@ def label(r: pd.Series) -> str:
     return f"{r['metric']}{where}  [{r['verdict']}]"
 
 
-def cell(value: float, unit: str) -> str:
-    return human(None if pd.isna(value) else value, unit)
-
-
 if len(shown):
     labels = {i: label(r) for i, r in shown.iterrows()}
     chosen = st.selectbox("Explain a row", list(labels), format_func=labels.get, key="rec_row")
     r = shown.loc[chosen]
-    st.markdown(f"**{r['metric']}**: verdict **{r['verdict']}** (tolerance {r['tolerance']:g})")
-    for column, name in zip(st.columns(3), ("predicted", "inventory", "measured")):
-        column.metric({"predicted": "formula"}.get(name, name), cell(r[name], r["unit"]))
-    st.info(r["explanation"])
+    st.markdown(f"**{r['metric']}**: verdict **{r['verdict']}** (tolerance {units.percent(r['tolerance'])})")
+    titles = {"predicted": f"predicted ({predictor(r['metric'])})", "inventory": "engine inventory",
+              "measured": "measured"}
+    for column, name in zip(st.columns(3), VALUES):
+        column.metric(titles[name], units.value(r[name], r["unit"]))
+    st.info(units.plain(r["explanation"]))

@@ -8,8 +8,9 @@ import streamlit as st
 from common.errors import UserError
 from dashboard import state
 from ledger import dashboard_data, loaders
+from ledger import format as units
 
-st.title("Traces")
+state.start_page("Traces")
 run = state.current_run()
 if run is None:
     st.stop()
@@ -20,17 +21,20 @@ if not files:
     st.info("This run has no profiler traces. Record some with `--use-pytorch-profiler --profile-step-start A "
             "--profile-step-end B [--profile-ranks ...]`.")
 else:
-    st.dataframe(pd.DataFrame(files), hide_index=True)
+    listing = pd.DataFrame(files)
+    listing["size"] = listing.pop("bytes").map(units.size)
+    st.dataframe(listing, hide_index=True)
     if st.button("Merge into one Perfetto trace", key="tr_merge"):
         st.session_state["tr_merged"] = run
     if st.session_state.get("tr_merged") == run:
         try:
             info, data = state.merged_trace(run)
         except UserError as exc:
-            st.error(f"run {run}: {exc}")
+            state.show_error(f"run {run}: {exc}")
         else:
             offsets = ", ".join(f"{r}: {o:+.1f}" for r, o in sorted(info["offsets_us"].items()))
-            st.success(f"{info['events']:,} events from ranks {info['ranks']}; clock offsets (µs) {offsets}")
+            st.success(f"{units.count(info['events'])} events from ranks {info['ranks']}; clock offsets (µs) "
+                       f"{offsets}")
             if info["uncorrected"]:
                 st.warning(f"ranks {info['uncorrected']} share no collective with the others: their clocks are not "
                            "aligned")
