@@ -10,6 +10,14 @@ memory rows' proportions real while one GPU holds it). 8 micro-batches per pipel
 embedding and output layer are tied, Megatron's default and the real Llama-3.2-1B's (the seed's scripts untie them):
 under PP2 the last stage holds a copy and the two ends all-reduce its gradient each step, a row of its own.
 
+On the CPU the DDP bucket size is CPU_BUCKET_SIZE elements, so that the first stage's layers fill four buckets
+beside the embedding's own: overlap then has buckets to show, each (but the last issued) with its predicted overlap.
+Later pipeline stages keep one bucket for their layers, as Megatron does (their reduction is off the critical path).
+Memory is measured on the CPU too, by the probes' census of the tensors the model and optimizer hold at each
+lifecycle point (probes.memory.tensor_census). When the ranks outnumber the machine's cores, timings are dominated by
+waiting for a core: the demo says so once, up front, and the ledger shows the timing rows without judging them
+(ledger.reconcile.oversubscribed), stating the reason once among the run's notes.
+
 Every probe is on (--all-probes) and the profiler window covers steps 2-3 on every rank. The phases, each announced
 on a line: training under torchrun (the engine logs each step), reconciliation and report (in this process, through
 ledger.reconcile.run and ledger.report), the headline rows, and the command that opens the run in the dashboard.
@@ -27,6 +35,10 @@ from common.errors import ConfigError
 from dashboard.launch import DEFAULT_ROOT
 
 MICROBATCHES = 8  # per pipeline per step: the seed's global batch 16 over DP2 at micro-batch 1
+# Elements. The tiny model's layer holds ~23k parameter elements per TP rank and a bucket closes once it holds this
+# many, so the first stage's two layers fill four buckets (16,896 + 11,904 + 11,264 + 6,272 elements) and the
+# embedding its own; Megatron's default (40 M) puts a whole tiny stage in one bucket, with nothing to overlap.
+CPU_BUCKET_SIZE = 10_000
 MAX_DEMO_ITERS = 1000
 PROFILE_STEPS = (2, 3)  # the profiler window; step 1 carries one-time work and the ledger leaves it out
 
@@ -67,7 +79,7 @@ def choose_layout(gpus: int) -> Layout:
 def model_flags(layout: Layout) -> list[str]:
     if layout.gpu:
         return ["--model", "llama3.2-1b", "--num-layers", "4", "--bf16", "--lr", "3e-4", "--min-lr", "3e-5"]
-    return ["--model", "tiny", "--lr", "3e-3", "--min-lr", "3e-4"]
+    return ["--model", "tiny", "--lr", "3e-3", "--min-lr", "3e-4", "--ddp-bucket-size", str(CPU_BUCKET_SIZE)]
 
 
 def demo_flags(layout: Layout, train_iters: int, run_dir: Path) -> list[str]:
@@ -106,6 +118,7 @@ def analytic_bubble(rows: list[dict]) -> str:
 
 def headline_line(label: str, rows: list[dict]) -> str:
     from ledger.headline import verdict
+    from ledger.reconcile.oversubscribed import NOT_JUDGED
     from ledger.reconcile.rows import NOT_ON_CPU
 
     if not rows:
@@ -113,8 +126,9 @@ def headline_line(label: str, rows: list[dict]) -> str:
     unit = rows[0]["unit"]
     predicted = analytic_bubble(rows) if rows[0]["metric"].startswith("pipeline.bubble") else \
         span([r["predicted"] for r in rows], unit)
+    census = " (CPU tensor census)" if all(r["source"] == "tensor_census" for r in rows) else ""
     columns = (f"formula {predicted} | inventory {span([r['inventory'] for r in rows], unit)} | "
-               f"measured {span([r['measured'] for r in rows], unit)}")
+               f"measured {span([r['measured'] for r in rows], unit)}{census}")
     ranks = {r["rank"] for r in rows if r["rank"] is not None}
     where = f"over {len(ranks)} rank{'s' if len(ranks) > 1 else ''}" if ranks else rows[0]["scope"]
     line = f"  {label:<31} {columns} [{verdict(rows)}; {where}]"
@@ -122,6 +136,8 @@ def headline_line(label: str, rows: list[dict]) -> str:
         line += f": {rows[0]['explanation']}"
     elif all(r["measured"] is None for r in rows) and NOT_ON_CPU in rows[0]["explanation"]:
         line += f": {NOT_ON_CPU}"
+    elif all(NOT_JUDGED in r["explanation"] for r in rows):
+        line += f": {NOT_JUDGED}"
     return line
 
 
@@ -138,13 +154,28 @@ def print_headline(result) -> None:
 
 
 # --- the pipeline -------------------------------------------------------------------------------------------------
+def timing_note(layout: Layout, cores: int | None) -> str | None:
+    """The one up-front line when the CPU ranks outnumber the cores they run on (the ledger's criterion:
+    evidence.cpu_sharing), else None."""
+    if layout.gpu or (cores is not None and layout.world <= cores):
+        return None
+    where = f"this machine's {cores} core{'s' if cores != 1 else ''}" if cores else "this machine's cores"
+    return (f"timings: {layout.world} ranks share {where}, so every timed range holds waits for a core: time, "
+            "pipeline, overlap and throughput rows are measured and shown but not judged (n/a); memory, "
+            "communication volume and rank groups are judged")
+
+
 def train_phase(layout: Layout, train_iters: int, run_dir: Path) -> int:
     from cli import train
+    from probes.manifest import usable_cores
 
     model = "llama3.2-1b cut to 4 layers, bf16" if layout.gpu else "tiny"
     phase(f"[1/3] training {model} on {layout.describe()}; {MICROBATCHES} micro-batches of 1 per pipeline per step, "
           f"{train_iters} steps, every probe on, profiler window steps {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]} on "
           f"every rank -> {run_dir}")
+    note = timing_note(layout, usable_cores())
+    if note:
+        phase(f"      {note}")
     return train.main(["--nproc-per-node", str(layout.world), *demo_flags(layout, train_iters, run_dir)])
 
 

@@ -79,13 +79,27 @@ def num_floating_point_operations(run_config: RunConfig, batch_size: int) -> flo
 def get_model(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
               probes: Any) -> list[DistributedDataParallel]:
     chunks = build_model_chunks(run_config, parallel_state, device, probes)
-    probes.memory_point("after_model_build")
+    probes.memory_point("after_model_build", lambda: held_tensors(chunks))
     ddp_config = DistributedDataParallelConfig.from_train_config(run_config.train, parallel_state.dp_size)
     # As Megatron: only the first model chunk is bucketed; later chunks' reductions run in the cooldown anyway.
     model = [DistributedDataParallel(ddp_config, chunk, parallel_state, probes, disable_bucketing=index > 0)
              for index, chunk in enumerate(chunks)]
-    probes.memory_point("after_ddp_buffers")
+    probes.memory_point("after_ddp_buffers", lambda: held_tensors(model))
     return model
+
+
+def held_tensors(model: list[torch.nn.Module], optimizer: Any = None) -> list[torch.Tensor]:
+    """Every tensor the model chunks and the optimizer hold, for the probes' CPU memory census (which sizes each
+    storage once): parameters (views into the DDP param buffers once those exist), registered buffers, grads and
+    main_grad (views into the grad buffers), the main params and their grads, and torch's optimizer state. Listed
+    from the objects themselves, not from the inventory's records, so the census checks those."""
+    params = [p for chunk in model for p in chunk.parameters()]
+    tensors = params + [b for chunk in model for b in torch.nn.Module.buffers(chunk)]
+    tensors += [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None]
+    if optimizer is not None:
+        tensors += [t for m in optimizer.main_params for t in (m, m.grad) if t is not None]
+        tensors += [v for state in optimizer.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    return tensors
 
 
 def _one_or_list(items: list):
@@ -189,7 +203,7 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
         probes.step_end(iteration, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm, tokens=tokens_per_step,
                         step_time_s=step.step_time_s, throughput=step.tflops_per_gpu)
         if iteration == 1:
-            probes.memory_point("after_first_step")
+            probes.memory_point("after_first_step", lambda: held_tensors(model, optimizer))
         if log and iteration % train.log_interval == 0:
             training_log(step, train.train_iters)
     for chunk in model:  # under --overlap-param-gather the last update's all-gather is owed to a next step
@@ -238,7 +252,7 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     model = get_model(run_config, parallel_state, device, probes)
     optimizer = get_megatron_optimizer(run_config.train, model, parallel_state)
     scheduler = OptimizerParamScheduler.from_train_config(optimizer, run_config.train)
-    probes.memory_point("after_optimizer_init")
+    probes.memory_point("after_optimizer_init", lambda: held_tensors(model, optimizer))
     probes.inventory(_inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)

@@ -69,14 +69,14 @@ def rank_info(parallel_state: Any, notes: dict[str, str]) -> dict[str, Any]:
         device = {"type": "cuda", "index": index, "name": torch.cuda.get_device_name(index),
                   "total_bytes": torch.cuda.get_device_properties(index).total_memory}
     else:
-        device = {"type": "cpu", "name": platform.processor() or platform.machine(), "cores": _usable_cores()}
+        device = {"type": "cpu", "name": platform.processor() or platform.machine(), "cores": usable_cores()}
     backend = dist.get_backend() if dist.is_initialized() else None
     return {"rank": parallel_state.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
             "backend": backend, "coords": dict(parallel_state.coordinates),
             "groups": {kind: list(ranks) for kind, ranks in parallel_state.ranks.items()}, "probes": notes}
 
 
-def _usable_cores() -> int | None:
+def usable_cores() -> int | None:
     """Cores this process may run on (its affinity mask, what a container or taskset grants), not the host's."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 

@@ -4,7 +4,10 @@ Contract with the engine (engine/training.py, the DDP buckets, the P2P communica
 these; keep them stable):
 
     probes = create_probe_set(run_config, parallel_state, argv)  # collective: every rank calls it at the same point
-    probes.memory_point("after_model_build")        # also "after_ddp_buffers", "after_optimizer_init", "after_first_step"
+    probes.memory_point("after_model_build", held)  # also "after_ddp_buffers", "after_optimizer_init",
+                                                    # "after_first_step"; held: () -> the engine's tensors (params,
+                                                    # grad buffers, optimizer state), sized by storage on CPU
+                                                    # (probes.memory.tensor_census)
     probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
     probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
                             activation_numel=..., activation_dtype=...)   # collective; optional start-up sweep
@@ -31,6 +34,8 @@ and no file write. Records are buffered and written at step_end, which then flus
 every completed step readable; the fsync runs on the writer's thread. What is written, by kind (each also has
 "kind", "step", "t"):
   memory     point ("after_model_build" ... | "step" | "oom" | "failure"), device, memory_stats keys or RSS
+             (+ at the lifecycle points on CPU: tensor_bytes, tensor_storages, held_tensor_bytes,
+             held_tensor_storages: probes.memory.tensor_census)
   inventory  the engine's dicts as given, except that their "kind" is stored as "tensor_kind"
   timing     name, category, start_s, end_s, duration_s, t_start, t_end, clock, the range's attrs [, async_comm,
              issue_s, wait_return_s]  (see probes.timers); a range started outside step_begin..step_end has step
@@ -48,7 +53,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -73,7 +78,7 @@ _ENVELOPE_RENAMES = {"kind": "tensor_kind", "step": "item_step", "t": "item_t"}
 class NullProbeSet:
     enabled = False
 
-    def memory_point(self, name: str) -> None:
+    def memory_point(self, name: str, held: Callable[[], Iterable[Any]] | None = None) -> None:
         pass
 
     def inventory(self, records: list[dict[str, Any]]) -> None:
@@ -159,7 +164,8 @@ class ProbeSet:
         """What each probe does on this rank, in words, for the manifest (a disabled probe says why)."""
         return {"nvtx": self.marker.backend, "timers": self.timer.clock if self.timer else "off",
                 "memory": f"memory_stats on {self.memory.device}" if self.memory.use_cuda
-                else "cpu: process RSS only (no CUDA allocator)",
+                else "cpu: process RSS, and at the lifecycle points a census of tensor storages, the engine's and "
+                     "all live ones (no CUDA allocator)",
                 "nvml": self.nvml.status, "profiler": self.window.note if self.window else "off",
                 "memory_history": self.history.note if self.history else "off",
                 "tensorboard": str(self.tb.logdir) if self.tb else "off",
@@ -171,8 +177,8 @@ class ProbeSet:
             write_manifest(self.run_dir, manifest_mod.build_manifest(run_config, argv, ranks, self.run_id))
 
     # --- lifecycle points -------------------------------------------------------------------------------------
-    def memory_point(self, name: str) -> None:
-        self.writer.write("memory", self._step, point=name, **self.memory.read())
+    def memory_point(self, name: str, held: Callable[[], Iterable[torch.Tensor]] | None = None) -> None:
+        self.writer.write("memory", self._step, point=name, **self.memory.read_point(held))
         self.writer.sync()
 
     def inventory(self, records: list[dict[str, Any]]) -> None:

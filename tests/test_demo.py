@@ -47,10 +47,42 @@ def manifest(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())
 
 
+def test_cpu_demo_buckets_give_overlap_something_to_show() -> None:
+    """The ledger's own layout of the CPU demo's buffers (Megatron's rule, ledger.formulas.buffer_layout): the first
+    stage's layers fill several buckets, each with a predicted overlap but the last one issued (the embedding's own
+    bucket, which has no backward left to hide behind)."""
+    from cli.demo import choose_layout, demo_flags
+    from common.arguments import parse_args
+    from ledger.formulas.buffer_layout import rank_buffers
+
+    layout = choose_layout(0)
+    cfg = parse_args(demo_flags(layout, 4, Path("unused"))[:-2], world_size=layout.world)
+    (first_stage,) = rank_buffers(cfg, pp_rank=0)
+    assert len(first_stage.buckets) - 1 >= 3  # buckets whose overlap is predicted, beside the last one issued
+
+
+def test_timing_note_is_given_when_ranks_outnumber_cores() -> None:
+    from cli.demo import Layout, timing_note
+
+    cpu = Layout(world=8, tp=2, pp=2, gpu=False)
+    note = timing_note(cpu, cores=2)
+    assert note.startswith("timings: 8 ranks share this machine's 2 cores") and "not judged" in note
+    assert timing_note(cpu, cores=None) is not None  # an unknown count is the ledger's "shared" too
+    assert timing_note(cpu, cores=8) is None and timing_note(Layout(world=8, tp=2, pp=2, gpu=True), cores=2) is None
+
+
 def test_readme_first_set_up_command_runs_the_demo() -> None:
     text = README.read_text()
     first_block = re.search(r"## Set up.*?```\n(.*?)```", text, re.S).group(1).strip()
     assert first_block.endswith("&& train-ledger demo"), first_block
+
+
+def test_readme_says_where_to_look_after_the_demo() -> None:
+    text = README.read_text()
+    first = re.search(r"open these three pages first: (.*?);", text, re.S).group(1)
+    pages = re.findall(r"\*\*(\w+)\*\*", first)
+    assert len(pages) == 3 and all((APP.parent / "pages" / f"{p.lower()}.py").is_file() for p in pages), pages
+    assert "Debian's `chromium`" in text and "`.ci/run` installs" in text  # what the browser test needs
 
 
 @pytest.mark.slow
@@ -128,3 +160,36 @@ def test_printed_dashboard_command_opens_the_run(demo, run: Path, monkeypatch: p
     for page in ("runs", "reconciliation", "memory", "pipeline", "overlap", "topology", "traces"):
         at.switch_page(f"pages/{page}.py").run()
         assert not at.exception and not at.error, (page, [e.value for e in [*at.exception, *at.error]])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_cpu_memory_is_measured_and_labelled(demo) -> None:
+    (line,) = [line for line in demo[1].stdout.splitlines() if line.lstrip().startswith("bytes/param")]
+    measured = line.split("| measured ")[1]
+    assert not measured.startswith("-") and "(CPU tensor census)" in measured and "[ok;" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_first_stage_overlap_rows_have_several_predicted_buckets(run: Path) -> None:
+    rows = json.loads((run / "ledger" / "reconciliation.json").read_text())["rows"]
+    first_stage = {r["rank"] for r in manifest(run)["ranks"] if r["coords"]["pp"] == 0}
+    for rank in first_stage:
+        predicted = {r["bucket"] for r in rows if r["rank"] == rank and r["predicted"] is not None
+                     and r["metric"] == "overlap.reduce_scatter.overlapped_fraction"}
+        assert len(predicted) >= 3, (rank, predicted)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_oversubscribed_timings_are_said_once_not_judged(demo, run: Path) -> None:
+    out = demo[1].stdout
+    cores = manifest(run)["ranks"][0]["device"]["cores"]
+    if cores is not None and cores >= 8:
+        pytest.skip(f"{cores} cores: the demo's 8 ranks are not oversubscribed here")
+    assert out.count("timings: 8 ranks share") == 1 and out.find("timings: 8 ranks") < out.find(" iteration ")
+    result = json.loads((run / "ledger" / "reconciliation.json").read_text())
+    assert len([m for m in result["missing"] if m.startswith("timings not judged")]) == 1
+    timed = [r for r in result["rows"] if r["metric"].split(".")[0] in ("time", "pipeline", "overlap", "throughput")]
+    assert timed and not [r for r in timed if r["verdict"] in ("ok", "warn", "off")]

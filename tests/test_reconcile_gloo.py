@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from ledger.reconcile.rows import NOT_ON_CPU
 from ledger.reconcile.run import reconcile
 
 pytestmark = pytest.mark.slow
@@ -31,8 +30,8 @@ def test_gloo_run_reconciles(gloo_run):
     result = reconcile(gloo_run)
     assert result.run["status"] == "complete" and result.run["ranks_with_events"] == [0, 1]
     static = [r for r in result.rows if r.metric == "memory.static_after_first_step"]
-    assert len(static) == 2 and all(r.measured is None and NOT_ON_CPU in r.explanation for r in static)
-    assert all(r.verdict == "ok" for r in static)  # formula and the engine's inventory agree to the byte
+    assert len(static) == 2 and all(r.measured is not None and r.source == "tensor_census" for r in static)
+    assert all(r.verdict == "ok" for r in static)  # formula, the engine's inventory and the CPU census agree
     p2p = [r for r in result.rows if r.metric.endswith("send_recv.bytes_per_step")]
     assert p2p and all(r.predicted == r.inventory == r.measured for r in p2p)
     assert {r.stage for r in result.rows if r.metric == "pipeline.bubble_of_wall_time"} == {0, 1}

@@ -7,6 +7,12 @@
                 workspaces)
 The Adam trap: torch's Adam creates exp_avg / exp_avg_sq at the first step, so the allocation measured "after
 optimizer init" lacks 8 bytes per parameter element the rank owns; both phases get a row, and the gap its own.
+
+On CPU there is no caching allocator: the static rows' measurement is the probes' tensor census at the lifecycle
+point (probes.memory.tensor_census: the bytes of the storages behind every tensor the model and the optimizer hold,
+each storage once), source "tensor_census"; what else is alive in the process (mock data, RoPE cache, the last
+micro-batch, or a leak) is named beside it. The peak and the allocator rows stay unmeasured. A run recorded before
+the census existed keeps an empty measured column and says so (NOT_ON_CPU).
 """
 from __future__ import annotations
 
@@ -20,10 +26,15 @@ from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_
 ALLOCATED = "allocated_bytes.all.current"
 PEAK = "allocated_bytes.all.peak"
 RESERVED = "reserved_bytes.all.current"
+HELD = "held_tensor_bytes"
+LIVE = "tensor_bytes"
 STATIC_TOL = 0.01
 WORKSPACES = ("; on CUDA the first step's GEMMs also allocate cuBLAS / cuBLASLt workspaces through the caching "
               "allocator (tens of MiB per stream), which this measurement includes and the formula does not")
 PEAK_TOL = 0.15
+CENSUS_NOTE = ("; measured on CPU (no CUDA allocator): the storages behind the tensors the model and optimizer hold, "
+               "by a census at the lifecycle point (torch's Adam adds a 4-byte step counter per parameter piece, which "
+               "the formula leaves out)")
 
 
 def memory_rows(ev: RunEvidence) -> list[Row]:
@@ -46,25 +57,25 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence) -> list[Row]:
     inv_init = (sum(int(t.get("bytes", 0)) for t in r.inventory if t.get("allocated_at") != "after_first_step")
                 if r.inventory else None)
     cuda = r.on_cuda
-    why_missing = "" if cuda else f"; {NOT_ON_CPU}"
+    key, source, why_missing = static_measurement(r)
+    meas_init = _point(r, "after_optimizer_init", key)
+    meas_step = _point(r, "after_first_step", key)
     workspaces = WORKSPACES if cuda else ""
-    meas_init = _point(r, "after_optimizer_init", ALLOCATED)
-    meas_step = _point(r, "after_first_step", ALLOCATED)
     rows = [
         row("memory.static_after_optimizer_init", "rank", predicted=pred_init, inventory=inv_init,
             measured=meas_init, unit="bytes", tolerance=STATIC_TOL,
             explanation="param + grad buffers (padding included) + fp32 main params; Adam moments do not exist yet"
-                        + why_missing, source="events", **where),
+                        + why_missing, source=source, **where),
         row("memory.static_after_first_step", "rank", predicted=pred_step, inventory=inv_step, measured=meas_step,
             unit="bytes", tolerance=STATIC_TOL,
             explanation="static state once the optimizer has stepped: adds Adam m, v (and an fp32 grad copy for "
-                        "16-bit grads) on the owned shard" + workspaces + why_missing, source="events", **where),
+                        "16-bit grads) on the owned shard" + workspaces + why_missing, source=source, **where),
         row("memory.adam_lazy_state", "rank", predicted=_gap(pred_step, pred_init), inventory=_gap(inv_step, inv_init),
             measured=_gap(meas_step, meas_init), unit="bytes", tolerance=STATIC_TOL,
             explanation="torch's Adam creates exp_avg/exp_avg_sq at the first step: 'after optimizer init' and "
                         "'after the first step' differ by 8 bytes per owned parameter element" + workspaces
                         + why_missing,
-            source="events", **where),
+            source=source, **where),
     ]
     if params:
         rows.append(row("memory.bytes_per_param", "rank", predicted=pred_step / params,
@@ -73,16 +84,29 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence) -> list[Row]:
                         tolerance=STATIC_TOL,
                         explanation=f"static bytes / {params:,} parameters on this rank (bucket padding and uneven "
                                     "distributed-optimizer shards move it off the textbook table)" + why_missing,
-                        source="events", **where))
+                        source=source, **where))
     recompute = f", recompute {recompute_label(cfg.recompute)}" if cfg is not None else ""
     rows.append(row("memory.peak_allocated", "rank", predicted=pred_peak, measured=_step_max(r, PEAK),
                     unit="bytes", tolerance=PEAK_TOL,
                     explanation=f"static + saved activations of the micro-batches in flight on this stage{recompute} "
                                 "(activation estimate; transients such as logits and workspace are not modelled)"
-                                + why_missing, source="events", **where))
+                                + ("" if cuda else f"; {NOT_ON_CPU}"), source="events", **where))
     if cuda:
         rows += allocator_rows(r)
     return rows
+
+
+def static_measurement(r: RankEvidence) -> tuple[str, str, str]:
+    """(memory record key, source, explanation suffix) of the static rows' measurement on this rank: memory_stats'
+    allocated bytes on CUDA, the tensor census on CPU, nothing on a CPU run recorded before the census."""
+    if r.on_cuda:
+        return ALLOCATED, "events", ""
+    census = r.memory_points.get("after_first_step") or r.memory_points.get("after_optimizer_init") or {}
+    if HELD not in census:
+        return HELD, "events", f"; {NOT_ON_CPU}"
+    other = census.get(LIVE, census[HELD]) - census[HELD]
+    return HELD, "tensor_census", (f"{CENSUS_NOTE}; at {census['point']} the process held {other:,} B more in "
+                                   "other live tensors (mock data, RoPE cache, the last micro-batch)")
 
 
 def allocator_rows(r: RankEvidence) -> list[Row]:

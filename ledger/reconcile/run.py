@@ -17,7 +17,7 @@ from typing import Any
 from common.config import RunConfig
 from common.errors import InputError
 from common.run_dir import LEDGER_DIR, atomic_write_text
-from ledger.reconcile import hta, ingest_megatron
+from ledger.reconcile import hta, ingest_megatron, oversubscribed
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
@@ -81,33 +81,20 @@ def reconcile(run_dir: str | Path) -> Reconciliation:
     rows += throughput_rows(ev, selection, predicted_step_time=model.step.step_time if model.step else None)
     explain_step_time(rows, ev, model, selection)
     rows += time_rows(ev, model, selection)
-    note_cpu_sharing(rows, cpu_sharing(ev.manifest))
+    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev.manifest))
     check_rows, skipped = hta.hta_rows(cross_check)
     rows += check_rows
     run = {"run_id": ev.manifest.get("run_id"), "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
            "traces": [str(p.relative_to(ev.run_dir)) for _, _, _, p in ev.traces]}
-    return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=ev.missing + skipped + list(model.missing))
-
-
-TIMED_METRICS = ("throughput.step_time", "throughput.step_time_vs_other_ranks", "throughput.step_time_spread",
-                 "throughput.step_time_spread_profiled", "throughput.profiler_overhead")
+    missing = ([not_judged] if not_judged else []) + ev.missing + skipped + list(model.missing)
+    return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=missing)
 
 
 def run_steps(ev: RunEvidence) -> StepSelection:
     """Which steps measure steady-state time (ledger.reconcile.steps), from every rank's step and timing records."""
     return select_steps(ev.config, ev.world_size, (s for r in ev.ranks.values() for s in r.steps),
                         (t.get("step") for r in ev.ranks.values() for t in r.timing))
-
-
-def note_cpu_sharing(rows: list[Row], note: str | None) -> None:
-    """Say, on every row built from wall-clock timings, that the ranks shared too few cores: the figures are real
-    measurements of that machine, so verdicts stand, but the explanation must name what dominates them."""
-    if note is None:
-        return
-    for r in rows:
-        if r.source == "timers" or r.metric in TIMED_METRICS:
-            r.explanation += f"; {note}"
 
 
 def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
