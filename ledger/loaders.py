@@ -14,6 +14,7 @@ from common.run_dir import MANIFEST
 from ledger.rank_groups import Layout
 from ledger.reconcile import ingest_megatron
 from ledger.reconcile.evidence import rank_coords
+from ledger.reconcile.megatron_tensorboard import EVENTS_GLOB
 from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
@@ -22,11 +23,14 @@ from ledger.reconcile.topology import group_lists_of, rank_label
 
 
 def list_runs(root: str) -> list[dict[str, Any]]:
-    """Every run directory up to two levels under root (ours: manifest.json; Megatron's: megatron_run.json), newest
-    first, with what the run table shows. A directory that fails to read is listed with its error."""
+    """Every run directory up to two levels under root (ours: manifest.json; Megatron-LM's: run.sh's
+    megatron_run.json, or the folder holding the TensorBoard directory Megatron-LM wrote), newest first, with what
+    the run table shows. A directory that fails to read is listed with its error."""
     root_path = Path(root)
-    candidates = [p.parent for pattern in (MANIFEST, ingest_megatron.META) for depth in ("", "*/", "*/*/")
+    depths = ("", "*/", "*/*/")
+    candidates = [p.parent for pattern in (MANIFEST, ingest_megatron.META) for depth in depths
                   for p in root_path.glob(depth + pattern)]
+    candidates += [p.parent.parent for depth in depths for p in root_path.glob(f"{depth}*/{EVENTS_GLOB}")]
     out = []
     for run in sorted(set(candidates)):
         entry: dict[str, Any] = {"path": str(run), "name": run.name,
@@ -42,7 +46,7 @@ def list_runs(root: str) -> list[dict[str, Any]]:
 
 
 def load_manifest(run_dir: str) -> dict[str, Any]:
-    """The run's manifest (for a Megatron run, the one the ingest builds from megatron_run.json)."""
+    """The run's manifest (for a Megatron-LM run, the one the ingest builds from its files)."""
     path = Path(run_dir)
     if ingest_megatron.is_megatron_run(path):
         return ingest_megatron.collect(path).manifest
