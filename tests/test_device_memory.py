@@ -1,0 +1,86 @@
+"""Device memory outside PyTorch's allocator: the formula (ledger/formulas/device_memory.py) from the H200
+calibration and the ledger's own rank groups, judged on real H200 runs.
+
+The calibration (ledger/calibration/nvidia_h200.json) was measured by runs/bench/outside_pytorch.py in its own
+device call, not by the runs judged here (tests/fixtures/h200_llama1b: see its README)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.arguments import parse_args
+from ledger.formulas.device_memory import DeviceOverheads, communicators, outside_pytorch
+from ledger.reconcile.run import reconcile
+
+FIXTURES = Path(__file__).parent / "fixtures" / "h200_llama1b"
+RUNS = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers")
+MiB = 2**20
+
+
+def cfg(flags: str):
+    return parse_args(flags.split(), world_size=int(flags.split("--world-size ")[1].split()[0])
+                      if "--world-size" in flags else 1)
+
+
+def test_a_rank_holds_the_default_communicator_and_one_per_group_kind_it_is_in():
+    # Megatron's kinds: tp, cp, dp, dp_cp, pp, mp (tp-pp), embedding (both pipeline ends), position (first stage).
+    one = cfg("--model tiny")
+    assert communicators(one, 0) == 1 + 8
+    seed = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    assert communicators(seed, 0) == 1 + 8  # stage 0: in an embedding and a position group
+    assert communicators(seed, 7) == 1 + 7  # stage 1: an embedding group, no position group
+
+
+def test_the_h200_terms_add_up_to_what_the_calibration_measured():
+    h200 = DeviceOverheads.known("NVIDIA H200")
+    assert h200 is not None and DeviceOverheads.known("Imaginary GPU") is None
+    outside = outside_pytorch(cfg("--model tiny"), 0, h200)
+    # 615 MiB driver reserve (NVML total - CUDA total), 518 MiB context, 650 MiB first and 389 MiB per further
+    # communicator, 84 MiB of cuBLAS / attention modules, as measured on 2026-12-01.
+    assert [round(b / MiB) for b in outside.terms.values()] == [615, 518, 650, 8 * 389, 84]
+    assert outside.total == sum(outside.terms.values())
+
+
+def reconciled_row(tmp_path, name: str, edit=None):
+    run = tmp_path / name
+    shutil.copytree(FIXTURES / name, run)
+    if edit is not None:
+        edit(run)
+    (row,) = [r for r in reconcile(run).rows if r.metric == "memory.outside_pytorch"]
+    return row
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_nvml_used_is_explained_within_2_percent_on_real_h200_runs(tmp_path, name):
+    row = reconciled_row(tmp_path, name)
+    events = [json.loads(line) for line in (FIXTURES / name / "ranks/rank0/events.jsonl").open()]
+    nvml_used = max(e["used_bytes"] for e in events if e["kind"] == "nvml")
+    assert row.verdict == "ok", row
+    assert abs(row.measured - row.predicted) <= 0.02 * nvml_used
+    assert "NCCL communicators of 8 groups" in row.explanation
+
+
+def test_memory_nobody_predicted_is_off(tmp_path):
+    def another_process_takes_3_gib(run: Path) -> None:
+        path = run / "ranks/rank0/events.jsonl"
+        lines = [json.loads(line) for line in path.open()]
+        for e in lines:
+            if e["kind"] == "nvml":
+                e["used_bytes"] += 3 * 2**30
+        path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+    assert reconciled_row(tmp_path, "s4096", another_process_takes_3_gib).verdict == "off"
+
+
+def test_an_uncalibrated_device_is_measured_only_and_says_how_to_calibrate(tmp_path):
+    def rename_device(run: Path) -> None:
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["ranks"][0]["device"]["name"] = "Imaginary GPU"
+        (run / "manifest.json").write_text(json.dumps(manifest))
+
+    row = reconciled_row(tmp_path, "s4096", rename_device)
+    assert row.predicted is None and row.verdict == "n/a"
+    assert "runs/bench/outside_pytorch.py" in row.explanation
