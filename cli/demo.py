@@ -99,24 +99,16 @@ def phase(text: str) -> None:
 
 
 # --- headline rows ----------------------------------------------------------------------------------------------
-def span(values: list[float | None], unit: str) -> str:
-    """One figure, or min..max over ranks when they differ; '-' when no rank has the column."""
-    from ledger.report import fmt
-
-    present = [v for v in values if v is not None]
-    if not present:
-        return "-"
-    low, high = fmt(min(present), unit), fmt(max(present), unit)
-    return low if low == high else f"{low}..{high}"
-
-
 def analytic_bubble(rows: list[dict]) -> str:
     """The bubble rows' prediction as a fraction: the formula's (p-1)/(v m+p-1) for the run's p, m and v."""
+    from ledger.format import DASH, percent
+
     predicted = {r["predicted"] for r in rows if r["predicted"] is not None}
-    return ", ".join(f"{p:.4f} ({Fraction(p).limit_denominator(10_000)})" for p in sorted(predicted)) or "-"
+    return ", ".join(f"{percent(p)} ({Fraction(p).limit_denominator(10_000)})" for p in sorted(predicted)) or DASH
 
 
 def headline_line(label: str, rows: list[dict]) -> str:
+    from ledger.format import span
     from ledger.headline import verdict
     from ledger.reconcile.oversubscribed import NOT_JUDGED
     from ledger.reconcile.rows import NOT_ON_CPU

@@ -22,7 +22,6 @@ from ledger.reconcile.rows import NOT_ON_CPU
 from ledger.reconcile.run import CSV_NAME, JSON_NAME
 from ledger.row_groups import FORMULA, PREDICTORS, REFERENCE, TIME_MODEL, Line, group
 
-fmt = units.value  # the name cli/demo.py imports from here
 NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket the profiler window with "
              "cudaProfilerStart/Stop (--nsys-profile); capture per rank with `nsys profile --trace=cuda,nvtx,nccl "
              "--capture-range=cudaProfilerApi --capture-range-end=stop -o RUN/nsys/rank%q{RANK} train-ledger train "
