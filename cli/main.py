@@ -14,6 +14,7 @@ from common.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("cli.demo", "the main job here: instrumented run -> reconcile -> report"),
     "train": ("cli.train", "train with Megatron flags (under torchrun, or --nproc-per-node N)"),
+    "preprocess": ("cli.preprocess", "a .jsonl corpus -> Megatron's indexed dataset (.bin/.idx) for --data-path"),
     "groups": ("cli.groups", "the rank groups of a TP x CP x DP x PP layout"),
     "buffer": ("cli.buffer", "the seed's 2-rank buffer / distributed-optimizer toy"),
     "schedule": ("cli.schedule", "a pipeline schedule's event order, chart and bubble"),

@@ -1,9 +1,13 @@
-"""Deterministic mock data (--mock-data): the same global batch whatever the parallel layout.
+"""The training batches: Megatron-format data (--data-path, engine.datasets) or deterministic mock data.
+
+Mock data (--mock-data, the default without --data-path) gives the same global batch whatever the parallel layout.
 
 Sample k is a pure function of (seed, k), so a TP=2 x DP=2 run and a single-process run see the same tokens and
 their loss curves can be compared number for number. Global batch i holds samples [i*G, (i+1)*G); data-parallel
 rank d takes its contiguous share [d*G/D, (d+1)*G/D), cut into micro-batches of [mbs, seq]. Every TP rank of a group
-builds the same batch itself, so no broadcast is needed (Megatron broadcasts from TP rank 0 for real data).
+builds the same batch itself, so no broadcast is needed (Megatron broadcasts from TP rank 0 for real data). Real
+data is cut the same way: sample k of the global order is sample k of the GPT dataset (or blend), which every rank
+indexes identically from the flags.
 
 The tokens are random but not noise: every odd position is a fixed, seeded permutation of the token before it, so the
 loss has something to learn and a falling curve shows that training works.
@@ -16,6 +20,7 @@ from typing import Iterator
 import torch
 
 from common.config import RunConfig
+from engine.datasets.builder import build_train_dataset
 
 _MIX = 0x9E3779B97F4A7C15  # Weyl constant: spreads (seed, index) over the generator's 63-bit seed space
 
@@ -41,6 +46,16 @@ class MockGPTDataset:
         return tokens
 
 
+class TokenSamples:
+    """A numpy dataset of engine.datasets (GPTDataset, BlendedDataset) as the int64 tensors the iterator stacks."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(self.dataset[index])
+
+
 def micro_batch_samples(iteration: int, microbatch: int, dp_rank: int, dp_size: int, micro_batch_size: int,
                         global_batch_size: int) -> range:
     """The global sample indices of one micro-batch of one data-parallel rank."""
@@ -51,7 +66,7 @@ def micro_batch_samples(iteration: int, microbatch: int, dp_rank: int, dp_size: 
 class MockDataIterator(Iterator[MicroBatch]):
     """The micro-batches of one model chunk, in schedule order: num_microbatches per iteration, then the next."""
 
-    def __init__(self, dataset: MockGPTDataset, run_config: RunConfig, dp_rank: int, dp_size: int,
+    def __init__(self, dataset: MockGPTDataset | TokenSamples, run_config: RunConfig, dp_rank: int, dp_size: int,
                  device: torch.device, *, needs_tokens: bool, needs_labels: bool):
         self.dataset, self.dp_rank, self.dp_size, self.device = dataset, dp_rank, dp_size, device
         self.micro_batch_size = run_config.train.micro_batch_size
@@ -77,7 +92,10 @@ class MockDataIterator(Iterator[MicroBatch]):
 def build_data_iterators(run_config: RunConfig, parallel_state, device: torch.device) -> list[MockDataIterator]:
     """One iterator per model chunk (virtual stage); a chunk reads tokens only as the first stage, labels as the last."""
     model = run_config.model
-    dataset = MockGPTDataset(model.vocab_size, model.seq_length, run_config.train.seed)
+    if run_config.train.data_path is not None:
+        dataset = TokenSamples(build_train_dataset(run_config))
+    else:
+        dataset = MockGPTDataset(model.vocab_size, model.seq_length, run_config.train.seed)
     vpp = parallel_state.virtual_pipeline_size or 1
     ps = parallel_state
     return [MockDataIterator(dataset, run_config, ps.dp_rank, ps.dp_size, device,

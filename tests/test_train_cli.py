@@ -196,3 +196,10 @@ def test_torchruns_chained_traceback_on_a_signal_reaches_the_user_as_nothing():
     out = io.StringIO()
     relay_stderr(["Traceback (most recent call last):\n", "  x\n", "ValueError: bad\n"], out)
     assert out.getvalue() == "train-ledger train: torchrun: ValueError: bad\n"
+
+
+def test_a_missing_dataset_is_one_line_before_any_rank_starts(tmp_path):
+    proc = _run(CLI + ["--nproc-per-node", "2", "--model", "tiny", "--data-path", str(tmp_path / "nope"),
+                       "--run-dir", str(tmp_path / "run")])
+    _assert_one_line_error(proc, "nope.idx: no such index file")
+    assert not (tmp_path / "run").exists()
