@@ -14,12 +14,14 @@ from typing import Any, Sequence
 
 from common.config import (
     PRESETS,
+    CheckpointConfig,
     ModelConfig,
     ParallelConfig,
     ProbeConfig,
     RecomputeConfig,
     RunConfig,
     TrainConfig,
+    check_load_layout,
     validate,
 )
 from common.errors import ConfigError
@@ -34,7 +36,7 @@ _FIXED_CHOICES: dict[str, tuple[str, ...]] = {
 _ACCEPTED_SWITCHES = ("--use-mcore-models", "--swiglu", "--disable-bias-linear", "--group-query-attention",
                       "--use-flash-attn")
 _ZERO_ONLY = ("--attention-dropout", "--hidden-dropout")
-_IGNORED_VALUES = ("--split", "--save-interval", "--distributed-timeout-minutes", "--eval-iters", "--eval-interval")
+_IGNORED_VALUES = ("--distributed-timeout-minutes", "--eval-iters", "--eval-interval")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +79,16 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
     t.add_argument("--recompute-granularity", choices=("full", "selective"))
     t.add_argument("--recompute-method", choices=("uniform", "block"))
     t.add_argument("--recompute-num-layers", type=int)
+    t.add_argument("--data-path", nargs="+", help="PREFIX of a Megatron .bin/.idx pair, or a blend: 0.7 A 0.3 B")
+    t.add_argument("--split", help="train,valid,test weights over the documents (default 969,30,1)")
+
+    ck = p.add_argument_group("checkpoints", "docs/engine.md, Checkpoints")
+    ck.add_argument("--save", help="save checkpoints into DIR (every --save-interval iterations and at the end)")
+    ck.add_argument("--save-interval", type=int)
+    ck.add_argument("--load", help="resume from DIR's latest checkpoint; none there: start from scratch")
+    ck.add_argument("--exit-interval", type=int, help="stop after iteration N (a multiple of it), saving first")
+    for name in ("no-load-optim", "no-load-rng", "finetune"):
+        ck.add_argument(f"--{name}", action="store_true")
 
     pr = p.add_argument_group("probes")
     pr.add_argument("--run-dir")
@@ -157,10 +169,16 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
     if train.global_batch_size is None:
         train.global_batch_size = train.micro_batch_size * parallel.data_parallel_size if ws else 1
     probes = _probe_config(ns)
+    if train.data_path is not None:
+        if ns.mock_data:
+            raise ConfigError("--mock-data and --data-path are alternatives; give one")
+        train.mock_data = False
     recompute = RecomputeConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RecomputeConfig)})
+    checkpoint = CheckpointConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(CheckpointConfig)})
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
-                    recompute=recompute)
+                    recompute=recompute, checkpoint=checkpoint)
     validate(cfg)
+    check_load_layout(cfg)
     return cfg
 
 

@@ -8,10 +8,13 @@ Megatron's validate_args makes for the features we have, so a config built any o
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from common.data_flags import parse_blend, parse_split
 from common.errors import ConfigError
 
 
@@ -83,6 +86,8 @@ class TrainConfig:
     grad_reduce_in_bf16: bool = False
     seed: int = 1234
     mock_data: bool = True
+    data_path: list[str] | None = None  # Megatron's --data-path: PREFIX, or a blend WEIGHT PREFIX WEIGHT PREFIX ...
+    split: str = "969,30,1"  # Megatron's default --split (train,valid,test over the documents)
     log_interval: int = 1
 
     @property
@@ -127,6 +132,19 @@ class RecomputeConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Megatron's checkpoint flags (engine/checkpointing.py; docs/engine.md, "Checkpoints"): where to save and how
+    often, where to resume from and what to take from it, and when to stop early (as a preempted job does)."""
+    save: str | None = None
+    save_interval: int | None = None
+    load: str | None = None
+    exit_interval: int | None = None
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    finetune: bool = False
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig
     parallel: ParallelConfig
@@ -134,6 +152,7 @@ class RunConfig:
     probes: ProbeConfig
     model_preset: str | None = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     @property
     def num_microbatches(self) -> int:
@@ -149,7 +168,8 @@ class RunConfig:
         return cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
                    train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
                    model_preset=d.get("model_preset"),
-                   recompute=RecomputeConfig(**d.get("recompute", {})))  # manifests before recompute lack it
+                   recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
+                   checkpoint=CheckpointConfig(**d.get("checkpoint", {})))  # nor before checkpoints
 
 
 # Shapes only; tying is --untie-embeddings-and-output-weights (tied without it, as Megatron). The seeds' shape is
@@ -269,9 +289,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--fp16 training (loss scaling) is not implemented; use --bf16")
     if t.grad_reduce_in_bf16 and not t.bf16:
         raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
+    if t.data_path is not None:
+        parse_blend(t.data_path)  # the files themselves are checked by the engine's dataset builder
+    parse_split(t.split)
     check_ddp_flags(use_distributed_optimizer=t.use_distributed_optimizer, overlap_grad_reduce=t.overlap_grad_reduce,
                     overlap_param_gather=t.overlap_param_gather, bucket_size=t.ddp_bucket_size)
     check_recompute(cfg.recompute)
+    check_checkpoint_flags(cfg.checkpoint, t.train_iters)
     decay_iters = t.lr_decay_iters if t.lr_decay_iters is not None else t.train_iters
     if t.lr_warmup_iters >= decay_iters:
         raise ConfigError(f"--lr-warmup-iters {t.lr_warmup_iters} must be < the decay length {decay_iters} "
@@ -320,3 +344,84 @@ def check_recompute(r: RecomputeConfig) -> None:
         flag = "--recompute-method" if method is not None else "--recompute-num-layers"
         why = " (selective recomputes core attention in every layer)" if granularity == "selective" else ""
         raise ConfigError(f"{flag} needs --recompute-granularity full{why}")
+
+
+# The checkpoint directory's contract (engine/checkpointing.py writes it), torch-free so that the launcher can check a
+# --load before any rank starts. Megatron's names: DIR/iter_0000005/ per save, and the pointer file written last, so
+# a checkpoint is visible only once complete.
+LATEST_CHECKPOINT_FILE = "latest_checkpointed_iteration.txt"
+CHECKPOINT_LAYOUT_FILE = "layout.json"  # written by rank 0 after every rank's file: its presence marks a whole save
+# The model fields that decide the parameters' shapes, hence the per-rank files' contents.
+LAYOUT_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                       "vocab_size", "make_vocab_size_divisible_by", "untie_embeddings_and_output_weights")
+
+
+def checkpoint_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def check_checkpoint_flags(c: CheckpointConfig, train_iters: int) -> None:
+    """Counts >= 1; a flag that could have no effect is an error rather than ignored (an exit after the last
+    iteration, a load option without --load), except --save-interval without --save, which Megatron accepts and
+    saves nothing with (the seed's run.sh passes --save-interval 1000000 and no --save)."""
+    for flag, value in (("--save-interval", c.save_interval), ("--exit-interval", c.exit_interval)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if c.exit_interval is not None and c.exit_interval > train_iters:
+        raise ConfigError(f"--exit-interval {c.exit_interval} is beyond --train-iters {train_iters}: it would never "
+                          "stop the run")
+    for flag, value in (("--no-load-optim", c.no_load_optim), ("--no-load-rng", c.no_load_rng),
+                        ("--finetune", c.finetune)):
+        if value and c.load is None:
+            raise ConfigError(f"{flag} needs --load DIR")
+
+
+def checkpoint_layout(cfg: RunConfig) -> dict[str, Any]:
+    """What a rank's checkpoint file depends on: the parameters' shapes, how they are split over ranks (tp, pp, vpp,
+    dp through the world size), the DDP buffers' layout (dtypes, bucket size, distributed optimizer shards), and the
+    batch sizes, which give the saved data position (micro-batches consumed) its meaning."""
+    p, t = cfg.parallel, cfg.train
+    return {"world_size": p.world_size, "tensor_model_parallel_size": p.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+            "context_parallel_size": p.context_parallel_size,
+            "virtual_pipeline_model_parallel_size": p.virtual_pipeline_model_parallel_size,
+            "params_dtype": t.params_dtype, "grad_dtype": t.grad_dtype,
+            "use_distributed_optimizer": t.use_distributed_optimizer, "overlap_grad_reduce": t.overlap_grad_reduce,
+            "ddp_bucket_size": t.ddp_bucket_size, "global_batch_size": t.global_batch_size,
+            "micro_batch_size": t.micro_batch_size,
+            **{name: getattr(cfg.model, name) for name in LAYOUT_MODEL_FIELDS}}
+
+
+def latest_checkpoint(load_dir: str) -> int | None:
+    """The iteration of the newest complete checkpoint in load_dir; None when there is none (no pointer file)."""
+    pointer = Path(load_dir) / LATEST_CHECKPOINT_FILE
+    if not pointer.is_file():
+        return None
+    text = pointer.read_text().strip()
+    if not text.isdigit():
+        raise ConfigError(f"--load {load_dir}: {LATEST_CHECKPOINT_FILE} holds {text!r}, not an iteration")
+    iteration = int(text)
+    if not (Path(load_dir) / checkpoint_dir_name(iteration) / CHECKPOINT_LAYOUT_FILE).is_file():
+        raise ConfigError(f"--load {load_dir}: {LATEST_CHECKPOINT_FILE} names iteration {iteration}, but "
+                          f"{checkpoint_dir_name(iteration)}/{CHECKPOINT_LAYOUT_FILE} is missing")
+    return iteration
+
+
+def check_load_layout(cfg: RunConfig) -> None:
+    """A checkpoint loads only at the layout it was saved at (resharding is not supported): refused up front, with
+    the first difference named, rather than failing inside the ranks."""
+    load = cfg.checkpoint.load
+    iteration = latest_checkpoint(load) if load is not None else None
+    if iteration is None:
+        return
+    path = Path(load) / checkpoint_dir_name(iteration) / CHECKPOINT_LAYOUT_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--load {load}: cannot read {path.name} of {checkpoint_dir_name(iteration)}: {exc}") from exc
+    for key, value in checkpoint_layout(cfg).items():
+        if not isinstance(saved, dict) or saved.get(key) != value:
+            found = saved.get(key) if isinstance(saved, dict) else saved
+            raise ConfigError(f"--load {load}: {checkpoint_dir_name(iteration)} was saved with {key} {found}, this "
+                              f"run has {value}; a checkpoint loads only at the same model shape, parallel layout, "
+                              "precision, optimizer and DDP bucket size (resharding is not supported)")

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import RunConfig
+from engine.checkpointing import Checkpointer
 from engine.data import MicroBatch, build_data_iterators
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from engine.jit import COMPILE_DEVICE_TYPES
@@ -180,14 +181,18 @@ def training_log(step: StepLog, train_iters: int) -> None:
 
 def train(forward_step_func: Callable, model: list[DistributedDataParallel], optimizer,
           scheduler: OptimizerParamScheduler, data_iterators: list, run_config: RunConfig,
-          parallel_state: ParallelState, device: torch.device, probes: Any, *, log: bool) -> list[StepLog]:
+          parallel_state: ParallelState, device: torch.device, probes: Any, checkpointer: Checkpointer, *,
+          log: bool) -> list[StepLog]:
+    """Iterations after the checkpoint loaded (if any) up to --train-iters; the checkpointer saves when due and
+    stops the loop at --exit-interval."""
+    start_iteration = checkpointer.load()
     config = build_schedule_config(run_config, model, parallel_state, probes)
     train = run_config.train
     tokens_per_step = train.global_batch_size * run_config.model.seq_length
     flops_per_gpu_step = (num_floating_point_operations(run_config, train.global_batch_size)
                           / parallel_state.world_size)
     steps: list[StepLog] = []
-    for iteration in range(1, train.train_iters + 1):
+    for iteration in range(start_iteration + 1, train.train_iters + 1):
         probes.step_begin(iteration)
         lr = optimizer.param_groups[0]["lr"]
         start = time.perf_counter()
@@ -202,10 +207,12 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
         steps.append(step)
         probes.step_end(iteration, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm, tokens=tokens_per_step,
                         step_time_s=step.step_time_s, throughput=step.tflops_per_gpu)
-        if iteration == 1:
+        if iteration == start_iteration + 1:
             probes.memory_point("after_first_step", lambda: held_tensors(model, optimizer))
         if log and iteration % train.log_interval == 0:
             training_log(step, train.train_iters)
+        if checkpointer.after_step(iteration):
+            break
     for chunk in model:  # under --overlap-param-gather the last update's all-gather is owed to a next step
         chunk.start_param_sync(force_sync=True)
     return steps
@@ -257,6 +264,7 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
     data_iterators = build_data_iterators(run_config, parallel_state, device)
+    checkpointer = Checkpointer(run_config, model, optimizer, scheduler, data_iterators, log=log, probes=probes)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,
-                  device, probes, log=log)
+                  device, probes, checkpointer, log=log)
     return TrainResult(steps=steps, model=model)

@@ -27,7 +27,8 @@ NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket t
              "--capture-range=cudaProfilerApi --capture-range-end=stop -o RUN/nsys/rank%q{RANK} train-ledger train "
              "... --nvtx --nsys-profile --profile-step-start A --profile-step-end B`.")
 SECTIONS = {"memory": "Memory", "pipeline": "Pipeline", "time": "Time model", "overlap": "Communication overlap",
-            "comm": "Communication volume", "throughput": "Throughput", "topology": "Rank groups"}
+            "comm": "Communication volume", "throughput": "Throughput", "topology": "Rank groups",
+            "checkpoint": "Checkpoints"}
 COLUMN_TITLES = {FORMULA: "formula", TIME_MODEL: "time model", REFERENCE: "reference", "inventory": "inventory",
                  "measured": "measured"}
 OFF_POINTER = "see What is off, above"
@@ -139,7 +140,13 @@ def summary(data: dict[str, Any], lines: list[Line]) -> str:
     return (f"{run['framework']}, status {run['status']}, world size {run['world_size']}. Verdicts: {counts} "
             f"({len(data['rows'])} rows, one per figure and rank, in {CSV_NAME} / {JSON_NAME} beside this report). "
             f"Below, rows that agree across ranks are one line ({len(lines)} lines): the range over the ranks, the "
-            f"worst verdict and the rank that has it.")
+            f"worst verdict and the rank that has it." + resumed(data["rows"]))
+
+
+def resumed(rows: list[dict[str, Any]]) -> str:
+    """' Resumed from the checkpoint of iteration N.' for a run that loaded one at start (else empty)."""
+    found = [r for r in rows if r["metric"] == "checkpoint.resumed_from_iteration"]
+    return f" Resumed from the checkpoint of iteration {found[0]['measured']:.0f}." if found else ""
 
 
 def unmeasured_memory(view: View) -> str | None:

@@ -27,6 +27,7 @@ CATEGORY_COLOURS: dict[str, str] = {
     "tp-comm": "yellow",
     "dp-wait": "white",  # a stall: the compute stream waits for a DP collective (its name starts with "wait ")
     "embd-comm": "cyan",
+    "checkpoint": "magenta",  # a checkpoint's save or load (engine.checkpointing), between steps
 }
 CATEGORIES = tuple(CATEGORY_COLOURS)
 

@@ -18,11 +18,14 @@ these; keep them stable):
                                                     # backward, optimizer, dp-comm, pp-comm, tp-comm,
                                                     # embd-comm (tied embeddings' grad all-reduce),
                                                     # dp-wait (a stall: "wait ..." names, e.g. the DDP
-                                                    # pre-hook's all-gather wait nested in a forward)
+                                                    # pre-hook's all-gather wait nested in a forward),
+                                                    # checkpoint (a save or load, between steps)
     token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
     probes.comm_end(token)                          # ... and its wait returned
     probes.step_begin(iteration)
     probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
+    probes.checkpoint("save", iteration=n, path=..., bytes=..., seconds=..., write_seconds=..., loaded_iteration=...)
+    probes.checkpoint("load", iteration=n, path=..., finetune=..., seconds=...)   # engine.checkpointing, per rank
     probes.close(status="complete" | "failed", error=None)
 
 `NullProbeSet` is the disabled implementation: every method does nothing and `range` returns a shared
@@ -47,6 +50,10 @@ every completed step readable; the fsync runs on the writer's thread. What is wr
   step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes;
              profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
              after_trace_export (the step after the window's traces were written: it waits for the slowest export)
+  checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file), seconds; a save
+             also bytes (the file's size on disk), write_seconds (this rank's torch.save alone) and
+             loaded_iteration (the checkpoint this run resumed from, None: it started fresh); a load finetune.
+             Step None: both happen outside step_begin..step_end; written and fsynced at once
   run_end    status, error (this rank's close)
 """
 from __future__ import annotations
@@ -97,6 +104,9 @@ class NullProbeSet:
         return None
 
     def comm_end(self, token: Any) -> None:
+        pass
+
+    def checkpoint(self, action: str, **fields: Any) -> None:
         pass
 
     def step_begin(self, iteration: int) -> None:
@@ -243,6 +253,11 @@ class ProbeSet:
         if interval is not None:
             self.timer.comm_end(interval)  # type: ignore[union-attr]
         self.marker.end(handle)
+
+    def checkpoint(self, action: str, **fields: Any) -> None:
+        """A checkpoint saved or loaded (engine.checkpointing): rare and already a slow file write, so fsynced now."""
+        self.writer.write("checkpoint", None, action=action, **fields)
+        self.writer.sync()
 
     def step_begin(self, iteration: int) -> None:
         self._step = iteration

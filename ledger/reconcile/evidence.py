@@ -1,10 +1,11 @@
 """What a run directory holds, gathered once per rank into small in-memory records the row builders share.
 
 Events are streamed through common.run_dir (the one reader of the contract); only the records the rows use are
-kept (memory points, per-step memory, inventory, timing, NVML, bandwidth, compute, step), which is a few records per
-micro-batch per step. Timing records with no step are dropped: every row built from timings is per step, and work
-outside the steps (start-up, the final forced param all-gather after the last step) belongs to none of them. Traces
-are not read here: they are summarised one file at a time by the modules that need them.
+kept (memory points, per-step memory, inventory, timing, NVML, bandwidth, compute, step, checkpoint), which is a
+few records per micro-batch per step. Timing records with no step are dropped: every row built from timings is per
+step, and work outside the steps (start-up, the final forced param all-gather after the last step, a checkpoint's
+save) belongs to none of them. Traces are not read here: they are summarised one file at a time by the modules that
+need them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from common.errors import InputError
 from common.run_dir import EventStream, events_path, ranks_present, read_manifest, trace_files
 from ledger.rank_groups import Layout, coordinates
 
-KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "step"}
+KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "step", "checkpoint"}
 
 
 @dataclass
@@ -32,6 +33,7 @@ class RankEvidence:
     bandwidth: list[dict[str, Any]] = field(default_factory=list)
     compute: list[dict[str, Any]] = field(default_factory=list)  # the compute sweep's kernel times (calibration)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # saves and loads (engine.checkpointing)
     torn_tail: bool = False
 
     @property
@@ -159,7 +161,8 @@ def _keep(ev: RankEvidence, record: dict[str, Any], path: Path) -> None:
         if record.get("step") is not None:  # step-less: outside every step (start-up, the final param sync)
             ev.timing.append(record)
     else:
-        attr = {"nvml": "nvml", "bandwidth": "bandwidth", "compute": "compute", "step": "steps"}[kind]
+        attr = {"nvml": "nvml", "bandwidth": "bandwidth", "compute": "compute", "step": "steps",
+                "checkpoint": "checkpoints"}[kind]
         getattr(ev, attr).append(record)
 
 

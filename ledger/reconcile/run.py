@@ -18,6 +18,7 @@ from common.config import RunConfig
 from common.errors import InputError
 from common.run_dir import LEDGER_DIR, atomic_write_text
 from ledger.reconcile import hta, ingest_megatron, oversubscribed
+from ledger.reconcile.checkpoint import checkpoint_rows
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
@@ -81,6 +82,7 @@ def reconcile(run_dir: str | Path) -> Reconciliation:
     rows += throughput_rows(ev, selection, predicted_step_time=model.step.step_time if model.step else None)
     explain_step_time(rows, ev, model, selection)
     rows += time_rows(ev, model, selection)
+    rows += checkpoint_rows(ev)
     not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev.manifest))
     check_rows, skipped = hta.hta_rows(cross_check)
     rows += check_rows

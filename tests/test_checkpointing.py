@@ -1,0 +1,214 @@
+"""Checkpoints (engine/checkpointing.py): a resumed run continues bit for bit, a kill during a save loses only that
+save, the load options take what they say, and bad checkpoint flags are one line and exit 2 before anything starts.
+
+Why bit for bit is the right expectation: the engine is deterministic on the CPU, the mock data's samples are a pure
+function of (seed, index), and a checkpoint holds every piece of state a step reads (param buffers, main params, Adam
+m, v and step, the scheduler's step count, the data position). So the same flags must give the same floats, compared
+with == and torch.equal, not a tolerance.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.arguments import parse_args
+from common.config import LATEST_CHECKPOINT_FILE, checkpoint_layout
+from common.errors import ConfigError
+from engine import checkpointing
+from tests.support.gloo import run_distributed, world_of_one
+from tests.support.parity import train_and_collect, train_rank
+
+TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "2",
+        "--lr", "3e-3", "--lr-warmup-iters", "1", "--mock-data"]
+
+
+def _train(argv: list[str]) -> dict:
+    """pretrain on a world of one with these flags: losses, lrs and the final parameters."""
+    with world_of_one():
+        return train_and_collect(parse_args(argv, world_size=1))
+
+
+def _assert_params_equal(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(actual[name], value), name
+
+
+# --- bit-exact resume on gloo --------------------------------------------------------------------------------------
+
+LAYOUTS = {
+    "dp2-distributed-optimizer": (2, ["--global-batch-size", "4", "--use-distributed-optimizer", "--bf16"]),
+    "pp2": (2, ["--pipeline-model-parallel-size", "2", "--global-batch-size", "4"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_resume_continues_bit_for_bit(layout, tmp_path):
+    """6 steps straight == 3 steps, stop at --exit-interval 3 (which saves), then --load and 3 more."""
+    world, flags = LAYOUTS[layout]
+    argv = TINY + flags + ["--train-iters", "6", "--save-interval", "3"]
+    straight = run_distributed(train_rank, world, argv + ["--save", str(tmp_path / "straight")])
+    resumed_dir = str(tmp_path / "resumed")
+    first = run_distributed(train_rank, world, argv + ["--save", resumed_dir, "--exit-interval", "3"])
+    assert (tmp_path / "resumed" / LATEST_CHECKPOINT_FILE).read_text().strip() == "3"
+    second = run_distributed(train_rank, world, argv + ["--save", resumed_dir, "--load", resumed_dir])
+    for rank in range(world):
+        assert len(straight[rank]["losses"]) == 6 and straight[rank]["losses"][-1] < straight[rank]["losses"][0]
+        assert first[rank]["losses"] == straight[rank]["losses"][:3]
+        assert second[rank]["losses"] == straight[rank]["losses"][3:]
+        assert second[rank]["lrs"] == straight[rank]["lrs"][3:]
+        _assert_params_equal(second[rank]["params"], straight[rank]["params"])
+
+
+# --- a kill during a save ------------------------------------------------------------------------------------------
+
+class Killed(BaseException):
+    """Stands for SIGKILL at one point of a save: nothing after it runs."""
+
+
+def _die(*_args, **_kwargs):
+    raise Killed
+
+
+def _killed_while_writing_a_rank_file(monkeypatch, iteration: int) -> None:
+    real_save = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        if f"iter_{iteration:07d}.tmp" in str(path):
+            path.write_bytes(b"half a file")
+            raise Killed
+        real_save(obj, path, *args, **kwargs)
+    monkeypatch.setattr(checkpointing.torch, "save", save)
+
+
+def _killed_before_the_pointer_is_written(monkeypatch, iteration: int) -> None:
+    real = checkpointing._write_atomically
+
+    def write(path, text):
+        if text.strip() == str(iteration):
+            _die()
+        real(path, text)
+    monkeypatch.setattr(checkpointing, "_write_atomically", write)
+
+
+@pytest.mark.parametrize("kill", [_killed_while_writing_a_rank_file, _killed_before_the_pointer_is_written])
+def test_a_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(kill, tmp_path, monkeypatch):
+    argv = TINY + ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path)]
+    straight = _train(TINY + ["--train-iters", "4"])
+    with monkeypatch.context() as patch:
+        kill(patch, 4)
+        with pytest.raises(Killed):
+            _train(argv)
+    assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "2"
+    resumed = _train(argv + ["--load", str(tmp_path)])
+    assert resumed["losses"] == straight["losses"][2:]
+    _assert_params_equal(resumed["params"], straight["params"])
+    assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000002", "iter_0000004", LATEST_CHECKPOINT_FILE]
+
+
+# --- what --load takes ---------------------------------------------------------------------------------------------
+
+def test_load_options_take_what_they_say(tmp_path):
+    """After a save at 2 of 4 steps (--exit-interval 2): --no-load-optim keeps params and data position (so step
+    3's loss, computed before any update, is unchanged) but restarts Adam and the schedule (so the update differs);
+    --finetune takes the params only and trains iterations 1..4 from the first batch; --no-load-rng leaves the
+    global RNG as it was (training draws nothing from it, so with the RNG loaded the state at the end is the
+    saved one whatever the seed before)."""
+    save = str(tmp_path)
+    straight = _train(TINY + ["--train-iters", "4"])
+    assert _train(TINY + ["--train-iters", "4", "--exit-interval", "2", "--save", save])["losses"] == \
+        straight["losses"][:2]
+    torch.manual_seed(0)
+    full = _train(TINY + ["--train-iters", "4", "--load", save])
+    after_full_load = torch.get_rng_state()
+    assert full["losses"] == straight["losses"][2:]
+
+    no_optim = _train(TINY + ["--train-iters", "4", "--load", save, "--no-load-optim"])
+    assert no_optim["losses"][0] == straight["losses"][2]
+    assert no_optim["losses"][1] != straight["losses"][3]
+    assert no_optim["lrs"][0] == 0.0  # warm-up starts again from init_lr
+
+    fresh = _train(TINY + ["--train-iters", "4"])
+    finetune = _train(TINY + ["--train-iters", "4", "--load", save, "--finetune"])
+    assert len(finetune["losses"]) == 4 and finetune["losses"][0] != fresh["losses"][0]
+
+    torch.manual_seed(0)
+    _train(TINY + ["--train-iters", "4", "--load", save, "--no-load-rng"])
+    assert not torch.equal(torch.get_rng_state(), after_full_load)
+    torch.manual_seed(0)
+    _train(TINY + ["--train-iters", "4", "--load", save])
+    assert torch.equal(torch.get_rng_state(), after_full_load)
+
+
+def test_load_of_an_empty_directory_starts_from_scratch_and_says_so(tmp_path, capsys):
+    """Megatron's behaviour: a --load without a checkpoint is the first run of a job that will resume later."""
+    cfg = parse_args(TINY + ["--load", str(tmp_path)], world_size=1)
+    checkpointer = checkpointing.Checkpointer(cfg, model=[], optimizer=None, scheduler=None, data_iterators=[],
+                                              log=True)
+    assert checkpointer.load() == 0
+    assert capsys.readouterr().out == (f"train-ledger: --load {tmp_path} holds no checkpoint "
+                                       f"({LATEST_CHECKPOINT_FILE}): training from scratch\n")
+    fresh = _train(TINY + ["--train-iters", "2"])
+    loaded = _train(TINY + ["--train-iters", "2", "--load", str(tmp_path)])
+    assert loaded["losses"] == fresh["losses"]
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+
+BAD_FLAGS = {
+    "zero save interval": (["--save", "ckpt", "--save-interval", "0"], "--save-interval must be >= 1, got 0"),
+    "negative exit interval": (["--exit-interval", "-1"], "--exit-interval must be >= 1, got -1"),
+    "exit after the last iteration": (["--train-iters", "4", "--exit-interval", "5"],
+                                      "--exit-interval 5 is beyond --train-iters 4"),
+    "finetune without load": (["--finetune"], "--finetune needs --load DIR"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FLAGS))
+def test_bad_checkpoint_flags_are_refused(case):
+    flags, message = BAD_FLAGS[case]
+    with pytest.raises(ConfigError, match=message):
+        parse_args(TINY + flags, world_size=1)
+
+
+def _fake_checkpoint(directory, argv: list[str], world_size: int, iteration: int = 3) -> None:
+    """A checkpoint directory's metadata only (synthetic: the layout check reads nothing else)."""
+    iter_dir = directory / f"iter_{iteration:07d}"
+    iter_dir.mkdir(parents=True)
+    layout = checkpoint_layout(parse_args(argv, world_size=world_size))
+    (iter_dir / "layout.json").write_text(json.dumps(layout))
+    (directory / LATEST_CHECKPOINT_FILE).write_text(f"{iteration}\n")
+
+
+def test_a_checkpoint_of_another_layout_is_refused_by_the_cli_before_any_rank_starts(tmp_path):
+    _fake_checkpoint(tmp_path, TINY + ["--tensor-model-parallel-size", "2"], world_size=2)
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "train", *TINY, "--load", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert len(lines) == 1, lines
+    assert ("iter_0000003 was saved with world_size 2, this run has 1" in lines[0]
+            and "resharding is not supported" in lines[0]), lines
+
+
+def test_same_layout_is_accepted_and_other_shapes_or_optimizers_are_not(tmp_path):
+    _fake_checkpoint(tmp_path, TINY, world_size=1)
+    parse_args(TINY + ["--load", str(tmp_path)], world_size=1)
+    parse_args(TINY + ["--load", str(tmp_path), "--seq-length", "16", "--lr", "1e-3"], world_size=1)  # not layout
+    for flags, key in ((["--hidden-size", "128"], "hidden_size"), (["--bf16"], "params_dtype"),
+                       (["--use-distributed-optimizer"], "use_distributed_optimizer"),
+                       (["--global-batch-size", "4"], "global_batch_size")):
+        with pytest.raises(ConfigError, match=f"saved with {key} "):
+            parse_args(TINY + flags + ["--load", str(tmp_path)], world_size=1)
+
+
+def test_a_pointer_to_a_missing_checkpoint_is_refused(tmp_path):
+    (tmp_path / LATEST_CHECKPOINT_FILE).write_text("7\n")
+    with pytest.raises(ConfigError, match="names iteration 7, but iter_0000007/layout.json is missing"):
+        parse_args(TINY + ["--load", str(tmp_path)], world_size=1)
