@@ -63,8 +63,9 @@ for column in ("formula", "engine inventory"):
     table[column] = table[column].map(units.size)
 st.dataframe(table, hide_index=True)
 if not any(s.get("peak") is not None for s in steps):
-    st.caption("No CUDA memory_stats on this rank (a CPU run records process RSS only): the waterfall shows the "
-               "formulas' terms, the timeline RSS.")
+    st.caption("No CUDA memory_stats on this rank: on CPU the static rows are measured by a tensor census at the "
+               "lifecycle points (the Reconciliation page's memory rows, source tensor_census); the waterfall shows "
+               "the formulas' terms, the timeline the process RSS.")
 
 st.subheader("Per-step memory")
 frame = pd.DataFrame(timeline)
