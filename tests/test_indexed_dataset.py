@@ -1,5 +1,6 @@
 """Megatron's indexed dataset (.bin/.idx): our writer and reader against the format's definition, and against
-Megatron-LM's own IndexedDatasetBuilder / IndexedDataset (the copy under .mlm) where they import on this machine.
+Megatron's own IndexedDatasetBuilder / IndexedDataset (the megatron-core package of the test extra, or a .mlm copy of
+Megatron-LM; tests/support/megatron.py).
 
 The corpora are synthetic: they test the format's plumbing, not any measurement."""
 import struct
