@@ -41,3 +41,14 @@ def test_hta_agrees_with_the_ledger(tmp_path):
     assert missing == [] and len(rows) == 4
     for r in rows:
         assert r.measured == pytest.approx(r.predicted, abs=1e-3) and r.verdict == "ok"
+
+
+def test_hta_reads_a_run_given_by_a_relative_path(tmp_path, monkeypatch):
+    """`train-ledger reconcile runs/x` from the run's parent: HTA resolves relative trace paths under its own
+    default trace directory, so the cross-check must hand it absolute ones (a traceback before the fix)."""
+    pytest.importorskip("hta")
+    make_run(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    inputs = {r: hta.cross_check_input(summarize(next(Path("run").glob(f"traces/rank{r}.*")))) for r in range(4)}
+    rows, missing = hta.hta_rows(inputs)
+    assert missing == [] and len(rows) == 4

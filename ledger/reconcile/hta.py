@@ -63,7 +63,8 @@ def hta_overlap(files: dict[int, Path]) -> dict[int, float]:
     ParserConfig.set_default_cfg(cfg)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # `reconcile --json` owns stdout
-            trace = Trace(trace_files={r: str(p) for r, p in files.items()})
+            # HTA reads a relative path under its default trace_dir, not the working directory
+            trace = Trace(trace_files={r: str(Path(p).resolve()) for r, p in files.items()})
             trace.load_traces(include_last_profiler_step=False, use_multiprocessing=False)
             df = CommunicationAnalysis.get_comm_comp_overlap(trace, visualize=False)
     finally:
