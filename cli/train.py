@@ -79,8 +79,8 @@ def main(argv: list[str]) -> int:
     launch.nproc_per_node = 1 if launch.nproc_per_node is None else launch.nproc_per_node
     check_launch(launch)
     run_config = parse_args(engine_argv, world_size=launch.nproc_per_node * launch.nnodes)
-    if run_config.train.data_path is not None:  # a missing .idx, a truncated .bin, ids beyond the vocab: now
-        from engine.datasets.builder import check_data
+    if run_config.train.data_path is not None:  # a missing .idx, a truncated .bin, ids beyond the vocab: now;
+        from engine.datasets.builder import check_data  # and the index caches the ranks will read, written once
 
         check_data(run_config)
     run_dir = run_config.probes.run_dir

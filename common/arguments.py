@@ -5,6 +5,12 @@ ledger's formulas read the same resolved shape. Flags keep Megatron-LM's names s
 with the entry point changed. A flag we do not know is an error that names it. Flags of Megatron's that only restate
 what this engine always does (RMSNorm, SwiGLU, RoPE, no biases) are accepted and checked: a value
 we do not implement is an error, never ignored.
+
+`megatron_model=True` (the parsers of `simulate` and `search`, which only run the ledger's formulas) reads the
+layer's flavour with Megatron's own semantics instead: an explicit shape is Megatron's default GPT layer unless
+flags say otherwise (no --swiglu: fc1 f x h with GeLU; no --disable-bias-linear: biases; --normalization LayerNorm;
+--position-embedding-type learned_absolute; --ffn-hidden-size absent: 4h, or with --swiglu Megatron's
+int(8h / 3 / 64) x 64), while a --model preset carries its own flavour, which explicit flags override.
 """
 from __future__ import annotations
 
@@ -33,6 +39,11 @@ _FIXED_CHOICES: dict[str, tuple[str, ...]] = {
     "--transformer-impl": ("transformer_engine", "local"),
     "--tokenizer-type": ("NullTokenizer",),
 }
+# Under megatron_model the flavour flags take the values the ledger's formulas model (common/config.py ModelConfig).
+_MEGATRON_MODEL_CHOICES: dict[str, tuple[str, ...]] = {
+    "--normalization": ("LayerNorm", "RMSNorm"),
+    "--position-embedding-type": ("learned_absolute", "rope"),
+}
 _ACCEPTED_SWITCHES = ("--use-mcore-models", "--swiglu", "--disable-bias-linear", "--group-query-attention",
                       "--use-flash-attn")
 _ZERO_ONLY = ("--attention-dropout", "--hidden-dropout")
@@ -44,7 +55,8 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
+def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = False) -> argparse.ArgumentParser:
+    """megatron_model: the flavour flags accept the GPT style too (module docstring)."""
     p = _Parser(prog=prog, allow_abbrev=False, add_help=True)
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=sorted(PRESETS), help="a preset shape; explicit shape flags override it")
@@ -74,19 +86,26 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
         t.add_argument(f"--{name}", type=typ)
     t.add_argument("--lr-decay-style", choices=("cosine", "linear", "constant"))
     for name in ("bf16", "fp16", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
-                 "grad-reduce-in-bf16", "mock-data"):
+                 "grad-reduce-in-bf16", "mock-data", "deterministic-mode"):
         t.add_argument(f"--{name}", action="store_true")
     t.add_argument("--recompute-granularity", choices=("full", "selective"))
     t.add_argument("--recompute-method", choices=("uniform", "block"))
     t.add_argument("--recompute-num-layers", type=int)
     t.add_argument("--data-path", nargs="+", help="PREFIX of a Megatron .bin/.idx pair, or a blend: 0.7 A 0.3 B")
     t.add_argument("--split", help="train,valid,test weights over the documents (default 969,30,1)")
+    t.add_argument("--data-cache-path", help="directory for the dataset's cached indices and vocabulary scan "
+                                             "(default: PREFIX/cache/ beside the data)")
 
     ck = p.add_argument_group("checkpoints", "docs/engine.md, Checkpoints")
     ck.add_argument("--save", help="save checkpoints into DIR (every --save-interval iterations and at the end)")
     ck.add_argument("--save-interval", type=int)
     ck.add_argument("--load", help="resume from DIR's latest checkpoint; none there: start from scratch")
     ck.add_argument("--exit-interval", type=int, help="stop after iteration N (a multiple of it), saving first")
+    ck.add_argument("--exit-duration-in-mins", type=float,
+                    help="stop after the first iteration that ends M minutes or more after start-up, saving first "
+                         "(every rank stops at the same iteration)")
+    ck.add_argument("--async-save", action="store_true",
+                    help="copy the state to host memory, then write it in a background thread while training goes on")
     for name in ("no-load-optim", "no-load-rng", "finetune"):
         ck.add_argument(f"--{name}", action="store_true")
 
@@ -113,7 +132,7 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
 
     acc = p.add_argument_group("accepted Megatron flags (checked, no effect beyond the check)")
     for flag, choices in _FIXED_CHOICES.items():
-        acc.add_argument(flag, choices=choices)
+        acc.add_argument(flag, choices=_MEGATRON_MODEL_CHOICES.get(flag, choices) if megatron_model else choices)
     for flag in _ACCEPTED_SWITCHES:
         acc.add_argument(flag, action="store_true")
     for flag in _ZERO_ONLY:
@@ -123,9 +142,11 @@ def build_parser(prog: str = "train-ledger train") -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str], *, world_size: int | None = None, prog: str = "train-ledger train") -> RunConfig:
-    """Parse Megatron-style flags into a validated RunConfig; raise ConfigError on anything wrong."""
-    parser = build_parser(prog)
+def parse_args(argv: Sequence[str], *, world_size: int | None = None, prog: str = "train-ledger train",
+               megatron_model: bool = False) -> RunConfig:
+    """Parse Megatron-style flags into a validated RunConfig; raise ConfigError on anything wrong.
+    megatron_model: the layer's flavour with Megatron's semantics (module docstring), for simulate / search."""
+    parser = build_parser(prog, megatron_model=megatron_model)
     ns, unknown = parser.parse_known_args(list(argv))
     if unknown:
         raise ConfigError(f"unsupported flag: {unknown[0]}")
@@ -133,11 +154,12 @@ def parse_args(argv: Sequence[str], *, world_size: int | None = None, prog: str 
         value = getattr(ns, flag.lstrip("-").replace("-", "_"))
         if value not in (None, 0.0):
             raise ConfigError(f"{flag} {value}: dropout is not implemented; only 0.0 is accepted")
-    return resolve(ns, world_size=world_size)
+    return resolve(ns, world_size=world_size, megatron_model=megatron_model)
 
 
-def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
+def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: bool = False) -> RunConfig:
     shape: dict[str, Any] = dict(PRESETS[ns.model]) if ns.model else {}
+    explicit_shape = not ns.model and any(getattr(ns, k) is not None for k in _SHAPE_FLAGS)
     for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                 "vocab_size", "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by",
                 "rotary_base", "norm_epsilon", "init_method_std"):
@@ -145,6 +167,7 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
             shape[key] = getattr(ns, key)
     if ns.model is None and not shape:
         shape = dict(PRESETS["tiny"])
+    _flavour(ns, shape, explicit_shape=explicit_shape, megatron_model=megatron_model)
     if "num_query_groups" not in shape and "num_attention_heads" in shape:
         shape["num_query_groups"] = shape["num_attention_heads"]
     if "max_position_embeddings" not in shape and "seq_length" in shape:
@@ -180,6 +203,36 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None) -> RunConfig:
     validate(cfg)
     check_load_layout(cfg)
     return cfg
+
+
+# The flavour the engine implements: ModelConfig's defaults.
+_LLAMA_STYLE = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                if f.name in ("swiglu", "add_bias_linear", "normalization", "position_embedding_type")}
+_SHAPE_FLAGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "vocab_size", "seq_length", "max_position_embeddings")
+
+
+def _flavour(ns: argparse.Namespace, shape: dict[str, Any], *, explicit_shape: bool, megatron_model: bool) -> None:
+    """Set the layer's flavour in `shape` (module docstring). Without megatron_model the flags can only restate the
+    Llama style (their choices), and a GPT-style preset is refused: train and plan build what the engine runs."""
+    if not megatron_model:
+        if any(shape.get(key, default) != default for key, default in _LLAMA_STYLE.items()):
+            raise ConfigError(f"--model {ns.model} is a GPT-style model (GeLU MLP, biases, LayerNorm, learned "
+                              "positions): the engine builds the Llama style only; use simulate or search for it")
+        return
+    if explicit_shape:  # Megatron's defaults: what its flags do not turn on or off
+        shape.update(swiglu=False, add_bias_linear=True, normalization="LayerNorm",
+                     position_embedding_type="learned_absolute")
+    if ns.swiglu:
+        shape["swiglu"] = True
+    if ns.disable_bias_linear:
+        shape["add_bias_linear"] = False
+    for key in ("normalization", "position_embedding_type"):
+        if getattr(ns, key) is not None:
+            shape[key] = getattr(ns, key)
+    if "ffn_hidden_size" not in shape and "hidden_size" in shape:  # Megatron's validate_args
+        h = shape["hidden_size"]
+        shape["ffn_hidden_size"] = int(4 * h * 2 / 3 / 64) * 64 if shape.get("swiglu", True) else 4 * h
 
 
 def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:

@@ -34,6 +34,15 @@ class ModelConfig:
     init_method_std: float = 0.02
     # Megatron ties the output layer to the input embedding unless --untie-embeddings-and-output-weights.
     untie_embeddings_and_output_weights: bool = False
+    # The layer's flavour, Megatron's TransformerConfig. Defaults: the Llama-style model the engine implements (and
+    # every manifest written before these fields existed): SwiGLU MLP (--swiglu: fc1 is 2f x h, gate and up), no
+    # biases (--disable-bias-linear), RMSNorm, RoPE. A GPT-style model (Megatron's defaults without those flags:
+    # fc1 f x h with GeLU, biases, LayerNorm with a bias, learned absolute position embeddings) is for the ledger's
+    # formulas only (simulate / search); the engine refuses it.
+    swiglu: bool = True
+    add_bias_linear: bool = False
+    normalization: str = "RMSNorm"  # or "LayerNorm" (a weight and a bias)
+    position_embedding_type: str = "rope"  # or "learned_absolute" (a max_position_embeddings x h table)
 
     @property
     def head_dim(self) -> int:
@@ -43,6 +52,21 @@ class ModelConfig:
     def kv_channels(self) -> int:
         """Width of the K (or V) projection: query groups x head dim (GQA)."""
         return self.num_query_groups * self.head_dim
+
+    @property
+    def layer_norm(self) -> bool:
+        """LayerNorm (a bias beside the weight, and a mean saved per token) rather than RMSNorm."""
+        return self.normalization == "LayerNorm"
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.position_embedding_type == "learned_absolute"
+
+    @property
+    def llama_style(self) -> bool:
+        """The one flavour the engine implements (see the fields above)."""
+        return (self.swiglu and not self.add_bias_linear and self.normalization == "RMSNorm"
+                and self.position_embedding_type == "rope")
 
 
 @dataclass
@@ -88,7 +112,11 @@ class TrainConfig:
     mock_data: bool = True
     data_path: list[str] | None = None  # Megatron's --data-path: PREFIX, or a blend WEIGHT PREFIX WEIGHT PREFIX ...
     split: str = "969,30,1"  # Megatron's default --split (train,valid,test over the documents)
+    data_cache_path: str | None = None  # Megatron's --data-cache-path; None: PREFIX/cache/ (engine.datasets.cache)
     log_interval: int = 1
+    # Megatron's --deterministic-mode: deterministic kernels only (torch.use_deterministic_algorithms, a fixed cuBLAS
+    # workspace), so that two runs of the same flags, and a run resumed from a checkpoint, give the same bits on GPU.
+    deterministic_mode: bool = False
 
     @property
     def params_dtype(self) -> str:
@@ -139,6 +167,8 @@ class CheckpointConfig:
     save_interval: int | None = None
     load: str | None = None
     exit_interval: int | None = None
+    exit_duration_in_mins: float | None = None  # stop (saving first) once training has run this long
+    async_save: bool = False  # write in a background thread after a blocking copy to host memory
     no_load_optim: bool = False
     no_load_rng: bool = False
     finetune: bool = False
@@ -163,7 +193,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        # Manifests written before the flag existed lack it: that engine always untied.
+        # Manifests written before the flag existed lack it: that engine always untied. Before the layer's flavour
+        # fields (swiglu, biases, norm, positions) they lack those too: the dataclass defaults, the Llama style.
         model = {"untie_embeddings_and_output_weights": True, **d["model"]}
         return cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
                    train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
@@ -185,6 +216,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama3.1-8b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                         num_query_groups=8, vocab_size=128256, seq_length=8192, max_position_embeddings=131072,
                         rotary_base=500000.0),
+    "llama3.1-70b": dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
+                         num_query_groups=8, vocab_size=128256, seq_length=8192, max_position_embeddings=131072,
+                         rotary_base=500000.0),
+    # GPT-3 175B (Brown et al. 2020) as Megatron-LM trains it: Megatron's defaults without --swiglu,
+    # --disable-bias-linear, --normalization RMSNorm or --position-embedding-type rope (GeLU MLP of 4h, biases,
+    # LayerNorm, learned positions), the GPT-2 BPE vocabulary: 174,604,836,864 parameters at tp 1 (~174.6B).
+    # For the ledger's formulas (simulate / search); the engine implements the Llama style only.
+    "gpt3-175b": dict(num_layers=96, hidden_size=12288, ffn_hidden_size=49152, num_attention_heads=96,
+                      num_query_groups=96, vocab_size=50257, seq_length=2048, max_position_embeddings=2048,
+                      swiglu=False, add_bias_linear=True, normalization="LayerNorm",
+                      position_embedding_type="learned_absolute"),
 }
 
 # Sizes far beyond any real run are refused rather than computed: the formulas enumerate layers and ranks, so a typo
@@ -361,12 +403,16 @@ def checkpoint_dir_name(iteration: int) -> str:
 
 
 def check_checkpoint_flags(c: CheckpointConfig, train_iters: int) -> None:
-    """Counts >= 1; a flag that could have no effect is an error rather than ignored (an exit after the last
-    iteration, a load option without --load), except --save-interval without --save, which Megatron accepts and
-    saves nothing with (the seed's run.sh passes --save-interval 1000000 and no --save)."""
+    """Counts >= 1, a duration a finite number of minutes > 0; a flag that could have no effect is an error rather
+    than ignored (an --async-save without --save, an exit after the last iteration, a load option without --load),
+    except --save-interval without --save, which Megatron accepts and saves nothing with (the seed's run.sh passes
+    --save-interval 1000000 and no --save)."""
     for flag, value in (("--save-interval", c.save_interval), ("--exit-interval", c.exit_interval)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if c.exit_duration_in_mins is not None and not (math.isfinite(c.exit_duration_in_mins)
+                                                    and c.exit_duration_in_mins > 0):
+        raise ConfigError(f"--exit-duration-in-mins must be a number of minutes > 0, got {c.exit_duration_in_mins}")
     if c.exit_interval is not None and c.exit_interval > train_iters:
         raise ConfigError(f"--exit-interval {c.exit_interval} is beyond --train-iters {train_iters}: it would never "
                           "stop the run")
@@ -374,6 +420,8 @@ def check_checkpoint_flags(c: CheckpointConfig, train_iters: int) -> None:
                         ("--finetune", c.finetune)):
         if value and c.load is None:
             raise ConfigError(f"{flag} needs --load DIR")
+    if c.async_save and c.save is None:
+        raise ConfigError("--async-save needs --save DIR")
 
 
 def checkpoint_layout(cfg: RunConfig) -> dict[str, Any]:
@@ -408,20 +456,27 @@ def latest_checkpoint(load_dir: str) -> int | None:
 
 
 def check_load_layout(cfg: RunConfig) -> None:
-    """A checkpoint loads only at the layout it was saved at (resharding is not supported): refused up front, with
-    the first difference named, rather than failing inside the ranks."""
+    """A checkpoint loads at another parallel layout (engine.checkpoint_reshard rebuilds each parameter's state by
+    name and cuts it anew: world size, tp, pp, cp, vpp, DDP buckets, micro-batch size), but only into the same model
+    shape, precision, optimizer and global batch size (the saved state and data position mean nothing in another):
+    those are refused up front, the first difference named, rather than failing inside the ranks."""
+    reshardable = ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                   "context_parallel_size", "virtual_pipeline_model_parallel_size", "overlap_grad_reduce",
+                   "ddp_bucket_size", "micro_batch_size")
     load = cfg.checkpoint.load
     iteration = latest_checkpoint(load) if load is not None else None
     if iteration is None:
         return
-    path = Path(load) / checkpoint_dir_name(iteration) / CHECKPOINT_LAYOUT_FILE
+    name = checkpoint_dir_name(iteration)
+    path = Path(load) / name / CHECKPOINT_LAYOUT_FILE
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--load {load}: cannot read {path.name} of {checkpoint_dir_name(iteration)}: {exc}") from exc
+        raise ConfigError(f"--load {load}: cannot read {path.name} of {name}: {exc}") from exc
+    if not isinstance(saved, dict) or any(key not in saved for key in reshardable):
+        raise ConfigError(f"--load {load}: {name}/{path.name} does not record the saving run's parallel layout")
     for key, value in checkpoint_layout(cfg).items():
-        if not isinstance(saved, dict) or saved.get(key) != value:
-            found = saved.get(key) if isinstance(saved, dict) else saved
-            raise ConfigError(f"--load {load}: {checkpoint_dir_name(iteration)} was saved with {key} {found}, this "
-                              f"run has {value}; a checkpoint loads only at the same model shape, parallel layout, "
-                              "precision, optimizer and DDP bucket size (resharding is not supported)")
+        if key not in reshardable and saved.get(key) != value:
+            raise ConfigError(f"--load {load}: {name} was saved with {key} {saved.get(key)}, this run has {value}; a "
+                              "checkpoint reshards to another parallel layout, DDP bucket size or micro-batch size, "
+                              "but loads only into the same model shape, precision, optimizer and global batch size")

@@ -5,9 +5,11 @@ rank holds is flat: its model chunks' DDP param buffers, and its optimizer piece
 the distributed optimizer cuts at byte ranges of buckets, across parameter edges. DCP's value is resharding, and that
 needs each tensor described as a slice of a global one (DTensor / ShardedTensor metadata) that these flat shards do
 not have; saved under rank-unique keys DCP would reshard nothing and add a planning collective to every save and load.
-So a checkpoint loads only at the layout it was saved at, which common.config.check_load_layout checks before any
-rank starts (resharding is not supported), and a rank's save is one sequential write with no collective but the
-barriers below (and the parameter all-gather that --overlap-param-gather still owes).
+So a rank's save is one sequential write with no collective but the barriers below (and the parameter all-gather
+that --overlap-param-gather still owes), and resharding is ours: a checkpoint saved at another parallel layout is
+rebuilt parameter by parameter from the saving ranks' files and cut for this rank (engine/checkpoint_reshard.py);
+common.config.check_load_layout refuses, before any rank starts, what cannot be resharded (model shape, dtypes,
+optimizer kind, global batch size).
 
 A rank's file holds: the param buffers (padding included, so the bytes are exactly the run's), the optimizer's fp32
 main-param copy when the params are 16-bit (fp32 main params are the param buffer itself) and torch's AdamW state
@@ -15,17 +17,36 @@ main-param copy when the params are 16-bit (fp32 main params are the param buffe
 not numpy's global one, which nothing draws from: the datasets seed their own RandomState), the data iterators'
 positions and the iteration.
 
-Atomic, as Megatron's protocol: every rank writes into DIR/iter_X.tmp; after a barrier rank 0 writes layout.json
-there (its presence marks a whole save), renames the directory to iter_X and only then rewrites
-latest_checkpointed_iteration.txt (through a temporary file and os.replace). A kill at any point leaves the pointer
-naming the previous complete checkpoint; a stale .tmp is removed by the next save. DIR must be one file system
-seen by every rank, as Megatron's --save.
+Atomic, as Megatron's protocol: every rank writes into DIR/iter_X.tmp, each rank's file under a temporary name
+renamed into place when whole (so a rank file's presence means it is complete); rank 0, once all world-size rank
+files are there, writes layout.json (its presence marks a whole save), renames the directory to iter_X and only then
+rewrites latest_checkpointed_iteration.txt (through a temporary file and os.replace). A kill at any point leaves the
+pointer naming the previous complete checkpoint; a stale .tmp is removed by the next save. DIR must be one file
+system seen by every rank, as Megatron's --save.
 
-Probes (the run's probe set, which the engine hands every DDP chunk): a "checkpoint" range around each save and load,
-and a "checkpoint" event per rank (probes.probe_set): a save's iteration, this rank's file size on disk, the seconds
-the training loop waited (the whole save is blocking: no asynchronous part), this rank's torch.save alone, and the
-iteration this run resumed from; a load's iteration and seconds. The ledger predicts the size
-(ledger.formulas.checkpoint).
+--async-save (Megatron's flag): the blocking part is the parameter sync, rank 0's fresh .tmp directory (then a
+barrier) and a copy of this rank's state into host memory (pinned on CUDA, allocated at the first save and reused);
+a background thread then writes that copy, and on rank 0 waits for every rank's file and finalises as above. Why
+rank 0 watches the files rather than a collective finalising at the next save, as Megatron's async queue does: a
+checkpoint becomes loadable as soon as its last byte is written, not only when training reaches the next save or
+its end (a job preempted in between would lose it), and the background thread issues no collective, which could
+interleave with the training loop's on the same process group. One save is in flight at a time: a save first
+finishes the previous one, and training finishes the pending one before it returns (a killed run's daemon thread
+dies with it, leaving the previous checkpoint as the latest). Without --async-save the same steps run inline.
+
+--exit-duration-in-mins M (Megatron's): after each iteration every rank asks whether M minutes have passed since
+it started (this module's import, as Megatron's _TRAIN_START_TIME) and the answers are all-reduced with MAX, so
+every rank stops after the same iteration even when their clocks disagree; it saves first under --save, as
+--exit-interval.
+
+Probes (the run's probe set, which the engine hands every DDP chunk): a "checkpoint" range around each save's
+blocking part and each load, and a "checkpoint" event per rank (probes.probe_set), written once the save is
+finished on this rank: a save's iteration, this rank's file size on disk, the seconds the training loop waited
+(blocking_seconds: all of it without --async-save), the seconds the background part took (background_seconds: 0.0
+without --async-save; on rank 0 it includes waiting for the other ranks' files and the rename), this rank's
+torch.save alone, and the iteration this run resumed from; a load's iteration, seconds and the run directory that
+saved the checkpoint (layout.json's saved_by_run_dir), which lets the dashboard join the two runs' loss curves.
+The ledger predicts the size (ledger.formulas.checkpoint).
 """
 from __future__ import annotations
 
@@ -33,6 +54,7 @@ import json
 import os
 import random
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +62,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from common.config import (
     CHECKPOINT_LAYOUT_FILE,
@@ -50,12 +73,19 @@ from common.config import (
     latest_checkpoint,
 )
 from common.errors import UserError
+from engine.checkpoint_reshard import resharded_state, resharding_note
 from engine.optimizer.optimizer import _copy_pieces
 from probes.probe_set import NullProbeSet
 
+SAVED_BY_RUN_DIR = "saved_by_run_dir"  # layout.json's key for the run directory that saved the checkpoint
+POLL_SECONDS = 0.01  # how often rank 0's finaliser looks for the other ranks' files
+# The rank's start, which --exit-duration-in-mins counts from: as Megatron's _TRAIN_START_TIME, taken when the
+# training module is imported, so model building and the start-up sweeps count against the job's allotted time.
+PROCESS_STARTED = time.monotonic()
 
-def _rank_file(directory: Path) -> Path:
-    return directory / f"rank_{dist.get_rank():05d}.pt"
+
+def _rank_file(directory: Path, rank: int | None = None) -> Path:
+    return directory / f"rank_{dist.get_rank() if rank is None else rank:05d}.pt"
 
 
 def _rng_state() -> dict[str, Any]:
@@ -79,9 +109,104 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _wait_for_rank_files(directory: Path, world_size: int) -> None:
+    """Until every rank's file is in `directory` (each appears by rename, whole)."""
+    while sum(1 for _ in directory.glob("rank_*.pt")) < world_size:
+        time.sleep(POLL_SECONDS)
+
+
+def _finalise(save_dir: Path, iteration: int, layout: dict[str, Any]) -> None:
+    """Rank 0, once every rank's file is in iter_X.tmp: layout.json, the rename to iter_X, then the pointer."""
+    final = save_dir / checkpoint_dir_name(iteration)
+    tmp = final.with_name(final.name + ".tmp")
+    (tmp / CHECKPOINT_LAYOUT_FILE).write_text(json.dumps(layout, indent=1))
+    shutil.rmtree(final, ignore_errors=True)  # a save of this iteration whose pointer was never written
+    os.rename(tmp, final)
+    _write_atomically(save_dir / LATEST_CHECKPOINT_FILE, f"{iteration}\n")
+
+
+@dataclass
+class HostCopy:
+    """Host buffers matching a state's tensors, allocated at the first --async-save and reused (the previous save's
+    write has finished before the next copy): pinned on CUDA, so the device-to-host copies run at full speed."""
+    buffers: list[torch.Tensor] = field(default_factory=list)
+
+    def of(self, state: Any) -> Any:
+        """`state` with every tensor replaced by its copy in host memory, complete when this returns."""
+        leaves, spec = tree_flatten(state)
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        if [(b.shape, b.dtype) for b in self.buffers] != [(t.shape, t.dtype) for t in tensors]:
+            self.buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in tensors]
+        for buffer, tensor in zip(self.buffers, tensors):
+            buffer.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+        if any(t.is_cuda for t in tensors):
+            torch.cuda.synchronize()
+        copies = iter(self.buffers)
+        return tree_unflatten([next(copies) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+
+
+@dataclass
+class PendingSave:
+    """One save after its blocking part: writes this rank's file and, on rank 0, finalises the checkpoint; run()
+    inline, or start() in a background thread and join() later (which raises what the thread raised)."""
+    iteration: int
+    state: dict[str, Any]
+    save_dir: Path
+    layout: dict[str, Any] | None  # rank 0's: what it writes as layout.json; None on the other ranks
+    world_size: int
+    rank: int
+    blocking_seconds: float = 0.0
+    background: bool = False
+    bytes: int = 0
+    write_seconds: float = 0.0
+    work_seconds: float = 0.0
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def tmp(self) -> Path:
+        return self.save_dir / (checkpoint_dir_name(self.iteration) + ".tmp")
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        target = _rank_file(self.tmp, self.rank)
+        part = target.with_name(target.name + ".part")
+        torch.save(self.state, part)
+        self.write_seconds = time.perf_counter() - start
+        self.bytes = part.stat().st_size
+        os.replace(part, target)
+        self.state = {}  # the host copy's buffers stay with the Checkpointer, for the next save
+        if self.layout is not None:
+            _wait_for_rank_files(self.tmp, self.world_size)
+            _finalise(self.save_dir, self.iteration, self.layout)
+        self.work_seconds = time.perf_counter() - start
+
+    def start(self) -> None:
+        self.background = True
+        self.thread = threading.Thread(target=self._run_catching, name=f"checkpoint-{self.iteration}", daemon=True)
+        self.thread.start()
+
+    def _run_catching(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the training loop's thread by join()
+            self.error = exc
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 @dataclass
 class Checkpointer:
-    """Saves and loads one rank's training state; the training loop calls load() once and after_step() each step."""
+    """Saves and loads one rank's training state; the training loop calls load() once, after_step() each step and
+    finish() at the end (a background save must be on disk before training returns)."""
     run_config: RunConfig
     model: list[Any]  # DistributedDataParallel chunks
     optimizer: Any  # MegatronOptimizer
@@ -90,6 +215,9 @@ class Checkpointer:
     log: bool  # rank 0 prints what it saved and loaded
     probes: Any = field(default_factory=NullProbeSet)  # times each save / load and records what it wrote
     loaded_iteration: int | None = None  # the checkpoint load() restored (None: the run started fresh)
+    started: float = PROCESS_STARTED  # time.monotonic() at start-up, which --exit-duration-in-mins counts from
+    host_copy: HostCopy = field(default_factory=HostCopy)
+    pending: PendingSave | None = None  # the save whose background part may still run
 
     @property
     def _buffers(self) -> list[torch.Tensor]:
@@ -102,38 +230,61 @@ class Checkpointer:
                 "scheduler_num_steps": self.scheduler.num_steps, "rng": _rng_state(),
                 "data_positions": [it.position for it in self.data_iterators]}
 
-    def save(self, iteration: int) -> None:
-        start = time.perf_counter()
-        with self.probes.range(f"save checkpoint iter {iteration}", "checkpoint", iteration=iteration):
-            path, write_seconds = self._save(iteration)
-        self.probes.checkpoint("save", iteration=iteration, path=str(path), bytes=path.stat().st_size,
-                                seconds=time.perf_counter() - start, write_seconds=write_seconds,
-                                loaded_iteration=self.loaded_iteration)
+    def _layout(self) -> dict[str, Any]:
+        """layout.json: what check_load_layout compares, and the run directory that saved it (the dashboard's link
+        from a resumed run back to this one)."""
+        run_dir = self.run_config.probes.run_dir
+        return {**checkpoint_layout(self.run_config),
+                SAVED_BY_RUN_DIR: os.path.abspath(run_dir) if run_dir is not None else None}
 
-    def _save(self, iteration: int) -> tuple[Path, float]:
-        """Write the checkpoint; returns this rank's file (after the rename) and its torch.save's seconds."""
+    def save(self, iteration: int) -> None:
+        c, start = self.run_config.checkpoint, time.perf_counter()
+        self.finish()  # one save in flight: the previous one's file is written (and on rank 0 finalised) first
+        with self.probes.range(f"save checkpoint iter {iteration}", "checkpoint", iteration=iteration):
+            pending = self._prepare(iteration)
+            if c.async_save:
+                pending.state = self.host_copy.of(pending.state)
+                pending.start()
+            else:
+                pending.run()
+        pending.blocking_seconds = time.perf_counter() - start
+        self.pending = pending
+        if not c.async_save:
+            self.finish()
+
+    def _prepare(self, iteration: int) -> PendingSave:
+        """The blocking start of a save: the owed param sync, rank 0's fresh iter_X.tmp, a barrier."""
         save_dir = Path(self.run_config.checkpoint.save)
-        final = save_dir / checkpoint_dir_name(iteration)
-        tmp = final.with_name(final.name + ".tmp")
         for chunk in self.model:  # under --overlap-param-gather the last update's all-gather is still owed
             chunk.start_param_sync(force_sync=True)
-        if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
-            tmp.mkdir(parents=True)
+        pending = PendingSave(iteration=iteration, state=self._state(iteration), save_dir=save_dir,
+                              layout=self._layout() if dist.get_rank() == 0 else None,
+                              world_size=dist.get_world_size(), rank=dist.get_rank())
+        if pending.layout is not None:
+            shutil.rmtree(pending.tmp, ignore_errors=True)  # left by a save that was killed
+            pending.tmp.mkdir(parents=True)
         dist.barrier()
-        write_start = time.perf_counter()
-        torch.save(self._state(iteration), _rank_file(tmp))
-        write_seconds = time.perf_counter() - write_start
-        dist.barrier()
-        if dist.get_rank() == 0:
-            (tmp / CHECKPOINT_LAYOUT_FILE).write_text(json.dumps(checkpoint_layout(self.run_config), indent=1))
-            shutil.rmtree(final, ignore_errors=True)  # a save of this iteration whose pointer was never written
-            os.rename(tmp, final)
-            _write_atomically(save_dir / LATEST_CHECKPOINT_FILE, f"{iteration}\n")
-        dist.barrier()
+        return pending
+
+    def finish(self, wait: bool = True) -> None:
+        """Finish the pending save (wait=False: only if its background part is done): raise what it raised,
+        record its event."""
+        p = self.pending
+        if p is None or (not wait and p.running):
+            return
+        self.pending = None
+        p.join()
+        final = Path(self.run_config.checkpoint.save)
+        self.probes.checkpoint("save", iteration=p.iteration,
+                                path=str(_rank_file(final / checkpoint_dir_name(p.iteration), p.rank)),
+                                bytes=p.bytes, blocking_seconds=p.blocking_seconds,
+                                background_seconds=p.work_seconds if p.background else 0.0,
+                                write_seconds=p.write_seconds, async_save=p.background,
+                                loaded_iteration=self.loaded_iteration)
         if self.log:
-            print(f"train-ledger: saved checkpoint {final} at iteration {iteration}", flush=True)
-        return _rank_file(final), write_seconds
+            where = "" if not p.background else f" (in the background: {p.work_seconds:.3g} s)"
+            print(f"train-ledger: saved checkpoint {final / checkpoint_dir_name(p.iteration)} at iteration "
+                  f"{p.iteration}{where}", flush=True)
 
     def load(self) -> int:
         """Restore what --load and its options ask for; returns the iteration to continue after (0: from scratch)."""
@@ -149,8 +300,10 @@ class Checkpointer:
         start, loaded = time.perf_counter(), iteration
         with self.probes.range(f"load checkpoint iter {loaded}", "checkpoint", iteration=loaded):
             iteration = self._load(loaded)
+        directory = Path(c.load) / checkpoint_dir_name(loaded)
+        saved_by = json.loads((directory / CHECKPOINT_LAYOUT_FILE).read_text()).get(SAVED_BY_RUN_DIR)
         self.probes.checkpoint("load", iteration=loaded, finetune=c.finetune, seconds=time.perf_counter() - start,
-                                path=str(_rank_file(Path(c.load) / checkpoint_dir_name(loaded))))
+                                path=str(_rank_file(directory)), saved_by_run_dir=saved_by)
         return iteration
 
     def _load(self, iteration: int) -> int:
@@ -158,7 +311,7 @@ class Checkpointer:
         c = self.run_config.checkpoint
         self.loaded_iteration = iteration
         directory = Path(c.load) / checkpoint_dir_name(iteration)
-        state = torch.load(_rank_file(directory), map_location="cpu", weights_only=True)
+        state = self._read_state(directory, with_optimizer=not (c.finetune or c.no_load_optim))
         self._load_params(state["param_buffers"], directory)
         if c.finetune or c.no_load_optim:
             _copy_pieces(self.optimizer.main_params, self.optimizer.model_params)  # a fresh optimizer's start
@@ -181,6 +334,17 @@ class Checkpointer:
                   flush=True)
         return iteration
 
+    def _read_state(self, directory: Path, with_optimizer: bool) -> dict[str, Any]:
+        """This rank's file; or, from a checkpoint of another layout (check_load_layout lets only reshardable keys
+        differ), the state this rank would have saved, resharded (engine.checkpoint_reshard)."""
+        saved_layout = json.loads((directory / CHECKPOINT_LAYOUT_FILE).read_text())
+        if all(saved_layout.get(key) == value for key, value in checkpoint_layout(self.run_config).items()):
+            return torch.load(_rank_file(directory), map_location="cpu", weights_only=True)
+        if self.log:
+            print(resharding_note(self.run_config, saved_layout, directory.name), flush=True)
+        return resharded_state(self.run_config, saved_layout, lambda rank: _rank_file(directory, rank), self.model,
+                               self.optimizer, with_optimizer=with_optimizer)
+
     def _load_params(self, saved: list[torch.Tensor], directory: Path) -> None:
         buffers = self._buffers
         shapes = [tuple(b.shape) for b in buffers], [tuple(b.shape) for b in saved]
@@ -191,13 +355,28 @@ class Checkpointer:
                 buffer.copy_(value)
 
     def after_step(self, iteration: int) -> bool:
-        """Save if due (every --save-interval, at --exit-interval and after the last iteration, as Megatron);
-        returns True when training stops here under --exit-interval."""
+        """Save if due (every --save-interval, at --exit-interval or --exit-duration-in-mins, and after the last
+        iteration, as Megatron); returns True when training stops here early."""
         c, train_iters = self.run_config.checkpoint, self.run_config.train.train_iters
-        exiting = c.exit_interval is not None and iteration % c.exit_interval == 0 and iteration < train_iters
+        self.finish(wait=False)  # a background save that has ended: its event now, its error now
+        by_interval = c.exit_interval is not None and iteration % c.exit_interval == 0
+        exiting = iteration < train_iters and (by_interval or self._out_of_time())
         due = (c.save_interval is not None and iteration % c.save_interval == 0) or exiting or iteration == train_iters
         if c.save is not None and due:
             self.save(iteration)
         if exiting and self.log:
-            print(f"train-ledger: exiting after iteration {iteration} (--exit-interval {c.exit_interval})", flush=True)
+            why = (f"--exit-interval {c.exit_interval}" if by_interval
+                   else f"--exit-duration-in-mins {c.exit_duration_in_mins:g}")
+            print(f"train-ledger: exiting after iteration {iteration} ({why})", flush=True)
         return exiting
+
+    def _out_of_time(self) -> bool:
+        """Whether any rank has trained --exit-duration-in-mins: each rank's own clock, all-reduced with MAX (as
+        Megatron), so that every rank stops after the same iteration."""
+        minutes = self.run_config.checkpoint.exit_duration_in_mins
+        if minutes is None:
+            return False
+        done = torch.tensor([time.monotonic() - self.started > minutes * 60], dtype=torch.int32,
+                            device=self._buffers[0].device)
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        return bool(done.item())

@@ -21,6 +21,15 @@ from common.errors import ConfigError, UserError
 from common.process import Terminated, die_with_parent, raise_on_termination
 
 
+def set_deterministic_mode() -> None:
+    """Megatron's --deterministic-mode. cuBLAS picks reduction orders that depend on its workspace unless the
+    workspace is fixed (before its first handle), and some torch kernels (the embedding's backward, index_add) sum
+    with atomics unless told to sort first; with both pinned, two runs of the same flags give the same bits, which
+    is what a bit-exact resume on GPU needs (docs/engine.md, "Checkpoints")."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
 def init_distributed() -> torch.device:
     """Join torchrun's process group; returns this rank's device."""
     if torch.cuda.is_available():
@@ -67,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"train-ledger train: error: {exc}", file=sys.stderr)
         return 2
+    if run_config.train.deterministic_mode:
+        set_deterministic_mode()
     device = init_distributed()
     try:
         run(run_config, argv, device)

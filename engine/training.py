@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from common.config import RunConfig
 from engine.checkpointing import Checkpointer
-from engine.data import MicroBatch, build_data_iterators
+from engine.data import MicroBatch, build_data_iterators, data_wait_figures
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from engine.jit import COMPILE_DEVICE_TYPES
 from engine.models.gpt_model import build_model_chunks
@@ -184,7 +184,7 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
           parallel_state: ParallelState, device: torch.device, probes: Any, checkpointer: Checkpointer, *,
           log: bool) -> list[StepLog]:
     """Iterations after the checkpoint loaded (if any) up to --train-iters; the checkpointer saves when due and
-    stops the loop at --exit-interval."""
+    stops the loop at --exit-interval or --exit-duration-in-mins."""
     start_iteration = checkpointer.load()
     config = build_schedule_config(run_config, model, parallel_state, probes)
     train = run_config.train
@@ -206,13 +206,15 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
                        tflops_per_gpu=flops_per_gpu_step / step_time / 1e12)
         steps.append(step)
         probes.step_end(iteration, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm, tokens=tokens_per_step,
-                        step_time_s=step.step_time_s, throughput=step.tflops_per_gpu)
+                        step_time_s=step.step_time_s, throughput=step.tflops_per_gpu,
+                        **data_wait_figures(data_iterators))  # the step's wait for data (docs/engine.md)
         if iteration == start_iteration + 1:
             probes.memory_point("after_first_step", lambda: held_tensors(model, optimizer))
         if log and iteration % train.log_interval == 0:
             training_log(step, train.train_iters)
         if checkpointer.after_step(iteration):
             break
+    checkpointer.finish()  # an --async-save still writing: on disk (and finalised) before training returns
     for chunk in model:  # under --overlap-param-gather the last update's all-gather is owed to a next step
         chunk.start_param_sync(force_sync=True)
     return steps
@@ -263,8 +265,10 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     probes.inventory(_inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
-    data_iterators = build_data_iterators(run_config, parallel_state, device)
+    data_iterators = build_data_iterators(run_config, parallel_state, device, probes)
     checkpointer = Checkpointer(run_config, model, optimizer, scheduler, data_iterators, log=log, probes=probes)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,
                   device, probes, checkpointer, log=log)
+    for iterator in data_iterators:  # stop the loaders' threads and what they built ahead
+        iterator.close()
     return TrainResult(steps=steps, model=model)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
+from common.errors import UserError
 from common.run_dir import trace_files
 from ledger.formulas.bubble import bubble
 from ledger.formulas.buffer_layout import rank_buffers
@@ -20,7 +21,8 @@ from ledger.formulas.static_memory import static_bytes
 from ledger.headline import figures
 from ledger.loaders import load_manifest, load_rows
 from ledger.rank_groups import Layout
-from ledger.reconcile.evidence import load_config
+from ledger.reconcile.checkpoint import resumed_from
+from ledger.reconcile.evidence import RunEvidence, load_config
 from ledger.reconcile.run import gather
 from ledger.schedule import FORWARD, simulate
 
@@ -104,6 +106,63 @@ def _inventory_terms(records: list[dict[str, Any]]) -> dict[str, int]:
         terms[term] += int(rec.get("bytes", 0)) - pad
         terms["padding"] += pad
     return terms if matched else {}
+
+
+def _losses(ev: RunEvidence) -> list[tuple[int, float]]:
+    """(iteration, loss) of every step of the run, from the first rank that logged steps (every rank logs the
+    global batch's loss: the engine reduces it over DP and broadcasts it from the last pipeline stage)."""
+    for _, r in sorted(ev.ranks.items()):
+        steps = [(int(s["step"]), float(s["loss"])) for s in r.steps if s.get("loss") is not None]
+        if steps:
+            return sorted(steps)
+    return []
+
+
+def _earlier_run(run_dir: Path, saved_by: str) -> Path | None:
+    """The run directory that saved the checkpoint a run resumed from: where the checkpoint says it was, else a
+    run of that name beside this one (the runs were moved together, or copied to another machine)."""
+    for candidate in (Path(saved_by), run_dir.parent / Path(saved_by).name):
+        if candidate.is_dir() and candidate.resolve() != run_dir.resolve():
+            return candidate
+    return None
+
+
+def loss_curve(run_dir: str) -> dict[str, Any]:
+    """The loss per iteration across resumes: a run that resumed from a checkpoint (not --finetune) continues the
+    run that saved it (the load event's `saved_by_run_dir`, written by engine.checkpointing into the checkpoint's
+    layout.json), so its curve is that run's steps up to the iteration it resumed from (recursively: that run may
+    have resumed too) followed by its own. Returns `steps` [{iteration, loss, run}] with each iteration once,
+    `resumes` [{iteration, run, from_run, joined}] (where a vertical marker goes; joined: from_run's steps are on
+    the curve) and `notes` (an earlier run that could not
+    be found or read: its steps are missing from the curve)."""
+    return _joined(Path(run_dir), frozenset())
+
+
+def _joined(path: Path, seen: frozenset[str]) -> dict[str, Any]:
+    """loss_curve of `path`, `seen` the runs already on the curve (a loop of runs naming each other ends)."""
+    ev = gather(path)
+    own = [{"iteration": i, "loss": loss, "run": str(path)} for i, loss in _losses(ev)]
+    found = resumed_from(ev)
+    if found is None or found[1].get("finetune"):
+        return {"steps": own, "resumes": [], "notes": []}
+    iteration, load = found
+    resume = {"iteration": iteration, "run": str(path), "from_run": load.get("saved_by_run_dir"), "joined": False}
+    earlier = _earlier_run(path, resume["from_run"]) if resume["from_run"] else None
+    if earlier is None or str(earlier.resolve()) in seen:
+        why = ("its checkpoint does not record one" if not resume["from_run"] else
+               f"{resume['from_run']} is not there" if earlier is None else "the runs resume from each other")
+        return {"steps": own, "resumes": [resume],
+                "notes": [f"resumed from iteration {iteration}; the run that saved it is not shown ({why})"]}
+    resume["from_run"] = str(earlier)
+    try:
+        before = _joined(earlier, seen | {str(path.resolve())})
+    except UserError as exc:
+        return {"steps": own, "resumes": [resume], "notes": [f"resumed from iteration {iteration} of {earlier}, "
+                                                             f"which cannot be read: {exc}"]}
+    resume["joined"] = True
+    return {"steps": [s for s in before["steps"] if s["iteration"] <= iteration] + own,
+            "resumes": [r for r in before["resumes"] if r["iteration"] <= iteration] + [resume],
+            "notes": before["notes"]}
 
 
 def pipeline_shape(run_dir: str) -> dict[str, int] | None:

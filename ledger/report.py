@@ -144,9 +144,11 @@ def summary(data: dict[str, Any], lines: list[Line]) -> str:
 
 
 def resumed(rows: list[dict[str, Any]]) -> str:
-    """' Resumed from the checkpoint of iteration N.' for a run that loaded one at start (else empty)."""
+    """' Resumed from the checkpoint of iteration N: this run loaded DIR (saved by run RUN) ...' for a run that
+    loaded one at start (else empty): the iteration, the checkpoint and the run that saved it."""
     found = [r for r in rows if r["metric"] == "checkpoint.resumed_from_iteration"]
-    return f" Resumed from the checkpoint of iteration {found[0]['measured']:.0f}." if found else ""
+    return (f" Resumed from the checkpoint of iteration {found[0]['measured']:.0f}: {found[0]['explanation']}."
+            if found else "")
 
 
 def unmeasured_memory(view: View) -> str | None:

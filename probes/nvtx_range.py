@@ -28,6 +28,7 @@ CATEGORY_COLOURS: dict[str, str] = {
     "dp-wait": "white",  # a stall: the compute stream waits for a DP collective (its name starts with "wait ")
     "embd-comm": "cyan",
     "checkpoint": "magenta",  # a checkpoint's save or load (engine.checkpointing), between steps
+    "data-wait": "black",  # a stall: the training loop waits for its loader's next micro-batch ("wait data mbN")
 }
 CATEGORIES = tuple(CATEGORY_COLOURS)
 

@@ -19,7 +19,9 @@ these; keep them stable):
                                                     # embd-comm (tied embeddings' grad all-reduce),
                                                     # dp-wait (a stall: "wait ..." names, e.g. the DDP
                                                     # pre-hook's all-gather wait nested in a forward),
-                                                    # checkpoint (a save or load, between steps)
+                                                    # checkpoint (a save or load, between steps),
+                                                    # data-wait (a stall: next() waiting on the data loader's queue,
+                                                    # "wait data mbN" nested in a forward; engine.data)
     token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
     probes.comm_end(token)                          # ... and its wait returned
     probes.step_begin(iteration)
@@ -47,7 +49,8 @@ every completed step readable; the fsync runs on the writer's thread. What is wr
   bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
              (the run's own sizes, and one element per rank: the latency point of the time model's fit)
   compute    op, dims, dtype, seconds, flops, iters, device, threads, variant, cached  (see probes.compute_sweep)
-  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes;
+  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
+             (data_wait_s: the seconds the loop blocked on its data loaders, on ranks that read data);
              profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
              after_trace_export (the step after the window's traces were written: it waits for the slowest export)
   checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file), seconds; a save

@@ -69,9 +69,12 @@ def _evidence(saves: dict[int, list[dict]], load: dict | None = None) -> RunEvid
                        ranks=ranks, traces=[])
 
 
-def _save(iteration: int, size: int, seconds: float = 0.01) -> dict:
-    return {"kind": "checkpoint", "action": "save", "iteration": iteration, "bytes": size, "seconds": seconds,
-            "write_seconds": seconds / 2, "loaded_iteration": None, "path": f"ck/iter_{iteration:07d}/rank_0.pt"}
+def _save(iteration: int, size: int, seconds: float = 0.01, background: float | None = None) -> dict:
+    """A save event; `background` seconds make it an --async-save."""
+    return {"kind": "checkpoint", "action": "save", "iteration": iteration, "bytes": size, "blocking_seconds": seconds,
+            "background_seconds": background or 0.0, "async_save": background is not None,
+            "write_seconds": (background or seconds) / 2, "loaded_iteration": None,
+            "path": f"ck/iter_{iteration:07d}/rank_0.pt"}
 
 
 def _rows(ev: RunEvidence, metric: str) -> list:
@@ -92,18 +95,43 @@ def test_the_last_save_is_judged_and_seconds_are_measured_only():
     ev = _evidence({1: [_save(2, 1, seconds=0.5), _save(4, predicted + 10_000, seconds=0.2)]})
     (size,) = _rows(ev, "checkpoint.bytes_per_rank")
     assert (size.rank, size.step, size.verdict) == (1, 4, "ok")
-    (seconds,) = _rows(ev, "checkpoint.save_seconds")
+    (seconds,) = _rows(ev, "checkpoint.save_blocking_seconds")
     assert (seconds.measured, seconds.step, seconds.predicted, seconds.verdict) == (0.5, 2, None, "n/a")
     assert "slowest of 2" in seconds.explanation and "no prediction" in seconds.explanation
+    (background,) = _rows(ev, "checkpoint.save_background_seconds")
+    assert (background.measured, background.verdict) == (0.0, "n/a")
+    assert "without --async-save the whole save blocks" in background.explanation
 
 
-def test_a_resumed_run_says_where_it_resumed():
+def test_an_async_save_shows_its_blocking_and_background_parts_apart():
+    ev = _evidence({0: [_save(2, 1, seconds=0.01, background=0.3), _save(4, 1, seconds=0.02, background=0.1)],
+                    1: [_save(2, 1, seconds=0.03, background=0.2)]})
+    blocking = _rows(ev, "checkpoint.save_blocking_seconds")
+    background = _rows(ev, "checkpoint.save_background_seconds")
+    assert [(r.rank, r.step, r.measured) for r in blocking] == [(0, 4, 0.02), (1, 2, 0.03)]
+    assert [(r.rank, r.step, r.measured) for r in background] == [(0, 2, 0.3), (1, 2, 0.2)]
+    assert "copy of the state into host memory" in blocking[0].explanation
+    assert "the wait for every rank's file" in background[0].explanation
+    assert "the wait for every rank's file" not in background[1].explanation
+
+
+def test_events_from_before_async_save_still_read():
+    old = {k: v for k, v in _save(2, 1, seconds=0.4).items()
+           if k not in ("blocking_seconds", "background_seconds", "async_save")} | {"seconds": 0.4}
+    (seconds,) = _rows(_evidence({0: [old]}), "checkpoint.save_blocking_seconds")
+    assert seconds.measured == 0.4
+
+
+def test_a_resumed_run_says_where_it_resumed_and_which_run_saved_it():
     load = {"kind": "checkpoint", "action": "load", "iteration": 3, "finetune": False, "seconds": 0.1,
-            "path": "ck/iter_0000003/rank_00000.pt"}
+            "path": "ck/iter_0000003/rank_00000.pt", "saved_by_run_dir": "/runs/first"}
     (row,) = _rows(_evidence({0: [], 1: []}, load), "checkpoint.resumed_from_iteration")
     assert (row.scope, row.measured, row.verdict) == ("run", 3, "identity")
-    assert "ck/iter_0000003" in row.explanation and "continued after it" in row.explanation
-    assert resumed([row.to_dict()]) == " Resumed from the checkpoint of iteration 3."
+    assert resumed([row.to_dict()]) == (" Resumed from the checkpoint of iteration 3: this run loaded ck/iter_0000003 "
+                                        "(saved by run /runs/first) at start and continued after it.")
+    del load["saved_by_run_dir"]  # a checkpoint saved before the run directory was recorded
+    (row,) = _rows(_evidence({0: [], 1: []}, load), "checkpoint.resumed_from_iteration")
+    assert "saved by a run whose directory it does not record" in row.explanation
     assert not _rows(_evidence({0: [], 1: []}), "checkpoint.resumed_from_iteration")
     assert resumed([]) == ""
 
@@ -128,22 +156,25 @@ def _corrupt_bytes(run_dir: Path, rank: int, factor: float) -> None:
 
 @pytest.mark.slow
 def test_gloo_run_with_save_and_resume_reconciles(tmp_path):
-    """A DP2 run saves at iterations 2 and 4; each rank's file on disk is its predicted tensors plus the container.
-    A run resumed from it says so. A measurement halved on disk's behalf (corrupted events) is off."""
+    """A DP2 run saves at iterations 2 and 4 with --async-save; each rank's file on disk is its predicted tensors
+    plus the container (the host copy writes the same tensors), and each rank's save has a blocking and a
+    background part. A run resumed from it says so, and names the run that saved the checkpoint. A measurement
+    halved on disk's behalf (corrupted events) is off."""
     first, second, ckpt = tmp_path / "first", tmp_path / "second", tmp_path / "ckpt"
-    _train(first, ckpt, "--train-iters", "4")
+    _train(first, ckpt, "--train-iters", "4", "--async-save")
     result = reconcile(first)
     sizes = [r for r in result.rows if r.metric == "checkpoint.bytes_per_rank"]
     assert [(r.rank, r.step, r.verdict) for r in sizes] == [(0, 4, "ok"), (1, 4, "ok")]
     for r in sizes:
         assert r.measured == (ckpt / "iter_0000004" / f"rank_{r.rank:05d}.pt").stat().st_size
         assert 0 < r.measured - r.predicted <= r.abs_tolerance  # the container adds, never removes
-    assert {r.rank for r in result.rows if r.metric == "checkpoint.save_seconds" and r.measured > 0} == {0, 1}
+    for metric in ("checkpoint.save_blocking_seconds", "checkpoint.save_background_seconds"):
+        assert {r.rank for r in result.rows if r.metric == metric and r.measured > 0} == {0, 1}
     assert not [r for r in result.rows if r.metric == "checkpoint.resumed_from_iteration"]
 
     _train(second, ckpt, "--train-iters", "6", "--load", str(ckpt))
     (resumed_row,) = [r for r in reconcile(second).rows if r.metric == "checkpoint.resumed_from_iteration"]
-    assert resumed_row.measured == 4
+    assert resumed_row.measured == 4 and f"(saved by run {first})" in resumed_row.explanation
 
     _corrupt_bytes(first, 1, 0.5)
     corrupted = [r for r in reconcile(first).rows if r.metric == "checkpoint.bytes_per_rank"]

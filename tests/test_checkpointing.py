@@ -9,8 +9,11 @@ with == and torch.equal, not a tolerance.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from common.arguments import parse_args
 from common.config import LATEST_CHECKPOINT_FILE, checkpoint_layout
 from common.errors import ConfigError
 from engine import checkpointing
+from probes.probe_set import NullProbeSet
 from tests.support.gloo import run_distributed, world_of_one
 from tests.support.parity import train_and_collect, train_rank
 
@@ -26,10 +30,10 @@ TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--gl
         "--lr", "3e-3", "--lr-warmup-iters", "1", "--mock-data"]
 
 
-def _train(argv: list[str]) -> dict:
+def _train(argv: list[str], probes=None) -> dict:
     """pretrain on a world of one with these flags: losses, lrs and the final parameters."""
     with world_of_one():
-        return train_and_collect(parse_args(argv, world_size=1))
+        return train_and_collect(parse_args(argv, world_size=1), probes=probes)
 
 
 def _assert_params_equal(actual: dict, expected: dict) -> None:
@@ -43,6 +47,8 @@ def _assert_params_equal(actual: dict, expected: dict) -> None:
 LAYOUTS = {
     "dp2-distributed-optimizer": (2, ["--global-batch-size", "4", "--use-distributed-optimizer", "--bf16"]),
     "pp2": (2, ["--pipeline-model-parallel-size", "2", "--global-batch-size", "4"]),
+    "dp2-distributed-optimizer-async-save": (2, ["--global-batch-size", "4", "--use-distributed-optimizer", "--bf16",
+                                                 "--async-save"]),
 }
 
 
@@ -96,9 +102,13 @@ def _killed_before_the_pointer_is_written(monkeypatch, iteration: int) -> None:
     monkeypatch.setattr(checkpointing, "_write_atomically", write)
 
 
+@pytest.mark.parametrize("save_mode", [[], ["--async-save"]], ids=["blocking", "async"])
 @pytest.mark.parametrize("kill", [_killed_while_writing_a_rank_file, _killed_before_the_pointer_is_written])
-def test_a_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(kill, tmp_path, monkeypatch):
-    argv = TINY + ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path)]
+def test_a_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(kill, save_mode, tmp_path,
+                                                                             monkeypatch):
+    """Under --async-save the kill strikes the background thread; its error reaches the training loop when the
+    loop finishes the save (a real kill takes the daemon thread with the process, leaving the same files)."""
+    argv = TINY + ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path), *save_mode]
     straight = _train(TINY + ["--train-iters", "4"])
     with monkeypatch.context() as patch:
         kill(patch, 4)
@@ -110,6 +120,132 @@ def test_a_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(kill
     _assert_params_equal(resumed["params"], straight["params"])
     assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "4"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000002", "iter_0000004", LATEST_CHECKPOINT_FILE]
+
+
+# --- --async-save ---------------------------------------------------------------------------------------------------
+
+class Recorder(NullProbeSet):
+    """Probes that keep the checkpoint events and call `on_step_end(iteration)` after each step."""
+
+    def __init__(self, on_step_end=lambda iteration: None):
+        self.events: list[dict] = []
+        self.on_step_end = on_step_end
+
+    def checkpoint(self, action: str, **fields) -> None:
+        self.events.append({"action": action, **fields})
+
+    def step_end(self, iteration: int, **figures) -> None:
+        self.on_step_end(iteration)
+
+
+def test_an_async_save_is_written_while_training_goes_on_and_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """The write of the save at iteration 2 waits until iteration 3 has ended: were the save blocking, training
+    could never reach iteration 3 and the write would give up. The copy taken at iteration 2 is what is written
+    (training has moved the parameters on by then), so resuming from it continues bit for bit."""
+    step_3_done = threading.Event()
+    real_save = torch.save
+
+    def save_after_step_3(obj, path, *args, **kwargs):
+        if "iter_0000002" in str(path):
+            assert step_3_done.wait(timeout=60), "the save blocked training"
+        real_save(obj, path, *args, **kwargs)
+    monkeypatch.setattr(checkpointing.torch, "save", save_after_step_3)
+    recorder = Recorder(lambda iteration: iteration == 3 and step_3_done.set())
+    argv = TINY + ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path), "--async-save"]
+    straight = _train(TINY + ["--train-iters", "4"])
+    assert _train(argv, probes=recorder)["losses"] == straight["losses"]
+    saves = [e for e in recorder.events if e["action"] == "save"]
+    assert [e["iteration"] for e in saves] == [2, 4]
+    for event in saves:
+        assert event["async_save"] and event["background_seconds"] >= event["write_seconds"] > 0
+        assert event["bytes"] == (tmp_path / f"iter_{event['iteration']:07d}" / "rank_00000.pt").stat().st_size
+    assert saves[0]["background_seconds"] > saves[0]["blocking_seconds"]  # it waited for step 3 in the background
+
+    monkeypatch.undo()
+    shutil.rmtree(tmp_path / "iter_0000004")
+    (tmp_path / LATEST_CHECKPOINT_FILE).write_text("2\n")
+    resumed = _train(argv + ["--load", str(tmp_path)])
+    assert resumed["losses"] == straight["losses"][2:]
+    _assert_params_equal(resumed["params"], straight["params"])
+
+
+KILLED_IN_THE_BACKGROUND = """
+import os, signal, sys
+import torch
+from engine import checkpointing
+from tests.test_checkpointing import _train
+real_save = torch.save
+def save(obj, path, *args, **kwargs):
+    if "iter_0000004" in str(path):
+        path.write_bytes(b"half a file")
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_save(obj, path, *args, **kwargs)
+checkpointing.torch.save = save
+_train(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_during_a_background_write_leaves_the_previous_checkpoint(tmp_path):
+    """A real SIGKILL of the whole process while the background thread writes iteration 4's file."""
+    argv = TINY + ["--train-iters", "6", "--save-interval", "2", "--save", str(tmp_path), "--async-save"]
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_THE_BACKGROUND, *argv], capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "2"
+    assert (tmp_path / "iter_0000004.tmp" / "rank_00000.pt.part").read_bytes() == b"half a file"
+    straight = _train(TINY + ["--train-iters", "6"])
+    resumed = _train(argv + ["--load", str(tmp_path)])
+    assert resumed["losses"] == straight["losses"][2:]
+    _assert_params_equal(resumed["params"], straight["params"])
+    assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "6"
+
+
+def test_a_blocking_save_has_no_background_part(tmp_path):
+    recorder = Recorder()
+    _train(TINY + ["--train-iters", "2", "--save", str(tmp_path)], probes=recorder)
+    (save,) = [e for e in recorder.events if e["action"] == "save"]
+    assert not save["async_save"] and save["background_seconds"] == 0.0
+    assert save["blocking_seconds"] >= save["write_seconds"] > 0
+
+
+# --- --exit-duration-in-mins ---------------------------------------------------------------------------------------
+
+def test_exit_duration_stops_after_the_first_iteration_past_it_saving_first(tmp_path, capsys):
+    """A duration of a microsecond has passed by the end of the first iteration: the run saves and stops there,
+    and a resumed run continues bit for bit. A million minutes have not passed: the run goes on to
+    --train-iters."""
+    argv = TINY + ["--train-iters", "4", "--save", str(tmp_path)]
+    straight = _train(TINY + ["--train-iters", "4"])
+    stopped = _train(argv + ["--exit-duration-in-mins", "1e-8"])
+    assert stopped["losses"] == straight["losses"][:1]
+    assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "1"
+    resumed = _train(argv + ["--load", str(tmp_path)])
+    assert resumed["losses"] == straight["losses"][1:]
+    _assert_params_equal(resumed["params"], straight["params"])
+    assert _train(TINY + ["--train-iters", "2", "--exit-duration-in-mins", "1e6"])["losses"] == straight["losses"][:2]
+
+
+def train_with_a_late_clock_on_rank_1(rank: int, world_size: int, argv: list[str]) -> dict:
+    """A gloo rank whose clock, on rank 1 only, reads an hour late when the Checkpointer asks it after a step (its
+    start-up time was read from the real clock, when engine.checkpointing was imported)."""
+    if rank == 1:
+        real = time.monotonic
+        time.monotonic = lambda: real() + 3600
+    return train_rank(rank, world_size, argv)
+
+
+@pytest.mark.slow
+def test_exit_duration_stops_every_rank_at_the_same_iteration(tmp_path):
+    """Rank 1 believes an hour has passed, rank 0 does not: the MAX all-reduce stops both after iteration 1, and
+    the save at that iteration is whole (both ranks wrote their file)."""
+    argv = TINY + ["--global-batch-size", "4", "--train-iters", "4", "--save", str(tmp_path),
+                   "--exit-duration-in-mins", "30"]
+    results = run_distributed(train_with_a_late_clock_on_rank_1, 2, argv)
+    assert [len(r["losses"]) for r in results] == [1, 1]
+    assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "1"
+    assert sorted(p.name for p in (tmp_path / "iter_0000001").glob("rank_*.pt")) == ["rank_00000.pt",
+                                                                                    "rank_00001.pt"]
 
 
 # --- what --load takes ---------------------------------------------------------------------------------------------
@@ -167,6 +303,12 @@ BAD_FLAGS = {
     "exit after the last iteration": (["--train-iters", "4", "--exit-interval", "5"],
                                       "--exit-interval 5 is beyond --train-iters 4"),
     "finetune without load": (["--finetune"], "--finetune needs --load DIR"),
+    "zero exit duration": (["--exit-duration-in-mins", "0"], "--exit-duration-in-mins must be a number of minutes > 0"),
+    "negative exit duration": (["--exit-duration-in-mins", "-5"], "minutes > 0, got -5.0"),
+    "infinite exit duration": (["--exit-duration-in-mins", "inf"], "minutes > 0, got inf"),
+    "not-a-number exit duration": (["--exit-duration-in-mins", "nan"], "minutes > 0, got nan"),
+    "non-numeric exit duration": (["--exit-duration-in-mins", "soon"], "--exit-duration-in-mins: invalid float"),
+    "async save without save": (["--async-save"], "--async-save needs --save DIR"),
 }
 
 
@@ -186,15 +328,15 @@ def _fake_checkpoint(directory, argv: list[str], world_size: int, iteration: int
     (directory / LATEST_CHECKPOINT_FILE).write_text(f"{iteration}\n")
 
 
-def test_a_checkpoint_of_another_layout_is_refused_by_the_cli_before_any_rank_starts(tmp_path):
-    _fake_checkpoint(tmp_path, TINY + ["--tensor-model-parallel-size", "2"], world_size=2)
+def test_a_checkpoint_of_another_model_shape_is_refused_by_the_cli_before_any_rank_starts(tmp_path):
+    """(Another parallel layout reshards: tests/test_checkpoint_reshard.py.)"""
+    _fake_checkpoint(tmp_path, TINY + ["--hidden-size", "128"], world_size=1)
     proc = subprocess.run([sys.executable, "-m", "cli.main", "train", *TINY, "--load", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert len(lines) == 1, lines
-    assert ("iter_0000003 was saved with world_size 2, this run has 1" in lines[0]
-            and "resharding is not supported" in lines[0]), lines
+    assert "iter_0000003 was saved with hidden_size 128, this run has 64" in lines[0], lines
 
 
 def test_same_layout_is_accepted_and_other_shapes_or_optimizers_are_not(tmp_path):

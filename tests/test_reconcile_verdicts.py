@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
+from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.evidence import RunEvidence
 from ledger.reconcile.hta import CrossCheck, available, hta_rows
 from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED, memory_rows
@@ -135,6 +136,13 @@ def slow_steps(factor: float, rank: int | None = None) -> Callable[[RunEvidence]
     return apply
 
 
+def slow_loader(ev: RunEvidence) -> None:
+    """Every step of every rank waited 100 ms for its data: a loader that does not keep ahead."""
+    for r in ev.ranks.values():
+        for s in r.steps:
+            s["data_wait_s"] = 0.1
+
+
 def with_groups(ev: RunEvidence) -> None:
     """The groups each rank joined, as the engine records them in the manifest: Megatron's, unless set already."""
     lists = group_lists_of(ev.manifest)
@@ -240,6 +248,14 @@ def throughput(ev, _, predicted):
     return throughput_rows(ev, run_steps(ev), **predicted)
 
 
+def data_wait(ev, *_):
+    """The synthetic run has no loader: each step gets a clean wait of 50 us, unless the perturbation set one."""
+    for r in ev.ranks.values():
+        for s in r.steps:
+            s.setdefault("data_wait_s", 50e-6)
+    return data_wait_rows(ev, run_steps(ev))
+
+
 RANK2 = dict(rank=2)
 CASES = {
     "static after optimizer init": Case("memory.static_after_optimizer_init", RANK2, memory,
@@ -287,6 +303,7 @@ CASES = {
     "step time against the other ranks": Case("throughput.step_time_vs_other_ranks", dict(rank=3), throughput,
                                               slow_steps(1.5, rank=3)),
     "step time spread": Case("throughput.step_time_spread", {}, throughput, slow_steps(1.5, rank=3)),
+    "data wait per step": Case("time.data_wait_per_step", dict(rank=0), data_wait, slow_loader),
 }
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.arguments import parse_args
-from engine.data import MockDataIterator, MockGPTDataset, micro_batch_samples
+from engine.data import MicroBatchIterator, MockGPTDataset, micro_batch_samples
 from tests.support.gloo import run_distributed
 from tests.support.parity import assert_close_rel, flag_value, reference, train_rank
 
@@ -72,12 +72,12 @@ def test_sample_depends_only_on_seed_and_index():
 def test_labels_are_the_next_tokens_and_middle_stages_read_nothing():
     cfg = parse_args(["--model", "tiny", "--micro-batch-size", "2", "--global-batch-size", "8"], world_size=2)
     dataset = MockGPTDataset(1000, 32, seed=1)
-    both = MockDataIterator(dataset, cfg, dp_rank=1, dp_size=2, device=torch.device("cpu"), needs_tokens=True,
-                            needs_labels=True)
+    both = MicroBatchIterator(dataset, cfg, dp_rank=1, dp_size=2, device=torch.device("cpu"), needs_tokens=True,
+                              needs_labels=True)
     batch = next(both)
     assert batch.tokens.shape == batch.labels.shape == (2, 32)
     assert torch.equal(batch.tokens[:, 1:], batch.labels[:, :-1])
     assert torch.equal(batch.tokens[0], dataset[4][:-1])  # DP rank 1 of 2 starts at sample 8 / 2
-    middle = MockDataIterator(dataset, cfg, dp_rank=1, dp_size=2, device=torch.device("cpu"), needs_tokens=False,
-                              needs_labels=False)
+    middle = MicroBatchIterator(dataset, cfg, dp_rank=1, dp_size=2, device=torch.device("cpu"), needs_tokens=False,
+                                needs_labels=False)
     assert next(middle).tokens is None and next(middle).labels is None

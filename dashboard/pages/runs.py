@@ -1,11 +1,15 @@
 """Runs: every run under the root with its status, framework, layout, config and headline figures, each figure
-labelled with where it comes from (measured, the engine's inventory, or predicted); two runs side by side. A run
-that cannot be read is a row of the table and one warning that names it and its error, never a failed page."""
+labelled with where it comes from (measured, the engine's inventory, or predicted); two runs side by side; the
+selected run's loss curve, joined across a kill and resume with the run it resumed from (ledger.dashboard_data.
+loss_curve), a dashed marker where it resumed. A run that cannot be read is a row of the table and one warning that
+names it and its error, never a failed page."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from common.errors import UserError
@@ -85,3 +89,42 @@ if len(pair) == 2:
                           units.value(fig["value"], fig["unit"]), help=fig["source"])
 elif pair:
     st.caption("Pick a second run.")
+
+
+def run_name(path: str) -> str:
+    """A run directory as the sidebar names it (relative to the runs root), or its full path outside the root."""
+    resolved = Path(path).resolve()
+    root = state.runs_root()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else path
+
+
+def loss_chart(curve: dict[str, Any]) -> go.Figure:
+    """One line over every iteration (the earlier runs' steps, then this run's), each point naming its run, and a
+    dashed vertical marker at each iteration a run resumed from."""
+    steps = curve["steps"]
+    fig = go.Figure(go.Scatter(x=[s["iteration"] for s in steps], y=[s["loss"] for s in steps], mode="lines+markers",
+                               customdata=[run_name(s["run"]) for s in steps], name="loss",
+                               hovertemplate="iteration %{x}: loss %{y:.6g}<br>run %{customdata}<extra></extra>"))
+    for resume in curve["resumes"]:
+        fig.add_vline(x=resume["iteration"], line_dash="dash", line_color="#6a1b9a",
+                      annotation_text=f"resumed from iteration {resume['iteration']}", annotation_position="top")
+    fig.update_layout(xaxis_title="iteration", yaxis_title="lm loss (global batch mean)", showlegend=False,
+                      height=380)
+    return fig
+
+
+st.subheader("Loss")
+selected = state.current_run()
+curve = state.guarded(dashboard_data.loss_curve, selected) if selected is not None else None
+if curve is not None and curve["steps"]:
+    st.plotly_chart(loss_chart(curve), width="stretch")
+    sources = [f"iterations up to {r['iteration']} from run {run_name(r['from_run'])}" for r in curve["resumes"]
+               if r["joined"]]
+    st.caption(f"Run {selected}: the loss of every iteration" + (f", {'; '.join(sources)} (the run that saved the "
+               "checkpoint it resumed from)" if sources else "") + ". What to look for: a resumed run continues "
+               "the curve where the earlier run saved; a jump at the marker means the resume did not restore the "
+               "state.")
+    for note in curve["notes"]:
+        st.warning(note)
+elif curve is not None:
+    st.info(f"Run {selected} has no step with a loss yet.")

@@ -1,6 +1,7 @@
 """Megatron's weighted blend of datasets (`--data-path 0.7 A 0.3 B`): sample i comes from the dataset whose share
 so far lags its weight the most (helpers.cpp's build_blending_indices), so every prefix of the blend follows the
-weights as closely as whole samples allow, and the order is the same on every rank without any randomness."""
+weights as closely as whole samples allow, and the order is the same on every rank without any randomness. The loop
+is Python, one step per sample, so its two indices are cached like the GPT indices (engine.datasets.cache)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,9 @@ from typing import Sequence
 
 import numpy as np
 
+from engine.datasets.cache import IndexCache
+
+BLEND_INDEX_NAMES = ("dataset_index", "dataset_sample_index")
 SURPLUS = 0.005  # Megatron's mid_level_dataset_surplus: each dataset builds a little more than its share
 
 
@@ -31,9 +35,18 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
 
 
 class BlendedDataset:
-    def __init__(self, datasets: Sequence, weights: Sequence[float], size: int):
+    """The blend of `datasets` (GPTDatasets, whose `description` keys the cache entry with the weights and size)."""
+
+    def __init__(self, datasets: Sequence, weights: Sequence[float], size: int, cache: IndexCache | None = None):
         self.datasets = list(datasets)
-        self.dataset_index, self.sample_index = build_blending_indices(weights, size)
+        description = {"class": "BlendedDataset", "weights": list(weights), "size": size,
+                       "datasets": [d.description for d in self.datasets]}
+        indices = cache.load(description, BLEND_INDEX_NAMES) if cache is not None else None
+        if indices is None:
+            indices = dict(zip(BLEND_INDEX_NAMES, build_blending_indices(weights, size)))
+            if cache is not None:
+                cache.save(description, indices)
+        self.dataset_index, self.sample_index = (indices[n] for n in BLEND_INDEX_NAMES)
 
     def __len__(self) -> int:
         return len(self.dataset_index)

@@ -8,15 +8,21 @@ As Megatron Core's GPTDataset builds them (gpt_dataset.py and helpers.cpp's buil
   samples share one token, the label of the last input. The sample index records where each sample starts, as
   (position in the document index, token offset in that document); partial last samples are dropped;
 - the samples are shuffled (the shuffle index), again separately for a separate last epoch.
+The three indices are cached beside the data as Megatron caches them (engine.datasets.cache), keyed by the .idx they
+were built from (it alone decides them: the lengths and documents), the split's documents, the sample count, the
+sequence length and the seed.
 Like Megatron, a document is read as the sequence of the same number (datasets written one sequence per document,
 as tools/preprocess_data.py writes them without --split-sentences).
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from common.errors import ConfigError
-from engine.datasets.indexed_dataset import IndexedDataset
+from engine.datasets.cache import IndexCache, file_identity
+from engine.datasets.indexed_dataset import IndexedDataset, idx_path
 
 LAST_EPOCH_THRESHOLD = 0.80  # Megatron's: a last epoch used for fewer of its samples is shuffled on its own
 
@@ -64,26 +70,50 @@ def build_shuffle_index(num_samples: int, total: int, rng: np.random.RandomState
     return np.concatenate((first, last))
 
 
+INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
+
+
+def build_indices(sizes: np.ndarray, documents: np.ndarray, tokens_per_epoch: int, num_samples: int,
+                  seq_length: int, seed: int) -> dict[str, np.ndarray]:
+    """The document, sample and shuffle indices of at least num_samples samples (INDEX_NAMES order)."""
+    num_epochs = -(-(num_samples * seq_length + 1) // tokens_per_epoch)  # ceil: enough tokens for the samples
+    before_last = ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length
+    per_epoch = (tokens_per_epoch - 1) // seq_length
+    separate_last = (num_epochs > 1 and
+                     num_samples - before_last < int(LAST_EPOCH_THRESHOLD * per_epoch))
+    rng = np.random.RandomState(seed)
+    document_index = build_document_index(documents, num_epochs, rng, separate_last)
+    sample_index = build_sample_index(sizes, document_index, seq_length)
+    total = len(sample_index) - 1
+    shuffle_index = build_shuffle_index(before_last if separate_last else total, total, rng)
+    return {"document_index": document_index, "sample_index": sample_index, "shuffle_index": shuffle_index}
+
+
 class GPTDataset:
-    """At least num_samples samples of seq_length + 1 tokens from `documents` of `dataset`, in a seeded order."""
+    """At least num_samples samples of seq_length + 1 tokens from `documents` of `dataset`, in a seeded order. With
+    a cache (engine.datasets.cache) the indices are read from it when it holds them for this description, else built
+    and offered to it."""
 
     def __init__(self, dataset: IndexedDataset, documents: np.ndarray, num_samples: int, seq_length: int,
-                 seed: int):
+                 seed: int, cache: IndexCache | None = None):
         self.dataset, self.seq_length = dataset, seq_length
         tokens_per_epoch = int(dataset.sequence_lengths[documents].astype(np.int64).sum())
         if tokens_per_epoch < 2:  # as helpers.cpp asserts: a sample needs an input and a label
             raise ConfigError(f"--data-path {dataset.prefix}: the training split (--split) holds {tokens_per_epoch} "
                               "tokens; it needs at least 2")
-        num_epochs = -(-(num_samples * seq_length + 1) // tokens_per_epoch)  # ceil: enough tokens for the samples
-        before_last = ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length
-        per_epoch = (tokens_per_epoch - 1) // seq_length
-        separate_last = (num_epochs > 1 and
-                         num_samples - before_last < int(LAST_EPOCH_THRESHOLD * per_epoch))
-        rng = np.random.RandomState(seed)
-        self.document_index = build_document_index(documents, num_epochs, rng, separate_last)
-        self.sample_index = build_sample_index(dataset.sequence_lengths, self.document_index, seq_length)
-        total = len(self.sample_index) - 1
-        self.shuffle_index = build_shuffle_index(before_last if separate_last else total, total, rng)
+        self.description = {"class": "GPTDataset", "index": file_identity(idx_path(dataset.prefix)),
+                            "documents_md5": hashlib.md5(np.ascontiguousarray(documents, np.int32).tobytes(),
+                                                         usedforsecurity=False).hexdigest(),
+                            "num_samples": num_samples, "seq_length": seq_length, "seed": seed,
+                            "last_epoch_threshold": LAST_EPOCH_THRESHOLD}
+        indices = cache.load(self.description, INDEX_NAMES) if cache is not None else None
+        self.from_cache = indices is not None
+        if indices is None:
+            indices = build_indices(dataset.sequence_lengths, documents, tokens_per_epoch, num_samples, seq_length,
+                                    seed)
+            if cache is not None:
+                cache.save(self.description, indices)
+        self.document_index, self.sample_index, self.shuffle_index = (indices[n] for n in INDEX_NAMES)
 
     def __len__(self) -> int:
         return len(self.shuffle_index)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import InputError
+from engine.datasets.cache import IndexCache, file_identity
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -120,11 +121,21 @@ class IndexedDataset:
     def __getitem__(self, index: int) -> np.ndarray:
         return self.get(index)
 
-    def max_token(self) -> int:
-        """The largest token id in the .bin, read once in chunks (so a large corpus is never loaded whole); -1 when
-        empty. Checked against --vocab-size before training: an id past the embedding would fail mid-run."""
+    def max_token(self, cache: IndexCache | None = None) -> int:
+        """The largest token id in the .bin, -1 when empty. Checked against --vocab-size before training: an id past
+        the embedding would fail mid-run. The scan reads the whole .bin (in chunks, so a large corpus is never loaded
+        whole); with a cache it runs once per version of the files: the entry is keyed by the .bin's and the .idx's
+        identity (engine.datasets.cache.file_identity), so a rewritten .bin is scanned again."""
+        description = {"class": "IndexedDataset", "what": "max_token",
+                       "bin": file_identity(bin_path(self.prefix)), "idx": file_identity(idx_path(self.prefix))}
+        cached = cache.load(description, ("max_token",)) if cache is not None else None
+        if cached is not None:
+            return int(cached["max_token"][0])
         chunk = 1 << 24
-        return max((int(self._bin[i:i + chunk].max()) for i in range(0, self._bin.size, chunk)), default=-1)
+        largest = max((int(self._bin[i:i + chunk].max()) for i in range(0, self._bin.size, chunk)), default=-1)
+        if cache is not None:
+            cache.save(description, {"max_token": np.array([largest], dtype=np.int64)})
+        return largest
 
 
 class IndexedDatasetWriter:

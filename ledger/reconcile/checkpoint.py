@@ -1,16 +1,22 @@
-"""Checkpoint rows: each rank's file size against the formula, the save's blocking time, and where a run resumed.
+"""Checkpoint rows: each rank's file size against the formula, the save's blocking and background time, and where a
+run resumed.
 
 From the probes' "checkpoint" events (engine.checkpointing, one per rank per save and per load):
 - `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.formulas.checkpoint (param buffers,
   fp32 main params, Adam m, v and step, the CPU generator's state), judged with an absolute tolerance that is the
   zip container's and the pickle's overhead (that module says why). Every save of a run writes the same tensors,
   so one save per rank says it all.
-- `checkpoint.save_seconds`: measured only (verdict n/a). A prediction would be the bytes over the file system's
-  write bandwidth, which no probe measures, and a rank's save also waits in barriers for the slowest rank's write
-  and for rank 0's rename. The whole save blocks the training loop (torch.save, nothing asynchronous), so there is
-  no background part to report.
-- `checkpoint.resumed_from_iteration` (run, identity): the iteration of the checkpoint this run loaded at start,
-  as the engine reports it; shown, not judged.
+- `checkpoint.save_blocking_seconds`: the time the training loop waited for a save, the slowest save per rank.
+  Without --async-save that is the whole save (param sync, torch.save, rank 0's wait for every rank's file, its
+  rename and pointer); with it, the param sync, a barrier and the copy of the state into host memory, after
+  waiting for the previous save's background part if that is still running.
+- `checkpoint.save_background_seconds`: the time the background thread took under --async-save (this rank's
+  torch.save of the host copy; on rank 0 also the wait for every rank's file and the rename), the slowest per rank;
+  0 without --async-save (nothing runs in the background, which the explanation says).
+  Both are measured only (verdict n/a): a prediction would be the bytes over the file system's write bandwidth,
+  which no probe measures, and the copy's over the host link's.
+- `checkpoint.resumed_from_iteration` (run, identity): the iteration of the checkpoint this run loaded at start, as
+  the engine reports it, with the checkpoint's directory and the run directory that saved it; shown, not judged.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from ledger.reconcile.evidence import RankEvidence, RunEvidence
 from ledger.reconcile.rows import Row, identity_row, row
 
 BYTES_TOLERANCE = 0.0  # relative: none; the absolute tolerance is the container's overhead
+NO_PREDICTION = "no prediction: it would need the file system's write bandwidth, which no probe measures"
 
 
 def _saves(r: RankEvidence) -> list[dict[str, Any]]:
@@ -43,14 +50,35 @@ def bytes_row(ev: RunEvidence, r: RankEvidence, save: dict[str, Any]) -> Row:
                             f"{predicted.container_tolerance:,} bytes"), **where)
 
 
-def seconds_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
-    slowest = max(saves, key=lambda s: s.get("seconds") or 0.0)
-    return row("checkpoint.save_seconds", "rank", measured=slowest.get("seconds"), unit="s", tolerance=0.0,
-               rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
-               explanation=(f"the slowest of {len(saves)} save(s): the time the training loop waited (the whole save "
-                            f"blocks: param sync, torch.save, barriers, rank 0's rename and pointer); this rank's "
-                            f"torch.save alone took {slowest.get('write_seconds', 0.0):.3g} s; no prediction: it "
-                            "would need the file system's write bandwidth, which no probe measures"))
+def _blocking_seconds(save: dict[str, Any]) -> float | None:
+    """Events written before --async-save existed name the blocking time (then the whole save) "seconds"."""
+    return save.get("blocking_seconds", save.get("seconds"))
+
+
+def blocking_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
+    slowest = max(saves, key=lambda s: _blocking_seconds(s) or 0.0)
+    what = ("the param sync, a barrier and the copy of the state into host memory, after any wait for the previous "
+            "save's background part (--async-save: the write runs in the background)" if slowest.get("async_save")
+            else "the whole save: param sync, torch.save, rank 0's wait for every rank's file, its rename and pointer")
+    return row("checkpoint.save_blocking_seconds", "rank", measured=_blocking_seconds(slowest), unit="s",
+               tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
+               explanation=(f"the slowest of {len(saves)} save(s): the time the training loop waited, {what}; "
+                            f"{NO_PREDICTION}"))
+
+
+def background_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
+    slowest = max(saves, key=lambda s: s.get("background_seconds") or 0.0)
+    if not slowest.get("async_save"):
+        return row("checkpoint.save_background_seconds", "rank", measured=0.0, unit="s", tolerance=0.0,
+                   rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
+                   explanation="nothing ran in the background: without --async-save the whole save blocks (see "
+                               "checkpoint.save_blocking_seconds)")
+    on_rank_0 = "; on rank 0 also the wait for every rank's file, the rename and the pointer" if r.rank == 0 else ""
+    return row("checkpoint.save_background_seconds", "rank", measured=slowest.get("background_seconds"), unit="s",
+               tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
+               explanation=(f"the slowest background part of {len(saves)} save(s) (--async-save), run while "
+                            f"training went on: this rank's torch.save of the host copy "
+                            f"({slowest.get('write_seconds', 0.0):.3g} s){on_rank_0}; {NO_PREDICTION}"))
 
 
 def resumed_from(ev: RunEvidence) -> tuple[int, dict[str, Any]] | None:
@@ -70,9 +98,10 @@ def resumed_row(ev: RunEvidence) -> list[Row]:
     what = ("took only its parameters (--finetune) and trained from iteration 0" if load.get("finetune")
             else "continued after it")
     directory = os.path.dirname(load.get("path") or "")
+    saved_by = load.get("saved_by_run_dir")
+    by = f"saved by run {saved_by}" if saved_by else "saved by a run whose directory it does not record"
     return [identity_row("checkpoint.resumed_from_iteration", "run", measured=iteration, unit="count",
-                         source="events", explanation=f"this run loaded the checkpoint of iteration {iteration} "
-                                                      f"({directory}) at start and {what}")]
+                         source="events", explanation=f"this run loaded {directory} ({by}) at start and {what}")]
 
 
 def checkpoint_rows(ev: RunEvidence) -> list[Row]:
@@ -80,5 +109,5 @@ def checkpoint_rows(ev: RunEvidence) -> list[Row]:
     for _, r in sorted(ev.ranks.items()):
         saves = _saves(r)
         if saves:
-            rows += [bytes_row(ev, r, saves[-1]), seconds_row(r, saves)]
+            rows += [bytes_row(ev, r, saves[-1]), blocking_row(r, saves), background_row(r, saves)]
     return rows

@@ -12,6 +12,8 @@ tolerances and why):
   time.optimizer_step           stage  the optimizer range: waiting at the grad-norm all-reduce for the slowest
                                        stage, the update, the synchronous param all-gather                     10%
   time.tokens_per_s             run    tokens per step / predicted step time, against tokens / median step time  5%
+  time.data_wait_per_step       rank   0 (the loader builds ahead), against the step records' data_wait_s,
+                                       mean over steady steps (ledger/reconcile/data_wait.py)   max(1 ms, 1% step)
 The step time itself is throughput.step_time's (ledger/reconcile/throughput.py): reconcile hands it the prediction,
 and `explain_step_time` adds the model's terms and, from the timers, which phase's gap is largest. The model's
 per-stage bubble sits beside the textbook one in ledger/reconcile/pipeline.py. Steady steps are
@@ -27,6 +29,7 @@ from statistics import median
 from ledger.formulas.activations import layers_per_chunk
 from ledger.formulas.flops import tokens_per_step
 from ledger.formulas.params import padded_vocab_size
+from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, rank_entry
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.steps import StepSelection
@@ -196,7 +199,7 @@ def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
 
 
 def time_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
-    return stage_rows(ev, model, selection) + tokens_row(ev, model, selection)
+    return stage_rows(ev, model, selection) + tokens_row(ev, model, selection) + data_wait_rows(ev, selection)
 
 
 def explain_step_time(rows: list[Row], ev: RunEvidence, model: TimeModel, selection: StepSelection) -> None:
