@@ -58,8 +58,8 @@ def render(plan: dict[str, Any]) -> str:
             f"{size(s['grad_buffer'])} (padding {size(s['padding'])}), master {size(s['master_params'])}, "
             f"Adam m {size(s['adam_m'])}, v {size(s['adam_v'])}, fp32 grad copy {size(s['grad_fp32_copy'])}",
             f"    activations {size(me['activation_bytes_per_stage'][i])} "
-            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}), logits transient "
-            f"{size(me['logits_transient_bytes_per_stage'][i])}",
+            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}); logits transient "
+            f"{size(me['logits_transient_bytes_per_stage'][i])} (not added to the peak)",
             f"    peak {size(me['peak_bytes_per_stage'][i])}",
             f"    other recompute modes: {_other_recompute_modes(me, i)}",
         ]

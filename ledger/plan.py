@@ -10,14 +10,16 @@ from typing import Any
 from common.config import RunConfig
 from ledger.formulas import activations, bubble, comm, flops, params
 from ledger.formulas.bytes_per_param import run_bytes_per_param, run_strategy
-from ledger.formulas.static_memory import static_bytes, static_bytes_max
+from ledger.formulas.peak_memory import stage_peaks
+from ledger.formulas.static_memory import static_bytes_max, static_bytes_per_stage
 
 BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp32 main param + fp32 grad copy + "
                               "Adam m, v, sharded per strategy, after the first step (Megatron's table); no "
                               "activations, padding or temporaries")
 PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + saved activations at the "
-                   "schedule's peak + the logits transient on the last stage; no CUDA context, NCCL buffers or "
-                   "allocator fragmentation")
+                   "schedule's peak; the last stage's logits transient is shown apart, not added (the measured peaks "
+                   "of real runs do not include it: ledger/formulas/peak_memory.py); no CUDA context, NCCL buffers "
+                   "or allocator fragmentation")
 RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_by_recompute: the same run under each "
                         "mode. selective checkpoints the core attention (SDPA) call, which with flash attention frees "
                         "only its fp32 logsumexp (q, k, v stay as the checkpoint's inputs, the output as linear_proj's "
@@ -53,15 +55,15 @@ def _params(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _memory(cfg: RunConfig) -> dict[str, Any]:
-    pp, dp = cfg.parallel.pipeline_model_parallel_size, cfg.parallel.data_parallel_size
+    pp = cfg.parallel.pipeline_model_parallel_size
     bpp = run_bytes_per_param(cfg)
     static_max, rank_max = static_bytes_max(cfg)
-    static_per_stage = [max((static_bytes(cfg, 0, i, d) for d in range(dp)), key=lambda s: s.total) for i in range(pp)]
+    static_per_stage = static_bytes_per_stage(cfg)
     modes = {label: activations.with_recompute(cfg, r) for label, r in activations.comparison_modes(cfg).items()}
-    act_by_mode = {label: [activations.stage_activation_bytes(c, i) for i in range(pp)] for label, c in modes.items()}
-    transient = [activations.logits_transient_bytes(cfg) if i == pp - 1 else 0 for i in range(pp)]
-    peak_by_mode = {label: [s.total + a + x for s, a, x in zip(static_per_stage, stage_act, transient)]
-                    for label, stage_act in act_by_mode.items()}
+    peaks_by_mode = {label: stage_peaks(c, static_per_stage) for label, c in modes.items()}
+    act_by_mode = {label: [s.activations for s in peaks] for label, peaks in peaks_by_mode.items()}
+    transient = [s.logits_transient for s in next(iter(peaks_by_mode.values()))]
+    peak_by_mode = {label: [s.total for s in peaks] for label, peaks in peaks_by_mode.items()}
     run_mode = activations.recompute_label(cfg.recompute)
     return {
         "bytes_per_param": bpp.total, "bytes_per_param_convention": BYTES_PER_PARAM_CONVENTION,

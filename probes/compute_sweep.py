@@ -3,8 +3,8 @@ so the ledger's time model can predict a step without reading the step times it 
 
 What is timed, one micro-batch at this rank's shapes (names and dims are the time model's, ledger/time_model/ops.py;
 a test holds the two lists equal):
-  GEMMs        linear_qkv, linear_proj, linear_fc1 (2f wide: SwiGLU's gate and up), linear_fc2, and on the last
-               stage output_layer: .fprop (x W^T), .dgrad (dY W), .wgrad (dY^T X accumulated into a grad-dtype
+  GEMMs        linear_qkv, linear_proj, linear_fc1 (2f wide: SwiGLU's gate and up; f for GeLU), linear_fc2, and on
+               the last stage output_layer: .fprop (x W^T), .dgrad (dY W), .wgrad (dY^T X accumulated into a grad-dtype
                main_grad in one GEMM where the device can, as the engine's gradient-accumulation fusion does, else a
                GEMM and an add)
   attention    core_attention.fwd / .bwd: F.scaled_dot_product_attention, causal, GQA, on [b, heads, s, d] views
@@ -12,7 +12,10 @@ a test holds the two lists equal):
   elementwise  rms_norm.fwd / .bwd, residual_add, the attention output's [b, h, s, d] -> [s, b, h d] copy, and the
                engine's own fused functions (handed in as EngineKernels: compiled on GPU as the engine compiles
                them): rope (split_qkv_and_rotate) and swiglu forward / backward, and on the last stage
-               cross_entropy forward / backward
+               cross_entropy forward / backward. A GPT-style shape (the ledger's formulas only: the engine runs
+               none) has gelu forward / backward instead of swiglu, Megatron's bias_gelu as torch's tanh GeLU of
+               the input plus a bias, layer_norm (F.layer_norm, weight and bias) instead of rms_norm, and no rope
+               under learned positions
   first stage  embedding.fwd / .bwd (the dense embedding gradient added into a main_grad, as DDP's hook does)
   per element  optimizer.step (grad norm, clip, fused AdamW, fp32 -> param copy) and grad_buffer.zero, at up to
                RATE_NUMEL_CAP elements; the time model scales them to the run's element counts
@@ -64,7 +67,8 @@ SUSTAINED = "sustained.layer"
 SUSTAINED_WARMUP_S, SUSTAINED_TIMED_S = 0.75, 1.0
 SUSTAINED_KERNELS = tuple(f"{linear}.{gemm}" for linear in ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
                           for gemm in ("fprop", "dgrad", "wgrad")) + (
-    "core_attention.fwd", "rms_norm.fwd", "residual_add", "attention_output.copy", "rope.fwd", "swiglu.fwd")
+    "core_attention.fwd", "rms_norm.fwd", "residual_add", "attention_output.copy", "rope.fwd", "swiglu.fwd",
+    "layer_norm.fwd", "gelu.fwd")
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class SweepSpec:
     last_stage: bool
     optimizer_numel: int
     grad_buffer_numel: int
+    swiglu: bool = True  # else the GPT style's GeLU MLP: fc1 f wide
+    rope: bool = True  # else learned absolute positions
+    layer_norm: bool = False  # else RMSNorm
 
     @classmethod
     def from_run(cls, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
@@ -107,7 +114,12 @@ class SweepSpec:
                    ffn=m.ffn_hidden_size // tp_size, vocab=padded_vocab_size // tp_size,
                    norm_tokens=sb // (tp_size if run_config.parallel.sequence_parallel and tp_size > 1 else 1),
                    first_stage=first_stage, last_stage=last_stage, optimizer_numel=optimizer_numel,
-                   grad_buffer_numel=grad_buffer_numel)
+                   grad_buffer_numel=grad_buffer_numel, swiglu=m.swiglu,
+                   rope=m.position_embedding_type == "rope", layer_norm=m.normalization == "LayerNorm")
+
+    @property
+    def fc1(self) -> int:
+        return 2 * self.ffn if self.swiglu else self.ffn
 
     @property
     def tokens(self) -> int:
@@ -200,7 +212,7 @@ def _accumulator(device: torch.device, dtype: torch.dtype, grad_dtype: torch.dty
 def _gemms(spec: SweepSpec, t: _Tensors, grad_dtype: torch.dtype, accumulate: Callable) -> list[Planned]:
     h, f, tokens = spec.hidden, spec.ffn, spec.tokens
     linears = [("linear_qkv", (spec.heads + 2 * spec.kv_heads) * spec.head_dim, h),
-               ("linear_proj", h, spec.heads * spec.head_dim), ("linear_fc1", 2 * f, h), ("linear_fc2", h, f)]
+               ("linear_proj", h, spec.heads * spec.head_dim), ("linear_fc1", spec.fc1, h), ("linear_fc2", h, f)]
     if spec.last_stage:
         linears.append(("output_layer", spec.vocab, h))
     out = []
@@ -253,17 +265,25 @@ def _attention(spec: SweepSpec, t: _Tensors) -> list[Planned]:
 
 def _elementwise(spec: SweepSpec, t: _Tensors, kernels: EngineKernels) -> list[Planned]:
     s, b, h, d = spec.seq, spec.micro_batch, spec.hidden, spec.head_dim
-    groups, width, f2 = spec.kv_heads, spec.heads // spec.kv_heads + 2, 2 * spec.ffn
+    groups, width, fc1 = spec.kv_heads, spec.heads // spec.kv_heads + 2, spec.fc1
     norm = dict(tokens=spec.norm_tokens, hidden=h)
     rope = dict(seq=s, batch=b, groups=groups, width=width, head_dim=d)
 
+    def normalize(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.layer_norm(x, (h,), w, bias, 1e-5) if bias is not None else F.rms_norm(x, (h,), w, 1e-5)
+
     def norm_forward() -> _Op:
         x, w = t.randn(spec.norm_tokens, h), t.randn(h)
-        return _Call(lambda: F.rms_norm(x, (h,), w, 1e-5))
+        bias = t.randn(h) if spec.layer_norm else None
+        return _Call(lambda: normalize(x, w, bias))
 
     def norm_backward() -> _Op:
         x, w, g = t.randn(spec.norm_tokens, h, grad=True), t.randn(h, grad=True), t.randn(spec.norm_tokens, h)
-        return _Backward(lambda: F.rms_norm(x, (h,), w, 1e-5), (x, w), (g,))
+        bias = t.randn(h, grad=True) if spec.layer_norm else None
+        weights = (w,) if bias is None else (w, bias)
+        return _Backward(lambda: normalize(x, w, bias), (x, *weights), (g,))
+
+    norm_op = "layer_norm" if spec.layer_norm else "rms_norm"
 
     def add() -> _Op:
         x, y = t.randn(spec.norm_tokens * h), t.randn(spec.norm_tokens * h)
@@ -281,20 +301,28 @@ def _elementwise(spec: SweepSpec, t: _Tensors, kernels: EngineKernels) -> list[P
         return _Backward(lambda: kernels.split_qkv_and_rotate(qkv, cos, sin), (qkv,), grads)
 
     def gated(backward: bool) -> _Op:
-        x = t.randn(s, b, f2, grad=backward)
+        x = t.randn(s, b, fc1, grad=backward)
         if not backward:
             return _Call(lambda: kernels.swiglu(x))
-        g = t.randn(s, b, f2 // 2)
+        g = t.randn(s, b, fc1 // 2)
         return _Backward(lambda: kernels.swiglu(x), (x,), (g,))
 
-    return [Planned("rms_norm.fwd", norm, spec.dtype, 0.0, norm_forward),
-            Planned("rms_norm.bwd", norm, spec.dtype, 0.0, norm_backward),
+    def bias_gelu(backward: bool) -> _Op:
+        x, bias = t.randn(s, b, fc1, grad=backward), t.randn(fc1, grad=backward)
+        if not backward:
+            return _Call(lambda: F.gelu(x + bias, approximate="tanh"))
+        return _Backward(lambda: F.gelu(x + bias, approximate="tanh"), (x, bias), (t.randn(s, b, fc1),))
+
+    activation, act = ("swiglu", gated) if spec.swiglu else ("gelu", bias_gelu)
+    rotary_ops = [Planned("rope.fwd", rope, spec.dtype, 0.0, lambda: rotary(False)),
+                  Planned("rope.bwd", rope, spec.dtype, 0.0, lambda: rotary(True))] if spec.rope else []
+    return [Planned(f"{norm_op}.fwd", norm, spec.dtype, 0.0, norm_forward),
+            Planned(f"{norm_op}.bwd", norm, spec.dtype, 0.0, norm_backward),
             Planned("residual_add", dict(numel=spec.norm_tokens * h), spec.dtype, 0.0, add),
             Planned("attention_output.copy", dict(numel=spec.tokens * spec.heads * d), spec.dtype, 0.0, copy),
-            Planned("rope.fwd", rope, spec.dtype, 0.0, lambda: rotary(False)),
-            Planned("rope.bwd", rope, spec.dtype, 0.0, lambda: rotary(True)),
-            Planned("swiglu.fwd", dict(tokens=spec.tokens, width=f2), spec.dtype, 0.0, lambda: gated(False)),
-            Planned("swiglu.bwd", dict(tokens=spec.tokens, width=f2), spec.dtype, 0.0, lambda: gated(True))]
+            *rotary_ops,
+            Planned(f"{activation}.fwd", dict(tokens=spec.tokens, width=fc1), spec.dtype, 0.0, lambda: act(False)),
+            Planned(f"{activation}.bwd", dict(tokens=spec.tokens, width=fc1), spec.dtype, 0.0, lambda: act(True))]
 
 
 def _ends(spec: SweepSpec, t: _Tensors, kernels: EngineKernels, grad_dtype: torch.dtype) -> list[Planned]:

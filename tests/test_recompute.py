@@ -243,10 +243,10 @@ def test_plan_shows_the_runs_mode_with_the_others_beside_it(flags, modes):
     assert memory["activation_bytes_per_stage"] == by_mode[modes[0]] == [
         activations.stage_activation_bytes(cfg, i) for i in (0, 1)]
     assert memory["peak_bytes_per_stage"] == peaks[modes[0]]
-    # static memory and the logits transient do not depend on the mode: peak - activations is the same for all
+    # static memory does not depend on the mode: peak - activations is the same for all
     assert len({tuple(p - a for p, a in zip(peaks[m], by_mode[m])) for m in modes}) == 1
     text = render(build_plan(cfg))
-    assert f"recompute {modes[0]}), logits transient" in text
+    assert f"recompute {modes[0]}); logits transient" in text
     assert all(f"{m}: activations" in text for m in modes[1:])
 
 

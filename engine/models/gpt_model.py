@@ -42,6 +42,11 @@ class GPTModel(torch.nn.Module):
         """parallel_state needs tp_size, tp_rank and (when tp_size > 1) groups["tp"], and for tied embeddings split
         over pipeline stages pp_size and groups["embedding"]; seed is --seed."""
         super().__init__()
+        if not config.llama_style:  # the GPT style (GeLU MLP, biases, LayerNorm, learned positions): formulas only
+            raise ConfigError(f"this engine builds the Llama-style layer only (SwiGLU, no biases, RMSNorm, RoPE), not "
+                              f"swiglu={config.swiglu} add_bias_linear={config.add_bias_linear} "
+                              f"normalization={config.normalization} "
+                              f"position_embedding_type={config.position_embedding_type}")
         self.config = config
         self.pre_process, self.post_process = pre_process, post_process
         self.share_embeddings_and_output_weights = not config.untie_embeddings_and_output_weights

@@ -11,6 +11,13 @@ backward, so every [s, b, h] tensor is divided by t; without it those are replic
 Per layer, t = 1, a = activation bytes, r = n_kv / n_q:  a*sbh(6 + 2r) + 3a*sbf + 8sb + 4*b*n_q*s,
 37 sbh (+ small) for the llama3.2-1b shape in bf16, against Korthikanti et al. 2022's sbh(34 + 5as/h).
 
+The GPT style (ModelConfig, formulas only) as Megatron Core's MLP and layers save it: the GeLU MLP saves 2a*sbf
+instead of 3a*sbf: fc1's output [s, b, f/t] (bias_gelu_impl's GeLUFunction saves its input and the bias, a
+parameter; without biases F.gelu saves the same input) and the GeLU output as linear_fc2's input. Biases save
+nothing more (column-parallel biases are fused into the GeLU, row-parallel ones added in bias_dropout_add, which at
+dropout 0 keeps no mask). LayerNorm saves an fp32 mean per token beside rstd (4sb more per norm). Learned positions:
+the first stage saves the int64 position ids the table lookup indexes with (8sb), and no RoPE.
+
 In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
 min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is
 Megatron's (1 + (p - 1)/(p v)) x p micro-batches' worth of its layers (theoretical_memory_usage.py).
@@ -75,24 +82,33 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     s, b, h, f = m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
     q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
     a, sp = activation_bytes(cfg), _sp_div(cfg)
+    mlp = ({"swiglu.input=linear_fc1.output": a * s * b * 2 * f // t} if m.swiglu
+           else {"gelu.input=linear_fc1.output": a * s * b * f // t})
     saved = {
-        "input_layernorm.input": a * s * b * h // sp,
-        "input_layernorm.rstd": 4 * s * b // sp,
+        **_norm_saved(cfg, "input_layernorm"),
         "linear_qkv.input": a * s * b * h // sp,
         "attention.q": a * s * b * q // t,
         "attention.k": a * s * b * kv // t,
         "attention.v": a * s * b * kv // t,
         "attention.output=linear_proj.input": a * s * b * q // t,
         "attention.logsumexp": 4 * b * (m.num_attention_heads // t) * s,
-        "pre_mlp_layernorm.input": a * s * b * h // sp,
-        "pre_mlp_layernorm.rstd": 4 * s * b // sp,
+        **_norm_saved(cfg, "pre_mlp_layernorm"),
         "linear_fc1.input": a * s * b * h // sp,
-        "swiglu.input=linear_fc1.output": a * s * b * 2 * f // t,
+        **mlp,
         "linear_fc2.input": a * s * b * f // t,
     }
     if cfg.recompute.recompute_granularity == "selective":
         saved = {name: n for name, n in saved.items() if name not in SELECTIVE_FREES}
     return saved
+
+
+def _norm_saved(cfg: RunConfig, name: str) -> dict[str, int]:
+    """A fused norm's saved input and fp32 rstd per token (and mean, for LayerNorm), sequence-sharded under SP."""
+    m, sp = cfg.model, _sp_div(cfg)
+    tokens = m.seq_length * cfg.train.micro_batch_size
+    stats = ("mean", "rstd") if m.layer_norm else ("rstd",)
+    return {f"{name}.input": activation_bytes(cfg) * tokens * m.hidden_size // sp,
+            **{f"{name}.{stat}": 4 * tokens // sp for stat in stats}}
 
 
 def layer_bytes(cfg: RunConfig) -> int:
@@ -144,18 +160,19 @@ def chunk_activation_bytes(cfg: RunConfig) -> ChunkActivations:
 
 
 def first_stage_extra_bytes(cfg: RunConfig) -> int:
-    """The embedding saves only its int64 token ids (its output is the first layer's saved input)."""
-    return 8 * cfg.model.seq_length * cfg.train.micro_batch_size
+    """The embedding saves only its int64 token ids (its output is the first layer's saved input), and the position
+    ids too with learned positions."""
+    return 8 * cfg.model.seq_length * cfg.train.micro_batch_size * (2 if cfg.model.learned_positions else 1)
 
 
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
-    """Final norm input + rstd, output layer input, and Megatron's vocab-parallel cross-entropy: fp32 softmax over
-    the local vocab slice, a bool target mask and int64 masked targets per token."""
+    """Final norm input + rstd (+ mean), output layer input, and Megatron's vocab-parallel cross-entropy: fp32
+    softmax over the local vocab slice, a bool target mask and int64 masked targets per token."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     s, b = m.seq_length, cfg.train.micro_batch_size
     a, sp = activation_bytes(cfg), _sp_div(cfg)
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    return (2 * a * s * b * m.hidden_size // sp + 4 * s * b // sp
+    return (sum(_norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
             + 4 * s * b * vocab // t + s * b * (1 + 8))
 
 

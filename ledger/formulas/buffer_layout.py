@@ -19,13 +19,19 @@ Rule (Megatron Core `_ParamAndGradBuffer` with `DistributedOptimizer._compute_pe
 
 `bucket_size` follows Megatron's DistributedDataParallel: --ddp-bucket-size or max(40,000,000, 1,000,000 x dp); None
 (one bucket) when --overlap-grad-reduce is off, on pipeline ranks > 0, and for model chunks after the first.
+
+Speed (a layout search evaluates thousands of configs, each with up to hundreds of DP ranks): a rank's buffers are
+cached per the fields they depend on, and a layout's distributed-optimizer shards are counted for all DP ranks in one
+walk over its parameters.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
-from common.config import RunConfig
+from common.config import ModelConfig, ParallelConfig, ProbeConfig, RunConfig, TrainConfig
 from ledger.formulas.params import ParamTensor, chunk_tensors
 
 PARAM_ALIGNMENT = 64
@@ -42,13 +48,20 @@ class BufferLayout:
     def numel(self) -> int:
         return self.buckets[-1][1] if self.buckets else 0
 
-    @property
+    @functools.cached_property
     def numel_unpadded(self) -> int:
         return sum(end - start for start, end, _ in self.param_ranges.values())
 
     @property
     def padding(self) -> int:
         return self.numel - self.numel_unpadded
+
+    def owned_per_rank(self, dp: int) -> tuple[int, ...]:
+        """shard_param_elements of every DP rank, computed once per dp (memoised on the instance)."""
+        memo = self.__dict__.setdefault("_owned_per_rank", {})
+        if dp not in memo:
+            memo[dp] = _owned_per_rank(self, dp)
+        return memo[dp]
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -98,21 +111,61 @@ def megatron_bucket_size(cfg: RunConfig, pp_rank: int, chunk: int) -> int | None
 
 
 def rank_buffers(cfg: RunConfig, pp_rank: int) -> list[BufferLayout]:
-    """The buffers of one rank of pipeline rank `pp_rank`, one per model chunk (identical on every TP / DP rank)."""
-    dp = cfg.parallel.data_parallel_size
-    chunks = cfg.parallel.virtual_pipeline_model_parallel_size or 1
-    return [layout_buffer(chunk_tensors(cfg, pp_rank, c), megatron_bucket_size(cfg, pp_rank, c), dp,
-                          cfg.train.use_distributed_optimizer) for c in range(chunks)]
+    """The buffers of one rank of pipeline rank `pp_rank`, one per model chunk (identical on every TP / DP rank).
+    Read-only: the layouts are shared between calls with the same layout-deciding fields."""
+    p, t = cfg.parallel, cfg.train
+    return list(_rank_buffers(tuple(getattr(cfg.model, name) for name in _MODEL_FIELDS), p.tensor_model_parallel_size,
+                              p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
+                              p.data_parallel_size, t.use_distributed_optimizer, t.overlap_grad_reduce,
+                              t.ddp_bucket_size, pp_rank))
+
+
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_buffers(model: tuple, tp: int, pp: int, vpp: int | None, dp: int, distributed_optimizer: bool,
+                  overlap_grad_reduce: bool, ddp_bucket_size: int | None, pp_rank: int) -> tuple[BufferLayout, ...]:
+    """rank_buffers of a config rebuilt from exactly the fields the layout depends on (so the cache key is them)."""
+    cfg = RunConfig(model=ModelConfig(*model),
+                    parallel=ParallelConfig(world_size=tp * pp * dp, tensor_model_parallel_size=tp,
+                                            pipeline_model_parallel_size=pp,
+                                            virtual_pipeline_model_parallel_size=vpp),
+                    train=TrainConfig(use_distributed_optimizer=distributed_optimizer,
+                                      overlap_grad_reduce=overlap_grad_reduce, ddp_bucket_size=ddp_bucket_size),
+                    probes=ProbeConfig())
+    return tuple(layout_buffer(chunk_tensors(cfg, pp_rank, c), megatron_bucket_size(cfg, pp_rank, c), dp,
+                               distributed_optimizer) for c in range(vpp or 1))
 
 
 def shard_param_elements(layout: BufferLayout, dp: int, dp_rank: int) -> int:
     """Real (non-padding) elements of the distributed optimizer's shard on `dp_rank`: each bucket splits into dp
     equal contiguous ranges, rank r owning the r-th; main params and Adam state exist only for parameter elements
     inside the owned range (Megatron's `_build_model_gbuf_param_range_map`)."""
-    owned = 0
-    for bucket_id, (b_start, b_end) in enumerate(layout.buckets):
+    return layout.owned_per_rank(dp)[dp_rank]
+
+
+def _owned_per_rank(layout: BufferLayout, dp: int) -> tuple[int, ...]:
+    """Each parameter's range cut at its bucket's shard boundaries: its first and last shard get the partial ends,
+    the shards between them whole (added through a difference array, so the walk is O(params + dp)). Elements past
+    dp equal shards (a bucket whose size dp does not divide: never under the distributed optimizer) belong to none."""
+    owned, whole = [0] * dp, [0] * (dp + 1)
+    for start, end, bucket in layout.param_ranges.values():
+        b_start, b_end = layout.buckets[bucket]
         size = (b_end - b_start) // dp
-        lo, hi = b_start + dp_rank * size, b_start + (dp_rank + 1) * size
-        owned += sum(max(0, min(end, hi) - max(start, lo))
-                     for start, end, b in layout.param_ranges.values() if b == bucket_id)
-    return owned
+        end = min(end, b_start + dp * size)
+        if end <= start:
+            continue
+        first, last = (start - b_start) // size, (end - 1 - b_start) // size
+        if first == last:
+            owned[first] += end - start
+            continue
+        owned[first] += b_start + (first + 1) * size - start
+        owned[last] += end - (b_start + last * size)
+        whole[first + 1] += size
+        whole[last] -= size
+    running = 0
+    for r in range(dp):
+        running += whole[r]
+        owned[r] += running
+    return tuple(owned)

@@ -9,13 +9,16 @@ optimizer (param_and_grad_buffer.py), vocab-parallel cross-entropy, the p2p sche
 - TP with SP: forward all-gather before linear_qkv / linear_fc1 and reduce-scatter after linear_proj / linear_fc2;
   backward the conjugates (2 reduce-scatters, 2 all-gathers) plus a re-gather of each saved sharded input for the
   weight gradient: 6 all-gathers and 4 reduce-scatters of [s, b, h] (full size).
-- Embedding (first stage): forward all-reduce (SP: reduce-scatter, backward all-gather). Output layer (last stage):
+- Embedding (first stage): forward all-reduce (SP: reduce-scatter, backward all-gather; SP with learned positions:
+  all-reduce, add the positions, split, backward all-gather). Output layer (last stage):
   backward all-reduce of its input grad (SP: forward all-gather, backward reduce-scatter + re-gather).
 - Vocab-parallel cross-entropy: 3 fp32 all-reduces of [s, b] (max logit, target logit, sum of exps).
 - PP: each model chunk sends its output forward (unless it is the last virtual stage) and its input grad backward
   (unless the first): [s, b, h], [s/t, b, h] under SP; receives mirror the sends.
 Per step: DP grad all-reduce (DDP) or grad reduce-scatter + param all-gather (distributed optimizer) of the whole
-buffers, padding included; under SP an all-reduce of the replicated norm weights' grads over TP; with tied embeddings
+buffers, padding included; under SP an all-reduce over TP of the grads of the parameters Megatron marks
+`sequence_parallel` (the norms' weights, and in the GPT style their biases and the row-parallel linears' biases:
+params.py), named norm_grads; with tied embeddings
 under PP > 1 an all-reduce of the shared word embedding's grad (this TP rank's vocab shard, grad dtype) over the
 embedding group (the first and last rank of the pipeline group), on those two stages (Megatron's
 finalize_model_grads, after the DP reduction).
@@ -87,9 +90,12 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
     first, last = pp_rank == 0, pp_rank == p.pipeline_model_parallel_size - 1
     if sp:
+        # Learned positions are added to the whole sequence: the embedding all-reduces, then splits its output
+        # (Megatron's reduce_scatter_embeddings is off), the split's backward being the same all-gather.
+        positions = first and m.learned_positions
         ag = 6 * layers + (1 if first else 0) + (2 if last else 0)
-        rs = 4 * layers + (1 if first else 0) + (1 if last else 0)
-        counts = {"all_gather": ag, "reduce_scatter": rs}
+        rs = 4 * layers + (1 if first and not positions else 0) + (1 if last else 0)
+        counts = {"all_gather": ag, "reduce_scatter": rs, **({"all_reduce": 1} if positions else {})}
     else:
         counts = {"all_reduce": 4 * layers + (1 if first else 0) + (1 if last else 0)}
     out: dict[str, Collective] = {}
@@ -106,7 +112,7 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     if sp:
         gdt = cfg.train.grad_dtype
         norms = sum(t.numel for c in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, c)
-                    if len(t.shape) == 1)
+                    if t.sequence_parallel)
         _add(out, f"tp.all_reduce.norm_grads[{gdt}]",
              Collective("tp", "all_reduce", tp, gdt, 1, norms * DTYPE_BYTES[gdt]))
     return out

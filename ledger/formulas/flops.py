@@ -1,15 +1,18 @@
 """Model FLOPs per step under the two conventions in use, and MFU.
 
-"megatron": Megatron-LM's `num_floating_point_operations` (megatron/training/training.py) for dense GQA + SwiGLU,
+"megatron": Megatron-LM's `num_floating_point_operations` (megatron/training/training.py) for dense GQA models,
 per global batch of B sequences of length s. Every GEMM counts 2mnk (FMA) x 3 (forward, wgrad, dgrad):
-    6 B s [ 3 h f L  +  L (h (q + 2 kv) + q h)  +  h V ]  +  6 B s^2 q L
-with q = n_q d (query projection width), kv = n_kv d, V the padded vocab: SwiGLU's three f x h GEMMs, the QKV and
-output projections, the logit GEMM (tied or not: the GEMM runs either way); the core attention QK^T and (softmax)V
-cost 2 x 2 B s^2 q forward, halved by the causal mask. Norms, RoPE, softmax and activation recompute are not counted.
+    6 B s [ g h f L  +  L (h (q + 2 kv) + q h)  +  h V ]  +  6 B s^2 q L
+with q = n_q d (query projection width), kv = n_kv d, V the padded vocab, g the MLP's f x h GEMMs: 3 under SwiGLU
+(gate, up, down; Megatron's gated_linear_multiplier 3/2 on its 2 h f), 2 for the GeLU MLP (multiplier 1); the QKV
+and output projections, the logit GEMM (tied or not: the GEMM runs either way); the core attention QK^T and
+(softmax)V cost 2 x 2 B s^2 q forward, halved by the causal mask. Norms, RoPE, softmax, biases, position embeddings
+and activation recompute are not counted.
 "palm_6n": PaLM (Chowdhery et al. 2022, app. B) as torchtitan computes it, per token:
     6 (N - N_embedding) + 12 L q s
-with no causal halving and N - N_embedding the parameters that are GEMM weights: N_embedding is the input
-embedding's own matrix, a lookup. Tied, that one matrix is also the logit GEMM's weight, so nothing is left out
+with no causal halving and N - N_embedding the parameters that are GEMM weights (biases and norms count in N, as
+torchtitan counts every parameter): N_embedding is the input embedding's own matrix, a lookup, and a learned
+position table, another lookup. Tied, the word matrix is also the logit GEMM's weight, so nothing is left out
 (torchtitan's literal count, deduplicated parameters minus nn.Embedding's, would drop the logit GEMM that still runs);
 the figure is the same tied or untied, as Megatron's.
 """
@@ -20,7 +23,8 @@ from common.errors import ConfigError
 from ledger.formulas.params import component_counts, padded_vocab_size, params_total
 
 H200_BF16_DENSE_PEAK = 989e12
-MEGATRON = "megatron: num_floating_point_operations (GQA + SwiGLU, causal-halved attention), per global batch"
+MEGATRON = ("megatron: num_floating_point_operations (GQA, SwiGLU 3 or GeLU 2 MLP GEMMs, causal-halved attention), "
+            "per global batch")
 PALM_6N = "palm_6n: 6(N - N_embedding) + 12*L*q*s per token (PaLM / torchtitan), x tokens per global batch"
 
 
@@ -34,15 +38,16 @@ def megatron_flops_per_step(cfg: RunConfig) -> int:
     q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
     batch = cfg.train.global_batch_size
-    linear = 3 * h * f * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
+    mlp_gemms = 3 if m.swiglu else 2
+    linear = mlp_gemms * h * f * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
     return 6 * batch * s * linear + 6 * batch * s * s * q * L
 
 
 def palm_flops_per_token(cfg: RunConfig) -> int:
     m = cfg.model
-    lookup_only = component_counts(m, cfg.parallel.tensor_model_parallel_size)["embedding"]
-    if not m.untie_embeddings_and_output_weights:
-        lookup_only = 0  # tied: the embedding is also the logit GEMM's weight
+    counts = component_counts(m, cfg.parallel.tensor_model_parallel_size)
+    lookup_only = counts["embedding"] if m.untie_embeddings_and_output_weights else 0  # tied: also the logit GEMM's
+    lookup_only += counts.get("position_embedding", 0)
     q = m.num_attention_heads * m.head_dim
     return 6 * (params_total(cfg) - lookup_only) + 12 * m.num_layers * q * m.seq_length
 

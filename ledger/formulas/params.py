@@ -2,8 +2,13 @@
 
 The model (docs/formulas.md, "Parameters"): RMSNorm (weight only), GQA attention with a fused QKV projection, SwiGLU
 MLP with a fused gate+up projection, no biases, a final norm, and an output layer that is the input embedding
-(tied, Megatron's default) or a matrix of its own (--untie-embeddings-and-output-weights). TP splits every matrix
-(column-parallel: output dim; row-parallel: input dim; vocab-parallel: vocab dim) and replicates the norms. Pipeline
+(tied, Megatron's default) or a matrix of its own (--untie-embeddings-and-output-weights). The GPT style
+(ModelConfig: swiglu False, add_bias_linear, LayerNorm, learned positions; for the formulas only) changes it the way
+Megatron's GPT layer does: fc1 is f x h (GeLU, no gate), every linear has a bias (column-parallel biases split with
+their output dim, row-parallel ones whole on every TP rank), each norm has a bias, and the first stage holds a
+max_position_embeddings x h position table, whole on every TP rank (a plain embedding, not vocab-parallel). TP splits
+every matrix (column-parallel: output dim; row-parallel: input dim; vocab-parallel: vocab dim) and replicates the
+norms. Pipeline
 stages hold `num_layers / (pp x vpp)` layers per model chunk; the embedding lives on the first chunk of pipeline rank
 0, the final norm and output layer on the last chunk of the last pipeline rank. Tied under PP > 1 the last stage
 holds a copy of the embedding as its output layer's weight (Megatron's `shared_embedding`), kept equal to the first
@@ -23,10 +28,15 @@ from common.config import ModelConfig, RunConfig
 @dataclass(frozen=True)
 class ParamTensor:
     """One registered parameter, TP-local. shared_embedding: one of the two pipeline-stage copies of tied word
-    embeddings (the distributed optimizer gives it a bucket of its own, buffer_layout.py)."""
+    embeddings (the distributed optimizer gives it a bucket of its own, buffer_layout.py). replicated: held whole on
+    every TP rank (norms, row-parallel biases, the position table). sequence_parallel: Megatron's attribute of that
+    name, a replicated parameter whose gradient differs per TP rank under SP (it sees only the rank's sequence
+    shard), so finalize_model_grads all-reduces it over TP: the norms and the row-parallel biases."""
     name: str
     shape: tuple[int, ...]
     shared_embedding: bool = False
+    replicated: bool = False
+    sequence_parallel: bool = False
 
     @property
     def numel(self) -> int:
@@ -40,18 +50,41 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
     return -(-vocab_size // multiple) * multiple
 
 
+def fc1_width(model: ModelConfig) -> int:
+    """linear_fc1's output width: 2f under SwiGLU (gate and up fused), f for the GeLU MLP."""
+    return 2 * model.ffn_hidden_size if model.swiglu else model.ffn_hidden_size
+
+
+def norm_tensors(model: ModelConfig, name: str) -> list[ParamTensor]:
+    """A norm's weight, and its bias under LayerNorm: replicated over TP, all-reduced under SP."""
+    h = model.hidden_size
+    return [ParamTensor(f"{name}.{kind}", (h,), replicated=True, sequence_parallel=True)
+            for kind in ("weight", "bias")[:2 if model.layer_norm else 1]]
+
+
+def linear_tensors(model: ModelConfig, name: str, out: int, inp: int, tp: int, column: bool) -> list[ParamTensor]:
+    """A TP linear's weight (TP-local) and, with biases, its bias: split with the output of a column-parallel
+    linear; whole on every rank of a row-parallel one (added after the reduction; all-reduced under SP)."""
+    weight = ParamTensor(f"{name}.weight", (out // tp, inp) if column else (out, inp // tp))
+    if not model.add_bias_linear:
+        return [weight]
+    bias = (ParamTensor(f"{name}.bias", (out // tp,)) if column
+            else ParamTensor(f"{name}.bias", (out,), replicated=True, sequence_parallel=True))
+    return [weight, bias]
+
+
 def layer_tensors(model: ModelConfig, tp: int, layer: int) -> list[ParamTensor]:
     """One transformer layer's parameters, TP-local, in registration order."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
     nq, nkv = model.num_attention_heads, model.num_query_groups
     prefix = f"decoder.layers.{layer}."
     return [
-        ParamTensor(prefix + "input_layernorm.weight", (h,)),
-        ParamTensor(prefix + "self_attention.linear_qkv.weight", ((nq + 2 * nkv) * d // tp, h)),
-        ParamTensor(prefix + "self_attention.linear_proj.weight", (h, nq * d // tp)),
-        ParamTensor(prefix + "pre_mlp_layernorm.weight", (h,)),
-        ParamTensor(prefix + "mlp.linear_fc1.weight", (2 * f // tp, h)),
-        ParamTensor(prefix + "mlp.linear_fc2.weight", (h, f // tp)),
+        *norm_tensors(model, prefix + "input_layernorm"),
+        *linear_tensors(model, prefix + "self_attention.linear_qkv", (nq + 2 * nkv) * d, h, tp, column=True),
+        *linear_tensors(model, prefix + "self_attention.linear_proj", h, nq * d, tp, column=False),
+        *norm_tensors(model, prefix + "pre_mlp_layernorm"),
+        *linear_tensors(model, prefix + "mlp.linear_fc1", fc1_width(model), h, tp, column=True),
+        *linear_tensors(model, prefix + "mlp.linear_fc2", h, f, tp, column=False),
     ]
 
 
@@ -60,39 +93,44 @@ def embedding_copy_on_last_stage(cfg: RunConfig) -> bool:
     return not cfg.model.untie_embeddings_and_output_weights and cfg.parallel.pipeline_model_parallel_size > 1
 
 
-def component_counts(model: ModelConfig, tp: int = 1) -> dict[str, int]:
-    """Full-model count of each component (tp only matters through vocab padding). Tied, the output layer has no
-    parameter of its own: it multiplies by the embedding's."""
+def layer_component_counts(model: ModelConfig) -> dict[str, int]:
+    """One layer's count of each component: no mlp.gate in the GeLU MLP (fc1 is up alone); norms are weights, and
+    biases too under LayerNorm; "biases" (only with add_bias_linear): the four linears' biases."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
     nq, nkv = model.num_attention_heads, model.num_query_groups
+    counts = {"attention.q": h * nq * d, "attention.k": h * nkv * d, "attention.v": h * nkv * d,
+              "attention.o": nq * d * h, **({"mlp.gate": h * f} if model.swiglu else {}), "mlp.up": h * f,
+              "mlp.down": f * h, "norms": 2 * h * (2 if model.layer_norm else 1)}
+    if model.add_bias_linear:
+        counts["biases"] = (nq + 2 * nkv) * d + h + fc1_width(model) + h
+    return counts
+
+
+def component_counts(model: ModelConfig, tp: int = 1) -> dict[str, int]:
+    """Full-model count of each component (tp only matters through vocab padding): one layer's components, then the
+    model's own. Tied, the output layer has no parameter of its own: it multiplies by the embedding's."""
+    h = model.hidden_size
     vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    positions = {"position_embedding": model.max_position_embeddings * h} if model.learned_positions else {}
     return {
-        "attention.q": h * nq * d,
-        "attention.k": h * nkv * d,
-        "attention.v": h * nkv * d,
-        "attention.o": nq * d * h,
-        "mlp.gate": h * f,
-        "mlp.up": h * f,
-        "mlp.down": f * h,
-        "norms": 2 * h,
+        **layer_component_counts(model),
         "embedding": vocab * h,
+        **positions,
         "output_layer": vocab * h if model.untie_embeddings_and_output_weights else 0,
-        "final_norm": h,
+        "final_norm": h * (2 if model.layer_norm else 1),
     }
 
 
 def params_per_layer(model: ModelConfig) -> int:
-    c = component_counts(model)
-    return sum(c[k] for k in ("attention.q", "attention.k", "attention.v", "attention.o",
-                              "mlp.gate", "mlp.up", "mlp.down", "norms"))
+    return sum(layer_component_counts(model).values())
 
 
 def params_total(cfg: RunConfig) -> int:
     """All parameters of the model, with the vocab padded for this run's TP size; the tied embedding once (the last
     stage's copy under PP > 1 is a second memory location of one parameter, counted in params_per_stage)."""
     c = component_counts(cfg.model, cfg.parallel.tensor_model_parallel_size)
-    return (cfg.model.num_layers * params_per_layer(cfg.model) + c["embedding"] + c["output_layer"]
-            + c["final_norm"])
+    return (cfg.model.num_layers * params_per_layer(cfg.model) + c["embedding"] + c.get("position_embedding", 0)
+            + c["output_layer"] + c["final_norm"])
 
 
 def num_chunks(cfg: RunConfig) -> int:
@@ -117,10 +155,13 @@ def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int) -> list[ParamTensor]
     tensors: list[ParamTensor] = []
     if pp_rank == 0 and chunk == 0:
         tensors.append(ParamTensor("embedding.word_embeddings.weight", (vocab // tp, h), shared_embedding=copy))
+        if model.learned_positions:
+            tensors.append(ParamTensor("embedding.position_embeddings.weight", (model.max_position_embeddings, h),
+                                       replicated=True))
     for layer in chunk_layers(cfg, pp_rank, chunk):
         tensors += layer_tensors(model, tp, layer)
     if pp_rank == pp - 1 and chunk == vpp - 1:
-        tensors.append(ParamTensor("decoder.final_layernorm.weight", (h,)))
+        tensors += norm_tensors(model, "decoder.final_layernorm")
         if model.untie_embeddings_and_output_weights or copy:
             tensors.append(ParamTensor("output_layer.weight", (vocab // tp, h), shared_embedding=copy))
     return tensors
@@ -132,12 +173,12 @@ def params_per_rank(cfg: RunConfig, pp_rank: int) -> int:
 
 
 def params_per_stage(cfg: RunConfig) -> list[int]:
-    """Parameters of each pipeline rank summed over its TP group (norms counted once, not per TP rank), the last
-    stage's copy of tied embeddings included."""
+    """Parameters of each pipeline rank summed over its TP group (replicated ones counted once, not per TP rank),
+    the last stage's copy of tied embeddings included."""
     tp = cfg.parallel.tensor_model_parallel_size
     per_stage = []
     for pp_rank in range(cfg.parallel.pipeline_model_parallel_size):
         replicated = sum(t.numel for chunk in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, chunk)
-                         if len(t.shape) == 1)
+                         if t.replicated)
         per_stage.append((params_per_rank(cfg, pp_rank) - replicated) * tp + replicated)
     return per_stage

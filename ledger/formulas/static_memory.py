@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas.buffer_layout import rank_buffers, shard_param_elements
+from ledger.formulas.buffer_layout import BufferLayout, rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES, PHASES, grad_copy_bytes, master_param_bytes
 
 
@@ -45,11 +45,16 @@ def _check_rank(name: str, value: int, size: int) -> None:
 
 def owned_param_elements(cfg: RunConfig, pp_rank: int, dp_rank: int) -> int:
     """Parameter elements whose optimizer state lives on this rank."""
+    return owned_per_dp_rank(cfg, pp_rank)[dp_rank]
+
+
+def owned_per_dp_rank(cfg: RunConfig, pp_rank: int, buffers: list[BufferLayout] | None = None) -> list[int]:
+    """owned_param_elements of every DP rank of a pipeline rank, in one pass over its buffers (rank_buffers)."""
     dp = cfg.parallel.data_parallel_size
-    buffers = rank_buffers(cfg, pp_rank)
+    buffers = rank_buffers(cfg, pp_rank) if buffers is None else buffers
     if cfg.train.use_distributed_optimizer:
-        return sum(shard_param_elements(b, dp, dp_rank) for b in buffers)
-    return sum(b.numel_unpadded for b in buffers)
+        return [sum(per_rank) for per_rank in zip(*(b.owned_per_rank(dp) for b in buffers))]
+    return [sum(b.numel_unpadded for b in buffers)] * dp
 
 
 def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
@@ -58,14 +63,17 @@ def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
     _check_rank("tp rank", tp_rank, p.tensor_model_parallel_size)
     _check_rank("pp rank", pp_rank, p.pipeline_model_parallel_size)
     _check_rank("dp rank", dp_rank, p.data_parallel_size)
+    return _static_bytes(cfg, rank_buffers(cfg, pp_rank), owned_param_elements(cfg, pp_rank, dp_rank), phase)
+
+
+def _static_bytes(cfg: RunConfig, buffers: list[BufferLayout], owned: int, phase: str) -> StaticBytes:
+    """A rank with these buffers whose optimizer state covers `owned` parameter elements."""
     if phase not in PHASES:
         raise ConfigError(f"unknown phase {phase!r} (one of {', '.join(PHASES)})")
     stepped = phase == "after_first_step"
-    buffers = rank_buffers(cfg, pp_rank)
     numel = sum(b.numel for b in buffers)
     padding = sum(b.padding for b in buffers)
     pb, gb = DTYPE_BYTES[cfg.train.params_dtype], DTYPE_BYTES[cfg.train.grad_dtype]
-    owned = owned_param_elements(cfg, pp_rank, dp_rank)
     return StaticBytes(
         param_buffer=numel * pb,
         grad_buffer=numel * gb,
@@ -77,9 +85,26 @@ def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
     )
 
 
+def largest_dp_rank(cfg: RunConfig, pp_rank: int, phase: str = "after_first_step") -> tuple[int, StaticBytes]:
+    """The DP rank of pipeline rank `pp_rank` with the largest static total (the first of equals), and its bytes.
+    Only the optimizer state differs between DP ranks, so each distinct owned count is priced once."""
+    buffers = rank_buffers(cfg, pp_rank)
+    owned = owned_per_dp_rank(cfg, pp_rank, buffers)
+    by_owned = {n: _static_bytes(cfg, buffers, n, phase) for n in set(owned)}
+    total_of = {n: b.total for n, b in by_owned.items()}
+    largest = max(total_of.values())
+    dp_rank = next(r for r, n in enumerate(owned) if total_of[n] == largest)
+    return dp_rank, by_owned[owned[dp_rank]]
+
+
+def static_bytes_per_stage(cfg: RunConfig, phase: str = "after_first_step") -> list[StaticBytes]:
+    """Each pipeline rank's static bytes on its largest DP rank (the one that decides whether the stage fits)."""
+    return [largest_dp_rank(cfg, pp, phase)[1] for pp in range(cfg.parallel.pipeline_model_parallel_size)]
+
+
 def static_bytes_max(cfg: RunConfig, phase: str = "after_first_step") -> tuple[int, tuple[int, int, int]]:
-    """The largest static total over all ranks, and one (tp, pp, dp) rank that has it."""
-    p = cfg.parallel
-    return max(((static_bytes(cfg, 0, pp, dp, phase).total, (0, pp, dp))
-                for pp in range(p.pipeline_model_parallel_size) for dp in range(p.data_parallel_size)),
-               key=lambda item: item[0])
+    """The largest static total over all ranks, and one (tp, pp, dp) rank that has it (the first in (pp, dp)
+    order)."""
+    per_stage = [largest_dp_rank(cfg, pp, phase) for pp in range(cfg.parallel.pipeline_model_parallel_size)]
+    pp = max(range(len(per_stage)), key=lambda i: per_stage[i][1].total)
+    return per_stage[pp][1].total, (0, pp, per_stage[pp][0])

@@ -46,12 +46,12 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
             comm += seconds
         else:
             seconds = cal.kernel_seconds(w.op, dtype)
-        if w.param is not None and forward:
-            marks.setdefault(w.param, clock)
+        for name in w.params if forward else ():
+            marks.setdefault(name, clock)
         clock += seconds
         terms[w.term] += seconds
-        if w.param is not None and not forward:
-            marks[w.param] = clock
+        for name in w.params if not forward else ():
+            marks[name] = clock
     return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm)
 
 

@@ -16,20 +16,29 @@ embedding all-reduces (SP: reduce-scatters) its output, the output layer all-red
 its input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32
 [s, b] tensors. Per step these are ledger/formulas/comm.py's counts, which a test holds these lists against.
 
+The GPT style (ModelConfig; formulas only, the engine runs the Llama style): linear_fc1 is f wide and a
+gelu.fwd / gelu.bwd kernel (Megatron's bias_gelu: the bias add fused in) replaces swiglu's; learned positions run no
+rope kernels, and under SP the embedding all-reduces its output (then splits it) instead of reduce-scattering it.
+Not priced apart: the position table's lookup and add (first stage, one [s, b, h] add), the row-parallel bias adds
+(fused into bias_dropout_add with the residual add) and bias gradients (a reduction over tokens beside the wgrad).
+LayerNorm runs layer_norm.fwd / .bwd where RMSNorm runs rms_norm's, at the same dims.
+
 Recompute (the run's mode, ledger/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
 forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
 fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its backward.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from common.config import RunConfig
 from ledger.formulas.activations import checkpoint_groups
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
-from ledger.formulas.params import chunk_layers, chunk_tensors, num_chunks, padded_vocab_size
+from ledger.formulas.params import chunk_layers, chunk_tensors, fc1_width, num_chunks, padded_vocab_size
 
 EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
+POSITIONS = "embedding.position_embeddings.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
 # Ops whose cost is per element of a buffer, calibrated at one size and scaled (the sweep records their numel).
 RATE_OPS = ("optimizer.step", "grad_buffer.zero")
@@ -63,10 +72,16 @@ class Collective:
 @dataclass(frozen=True)
 class Work:
     """One entry of a pass. `param`: in a forward, the parameter first used by this op; in a backward, the one whose
-    gradient is final once this op ends. `term`: the breakdown label it is counted under."""
+    gradient is final once this op ends; `with_param`: the parameters that go with it (a linear's or a norm's bias,
+    the position table beside the word embedding). `term`: the breakdown label it is counted under."""
     op: Kernel | Collective
     term: str
     param: str | None = None
+    with_param: tuple[str, ...] = ()
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return ((self.param,) if self.param is not None else ()) + self.with_param
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,10 @@ class Shapes:
     qkv: int
     query: int
     ffn: int
+    fc1: int  # linear_fc1's width: 2 ffn under SwiGLU, ffn for GeLU
+    swiglu: bool
+    rope: bool
+    norm: str  # the norm kernels' name: rms_norm | layer_norm
     vocab: int
     tp: int
     sequence_parallel: bool
@@ -98,7 +117,8 @@ class Shapes:
                    norm_tokens=s * b // (t if p.sequence_parallel else 1), heads=m.num_attention_heads // t,
                    kv_heads=m.num_query_groups // t, head_dim=d,
                    qkv=(m.num_attention_heads + 2 * m.num_query_groups) * d // t,
-                   query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t,
+                   query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t, fc1=fc1_width(m) // t,
+                   swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
                    sequence_parallel=p.sequence_parallel)
 
@@ -120,17 +140,23 @@ def _attention(sh: Shapes, pass_: str) -> Kernel:
 
 
 def _norm(sh: Shapes, pass_: str) -> Kernel:
-    return kernel(f"rms_norm.{pass_}", tokens=sh.norm_tokens, hidden=sh.hidden)
+    return kernel(f"{sh.norm}.{pass_}", tokens=sh.norm_tokens, hidden=sh.hidden)
 
 
 def _residual(sh: Shapes) -> Kernel:
     return kernel("residual_add", numel=sh.norm_tokens * sh.hidden)
 
 
-def _rope(sh: Shapes, pass_: str) -> Kernel:
-    """split_qkv_and_rotate on the fused QKV viewed as [s, b, groups, heads per group + 2, d]."""
-    return kernel(f"rope.{pass_}", seq=sh.seq, batch=sh.micro_batch, groups=sh.kv_heads,
-                  width=sh.heads // sh.kv_heads + 2, head_dim=sh.head_dim)
+def _rope(sh: Shapes, pass_: str) -> list[Work]:
+    """split_qkv_and_rotate on the fused QKV viewed as [s, b, groups, heads per group + 2, d]; none with learned
+    positions."""
+    return [Work(kernel(f"rope.{pass_}", seq=sh.seq, batch=sh.micro_batch, groups=sh.kv_heads,
+                        width=sh.heads // sh.kv_heads + 2, head_dim=sh.head_dim), LAYERS)] if sh.rope else []
+
+
+def _activation(sh: Shapes, pass_: str) -> Work:
+    """The MLP's activation on fc1's output: fused SwiGLU (gate and up: 2f wide) or bias-GeLU (f wide)."""
+    return Work(kernel(f"{'swiglu' if sh.swiglu else 'gelu'}.{pass_}", tokens=sh.tokens, width=sh.fc1), LAYERS)
 
 
 def _tp(sh: Shapes, kind: str) -> list[Work]:
@@ -155,13 +181,12 @@ def layer_forward(sh: Shapes, prefix: str) -> list[Work]:
     t, h = sh.tokens, sh.hidden
     return [Work(_norm(sh, "fwd"), LAYERS, prefix + "input_layernorm.weight"), *_in_gather(sh),
             _fprop(sh, "linear_qkv", sh.qkv, h, prefix + "self_attention.linear_qkv.weight"),
-            Work(_rope(sh, "fwd"), LAYERS), Work(_attention(sh, "fwd"), LAYERS),
+            *_rope(sh, "fwd"), Work(_attention(sh, "fwd"), LAYERS),
             Work(kernel("attention_output.copy", numel=t * sh.query), LAYERS),
             _fprop(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight"), *_out_reduce(sh),
             Work(_residual(sh), LAYERS),
             Work(_norm(sh, "fwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), *_in_gather(sh),
-            _fprop(sh, "linear_fc1", 2 * sh.ffn, h, prefix + "mlp.linear_fc1.weight"),
-            Work(kernel("swiglu.fwd", tokens=t, width=2 * sh.ffn), LAYERS),
+            _fprop(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight"), _activation(sh, "fwd"),
             _fprop(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight"), *_out_reduce(sh),
             Work(_residual(sh), LAYERS)]
 
@@ -181,21 +206,21 @@ def _linear_backward(sh: Shapes, name: str, out: int, inp: int, param: str | Non
 
 
 def layer_backward(sh: Shapes, prefix: str, selective: bool) -> list[Work]:
-    t, h = sh.tokens, sh.hidden
+    h = sh.hidden
     conj = _in_gather(sh)  # the conjugate of a forward reduce-scatter (identity for a forward all-reduce)
     rerun = [Work(_attention(sh, "fwd"), RECOMPUTE)] if selective else []
     return [*conj, *_linear_backward(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight", False),
-            Work(kernel("swiglu.bwd", tokens=t, width=2 * sh.ffn), LAYERS),
-            *_linear_backward(sh, "linear_fc1", 2 * sh.ffn, h, prefix + "mlp.linear_fc1.weight", True),
+            _activation(sh, "bwd"),
+            *_linear_backward(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight", True),
             Work(_norm(sh, "bwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), Work(_residual(sh), LAYERS),
             *conj, *_linear_backward(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight",
                                      False), *rerun,
-            Work(_attention(sh, "bwd"), LAYERS), Work(_rope(sh, "bwd"), LAYERS),
+            Work(_attention(sh, "bwd"), LAYERS), *_rope(sh, "bwd"),
             *_linear_backward(sh, "linear_qkv", sh.qkv, h, prefix + "self_attention.linear_qkv.weight", True),
             Work(_norm(sh, "bwd"), LAYERS, prefix + "input_layernorm.weight"), Work(_residual(sh), LAYERS)]
 
 
-def _recomputed(sh: Shapes, layers: list[int]) -> list[Work]:
+def recomputed(sh: Shapes, layers: list[int]) -> list[Work]:
     """A checkpointed group's forward as its backward re-runs it: up to the last saved tensor (linear_fc2's input
     and weight, saved once its GEMM has run), so the last layer's output collective and residual add are not
     repeated."""
@@ -204,66 +229,84 @@ def _recomputed(sh: Shapes, layers: list[int]) -> list[Work]:
     return [Work(w.op, TP_COMM if isinstance(w.op, Collective) else RECOMPUTE) for w in work[:cut + 1]]
 
 
-def _embedding_forward(sh: Shapes) -> list[Work]:
+def embedding_forward(sh: Shapes) -> list[Work]:
+    """Under SP the lookup's partial sums are reduce-scattered; with learned positions (added to the whole
+    sequence) all-reduced, then split."""
+    reduce = _tp(sh, "all_reduce") if sh.sequence_parallel and not sh.rope else _out_reduce(sh)
     return [Work(kernel("embedding.fwd", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden), "embedding",
-                 EMBEDDING), *_out_reduce(sh)]
+                 EMBEDDING), *reduce]
 
 
-def _embedding_backward(sh: Shapes) -> list[Work]:
+def embedding_backward(sh: Shapes) -> list[Work]:
     return [*_in_gather(sh), Work(kernel("embedding.bwd", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden),
                                   "embedding", EMBEDDING)]
 
 
-def _head_forward(sh: Shapes, output_param: str | None) -> list[Work]:
+def head_forward(sh: Shapes, weight: str | None) -> list[Work]:
     """Final norm, output layer (its input gathered under SP inside the linear) and the vocab-parallel loss."""
     ce_bytes = 4 * sh.tokens
     ce = [Work(Collective("tp", "all_reduce", ce_bytes), TP_COMM)] * 3 if sh.tp > 1 else []
     return [Work(_norm(sh, "fwd"), "final_norm", FINAL_NORM), *_in_gather(sh),
-            _fprop(sh, "output_layer", sh.vocab, sh.hidden, output_param, "output_layer"),
+            _fprop(sh, "output_layer", sh.vocab, sh.hidden, weight, "output_layer"),
             Work(kernel("cross_entropy.fwd", tokens=sh.tokens, vocab=sh.vocab), "cross_entropy"), *ce]
 
 
-def _head_backward(sh: Shapes, output_param: str | None) -> list[Work]:
+def head_backward(sh: Shapes, weight: str | None) -> list[Work]:
     return [Work(kernel("cross_entropy.bwd", tokens=sh.tokens, vocab=sh.vocab), "cross_entropy"),
-            *_linear_backward(sh, "output_layer", sh.vocab, sh.hidden, output_param, True, "output_layer"),
+            *_linear_backward(sh, "output_layer", sh.vocab, sh.hidden, weight, True, "output_layer"),
             Work(_norm(sh, "bwd"), "final_norm", FINAL_NORM)]
 
 
-def _output_param(cfg: RunConfig, pp_rank: int, chunk: int) -> str | None:
+def output_param(cfg: RunConfig, pp_rank: int, chunk: int) -> str | None:
     """The output layer's own weight where the chunk registers one; tied on one stage it multiplies by the
     embedding's, whose gradient is final only after the embedding's backward."""
     return OUTPUT if any(t.name == OUTPUT for t in chunk_tensors(cfg, pp_rank, chunk)) else None
 
 
-def _ends(cfg: RunConfig, pp_rank: int, chunk: int) -> tuple[bool, bool]:
+def chunk_ends(cfg: RunConfig, pp_rank: int, chunk: int) -> tuple[bool, bool]:
     """(holds the embedding, holds the output layer): chunk 0 of the first stage, last chunk of the last."""
     return (pp_rank == 0 and chunk == 0,
             pp_rank == cfg.parallel.pipeline_model_parallel_size - 1 and chunk == num_chunks(cfg) - 1)
 
 
+def _with_companions(cfg: RunConfig, pp_rank: int, chunk: int, work: list[Work]) -> list[Work]:
+    """Each weight's companions that the chunk registers (its bias; the word embedding's position table), used and
+    final where the weight is."""
+    names = {t.name for t in chunk_tensors(cfg, pp_rank, chunk)}
+
+    def companions(param: str) -> tuple[str, ...]:
+        candidates = (POSITIONS,) if param == EMBEDDING else (param.removesuffix("weight") + "bias",)
+        return tuple(n for n in candidates if n in names)
+
+    return [dataclasses.replace(w, with_param=found) if w.param is not None and (found := companions(w.param)) else w
+            for w in work]
+
+
 def chunk_forward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
     sh = Shapes.of(cfg)
-    first, last = _ends(cfg, pp_rank, chunk)
-    work = _embedding_forward(sh) if first else []
+    first, last = chunk_ends(cfg, pp_rank, chunk)
+    work = embedding_forward(sh) if first else []
     for layer in chunk_layers(cfg, pp_rank, chunk):
         work += layer_forward(sh, f"decoder.layers.{layer}.")
-    return work + (_head_forward(sh, _output_param(cfg, pp_rank, chunk)) if last else [])
+    work += head_forward(sh, output_param(cfg, pp_rank, chunk)) if last else []
+    return _with_companions(cfg, pp_rank, chunk, work)
 
 
 def chunk_backward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
     sh = Shapes.of(cfg)
-    first, last = _ends(cfg, pp_rank, chunk)
+    first, last = chunk_ends(cfg, pp_rank, chunk)
     selective = cfg.recompute.recompute_granularity == "selective"
-    work = _head_backward(sh, _output_param(cfg, pp_rank, chunk)) if last else []
+    work = head_backward(sh, output_param(cfg, pp_rank, chunk)) if last else []
     layers, groups, start = list(chunk_layers(cfg, pp_rank, chunk)), [], 0
     for count, checkpointed in checkpoint_groups(cfg):
         groups.append((layers[start:start + count], checkpointed))
         start += count
     for group, checkpointed in reversed(groups):
-        work += _recomputed(sh, group) if checkpointed else []
+        work += recomputed(sh, group) if checkpointed else []
         for layer in reversed(group):
             work += layer_backward(sh, f"decoder.layers.{layer}.", selective)
-    return work + (_embedding_backward(sh) if first else [])
+    work += embedding_backward(sh) if first else []
+    return _with_companions(cfg, pp_rank, chunk, work)
 
 
 def kernels(cfg: RunConfig, pp_rank: int) -> set[Kernel]:

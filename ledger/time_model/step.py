@@ -201,7 +201,7 @@ class _Replay:
         tensors = [t for c in range(self.v) for t in chunk_tensors(cfg, s, c)]
         sp = 0.0
         if cfg.parallel.sequence_parallel:
-            norms = sum(t.numel for t in tensors if len(t.shape) == 1)
+            norms = sum(t.numel for t in tensors if t.sequence_parallel)  # norms, row-parallel biases
             sp = self.cal.comm.seconds("tp", "all_reduce", self.tp, norms * gbytes)
         shared = [t for t in tensors if t.shared_embedding]
         embedding = (self.cal.comm.seconds("embedding", "all_reduce", 2, shared[0].numel * gbytes)

@@ -1,0 +1,281 @@
+"""The layout search core (ledger/simulate/layouts.py, search.py, bound.py) and the peak memory it filters with
+(ledger/formulas/peak_memory.py).
+
+The enumeration rules are derived by hand for a small case. The search itself is tested on a dummy score: plumbing
+(ranking, pruning, dropping, the loser's reason), not a claim about which layout is fastest; that is the time model's,
+checked against real runs elsewhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from common.arguments import parse_args
+from common.config import RecomputeConfig, RunConfig
+from common.errors import ConfigError
+from ledger.formulas.peak_memory import peak_bytes_per_stage, stage_peaks
+from ledger.formulas.static_memory import largest_dp_rank, static_bytes, static_bytes_max
+from ledger.plan import build_plan
+from ledger.simulate.bound import min_step_seconds, tokens_per_s_bound
+from ledger.simulate.layouts import describe, enumerate_layouts, label
+from ledger.simulate.search import loses_because, memory_fit, search
+
+# 4 layers, 8 heads in 4 query groups; the global batch 8.
+SMALL = ("--num-layers 4 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 --num-query-groups 4 "
+         "--vocab-size 1000 --seq-length 32 --global-batch-size 8 --bf16 --overlap-grad-reduce "
+         "--overlap-param-gather --use-distributed-optimizer")
+
+
+def base(flags: str = SMALL) -> RunConfig:
+    return parse_args(flags.split())
+
+
+def keys(layouts) -> set[tuple[int, int, int]]:
+    return {(c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size,
+             c.parallel.data_parallel_size) for c in layouts}
+
+
+# ---- enumeration ---------------------------------------------------------------------------------------------------
+
+def test_the_tp_pp_dp_of_8_gpus_for_4_layers_and_4_query_groups():
+    """tp divides 8 GPUs and the 4 query groups (so not 8): 1, 2, 4; pp divides 8 / tp and the 4 layers: tp 1 and
+    2 take 1, 2, 4 (8 does not divide 4 layers); tp 4 takes 1, 2; dp is the rest."""
+    expected = {(1, 1, 8), (1, 2, 4), (1, 4, 2), (2, 1, 4), (2, 2, 2), (2, 4, 1), (4, 1, 2), (4, 2, 1)}
+    assert keys(enumerate_layouts(base(), 8, gpus_per_node=8)) == expected
+    # TP stays inside a node
+    assert keys(enumerate_layouts(base(), 8, gpus_per_node=2)) == {k for k in expected if k[0] <= 2}
+
+
+def test_every_choice_of_one_tp_pp_is_enumerated_once():
+    """tp 2, pp 2, dp 2: each DP rank takes 8 / 2 = 4 sequences, so mbs 1, 2, 4; vpp None, or 2 (4 layers / pp 2
+    = 2 a stage) whose micro-batch count 4 / mbs must be a multiple of pp 2: mbs 1 and 2. That is 3 + 2 = 5, times
+    3 recompute modes, 2 optimizer settings, SP on and off: 60."""
+    chosen = [c for c in enumerate_layouts(base(), 8, gpus_per_node=8) if keys([c]) == {(2, 2, 2)}]
+    assert len(chosen) == 60
+    assert len({label(c) for c in chosen}) == 60
+    assert {(c.parallel.virtual_pipeline_model_parallel_size, c.train.micro_batch_size) for c in chosen} == {
+        (None, 1), (None, 2), (None, 4), (2, 1), (2, 2)}
+    assert {c.recompute.recompute_granularity for c in chosen} == {None, "selective", "full"}
+
+
+def test_layouts_keep_the_base_and_only_valid_flag_combinations():
+    rejected: Counter[str] = Counter()
+    layouts = list(enumerate_layouts(base(), 8, gpus_per_node=8, rejected=rejected))
+    assert all(c.parallel.world_size == 8 and c.train.global_batch_size == 8 and c.model.seq_length == 32
+               for c in layouts)
+    assert not any(c.parallel.sequence_parallel and c.parallel.tensor_model_parallel_size == 1 for c in layouts)
+    assert not any(c.train.overlap_param_gather and not c.train.use_distributed_optimizer for c in layouts)
+    assert {c.train.overlap_param_gather for c in layouts if c.train.use_distributed_optimizer} == {True}
+    assert not any(c.parallel.virtual_pipeline_model_parallel_size and c.parallel.pipeline_model_parallel_size == 1
+                   for c in layouts)
+    # candidates common.config.validate refuses are counted by the flag it names, never yielded
+    assert rejected["interleaved"] > 0
+
+
+def test_options_narrow_the_enumeration():
+    only = list(enumerate_layouts(base(), 8, gpus_per_node=8, recompute=(RecomputeConfig(),),
+                                  distributed_optimizer=(True,), sequence_parallel=(True,)))
+    assert {describe(c)["recompute"] for c in only} == {"none"}
+    assert all(c.train.use_distributed_optimizer for c in only)
+    assert all(c.parallel.sequence_parallel for c in only if c.parallel.tensor_model_parallel_size > 1)
+
+
+# ---- peak memory ---------------------------------------------------------------------------------------------------
+
+SEED = ("--model llama3.2-1b --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+        "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --seq-length 8192 "
+        "--max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 16 --bf16")
+
+
+def test_plan_reports_the_shared_peak_function():
+    cfg = base(SEED)
+    memory = build_plan(cfg)["memory"]
+    peaks = stage_peaks(cfg)
+    assert memory["peak_bytes_per_stage"] == peak_bytes_per_stage(cfg) == [p.total for p in peaks]
+    assert memory["peak_bytes_per_stage"] == [p.static.total + p.activations for p in peaks]  # transient apart
+    assert memory["logits_transient_bytes_per_stage"] == [p.logits_transient for p in peaks]
+    assert memory["static_bytes_per_stage"] == [p.static.to_dict() for p in peaks]
+
+
+@pytest.mark.parametrize("world, dp_flags", [(24, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"),
+                                             (7, "")], ids=["dp6", "dp7"])
+def test_the_largest_dp_rank_is_the_one_the_definition_finds(world, dp_flags):
+    """The fast path (each DP rank's shard counted in one walk) against the definition: static_bytes of every DP
+    rank, the first of the largest. Odd DP sizes make the shards' real elements differ between ranks."""
+    flags = (f"--model tiny --world-size {world} {dp_flags} --use-distributed-optimizer --overlap-grad-reduce "
+             f"--ddp-bucket-size 3000 --bf16 --global-batch-size {world * 4}")
+    cfg = base(flags)
+    p = cfg.parallel
+    for pp in range(p.pipeline_model_parallel_size):
+        every = [static_bytes(cfg, 0, pp, d) for d in range(p.data_parallel_size)]
+        assert len({s.total for s in every}) > 1  # the case exercises unequal shards
+        first_largest = max(range(len(every)), key=lambda d: (every[d].total, -d))
+        assert largest_dp_rank(cfg, pp) == (first_largest, every[first_largest])
+    whole = [(static_bytes(cfg, 0, pp, d).total, (0, pp, d)) for pp in range(p.pipeline_model_parallel_size)
+             for d in range(p.data_parallel_size)]
+    assert static_bytes_max(cfg) == max(whole, key=lambda item: item[0])
+
+
+def test_memory_fit_names_the_stage_that_does_not_fit():
+    cfg = base(SEED)
+    peaks = peak_bytes_per_stage(cfg)
+    assert memory_fit(max(peaks))(cfg) is True
+    assert memory_fit(max(peaks), outside_bytes=1)(cfg) == (
+        f"out of memory: stage {peaks.index(max(peaks))} needs {(max(peaks) + 1) / 1e9:.1f} GB of "
+        f"{max(peaks) / 1e9:.1f} GB")
+
+
+# ---- the bound -----------------------------------------------------------------------------------------------------
+
+def test_the_bound_is_the_pipeline_chain_at_peak():
+    """One layer a stage, w seconds of forward + backward per micro-batch at the peak; the last stage adds the logit
+    GEMM. The chain: the first micro-batch's forward through stages 0..2 and the last one's backward back, (p - 1) w,
+    and between them all of the last stage's m micro-batches: the textbook (m + p - 1) w, plus m logit GEMMs."""
+    cfg = base(SMALL.replace("--global-batch-size 8", "--global-batch-size 16") +
+               " --world-size 4 --pipeline-model-parallel-size 4")
+    peak = 1e12
+    m, p = cfg.num_microbatches, 4
+    # a layer's forward: SwiGLU's 3 f x h GEMMs, QKV (q 64 + 2 kv 32 wide) and projection, causal attention
+    layer = 2 * 32 * (3 * 64 * 128 + 64 * (64 + 2 * 32) + 64 * 64) + 2 * 32 * 32 * 64
+    w = 3 * layer / peak  # forward + backward (twice the forward)
+    logits = 3 * 2 * 32 * 1024 * 64 / peak  # the vocabulary padded to a multiple of 128
+    assert min_step_seconds(cfg, peak) == pytest.approx((p - 1) * w + m * (w + logits))
+    assert tokens_per_s_bound(peak)(cfg) == pytest.approx(16 * 32 / ((p - 1) * w + m * (w + logits)))
+
+
+# ---- the search, on a dummy score (plumbing) -----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Dummy:
+    """A stand-in for the time model's StepPrediction: a step of named terms, tokens/s from their sum."""
+    terms: dict[str, float]
+    tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / sum(self.terms.values())
+
+
+def dummy_score(cfg: RunConfig) -> Dummy:
+    """Compute shrinks with tp (TP comm grows with it), the bubble with micro-batches, recompute costs a third:
+    arbitrary, but every term moves with a different knob."""
+    d = describe(cfg)
+    m = cfg.num_microbatches
+    return Dummy({"forward/backward compute": 8 / d["tp"] * (4 / 3 if d["recompute"] == "full" else 1.0),
+                  "TP comm": 0.3 * (d["tp"] - 1), "pipeline bubble": (d["pp"] - 1) / (d["vpp"] * m),
+                  "optimizer": 0.1 if d["distributed_optimizer"] else 0.4}, 8 * 32)
+
+
+def test_search_ranks_by_tokens_per_s_and_says_why_each_loses():
+    result = search(base(), 8, fits=lambda c: True, score=dummy_score, top=4, gpus_per_node=8)
+    everything = sorted((dummy_score(c).tokens_per_s for c in enumerate_layouts(base(), 8, gpus_per_node=8)),
+                        reverse=True)
+    assert [r.prediction.tokens_per_s for r in result.ranked] == everything[:4]
+    assert result.ranked[0].reason is None
+    assert result.scored == result.fitting == result.enumerated and result.skipped_by_bound == 0
+    first = result.ranked[0]
+    for r in result.ranked[1:]:
+        assert r.reason == loses_because(r.layout, r.prediction, first.layout, first.prediction)
+
+
+def test_the_reason_names_the_term_that_grows_most():
+    a = base(SMALL + " --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    b = dataclasses.replace(a, parallel=dataclasses.replace(a.parallel, pipeline_model_parallel_size=4,
+                                                            tensor_model_parallel_size=1))
+    fast = Dummy({"compute": 1.0, "pipeline bubble": 0.1}, 1000)
+    slow = Dummy({"compute": 0.9, "pipeline bubble": 0.31}, 1000)
+    # compute shrinks by 0.1 s, the bubble grows by 0.21 s: 1000 / 1.21 vs 1000 / 1.1 tokens/s; dp is 2 in both
+    assert loses_because(b, slow, a, fast) == ("pipeline bubble +0.210 s (tp 1 vs 2, pp 4 vs 2): "
+                                               "826 vs 909 tokens/s (-9.1%)")
+
+
+def test_layouts_that_do_not_fit_are_counted_by_kind_and_never_scored():
+    scored: list[RunConfig] = []
+
+    def fits(cfg: RunConfig) -> bool | str:
+        if cfg.parallel.tensor_model_parallel_size == 1:
+            return f"out of memory: stage 0 needs {cfg.train.micro_batch_size} GB"
+        return cfg.recompute.recompute_granularity is not None  # False: "does not fit"
+
+    def score(cfg: RunConfig) -> Dummy:
+        scored.append(cfg)
+        return dummy_score(cfg)
+
+    result = search(base(), 8, fits=fits, score=score, top=3, gpus_per_node=8)
+    layouts = list(enumerate_layouts(base(), 8, gpus_per_node=8))
+    tp1 = sum(c.parallel.tensor_model_parallel_size == 1 for c in layouts)
+    plain = sum(c.parallel.tensor_model_parallel_size > 1 and c.recompute.recompute_granularity is None
+                for c in layouts)
+    assert result.dropped == {"out of memory": tp1, "does not fit": plain}
+    assert result.dropped_example["out of memory"].startswith("out of memory: stage 0 needs")
+    assert result.fitting == len(scored) == len(layouts) - tp1 - plain
+    assert all(c.parallel.tensor_model_parallel_size > 1 and c.recompute.recompute_granularity for c in scored)
+
+
+def test_a_bound_skips_layouts_that_cannot_reach_the_top_and_changes_nothing():
+    """The dummy's exact upper bound: its compute and optimizer terms alone (the rest only add)."""
+    def bound(cfg: RunConfig) -> float:
+        terms = dummy_score(cfg).terms
+        return 8 * 32 / (terms["forward/backward compute"] + terms["optimizer"])
+
+    plain = search(base(), 8, fits=lambda c: True, score=dummy_score, top=3, gpus_per_node=8)
+    pruned = search(base(), 8, fits=lambda c: True, score=dummy_score, top=3, gpus_per_node=8, bound=bound)
+    assert [r.label for r in pruned.ranked] == [r.label for r in plain.ranked]
+    assert [r.reason for r in pruned.ranked] == [r.reason for r in plain.ranked]
+    assert pruned.skipped_by_bound > 0 and pruned.scored + pruned.skipped_by_bound == pruned.fitting
+
+
+def test_top_must_be_positive_and_nothing_fitting_ranks_nothing():
+    with pytest.raises(ConfigError, match="--top"):
+        search(base(), 8, fits=lambda c: True, score=dummy_score, top=0, gpus_per_node=8)
+    result = search(base(), 8, fits=lambda c: "too big: always", score=dummy_score, top=3, gpus_per_node=8)
+    assert result.ranked == [] and result.dropped == {"too big": result.enumerated}
+
+
+# ---- the calibrated bound, against the time model it bounds --------------------------------------------------------
+
+def hardware(cfg: RunConfig):
+    from ledger.simulate import hardware_calibration, load_hardware
+
+    return hardware_calibration(cfg, load_hardware("H200"))
+
+
+@pytest.mark.parametrize("flags", [
+    "--world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel",
+    "--world-size 8 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 "
+    "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    "--world-size 8 --pipeline-model-parallel-size 4 --recompute-granularity selective "
+    "--untie-embeddings-and-output-weights",
+    "--world-size 8 --pipeline-model-parallel-size 2 --recompute-granularity full --recompute-method block "
+    "--recompute-num-layers 1"], ids=["tp-sp", "interleaved-full", "pp4-selective-untied", "full-block"])
+def test_chunk_seconds_are_the_time_models_and_the_bound_never_exceeds_its_prediction(flags):
+    """The calibrated bound prices one layer and scales it: it must give exactly what compute.stage_time gives
+    chunk by chunk, and a step time no longer than predict_step's (else search could skip a layout of the top K)."""
+    from ledger.simulate.bound import calibrated_min_step_seconds, chunk_seconds
+    from ledger.time_model import predict_step, stage_time
+
+    cfg = base(SMALL + " --micro-batch-size 1 --global-batch-size 16 " + flags)
+    cal = hardware(cfg)
+    for s, chunks in enumerate(chunk_seconds(cfg, cal)):
+        expected = stage_time(cfg, cal, s).chunks
+        assert [pytest.approx((c.forward.seconds, c.backward.seconds), rel=1e-12) for c in expected] == chunks
+    assert calibrated_min_step_seconds(cfg, cal) <= predict_step(cfg, cal).step_time
+
+
+def test_a_search_with_the_calibrated_bound_ranks_as_the_exhaustive_one():
+    """The real time model on the H200 hardware file, a small model on 8 GPUs: the bound skips most layouts and
+    the top 3, their order and reasons are those of scoring everything."""
+    from ledger.simulate.bound import calibrated_bound
+    from ledger.time_model import predict_step
+
+    cfg = base(SMALL.replace("--global-batch-size 8", "--global-batch-size 32"))
+
+    def score(c: RunConfig):
+        return predict_step(c, hardware(c))
+
+    plain = search(cfg, 8, fits=lambda c: True, score=score, top=3, gpus_per_node=8)
+    pruned = search(cfg, 8, fits=lambda c: True, score=score, top=3, gpus_per_node=8, bound=calibrated_bound(hardware))
+    assert [(r.label, r.reason) for r in pruned.ranked] == [(r.label, r.reason) for r in plain.ranked]
+    assert pruned.skipped_by_bound > pruned.scored
