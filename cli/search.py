@@ -1,0 +1,87 @@
+"""`train-ledger search`: which layout to use for a model on N GPUs of a kind.
+
+    train-ledger search --model M --gpus N --hardware H --global-batch-size B --seq-length S [--top K] [--json]
+                        [other Megatron model flags, e.g. an explicit shape]
+
+Enumerates every valid layout (tp, pp, vpp, dp, micro-batch size, recompute, distributed optimizer, sequence
+parallel: ledger/simulate/layouts.py), drops those that do not fit the device (each stage's peak and the memory
+outside PyTorch against the hardware file's HBM), ranks the rest by the time model's tokens/s on the hardware file,
+and prints the top K with the term each loses by against the first (ledger/simulate/search.py). Model flags follow
+Megatron's semantics, as `simulate`'s do.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.args import CommandParser
+from common.arguments import parse_args
+from common.errors import ConfigError
+from ledger.format import duration, percent, size
+from ledger.formulas.peak_memory import peak_bytes_per_stage
+from ledger.simulate.hardware import load_hardware
+from ledger.simulate.layouts import describe
+from ledger.simulate.pricing import Pricing
+from ledger.simulate.search import SearchResult
+from ledger.simulate.simulation import simulate
+
+MAX_GPUS = 65_536  # the rank groups are enumerated (common.config.MAX_WORLD_SIZE)
+
+
+def _entry(pricing: Pricing, r) -> dict[str, Any]:
+    sim = simulate(r.layout, pricing.hardware)
+    peak = max(peak_bytes_per_stage(r.layout)) + pricing.outside_bytes(r.layout)
+    return {"layout": describe(r.layout), "label": r.label, "tokens_per_s": r.prediction.tokens_per_s,
+            "step_time_s": sim.step.step_time, "mfu": sim.mfu(), "tflops_per_gpu": sim.tflops_per_gpu(),
+            "peak_bytes": peak, "terms_s": sim.step.terms, "loses_because": r.reason}
+
+
+def to_dict(result: SearchResult, pricing: Pricing, gpus: int, top: int) -> dict[str, Any]:
+    hw = pricing.hardware
+    return {"hardware": {"name": hw.name, "version": hw.version, "hbm_bytes": hw.hbm_bytes,
+                         "gpus_per_node": hw.gpus_per_node},
+            "gpus": gpus, "top_k": top, "enumerated": result.enumerated, "fitting": result.fitting, "scored": result.scored,
+            "skipped_by_bound": result.skipped_by_bound, "dropped": result.dropped,
+            "dropped_example": result.dropped_example, "seconds": result.seconds,
+            "top": [_entry(pricing, r) for r in result.ranked]}
+
+
+def render(d: dict[str, Any]) -> str:
+    hw = d["hardware"]
+    lines = [f"{d['gpus']:,} x {hw['name']} ({hw['gpus_per_node']} per node, {size(hw['hbm_bytes'])} each, hardware "
+             f"file {hw['version']}): {d['enumerated']:,} valid layouts, {d['fitting']:,} fit, {d['scored']:,} "
+             f"scored ({d['skipped_by_bound']:,} skipped: their bound cannot reach the top {d['top_k']}) in "
+             f"{duration(sum(d['seconds'].values()))}"]
+    lines += [f"  dropped, {kind}: {n:,} (e.g. {d['dropped_example'][kind]})" for kind, n in d["dropped"].items()]
+    if not d["top"]:
+        return "\n".join(lines + ["no layout fits"])
+    lines += ["", "| # | layout | tokens/s | step | MFU (megatron) | peak / GPU | loses to #1 by |",
+              "|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(d["top"], 1):
+        lines.append(f"| {i} | {e['label']} | {e['tokens_per_s']:,.0f} | {duration(e['step_time_s'])} | "
+                     f"{percent(e['mfu']['megatron'])} | {size(e['peak_bytes'])} | {e['loses_because'] or '—'} |")
+    lines.append(f"\nsimulate #1 for its breakdown: train-ledger simulate ... --world-size {d['gpus']} "
+                 f"--hardware {hw['name']} with the layout's flags")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = CommandParser("search", add_help=False)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    ns, rest = p.parse_known_args(argv)
+    if not 1 <= ns.gpus <= MAX_GPUS:
+        raise ConfigError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {ns.gpus}")
+    if ns.top < 1:
+        raise ConfigError(f"--top must be >= 1, got {ns.top}")
+    for flag in ("--world-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size"):
+        if flag in rest:
+            raise ConfigError(f"{flag}: search chooses the layout; give the model, --gpus and the batch")
+    pricing = Pricing(load_hardware(ns.hardware))
+    base = parse_args(rest, prog="train-ledger search", megatron_model=True)
+    result = pricing.search(base, ns.gpus, ns.top)
+    d = to_dict(result, pricing, ns.gpus, ns.top)
+    print(json.dumps(d) if ns.json else render(d))
+    return 0

@@ -1,0 +1,101 @@
+"""`train-ledger simulate`: a layout far beyond this machine, predicted on a GPU kind from its hardware file.
+
+    train-ledger simulate <Megatron flags> --world-size N --hardware H200|H100|A100-80GB|A100-40GB|FILE [--json]
+    train-ledger simulate --validate RUN [RUN ...] [--hardware H] [--json]
+
+The first prints per-stage memory against the device, the step time with its breakdown, tokens/s, TFLOP/s per GPU
+and MFU under both conventions, with the textbook figures beside them (ledger/simulate/simulation.py). The second
+replays real run directories (ours or Megatron-LM's) through the simulator, on the hardware file of the GPU each ran
+on, and prints predicted vs measured step time, peak memory and bubble per run (ledger/simulate/validation.py).
+Model flags follow Megatron's semantics: an explicit shape without --swiglu is the GPT layer (GeLU MLP of two
+matrices, biases, LayerNorm, learned positions); a --model preset is its own flavour.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.args import CommandParser
+from common.arguments import parse_args
+from common.errors import ConfigError
+from ledger.format import duration, percent, size
+from ledger.simulate.hardware import load_hardware
+from ledger.simulate.simulation import Simulation, simulate
+from ledger.simulate.validation import Validation, validate_run
+
+
+def _layout(d: dict[str, Any]) -> str:
+    vpp = f" x vpp {d['vpp']}" if d["vpp"] else ""
+    sp = " + SP" if d["sequence_parallel"] else ""
+    return (f"tp {d['tp']} x pp {d['pp']}{vpp} x dp {d['dp']}{sp}, micro {d['micro_batch_size']}, global "
+            f"{d['global_batch_size']} ({d['num_microbatches']} micro-batches), seq {d['seq_length']}, recompute "
+            f"{d['recompute']}, {d['strategy']}")
+
+
+def render(sim: Simulation) -> str:
+    d = sim.to_dict()
+    hw, step, th, tb = d["hardware"], d["step"], d["throughput"], d["textbook"]
+    lines = [f"{d['layout']['world_size']:,} x {hw['name']} ({hw['gpus_per_node']} per node, hardware file "
+             f"{hw['version']}): {_layout(d['layout'])}; {d['params']:,} parameters",
+             "groups: " + ", ".join(f"{k} {g['size']} over {g['nodes']} node(s) ({g['link']})"
+                                    for k, g in d["groups"].items()),
+             "", f"memory per GPU ({'fits' if d['memory']['fits'] else 'DOES NOT FIT'} in {size(hw['hbm_bytes'])}):"]
+    for m in d["memory"]["per_stage"]:
+        lines.append(f"  stage {m['stage']}: {size(m['total'])} ({percent(m['of_hbm'])} of HBM) = static "
+                     f"{size(m['static'])} + activations {size(m['activations'])} + outside PyTorch "
+                     f"{size(m['outside_pytorch'])} (logits transient {size(m['logits_transient'])}, not added)")
+    lines += ["", f"step {duration(step['step_time_s'])} (critical stage {step['critical_stage']}):"]
+    lines += [f"  {name:<30} {duration(seconds)}" for name, seconds in step["terms_s"].items()
+              if abs(seconds) >= 1e-6]  # below a microsecond: rounding of the replay's clock
+    if len(step["per_stage"]) > 1:
+        lines.append("  per stage: " + "; ".join(
+            f"{s['stage']}: fwd {duration(s['forward_s'])} bwd {duration(s['backward_s'])} per micro-batch, bubble "
+            f"{percent(s['bubble'])}" for s in step["per_stage"]))
+    lines += ["", f"tokens/s {th['tokens_per_s']:,.0f} ({th['tokens_per_step']:,} tokens per step)",
+              *(f"TFLOP/s per GPU {th['tflops_per_gpu'][k]:,.1f}, MFU {percent(th['mfu'][k])} "
+                f"[{th['conventions'][k]}]" for k in ("megatron", "palm_6n")),
+              f"textbook bubble {percent(tb['bubble_of_wall_time'])} [{tb['bubble_convention']}]; the replay's: "
+              + ", ".join(percent(s["bubble"]) for s in step["per_stage"]),
+              "notes: " + "; ".join(step["notes"])]
+    return "\n".join(lines)
+
+
+def render_validation(results: list[Validation]) -> str:
+    lines = ["| run | hardware | layout | step predicted / measured | error | peak predicted / measured | error | "
+             "bubble predicted / measured |", "|---|---|---|---|---|---|---|---|"]
+    for v in results:
+        d, e, m = v.to_dict(), v.errors(), v.measured
+        lay = d["layout"]
+        bubble = ("—" if v.predicted_bubble is None else
+                  f"{percent(v.predicted_bubble)} / {percent(m.bubble) if m.bubble is not None else '—'}")
+        lines.append(
+            f"| {v.run} | {d['hardware']} | tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} mbs{lay['micro_batch_size']} "
+            f"gbs{lay['global_batch_size']} seq{lay['seq_length']} | {duration(v.sim.step.step_time)} / "
+            f"{duration(m.step_time) if m.step_time else '—'} | {percent(e['step_time'], signed=True)} | {size(v.predicted_peak)} / "
+            f"{size(m.peak_bytes) if m.peak_bytes else '—'} | {percent(e['peak_bytes'], signed=True)} | {bubble} |")
+    ok = sum(v.within_goals() for v in results)
+    lines.append(f"\n{ok} of {len(results)} run(s) within the goals (step time 5%, peak memory 3%)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = CommandParser("simulate", add_help=False)
+    p.add_argument("--hardware")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--validate", nargs="+", metavar="RUN")
+    ns, rest = p.parse_known_args(argv)
+    if ns.validate:
+        if rest:
+            raise ConfigError(f"--validate takes run directories only; unexpected {rest[0]!r}")
+        results = [validate_run(run, ns.hardware) for run in ns.validate]
+        print(json.dumps([v.to_dict() for v in results]) if ns.json else render_validation(results))
+        return 0
+    if ns.hardware is None:
+        raise ConfigError("--hardware is required: H200, H100, A100-80GB, A100-40GB or a hardware file")
+    if "--world-size" not in rest:
+        raise ConfigError("--world-size N is required: the number of GPUs to simulate")
+    hw = load_hardware(ns.hardware)
+    cfg = parse_args(rest, prog="train-ledger simulate", megatron_model=True)
+    sim = simulate(cfg, hw)
+    print(json.dumps(sim.to_dict()) if ns.json else render(sim))
+    return 0

@@ -1,0 +1,86 @@
+"""Every parallel layout of a run on a given number of GPUs: the candidates `train-ledger search` ranks.
+
+A layout is the base run (model, global batch size, sequence length, dtypes, overlap flags) with these chosen:
+    tp   a divisor of the GPU count, at most the GPUs of one node (TP's collectives sit on every layer's critical
+         path: across nodes they would run at network speed; Megatron's guidance, and every published large run)
+    pp   a divisor of the GPUs left over that also divides the layers (uneven stages are not supported)
+    vpp  interleaving, with pp > 1 only: a divisor > 1 of the layers per stage (None: 1F1B)
+    dp   what is left: gpus / (tp x pp)
+    mbs  a divisor of the global batch's share per DP rank (gbs / dp)
+    recompute none, selective, or full (uniform, 1 layer a group: Megatron's usual full setting)
+    distributed optimizer on or off (off drops --overlap-param-gather, which needs it)
+    sequence parallel on or off, with tp > 1 only
+Each candidate is then held to common.config.validate, the same checks a run's flags get (heads and query groups
+divisible by tp, layers by pp x vpp, the global batch by mbs x dp, the interleaved schedule's micro-batch count a
+multiple of pp, ...): the rules live there once, and a layout search can never propose a run `train` would refuse.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+from common.config import RecomputeConfig, RunConfig, validate
+from common.errors import ConfigError
+
+RECOMPUTE_MODES = (RecomputeConfig(), RecomputeConfig("selective"), RecomputeConfig("full", "uniform", 1))
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,
+                      recompute: Sequence[RecomputeConfig] = RECOMPUTE_MODES,
+                      distributed_optimizer: Sequence[bool] = (False, True),
+                      sequence_parallel: Sequence[bool] = (False, True),
+                      rejected: Counter[str] | None = None) -> Iterator[RunConfig]:
+    """Every valid layout of `base` on `gpus` GPUs (module docstring), in (tp, pp, vpp, mbs, recompute, distributed
+    optimizer, sequence parallel) order. `rejected`, when given, counts the candidates validate refused, by the flag
+    its message names first."""
+    layers, gbs = base.model.num_layers, base.train.global_batch_size
+    for tp in (d for d in divisors(gpus) if d <= gpus_per_node):
+        for pp in (d for d in divisors(gpus // tp) if layers % d == 0):
+            dp = gpus // (tp * pp)
+            if gbs % dp:
+                continue
+            for vpp in [None] + ([v for v in divisors(layers // pp) if v > 1] if pp > 1 else []):
+                for mbs in divisors(gbs // dp):
+                    for r in recompute:
+                        for distributed in distributed_optimizer:
+                            for sp in (sequence_parallel if tp > 1 else (False,)):
+                                cfg = _layout(base, gpus, tp, pp, vpp, mbs, r, distributed, sp)
+                                try:
+                                    validate(cfg)
+                                except ConfigError as exc:
+                                    if rejected is not None:
+                                        rejected[str(exc).split(" ", 1)[0]] += 1
+                                    continue
+                                yield cfg
+
+
+def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, mbs: int, recompute: RecomputeConfig,
+            distributed: bool, sp: bool) -> RunConfig:
+    parallel = dataclasses.replace(base.parallel, world_size=gpus, tensor_model_parallel_size=tp,
+                                   pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+                                   sequence_parallel=sp)
+    train = dataclasses.replace(base.train, micro_batch_size=mbs, use_distributed_optimizer=distributed,
+                                overlap_param_gather=base.train.overlap_param_gather and distributed)
+    return dataclasses.replace(base, parallel=parallel, train=train, recompute=recompute)
+
+
+def describe(cfg: RunConfig) -> dict[str, object]:
+    """The knobs a layout chooses, by name (what `search` prints and compares)."""
+    p, t, r = cfg.parallel, cfg.train, cfg.recompute
+    return {"tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
+            "vpp": p.virtual_pipeline_model_parallel_size or 1, "dp": p.data_parallel_size,
+            "mbs": t.micro_batch_size, "sp": p.sequence_parallel,
+            "recompute": r.recompute_granularity or "none", "distributed_optimizer": t.use_distributed_optimizer}
+
+
+def label(cfg: RunConfig) -> str:
+    """One line: "tp8 pp4 vpp2 dp32 mbs1 sp selective distopt"."""
+    d = describe(cfg)
+    return " ".join([f"tp{d['tp']}", f"pp{d['pp']}", *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}",
+                     f"mbs{d['mbs']}", *(["sp"] if d["sp"] else []), str(d["recompute"]),
+                     *(["distopt"] if d["distributed_optimizer"] else [])])

@@ -1,0 +1,186 @@
+"""Fit the H200 hardware file's efficiency curves from our own real H200 runs' compute sweeps, then check the file
+against those runs' measured step times.
+
+    python3 runs/bench/hardware_h200.py [--write] [--runs RUN ...] [--sweeps SWEEP.json.gz ...]
+
+1. Fit (ledger/simulate/fit.py): the `compute` events of the committed real H200 runs (tests/fixtures/h200_llama1b/*
+   and tests/fixtures/h200_2layer_profiled: one H200, torch 2.11.0+cu130, 2026-12-01) give the GEMM cost form
+   (fixed + FLOPs / (peak e_c) + output bytes / (HBM bw e_epilogue)), flash attention's efficiency by pass, head dim
+   and sequence length, each memory-bound kernel's fraction of HBM bandwidth and the sustained-clock line; --sweeps
+   adds grid sweeps (runs/bench/hardware_sweep.py) of shapes no run had. Only kernel records: no step time is an
+   input. Printed with every record's residual.
+2. --write stores the fitted blocks, with their sources and this command, in ledger/hardware/h200.json, and the same
+   values, labelled as an assumption, in the H100 and A100 files (their datasheet figures untouched).
+3. Check: for each run, predict_step(cfg, hardware_calibration(cfg, load_hardware("H200"))) against the run's
+   measured step time (median of its steady steps, as reconcile's throughput.step_time) and against the time
+   model calibrated on the run's own sweep (ledger.reconcile.time_rows.predict_run).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shlex
+import sys
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from ledger.reconcile.evidence import collect_run  # noqa: E402
+from ledger.reconcile.steps import select_steps  # noqa: E402
+from ledger.reconcile.time_rows import predict_run  # noqa: E402
+from ledger.simulate import hardware_calibration, load_hardware  # noqa: E402
+from ledger.simulate.fit import HardwareFit, fit_hardware  # noqa: E402
+from ledger.simulate.hardware import HARDWARE_DIR  # noqa: E402
+from ledger.time_model import predict_step  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers")] \
+    + [FIXTURES / "h200_2layer_profiled"]
+DERIVED = ("h100.json", "a100-80gb.json", "a100-40gb.json")
+SIGNIFICANT = 4
+
+
+def rel(path: Path) -> str:
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+
+
+def compute_records(runs: list[Path], sweeps: list[Path] = ()) -> list[dict]:
+    """The runs' `compute` events, and the records of grid sweeps (runs/bench/hardware_sweep.py output)."""
+    found = [r for run in runs for rank in collect_run(run).ranks.values() for r in rank.compute]
+    for sweep in sweeps:
+        opener = gzip.open if sweep.suffix == ".gz" else open
+        with opener(sweep, "rt") as f:
+            found += json.load(f)["records"]
+    return found
+
+
+def rounded(x):
+    if isinstance(x, float):
+        return float(f"{x:.{SIGNIFICANT}g}")
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [rounded(v) for v in x]
+    return x
+
+
+def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
+    measured = "; ".join(f"{p} head_dim {d}: seq {', '.join(map(str, s))}"
+                         for p, by in fit.attention_measured.items() for d, s in sorted(by.items()))
+    return {
+        "gemm": {"source": f"{source}: seconds = fixed_s + flops / (peak x compute_efficiency) + output bytes / "
+                           f"(HBM bandwidth x epilogue_efficiency), least squares on relative error over "
+                           f"{fit.counts['gemm']} GEMM records (epilogue_efficiency > 1: part of the output traffic "
+                           f"stays in L2)", **rounded(fit.gemm)},
+        "attention": {"source": f"{source}: flops / (peak x seconds) of SDPA flash attention, measured at {measured}; "
+                                f"seqs a head dim was not measured at: assumption, the best-measured head dim's curve "
+                                f"scaled by their ratio where both were measured",
+                      **{p: {"by_head_dim": {str(d): rounded(pts) for d, pts in by.items()}}
+                         for p, by in fit.attention.items()}},
+        "memory_bound": {"source": f"{source}: seconds = fixed_s + bytes moved (ledger/simulate/kernel_cost.py "
+                                   f"bytes_moved) / (HBM bandwidth x efficiency), one fixed_s, one efficiency per "
+                                   f"kernel over {fit.counts['memory_bound']} records; optimizer.step and "
+                                   f"grad_buffer.zero: bytes per element / (HBM bandwidth x seconds per element); "
+                                   f"default: the median kernel's", **rounded(fit.memory)},
+        "sustained": {"source": f"{source}: {fit.counts['sustained']} sustained.layer records (a layer's kernels "
+                                f"back to back at the power limit): slowdown of GEMMs and attention = 1 + slope x "
+                                f"(layer isolated efficiency - threshold_efficiency), a line through them",
+                      **rounded(fit.sustained)},
+    }
+
+
+def write(fit: HardwareFit, command: str, fitted_from: str) -> None:
+    path = HARDWARE_DIR / "h200.json"
+    h200 = json.loads(path.read_text())
+    source = f"fitted by `{command}` from {fitted_from} (kernel records only)"
+    h200.update(blocks(fit, source))
+    path.write_text(json.dumps(h200, indent=1) + "\n")
+    for name in DERIVED:
+        other_path = HARDWARE_DIR / name
+        other = json.loads(other_path.read_text())
+        assumption = (f"assumption: the H200 fit (ledger/hardware/h200.json, version {h200['version']}) unchanged, "
+                      f"as fractions of this GPU's own peak and HBM bandwidth (every kernel time scales with them); "
+                      f"no compute sweep of the {other['name']}. The H200 fit")
+        other.update(blocks(fit, assumption))
+        other_path.write_text(json.dumps(other, indent=1) + "\n")
+
+
+def measured_step(run: Path) -> tuple[float, int]:
+    ev = collect_run(run)
+    records = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s")]
+    selection = select_steps(ev.config, ev.world_size, records)
+    steady = set(selection.steady(s["step"] for s in records))
+    times = [s["step_time_s"] for s in records if s["step"] in steady]
+    return median(times), len(times)
+
+
+def print_fit(fit: HardwareFit) -> None:
+    print("GEMM:", {k: f"{v:.4g}" for k, v in fit.gemm.items()})
+    for p, by in fit.attention.items():
+        for d, pts in sorted(by.items()):
+            print(f"attention {p} head_dim {d}:", ", ".join(f"seq {s:.0f}: {e:.3f}" for s, e in pts),
+                  f"(measured at {fit.attention_measured[p][d]})")
+    memory = fit.memory
+    print(f"memory-bound: fixed {memory['fixed_s'] * 1e6:.2f} us, default {memory['default_efficiency']:.3f};",
+          ", ".join(f"{k} {v:.3f}" for k, v in memory["efficiency_by_kernel"].items()))
+    print("sustained:", {k: f"{v:.4g}" for k, v in fit.sustained.items()})
+    errors = [(p - t) / t for _, _, t, p in fit.residuals]
+    print(f"\nresiduals (fitted vs measured isolated seconds), {len(errors)} records: "
+          f"rms {100 * (sum(e * e for e in errors) / len(errors)) ** 0.5:.1f}%, "
+          f"max {100 * max(map(abs, errors)):.1f}%")
+    print("| kind | kernel | measured us | fitted us | error |\n|---|---|---|---|---|")
+    for kind, name, t, p in fit.residuals:
+        print(f"| {kind} | {name} | {t * 1e6:.1f} | {p * 1e6:.1f} | {100 * (p - t) / t:+.1f}% |")
+
+
+def check(runs: list[Path]) -> None:
+    hw = load_hardware("H200")
+    print(f"\nstep time, predicted vs measured (error = (predicted - measured) / measured); hardware file "
+          f"{rel(Path(hw.path))} version {hw.version}")
+    print("| run | measured s (steady steps) | own sweep predicted s | error | H200 file predicted s | error | "
+          "sustained |\n|---|---|---|---|---|---|---|")
+    for run in runs:
+        cfg = collect_run(run).config
+        measured, n = measured_step(run)
+        own = predict_run(collect_run(run)).step.step_time
+        cal = hardware_calibration(cfg, hw)
+        predicted = predict_step(cfg, cal).step_time
+        print(f"| {rel(run)} | {measured:.4f} ({n}) | {own:.4f} | {100 * (own - measured) / measured:+.1f}% | "
+              f"{predicted:.4f} | {100 * (predicted - measured) / measured:+.1f}% | {cal.sustained:.3f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="+", type=Path, default=RUNS, help="real H200 run directories to fit and check")
+    ap.add_argument("--sweeps", nargs="*", type=Path, default=[],
+                    help="grid sweeps (runs/bench/hardware_sweep.py --out) fitted with the runs' records")
+    ap.add_argument("--sweeps-only", action="store_true",
+                    help="fit from the grid sweeps alone: the runs are then only checked, never fitted")
+    ap.add_argument("--write", action="store_true", help="store the fit in ledger/hardware/*.json")
+    args = ap.parse_args(argv)
+    command = "python3 runs/bench/hardware_h200.py" + (" --write" if args.write else "") + (
+        " --runs " + " ".join(shlex.quote(rel(r)) for r in args.runs) if args.runs != RUNS else "") + (
+        " --sweeps " + " ".join(shlex.quote(rel(s)) for s in args.sweeps) if args.sweeps else "") + (
+        " --sweeps-only" if args.sweeps_only else "")
+    print(f"command: {command}\nruns: {', '.join(rel(r) for r in args.runs)}\n")
+    hw_file = json.loads((HARDWARE_DIR / "h200.json").read_text())
+    if args.sweeps_only and not args.sweeps:
+        ap.error("--sweeps-only needs --sweeps")
+    fit = fit_hardware(compute_records([] if args.sweeps_only else args.runs, args.sweeps), peak=hw_file["peak_flops"]["bf16"]["value"],
+                       hbm_bandwidth=hw_file["hbm_bandwidth"]["value"])
+    print_fit(fit)
+    if args.write:
+        fitted_from = " and ".join(
+            (["the compute sweeps of the committed real H200 runs"] if not args.sweeps_only else [])
+            + (["the grid sweep of runs/bench/hardware_sweep.py on one H200 (no training run)"] if args.sweeps else []))
+        write(fit, command, fitted_from)
+        print(f"\nwrote the fit into {rel(HARDWARE_DIR)}/h200.json and, as an assumption, {', '.join(DERIVED)}")
+    check(args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The compute sweep over a grid of model shapes, for a hardware file's efficiency curves (issue 18).
+
+    python runs/bench/hardware_sweep.py --out OUT.json.gz [--quick]
+
+A run's own `--compute-sweep` times its kernels at its own shapes only; `simulate` prices shapes no run of ours has
+had (70B's h 8192, TP-local widths of TP 8, seq 2048 to 16384). This times the same kernels, through the same code
+(probes.compute_sweep with the engine's fused functions), at a grid of TP-local shapes of public models: GEMMs from
+under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 1024 to 16384, and the memory-bound
+kernels from a few MB to GBs. No training run is involved, so the hardware file fitted from it (runs/bench/
+hardware_h200.py) never sees a step time it is later judged against.
+
+Output: {"device", "torch", "records": [compute records, each with its grid point's "shape" label], "not_measured"}.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.jit import COMPILE_DEVICE_TYPES  # noqa: E402
+from engine.transformer.attention import split_qkv_and_rotate  # noqa: E402
+from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy  # noqa: E402
+from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
+from engine.transformer.mlp import swiglu  # noqa: E402
+from probes import compute_sweep  # noqa: E402
+
+# (label, hidden, ffn, heads, kv heads, vocab, tp): public shapes (Llama 3 1B / 8B / 70B, GPT-3 XL / 13B / 175B
+# widths with a SwiGLU-sized ffn where Llama has one), each at the TP degrees a layout would use.
+MODELS = (
+    ("llama3.2-1b", 2048, 8192, 32, 8, 128256, (1, 2)),
+    ("llama3.1-8b", 4096, 14336, 32, 8, 128256, (1, 2, 4, 8)),
+    ("llama3.1-70b", 8192, 28672, 64, 8, 128256, (2, 4, 8)),
+    ("gpt3-13b", 5120, 20480, 40, 40, 50304, (1, 2, 4, 8)),
+    ("gpt3-175b", 12288, 49152, 96, 96, 50304, (4, 8)),
+)
+SEQS = (8192, 2048, 16384, 4096)
+QUICK_SEQS = (4096,)
+
+
+def engine_kernels(device: torch.device, vocab_size: int) -> compute_sweep.EngineKernels:
+    return compute_sweep.EngineKernels(
+        split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
+        cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
+                                        vocab_size=vocab_size),
+        variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager")
+
+
+def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int) -> compute_sweep.SweepSpec:
+    padded = -(-vocab // (128 * tp)) * 128 * tp
+    return compute_sweep.SweepSpec(dtype="bf16", grad_dtype="fp32", seq=seq, micro_batch=1, hidden=h,
+                                   heads=heads // tp, kv_heads=max(1, kv // tp), head_dim=h // heads, ffn=f // tp,
+                                   vocab=padded // tp, norm_tokens=seq, first_stage=True, last_stage=True,
+                                   optimizer_numel=1 << 26, grad_buffer_numel=1 << 26)
+
+
+def specs(quick: bool):
+    """Every model once at its first TP degree and seq 4096 first (what --quick measures), then the rest of the grid:
+    a run cut short by --budget-s still covers every model."""
+    first = [(m, m[6][0], QUICK_SEQS[0]) for m in MODELS]
+    rest = [(m, tp, seq) for seq in SEQS for m in MODELS for tp in m[6] if (m, tp, seq) not in first]
+    for (label, h, f, heads, kv, vocab, _), tp, seq in first + ([] if quick else rest):
+        yield f"{label} tp{tp} s{seq}", vocab, _spec(h, f, heads, kv, vocab, tp, seq)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="one TP degree and one sequence length per model")
+    ap.add_argument("--budget-s", type=float, default=math.inf,
+                    help="start no further shape after this many seconds (the file holds every shape finished)")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch._dynamo.config.recompile_limit = 1 << 10  # the engine's compiled functions meet a new shape per grid point
+    records, start, skipped = [], time.perf_counter(), []
+    for label, vocab, spec in specs(args.quick):
+        if time.perf_counter() - start > args.budget_s:
+            skipped.append(label)
+            continue
+        t0 = time.perf_counter()
+        found = compute_sweep.run(spec, device, engine_kernels(device, vocab), use_cache=False)
+        records += [{**r, "shape": label} for r in found]
+        write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
+        print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)
+    write(args.out, device, records, skipped)
+    print(f"{len(records)} records in {time.perf_counter() - start:.0f} s -> {args.out}"
+          + (f"; not measured (budget): {', '.join(skipped)}" if skipped else ""))
+    print(f"command: python runs/bench/hardware_sweep.py --out {args.out}" + (" --quick" if args.quick else "")
+          + (f" --budget-s {args.budget_s:g}" if math.isfinite(args.budget_s) else ""))
+    return 0
+
+
+def write(path: str, device: torch.device, records: list[dict], skipped: list[str]) -> None:
+    out = {"device": compute_sweep.device_name(device), "torch": torch.__version__, "records": records,
+           "not_measured": skipped}
+    with gzip.open(path + ".tmp", "wt") as f:
+        json.dump(out, f)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

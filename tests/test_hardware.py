@@ -1,0 +1,184 @@
+"""The hardware files (ledger/hardware/*.json) and their loader (ledger/simulate/hardware.py).
+
+Each known GPU kind loads by name, case-insensitive, or by path; every number in a file says where it comes from
+(the H200's efficiency blocks: our own grid sweep of kernel timings on one H200, equal to its fit;
+the other kinds: datasheets, and assumptions labelled as such); a bad file or name is refused with one line.
+"""
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from common.errors import ConfigError
+from ledger.reconcile.evidence import collect_run
+from ledger.simulate.fit import fit_hardware
+from ledger.simulate.hardware import HARDWARE_DIR, load_hardware
+from tests.test_reconcile_fixtures import FIXTURES
+
+FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
+GRID_SWEEP = Path(__file__).resolve().parents[1] / "runs/bench/results/2026-12-01_h200_hardware_sweep.json.gz"
+H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
+                                                      "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
+FITTED = ("gemm", "attention", "memory_bound", "sustained")
+
+
+def raw(name: str) -> dict:
+    return json.loads((HARDWARE_DIR / FILES[name]).read_text())
+
+
+@pytest.mark.parametrize("spec", ["H200", "h200", "H100", "a100-80gb", "A100-40GB", "A100-80Gb"])
+def test_every_known_kind_loads_by_name_whatever_the_case(spec):
+    hw = load_hardware(spec)
+    assert hw.name.lower() == spec.lower()
+    assert hw.gpus_per_node == 8 and hw.hbm_bytes > 0 and hw.peak("bf16") > 0
+
+
+def test_a_file_loads_by_path(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(raw("H100")))
+    assert load_hardware(str(path)).hbm_bandwidth == load_hardware("H100").hbm_bandwidth
+
+
+def test_the_datasheet_figures_are_the_public_ones():
+    h100, a80, a40, h200 = (load_hardware(n) for n in ("H100", "A100-80GB", "A100-40GB", "H200"))
+    assert h100.peak("bf16") == h200.peak("bf16") == 989e12 and a80.peak("bf16") == a40.peak("bf16") == 312e12
+    assert (h200.hbm_bandwidth, h100.hbm_bandwidth, a80.hbm_bandwidth, a40.hbm_bandwidth) == (
+        4.8e12, 3.35e12, 2.039e12, 1.555e12)
+    assert (h100.hbm_bytes, a80.hbm_bytes, a40.hbm_bytes) == (80 * 2 ** 30, 80 * 2 ** 30, 40 * 2 ** 30)
+    # 400 Gb/s NDR a GPU on DGX H100 / H200, 200 Gb/s HDR on DGX A100
+    assert h200.nic_bandwidth == h100.nic_bandwidth == 400e9 / 8 and a80.nic_bandwidth == 200e9 / 8
+
+
+def numbers_without_source(node, path: str = "", sourced: bool = False) -> list[str]:
+    """Paths of numbers with no "source" on their object or any object above them."""
+    if isinstance(node, dict):
+        sourced = sourced or isinstance(node.get("source"), str) and bool(node["source"].strip())
+        return [p for k, v in node.items() for p in numbers_without_source(v, f"{path}.{k}", sourced)]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in numbers_without_source(v, f"{path}[{i}]", sourced)]
+    is_number = isinstance(node, (int, float)) and not isinstance(node, bool)
+    return [path] if is_number and not sourced and path != ".schema_version" else []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_number_carries_its_source(name):
+    assert numbers_without_source(raw(name)) == []
+
+
+def test_the_h200_curves_come_from_our_sweeps_and_the_others_say_they_are_assumed():
+    h200 = raw("H200")
+    for block in FITTED:
+        assert "runs/bench/hardware_h200.py" in h200[block]["source"]
+        assert "kernel records only" in h200[block]["source"]
+    for name in ("H100", "A100-80GB", "A100-40GB"):
+        d = raw(name)
+        for block in FITTED:
+            assert d[block]["source"].startswith("assumption: the H200 fit")
+            assert {k: v for k, v in d[block].items() if k != "source"} == \
+                {k: v for k, v in h200[block].items() if k != "source"}
+        assert "datasheet" in d["peak_flops"]["bf16"]["source"] and "datasheet" in d["hbm_bandwidth"]["source"]
+        assert d["outside_pytorch"]["source"].startswith("assumption")
+    assert "assumption" in h200["inter_node"]["nic_bandwidth"]["source"]  # one node here: not measurable
+    assert h200["intra_node"]["p2p_bandwidth"]["source"].startswith("measured")
+
+
+def close(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    return a == pytest.approx(b, rel=1e-3, abs=1e-12)
+
+
+def test_the_h200_file_is_the_fit_of_the_committed_grid_sweep_alone():
+    # Fitted from runs/bench/hardware_sweep.py's grid of kernel timings only: no record of the runs it is validated
+    # on goes in (not even their own compute sweeps), so no run's step time can leak into the curves.
+    with gzip.open(GRID_SWEEP, "rt") as f:
+        records = json.load(f)["records"]
+    assert records and {r["device"] for r in records} == {"NVIDIA H200"}
+    h200 = raw("H200")
+    assert "--sweeps-only" in h200["gemm"]["source"] or "--sweeps-only" in json.dumps(h200)
+    fit = fit_hardware(records, peak=h200["peak_flops"]["bf16"]["value"],
+                       hbm_bandwidth=h200["hbm_bandwidth"]["value"])
+    assert close(fit.gemm, {k: h200["gemm"][k] for k in fit.gemm})
+    assert close(fit.sustained, {k: h200["sustained"][k] for k in fit.sustained})
+    assert close(fit.memory, {k: h200["memory_bound"][k] for k in fit.memory})
+    for pass_ in ("fwd", "bwd"):
+        assert close({str(d): pts for d, pts in fit.attention[pass_].items()}, h200["attention"][pass_]["by_head_dim"])
+
+
+# ---- refused, with one line naming the problem ----------------------------------------------------------------
+
+def refused(spec: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_hardware(spec)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def broken(tmp_path: Path, change) -> str:
+    d = copy.deepcopy(raw("H200"))
+    change(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def test_an_unknown_name_is_refused_naming_the_known_ones():
+    message = refused("B200")
+    assert "unknown hardware 'B200'" in message and "H200, H100, A100-80GB, A100-40GB" in message
+
+
+def test_a_missing_file_is_refused(tmp_path):
+    assert "does not exist" in refused(str(tmp_path / "nowhere.json"))
+
+
+def test_malformed_json_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"name": "H200",')
+    message = refused(str(path))
+    assert str(path) in message and "not valid JSON" in message
+
+
+def test_a_json_list_is_refused(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    assert "must hold a JSON object" in refused(str(path))
+
+
+@pytest.mark.parametrize("field, change, expected", [
+    ("hbm_bandwidth", lambda d: d.pop("hbm_bandwidth"), "hbm_bandwidth is missing"),
+    ("inter_node.nic_bandwidth", lambda d: d["inter_node"].pop("nic_bandwidth"), "inter_node.nic_bandwidth is missing"),
+    ("gemm.compute_efficiency", lambda d: d["gemm"].pop("compute_efficiency"), "gemm.compute_efficiency is missing"),
+    ("peak_flops.bf16 source", lambda d: d["peak_flops"]["bf16"].pop("source"), "peak_flops.bf16 has no source"),
+    ("gemm source", lambda d: d["gemm"].pop("source"), "gemm has no source"),
+    ("hbm_bandwidth zero", lambda d: d["hbm_bandwidth"].update(value=0), "hbm_bandwidth must be positive, got 0"),
+    ("peak negative", lambda d: d["peak_flops"]["bf16"].update(value=-1.0),
+     "peak_flops.bf16 must be positive, got -1.0"),
+    ("gpus_per_node zero", lambda d: d["gpus_per_node"].update(value=0), "gpus_per_node must be positive"),
+    ("gpus_per_node fraction", lambda d: d["gpus_per_node"].update(value=7.5), "must be an integer"),
+    ("efficiency zero", lambda d: d["memory_bound"]["efficiency_by_kernel"].update(residual_add=0),
+     "memory_bound.efficiency_by_kernel.residual_add must be positive"),
+    ("efficiency above 1", lambda d: d["gemm"].update(compute_efficiency=1.5),
+     "gemm.compute_efficiency must be at most"),
+    ("curve point", lambda d: d["attention"]["fwd"]["by_head_dim"]["64"].append([-1, 0.5]),
+     "attention.fwd.by_head_dim.64 must be positive"),
+    ("latency negative", lambda d: d["nccl_protocols"]["ll"].update(base_s=-1e-6),
+     "nccl_protocols.ll.base_s must be positive"),
+    ("communicator text", lambda d: d["outside_pytorch"].update(nccl_communicator="389 MiB"), "must be a number"),
+    ("schema", lambda d: d.update(schema_version=2), "schema_version is 2"),
+])
+def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change, expected):
+    path = broken(tmp_path, change)
+    message = refused(path)
+    assert expected in message and path in message
+
+
+def test_a_fixed_cost_may_be_zero_but_not_negative(tmp_path):
+    assert load_hardware(broken(tmp_path, lambda d: d["gemm"].update(fixed_s=0))).gemm.fixed_s == 0
+    assert "gemm.fixed_s must be non-negative" in refused(broken(tmp_path, lambda d: d["gemm"].update(fixed_s=-1)))
