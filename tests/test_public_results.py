@@ -1,0 +1,64 @@
+"""Published results through the simulator (ledger/simulate/published.py): how each published step time is implied,
+what is assumed where a paper is silent, and what is skipped and why. The accuracy itself (predicted vs published
+per entry) is a measurement and lives in BENCHMARKS.md (runs/bench/public_results.py); these tests hold the
+plumbing that produces it."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from ledger.simulate.published import Comparison, Skipped, compare, load_entries
+
+DATA = Path(__file__).resolve().parent / "data" / "public_results.json"
+
+
+@pytest.fixture(scope="module")
+def entries() -> dict[str, dict]:
+    return {e["id"]: e for e in load_entries(DATA)}
+
+
+def test_narayanans_tflops_imply_the_step_time_by_their_own_count(entries):
+    """GPT 1.7B row: 24 layers, h 2304, V 51200, s 2048, batch 512 on 32 A100s at 137 TFLOP/s: Eq. 3 gives
+    96 x 512 x 2048 x 24 x 2304^2 x (1 + 2048/13824 + 51200/884736) FLOPs, over 137e12 x 32 FLOP/s."""
+    r = compare(entries["narayanan2021-table1-gpt-1p7b"], {})
+    flops = 96 * 512 * 2048 * 24 * 2304 ** 2 * (1 + 2048 / (6 * 2304) + 51200 / (16 * 24 * 2304))
+    assert isinstance(r, Comparison) and r.hardware == "A100-80GB" and r.gpus == 32
+    assert r.published_s == pytest.approx(flops / (137e12 * 32))
+    assert "micro-batch 1" in r.assumptions and "Narayanan" in r.published_from
+    assert r.error == pytest.approx((r.predicted_s - r.published_s) / r.published_s)
+
+
+def test_a_published_iteration_time_is_taken_as_it_is(entries):
+    r = compare(entries["korthikanti2022-gpt-175b-selective-sp"], {})
+    assert isinstance(r, Comparison) and r.published_s == 13.75 and r.published_from == "iteration time"
+    assert r.predicted_s > 0 and "no interleaving" in r.assumptions
+
+
+def test_unstated_recompute_is_the_least_that_fits(entries):
+    """MT-NLG 530B on A100-80GB, tp 8 x pp 35, micro-batch 1: without recompute one stage's activations exceed
+    80 GB, so the comparison assumes full recompute, and says so."""
+    r = compare(entries["smith2022-mtnlg-530b-2240gpu"], {})
+    assert isinstance(r, Comparison)
+    assert any(a.startswith("recompute full") for a in r.assumptions)
+
+
+@pytest.mark.parametrize("entry_id, reason", [
+    ("korthikanti2022-gpt-530b-2240gpu-abstract", "layout (tp, pp) is not given"),
+    ("llama3-405b-8k-context-8192gpu", "not divisible by pipeline size 16"),
+    ("llama3-405b-128k-context-16384gpu", "context parallel 16"),
+])
+def test_what_cannot_be_simulated_is_skipped_with_its_reason(entries, entry_id, reason):
+    r = compare(entries[entry_id], {})
+    assert isinstance(r, Skipped) and reason in r.reason
+
+
+def test_llamas_mfu_implies_the_step_time_by_palms_count(entries):
+    """The Llama 3 405B 8K row with an even cut (128 layers: a stand-in, since 126 do not split into 16 equal
+    stages) goes through the PaLM-MFU branch: tokens x (6N + 12 L q s) / (MFU x peak x GPUs)."""
+    e = copy.deepcopy(entries["llama3-405b-8k-context-8192gpu"])
+    e["model"]["num_layers"] = 128
+    r = compare(e, {})
+    assert isinstance(r, Comparison) and r.hardware == "H100" and "MFU 43%" in r.published_from
+
