@@ -18,6 +18,7 @@ PAGES = [
     st.Page("pages/overlap.py", title="Overlap", icon=":material/stacked_bar_chart:"),
     st.Page("pages/topology.py", title="Topology", icon=":material/hub:"),
     st.Page("pages/traces.py", title="Traces", icon=":material/timeline:"),
+    st.Page("pages/what_if.py", title="What if", icon=":material/tune:"),
 ]
 
 st.set_page_config(page_title="train-ledger", layout="wide")

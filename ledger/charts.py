@@ -118,3 +118,23 @@ def render(chart: Chart) -> str:
     out += keys
     out.append(f"</svg><figcaption>{e(chart.caption)}</figcaption></figure>")
     return "".join(out)
+
+
+# A chart on a page of its own (the dashboard's iframe), outside report.html and its page style: the text sizes the
+# layout assumes (CHAR) and no page margin.
+STYLE = ("<style>body{margin:0;font-family:system-ui,sans-serif}figure{margin:0}svg text{font-size:11px}"
+         "svg text.axis-title{font-size:12px;font-weight:600}figcaption{font-size:13px;color:#444;margin:4px 0 12px}"
+         "</style>")
+
+
+def stacked(parts: list[tuple[str, float, str]], unit: str, what: str = "") -> list[Segment]:
+    """(name, value, color) parts laid end to end from 0, one segment each, with the figure written by
+    ledger.format as hover title ("name (what): 1.23 ms"); parts that are zero or negative take no room (a
+    difference of clocks a few ns below zero is not a term)."""
+    out, x = [], 0.0
+    for name, value, color in parts:
+        if value > 0:
+            label = f"{name} ({what})" if what else name
+            out.append(Segment(x, value, color, f"{label}: {fmt.value(value, unit)} = {fmt.exact(value, unit)}"))
+            x += value
+    return out
