@@ -130,17 +130,23 @@ class HostCopy:
     """Host buffers matching a state's tensors, allocated at the first --async-save and reused (the previous save's
     write has finished before the next copy): pinned on CUDA, so the device-to-host copies run at full speed."""
     buffers: list[torch.Tensor] = field(default_factory=list)
+    alloc_seconds: float = 0.0  # of the last copy: allocating (pinning) the buffers, 0 when they were reused
+    copy_seconds: float = 0.0  # of the last copy: the copies themselves
 
     def of(self, state: Any) -> Any:
         """`state` with every tensor replaced by its copy in host memory, complete when this returns."""
         leaves, spec = tree_flatten(state)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        start = time.perf_counter()
         if [(b.shape, b.dtype) for b in self.buffers] != [(t.shape, t.dtype) for t in tensors]:
             self.buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in tensors]
+        copied = time.perf_counter()
+        self.alloc_seconds = copied - start
         for buffer, tensor in zip(self.buffers, tensors):
             buffer.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
         if any(t.is_cuda for t in tensors):
             torch.cuda.synchronize()
+        self.copy_seconds = time.perf_counter() - copied
         copies = iter(self.buffers)
         return tree_unflatten([next(copies) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
 
@@ -156,6 +162,9 @@ class PendingSave:
     world_size: int
     rank: int
     blocking_seconds: float = 0.0
+    waited_seconds: float = 0.0  # of the blocking part: waiting for the previous save's background part to end
+    host_alloc_seconds: float = 0.0  # of the blocking part (--async-save): pinning the host buffers (first save)
+    host_copy_seconds: float = 0.0  # of the blocking part (--async-save): the device-to-host copy
     background: bool = False
     bytes: int = 0
     write_seconds: float = 0.0
@@ -240,14 +249,17 @@ class Checkpointer:
     def save(self, iteration: int) -> None:
         c, start = self.run_config.checkpoint, time.perf_counter()
         self.finish()  # one save in flight: the previous one's file is written (and on rank 0 finalised) first
+        waited = time.perf_counter() - start
         with self.probes.range(f"save checkpoint iter {iteration}", "checkpoint", iteration=iteration):
             pending = self._prepare(iteration)
             if c.async_save:
                 pending.state = self.host_copy.of(pending.state)
+                pending.host_alloc_seconds = self.host_copy.alloc_seconds
+                pending.host_copy_seconds = self.host_copy.copy_seconds
                 pending.start()
             else:
                 pending.run()
-        pending.blocking_seconds = time.perf_counter() - start
+        pending.blocking_seconds, pending.waited_seconds = time.perf_counter() - start, waited
         self.pending = pending
         if not c.async_save:
             self.finish()
@@ -278,6 +290,8 @@ class Checkpointer:
         self.probes.checkpoint("save", iteration=p.iteration,
                                 path=str(_rank_file(final / checkpoint_dir_name(p.iteration), p.rank)),
                                 bytes=p.bytes, blocking_seconds=p.blocking_seconds,
+                                waited_for_previous_seconds=p.waited_seconds,
+                                host_alloc_seconds=p.host_alloc_seconds, host_copy_seconds=p.host_copy_seconds,
                                 background_seconds=p.work_seconds if p.background else 0.0,
                                 write_seconds=p.write_seconds, async_save=p.background,
                                 loaded_iteration=self.loaded_iteration)

@@ -115,6 +115,16 @@ def test_an_async_save_shows_its_blocking_and_background_parts_apart():
     assert "the wait for every rank's file" not in background[1].explanation
 
 
+def test_the_blocking_row_says_what_the_loop_waited_for():
+    """An --async-save whose blocking part was mostly the previous save's write (saves closer together than a
+    write takes: the llama3.2-1b case on the H200, BENCHMARKS.md): the row names the parts the event carries."""
+    save = _save(6, 1, seconds=11.6, background=16.6) | {"waited_for_previous_seconds": 10.9,
+                                                         "host_alloc_seconds": 0.0, "host_copy_seconds": 0.6}
+    (blocking,) = _rows(_evidence({0: [save]}), "checkpoint.save_blocking_seconds")
+    assert "waiting for the previous save's background part 10.9 s" in blocking.explanation
+    assert "the device-to-host copy 600 ms" in blocking.explanation and "pinning" not in blocking.explanation
+
+
 def test_events_from_before_async_save_still_read():
     old = {k: v for k, v in _save(2, 1, seconds=0.4).items()
            if k not in ("blocking_seconds", "background_seconds", "async_save")} | {"seconds": 0.4}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ledger.format import duration
 from ledger.formulas.checkpoint import checkpoint_bytes
 from ledger.reconcile.evidence import RankEvidence, RunEvidence
 from ledger.reconcile.rows import Row, identity_row, row
@@ -62,8 +63,17 @@ def blocking_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
             else "the whole save: param sync, torch.save, rank 0's wait for every rank's file, its rename and pointer")
     return row("checkpoint.save_blocking_seconds", "rank", measured=_blocking_seconds(slowest), unit="s",
                tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
-               explanation=(f"the slowest of {len(saves)} save(s): the time the training loop waited, {what}; "
-                            f"{NO_PREDICTION}"))
+               explanation=(f"the slowest of {len(saves)} save(s): the time the training loop waited, {what}"
+                            f"{_blocking_parts(slowest)}; {NO_PREDICTION}"))
+
+
+def _blocking_parts(save: dict[str, Any]) -> str:
+    """What the blocking time was spent on, where the event says (events before these fields: nothing)."""
+    parts = [(label, save.get(key)) for label, key in (
+        ("waiting for the previous save's background part", "waited_for_previous_seconds"),
+        ("pinning the host buffers", "host_alloc_seconds"), ("the device-to-host copy", "host_copy_seconds"))]
+    shown = [f"{label} {duration(seconds)}" for label, seconds in parts if seconds]
+    return f" (of it: {', '.join(shown)})" if shown else ""
 
 
 def background_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
