@@ -8,6 +8,8 @@ distributed optimizer, micro-batch 1, 8 micro-batches a step, --all-probes incl.
   h200_llama1b/s8192-full         seq 8192, --recompute-granularity full --recompute-method uniform
                                   --recompute-num-layers 1
   h200_llama1b/8b-4layers         llama3.1-8b's shape cut to 4 layers, seq 4096
+  h200_llama1b/s16384, s2048-mbs4, 8b-8layers-s8192-selective   seq 16384; seq 2048 at micro-batch 4; the 8B shape cut
+                                  to 8 layers at seq 8192 with selective recompute (made later, same device)
   h200_2layer_profiled            llama3.2-1b cut to 2 layers, seq 1024, 4 micro-batches, profiler window steps 4-5
                                   (trace under traces/)
 Made by `python3 runs/bench/time_model.py --out /tmp/tm --iters 8 --cases s4096 fixture s8192 s8192-full
@@ -28,7 +30,8 @@ import pytest
 from ledger.reconcile.run import Reconciliation, reconcile
 from tests.test_reconcile_fixtures import FIXTURES, only
 
-LARGE = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers")
+LARGE = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers", "s16384", "s2048-mbs4",
+         "8b-8layers-s8192-selective")
 TIME_METRICS = ("throughput.step_time", "time.forward_per_microbatch", "time.backward_per_microbatch",
                 "time.optimizer_step", "time.tokens_per_s")
 STEP_BAR, PASS_BAR, PEAK_BAR = 0.05, 0.10, 0.05  # the bars: step time, a pass per micro-batch, peak memory

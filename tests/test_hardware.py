@@ -20,7 +20,8 @@ from ledger.simulate.hardware import HARDWARE_DIR, load_hardware
 from tests.test_reconcile_fixtures import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
-GRID_SWEEP = Path(__file__).resolve().parents[1] / "runs/bench/results/2026-12-01_h200_hardware_sweep.json.gz"
+GRID_SWEEPS = [Path(__file__).resolve().parents[1] / "runs/bench/results" / name for name in (
+    "2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz")]
 H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                       "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
 FITTED = ("gemm", "attention", "memory_bound", "sustained")
@@ -97,8 +98,7 @@ def close(a, b) -> bool:
 def test_the_h200_file_is_the_fit_of_the_committed_grid_sweep_alone():
     # Fitted from runs/bench/hardware_sweep.py's grid of kernel timings only: no record of the runs it is validated
     # on goes in (not even their own compute sweeps), so no run's step time can leak into the curves.
-    with gzip.open(GRID_SWEEP, "rt") as f:
-        records = json.load(f)["records"]
+    records = [r for sweep in GRID_SWEEPS for r in json.load(gzip.open(sweep, "rt"))["records"]]
     assert records and {r["device"] for r in records} == {"NVIDIA H200"}
     h200 = raw("H200")
     assert "--sweeps-only" in h200["gemm"]["source"] or "--sweeps-only" in json.dumps(h200)
@@ -108,7 +108,8 @@ def test_the_h200_file_is_the_fit_of_the_committed_grid_sweep_alone():
     assert close(fit.sustained, {k: h200["sustained"][k] for k in fit.sustained})
     assert close(fit.memory, {k: h200["memory_bound"][k] for k in fit.memory})
     for pass_ in ("fwd", "bwd"):
-        assert close({str(d): pts for d, pts in fit.attention[pass_].items()}, h200["attention"][pass_]["by_head_dim"])
+        assert close({str(d): {str(seq): pts for seq, pts in by_seq.items()} for d, by_seq in fit.attention[pass_].items()},
+                     h200["attention"][pass_]["by_head_dim"])
 
 
 # ---- refused, with one line naming the problem ----------------------------------------------------------------
@@ -166,8 +167,8 @@ def test_a_json_list_is_refused(tmp_path):
      "memory_bound.efficiency_by_kernel.residual_add must be positive"),
     ("efficiency above 1", lambda d: d["gemm"].update(compute_efficiency=1.5),
      "gemm.compute_efficiency must be at most"),
-    ("curve point", lambda d: d["attention"]["fwd"]["by_head_dim"]["64"].append([-1, 0.5]),
-     "attention.fwd.by_head_dim.64 must be positive"),
+    ("curve point", lambda d: d["attention"]["fwd"]["by_head_dim"]["64"]["2048"].append([-1, 0.5]),
+     "attention.fwd.by_head_dim.64.2048 must be positive"),
     ("latency negative", lambda d: d["nccl_protocols"]["ll"].update(base_s=-1e-6),
      "nccl_protocols.ll.base_s must be positive"),
     ("communicator text", lambda d: d["outside_pytorch"].update(nccl_communicator="389 MiB"), "must be a number"),

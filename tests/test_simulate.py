@@ -97,7 +97,8 @@ def test_a_malformed_hardware_file_is_one_line(tmp_path):
 
 # ---- validation on real runs ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers"])
+@pytest.mark.parametrize("name", ["s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers", "s16384",
+                                  "s2048-mbs4", "8b-8layers-s8192-selective"])
 def test_the_simulator_meets_its_goals_on_every_large_h200_run(name):
     """Step time within 5% and the allocator's peak within 3% (issue 18), from config + hardware file only."""
     v = validate_run(FIXTURES / "h200_llama1b" / name)

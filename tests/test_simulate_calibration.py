@@ -66,11 +66,22 @@ def test_a_gemm_scales_with_the_peak_on_another_gpu():
     assert a100.kernels[fc1] > 2.5 * h100.kernels[fc1]
 
 
+def test_attention_slows_with_few_independent_heads_as_the_sweep_measured():
+    """At TP 8 a 70B layer keeps 8 query heads a rank: flash attention then has few (sequence, head) problems to
+    spread over the SMs. The file's curve over batch x heads holds the grid sweep's figures (seq 2048, head dim 128:
+    4 heads 0.13 of peak, 40 heads 0.42) and a micro-batch of 4 counts as 4 x the heads."""
+    eff = load_hardware("H200").attention.efficiency
+    assert eff("fwd", 128, 2048, 4) < 0.5 * eff("fwd", 128, 2048, 40)
+    assert eff("fwd", 128, 2048, 4 * 32) > eff("fwd", 128, 2048, 32)
+    between = eff("fwd", 128, 3000, 32)  # between measured seqs: linear in log2(seq)
+    assert eff("fwd", 128, 2048, 32) < between < eff("fwd", 128, 4096, 32)
+
+
 def test_attention_and_memory_bound_kernels_follow_the_file():
     hw = load_hardware("H200")
     cal = hardware_calibration(config("--global-batch-size", "8"), hw)
     fwd = kernel("core_attention.fwd", 2.0 * 32 * 4096 ** 2 * 64, batch=1, heads=32, kv_heads=8, seq=4096, head_dim=64)
-    efficiency = dict(hw.attention.fwd)[64].at(4096)
+    efficiency = dict(dict(hw.attention.fwd)[64])[4096].at(1 * 32)  # a measured point: seq 4096, batch x heads 32
     assert cal.kernels[(fwd.name, fwd.dims, "bf16")] == pytest.approx(fwd.flops / (989e12 * efficiency))
     # residual add: reads two bf16 [s, h] tensors and writes one
     add = ("residual_add", (("numel", 4096 * 2048),), "bf16")

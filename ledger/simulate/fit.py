@@ -1,15 +1,13 @@
 """The efficiency curves of a hardware file fitted from compute-sweep records (`compute` events, probes/
 compute_sweep.py), and from nothing else: no step time enters, so a step-time check of the file against the runs the
-records came from is a prediction, not a replay. runs/bench/hardware_h200.py runs it on the committed H200 runs
+records came from is a prediction, not a replay. runs/bench/hardware_h200.py runs it on the committed H200 grid sweeps
 and writes ledger/hardware/h200.json's fitted blocks; tests hold the file equal to this fit.
 
 Each block is the cost form of ledger/simulate/kernel_cost.py, fitted by least squares on relative error (a point
 weighs 1/t^2, as ledger/time_model/comm.py fits links):
   gemm            t = fixed_s + flops / (peak e_c) + output bytes / (HBM bw e_epilogue), over every GEMM record
-  attention       efficiency = flops / (peak t) per (pass, head_dim, seq) measured (the median over head counts and
-                  batches measured there: the curve does not model them); a head dim measured at fewer
-                  sequence lengths than another takes the other's curve scaled by their ratio where both were
-                  measured (an assumption the block's source states)
+  attention       efficiency = flops / (peak t) per (pass, head_dim, seq) measured, as a curve over batch x heads
+                  (the median of the records at one point)
   memory_bound    t = fixed_s + bytes moved / (HBM bw e_name): one shared fixed_s, one efficiency per kernel name;
                   the default (a kernel with no record) is their median; the two rates: bytes / (HBM bw t)
   sustained       the sweep's sustained.layer records: slowdown (t - memory-bound t) / compute-bound t against the
@@ -82,7 +80,7 @@ def distinct(records: Iterable[dict[str, Any]]) -> tuple[list[Point], list[dict[
 @dataclass(frozen=True)
 class HardwareFit:
     gemm: dict[str, float]  # fixed_s, compute_efficiency, epilogue_efficiency
-    attention: dict[str, dict[int, list[list[float]]]]  # pass -> head_dim -> [[seq, efficiency], ...]
+    attention: dict[str, dict[int, dict[int, list[list[float]]]]]  # pass -> head_dim -> seq -> [[b x heads, eff]]
     attention_measured: dict[str, dict[int, list[int]]]  # pass -> head_dim -> the seqs measured
     memory: dict[str, Any]  # fixed_s, default_efficiency, efficiency_by_kernel
     sustained: dict[str, float]  # threshold_efficiency, slope
@@ -105,24 +103,17 @@ def fit_gemm(points: list[Point], peak: float, bw: float, dtype_bytes: int, grad
 
 
 def fit_attention(points: list[Point], peak: float):
-    samples: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    """Per pass, head dim and seq: efficiency = flops / (peak t) by batch x heads (the median of the records at one
+    point: several models share a head count)."""
+    samples: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
     for op, d, f, t in points:
         if op.startswith(ATTENTION + "."):
-            samples[(op.rpartition(".")[2], d["head_dim"], d["seq"])].append(f / (peak * t))
-    measured: dict[str, dict[int, dict[int, float]]] = {"fwd": defaultdict(dict), "bwd": defaultdict(dict)}
-    for (pass_, dim, seq), effs in samples.items():  # several head counts or batches at one point: their median
-        measured[pass_][dim][seq] = median(effs)
-    curves: dict[str, dict[int, list[list[float]]]] = {}
-    for pass_, by_dim in measured.items():
-        richest = max(by_dim.values(), key=len)
-        curves[pass_] = {}
-        for dim, effs in sorted(by_dim.items()):
-            common = [s for s in effs if s in richest]
-            ratio = sum(effs[s] / richest[s] for s in common) / len(common) if common else 1.0
-            full = {s: effs.get(s, e * ratio) for s, e in richest.items()} | effs
-            curves[pass_][dim] = [[s, full[s]] for s in sorted(full)]
-    seqs = {p: {dim: sorted(effs) for dim, effs in by_dim.items()} for p, by_dim in measured.items()}
-    return curves, seqs
+            samples[(op.rpartition(".")[2], d["head_dim"], d["seq"], d["batch"] * d["heads"])].append(f / (peak * t))
+    curves: dict[str, dict[int, dict[int, list[list[float]]]]] = {}
+    for (pass_, dim, seq, bh), effs in sorted(samples.items()):
+        curves.setdefault(pass_, {}).setdefault(dim, {}).setdefault(seq, []).append([bh, median(effs)])
+    measured = {p: {dim: sorted(by_seq) for dim, by_seq in by_dim.items()} for p, by_dim in curves.items()}
+    return curves, measured
 
 
 def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int, params_dtype: str,

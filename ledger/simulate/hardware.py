@@ -61,22 +61,30 @@ class GemmCost:
 
 @dataclass(frozen=True)
 class AttentionCost:
-    """Flash attention's efficiency (fraction of the dense peak) by sequence length, one curve per head dim and pass;
-    between two head dims linear in the head dim, outside them the nearest one's."""
-    fwd: tuple[tuple[int, Curve], ...]  # (head_dim, efficiency by seq), ascending head_dim
-    bwd: tuple[tuple[int, Curve], ...]
+    """Flash attention's efficiency (fraction of the dense peak) per pass and head dim, by sequence length and by
+    batch x heads (the kernel's independent (sequence, head) problems: few of them leave SMs idle, which at TP 8 of a
+    large model, 4 to 12 local heads, costs a factor of two). Measured seqs each carry a curve over batch x heads;
+    between two seqs the efficiency is linear in log2(seq), outside them the nearest seq's; between two head dims
+    linear in the head dim, outside them the nearest one's."""
+    fwd: tuple[tuple[int, tuple[tuple[int, Curve], ...]], ...]  # (head_dim, ((seq, efficiency by batch x heads)))
+    bwd: tuple[tuple[int, tuple[tuple[int, Curve], ...]], ...]
 
-    def efficiency(self, pass_: str, head_dim: int, seq: int) -> float:
-        curves = self.fwd if pass_ == "fwd" else self.bwd
-        dims = [d for d, _ in curves]
-        i = bisect.bisect_left(dims, head_dim)
-        if i < len(dims) and dims[i] == head_dim or i == 0:
-            return curves[min(i, len(dims) - 1)][1].at(seq)
-        if i == len(dims):
-            return curves[-1][1].at(seq)
-        (d0, c0), (d1, c1) = curves[i - 1], curves[i]
-        w = (head_dim - d0) / (d1 - d0)
-        return c0.at(seq) + w * (c1.at(seq) - c0.at(seq))
+    @staticmethod
+    def _between(points: tuple[tuple[int, Any], ...], x: float, at, log: bool) -> float:
+        keys = [k for k, _ in points]
+        i = bisect.bisect_left(keys, x)
+        if i < len(keys) and keys[i] == x or i == 0:
+            return at(points[min(i, len(keys) - 1)][1])
+        if i == len(keys):
+            return at(points[-1][1])
+        (k0, v0), (k1, v1) = points[i - 1], points[i]
+        w = (math.log2(x / k0) / math.log2(k1 / k0)) if log else (x - k0) / (k1 - k0)
+        return at(v0) + w * (at(v1) - at(v0))
+
+    def efficiency(self, pass_: str, head_dim: int, seq: int, batch_heads: int) -> float:
+        by_dim = self.fwd if pass_ == "fwd" else self.bwd
+        return self._between(by_dim, head_dim, lambda by_seq: self._between(
+            by_seq, seq, lambda curve: curve.at(batch_heads), log=True), log=False)
 
 
 @dataclass(frozen=True)
@@ -228,17 +236,24 @@ class _Reader:
         return Curve(tuple(pts))
 
 
-def _attention(r: _Reader, pass_: str) -> tuple[tuple[int, Curve], ...]:
-    field = f"attention.{pass_}"
+def _attention(r: _Reader, pass_: str) -> tuple[tuple[int, tuple[tuple[int, Curve], ...]], ...]:
+    field = f"attention.{pass_}.by_head_dim"
     by_dim = r.node(f"{pass_}.by_head_dim", r.sourced("attention"), "attention.")
     if not isinstance(by_dim, dict) or not by_dim:
-        raise r.fail(field + ".by_head_dim", "must map head dims to [seq, efficiency] points")
-    curves = []
-    for dim, points in by_dim.items():
+        raise r.fail(field, "must map head dims to {seq: [[batch x heads, efficiency], ...]}")
+    out = []
+    for dim, by_seq in by_dim.items():
         if not dim.isdigit() or int(dim) < 1:
-            raise r.fail(field + ".by_head_dim", f"key {dim!r} is not a positive head dim")
-        curves.append((int(dim), r.curve(f"{field}.by_head_dim.{dim}", points)))
-    return tuple(sorted(curves))
+            raise r.fail(field, f"key {dim!r} is not a positive head dim")
+        if not isinstance(by_seq, dict) or not by_seq:
+            raise r.fail(f"{field}.{dim}", "must map sequence lengths to [[batch x heads, efficiency], ...]")
+        curves = []
+        for seq, points in by_seq.items():
+            if not seq.isdigit() or int(seq) < 1:
+                raise r.fail(f"{field}.{dim}", f"key {seq!r} is not a positive sequence length")
+            curves.append((int(seq), r.curve(f"{field}.{dim}.{seq}", points)))
+        out.append((int(dim), tuple(sorted(curves))))
+    return tuple(sorted(out))
 
 
 def _memory(r: _Reader) -> MemoryCost:

@@ -10,7 +10,7 @@ GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
   Fitted on the H200's sweep records (runs/bench/hardware_h200.py): the fixed term is launch, ramp and tail wave, the
   epilogue term what makes a wgrad with a short reduction (k = tokens = 1,024) run at half the efficiency of one
   with k = 8,192. efficiency(shape) = flops / (peak x seconds).
-Flash attention (`core_attention.fwd / .bwd`): flops / (peak x efficiency(pass, head_dim, seq)).
+Flash attention (`core_attention.fwd / .bwd`): flops / (peak x efficiency(pass, head_dim, seq, batch x heads)).
 Memory-bound kernels (everything else): fixed_s + bytes moved / (HBM bandwidth x the kernel's efficiency). Bytes
   moved is the least a kernel must read and write once (its inputs and outputs at their dtypes, `bytes_moved`), so a
   kernel that makes several passes, upcasts to fp32 or scatters shows as a lower efficiency, fitted per name (a name
@@ -51,7 +51,8 @@ def gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bool, 
 def attention_seconds(hw: Hardware, kernel: Kernel, dtype: str) -> float:
     d = dict(kernel.dims)
     pass_ = kernel.name.rsplit(".", 1)[1]
-    return kernel.flops / (hw.peak(dtype) * hw.attention.efficiency(pass_, d["head_dim"], d["seq"]))
+    return kernel.flops / (hw.peak(dtype) * hw.attention.efficiency(pass_, d["head_dim"], d["seq"],
+                                                                    d["batch"] * d["heads"]))
 
 
 def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:

@@ -37,7 +37,8 @@ from ledger.simulate.hardware import HARDWARE_DIR  # noqa: E402
 from ledger.time_model import predict_step  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
-RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers")] \
+RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers",
+                                                 "s16384", "s2048-mbs4", "8b-8layers-s8192-selective")] \
     + [FIXTURES / "h200_2layer_profiled"]
 DERIVED = ("h100.json", "a100-80gb.json", "a100-40gb.json")
 SIGNIFICANT = 4
@@ -75,10 +76,10 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
                            f"(HBM bandwidth x epilogue_efficiency), least squares on relative error over "
                            f"{fit.counts['gemm']} GEMM records (epilogue_efficiency > 1: part of the output traffic "
                            f"stays in L2)", **rounded(fit.gemm)},
-        "attention": {"source": f"{source}: flops / (peak x seconds) of SDPA flash attention, measured at {measured}; "
-                                f"seqs a head dim was not measured at: assumption, the best-measured head dim's curve "
-                                f"scaled by their ratio where both were measured",
-                      **{p: {"by_head_dim": {str(d): rounded(pts) for d, pts in by.items()}}
+        "attention": {"source": f"{source}: flops / (peak x seconds) of SDPA flash attention per pass, head dim and "
+                                f"seq as a curve over batch x heads, measured at {measured}",
+                      **{p: {"by_head_dim": {str(d): {str(seq): rounded(pts) for seq, pts in by_seq.items()}
+                                             for d, by_seq in by.items()}}
                          for p, by in fit.attention.items()}},
         "memory_bound": {"source": f"{source}: seconds = fixed_s + bytes moved (ledger/simulate/kernel_cost.py "
                                    f"bytes_moved) / (HBM bandwidth x efficiency), one fixed_s, one efficiency per "
@@ -120,9 +121,10 @@ def measured_step(run: Path) -> tuple[float, int]:
 def print_fit(fit: HardwareFit) -> None:
     print("GEMM:", {k: f"{v:.4g}" for k, v in fit.gemm.items()})
     for p, by in fit.attention.items():
-        for d, pts in sorted(by.items()):
-            print(f"attention {p} head_dim {d}:", ", ".join(f"seq {s:.0f}: {e:.3f}" for s, e in pts),
-                  f"(measured at {fit.attention_measured[p][d]})")
+        for d, by_seq in sorted(by.items()):
+            for seq, pts in sorted(by_seq.items()):
+                print(f"attention {p} head_dim {d} seq {seq}:",
+                      ", ".join(f"b x heads {x:.0f}: {e:.3f}" for x, e in pts))
     memory = fit.memory
     print(f"memory-bound: fixed {memory['fixed_s'] * 1e6:.2f} us, default {memory['default_efficiency']:.3f};",
           ", ".join(f"{k} {v:.3f}" for k, v in memory["efficiency_by_kernel"].items()))

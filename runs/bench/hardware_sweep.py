@@ -14,6 +14,7 @@ Output: {"device", "torch", "records": [compute records, each with its grid poin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gzip
 import json
@@ -63,6 +64,17 @@ def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int) ->
                                    optimizer_numel=1 << 26, grad_buffer_numel=1 << 26)
 
 
+def batch_specs(micro_batches: list[int]):
+    """The attention-relevant grid again at larger micro-batches (what a run at mbs > 1 runs): every model at its
+    first TP degree, seq 2048 / 4096 / 8192."""
+    for mbs in micro_batches:
+        for label, h, f, heads, kv, vocab, tps in MODELS:
+            for seq in (2048, 4096, 8192):
+                spec = dataclasses.replace(_spec(h, f, heads, kv, vocab, tps[0], seq), micro_batch=mbs,
+                                           norm_tokens=seq * mbs)
+                yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, spec
+
+
 def specs(quick: bool):
     """Every model once at its first TP degree and seq 4096 first (what --quick measures), then the rest of the grid:
     a run cut short by --budget-s still covers every model."""
@@ -76,13 +88,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="one TP degree and one sequence length per model")
+    ap.add_argument("--micro-batches", type=int, nargs="+",
+                    help="instead of the grid: every model's first TP degree at these micro-batch sizes")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch._dynamo.config.recompile_limit = 1 << 10  # the engine's compiled functions meet a new shape per grid point
     records, start, skipped = [], time.perf_counter(), []
-    for label, vocab, spec in specs(args.quick):
+    for label, vocab, spec in (batch_specs(args.micro_batches) if args.micro_batches else specs(args.quick)):
         if time.perf_counter() - start > args.budget_s:
             skipped.append(label)
             continue
@@ -95,6 +109,7 @@ def main() -> int:
     print(f"{len(records)} records in {time.perf_counter() - start:.0f} s -> {args.out}"
           + (f"; not measured (budget): {', '.join(skipped)}" if skipped else ""))
     print(f"command: python runs/bench/hardware_sweep.py --out {args.out}" + (" --quick" if args.quick else "")
+          + (f" --micro-batches {' '.join(map(str, args.micro_batches))}" if args.micro_batches else "")
           + (f" --budget-s {args.budget_s:g}" if math.isfinite(args.budget_s) else ""))
     return 0
 

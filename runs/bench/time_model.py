@@ -13,6 +13,8 @@ Cases (llama3.2-1b as the real model, tied; bf16, distributed optimizer, micro-b
   s4096, s8192                    seq 4096 / 8192, no recompute
   s8192-selective, s8192-full     seq 8192 under --recompute-granularity selective / full (uniform, every layer)
   8b-4layers                      llama3.1-8b's shape cut to 4 layers, seq 4096 (the second shape)
+  s16384, s2048-mbs4              seq 16384; seq 2048 at micro-batch 4 (32 a step): attention-bound and mbs > 1
+  8b-8layers-s8192-selective      llama3.1-8b's shape cut to 8 layers, seq 8192, selective recompute
   fixture                         llama3.2-1b cut to 2 layers, seq 1024, profiler window on steps 4-5: the small
                                   real run committed as a test fixture
 """
@@ -37,6 +39,11 @@ CASES: dict[str, list[str]] = {
     "s8192-full": ["--model", "llama3.2-1b", "--seq-length", "8192", "--recompute-granularity", "full",
                    "--recompute-method", "uniform", "--recompute-num-layers", "1"],
     "8b-4layers": ["--model", "llama3.1-8b", "--num-layers", "4", "--seq-length", "4096"],
+    "s16384": ["--model", "llama3.2-1b", "--seq-length", "16384"],
+    "s2048-mbs4": ["--model", "llama3.2-1b", "--seq-length", "2048", "--micro-batch-size", "4",
+                   "--global-batch-size", "32"],
+    "8b-8layers-s8192-selective": ["--model", "llama3.1-8b", "--num-layers", "8", "--seq-length", "8192",
+                                   "--recompute-granularity", "selective"],
     "fixture": ["--model", "llama3.2-1b", "--num-layers", "2", "--seq-length", "1024", "--global-batch-size", "4",
                 "--use-pytorch-profiler", "--profile-step-start", "4", "--profile-step-end", "5"],
 }
