@@ -1,0 +1,72 @@
+"""The simulator against every real run we have (issue 18, item 3): predicted vs measured step time, peak memory and
+bubble, per run, with the error.
+
+    python runs/bench/simulator_validation.py [--evidence ../shared/evidence/2gpu-2026-12-01]
+
+1. Every run directory committed in the repository (tests/fixtures: our H200 runs, and Megatron-LM's own 1-GPU run,
+   whose event files do not name the GPU: simulated on the H200 file, on which it ran), through
+   `train-ledger simulate --validate` (ledger/simulate/validation.py).
+2. The real 2-GPU runs (2 H200s, NVLink) kept outside the repository as reconciliation outputs (rec_<name>.json.gz)
+   and their flags (README.md there): each layout rebuilt from those flags (the engine of that day untied the
+   embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured figures
+   of its reconciliation, as `--validate` judges a run directory.
+Prints one markdown table and the command.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from cli.simulate import render_validation  # noqa: E402
+from common.arguments import parse_args  # noqa: E402
+from ledger.simulate.hardware import load_hardware  # noqa: E402
+from ledger.simulate.simulation import simulate  # noqa: E402
+from ledger.simulate.validation import Validation, measured, validate_run  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+OURS = sorted(p for p in (FIXTURES / "h200_llama1b").iterdir() if p.is_dir()) + [
+    FIXTURES / "h200_2layer_profiled", FIXTURES / "gpu_h200_llama1b_l2"]
+MEGATRON = [FIXTURES / "megatron_lm_1gpu"]
+# The 2-GPU evidence's flags (its README): common to every run, then each run's layout and world size.
+EVIDENCE_COMMON = ["--model", "llama3.2-1b", "--seq-length", "4096", "--bf16", "--use-distributed-optimizer",
+                   "--micro-batch-size", "1", "--untie-embeddings-and-output-weights"]
+EVIDENCE = {
+    "g1": (1, ["--global-batch-size", "8"]),
+    "dp2": (2, ["--global-batch-size", "16", "--overlap-grad-reduce", "--overlap-param-gather"]),
+    "dp2nooverlap": (2, ["--global-batch-size", "16"]),
+    "tp2": (2, ["--global-batch-size", "8", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    "pp2": (2, ["--global-batch-size", "8", "--pipeline-model-parallel-size", "2"]),
+}
+
+
+def evidence_run(folder: Path, name: str) -> Validation:
+    world, flags = EVIDENCE[name]
+    cfg = parse_args([*EVIDENCE_COMMON, *flags], world_size=world)
+    rows = json.loads(gzip.open(folder / f"rec_{name}.json.gz", "rt").read())["rows"]
+    return Validation(run=f"2-GPU evidence: {name}", framework="train-ledger", sim=simulate(cfg, load_hardware("H200")),
+                      measured=measured(rows, "NVIDIA H200"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--evidence", type=Path, default=ROOT.parent / "shared" / "evidence" / "2gpu-2026-12-01")
+    args = ap.parse_args()
+    results = [validate_run(run) for run in OURS] + [validate_run(run, "H200") for run in MEGATRON]
+    if args.evidence.is_dir():
+        results += [evidence_run(args.evidence, name) for name in EVIDENCE]
+    else:
+        print(f"(no 2-GPU evidence at {args.evidence}: those rows are left out)")
+    table = render_validation(results)
+    print(table.replace(str(ROOT) + "/", ""))
+    print(f"command: python3 runs/bench/simulator_validation.py --evidence {args.evidence}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
