@@ -4,8 +4,8 @@
                                            (host, device, coords), versions, git_sha, started, ended, status, error
     RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line; kinds: memory,
                                            inventory, timing, nvml, step, run_end, checkpoint (a save: iteration,
-                                           bytes on disk, seconds, loaded_iteration; or a load: iteration,
-                                           finetune, seconds; step None), and the start-up calibration
+                                           bytes on disk, blocking and background seconds, loaded_iteration; or a
+                                           load: iteration, finetune, seconds; step None), and the start-up calibration
                                            sweeps: bandwidth (a collective at a size), compute (a kernel of the
                                            run's own shapes: op, dims, dtype, seconds), both step None
     RUN/traces/rank{R}.step{A}-{B}.json.gz torch.profiler Chrome traces

@@ -26,7 +26,8 @@ these; keep them stable):
     probes.comm_end(token)                          # ... and its wait returned
     probes.step_begin(iteration)
     probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
-    probes.checkpoint("save", iteration=n, path=..., bytes=..., seconds=..., write_seconds=..., loaded_iteration=...)
+    probes.checkpoint("save", iteration=n, path=..., bytes=..., blocking_seconds=..., background_seconds=...,
+                      write_seconds=..., async_save=..., loaded_iteration=...)          # and the blocking parts
     probes.checkpoint("load", iteration=n, path=..., finetune=..., seconds=...)   # engine.checkpointing, per rank
     probes.close(status="complete" | "failed", error=None)
 
@@ -53,9 +54,12 @@ every completed step readable; the fsync runs on the writer's thread. What is wr
              (data_wait_s: the seconds the loop blocked on its data loaders, on ranks that read data);
              profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
              after_trace_export (the step after the window's traces were written: it waits for the slowest export)
-  checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file), seconds; a save
-             also bytes (the file's size on disk), write_seconds (this rank's torch.save alone) and
-             loaded_iteration (the checkpoint this run resumed from, None: it started fresh); a load finetune.
+  checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file); a save also bytes
+             (the file's size on disk), blocking_seconds (what the training loop waited: of it
+             waited_for_previous_seconds, host_alloc_seconds, host_copy_seconds), background_seconds (--async-save's
+             write and finalisation, 0 without), write_seconds (this rank's torch.save alone), async_save and
+             loaded_iteration (the checkpoint this run resumed from, None: it started fresh); a load seconds and
+             finetune.
              Step None: both happen outside step_begin..step_end; written and fsynced at once
   run_end    status, error (this rank's close)
 """

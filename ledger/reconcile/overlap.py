@@ -40,7 +40,7 @@ from ledger.reconcile.topology import group_kind
 from ledger.traces import Collective, TraceSummary, normalize_op
 
 COMPUTE_CATEGORIES = ("forward", "backward")
-STALL_CATEGORIES = ("dp-wait",)
+STALL_CATEGORIES = ("dp-wait", "data-wait")  # the loop blocked: on a DP collective, on the data loader
 GRAD_OPS = ("reduce_scatter", "all_reduce")
 BUCKET_OPS = GRAD_OPS + ("all_gather",)
 FRACTION_TOL = 0.25
