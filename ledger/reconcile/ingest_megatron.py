@@ -102,10 +102,10 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
 def parse_megatron_argv(argv: list[str], world_size: int, path: Path,
                         source: str = "argv") -> tuple[RunConfig, list[str]]:
     """Our RunConfig from Megatron's flags, and the flags we do not model (reported, never silently used)."""
-    ns, unknown = build_parser("megatron-lm").parse_known_args([str(a) for a in argv])
+    ns, unknown = build_parser("megatron-lm", megatron_model=True).parse_known_args([str(a) for a in argv])
     ns.run_dir = None
     try:
-        cfg = resolve(ns, world_size=world_size)
+        cfg = resolve(ns, world_size=world_size, megatron_model=True)  # its layer flavour, as Megatron reads it
         validate(cfg)
     except ConfigError as exc:
         raise InputError(path, f"{source}: {exc}") from None
@@ -242,7 +242,7 @@ def collect_own_layout(run_dir: Path) -> RunEvidence:
                                  "a Megatron-LM TensorBoard directory")
     last = launches[-1]
     world = world_size_of(last)
-    argv, unmodelled = flags_from_arguments(last.arguments, build_parser("megatron-lm"))
+    argv, unmodelled = flags_from_arguments(last.arguments, build_parser("megatron-lm", megatron_model=True))
     cfg, _ = parse_megatron_argv(argv, world, last.path, source="arguments")
     scalars = merged_scalars(files)
     status, error = own_status(scalars, cfg.train.train_iters)
@@ -293,7 +293,7 @@ def own_status(scalars: dict[str, dict[int, float]], train_iters: int | None) ->
 
 def changed_flags(launches: list[EventFile]) -> str:
     """'; flags that changed between launches: ...' (empty when the launches agree on every flag we read)."""
-    parser = build_parser("megatron-lm")
+    parser = build_parser("megatron-lm", megatron_model=True)
     flags = [set(_pairs(flags_from_arguments(f.arguments, parser)[0])) for f in launches]
     changed = sorted({flag for pairs in flags for flag, _ in pairs ^ flags[-1]})
     return f"; flags that changed between launches: {' '.join(changed)}" if changed else ""

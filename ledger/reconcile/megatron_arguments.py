@@ -9,9 +9,10 @@ says which argument feeds which flag. Where Megatron's name or meaning differs f
   * the vocabulary is padded_vocab_size: the tokenizer's vocabulary as Megatron padded it (vocab_size is None for a
     real tokenizer; padding an already padded size changes nothing), whichever tokenizer made it;
   * the torch profiler runs only with --profile as well as --use-pytorch-profiler.
-A value our flags cannot take (a choice the formulas do not implement, e.g. normalization=LayerNorm), and an
-argument whose value the formulas assume (SwiGLU, no biases, dense, no FP8, ...), is listed as not modelled, never
-guessed at nor silently dropped.
+The layer's flavour is read with Megatron's semantics (common.arguments megatron_model): SwiGLU or the GeLU MLP,
+biases or none, RMSNorm or LayerNorm, RoPE or learned positions are all modelled. A value our flags cannot take (a
+choice the formulas do not implement), and an argument whose value the formulas assume (no QKV bias, dense, no FP8,
+...), is listed as not modelled, never guessed at nor silently dropped.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import ast
 
 # Megatron arguments whose value the formulas assume; another value is named as not modelled. Absent ones (other
 # Megatron versions) are not judged.
-ASSUMED = {"swiglu": "True", "add_bias_linear": "False", "add_qkv_bias": "False", "qk_layernorm": "False",
+ASSUMED = {"add_qkv_bias": "False", "qk_layernorm": "False",
            "num_experts": "None", "multi_latent_attention": "False", "mtp_num_layers": "None", "fp8": "None",
            "fp4": "None"}
 
