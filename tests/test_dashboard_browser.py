@@ -6,6 +6,7 @@ terminated (its process group, since the command execs Streamlit in place).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -60,10 +61,17 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: Path) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("browser")
     make_runs_root(tmp / "runs")
+    with dashboard_server(tmp / "runs", tmp / "server.log") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def dashboard_server(runs_root: Path, log: Path) -> Iterator[str]:
+    """`train-ledger dashboard` over runs_root on a free port, healthy, its URL; stopped (its whole process group)
+    on exit."""
     port = free_port()
-    log = tmp / "server.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--runs-root", str(tmp / "runs"),
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--runs-root", str(runs_root),
                                  "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(proc, port, log)

@@ -2,49 +2,32 @@
 set-up): the loss curve is drawn over iterations 1..6 with the marker "resumed from iteration 3"."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, free_port, playwright, settle, wait_healthy
+from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, dashboard_server, playwright, settle
 from tests.test_resume_dashboard import train_and_resume
 
 
 @pytest.mark.slow
 def test_the_runs_page_draws_the_joined_curve_and_the_marker_in_chromium(tmp_path: Path) -> None:
     train_and_resume(tmp_path / "runs")
-    port, log = free_port(), tmp_path / "server.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--runs-root", str(tmp_path / "runs"),
-                                   "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(server, port, log)
-        with playwright.sync_playwright() as p:
-            context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
-                                                           headless=True, args=CHROMIUM_ARGS,
-                                                           viewport={"width": 1400, "height": 1400})
-            try:
-                tab = context.new_page()
-                tab.set_default_timeout(PAGE_S * 1000)
-                tab.goto(f"http://127.0.0.1:{port}/?run=second")
-                settle(tab)
-                tab.wait_for_selector(".js-plotly-plot .main-svg")
-                assert tab.locator('[data-testid="stException"]').count() == 0
-                marker = tab.locator(".js-plotly-plot .annotation-text", has_text="resumed from iteration 3")
-                assert marker.count() == 1
-                points = tab.locator(".js-plotly-plot .scatterlayer .point")
-                assert points.count() == 6  # iterations 1..3 of run first, 4..6 of run second, one line
-                tab.screenshot(path=str(tmp_path / "resumed-runs-page.png"), full_page=True)
-            finally:
-                context.close()
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+    with dashboard_server(tmp_path / "runs", tmp_path / "server.log") as url, playwright.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                       headless=True, args=CHROMIUM_ARGS,
+                                                       viewport={"width": 1400, "height": 1400})
         try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=15)
+            tab = context.new_page()
+            tab.set_default_timeout(PAGE_S * 1000)
+            tab.goto(f"{url}?run=second")
+            settle(tab)
+            tab.wait_for_selector(".js-plotly-plot .main-svg")
+            assert tab.locator('[data-testid="stException"]').count() == 0
+            marker = tab.locator(".js-plotly-plot .annotation-text", has_text="resumed from iteration 3")
+            assert marker.count() == 1
+            points = tab.locator(".js-plotly-plot .scatterlayer .point")
+            assert points.count() == 6  # iterations 1..3 of run first, 4..6 of run second, one line
+            tab.screenshot(path=str(tmp_path / "resumed-runs-page.png"), full_page=True)
+        finally:
+            context.close()
