@@ -35,7 +35,8 @@ def render(plan: dict[str, Any]) -> str:
     c, pa, me, pi, co, fl = (plan[k] for k in ("config", "params", "memory", "pipeline", "comm", "flops"))
     vpp = f" x vpp {c['vpp']}" if c["vpp"] else ""
     lines = [
-        f"model {c['model'] or 'custom'}: world {c['world_size']} = tp {c['tp']} x pp {c['pp']}{vpp} x dp {c['dp']}"
+        f"model {c['model'] or 'custom'}: world {c['world_size']} = tp {c['tp']} x pp {c['pp']}{vpp}"
+        f"{' x cp ' + str(c['cp']) if c['cp'] > 1 else ''} x dp {c['dp']}"
         f"{' + SP' if c['sequence_parallel'] else ''}; {c['params_dtype']} params, {c['grad_dtype']} grads, "
         f"{c['strategy']}; seq {c['seq_length']}, micro {c['micro_batch_size']}, global {c['global_batch_size']}",
         f"parameters: {pa['total']:,} total ({_embeddings(pa)}), {pa['per_layer']:,} per layer; vocab "

@@ -80,7 +80,11 @@ def main(argv: list[str]) -> int:
         if flag in rest:
             raise ConfigError(f"{flag}: search chooses the layout; give the model, --gpus and the batch")
     pricing = Pricing(load_hardware(ns.hardware))
-    base = parse_args(rest, prog="train-ledger search", megatron_model=True)
+    cp = CommandParser("search", add_help=False)
+    cp.add_argument("--context-parallel-size", type=int, default=1)
+    # the base is parsed at the smallest world its flags allow (cp ranks); each layout gets --gpus
+    base = parse_args(rest, world_size=max(1, cp.parse_known_args(rest)[0].context_parallel_size),
+                      prog="train-ledger search", megatron_model=True)
     result = pricing.search(base, ns.gpus, ns.top)
     d = to_dict(result, pricing, ns.gpus, ns.top)
     print(json.dumps(d) if ns.json else render(d))

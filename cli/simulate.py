@@ -27,7 +27,8 @@ from ledger.simulate.validation import Validation, validate_run
 def _layout(d: dict[str, Any]) -> str:
     vpp = f" x vpp {d['vpp']}" if d["vpp"] else ""
     sp = " + SP" if d["sequence_parallel"] else ""
-    return (f"tp {d['tp']} x pp {d['pp']}{vpp} x dp {d['dp']}{sp}, micro {d['micro_batch_size']}, global "
+    cp = f" x cp {d['cp']}" if d["cp"] > 1 else ""
+    return (f"tp {d['tp']} x pp {d['pp']}{vpp}{cp} x dp {d['dp']}{sp}, micro {d['micro_batch_size']}, global "
             f"{d['global_batch_size']} ({d['num_microbatches']} micro-batches), seq {d['seq_length']}, recompute "
             f"{d['recompute']}, {d['strategy']}")
 

@@ -67,6 +67,7 @@ def check_launch(launch) -> None:
 
 def main(argv: list[str]) -> int:
     from common.arguments import build_parser, parse_args
+    from common.config import check_engine_support
 
     if "-h" in argv or "--help" in argv:
         launcher_parser().print_help()
@@ -79,6 +80,7 @@ def main(argv: list[str]) -> int:
     launch.nproc_per_node = 1 if launch.nproc_per_node is None else launch.nproc_per_node
     check_launch(launch)
     run_config = parse_args(engine_argv, world_size=launch.nproc_per_node * launch.nnodes)
+    check_engine_support(run_config)
     if run_config.train.data_path is not None:  # a missing .idx, a truncated .bin, ids beyond the vocab: now;
         from engine.datasets.builder import check_data  # and the index caches the ranks will read, written once
 

@@ -284,8 +284,10 @@ def validate(cfg: RunConfig) -> None:
     """Every check Megatron's validate_args makes for the features we have, one clear message each."""
     m, p, t, pr = cfg.model, cfg.parallel, cfg.train, cfg.probes
     check_ranges(cfg)
-    if p.context_parallel_size != 1:
-        raise ConfigError("--context-parallel-size > 1 is not implemented by this engine")
+    cp = p.context_parallel_size
+    if cp > 1 and m.seq_length % (2 * cp):  # Megatron's validate_args: 2 cp chunks for causal load balancing
+        raise ConfigError(f"--seq-length {m.seq_length} is not divisible by 2 x --context-parallel-size {cp} "
+                          "(context parallelism splits the sequence into 2 x cp chunks)")
     model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
     if p.world_size % model_parallel:
         raise ConfigError(f"world size {p.world_size} is not divisible by tp {p.tensor_model_parallel_size} x "
@@ -309,6 +311,9 @@ def validate(cfg: RunConfig) -> None:
     if p.sequence_parallel and m.seq_length % tp:
         raise ConfigError(f"--seq-length {m.seq_length} is not divisible by --tensor-model-parallel-size {tp} "
                           "(needed by --sequence-parallel)")
+    if p.sequence_parallel and (m.seq_length // cp) % tp:  # each cp rank's s / cp tokens are split over tp
+        raise ConfigError(f"--seq-length {m.seq_length} / --context-parallel-size {cp} is not divisible by "
+                          f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
     if p.sequence_parallel and tp == 1:
         p.sequence_parallel = False  # Megatron's validate_args turns it off too: nothing to shard over
     if m.seq_length > m.max_position_embeddings:
@@ -350,6 +355,14 @@ def validate(cfg: RunConfig) -> None:
     bad_ranks = [r for r in pr.profile_ranks if not 0 <= r < p.world_size]
     if bad_ranks:
         raise ConfigError(f"--profile-ranks {bad_ranks[0]} is outside the world of {p.world_size} ranks")
+
+
+def check_engine_support(cfg: RunConfig) -> None:
+    """What the ledger's formulas model (validate accepts it: plan, simulate, search) but the engine does not build:
+    context parallelism. `train` calls this before any rank starts; the model refuses it too (engine.models)."""
+    if cfg.parallel.context_parallel_size > 1:
+        raise ConfigError(f"--context-parallel-size {cfg.parallel.context_parallel_size}: context parallelism is not "
+                          "implemented by this engine (plan, simulate and search model it)")
 
 
 def check_ddp_flags(*, use_distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,

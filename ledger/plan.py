@@ -34,7 +34,7 @@ def build_plan(cfg: RunConfig) -> dict[str, Any]:
 def _config(cfg: RunConfig) -> dict[str, Any]:
     p, t = cfg.parallel, cfg.train
     return {"model": cfg.model_preset, "world_size": p.world_size, "tp": p.tensor_model_parallel_size,
-            "pp": p.pipeline_model_parallel_size, "dp": p.data_parallel_size,
+            "pp": p.pipeline_model_parallel_size, "cp": p.context_parallel_size, "dp": p.data_parallel_size,
             "vpp": p.virtual_pipeline_model_parallel_size, "sequence_parallel": p.sequence_parallel,
             "params_dtype": t.params_dtype, "grad_dtype": t.grad_dtype, "strategy": run_strategy(cfg),
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,

@@ -18,6 +18,14 @@ nothing more (column-parallel biases are fused into the GeLU, row-parallel ones 
 dropout 0 keeps no mask). LayerNorm saves an fp32 mean per token beside rstd (4sb more per norm). Learned positions:
 the first stage saves the int64 position ids the table lookup indexes with (8sb), and no RoPE.
 
+Context parallelism (C = --context-parallel-size; Megatron's causal load balancing gives each CP rank chunks i and
+2C-1-i of 2C, so s/C tokens): every saved tensor above has its sequence dim at s/C, the attention's included.
+Transformer Engine's ring attention (AttnFuncWithCPAndKVP2P, Megatron's default cp_comm_type p2p) saves q, the
+K/V block it last received (the same size as the local k and v), the output and the merged fp32 logsumexp
+[b, n_q/t, s/C]; the blocks received on the way are freed step by step. So a CP rank's saved bytes are the formulas
+above at s/C, exactly 1/C of CP1's for every term (all of them are proportional to s), the stage extras too (token
+ids, the final norm, the fp32 softmax of the loss over the rank's s/C tokens).
+
 In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
 min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is
 Megatron's (1 + (p - 1)/(p v)) x p micro-batches' worth of its layers (theoretical_memory_usage.py).
@@ -70,16 +78,22 @@ def activation_bytes(cfg: RunConfig) -> int:
     return DTYPE_BYTES[cfg.train.params_dtype]
 
 
+def local_seq_length(cfg: RunConfig) -> int:
+    """Tokens of one sequence on one CP rank: s / C (validate: s divisible by 2C, Megatron's load-balancing rule)."""
+    return cfg.model.seq_length // cfg.parallel.context_parallel_size
+
+
 def _sp_div(cfg: RunConfig) -> int:
     """Divisor of the [s, b, h] tensors outside the TP-split regions: t under sequence parallelism, else 1."""
     return cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
 
 
 def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
-    """Bytes each saved tensor of one layer takes on one TP rank for one micro-batch, for a layer outside any full
-    recompute group (under selective recompute, without what the core-attention checkpoint frees)."""
+    """Bytes each saved tensor of one layer takes on one TP rank (of one CP rank: s / C tokens) for one micro-batch,
+    for a layer outside any full recompute group (under selective recompute, without what the core-attention
+    checkpoint frees)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    s, b, h, f = m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
+    s, b, h, f = local_seq_length(cfg), cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
     q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
     a, sp = activation_bytes(cfg), _sp_div(cfg)
     mlp = ({"swiglu.input=linear_fc1.output": a * s * b * 2 * f // t} if m.swiglu
@@ -105,7 +119,7 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
 def _norm_saved(cfg: RunConfig, name: str) -> dict[str, int]:
     """A fused norm's saved input and fp32 rstd per token (and mean, for LayerNorm), sequence-sharded under SP."""
     m, sp = cfg.model, _sp_div(cfg)
-    tokens = m.seq_length * cfg.train.micro_batch_size
+    tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
     stats = ("mean", "rstd") if m.layer_norm else ("rstd",)
     return {f"{name}.input": activation_bytes(cfg) * tokens * m.hidden_size // sp,
             **{f"{name}.{stat}": 4 * tokens // sp for stat in stats}}
@@ -120,7 +134,7 @@ def layer_bytes(cfg: RunConfig) -> int:
 def layer_input_bytes(cfg: RunConfig) -> int:
     """A layer's input [s, b, h] ([s/t, b, h] under SP): all a full recompute group keeps."""
     m = cfg.model
-    return activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size // _sp_div(cfg)
+    return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // _sp_div(cfg)
 
 
 def layers_per_chunk(cfg: RunConfig) -> int:
@@ -162,14 +176,14 @@ def chunk_activation_bytes(cfg: RunConfig) -> ChunkActivations:
 def first_stage_extra_bytes(cfg: RunConfig) -> int:
     """The embedding saves only its int64 token ids (its output is the first layer's saved input), and the position
     ids too with learned positions."""
-    return 8 * cfg.model.seq_length * cfg.train.micro_batch_size * (2 if cfg.model.learned_positions else 1)
+    return 8 * local_seq_length(cfg) * cfg.train.micro_batch_size * (2 if cfg.model.learned_positions else 1)
 
 
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
     """Final norm input + rstd (+ mean), output layer input, and Megatron's vocab-parallel cross-entropy: fp32
     softmax over the local vocab slice, a bool target mask and int64 masked targets per token."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    s, b = m.seq_length, cfg.train.micro_batch_size
+    s, b = local_seq_length(cfg), cfg.train.micro_batch_size
     a, sp = activation_bytes(cfg), _sp_div(cfg)
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     return (sum(_norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
@@ -181,7 +195,7 @@ def logits_transient_bytes(cfg: RunConfig) -> int:
     live only around the loss, so counted in the peak but not in the saved activations."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    return activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * vocab // t
+    return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * vocab // t
 
 
 def in_flight(cfg: RunConfig, pp_rank: int) -> int:

@@ -20,6 +20,12 @@ Rule (Megatron Core `_ParamAndGradBuffer` with `DistributedOptimizer._compute_pe
 `bucket_size` follows Megatron's DistributedDataParallel: --ddp-bucket-size or max(40,000,000, 1,000,000 x dp); None
 (one bucket) when --overlap-grad-reduce is off, on pipeline ranks > 0, and for model chunks after the first.
 
+Under context parallelism "dp" above is the size of the group the buffers are reduced over, Megatron's dp_cp group
+(`get_data_parallel_group(with_context_parallel=True)`: the dp x cp ranks that hold the same parameters, each CP rank
+having computed gradients over its own part of the sequence): the buffers' padding, the bucket size and the
+distributed optimizer's shards all use dp x cp (DistributedDataParallel's intra_dp_cp_group; training.py's
+bucket_size default). `dp_cp_size` is that size; at cp 1 it is dp.
+
 Speed (a layout search evaluates thousands of configs, each with up to hundreds of DP ranks): a rank's buffers are
 cached per the fields they depend on, and a layout's distributed-optimizer shards are counted for all DP ranks in one
 walk over its parameters.
@@ -103,8 +109,14 @@ def layout_buffer(params: list[ParamTensor], bucket_size: int | None, dp: int,
     return BufferLayout(param_ranges=ranges, buckets=buckets)
 
 
+def dp_cp_size(cfg: RunConfig) -> int:
+    """Ranks the grad buffers are reduced over and the distributed optimizer shards over: dp x cp (module
+    docstring)."""
+    return cfg.parallel.data_parallel_size * cfg.parallel.context_parallel_size
+
+
 def megatron_bucket_size(cfg: RunConfig, pp_rank: int, chunk: int) -> int | None:
-    t, dp = cfg.train, cfg.parallel.data_parallel_size
+    t, dp = cfg.train, dp_cp_size(cfg)
     if not t.overlap_grad_reduce or pp_rank > 0 or chunk > 0:
         return None
     return t.ddp_bucket_size if t.ddp_bucket_size is not None else max(40_000_000, 1_000_000 * dp)
@@ -116,7 +128,7 @@ def rank_buffers(cfg: RunConfig, pp_rank: int) -> list[BufferLayout]:
     p, t = cfg.parallel, cfg.train
     return list(_rank_buffers(tuple(getattr(cfg.model, name) for name in _MODEL_FIELDS), p.tensor_model_parallel_size,
                               p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
-                              p.data_parallel_size, t.use_distributed_optimizer, t.overlap_grad_reduce,
+                              dp_cp_size(cfg), t.use_distributed_optimizer, t.overlap_grad_reduce,
                               t.ddp_bucket_size, pp_rank))
 
 
@@ -126,7 +138,8 @@ _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 @functools.lru_cache(maxsize=4096)
 def _rank_buffers(model: tuple, tp: int, pp: int, vpp: int | None, dp: int, distributed_optimizer: bool,
                   overlap_grad_reduce: bool, ddp_bucket_size: int | None, pp_rank: int) -> tuple[BufferLayout, ...]:
-    """rank_buffers of a config rebuilt from exactly the fields the layout depends on (so the cache key is them)."""
+    """rank_buffers of a config rebuilt from exactly the fields the layout depends on (so the cache key is them); `dp`
+    is the reduction group's size (dp x cp), so the rebuilt config has cp 1."""
     cfg = RunConfig(model=ModelConfig(*model),
                     parallel=ParallelConfig(world_size=tp * pp * dp, tensor_model_parallel_size=tp,
                                             pipeline_model_parallel_size=pp,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from ledger.formulas.buffer_layout import dp_cp_size
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -82,4 +83,4 @@ def run_strategy(cfg: RunConfig) -> str:
 
 def run_bytes_per_param(cfg: RunConfig, phase: str = "after_first_step") -> BytesPerParam:
     t = cfg.train
-    return bytes_per_param(t.params_dtype, t.grad_dtype, run_strategy(cfg), cfg.parallel.data_parallel_size, phase)
+    return bytes_per_param(t.params_dtype, t.grad_dtype, run_strategy(cfg), dp_cp_size(cfg), phase)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
-from ledger.formulas.buffer_layout import BufferLayout, rank_buffers
+from ledger.formulas.buffer_layout import BufferLayout, dp_cp_size, rank_buffers
 from ledger.formulas.static_memory import static_bytes
 
 TORCH_CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's mt19937 state, as a uint8 tensor
@@ -70,8 +70,8 @@ def _pieces_in(layout: BufferLayout, ranges: list[tuple[int, int]]) -> int:
 def optimizer_pieces(cfg: RunConfig, pp_rank: int, dp_rank: int) -> int:
     """The rank's optimizer pieces (engine.optimizer: each parameter's part inside a range the rank updates): every
     parameter, or under the distributed optimizer each parameter that has elements in the rank's shard of its
-    bucket (a bucket splits into dp equal contiguous shards, buffer_layout.shard_param_elements)."""
-    dp = cfg.parallel.data_parallel_size
+    bucket (a bucket splits into dp x cp equal contiguous shards, buffer_layout.shard_param_elements)."""
+    dp = dp_cp_size(cfg)
     total = 0
     for layout in rank_buffers(cfg, pp_rank):
         if not cfg.train.use_distributed_optimizer:

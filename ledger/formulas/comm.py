@@ -22,6 +22,20 @@ params.py), named norm_grads; with tied embeddings
 under PP > 1 an all-reduce of the shared word embedding's grad (this TP rank's vocab shard, grad dtype) over the
 embedding group (the first and last rank of the pipeline group), on those two stages (Megatron's
 finalize_model_grads, after the DP reduction).
+Context parallelism (C = --context-parallel-size > 1): every per-token figure above is at the CP rank's s/C tokens
+(activations.local_seq_length); the DP collectives run over Megatron's dp_cp group of dp x C ranks (named
+`dp_cp.*`: buffer_layout.dp_cp_size); and the CP group carries ring attention's K/V exchange (cp_collectives), as
+Transformer Engine's AttnFuncWithCPAndKVP2P (Megatron's default --cp-comm-type p2p) runs it. Per layer per
+micro-batch, with |KV| = the local K and V blocks = 2 x a (s/C) b (n_kv/t) d bytes, each rank sends to the next
+rank of the ring and receives from the previous one:
+- forward: C - 1 messages of |KV| (step i sends the block it holds while computing on it; the last step sends none);
+- backward: C messages, 2 (C - 1) |KV| in all: the first the K/V block alone, the middle ones the K/V block and the
+  dK/dV partial sums together (one buffer of 2 |KV|), the last the dK/dV alone (which ends at its owner), so
+  C - 1 |KV| of K/V blocks and C - 1 |KV| of dK/dV, in the params' dtype;
+- recompute: a re-run forward (selective: core attention; full: the checkpointed groups' layers) repeats its
+  C - 1 forward messages.
+Counted per direction as the pipeline's are (`cp.send.*`, `cp.recv.*`, kind send_recv, bus factor 1). Not counted:
+the loss's CP reduction (Megatron reduces the loss and token counts once per step over dp_cp, a few bytes).
 Groups of one move nothing and are left out.
 """
 from __future__ import annotations
@@ -29,8 +43,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
-from ledger.formulas.activations import activation_bytes, checkpoint_groups
-from ledger.formulas.buffer_layout import rank_buffers
+from ledger.formulas.activations import activation_bytes, checkpoint_groups, local_seq_length
+from ledger.formulas.buffer_layout import dp_cp_size, rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.nccl_bw import bus_factor
 from ledger.formulas.params import chunk_layers, chunk_tensors, embedding_copy_on_last_stage, num_chunks
@@ -61,20 +75,25 @@ def _add(out: dict[str, Collective], name: str, c: Collective) -> None:
         out[name] = c
 
 
+def grad_group(cfg: RunConfig) -> str:
+    """The group the DP collectives run over: dp, or Megatron's dp_cp under context parallelism."""
+    return "dp_cp" if cfg.parallel.context_parallel_size > 1 else "dp"
+
+
 def dp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
-    t, dp = cfg.train, cfg.parallel.data_parallel_size
+    t, dp, group = cfg.train, dp_cp_size(cfg), grad_group(cfg)
     buffers = rank_buffers(cfg, pp_rank)
     numel, calls = sum(b.numel for b in buffers), sum(len(b.buckets) for b in buffers)
     out: dict[str, Collective] = {}
     gdt, pdt = t.grad_dtype, t.params_dtype
     if t.use_distributed_optimizer:
-        _add(out, f"dp.reduce_scatter.grads[{gdt}]",
-             Collective("dp", "reduce_scatter", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
-        _add(out, f"dp.all_gather.params[{pdt}]",
-             Collective("dp", "all_gather", dp, pdt, calls, numel * DTYPE_BYTES[pdt]))
+        _add(out, f"{group}.reduce_scatter.grads[{gdt}]",
+             Collective(group, "reduce_scatter", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+        _add(out, f"{group}.all_gather.params[{pdt}]",
+             Collective(group, "all_gather", dp, pdt, calls, numel * DTYPE_BYTES[pdt]))
     else:
-        _add(out, f"dp.all_reduce.grads[{gdt}]",
-             Collective("dp", "all_reduce", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+        _add(out, f"{group}.all_reduce.grads[{gdt}]",
+             Collective(group, "all_reduce", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
     return out
 
 
@@ -86,7 +105,7 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     p, m = cfg.parallel, cfg.model
     tp, sp, mb = p.tensor_model_parallel_size, p.sequence_parallel, cfg.num_microbatches
     dt = cfg.train.params_dtype
-    sbh = activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size
+    sbh = activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size
     layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
     first, last = pp_rank == 0, pp_rank == p.pipeline_model_parallel_size - 1
     if sp:
@@ -106,7 +125,7 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     for kind, n in ({"all_gather": 2 * sum(groups), "reduce_scatter": rerun} if sp else {"all_reduce": rerun}).items():
         _add(out, f"tp.{kind}.recompute[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
     if last:
-        sb = m.seq_length * cfg.train.micro_batch_size
+        sb = local_seq_length(cfg) * cfg.train.micro_batch_size
         _add(out, "tp.all_reduce.cross_entropy[fp32]",
              Collective("tp", "all_reduce", tp, "fp32", 3 * mb, 3 * mb * 4 * sb))
     if sp:
@@ -122,7 +141,7 @@ def pp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     p, m = cfg.parallel, cfg.model
     pp, v = p.pipeline_model_parallel_size, num_chunks(cfg)
     sp_div = p.tensor_model_parallel_size if p.sequence_parallel else 1
-    message = activation_bytes(cfg) * m.seq_length * cfg.train.micro_batch_size * m.hidden_size // sp_div
+    message = activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // sp_div
     stages = [c * pp + pp_rank for c in range(v)]
     sends = sum(k < pp * v - 1 for k in stages) + sum(k > 0 for k in stages)  # receives: the same count
     mb, dt = cfg.num_microbatches, cfg.train.params_dtype
@@ -130,6 +149,41 @@ def pp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     for direction in ("send", "recv"):
         _add(out, f"pp.{direction}.activations_and_grads[{dt}]",
              Collective("pp", "send_recv", pp, dt, sends * mb, sends * mb * message))
+    return out
+
+
+def kv_block_bytes(cfg: RunConfig) -> int:
+    """|KV|: one CP rank's K and V blocks on one TP rank, [s/C, b, n_kv/t, d] each, in the params' dtype."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    return 2 * activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.kv_channels // t
+
+
+def ring_messages(cp: int, forward: bool) -> list[int]:
+    """Ring attention's messages of one layer's pass, in |KV| units, in send order (module docstring): forward C - 1
+    K/V blocks; backward K/V, then K/V with dK/dV (2) C - 2 times, then dK/dV."""
+    if cp == 1:
+        return []
+    return [1] * (cp - 1) if forward else [1] + [2] * (cp - 2) + [1]
+
+
+def cp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """Ring attention's K/V exchange per step (module docstring): per direction, the forward's K/V blocks, the
+    backward's K/V blocks and dK/dV partial sums (their messages), and what recompute repeats of the forward."""
+    cp, mb, dt = cfg.parallel.context_parallel_size, cfg.num_microbatches, cfg.train.params_dtype
+    kv = kv_block_bytes(cfg)
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    if cfg.recompute.recompute_granularity == "selective":
+        rerun = layers
+    else:
+        rerun = num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+    forward, backward = ring_messages(cp, True), ring_messages(cp, False)
+    out: dict[str, Collective] = {}
+    for direction in ("send", "recv"):
+        for what, n_layers, messages in (("kv_forward", layers, forward), ("kv_dkv_backward", layers, backward),
+                                         ("kv_recompute", rerun, forward)):
+            calls = n_layers * mb * len(messages)
+            _add(out, f"cp.{direction}.{what}[{dt}]",
+                 Collective("cp", "send_recv", cp, dt, calls, n_layers * mb * sum(messages) * kv))
     return out
 
 
@@ -149,4 +203,4 @@ def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]
 
 def step_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     return {**dp_collectives(cfg, pp_rank), **tp_collectives(cfg, pp_rank), **pp_collectives(cfg, pp_rank),
-            **embedding_collectives(cfg, pp_rank)}
+            **cp_collectives(cfg, pp_rank), **embedding_collectives(cfg, pp_rank)}

@@ -8,6 +8,9 @@ Built from the buffer layout (buffer_layout.py) and the component rules of bytes
   (from the first step: torch's Adam creates them lazily).
 `padding_bytes` is the part of the two buffers that is padding; it is included in them, not added again.
 TP rank does not change any figure (matrices split evenly, norms replicated) but is checked for range.
+Context parallelism: the buffers are reduced, and the distributed optimizer shards, over the dp x cp ranks of
+Megatron's dp_cp group (buffer_layout.dp_cp_size), so `dp_rank` is the rank's index in that group (its DP rank at
+cp 1) and the optimizer state of a rank of CP2 x DP2 is that of DP4.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas.buffer_layout import BufferLayout, rank_buffers
+from ledger.formulas.buffer_layout import BufferLayout, dp_cp_size, rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES, PHASES, grad_copy_bytes, master_param_bytes
 
 
@@ -49,8 +52,9 @@ def owned_param_elements(cfg: RunConfig, pp_rank: int, dp_rank: int) -> int:
 
 
 def owned_per_dp_rank(cfg: RunConfig, pp_rank: int, buffers: list[BufferLayout] | None = None) -> list[int]:
-    """owned_param_elements of every DP rank of a pipeline rank, in one pass over its buffers (rank_buffers)."""
-    dp = cfg.parallel.data_parallel_size
+    """owned_param_elements of every rank of the dp x cp group of a pipeline rank, in one pass over its buffers
+    (rank_buffers)."""
+    dp = dp_cp_size(cfg)
     buffers = rank_buffers(cfg, pp_rank) if buffers is None else buffers
     if cfg.train.use_distributed_optimizer:
         return [sum(per_rank) for per_rank in zip(*(b.owned_per_rank(dp) for b in buffers))]
@@ -62,7 +66,7 @@ def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
     p = cfg.parallel
     _check_rank("tp rank", tp_rank, p.tensor_model_parallel_size)
     _check_rank("pp rank", pp_rank, p.pipeline_model_parallel_size)
-    _check_rank("dp rank", dp_rank, p.data_parallel_size)
+    _check_rank("dp rank", dp_rank, dp_cp_size(cfg))  # the index in the dp x cp group (module docstring)
     return _static_bytes(cfg, rank_buffers(cfg, pp_rank), owned_param_elements(cfg, pp_rank, dp_rank), phase)
 
 
@@ -86,8 +90,8 @@ def _static_bytes(cfg: RunConfig, buffers: list[BufferLayout], owned: int, phase
 
 
 def largest_dp_rank(cfg: RunConfig, pp_rank: int, phase: str = "after_first_step") -> tuple[int, StaticBytes]:
-    """The DP rank of pipeline rank `pp_rank` with the largest static total (the first of equals), and its bytes.
-    Only the optimizer state differs between DP ranks, so each distinct owned count is priced once."""
+    """The rank of pipeline rank `pp_rank`'s dp x cp group with the largest static total (the first of equals), and
+    its bytes. Only the optimizer state differs between DP ranks, so each distinct owned count is priced once."""
     buffers = rank_buffers(cfg, pp_rank)
     owned = owned_per_dp_rank(cfg, pp_rank, buffers)
     by_owned = {n: _static_bytes(cfg, buffers, n, phase) for n in set(owned)}

@@ -5,7 +5,9 @@ A layout is the base run (model, global batch size, sequence length, dtypes, ove
          path: across nodes they would run at network speed; Megatron's guidance, and every published large run)
     pp   a divisor of the GPUs left over that also divides the layers (uneven stages are not supported)
     vpp  interleaving, with pp > 1 only: a divisor > 1 of the layers per stage (None: 1F1B)
-    dp   what is left: gpus / (tp x pp)
+    dp   what is left: gpus / (tp x pp x cp)
+    cp   not chosen: the base's --context-parallel-size (1 unless given; `train-ledger search` keeps 1) is held fixed,
+         so tp and pp divide gpus / cp
     mbs  a divisor of the global batch's share per DP rank (gbs / dp)
     recompute none, selective, or full (uniform, 1 layer a group: Megatron's usual full setting)
     distributed optimizer on or off (off drops --overlap-param-gather, which needs it)
@@ -38,10 +40,10 @@ def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,
     """Every valid layout of `base` on `gpus` GPUs (module docstring), in (tp, pp, vpp, mbs, recompute, distributed
     optimizer, sequence parallel) order. `rejected`, when given, counts the candidates validate refused, by the flag
     its message names first."""
-    layers, gbs = base.model.num_layers, base.train.global_batch_size
-    for tp in (d for d in divisors(gpus) if d <= gpus_per_node):
-        for pp in (d for d in divisors(gpus // tp) if layers % d == 0):
-            dp = gpus // (tp * pp)
+    layers, gbs, cp = base.model.num_layers, base.train.global_batch_size, base.parallel.context_parallel_size
+    for tp in (d for d in divisors(gpus // cp) if d <= gpus_per_node and gpus % cp == 0):
+        for pp in (d for d in divisors(gpus // (tp * cp)) if layers % d == 0):
+            dp = gpus // (tp * pp * cp)
             if gbs % dp:
                 continue
             for vpp in [None] + ([v for v in divisors(layers // pp) if v > 1] if pp > 1 else []):
@@ -72,7 +74,8 @@ def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, mbs: 
 def describe(cfg: RunConfig) -> dict[str, object]:
     """The knobs a layout chooses, by name (what `search` prints and compares)."""
     p, t, r = cfg.parallel, cfg.train, cfg.recompute
-    return {"tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
+    cp = {"cp": p.context_parallel_size} if p.context_parallel_size > 1 else {}
+    return {"tp": p.tensor_model_parallel_size, **cp, "pp": p.pipeline_model_parallel_size,
             "vpp": p.virtual_pipeline_model_parallel_size or 1, "dp": p.data_parallel_size,
             "mbs": t.micro_batch_size, "sp": p.sequence_parallel,
             "recompute": r.recompute_granularity or "none", "distributed_optimizer": t.use_distributed_optimizer}
@@ -81,6 +84,6 @@ def describe(cfg: RunConfig) -> dict[str, object]:
 def label(cfg: RunConfig) -> str:
     """One line: "tp8 pp4 vpp2 dp32 mbs1 sp selective distopt"."""
     d = describe(cfg)
-    return " ".join([f"tp{d['tp']}", f"pp{d['pp']}", *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}",
+    return " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}", *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}",
                      f"mbs{d['mbs']}", *(["sp"] if d["sp"] else []), str(d["recompute"]),
                      *(["distopt"] if d["distributed_optimizer"] else [])])

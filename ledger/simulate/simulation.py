@@ -99,7 +99,7 @@ class Simulation:
 def layout_dict(cfg: RunConfig) -> dict[str, Any]:
     p, t = cfg.parallel, cfg.train
     return {"world_size": p.world_size, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
-            "vpp": p.virtual_pipeline_model_parallel_size, "dp": p.data_parallel_size,
+            "vpp": p.virtual_pipeline_model_parallel_size, "cp": p.context_parallel_size, "dp": p.data_parallel_size,
             "sequence_parallel": p.sequence_parallel, "micro_batch_size": t.micro_batch_size,
             "global_batch_size": t.global_batch_size, "num_microbatches": cfg.num_microbatches,
             "seq_length": cfg.model.seq_length, "recompute": recompute_label(cfg.recompute),

@@ -3,10 +3,12 @@
 Placement: Megatron numbers ranks along its order (default tp-cp-ep-dp-pp, ledger/rank_groups.py): the first axis
 varies fastest, so an axis's stride is the product of the sizes before it, and a group of that axis is
 {base + j x stride, j < size}. Ranks fill nodes in order (node = rank // gpus_per_node), as torchrun and Slurm launch
-them. For each kind (tp, cp when its size > 1, dp, pp, and embedding: the first and last rank of each pp group) the
+them. For each kind (tp, dp, pp; cp and dp_cp when cp > 1; embedding: the first and last rank of each pp group) the
 worst group gives `nodes`, the most nodes one group spans, and `per_node`, the fewest of one group's ranks on one
 node. Whether a group of base b spans k nodes depends only on b mod gpus_per_node, so at most gpus_per_node bases
-are looked at, whatever the world size.
+are looked at, whatever the world size. Under context parallelism the cp group carries ring attention's K/V
+messages (a send/recv to the next rank of the ring, priced as a pipeline send is: one step, one NIC across nodes)
+and the DP collectives run over dp_cp (Megatron's group of the dp x cp ranks holding the same parameters).
 
 Cost (NCCL's own model, src/graph/tuning.cc, with the link figures of the hardware file):
     t = base latency + intra steps x NVLink hop + inter steps x network hop + S x bus_factor / bus bandwidth
@@ -42,7 +44,7 @@ NVLINK, NETWORK = "NVLink", "network"
 
 @dataclass(frozen=True)
 class GroupSpan:
-    kind: str  # tp, cp, dp, pp, embedding
+    kind: str  # tp, cp, dp, dp_cp, pp, embedding
     size: int
     nodes: int  # the most nodes one group of this kind spans
     per_node: int  # the fewest ranks of one group on one node
@@ -81,10 +83,22 @@ def _span_of(offsets: list[int], residues: set[int], g: int) -> tuple[int, int]:
 
 
 def group_spans(cfg: RunConfig, gpus_per_node: int) -> dict[str, GroupSpan]:
-    """The span of each group kind of cfg's layout on nodes of `gpus_per_node` GPUs (cp only when cp > 1)."""
+    """The span of each group kind of cfg's layout on nodes of `gpus_per_node` GPUs (cp, dp_cp only when cp > 1)."""
     p = cfg.parallel
     return dict(_spans(p.world_size, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
                        p.context_parallel_size, p.order, gpus_per_node))
+
+
+def _dp_cp_span(layout: Layout, strides: dict[str, int], g: int) -> GroupSpan:
+    """Megatron's dp_cp group (the ranks of every dp and cp coordinate at fixed tp, ep, pp: what the DP collectives
+    run over under context parallelism), counted over the residues of its bases mod g (its members need not be one
+    arithmetic progression when the order does not put cp and dp side by side)."""
+    offsets = sorted(c * strides["cp"] + d * strides["dp"] for c in range(layout.cp) for d in range(layout.dp))
+    others = [(strides[a], layout.sizes[a]) for a in ("tp", "ep", "pp")]
+    residues = {0}
+    for stride, size in others:
+        residues = {(r + j * stride) % g for r in residues for j in range(size)}
+    return GroupSpan("dp_cp", layout.cp * layout.dp, *_span_of(offsets, residues, g))
 
 
 @lru_cache(maxsize=4096)
@@ -98,6 +112,8 @@ def _spans(world: int, tp: int, pp: int, cp: int, order: str, g: int) -> tuple[t
             continue
         residues = _bases_mod(stride, stride * size, world // (stride * size), g)
         spans[kind] = GroupSpan(kind, size, *_span_of([j * stride for j in range(size)], residues, g))
+    if cp > 1:
+        spans["dp_cp"] = _dp_cp_span(layout, strides, g)
     stride = strides["pp"]
     ends = sorted({0, (pp - 1) * stride})  # the first and last stage of a pipeline
     residues = _bases_mod(stride, stride * pp, world // (stride * pp), g)

@@ -5,7 +5,11 @@ on the compute stream, so their time adds to the pass: nothing overlaps them). T
 parameter, its offset from the start of the pass: in a forward where it is first used (a param all-gather must be
 complete by then), in a backward where its gradient is final (its DP bucket may be issued once all of its
 parameters are). The breakdown by term (layers, recompute, embedding, output_layer, cross_entropy, final_norm,
-tp_comm) names the largest contributor of a stage's time.
+tp_comm, cp_comm) names the largest contributor of a stage's time.
+
+Context parallelism's ring messages (ops.py, `cp` collectives with `overlaps`) run on their own stream beside the
+block they overlap: the pass waits only for max(0, transfer - that block's kernel time) before the next block, the
+exposed part (`cp_exposed`); `cp_transfer` is their whole standalone time, so the hidden part is the difference.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ class PassTime:
     terms: dict[str, float]  # breakdown label -> seconds
     marks: dict[str, float]  # parameter -> offset from the pass start (forward: first use; backward: grad final)
     comm: float  # of `seconds`, the TP collectives
+    cp_exposed: float = 0.0  # of `seconds`, the CP ring's messages beyond the blocks they overlap
+    cp_transfer: float = 0.0  # the CP ring's messages at standalone speed (not all of it in `seconds`)
 
     def largest_term(self) -> tuple[str, float]:
         return max(self.terms.items(), key=lambda kv: kv[1])
@@ -36,13 +42,19 @@ class ChunkTime:
 
 
 def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> PassTime:
-    dtype, tp = cfg.train.params_dtype, cfg.parallel.tensor_model_parallel_size
-    clock = comm = 0.0
+    dtype = cfg.train.params_dtype
+    sizes = {"tp": cfg.parallel.tensor_model_parallel_size, "cp": cfg.parallel.context_parallel_size}
+    clock = comm = cp_exposed = cp_transfer = 0.0
     terms: dict[str, float] = defaultdict(float)
     marks: dict[str, float] = {}
     for w in work:
-        if isinstance(w.op, Collective):
-            seconds = cal.comm.seconds(w.op.group, w.op.kind, tp, w.op.size_bytes)
+        if isinstance(w.op, Collective) and w.op.overlaps is not None:  # beside a kernel: its excess only
+            transfer = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
+            seconds = max(0.0, transfer - cal.kernel_seconds(w.op.overlaps, dtype))
+            cp_transfer += transfer
+            cp_exposed += seconds
+        elif isinstance(w.op, Collective):
+            seconds = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
             comm += seconds
         else:
             seconds = cal.kernel_seconds(w.op, dtype)
@@ -52,7 +64,8 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
         terms[w.term] += seconds
         for name in w.params if not forward else ():
             marks[name] = clock
-    return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm)
+    return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm, cp_exposed=cp_exposed,
+                    cp_transfer=cp_transfer)
 
 
 def chunk_time(cfg: RunConfig, cal: Calibration, pp_rank: int, chunk: int) -> ChunkTime:

@@ -23,6 +23,17 @@ Not priced apart: the position table's lookup and add (first stage, one [s, b, h
 (fused into bias_dropout_add with the residual add) and bias gradients (a reduction over tokens beside the wgrad).
 LayerNorm runs layer_norm.fwd / .bwd where RMSNorm runs rms_norm's, at the same dims.
 
+Context parallelism (C > 1; ledger/formulas/comm.py has the derivation of the ring's messages): every op runs at the
+CP rank's s/C tokens, and core attention becomes Transformer Engine's ring (AttnFuncWithCPAndKVP2P): C steps, each a
+flash-attention block on the local queries. With Megatron's load balancing every step does the same work: step 0 is
+causal over the local s/C x s/C, the others s/C queries against half a block of keys or half the queries against a
+whole block, s^2/(2C^2) query-key pairs each, what a causal s/C x s/C kernel does; so each step is priced as the
+calibrated core_attention kernel at seq s/C (simple: the off-diagonal steps are unmasked and may run a little
+faster). Beside the steps the ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the
+block computed meanwhile); only the part of a transfer longer than that block's compute is exposed on the pass,
+max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks; backward: one beside each block.
+A re-run forward (recompute) repeats the forward's ring.
+
 Recompute (the run's mode, ledger/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
 forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
 fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its backward.
@@ -33,8 +44,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import RunConfig
-from ledger.formulas.activations import checkpoint_groups
+from ledger.formulas.activations import checkpoint_groups, local_seq_length
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.formulas.comm import ring_messages
 from ledger.formulas.params import chunk_layers, chunk_tensors, fc1_width, num_chunks, padded_vocab_size
 
 EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
@@ -45,7 +57,7 @@ RATE_OPS = ("optimizer.step", "grad_buffer.zero")
 # The sweep's record of a layer's kernels back to back at the device's power limit (calibration.py).
 SUSTAINED = "sustained.layer"
 # Breakdown labels of a pass.
-LAYERS, RECOMPUTE, TP_COMM = "layers", "recompute", "tp_comm"
+LAYERS, RECOMPUTE, TP_COMM, CP_COMM = "layers", "recompute", "tp_comm", "cp_comm"
 
 
 @dataclass(frozen=True)
@@ -64,9 +76,10 @@ def kernel(name: str, flops: float = 0.0, **dims: int) -> Kernel:
 
 @dataclass(frozen=True)
 class Collective:
-    group: str  # "tp"
-    kind: str  # all_reduce | all_gather | reduce_scatter
+    group: str  # "tp", "cp"
+    kind: str  # all_reduce | all_gather | reduce_scatter | send_recv
     size_bytes: int  # nccl-tests size: the all-reduce buffer, the gathered output, the reduce-scatter input
+    overlaps: Kernel | None = None  # on its own stream beside this kernel: only the excess is exposed
 
 
 @dataclass(frozen=True)
@@ -86,8 +99,8 @@ class Work:
 
 @dataclass(frozen=True)
 class Shapes:
-    """One micro-batch's TP-local dims: tokens = s b (GEMM rows, all-gathered under SP), norm_tokens = s b / t under
-    SP (norms, residual adds); widths local to the TP rank."""
+    """One micro-batch's TP-local dims on one CP rank: seq = s / cp, tokens = seq b (GEMM rows, all-gathered under
+    SP), norm_tokens = seq b / t under SP (norms, residual adds); widths local to the TP rank."""
     dtype: str
     seq: int
     micro_batch: int
@@ -107,11 +120,12 @@ class Shapes:
     vocab: int
     tp: int
     sequence_parallel: bool
+    cp: int = 1
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
         m, p = cfg.model, cfg.parallel
-        t, b, s = p.tensor_model_parallel_size, cfg.train.micro_batch_size, m.seq_length
+        t, b, s = p.tensor_model_parallel_size, cfg.train.micro_batch_size, local_seq_length(cfg)
         d = m.head_dim
         return cls(dtype=cfg.train.params_dtype, seq=s, micro_batch=b, hidden=m.hidden_size, tokens=s * b,
                    norm_tokens=s * b // (t if p.sequence_parallel else 1), heads=m.num_attention_heads // t,
@@ -120,12 +134,17 @@ class Shapes:
                    query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t, fc1=fc1_width(m) // t,
                    swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
-                   sequence_parallel=p.sequence_parallel)
+                   sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size)
 
     @property
     def activation_bytes(self) -> int:
         """The full [s, b, h] activation: every TP collective's nccl-tests size."""
         return DTYPE_BYTES[self.dtype] * self.tokens * self.hidden
+
+    @property
+    def kv_block_bytes(self) -> int:
+        """|KV|: this rank's K and V blocks, [s/C, b, n_kv/t, d] each (comm.kv_block_bytes)."""
+        return 2 * DTYPE_BYTES[self.dtype] * self.tokens * self.kv_heads * self.head_dim
 
 
 def _gemm(name: str, m: int, n: int, k: int) -> Kernel:
@@ -137,6 +156,21 @@ def _attention(sh: Shapes, pass_: str) -> Kernel:
     forward = 2.0 * sh.micro_batch * sh.heads * sh.seq ** 2 * sh.head_dim
     return kernel(f"core_attention.{pass_}", forward * (2.5 if pass_ == "bwd" else 1.0), batch=sh.micro_batch,
                   heads=sh.heads, kv_heads=sh.kv_heads, seq=sh.seq, head_dim=sh.head_dim)
+
+
+def core_attention(sh: Shapes, pass_: str, term: str = LAYERS) -> list[Work]:
+    """One flash-attention kernel, or under CP the ring's C blocks each beside its message (module docstring)."""
+    block = _attention(sh, pass_)
+    if sh.cp == 1:
+        return [Work(block, term)]
+    messages = ring_messages(sh.cp, forward=pass_ == "fwd")
+    work = []
+    for step in range(sh.cp):
+        if step < len(messages):
+            work.append(Work(Collective("cp", "send_recv", messages[step] * sh.kv_block_bytes, overlaps=block),
+                             CP_COMM))
+        work.append(Work(block, term))
+    return work
 
 
 def _norm(sh: Shapes, pass_: str) -> Kernel:
@@ -181,7 +215,7 @@ def layer_forward(sh: Shapes, prefix: str) -> list[Work]:
     t, h = sh.tokens, sh.hidden
     return [Work(_norm(sh, "fwd"), LAYERS, prefix + "input_layernorm.weight"), *_in_gather(sh),
             _fprop(sh, "linear_qkv", sh.qkv, h, prefix + "self_attention.linear_qkv.weight"),
-            *_rope(sh, "fwd"), Work(_attention(sh, "fwd"), LAYERS),
+            *_rope(sh, "fwd"), *core_attention(sh, "fwd"),
             Work(kernel("attention_output.copy", numel=t * sh.query), LAYERS),
             _fprop(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight"), *_out_reduce(sh),
             Work(_residual(sh), LAYERS),
@@ -208,14 +242,14 @@ def _linear_backward(sh: Shapes, name: str, out: int, inp: int, param: str | Non
 def layer_backward(sh: Shapes, prefix: str, selective: bool) -> list[Work]:
     h = sh.hidden
     conj = _in_gather(sh)  # the conjugate of a forward reduce-scatter (identity for a forward all-reduce)
-    rerun = [Work(_attention(sh, "fwd"), RECOMPUTE)] if selective else []
+    rerun = core_attention(sh, "fwd", RECOMPUTE) if selective else []
     return [*conj, *_linear_backward(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight", False),
             _activation(sh, "bwd"),
             *_linear_backward(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight", True),
             Work(_norm(sh, "bwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), Work(_residual(sh), LAYERS),
             *conj, *_linear_backward(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight",
                                      False), *rerun,
-            Work(_attention(sh, "bwd"), LAYERS), *_rope(sh, "bwd"),
+            *core_attention(sh, "bwd"), *_rope(sh, "bwd"),
             *_linear_backward(sh, "linear_qkv", sh.qkv, h, prefix + "self_attention.linear_qkv.weight", True),
             Work(_norm(sh, "bwd"), LAYERS, prefix + "input_layernorm.weight"), Work(_residual(sh), LAYERS)]
 
@@ -226,7 +260,7 @@ def recomputed(sh: Shapes, layers: list[int]) -> list[Work]:
     repeated."""
     work = [w for layer in layers for w in layer_forward(sh, f"decoder.layers.{layer}.")]
     cut = max(i for i, w in enumerate(work) if isinstance(w.op, Kernel) and w.op.name == "linear_fc2.fprop")
-    return [Work(w.op, TP_COMM if isinstance(w.op, Collective) else RECOMPUTE) for w in work[:cut + 1]]
+    return [Work(w.op, w.term if isinstance(w.op, Collective) else RECOMPUTE) for w in work[:cut + 1]]
 
 
 def embedding_forward(sh: Shapes) -> list[Work]:

@@ -15,6 +15,10 @@ Order of work, as the engine runs a step (docs/engine.md):
    under the distributed optimizer, over DP: a 4-byte all-reduce): per element of the rank's main params
    (`optimizer.step`), then, without --overlap-param-gather, the synchronous all-gather of every bucket; the loss's
    4-byte all-reduce over DP ends the step.
+Context parallelism (C > 1): the chunks' passes are at s/C tokens with the ring attention's exposed messages inside
+them (ops.py, compute.py; `exposed["cp"]` per step), the P2P messages between stages are s/C tokens, and every DP
+collective (grad buckets, param all-gathers, the 4-byte loss and grad-norm all-reduces) runs over Megatron's dp_cp
+group of dp x C ranks (ledger/formulas/buffer_layout.py dp_cp_size; the link priced is the `dp_cp` group's).
 The pipeline bubble is the measurement's convention (ledger/reconcile/pipeline.py): 1 - a stage's forward/backward
 time over the span from the first forward to the last backward of the pipeline; the same replay with P2P transfers
 and param all-gather waits at zero attributes its gap to the textbook (p-1)/(vm+p-1) to stage imbalance or comm.
@@ -28,8 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config import RunConfig
-from ledger.formulas.buffer_layout import rank_buffers, shard_param_elements
+from ledger.formulas.activations import local_seq_length
+from ledger.formulas.buffer_layout import dp_cp_size, rank_buffers, shard_param_elements
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.formulas.comm import grad_group
 from ledger.formulas.flops import tokens_per_step
 from ledger.formulas.params import chunk_tensors, embedding_copy_on_last_stage, num_chunks
 from ledger.reconcile.intervals import Interval, union
@@ -48,7 +54,8 @@ class StagePrediction:
     busy: float  # forward + backward time in the step (TP collectives inside them included)
     bubble: float  # 1 - busy / pipeline span
     bubble_without_comm: float  # the same with P2P transfers and param all-gather waits at zero
-    exposed: dict[str, float]  # group -> seconds per step no compute hides: dp (union over time), tp, pp, embedding
+    exposed: dict[str, float]  # group -> seconds per step no compute hides: dp (union over time), tp, pp, embedding,
+    # and cp under context parallelism (the ring's messages beyond the blocks they overlap)
     optimizer: float  # the optimizer range: waiting for the slowest stage, grad norm, update, synchronous gather
     grads_done: float  # when finalize_model_grads returns
 
@@ -88,16 +95,17 @@ class _Replay:
         self.cfg, self.cal = cfg, cal
         par, train = cfg.parallel, cfg.train
         self.p, self.v, self.m = par.pipeline_model_parallel_size, num_chunks(cfg), cfg.num_microbatches
-        self.dp, self.tp = par.data_parallel_size, par.tensor_model_parallel_size
+        self.dp, self.tp = dp_cp_size(cfg), par.tensor_model_parallel_size
+        self.dp_group = grad_group(cfg)
         act = DTYPE_BYTES[train.params_dtype]
-        message = act * cfg.model.seq_length * train.micro_batch_size * cfg.model.hidden_size
+        message = act * local_seq_length(cfg) * train.micro_batch_size * cfg.model.hidden_size
         message //= self.tp if par.sequence_parallel else 1
         self.transfer = cal.comm.seconds("pp", "send_recv", self.p, message) if self.p > 1 else 0.0
         self.gathering = train.use_distributed_optimizer and self.dp > 1
         self.stages = [self._stage(s) for s in range(self.p)]
 
     def _stage(self, s: int) -> _Stage:
-        cfg, train, dp = self.cfg, self.cfg.train, self.dp
+        cfg, train, dp, group = self.cfg, self.cfg.train, self.dp, self.dp_group
         layouts = rank_buffers(cfg, s)
         gbytes, pbytes = DTYPE_BYTES[train.grad_dtype], DTYPE_BYTES[train.params_dtype]
         grad_op = "reduce_scatter" if train.use_distributed_optimizer else "all_reduce"
@@ -112,9 +120,9 @@ class _Replay:
             times=stage_time(cfg, self.cal, s), layouts=layouts,
             memset=self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype, sum(lay.numel for lay in layouts)),
             optimizer=self.cal.rate_seconds("optimizer.step", train.params_dtype, elements),
-            gather_seconds=[[self.cal.comm.seconds("dp", "all_gather", dp, b) for b in chunk] for chunk in param_bytes]
-            if self.gathering else [[] for _ in sizes],
-            grad_seconds=[[self.cal.comm.seconds("dp", grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
+            gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
+                            for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
+            grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
             grad_bytes=grad_bytes, param_bytes=param_bytes)
 
     # --- the schedule, with the first forwards' stalls found by iterating to a fixed point ---------------------
@@ -281,7 +289,7 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
     compute, compute_quiet = r.compute_spans(tl, prefix), r.compute_spans(tl_quiet, prefix_quiet)
     span, span_quiet = _span(compute, tl, r), _span(compute_quiet, tl_quiet, r)
     figures = [_figures(r, s, tl, prefix, gathers, compute[s]) for s in range(r.p)]
-    scalar = cal.comm.seconds("dp", "all_reduce", r.dp, 4)  # a loss or grad-norm all-reduce over DP
+    scalar = cal.comm.seconds(r.dp_group, "all_reduce", r.dp, 4)  # a loss or grad-norm all-reduce over DP (x CP)
     # The optimizer range: the grad norm all-reduce waits for every stage, then the update and, without
     # --overlap-param-gather, the gather of every bucket.
     tails = [st.optimizer + cfg.train.use_distributed_optimizer * scalar
@@ -293,7 +301,9 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
         stage=s, compute=st.times, busy=f.busy, bubble=1 - f.busy / span if span else 0.0,
         bubble_without_comm=1 - sum(e - b for b, e in compute_quiet[s]) / span_quiet if span_quiet else 0.0,
         exposed={"dp": f.dp_exposed, "tp": r.m * sum(t.forward.comm + t.backward.comm for t in st.times.chunks)
-                 + f.sp, "pp": f.sends, "embedding": f.embedding},
+                 + f.sp, "pp": f.sends, "embedding": f.embedding,
+                 **({"cp": r.m * sum(t.forward.cp_exposed + t.backward.cp_exposed for t in st.times.chunks)}
+                    if cfg.parallel.context_parallel_size > 1 else {})},
         optimizer=optimizer_start - f.grads_done + tail, grads_done=f.grads_done)
         for s, (st, f, tail) in enumerate(zip(r.stages, figures, tails)))
     return StepPrediction(step_time=step_time, tokens_per_s=tokens_per_step(cfg) / step_time, stages=stages,
