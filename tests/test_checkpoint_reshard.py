@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 import pytest
@@ -164,14 +164,29 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Callable[[int, list[str]], tuple[str, dict[str, Any]]]:
+    """saved(world, flags): the straight run at a saving layout (6 steps, saving after 3) and its checkpoint
+    directory, pointed at iteration 3. Run once per layout: cases that save at the same layout share it (a load
+    reads the checkpoint and writes nothing there)."""
+    runs: dict[tuple[int, tuple[str, ...]], tuple[str, dict[str, Any]]] = {}
+
+    def run(world: int, flags: list[str]) -> tuple[str, dict[str, Any]]:
+        if (world, tuple(flags)) not in runs:
+            save_dir = tmp_path_factory.mktemp("ckpt")
+            straight = _run(world, TINY + flags + ["--save", str(save_dir), "--save-interval", "3"])
+            (save_dir / LATEST_CHECKPOINT_FILE).write_text("3\n")  # resume from iteration 3, not 6
+            runs[world, tuple(flags)] = str(save_dir), straight
+        return runs[world, tuple(flags)]
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_resharded_checkpoint_holds_the_saved_state_and_training_continues(case, tmp_path):
+def test_a_resharded_checkpoint_holds_the_saved_state_and_training_continues(case, saved):
     """6 steps at the saving layout, saving after 3; then --load at the new layout and 3 more steps."""
     save_world, save_flags, load_world, load_flags = CASES[case]
-    save_dir = str(tmp_path / "ckpt")
-    straight = _run(save_world, TINY + save_flags + ["--save", save_dir, "--save-interval", "3"])
-    (tmp_path / "ckpt" / LATEST_CHECKPOINT_FILE).write_text("3\n")  # resume from iteration 3, not 6
+    save_dir, straight = saved(save_world, save_flags)
     resumed = _run(load_world, TINY + load_flags + ["--load", save_dir])
     _assert_same_state(resumed["loaded"], straight["saved"])
     assert resumed["loaded_scheduler_steps"] == straight["saved_scheduler_steps"] > 0

@@ -3,7 +3,8 @@ run's own steps, preceded by the steps of the run that saved its checkpoint up t
 with a marker there; the report names that run.
 
 On real gloo runs: the first stops at --exit-interval 3 (saving, as a preempted job does) out of --train-iters 6,
-the second resumes with --load into a new run directory (a run directory holds one run) and trains 4..6.
+the second resumes with --load into a new run directory (a run directory holds one run) and trains 4..6. The fixture
+`resumed` (tests/conftest.py) makes them once per session: tests/test_resume_dashboard_browser.py reads them too.
 """
 from __future__ import annotations
 
@@ -40,11 +41,6 @@ def train_and_resume(root: Path) -> tuple[Path, Path]:
     _train(first, ckpt, "--exit-interval", "3", "--async-save")
     _train(second, ckpt, "--load", str(ckpt))
     return first, second
-
-
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory) -> tuple[Path, Path]:
-    return train_and_resume(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.mark.slow
@@ -93,9 +89,9 @@ def test_moved_runs_are_still_joined_and_a_missing_one_is_named(resumed, tmp_pat
 
 
 @pytest.mark.slow
-def test_the_report_says_where_the_run_resumed_and_which_run_saved_it(resumed):
+def test_the_report_says_where_the_run_resumed_and_which_run_saved_it(resumed, tmp_path):
     first, second = resumed
-    markdown, _ = report.write(str(second))
+    markdown, _ = report.write(str(second), out=tmp_path)  # not into the run: other tests read it as made
     assert (f"Resumed from the checkpoint of iteration 3: this run loaded {first.parent / 'ckpt' / 'iter_0000003'} "
             f"(saved by run {first}) at start and continued after it.") in markdown.read_text()
 

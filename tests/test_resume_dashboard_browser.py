@@ -1,5 +1,6 @@
 """The Runs page of a resumed run in headless Chromium (tests/test_dashboard_browser.py's server and browser
-set-up): the loss curve is drawn over iterations 1..6 with the marker "resumed from iteration 3"."""
+set-up): the loss curve is drawn over iterations 1..6 with the marker "resumed from iteration 3". The runs are
+tests/test_resume_dashboard.py's, made once per session (the fixture `resumed`, tests/conftest.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, dashboard_server, playwright, settle
-from tests.test_resume_dashboard import train_and_resume
 
 
 @pytest.mark.slow
-def test_the_runs_page_draws_the_joined_curve_and_the_marker_in_chromium(tmp_path: Path) -> None:
-    train_and_resume(tmp_path / "runs")
-    with dashboard_server(tmp_path / "runs", tmp_path / "server.log") as url, playwright.sync_playwright() as p:
+def test_the_runs_page_draws_the_joined_curve_and_the_marker_in_chromium(resumed: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    runs_root = resumed[1].parent
+    with dashboard_server(runs_root, tmp_path / "server.log") as url, playwright.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
                                                        headless=True, args=CHROMIUM_ARGS,
                                                        viewport={"width": 1400, "height": 1400})

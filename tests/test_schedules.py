@@ -9,6 +9,7 @@ finalize_model_grads_func sees every chunk once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 
 import pytest
@@ -164,11 +165,17 @@ def _pipeline_worker(rank: int, world_size: int, vpp: int, m: int, use_grad_sync
             "held_deallocated": SENT.held_deallocated, "held_with_storage": SENT.held_with_storage}
 
 
+@functools.lru_cache(maxsize=None)
+def pipelined(pp: int, vpp: int, m: int, use_grad_sync_func: bool, forward_only: bool = False) -> list[dict]:
+    """_pipeline_worker's results by rank, run once per arguments: several tests read the same run (read only)."""
+    return run_distributed(_pipeline_worker, pp, vpp, m, use_grad_sync_func, forward_only)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(2, 1, 8), (4, 1, 8), (2, 2, 4), (2, 2, 6)])
 def test_pipelined_losses_and_grads_equal_single_process(pp, vpp, m):
     ref_losses, ref_grads = reference(m)
-    results = run_distributed(_pipeline_worker, pp, vpp, m, False)
+    results = pipelined(pp, vpp, m, False)
     assert all(not r["losses"] for r in results[:-1]), "only the last stage computes losses"
     assert results[-1]["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-7)
     grads = {k: v for r in results for k, v in r["grads"].items()}
@@ -181,7 +188,7 @@ def test_pipelined_losses_and_grads_equal_single_process(pp, vpp, m):
 @pytest.mark.slow
 @pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (2, 2, 4)])
 def test_forward_only_gives_the_losses_and_no_gradients(pp, vpp, m):
-    results = run_distributed(_pipeline_worker, pp, vpp, m, False, True)
+    results = pipelined(pp, vpp, m, False, True)
     assert results[-1]["losses"] == pytest.approx(reference(m)[0], rel=1e-5, abs=1e-7)
     assert all(_callbacks(r["events"]) == [] and r["held_with_storage"] == 0 for r in results)
 
@@ -190,7 +197,7 @@ def test_forward_only_gives_the_losses_and_no_gradients(pp, vpp, m):
 @pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (2, 2, 4)])
 def test_sent_activations_keep_no_storage(pp, vpp, m):
     """1F1B stage 0 of 4 holds 3 warmup activations for backward; each must be a one-element shell."""
-    results = run_distributed(_pipeline_worker, pp, vpp, m, False)
+    results = pipelined(pp, vpp, m, False)
     assert all(r["held_with_storage"] == 0 for r in results)
     expected_held_on_stage0 = pp - 1 if vpp == 1 else 2 * (pp - 1) + (vpp - 1) * pp  # the warmup forwards
     assert results[0]["held_deallocated"] == expected_held_on_stage0
@@ -201,7 +208,7 @@ def test_sent_activations_keep_no_storage(pp, vpp, m):
 def test_grad_sync_only_in_each_chunks_last_backward(pp, vpp, m):
     """Without grad_sync_func, on every stage each chunk's last backward (micro-batch m - 1) runs with DDP's bucket
     hooks enabled, so they launch its reduction during that backward; every other backward runs under no_sync."""
-    results = run_distributed(_pipeline_worker, pp, vpp, m, False)
+    results = pipelined(pp, vpp, m, False)
     for r in results:
         for chunk_log in r["backward_sync"]:
             assert chunk_log == [(i, i == m - 1) for i in range(m)]
@@ -214,7 +221,7 @@ def test_1f1b_grad_sync_func_overlaps_stage0_and_later_stages_launch_after_their
     """1F1B with grad_sync_func: stage 0 (the stage with several buckets) runs its last backward with the bucket
     hooks enabled and never calls grad_sync_func; every later stage runs all backwards under no_sync and calls
     grad_sync_func once, after the P2P send of its last backward (in the pipeline bubble), then finalizes."""
-    stage0, *later = run_distributed(_pipeline_worker, pp, 1, m, True)
+    stage0, *later = pipelined(pp, 1, m, True)
     assert stage0["backward_sync"] == [[(i, i == m - 1) for i in range(m)]]
     assert _callbacks(stage0["events"]) == [("finalize", 1)]
     for r in later:
@@ -231,7 +238,7 @@ def test_grad_sync_func_launches_each_chunk_after_its_last_backward(pp, m):
     exchange), so all stages launch c at about the same time; a stage with fewer backwards launches c after its
     last exchange. Each chunk is launched once, then finalize_model_grads runs."""
     vpp = 2
-    for stage, r in enumerate(run_distributed(_pipeline_worker, pp, vpp, m, True)):
+    for stage, r in enumerate(pipelined(pp, vpp, m, True)):
         assert r["backward_sync"] == [[(i, False) for i in range(m)]] * vpp
         events = r["events"]
         backwards = [e for e in events if e[0] == "backward"]
