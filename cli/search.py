@@ -16,21 +16,20 @@ from typing import Any
 
 from cli.args import CommandParser
 from common.arguments import parse_args
+from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError
 from ledger.format import duration, percent, size
-from ledger.formulas.peak_memory import peak_bytes_per_stage
 from ledger.simulate.hardware import load_hardware
 from ledger.simulate.layouts import describe
 from ledger.simulate.pricing import Pricing
 from ledger.simulate.search import SearchResult
-from ledger.simulate.simulation import simulate
-
-MAX_GPUS = 65_536  # the rank groups are enumerated (common.config.MAX_WORLD_SIZE)
-
+from ledger.simulate.simulation import Simulation, stage_memory
 
 def _entry(pricing: Pricing, r) -> dict[str, Any]:
-    sim = simulate(r.layout, pricing.hardware)
-    peak = max(peak_bytes_per_stage(r.layout)) + pricing.outside_bytes(r.layout)
+    # the search's own prediction of the layout, not a second replay of it
+    sim = Simulation(cfg=r.layout, hardware=pricing.hardware, memory=stage_memory(r.layout, pricing.hardware),
+                     step=r.prediction)
+    peak = max(m.total for m in sim.memory)
     return {"layout": describe(r.layout), "label": r.label, "tokens_per_s": r.prediction.tokens_per_s,
             "step_time_s": sim.step.step_time, "mfu": sim.mfu(), "tflops_per_gpu": sim.tflops_per_gpu(),
             "peak_bytes": peak, "terms_s": sim.step.terms, "loses_because": r.reason}
@@ -72,8 +71,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--json", action="store_true")
     ns, rest = p.parse_known_args(argv)
-    if not 1 <= ns.gpus <= MAX_GPUS:
-        raise ConfigError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {ns.gpus}")
+    if not 1 <= ns.gpus <= MAX_WORLD_SIZE:  # the rank groups are enumerated
+        raise ConfigError(f"--gpus must be between 1 and {MAX_WORLD_SIZE:,}, got {ns.gpus}")
     if ns.top < 1:
         raise ConfigError(f"--top must be >= 1, got {ns.top}")
     for flag in ("--world-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size"):

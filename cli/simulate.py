@@ -82,6 +82,7 @@ def render_validation(results: list[Validation]) -> str:
 def main(argv: list[str]) -> int:
     p = CommandParser("simulate", add_help=False)
     p.add_argument("--hardware")
+    p.add_argument("--world-size", type=int)
     p.add_argument("--json", action="store_true")
     p.add_argument("--validate", nargs="+", metavar="RUN")
     ns, rest = p.parse_known_args(argv)
@@ -93,10 +94,10 @@ def main(argv: list[str]) -> int:
         return 0
     if ns.hardware is None:
         raise ConfigError("--hardware is required: H200, H100, A100-80GB, A100-40GB or a hardware file")
-    if "--world-size" not in rest:
+    if ns.world_size is None:
         raise ConfigError("--world-size N is required: the number of GPUs to simulate")
     hw = load_hardware(ns.hardware)
-    cfg = parse_args(rest, prog="train-ledger simulate", megatron_model=True)
+    cfg = parse_args(rest, world_size=ns.world_size, prog="train-ledger simulate", megatron_model=True)
     sim = simulate(cfg, hw)
     print(json.dumps(sim.to_dict()) if ns.json else render(sim))
     return 0

@@ -29,7 +29,7 @@ from ledger.loaders import load_rows
 from ledger.reconcile.run import gather
 from ledger.simulate.hardware import load_hardware
 from ledger.simulate.simulation import simulate
-from ledger.simulate.validation import hardware_for, measured, run_device
+from ledger.simulate.validation import hardware_for, measured, measured_values, run_device
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -141,12 +141,8 @@ def run_basis(run_dir: str) -> dict[str, Any]:
             "measured": measured_figures(load_rows(run_dir), device, ev.config)}
 
 
-def _values(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    return [r for r in rows if r["metric"] == metric and r.get("measured") is not None]
-
-
 def _reduce(rows: list[dict[str, Any]], metric: str, how: Any) -> float | None:
-    values = [r["measured"] for r in _values(rows, metric)]
+    values = measured_values(rows, metric)
     return how(values) if values else None
 
 

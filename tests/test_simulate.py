@@ -88,6 +88,12 @@ def test_bad_simulate_input_is_one_line_and_status_2(args, says):
     assert out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
 
 
+def test_the_world_size_may_be_given_with_an_equals_sign():
+    """argparse's --flag=value form: the requirement is the parsed flag, not its spelling in argv."""
+    d = as_json("simulate", *LLAMA_1B, "--global-batch-size", "8", "--world-size=2", "--hardware", "H200")
+    assert d["layout"]["world_size"] == 2 and d["layout"]["dp"] == 2
+
+
 def test_a_malformed_hardware_file_is_one_line(tmp_path):
     bad = tmp_path / "gpu.json"
     bad.write_text("{not json")

@@ -63,7 +63,11 @@ def gather(run_dir: str | Path) -> RunEvidence:
 
 
 def reconcile(run_dir: str | Path) -> Reconciliation:
-    ev = gather(run_dir)
+    return reconcile_evidence(gather(run_dir))
+
+
+def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
+    """The rows of evidence already gathered (a caller that also needs the evidence itself reads the run once)."""
     selection = run_steps(ev)
     model = predict_run(ev)
     traced = {rank for rank, _, _, _ in ev.traces}

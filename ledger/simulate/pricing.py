@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.config import RunConfig
-from ledger.formulas.device_memory import outside_pytorch
 from ledger.simulate.calibration import hardware_calibration
 from ledger.simulate.hardware import Hardware
 from ledger.simulate.bound import calibrated_bound
 from ledger.simulate.search import SearchResult, memory_fit, search
+from ledger.simulate.simulation import outside_bytes
 from ledger.time_model import Calibration, StepPrediction, predict_step
 
 
@@ -39,7 +39,7 @@ class Pricing:
         p = cfg.parallel
         key = (p.world_size, p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size)
         if key not in self._outside:
-            self._outside[key] = outside_pytorch(cfg, 0, self.hardware.overheads).total
+            self._outside[key] = outside_bytes(cfg, self.hardware)
         return self._outside[key]
 
     def calibration(self, cfg: RunConfig) -> Calibration:

@@ -106,10 +106,15 @@ def layout_dict(cfg: RunConfig) -> dict[str, Any]:
             "strategy": run_strategy(cfg), "params_dtype": t.params_dtype}
 
 
+def outside_bytes(cfg: RunConfig, hw: Hardware) -> int:
+    """Device memory outside PyTorch on a rank of cfg (device_memory.py with the hardware file's overheads)."""
+    return outside_pytorch(cfg, 0, hw.overheads).total
+
+
 def stage_memory(cfg: RunConfig, hw: Hardware) -> tuple[StageMemory, ...]:
     """Each stage's peak plus what lies outside PyTorch on the stage's first rank (every rank joins one group of
     each kind, so any rank gives the same count)."""
-    outside = outside_pytorch(cfg, 0, hw.overheads).total
+    outside = outside_bytes(cfg, hw)
     return tuple(StageMemory(stage=i, peak=peak, outside_pytorch=outside) for i, peak in enumerate(stage_peaks(cfg)))
 
 

@@ -15,7 +15,7 @@ from statistics import mean
 from typing import Any
 
 from common.errors import ConfigError, InputError
-from ledger.reconcile.run import gather, reconcile
+from ledger.reconcile.run import gather, reconcile_evidence
 from ledger.simulate.hardware import Hardware, known_names, load_hardware
 from ledger.simulate.simulation import Simulation, simulate
 
@@ -72,14 +72,15 @@ class Validation:
                 "errors": self.errors(), "within_goals": self.within_goals()}
 
 
-def _measured_value(rows: list[dict[str, Any]], metric: str) -> list[float]:
+def measured_values(rows: list[dict[str, Any]], metric: str) -> list[float]:
+    """Every measured value of a reconciliation row metric (rows as to_dict() writes them)."""
     return [r["measured"] for r in rows if r["metric"] == metric and r.get("measured") is not None]
 
 
 def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
-    step = _measured_value(rows, "throughput.step_time")
-    peak = _measured_value(rows, "memory.peak_allocated")
-    bubble = _measured_value(rows, "pipeline.bubble_of_wall_time")
+    step = measured_values(rows, "throughput.step_time")
+    peak = measured_values(rows, "memory.peak_allocated")
+    bubble = measured_values(rows, "pipeline.bubble_of_wall_time")
     return Measured(step_time=max(step) if step else None, peak_bytes=int(max(peak)) if peak else None,
                     bubble=mean(bubble) if bubble else None, device=device)
 
@@ -105,11 +106,11 @@ def hardware_for(device: str | None, spec: str | None) -> Hardware:
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
     if not Path(run_dir).is_dir():
         raise InputError(str(run_dir), "not a run directory")
-    ev = gather(run_dir)  # the run's config and manifest, as reconcile reads them
+    ev = gather(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
     if ev.config is None:
         raise InputError(str(run_dir), "the run's configuration cannot be read: nothing to simulate")
     device = run_device(ev.manifest)
     hw = hardware_for(device, hardware)
-    rows = [r.to_dict() for r in reconcile(run_dir).rows]
+    rows = [r.to_dict() for r in reconcile_evidence(ev).rows]
     return Validation(run=str(run_dir), framework=ev.framework, sim=simulate(ev.config, hw),
                       measured=measured(rows, device))
