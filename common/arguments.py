@@ -38,6 +38,9 @@ _FIXED_CHOICES: dict[str, tuple[str, ...]] = {
     "--position-embedding-type": ("rope",),
     "--transformer-impl": ("transformer_engine", "local"),
     "--tokenizer-type": ("NullTokenizer",),
+    "--moe-router-load-balancing-type": ("aux_loss",),
+    "--moe-token-dispatcher-type": ("alltoall",),
+    "--moe-token-drop-policy": ("probs",),
 }
 # Under megatron_model the flavour flags take the values the ledger's formulas model (common/config.py ModelConfig).
 _MEGATRON_MODEL_CHOICES: dict[str, tuple[str, ...]] = {
@@ -68,11 +71,19 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     m.add_argument("--init-method-std", type=float)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true",
                    help="a separate output layer; without it the output layer multiplies by the input embedding")
+    moe = p.add_argument_group("mixture of experts", "docs/engine.md, Mixture of experts")
+    moe.add_argument("--num-experts", type=int, help="experts per MoE layer (every layer); absent: dense MLP")
+    moe.add_argument("--moe-router-topk", type=int, help="experts each token is routed to (default 2)")
+    moe.add_argument("--moe-ffn-hidden-size", type=int, help="each expert's MLP width (default --ffn-hidden-size)")
+    moe.add_argument("--moe-aux-loss-coeff", type=float, help="weight of the load-balancing loss (default 0)")
+    moe.add_argument("--moe-expert-capacity-factor", type=float,
+                     help="each expert takes at most factor x tokens x topk / experts tokens; the rest are dropped")
 
     par = p.add_argument_group("parallel")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     par.add_argument("--context-parallel-size", type=int, default=1)
+    par.add_argument("--expert-model-parallel-size", type=int, default=1)
     par.add_argument("--virtual-pipeline-model-parallel-size", type=int)
     par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
     par.add_argument("--sequence-parallel", action="store_true")
@@ -176,12 +187,16 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                            "seq_length") if k not in shape]
     if missing:
         raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
+    for key in _MOE_FLAGS:
+        if getattr(ns, key) is not None:
+            shape[key] = getattr(ns, key)
     model = ModelConfig(**shape, untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights)
 
     ws = world_size if world_size is not None else (ns.world_size if ns.world_size is not None else 1)
     parallel = ParallelConfig(world_size=ws, tensor_model_parallel_size=ns.tensor_model_parallel_size,
                               pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
                               context_parallel_size=ns.context_parallel_size,
+                              expert_model_parallel_size=ns.expert_model_parallel_size,
                               virtual_pipeline_model_parallel_size=_virtual_pp(ns, model),
                               sequence_parallel=ns.sequence_parallel)
     train = TrainConfig()
@@ -208,6 +223,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
 # The flavour the engine implements: ModelConfig's defaults.
 _LLAMA_STYLE = {f.name: f.default for f in dataclasses.fields(ModelConfig)
                 if f.name in ("swiglu", "add_bias_linear", "normalization", "position_embedding_type")}
+_MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_aux_loss_coeff",
+              "moe_expert_capacity_factor")
 _SHAPE_FLAGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                 "vocab_size", "seq_length", "max_position_embeddings")
 

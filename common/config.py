@@ -43,6 +43,22 @@ class ModelConfig:
     add_bias_linear: bool = False
     normalization: str = "RMSNorm"  # or "LayerNorm" (a weight and a bias)
     position_embedding_type: str = "rope"  # or "learned_absolute" (a max_position_embeddings x h table)
+    # Mixture of experts, Megatron's --num-experts and --moe-* flags (docs/engine.md, "Mixture of experts"). None is
+    # the dense model; with experts every layer's MLP is an MoE layer (Megatron's default --moe-layer-freq 1): a
+    # router (h -> E logits, top-k, softmax over the k chosen) and E SwiGLU experts of width moe_ffn_hidden_size.
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None  # each expert's f; None: --ffn-hidden-size, as Megatron
+    moe_aux_loss_coeff: float = 0.0  # the load-balancing loss's weight (Switch Transformer's alpha)
+    moe_expert_capacity_factor: float | None = None  # None: no capacity, no token dropped
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
 
     @property
     def head_dim(self) -> int:
@@ -75,6 +91,9 @@ class ParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
+    # Experts are laid out on a grid of their own (Megatron's expert rank generator): tp x ep x expert-dp x pp, where
+    # expert-dp = world / (tp x ep x pp) (the expert tensor-parallel size is tp, Megatron's default).
+    expert_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
     sequence_parallel: bool = False
     order: str = "tp-cp-ep-dp-pp"
@@ -84,6 +103,13 @@ class ParallelConfig:
         model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
                           * self.context_parallel_size)
         return self.world_size // model_parallel if model_parallel > 0 else 0  # sizes < 1: validate refuses them
+
+    @property
+    def expert_data_parallel_size(self) -> int:
+        """The ranks holding the same experts, over which expert gradients are reduced (Megatron's expt_dp)."""
+        expert_parallel = (self.tensor_model_parallel_size * self.expert_model_parallel_size
+                           * self.pipeline_model_parallel_size)
+        return self.world_size // expert_parallel if expert_parallel > 0 else 0
 
 
 @dataclass
@@ -252,6 +278,9 @@ def check_ranges(cfg: RunConfig) -> None:
               ("--tensor-model-parallel-size", p.tensor_model_parallel_size, MAX_WORLD_SIZE),
               ("--pipeline-model-parallel-size", p.pipeline_model_parallel_size, MAX_WORLD_SIZE),
               ("--context-parallel-size", p.context_parallel_size, MAX_WORLD_SIZE),
+              ("--expert-model-parallel-size", p.expert_model_parallel_size, MAX_WORLD_SIZE),
+              ("--num-experts", m.num_experts if m.is_moe else 1, MAX_WIDTH), ("--moe-router-topk", m.moe_router_topk, MAX_WIDTH),
+              ("--moe-ffn-hidden-size", m.expert_ffn_hidden_size, MAX_WIDTH),
               ("--virtual-pipeline-model-parallel-size", p.virtual_pipeline_model_parallel_size or 1, MAX_LAYERS),
               ("--micro-batch-size", t.micro_batch_size, MAX_TOKENS),
               ("--global-batch-size", t.global_batch_size, None),
@@ -267,6 +296,7 @@ def check_ranges(cfg: RunConfig) -> None:
     if t.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {t.seed}")
     for flag, value in (("--lr", t.lr), ("--min-lr", t.min_lr), ("--lr-warmup-iters", t.lr_warmup_iters),
+                        ("--moe-aux-loss-coeff", m.moe_aux_loss_coeff),
                         ("--weight-decay", t.weight_decay), ("--clip-grad", t.clip_grad),
                         ("--init-method-std", m.init_method_std), ("--nvml-interval", pr.nvml_interval)):
         if not math.isfinite(value) or value < 0:
@@ -330,6 +360,7 @@ def validate(cfg: RunConfig) -> None:
     if vpp > 1 and cfg.num_microbatches % pp:
         raise ConfigError(f"interleaved schedule needs the number of micro-batches ({cfg.num_microbatches}) to "
                           f"be a multiple of the pipeline size {pp}")
+    check_moe(cfg)
     if t.bf16 and t.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if t.fp16:
@@ -357,12 +388,41 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--profile-ranks {bad_ranks[0]} is outside the world of {p.world_size} ranks")
 
 
+def check_moe(cfg: RunConfig) -> None:
+    """Megatron's validate_args for the MoE flags."""
+    m, p = cfg.model, cfg.parallel
+    ep = p.expert_model_parallel_size
+    if not m.is_moe:
+        if ep > 1:
+            raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
+        return
+    if m.moe_router_topk > m.num_experts:
+        raise ConfigError(f"--moe-router-topk {m.moe_router_topk} exceeds --num-experts {m.num_experts}")
+    if m.num_experts % ep:
+        raise ConfigError(f"--num-experts {m.num_experts} is not divisible by --expert-model-parallel-size {ep}")
+    expert_parallel = p.tensor_model_parallel_size * ep * p.pipeline_model_parallel_size
+    if p.world_size % expert_parallel:
+        raise ConfigError(f"world size {p.world_size} is not divisible by tp {p.tensor_model_parallel_size} x "
+                          f"ep {ep} x pp {p.pipeline_model_parallel_size} = {expert_parallel} (the expert grid)")
+    cf = m.moe_expert_capacity_factor
+    if cf is not None and not (math.isfinite(cf) and cf > 0):
+        raise ConfigError(f"--moe-expert-capacity-factor must be a finite number > 0, got {cf}")
+    if m.moe_ffn_hidden_size is not None and m.moe_ffn_hidden_size % p.tensor_model_parallel_size:
+        raise ConfigError(f"--moe-ffn-hidden-size {m.moe_ffn_hidden_size} is not divisible by "
+                          f"--tensor-model-parallel-size {p.tensor_model_parallel_size}")
+
+
 def check_engine_support(cfg: RunConfig) -> None:
-    """What the ledger's formulas model (validate accepts it: plan, simulate, search) but the engine does not build:
-    context parallelism. `train` calls this before any rank starts; the model refuses it too (engine.models)."""
-    if cfg.parallel.context_parallel_size > 1:
-        raise ConfigError(f"--context-parallel-size {cfg.parallel.context_parallel_size}: context parallelism is not "
+    """What the ledger's formulas model (validate accepts it: plan, simulate, search) but the engine does not build.
+    `train` calls this before any rank starts; the model refuses the same (engine.models)."""
+    p = cfg.parallel
+    if p.context_parallel_size > 1:
+        raise ConfigError(f"--context-parallel-size {p.context_parallel_size}: context parallelism is not "
                           "implemented by this engine (plan, simulate and search model it)")
+    if cfg.model.is_moe and (p.tensor_model_parallel_size > 1 or p.context_parallel_size > 1):
+        raise ConfigError("--num-experts: this engine's MoE layer runs without tensor or context parallelism "
+                          f"(tp {p.tensor_model_parallel_size}, cp {p.context_parallel_size}); plan, simulate and "
+                          "search model those layouts")
 
 
 def check_ddp_flags(*, use_distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,

@@ -82,8 +82,26 @@ def rank_generator_for(world_size: int, tp: int, pp: int, cp: int = 1, order: st
     return RankGenerator(tp=tp, ep=1, dp=world_size // model_parallel, pp=pp, cp=cp, order=order)
 
 
+def expert_rank_generator_for(world_size: int, tp: int, pp: int, ep: int,
+                              order: str = "tp-cp-ep-dp-pp") -> RankGenerator:
+    """Megatron's expert grid: tp (the expert tensor-parallel size, tp here) x ep x expert-dp x pp, no cp axis (cp is
+    1 on it, so the same order string serves), expert-dp = world / (tp x ep x pp). Its pp groups equal the dense
+    grid's, so a rank holds the same layers in both."""
+    expert_parallel = tp * ep * pp
+    if expert_parallel < 1 or world_size % expert_parallel:
+        raise ConfigError(f"world size {world_size} is not divisible by tp {tp} x ep {ep} x pp {pp}")
+    return RankGenerator(tp=tp, ep=ep, dp=world_size // expert_parallel, pp=pp, cp=1, order=order)
+
+
+def expert_group_lists(gen: RankGenerator) -> dict[str, list[list[int]]]:
+    """The expert groups, from the expert grid: ep (the all-to-all), expt_dp (expert gradients are reduced over it),
+    expt_mp = tp-ep-pp (the ranks whose expert parameters all differ: the grad norm sums over it)."""
+    return {"ep": gen.get_ranks("ep"), "expt_dp": gen.get_ranks("dp"), "expt_mp": gen.get_ranks("tp-ep-pp")}
+
+
 def group_lists(gen: RankGenerator) -> dict[str, list[list[int]]]:
-    """Every group kind this engine creates, as rank lists; embedding/position follow Megatron's pp-group ends."""
+    """Every dense group kind this engine creates, as rank lists; embedding/position follow Megatron's pp-group
+    ends."""
     pp_groups = gen.get_ranks("pp")
     return {
         "tp": gen.get_ranks("tp"),
@@ -110,22 +128,30 @@ class ParallelState:
     pp_rank: int
     dp_rank: int
     cp_rank: int
+    ep_size: int = 1
+    ep_rank: int = 0
+    expert_dp_size: int = 1  # ranks holding the same experts, world / (tp x ep x pp); 1 without experts
     ranks: dict[str, list[int]] = field(default_factory=dict)  # this rank's group (global ranks) per kind
     groups: dict[str, Any] = field(default_factory=dict)  # kind -> torch.distributed ProcessGroup, never None
     virtual_pipeline_size: int | None = None
 
     @classmethod
     def initialize(cls, tp: int = 1, pp: int = 1, cp: int = 1, order: str = "tp-cp-ep-dp-pp",
-                   virtual_pipeline_size: int | None = None) -> "ParallelState":
-        """Collective: every rank must call it; creates every group in the same order on every rank."""
+                   virtual_pipeline_size: int | None = None, ep: int = 1, moe: bool = False) -> "ParallelState":
+        """Collective: every rank must call it; creates every group in the same order on every rank. The expert
+        groups exist only for an MoE model (moe), so a dense run creates no communicator it never uses."""
         import torch.distributed as dist
 
         rank, world = dist.get_rank(), dist.get_world_size()
         gen = rank_generator_for(world, tp, pp, cp, order)
         coords = gen.coordinates(rank)
+        kinds = group_lists(gen)
+        expert = expert_rank_generator_for(world, tp, pp, ep, order) if moe else None
+        if expert is not None:
+            kinds.update(expert_group_lists(expert))
         mine: dict[str, list[int]] = {}
         handles: dict[str, Any] = {}
-        for kind, lists in group_lists(gen).items():
+        for kind, lists in kinds.items():
             for ranks in lists:
                 # A real handle even for a group of one, so that no caller can fall back to WORLD with None.
                 handle = dist.new_group(ranks)
@@ -133,7 +159,17 @@ class ParallelState:
                     mine[kind], handles[kind] = ranks, handle
         return cls(rank=rank, world_size=world, tp_size=tp, pp_size=pp, dp_size=gen.sizes["dp"], cp_size=cp,
                    tp_rank=coords["tp"], pp_rank=coords["pp"], dp_rank=coords["dp"], cp_rank=coords["cp"],
+                   ep_size=ep, ep_rank=expert.coordinates(rank)["ep"] if expert else 0,
+                   expert_dp_size=expert.sizes["dp"] if expert else 1,
                    ranks=mine, groups=handles, virtual_pipeline_size=virtual_pipeline_size)
+
+    @classmethod
+    def from_run_config(cls, run_config: Any) -> "ParallelState":
+        """initialize() with a RunConfig's layout (common.config): what `train` and the parity tests build."""
+        p = run_config.parallel
+        return cls.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+                              p.order, p.virtual_pipeline_model_parallel_size, ep=p.expert_model_parallel_size,
+                              moe=run_config.model.is_moe)
 
     @property
     def is_pipeline_first_stage(self) -> bool:

@@ -48,13 +48,12 @@ def run(run_config: RunConfig, argv: list[str], device: torch.device) -> None:
     from probes.probe_set import create_probe_set
 
     p = run_config.parallel
-    parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                                              p.context_parallel_size, p.order,
-                                              p.virtual_pipeline_model_parallel_size)
+    parallel_state = ParallelState.from_run_config(run_config)
     torch.manual_seed(run_config.train.seed)
     if parallel_state.rank == 0:
         print(f"train-ledger: world {p.world_size} = tp {parallel_state.tp_size} x cp {parallel_state.cp_size} x "
-              f"dp {parallel_state.dp_size} x pp {parallel_state.pp_size} on {device.type}, "
+              f"dp {parallel_state.dp_size} x pp {parallel_state.pp_size} (ep {parallel_state.ep_size}) on "
+              f"{device.type}, "
               f"{run_config.num_microbatches} micro-batches of {run_config.train.micro_batch_size} per step",
               flush=True)
     probes = create_probe_set(run_config, parallel_state, argv)

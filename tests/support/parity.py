@@ -62,10 +62,7 @@ def train_and_collect(run_config: RunConfig, device: torch.device | None = None,
     per-step losses, grad norms and learning rates and this rank's full parameters: what parity tests compare.
     probes (default none) is what the engine reports to, for tests that also count what it did."""
     device = device or torch.device("cpu")
-    p = run_config.parallel
-    parallel_state = ParallelState.initialize(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                                              p.context_parallel_size, p.order,
-                                              p.virtual_pipeline_model_parallel_size)
+    parallel_state = ParallelState.from_run_config(run_config)
     result = pretrain(run_config, parallel_state, device, probes)
     return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
             "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
