@@ -29,6 +29,9 @@ CATEGORY_COLOURS: dict[str, str] = {
     "embd-comm": "cyan",
     "checkpoint": "magenta",  # a checkpoint's save or load (engine.checkpointing), between steps
     "data-wait": "black",  # a stall: the training loop waits for its loader's next micro-batch ("wait data mbN")
+    "cp-comm": "lime",  # ring attention's K/V (and dK/dV) exchange with the next and previous CP rank
+    "cp-wait": "white",  # a stall: attention waits for a ring exchange still in flight
+    "ep-comm": "olive",  # MoE token dispatch / combine all-to-all over the expert-parallel group
 }
 CATEGORIES = tuple(CATEGORY_COLOURS)
 
