@@ -18,7 +18,11 @@ contiguous TP split hands each rank whole query groups at any TP size. The vocab
 are padded to a multiple of divisible_by x TP; the padding rows (zero, and zero in m and v: the cross entropy masks
 them, no token looks them up) are dropped or added as zeros. Layers keep their global numbers in names, so a change
 of pipeline or virtual pipeline size regroups them; the last stage's copy of tied embeddings stands for the
-embedding's weight (both copies apply the same updates).
+embedding's weight (both copies apply the same updates). Experts (MoE) are named by their global index at any EP size
+(engine/transformer/moe/experts.py), so a change of EP or of expert-DP regroups them alike: the saving ranks' expert
+buffers are rebuilt on the expert grid (which experts a rank holds, the expert-DP group its buffers are padded and
+sharded over), and the first rank of each expert-DP group is read for the expert values, as the first of each DP
+group is for the dense ones.
 
 What carries over unchanged: the iteration, the scheduler's step count and Adam's step. The data position is the
 iteration's first micro-batch at the new layout: the sample order is global (engine/data.py micro_batch_samples).
@@ -39,8 +43,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from common.config import RunConfig
-from engine.parallel_state import AXES, ParallelState, RankGenerator, rank_generator_for
+from common.config import LAYOUT_DEFAULTS, RunConfig
+from engine.parallel_state import AXES, ParallelState, RankGenerator, expert_rank_generator_for, rank_generator_for
 from engine.tensor_parallel.random import partition
 from probes.probe_set import NullProbeSet
 
@@ -139,6 +143,8 @@ def saved_run_config(cfg: RunConfig, saved: dict[str, Any]) -> RunConfig:
     p.pipeline_model_parallel_size = saved["pipeline_model_parallel_size"]
     p.context_parallel_size = saved["context_parallel_size"]
     p.virtual_pipeline_model_parallel_size = saved["virtual_pipeline_model_parallel_size"]
+    ep = "expert_model_parallel_size"  # absent from layouts saved before MoE
+    p.expert_model_parallel_size = saved.get(ep, LAYOUT_DEFAULTS[ep])
     t.overlap_grad_reduce, t.ddp_bucket_size = saved["overlap_grad_reduce"], saved["ddp_bucket_size"]
     t.micro_batch_size = saved["micro_batch_size"]
     t.overlap_param_gather = False  # when the all-gather runs changes nothing of where state sits
@@ -151,17 +157,40 @@ def _grid(cfg: RunConfig) -> RankGenerator:
                               p.context_parallel_size, p.order)
 
 
+def _expert_grid(cfg: RunConfig) -> RankGenerator:
+    p = cfg.parallel
+    return expert_rank_generator_for(p.world_size, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                                     p.expert_model_parallel_size, p.order)
+
+
+def _layout_group(grid: RankGenerator, token: str, rank: int) -> _LayoutGroup:
+    (group,) = [g for g in grid.get_ranks(token) if rank in g]
+    return _LayoutGroup(len(group), group.index(rank))
+
+
 def _layout_parallel_state(cfg: RunConfig, rank: int) -> ParallelState:
     """Rank `rank` of cfg's grid, with layout-only groups (a tied embedding's all-reduce on the meta device is
-    dispatched to no backend, so it gets the default group)."""
+    dispatched to no backend, so it gets the default group). An MoE model also gets its place on the expert grid:
+    which experts it holds (ep) and the expert-DP group its expert buffers are padded and sharded over."""
     grid = _grid(cfg)
     c = grid.coordinates(rank)
-    (dp_group,) = [g for g in grid.get_ranks("dp-cp") if rank in g]
-    groups = {"dp_cp": _LayoutGroup(len(dp_group), dp_group.index(rank)), "tp": None, "embedding": None}
+    groups = {"dp_cp": _layout_group(grid, "dp-cp", rank), "tp": None, "embedding": None}
+    expert = {}
+    if cfg.model.is_moe:
+        experts = _expert_grid(cfg)
+        groups.update(ep=_layout_group(experts, "ep", rank), expt_dp=_layout_group(experts, "dp", rank))
+        expert = dict(ep_size=experts.sizes["ep"], ep_rank=experts.coordinates(rank)["ep"],
+                      expert_dp_size=experts.sizes["dp"])
     return ParallelState(rank=rank, world_size=grid.world_size, tp_size=grid.sizes["tp"],
                          pp_size=grid.sizes["pp"], dp_size=grid.sizes["dp"], cp_size=grid.sizes["cp"],
                          tp_rank=c["tp"], pp_rank=c["pp"], dp_rank=c["dp"], cp_rank=c["cp"], groups=groups,
-                         virtual_pipeline_size=cfg.parallel.virtual_pipeline_model_parallel_size)
+                         virtual_pipeline_size=cfg.parallel.virtual_pipeline_model_parallel_size, **expert)
+
+
+def _first_replica(state: ParallelState) -> bool:
+    """Whether this saving rank's values are read: the first of its DP group holds every dense parameter of its
+    stage, but an MoE model's experts differ between EP ranks, so the first of each expert-DP group is read too."""
+    return any(state.groups[kind].rank() == 0 for kind in ("dp_cp", "expt_dp") if kind in state.groups)
 
 
 def saved_rank_layout(saved_cfg: RunConfig, rank: int) -> RankLayout:
@@ -224,7 +253,7 @@ def _read_saved(rank_file: RankFile, saved_cfg: RunConfig, needed: set[str], wit
     sharded = saved_cfg.train.use_distributed_optimizer
     out, scalars = _SavedShards(grid.sizes["tp"]), {}
     for rank in range(grid.world_size):
-        first_replica = _layout_parallel_state(saved_cfg, rank).groups["dp_cp"].rank() == 0
+        first_replica = _first_replica(_layout_parallel_state(saved_cfg, rank))
         if not (first_replica or (with_optimizer and sharded)):
             continue  # replicas hold the same values
         layout = saved_rank_layout(saved_cfg, rank)
@@ -318,7 +347,9 @@ def resharding_note(cfg: RunConfig, saved_layout: dict[str, Any], name: str) -> 
     def where(c: RunConfig) -> str:
         g = _grid(c)
         vpp = c.parallel.virtual_pipeline_model_parallel_size
+        ep = c.parallel.expert_model_parallel_size
         return (f"tp {g.sizes['tp']} pp {g.sizes['pp']} dp {g.sizes['dp']}" + (f" vpp {vpp}" if vpp else "")
+                + (f" ep {ep} expt_dp {_expert_grid(c).sizes['dp']}" if c.model.is_moe else "")
                 + f" (micro-batch {c.train.micro_batch_size})")
     grid, saved = _grid(cfg), _grid(saved_cfg)
     fresh = [r for r in range(grid.world_size) if _same_coordinates(saved, grid.coordinates(r)) is None]

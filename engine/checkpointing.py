@@ -9,9 +9,10 @@ So a rank's save is one sequential write with no collective but the barriers bel
 that --overlap-param-gather still owes), and resharding is ours: a checkpoint saved at another parallel layout is
 rebuilt parameter by parameter from the saving ranks' files and cut for this rank (engine/checkpoint_reshard.py);
 common.config.check_load_layout refuses, before any rank starts, what cannot be resharded (model shape, dtypes,
-optimizer kind, global batch size).
+optimizer kind, global batch size, the number and width of experts).
 
-A rank's file holds: the param buffers (padding included, so the bytes are exactly the run's), the optimizer's fp32
+A rank's file holds: the param buffers (padding included, so the bytes are exactly the run's; in an MoE model the
+expert buffers after the dense ones, as DDP lists them, and the optimizer's pieces of both), the optimizer's fp32
 main-param copy when the params are 16-bit (fp32 main params are the param buffer itself) and torch's AdamW state
 (m, v, step, the param groups' lr), the scheduler's step count, the RNG states (torch CPU, CUDA, Python's random;
 not numpy's global one, which nothing draws from: the datasets seed their own RandomState), the data iterators'
@@ -71,6 +72,7 @@ from common.config import (
     checkpoint_dir_name,
     checkpoint_layout,
     latest_checkpoint,
+    layout_differences,
 )
 from common.errors import UserError
 from engine.checkpoint_reshard import resharded_state, resharding_note
@@ -352,7 +354,7 @@ class Checkpointer:
         """This rank's file; or, from a checkpoint of another layout (check_load_layout lets only reshardable keys
         differ), the state this rank would have saved, resharded (engine.checkpoint_reshard)."""
         saved_layout = json.loads((directory / CHECKPOINT_LAYOUT_FILE).read_text())
-        if all(saved_layout.get(key) == value for key, value in checkpoint_layout(self.run_config).items()):
+        if not layout_differences(self.run_config, saved_layout):
             return torch.load(_rank_file(directory), map_location="cpu", weights_only=True)
         if self.log:
             print(resharding_note(self.run_config, saved_layout, directory.name), flush=True)

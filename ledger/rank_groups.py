@@ -51,8 +51,8 @@ def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
 @dataclass(frozen=True)
 class Layout:
     """World size, the size of each axis and their order. `of` is the one place in the ledger that computes dp
-    from the world size. ep is an axis of this grid (as in the engine, which always uses ep = 1); Megatron proper
-    lays experts out on a second generator, so callers of the dense groups leave ep at 1."""
+    from the world size. ep is an axis of this grid, but Megatron lays experts out on a second generator
+    (`expert_layout`), so callers of the dense groups leave ep at 1."""
     world_size: int
     tp: int
     cp: int
@@ -148,3 +148,28 @@ def rank_groups_of(layout: Layout, rank: int) -> dict[str, list[int]]:
     middle pipeline stage) is left out, as the engine leaves it out of ParallelState.ranks."""
     coordinates(layout, rank)  # ConfigError outside the world
     return {kind: group for kind, groups in group_lists(layout).items() for group in groups if rank in group}
+
+
+def expert_layout(world_size: int, tp: int = 1, pp: int = 1, ep: int = 1, order: str = DEFAULT_ORDER) -> Layout:
+    """Megatron's second grid, for experts: tp (the expert tensor-parallel size, tp by default) x ep x expert-dp x
+    pp with no cp axis (cp folds into expert-dp), expert-dp = world / (tp x ep x pp), the same order string. Its pp
+    groups are the dense grid's, so a rank holds the same layers on both."""
+    if ep < 1:
+        raise ConfigError(f"ep must be >= 1, got {ep}")
+    if tp < 1 or pp < 1 or world_size % (tp * ep * pp):
+        raise ConfigError(f"world size {world_size} is not divisible by tp {tp} x ep {ep} x pp {pp} = {tp * ep * pp} "
+                          "(the expert grid)")
+    return Layout(world_size, tp=tp, cp=1, ep=ep, dp=world_size // (tp * ep * pp), pp=pp, order=order)
+
+
+def expert_group_lists(layout: Layout) -> dict[str, list[list[int]]]:
+    """The expert groups of an expert_layout: ep (the token all-to-all), expt_dp (expert gradients are reduced over
+    it) and expt_mp = tp-ep-pp (ranks whose expert parameters all differ: the grad norm's expert part sums over it)."""
+    return {"ep": rank_groups(layout, "ep"), "expt_dp": rank_groups(layout, "dp"),
+            "expt_mp": rank_groups(layout, "tp-ep-pp")}
+
+
+def expert_coordinates(layout: Layout, rank: int) -> dict[str, int]:
+    """`rank`'s place on an expert_layout: its ep and expert-dp coordinates."""
+    coords = coordinates(layout, rank)
+    return {"ep": coords["ep"], "expt_dp": coords["dp"]}

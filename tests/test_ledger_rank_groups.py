@@ -11,7 +11,18 @@ import itertools
 import pytest
 
 from common.errors import ConfigError
-from ledger.rank_groups import AXES, Layout, coordinates, group_lists, normalize_order, rank_groups, rank_groups_of
+from ledger.rank_groups import (
+    AXES,
+    Layout,
+    coordinates,
+    expert_coordinates,
+    expert_group_lists,
+    expert_layout,
+    group_lists,
+    normalize_order,
+    rank_groups,
+    rank_groups_of,
+)
 
 
 def test_seed_eight_gpu_layout():
@@ -158,3 +169,86 @@ def test_rank_groups_agree_with_engine_get_ranks(token):
         for order in ORDERS:
             assert (rank_groups(Layout.of(world, tp=tp, pp=pp, cp=cp, order=order), token)
                     == rank_generator_for(world, tp, pp, cp, order).get_ranks(token))
+
+
+# --- the expert grid (Megatron's second rank generator) -----------------------------------------------------------
+def test_expert_groups_of_world_4_ep_2_by_hand():
+    """rank = ep + 2 x expt_dp (tp 1, pp 1): an EP group varies ep, an expert-DP group varies expt_dp."""
+    lists = expert_group_lists(expert_layout(4, ep=2))
+    assert lists["ep"] == [[0, 1], [2, 3]]
+    assert lists["expt_dp"] == [[0, 2], [1, 3]]
+    assert lists["expt_mp"] == [[0, 1], [2, 3]]  # tp-ep-pp: here the EP groups
+
+
+def test_expert_groups_of_world_8_tp_2_ep_2_by_hand():
+    """rank = tp + 2 x (ep + 2 x expt_dp): EP neighbours are 2 apart, expert-DP neighbours 4 apart."""
+    layout = expert_layout(8, tp=2, ep=2)
+    lists = expert_group_lists(layout)
+    assert lists["ep"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert lists["expt_dp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert lists["expt_mp"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert expert_coordinates(layout, 6) == {"ep": 1, "expt_dp": 1}
+
+
+EXPERT_LAYOUTS = [(4, 1, 1, 2), (8, 2, 1, 2), (8, 1, 2, 2), (16, 2, 2, 4), (16, 2, 2, 2), (16, 1, 1, 8),
+                  (24, 2, 3, 2), (32, 2, 2, 4)]
+
+
+def test_expert_groups_agree_with_the_engine():
+    """The ledger's expert lists equal engine.parallel_state.expert_group_lists (world, tp, pp, ep), in every order;
+    cp plays no part (world 16 tp 2 pp 2 ep 4 is also cp 2's expert grid: cp folds into expert-dp)."""
+    from engine.parallel_state import expert_group_lists as engine_expert_group_lists
+    from engine.parallel_state import expert_rank_generator_for
+
+    for world, tp, pp, ep in EXPERT_LAYOUTS:
+        for order in ORDERS:
+            gen = expert_rank_generator_for(world, tp, pp, ep, order)
+            layout = expert_layout(world, tp=tp, pp=pp, ep=ep, order=order)
+            assert expert_group_lists(layout) == engine_expert_group_lists(gen), (world, tp, pp, ep, order)
+            assert ([coordinates(layout, r) for r in range(world)]
+                    == [gen.coordinates(r) for r in range(world)]), (world, tp, pp, ep, order)
+
+
+def test_expert_pp_groups_are_the_dense_grids():
+    """A rank holds the same layers on both grids."""
+    for world, tp, pp, ep in EXPERT_LAYOUTS:
+        dense = Layout.of(world, tp=tp, pp=pp)
+        assert rank_groups(expert_layout(world, tp=tp, pp=pp, ep=ep), "pp") == rank_groups(dense, "pp")
+
+
+def test_expert_layout_refuses_what_does_not_divide():
+    with pytest.raises(ConfigError, match="ep must be >= 1"):
+        expert_layout(8, ep=0)
+    with pytest.raises(ConfigError, match="not divisible by tp 2 x ep 3 x pp 1 = 6"):
+        expert_layout(8, tp=2, ep=3)
+
+
+def _groups_cli(argv: list[str]) -> tuple[int, str, str]:
+    from tests.test_bad_input_property import run
+
+    return run(["groups", *argv])
+
+
+def test_groups_cli_prints_the_expert_groups_and_a_ranks_expert_coordinates():
+    import json
+
+    status, out, _ = _groups_cli(["--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--ep", "4",
+                                  "--rank", "5", "--json"])
+    data = json.loads(out)
+    experts = expert_group_lists(expert_layout(16, tp=2, pp=2, ep=4))
+    assert status == 0 and (data["ep"], data["expt_dp"]) == (experts["ep"], experts["expt_dp"])
+    assert data["cp"] == rank_groups(Layout.of(16, tp=2, pp=2, cp=2), "cp")
+    # rank 5 = tp 1 + 2 x (ep 2 + 4 x (expt_dp 0 + 1 x pp 0))
+    assert data["rank"]["expert_coordinates"] == {"ep": 2, "expt_dp": 0}
+    assert data["rank"]["groups"]["ep"] == [1, 3, 5, 7]
+    status, out, _ = _groups_cli(["--world-size", "4", "--ep", "2"])
+    assert status == 0 and "EP: [[0, 1], [2, 3]]" in out and "EXPT_DP: [[0, 2], [1, 3]]" in out
+
+
+@pytest.mark.parametrize("argv, message", [(["--ep", "0"], "ep must be >= 1"),
+                                           (["--ep", "3"], "not divisible by tp 1 x ep 3 x pp 1"),
+                                           (["--tp", "2", "--ep", "8"], "not divisible by tp 2 x ep 8 x pp 1"),
+                                           (["--ep", "2", "--order", "tp-cp-dp-pp"], "omits ep of size 2")])
+def test_groups_cli_refuses_a_bad_ep_in_one_line(argv, message):
+    status, out, err = _groups_cli(["--world-size", "8", *argv])
+    assert (status, out) == (2, "") and len(err.strip().splitlines()) == 1 and message in err

@@ -4,6 +4,13 @@ It moves every trainable parameter into contiguous buffers, accumulates gradient
 per-parameter hook, and reduces them bucket by bucket over the data-parallel group (DP x CP). The schedule reaches
 it only through no_sync / start_grad_sync / finish_grad_sync / start_param_sync, so communication happens once per
 step per bucket group, after the last micro-batch.
+
+Expert parameters (`param.allreduce = False`, Megatron's marker) go into buffers of their own after the dense ones
+(Megatron's expert_parallel_buffers): padded and sharded over the expert-data-parallel group "expt_dp", reduced over
+it with the gradients scaled by 1/(dp x cp) (param_and_grad_buffer._ParamAndGradBucketGroup says why). Bucket
+groups are numbered dense first, then expert, so the inventory's order of buckets is their numbering; the all-gather
+chain of the forward pre-hooks runs within each kind. A model without expert parameters builds exactly what it
+built before.
 """
 from __future__ import annotations
 
@@ -36,15 +43,22 @@ class DistributedDataParallel(torch.nn.Module):
             self.bucket_size = config.bucket_size if config.bucket_size is not None else default_bucket_size(dp_size)
 
         self.param_to_name = {p: n for n, p in module.named_parameters() if p.requires_grad}
-        self.buffers = [
-            _ParamAndGradBuffer(config, param_dtype, grad_dtype, params, self.data_parallel_group, self.bucket_size)
-            for (param_dtype, grad_dtype), params in self._group_params_for_buffers().items()]
-        self.bucket_groups = [
-            _ParamAndGradBucketGroup([bucket], config, self.data_parallel_group, index, self.probes)
-            for index, bucket in enumerate(b for buffer in self.buffers for b in buffer.buckets)]
-        # The forward pass needs the last bucket (first layers) first; each all-gather hands on to the one before.
-        for later, earlier in zip(self.bucket_groups[1:], self.bucket_groups[:-1]):
-            later.next_param_gather_bucket_group = earlier
+        dense = [p for p in self.param_to_name if getattr(p, "allreduce", True)]
+        expert = [p for p in self.param_to_name if not getattr(p, "allreduce", True)]
+        self.buffers = self._make_buffers(dense, self.data_parallel_group, expert=False)
+        dense_groups = self._make_bucket_groups(self.buffers, 0, None)
+        expert_buffers, expert_groups = [], []
+        if expert:
+            if "expt_dp" not in parallel_state.groups:
+                raise ValueError("expert parameters (allreduce False) need the expert groups: build the "
+                                 "ParallelState with moe=True")
+            expert_buffers = self._make_buffers(expert, parallel_state.groups["expt_dp"], expert=True)
+            expert_groups = self._make_bucket_groups(expert_buffers, len(dense_groups), 1.0 / dp_size)
+        # Dense buffers first, then expert ones: every user of `buffers` (optimizer, checkpoints) takes both.
+        self.buffers += expert_buffers
+        self.bucket_groups = dense_groups + expert_groups
+        # The heads of the forward's all-gather chains: the distributed optimizer issues these first.
+        self.param_gather_chain_heads = [groups[-1] for groups in (dense_groups, expert_groups) if groups]
         self.param_to_bucket_group = {p: g for g in self.bucket_groups for p in g.params}
 
         for param in self.param_to_name:
@@ -56,9 +70,26 @@ class DistributedDataParallel(torch.nn.Module):
             for submodule in self.module.modules():
                 submodule.register_forward_pre_hook(self._forward_pre_hook)
 
-    def _group_params_for_buffers(self) -> dict[tuple[torch.dtype, torch.dtype], list[torch.nn.Parameter]]:
+    def _make_buffers(self, params: list[torch.nn.Parameter], group: Any, expert: bool) -> list[_ParamAndGradBuffer]:
+        return [_ParamAndGradBuffer(self.ddp_config, param_dtype, grad_dtype, members, group, self.bucket_size,
+                                    expert=expert)
+                for (param_dtype, grad_dtype), members in self._group_params_for_buffers(params).items()]
+
+    def _make_bucket_groups(self, buffers: list[_ParamAndGradBuffer], first_index: int,
+                            gradient_scaling_factor: float | None) -> list[_ParamAndGradBucketGroup]:
+        """One group per bucket, numbered from first_index. The forward pass needs the last bucket (first layers)
+        first; each all-gather hands on to the one before."""
+        groups = [_ParamAndGradBucketGroup([bucket], self.ddp_config, buffer.data_parallel_group, first_index + i,
+                                           self.probes, gradient_scaling_factor)
+                  for i, (buffer, bucket) in enumerate((buf, b) for buf in buffers for b in buf.buckets)]
+        for later, earlier in zip(groups[1:], groups[:-1]):
+            later.next_param_gather_bucket_group = earlier
+        return groups
+
+    def _group_params_for_buffers(self, params: list[torch.nn.Parameter]) -> dict[
+            tuple[torch.dtype, torch.dtype], list[torch.nn.Parameter]]:
         groups: dict[tuple[torch.dtype, torch.dtype], list[torch.nn.Parameter]] = {}
-        for param in self.param_to_name:
+        for param in params:
             grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else param.dtype
             groups.setdefault((param.dtype, grad_dtype), []).append(param)
         return groups
@@ -84,7 +115,7 @@ class DistributedDataParallel(torch.nn.Module):
             if group is None:
                 continue
             waits = group.dp_size > 1 and (bool(group.param_gather_handles) or not group.param_gather_dispatched)
-            with self.probes.range(f"wait all-gather bucket{group.index}", "dp-wait", bucket=group.index) \
+            with self.probes.range(f"wait all-gather bucket{group.index}", "dp-wait", **group.attrs) \
                     if waits else nullcontext():
                 group.finish_param_sync()
 
@@ -128,4 +159,8 @@ class DistributedDataParallel(torch.nn.Module):
             group.reset()
 
     def inventory(self) -> list[dict[str, Any]]:
-        return [record for i, buffer in enumerate(self.buffers) for record in buffer.inventory(f"ddp.buffer{i}")]
+        """Dense buffers as ddp.buffer{i}, expert ones as ddp.expert_buffer{j} (their records carry expert=True)."""
+        dense = [b for b in self.buffers if not b.expert]
+        expert = [b for b in self.buffers if b.expert]
+        return ([record for i, buffer in enumerate(dense) for record in buffer.inventory(f"ddp.buffer{i}")] +
+                [record for j, buffer in enumerate(expert) for record in buffer.inventory(f"ddp.expert_buffer{j}")])

@@ -1,6 +1,8 @@
 """finalize_model_grads: everything between the last backward and optimizer.step() (docs/engine.md).
 
-1. Finish the DP reduction of every model chunk (waits for the overlapped collectives, or runs them now).
+1. Finish the DP reduction of every model chunk (waits for the overlapped collectives, or runs them now): its dense
+   buckets over dp x cp and, in an MoE model, its expert buckets over the expert-data-parallel group (DDP's
+   bucket_groups hold both).
 2. Sum over TP the gradients of parameters replicated across TP under sequence parallelism (`sequence_parallel`
    attribute, RMSNorm weights): each TP rank saw only its slice of the sequence, so each holds a partial gradient.
 3. Tied embeddings under PP > 1: sum the gradients of the two copies of the word embeddings (first stage's embedding,

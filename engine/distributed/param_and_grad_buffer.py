@@ -134,13 +134,23 @@ class _ParamAndGradBucketGroup:
     Param sync (distributed optimizer only): an all-gather of each bucket's param_data from the owners' shards.
     Over a DP group of one rank both are the identity (the average of one gradient, a shard that is the whole
     bucket): no collective is issued and none is announced to the probes, since nothing moves.
+
+    Expert buckets (`expert`, parameters with allreduce False) are reduced over the expert-data-parallel group, which
+    is smaller than the group their tokens came from: each expert's gradient already sums over the EP ranks that
+    routed tokens to it. So they are not averaged over their own group but scaled by gradient_scaling_factor
+    (1/(dp x cp), as Megatron's expert_gradient_scaling_factor) and summed; the scaling happens even when the expert
+    group has one rank and nothing is communicated. Their probe ranges carry expert=True.
     """
 
     def __init__(self, buckets: list[_ParamAndGradBucket], ddp_config: DistributedDataParallelConfig,
-                 data_parallel_group: Any, index: int, probes: Any):
+                 data_parallel_group: Any, index: int, probes: Any, gradient_scaling_factor: float | None = None):
+        """gradient_scaling_factor None: average over data_parallel_group (dense); else scale, then sum (expert)."""
         self.buckets = buckets
         self.ddp_config = ddp_config
         self.data_parallel_group = data_parallel_group
+        self.gradient_scaling_factor = gradient_scaling_factor
+        # Probe attributes: dense ranges keep exactly their old attributes; expert ones add expert=True.
+        self.attrs: dict[str, Any] = {"bucket": index, **({"expert": True} if gradient_scaling_factor else {})}
         self.dp_size = data_parallel_group.size()
         self.dp_rank = data_parallel_group.rank()
         self.index = index
@@ -167,20 +177,23 @@ class _ParamAndGradBucketGroup:
         if self.grad_reduce_issued:
             return
         self.grad_reduce_issued = True
+        if self.gradient_scaling_factor is not None:
+            for bucket in self.buckets:
+                bucket.grad_data.mul_(self.gradient_scaling_factor)
         if self.dp_size == 1:
             return
         async_op = self.ddp_config.overlap_grad_reduce
         kind = "reduce-scatter" if self.ddp_config.use_distributed_optimizer else "all-reduce"
+        op = dist.ReduceOp.AVG if self.gradient_scaling_factor is None else dist.ReduceOp.SUM
         for bucket, shard in zip(self.buckets, self.grad_shards):
-            token = self.probes.comm_begin(f"{kind} bucket{self.index}", "dp-comm", bucket=self.index,
+            token = self.probes.comm_begin(f"{kind} bucket{self.index}", "dp-comm", **self.attrs,
                                            bytes=bucket.grad_data.numel() * bucket.grad_data.element_size(),
                                            numel=bucket.grad_data.numel())
             if self.ddp_config.use_distributed_optimizer:
-                work = _reduce_scatter(shard, bucket.grad_data, op=dist.ReduceOp.AVG,
-                                       group=self.data_parallel_group, async_op=async_op)
-            else:
-                work = dist.all_reduce(bucket.grad_data, op=dist.ReduceOp.AVG, group=self.data_parallel_group,
+                work = _reduce_scatter(shard, bucket.grad_data, op=op, group=self.data_parallel_group,
                                        async_op=async_op)
+            else:
+                work = dist.all_reduce(bucket.grad_data, op=op, group=self.data_parallel_group, async_op=async_op)
             self.grad_reduce_handles.append((work, token))
         if not async_op:
             self._wait(self.grad_reduce_handles)
@@ -210,7 +223,7 @@ class _ParamAndGradBucketGroup:
         if not self.param_gather_dispatched and self.dp_size > 1:
             async_op = self.ddp_config.overlap_param_gather and not force_sync
             for bucket, shard in zip(self.buckets, self.param_shards):
-                token = self.probes.comm_begin(f"all-gather bucket{self.index}", "dp-comm", bucket=self.index,
+                token = self.probes.comm_begin(f"all-gather bucket{self.index}", "dp-comm", **self.attrs,
                                                bytes=bucket.param_data.numel() * bucket.param_data.element_size(),
                                                numel=bucket.param_data.numel())
                 work = _all_gather(bucket.param_data, shard, group=self.data_parallel_group, async_op=async_op)
@@ -238,15 +251,20 @@ class _ParamAndGradBucketGroup:
 
 
 class _ParamAndGradBuffer:
-    """One contiguous param_data and grad_data for the params of one (param dtype, grad dtype)."""
+    """One contiguous param_data and grad_data for the params of one (param dtype, grad dtype), dense or expert.
+
+    An expert buffer (`expert`: Megatron's expert_parallel_buffers) holds parameters with allreduce False; its
+    data_parallel_group is the expert-data-parallel group, which both its padding (shards over that group's size)
+    and the distributed optimizer's shards follow."""
 
     def __init__(self, ddp_config: DistributedDataParallelConfig, param_dtype: torch.dtype,
                  grad_dtype: torch.dtype, params: list[torch.nn.Parameter], data_parallel_group: Any,
-                 bucket_size: int | None):
+                 bucket_size: int | None, expert: bool = False):
         self.ddp_config = ddp_config
         self.param_dtype = param_dtype
         self.grad_dtype = grad_dtype
         self.data_parallel_group = data_parallel_group
+        self.expert = expert
         self.dp_size = data_parallel_group.size()
         self.layout = build_buffer_layout([p.numel() for p in params], bucket_size, self.dp_size,
                                           ddp_config.use_distributed_optimizer, ddp_config.alignment_padding,
@@ -279,5 +297,6 @@ class _ParamAndGradBuffer:
                     "numel": b.grad_data.numel(), "padding": b.padding} for b in self.buckets]
         return [{"name": f"{name}.{kind}", "kind": kind.replace("_data", "_buffer"), "dtype": str(t.dtype),
                  "numel": t.numel(), "bytes": t.numel() * t.element_size(), "padding": self.layout.padding,
-                 "padding_bytes": self.layout.padding * t.element_size(), "buckets": buckets}
+                 "padding_bytes": self.layout.padding * t.element_size(), "buckets": buckets,
+                 **({"expert": True} if self.expert else {})}
                 for kind, t in (("param_data", self.param_data), ("grad_data", self.grad_data))]

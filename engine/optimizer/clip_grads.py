@@ -5,10 +5,15 @@ gradient on every TP rank, so only TP rank 0 counts it; TP-sharded parameters ar
 stage's copy of tied embeddings (`shared`) is not counted: the first stage's holds the same gradient. The squared
 sums are then all-reduced over the groups that together hold one copy of every gradient element: the model-parallel
 group (TP x PP), plus the DP group when the distributed optimizer holds only a shard of each bucket.
+
+Expert parameters (MoE) are a second part with groups of its own: each rank of the expert model-parallel group
+"expt_mp" (TP x EP x PP) holds different experts, so their squared sum is all-reduced over that group (plus
+"expt_dp" when sharded), while the dense part's stays as above: ranks of one EP group hold the same dense
+parameters. The norm is the square root of the two parts' sum (Megatron sums its chained optimizers' norms alike).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -24,14 +29,24 @@ def param_is_not_shared(param: torch.nn.Parameter) -> bool:
     return not getattr(param, "shared", False)
 
 
-def get_grad_norm_fp32(grads_for_norm: list[torch.Tensor], groups: list[Any], device: torch.device) -> torch.Tensor:
-    """L2 norm over every rank's grads, as a device tensor: no host sync until someone reads it."""
+def grad_norm_squared(grads_for_norm: list[torch.Tensor], groups: list[Any], device: torch.device) -> torch.Tensor:
+    """The squared L2 norm of one part's grads summed over `groups`: every rank of them must call it."""
     if grads_for_norm:
         total = torch.stack(torch._foreach_norm(grads_for_norm)).square().sum()
     else:
         total = torch.zeros((), dtype=torch.float32, device=device)
     for group in groups:
         dist.all_reduce(total, group=group)
+    return total
+
+
+def get_grad_norm_fp32(parts: Sequence[tuple[list[torch.Tensor], list[Any]]], device: torch.device) -> torch.Tensor:
+    """L2 norm over every rank's grads, each part (grads, the groups its squared sum is reduced over) on its own, as a
+    device tensor: no host sync until someone reads it."""
+    squares = [grad_norm_squared(grads, groups, device) for grads, groups in parts]
+    total = squares[0]
+    for square in squares[1:]:
+        total = total + square
     return total.sqrt()
 
 

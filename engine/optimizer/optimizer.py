@@ -18,7 +18,8 @@ Precision follows Megatron's MixedPrecisionOptimizer:
 The inner optimizer is torch's AdamW (decoupled weight decay, as Megatron's Adam); 1-D parameters and biases get
 no weight decay, Megatron's default. Fused kernels on CUDA, foreach elsewhere. The grad norm counts each gradient
 element once: TP-duplicated parameters on TP rank 0 only, and of tied embeddings split over pipeline stages only the
-first stage's copy (the last stage's is marked `shared`, Megatron's param_is_not_shared).
+first stage's copy (the last stage's is marked `shared`, Megatron's param_is_not_shared). In an MoE model the expert
+buffers' pieces are the norm's second part, reduced over the expert groups (clip_grads).
 """
 from __future__ import annotations
 
@@ -92,12 +93,16 @@ class MegatronOptimizer:
         self.model_grads: list[torch.Tensor] = []  # the same pieces of the grad buffers
         decays: list[bool] = []
         self.counts_for_norm: list[bool] = []
+        self.is_expert: list[bool] = []  # the piece lies in an expert buffer
+        # An MoE model's ranks all join the expert part of the norm, even one holding no expert piece.
+        self.has_experts = "expt_mp" in parallel_state.groups
         for chunk in model_chunks:
             for buffer in chunk.buffers:
                 for param, lo, hi in self._owned_pieces(buffer):
                     self.model_params.append(buffer.param_data[lo:hi])
                     self.model_grads.append(buffer.grad_data[lo:hi])
                     decays.append(not _no_weight_decay(chunk.param_to_name[param], param))
+                    self.is_expert.append(buffer.expert)
                     self.counts_for_norm.append(param_is_not_shared(param) and
                                                 param_is_not_tensor_parallel_duplicate(param, parallel_state.tp_rank))
         self.main_params, self.main_param_storage = _fp32_views(self.model_params)
@@ -122,8 +127,9 @@ class MegatronOptimizer:
                 if part is not None:
                     yield param, start + part[0], start + part[1]
 
-    def _grad_stats_groups(self) -> list[Any]:
-        return [self.parallel_state.groups["mp"]]
+    def _grad_stats_groups(self, expert: bool) -> list[Any]:
+        """The groups one part's squared grad norm is summed over: those holding other elements of it."""
+        return [self.parallel_state.groups["expt_mp" if expert else "mp"]]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -146,8 +152,8 @@ class MegatronOptimizer:
     @torch.no_grad()
     def step(self) -> tuple[bool, float]:
         main_grads = self._copy_model_grads_to_main_grads()
-        grads_for_norm = [g for g, counts in zip(main_grads, self.counts_for_norm) if counts]
-        grad_norm = get_grad_norm_fp32(grads_for_norm, self._grad_stats_groups(), self.device)
+        grad_norm = get_grad_norm_fp32([self._norm_part(main_grads, expert) for expert in
+                                        ((False, True) if self.has_experts else (False,))], self.device)
         if self.train.clip_grad > 0.0 and main_grads:
             clip_grad_by_total_norm_fp32(main_grads, self.train.clip_grad, grad_norm)
         self.optimizer.step()
@@ -155,6 +161,11 @@ class MegatronOptimizer:
         self._sync_params()
         # The one host sync of the step, after every kernel and collective of it has been issued.
         return True, float(grad_norm)
+
+    def _norm_part(self, main_grads: list[torch.Tensor], expert: bool) -> tuple[list[torch.Tensor], list[Any]]:
+        """The dense (expert False) or expert grads that count for the norm, and the groups their sum spans."""
+        grads = [g for g, counts, e in zip(main_grads, self.counts_for_norm, self.is_expert) if counts and e == expert]
+        return grads, self._grad_stats_groups(expert)
 
     def _sync_params(self) -> None:
         """Make every rank's model params current after the update; replicas already are unless sharded."""
