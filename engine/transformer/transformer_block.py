@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from common.config import ModelConfig, RecomputeConfig
 from common.errors import ConfigError
 from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.moe.moe_layer import MoEContext
 from engine.transformer.rms_norm import RMSNorm
 from engine.transformer.transformer_layer import TransformerLayer
 
@@ -59,12 +60,13 @@ def recompute_segments(num_layers: int, recompute: RecomputeConfig) -> list[tupl
 class TransformerBlock(torch.nn.Module):
     def __init__(self, config: ModelConfig, layer_numbers: list[int], *, post_process: bool, tp: TPGroup,
                  sequence_parallel: bool, params_dtype: torch.dtype, device: torch.device | str, seed: int,
-                 recompute: RecomputeConfig = RecomputeConfig()):
+                 recompute: RecomputeConfig = RecomputeConfig(), moe: MoEContext | None = None):
+        """moe: what MoE layers need (config.is_moe), handed to every layer."""
         super().__init__()
         self.layers = torch.nn.ModuleList(
             TransformerLayer(config, n, tp=tp, sequence_parallel=sequence_parallel, params_dtype=params_dtype,
                              device=device, seed=seed,
-                             checkpoint_core_attention=recompute.recompute_granularity == "selective")
+                             checkpoint_core_attention=recompute.recompute_granularity == "selective", moe=moe)
             for n in layer_numbers)
         self.segments = recompute_segments(len(self.layers), recompute)
         self.final_layernorm = (RMSNorm(config.hidden_size, config.norm_epsilon, sequence_parallel=sequence_parallel,

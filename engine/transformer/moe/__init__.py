@@ -1,0 +1,2 @@
+"""Mixture of experts (Megatron's MoELayer with the all-to-all token dispatcher): docs/engine.md, "Mixture of
+experts"."""
