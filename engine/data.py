@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import torch
 
 from common.config import RunConfig
+from engine.context_parallel import get_batch_on_this_cp_rank
 from engine.data_loader import Prefetcher
 from engine.datasets.builder import build_train_dataset
 from probes.probe_set import NullProbeSet
@@ -35,8 +36,8 @@ PREFETCH_MIN = 2  # micro-batches built ahead at least; else two iterations', re
 
 @dataclass
 class MicroBatch:
-    tokens: torch.Tensor | None  # [mbs, seq] int64; only the first pipeline stage reads it
-    labels: torch.Tensor | None  # [mbs, seq] int64, the next tokens; only the last pipeline stage reads it
+    tokens: torch.Tensor | None  # [mbs, seq / cp] int64; only the first pipeline stage reads it
+    labels: torch.Tensor | None  # [mbs, seq / cp] int64, the next tokens; only the last pipeline stage reads it
 
 
 class MockGPTDataset:
@@ -98,11 +99,15 @@ class MicroBatchIterator(Iterator[MicroBatch]):
     number of micro-batches served: a checkpoint saves it, and setting it (a checkpoint restored) restarts the
     prefetcher there, so a resumed run reads the same batches as a straight one. `next` adds the time it blocked on
     the queue to `wait_s` (inside a "data-wait" probe range); `take_wait_s` hands the step's total to the step record.
-    A chunk that reads neither tokens nor labels (a middle pipeline stage) runs no thread and never waits."""
+    A chunk that reads neither tokens nor labels (a middle pipeline stage) runs no thread and never waits.
+    Under context parallelism every CP rank of a DP rank builds the same whole samples and keeps its two chunks of
+    tokens and labels (engine.context_parallel), after the copy to the device, as Megatron cuts its batch."""
 
     def __init__(self, dataset: MockGPTDataset | TokenSamples, run_config: RunConfig, dp_rank: int, dp_size: int,
-                 device: torch.device, *, needs_tokens: bool, needs_labels: bool, probes: Any = None):
+                 device: torch.device, *, needs_tokens: bool, needs_labels: bool, probes: Any = None,
+                 cp_size: int = 1, cp_rank: int = 0):
         self.device, self.probes = device, probes if probes is not None else NullProbeSet()
+        self.cp_size, self.cp_rank = cp_size, cp_rank
         self.batches = HostBatches(dataset, run_config, dp_rank, dp_size, pin=device.type == "cuda")
         self.num_microbatches = run_config.num_microbatches
         self.depth = max(PREFETCH_MIN, 2 * self.num_microbatches)
@@ -145,8 +150,11 @@ class MicroBatchIterator(Iterator[MicroBatch]):
         self.wait_s += waited
         if self.device.type == "cuda":
             batch = batch.to(self.device, non_blocking=True)
-        return MicroBatch(tokens=batch[:, :-1] if self.needs_tokens else None,
-                          labels=batch[:, 1:] if self.needs_labels else None)
+        return MicroBatch(tokens=self._on_this_cp_rank(batch[:, :-1]) if self.needs_tokens else None,
+                          labels=self._on_this_cp_rank(batch[:, 1:]) if self.needs_labels else None)
+
+    def _on_this_cp_rank(self, tensor: torch.Tensor) -> torch.Tensor:
+        return get_batch_on_this_cp_rank(tensor, self.cp_size, self.cp_rank)
 
     def take_wait_s(self) -> float:
         """The seconds `next` blocked since the last call (the step's data wait), and start counting afresh."""
@@ -181,5 +189,6 @@ def build_data_iterators(run_config: RunConfig, parallel_state, device: torch.de
     ps = parallel_state
     return [MicroBatchIterator(dataset, run_config, ps.dp_rank, ps.dp_size, device,
                                needs_tokens=ps.is_pipeline_first_stage and chunk == 0,
-                               needs_labels=ps.is_pipeline_last_stage and chunk == vpp - 1, probes=probes)
+                               needs_labels=ps.is_pipeline_last_stage and chunk == vpp - 1, probes=probes,
+                               cp_size=ps.cp_size, cp_rank=ps.cp_rank)
             for chunk in range(vpp)]

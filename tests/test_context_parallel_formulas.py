@@ -218,10 +218,12 @@ def test_simulate_places_a_cp_group_and_halves_the_activations(capsys):
     assert "cp" in two["step"]["per_stage"][0]["exposed_comm_s"]
 
 
-def test_train_still_refuses_context_parallelism_in_one_line(capsys):
-    code, out, err = run(capsys, "train", "--nproc-per-node", "2", "--context-parallel-size", "2")
+def test_train_refuses_a_sequence_that_does_not_split_into_2cp_chunks_in_one_line(capsys):
+    """The engine runs CP now (tests/test_context_parallel.py); a layout it cannot cut is still one line, exit 2,
+    before any rank starts: tiny's 32 tokens are not 2 x 3 chunks."""
+    code, out, err = run(capsys, "train", "--nproc-per-node", "3", "--model", "tiny", "--context-parallel-size", "3")
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and "--context-parallel-size 2: context parallelism is not implemented" in err
+    assert err.count("\n") == 1 and "not divisible by 2 x --context-parallel-size 3" in err
 
 
 def test_plan_names_cp_and_search_keeps_the_cp_it_is_given(capsys):

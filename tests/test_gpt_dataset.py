@@ -139,7 +139,8 @@ def test_each_data_parallel_rank_reads_its_slice_of_the_global_batch(tmp_path):
     dataset = build_train_dataset(run_config)
     batches = []
     for dp_rank in (0, 1):
-        state = SimpleNamespace(rank=dp_rank, dp_rank=dp_rank, dp_size=2, virtual_pipeline_size=None,
+        state = SimpleNamespace(rank=dp_rank, dp_rank=dp_rank, dp_size=2, cp_rank=0, cp_size=1,
+                                virtual_pipeline_size=None,
                                 is_pipeline_first_stage=True, is_pipeline_last_stage=True)
         (iterator,) = build_data_iterators(run_config, state, torch.device("cpu"))
         batches.append([next(iterator) for _ in range(run_config.num_microbatches * 2)])  # two iterations

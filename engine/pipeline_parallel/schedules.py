@@ -39,7 +39,7 @@ class ScheduleConfig:
     """Megatron's ModelParallelConfig fields that the schedules read.
 
     The pipelined schedules also need parallel_state (pipeline group and peers), the hidden size and the
-    activation dtype; the exchanged shape is tensor_shape when given, else [seq(/tp under sequence_parallel),
+    activation dtype; the exchanged shape is tensor_shape when given, else [seq/cp(/tp under sequence_parallel),
     micro_batch, hidden] from the seq_length / micro_batch_size the training loop passes."""
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
@@ -214,7 +214,8 @@ def _p2p_communicator(config: ScheduleConfig, seq_length: int | None, micro_batc
         if None in (seq_length, micro_batch_size, config.hidden_size):
             raise ValueError("the P2P tensor shape needs ScheduleConfig.tensor_shape, or seq_length, "
                              "micro_batch_size and ScheduleConfig.hidden_size")
-        shape = p2p_tensor_shape(seq_length, micro_batch_size, config.hidden_size,
+        # A CP rank's activation holds its s/cp tokens (Megatron's get_tensor_shapes).
+        shape = p2p_tensor_shape(seq_length // config.parallel_state.cp_size, micro_batch_size, config.hidden_size,
                                  tensor_model_parallel_size=config.parallel_state.tp_size,
                                  sequence_parallel=config.sequence_parallel)
     return P2PCommunicator(config.parallel_state, shape, config.pipeline_dtype, device, config.probes)

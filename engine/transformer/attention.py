@@ -19,6 +19,10 @@ under torch.utils.checkpoint and redoes it in backward. What that frees here is 
 already keeps no s x s scores: SDPA's saved q, k and v stay alive as the checkpoint's inputs, and its output stays
 alive as linear_proj's saved input, so only the fp32 logsumexp (4 bytes per head per token) goes. The rest of the
 layer is unchanged. docs/formulas.md ("Recompute") has the accounting; tests/test_recompute.py measures it.
+
+Under context parallelism (set_context_parallel, called by the model for C > 1) core attention is ring attention
+(engine/transformer/ring_attention.py) over the CP group instead of SDPA; the checkpoint wraps it the same way, so a
+selective re-run repeats its forward ring exchanges. With C = 1 the SDPA call is untouched.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from engine.jit import jit_fuser
 from engine.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
+from engine.transformer.ring_attention import CPGroup, ring_attention
 from engine.transformer.rotary import apply_rotary_pos_emb
 
 
@@ -56,6 +61,7 @@ class SelfAttention(torch.nn.Module):
                  checkpoint_core_attention: bool = False):
         super().__init__()
         self.checkpoint_core_attention = checkpoint_core_attention
+        self.context_parallel: CPGroup | None = None
         n_q, n_kv, d = config.num_attention_heads, config.num_query_groups, config.head_dim
         if n_q % n_kv or n_kv % tp.size:
             raise ValueError(f"attention: {n_q} heads / {n_kv} query groups do not split over TP {tp.size}")
@@ -86,6 +92,12 @@ class SelfAttention(torch.nn.Module):
             out = self.core_attention(q, k, v)
         return self.linear_proj(out.permute(2, 0, 1, 3).reshape(s, b, -1))
 
+    def set_context_parallel(self, cp: CPGroup) -> None:
+        """Attend over the whole sequence of the CP group's ranks (ring attention) when the group has more than one."""
+        self.context_parallel = cp if cp.size > 1 else None
+
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d), causal) v on [b, heads, s, d]; GQA reads KV head i // heads per group."""
+        if self.context_parallel is not None:
+            return ring_attention(q, k, v, self.context_parallel)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads_per_group > 1)
