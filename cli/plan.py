@@ -31,12 +31,35 @@ def _other_recompute_modes(memory: dict[str, Any], stage: int) -> str:
                      if label != memory["recompute"])
 
 
+def _moe_lines(moe: dict[str, Any]) -> list[str]:
+    """Dense and expert parts per rank and the all-to-all of each stage (plan["moe"], MoE models only)."""
+    cf = moe["capacity_factor"]
+    capacity = (f", capacity factor {cf:g} ({moe['expert_capacity']} assignments an expert per rank and micro-batch)"
+                if cf is not None else ", no capacity (nothing dropped)")
+    lines = ["", f"mixture of experts: {moe['num_experts']} experts of f {moe['expert_ffn_hidden_size']}, top-"
+                 f"{moe['topk']}{capacity}; ep {moe['ep']} ({moe['experts_per_rank']} experts a rank and layer), "
+                 f"expert dp {moe['expert_dp']}, expert tp {moe['expert_tp']}; {moe['params_active']:,} parameters "
+                 f"active per token ({moe['params_experts_total']:,} in experts)",
+             f"  {moe['tokens_per_rank_per_microbatch']:,} tokens a rank and micro-batch, "
+             f"{moe['kept_assignments_per_rank_per_microbatch']:,} kept assignments [{moe['convention']}]"]
+    for i, stage in enumerate(moe["per_stage"]):
+        pa, sb = stage["params"], stage["static_bytes"]
+        lines.append(f"  stage {i}: parameters dense {pa['dense']:,}, expert {pa['expert']:,}; static dense "
+                     f"{size(sb['dense']['total'])}, expert {size(sb['expert']['total'])} (padding "
+                     f"{size(sb['expert']['padding'])})")
+        for name, c in stage["all_to_all"].items():
+            lines.append(f"    {name}: {c['calls']} all-to-alls, size {size(c['size_bytes'])} a step, "
+                         f"{size(c['remote_bytes'])} leaving the rank")
+    return lines
+
+
 def render(plan: dict[str, Any]) -> str:
     c, pa, me, pi, co, fl = (plan[k] for k in ("config", "params", "memory", "pipeline", "comm", "flops"))
     vpp = f" x vpp {c['vpp']}" if c["vpp"] else ""
     lines = [
         f"model {c['model'] or 'custom'}: world {c['world_size']} = tp {c['tp']} x pp {c['pp']}{vpp}"
         f"{' x cp ' + str(c['cp']) if c['cp'] > 1 else ''} x dp {c['dp']}"
+        f"{' (ep ' + str(c['ep']) + ')' if c['ep'] > 1 else ''}"
         f"{' + SP' if c['sequence_parallel'] else ''}; {c['params_dtype']} params, {c['grad_dtype']} grads, "
         f"{c['strategy']}; seq {c['seq_length']}, micro {c['micro_batch_size']}, global {c['global_batch_size']}",
         f"parameters: {pa['total']:,} total ({_embeddings(pa)}), {pa['per_layer']:,} per layer; vocab "
@@ -74,6 +97,8 @@ def render(plan: dict[str, Any]) -> str:
         "per token",
         f"FLOPs per step: {si(fl['palm_6n']['per_step'], 'FLOP')} [{fl['palm_6n']['convention']}]",
     ]
+    if "moe" in plan:
+        lines += _moe_lines(plan["moe"])
     return "\n".join(lines)
 
 

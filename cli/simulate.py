@@ -28,6 +28,7 @@ def _layout(d: dict[str, Any]) -> str:
     vpp = f" x vpp {d['vpp']}" if d["vpp"] else ""
     sp = " + SP" if d["sequence_parallel"] else ""
     cp = f" x cp {d['cp']}" if d["cp"] > 1 else ""
+    cp += f" (ep {d['ep']})" if d.get("ep", 1) > 1 else ""
     return (f"tp {d['tp']} x pp {d['pp']}{vpp}{cp} x dp {d['dp']}{sp}, micro {d['micro_batch_size']}, global "
             f"{d['global_batch_size']} ({d['num_microbatches']} micro-batches), seq {d['seq_length']}, recompute "
             f"{d['recompute']}, {d['strategy']}")
@@ -45,6 +46,17 @@ def render(sim: Simulation) -> str:
         lines.append(f"  stage {m['stage']}: {size(m['total'])} ({percent(m['of_hbm'])} of HBM) = static "
                      f"{size(m['static'])} + activations {size(m['activations'])} + outside PyTorch "
                      f"{size(m['outside_pytorch'])} (logits transient {size(m['logits_transient'])}, not added)")
+    if "moe" in d:
+        moe = d["moe"]
+        lines += ["", f"mixture of experts: {moe['num_experts']} experts, top-{moe['topk']}, ep {moe['ep']}, expert dp "
+                      f"{moe['expert_dp']}; {moe['params_active']:,} parameters active per token; compute priced as "
+                      f"a dense MLP of f {moe['dense_equivalent_ffn']:,}, all-to-alls exposed "
+                      f"({duration(moe['all_to_all_step_s'])} a step, uniform routing)"]
+        lines += [f"  stage {m['stage']}: parameters dense {m['params']['dense']:,}, expert {m['params']['expert']:,}; "
+                  f"static dense {size(m['static_bytes']['dense'])}, expert {size(m['static_bytes']['expert'])}; "
+                  f"all-to-all {m['all_to_all_calls']} calls, {size(m['all_to_all_bytes'])} a step "
+                  f"({size(m['all_to_all_remote_bytes'])} leaving the rank), {duration(m['all_to_all_s'])} on the "
+                  f"ep link" for m in moe["per_stage"]]
     lines += ["", f"step {duration(step['step_time_s'])} (critical stage {step['critical_stage']}):"]
     lines += [f"  {name:<30} {duration(seconds)}" for name, seconds in step["terms_s"].items()
               if abs(seconds) >= 1e-6]  # below a microsecond: rounding of the replay's clock

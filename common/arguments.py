@@ -190,7 +190,9 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     for key in _MOE_FLAGS:
         if getattr(ns, key) is not None:
             shape[key] = getattr(ns, key)
-    model = ModelConfig(**shape, untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights)
+    # A preset may be untied (Mixtral); the flag unties any shape, as Megatron's (there is no flag that ties).
+    untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
+    model = ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
 
     ws = world_size if world_size is not None else (ns.world_size if ns.world_size is not None else 1)
     parallel = ParallelConfig(world_size=ws, tensor_model_parallel_size=ns.tensor_model_parallel_size,

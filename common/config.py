@@ -253,6 +253,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                       num_query_groups=96, vocab_size=50257, seq_length=2048, max_position_embeddings=2048,
                       swiglu=False, add_bias_linear=True, normalization="LayerNorm",
                       position_embedding_type="learned_absolute"),
+    # Mixtral 8x7B (Jiang et al. 2024; the public config.json): Llama-style layers whose MLP is 8 SwiGLU experts of
+    # f 14336, each token routed to 2, untied output layer: 46,702,792,704 parameters (docs/formulas.md, "Mixture of
+    # experts"). The "-2l" cut keeps its shape at 2 layers (3.16 B parameters, ~57 GB of bf16 Adam state on one rank),
+    # so that one H200 trains it.
+    "mixtral-8x7b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                         num_query_groups=8, vocab_size=32000, seq_length=4096, max_position_embeddings=32768,
+                         rotary_base=1000000.0, num_experts=8, moe_router_topk=2,
+                         untie_embeddings_and_output_weights=True),
+    "mixtral-8x7b-2l": dict(num_layers=2, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                            num_query_groups=8, vocab_size=32000, seq_length=4096, max_position_embeddings=32768,
+                            rotary_base=1000000.0, num_experts=8, moe_router_topk=2,
+                            untie_embeddings_and_output_weights=True),
 }
 
 # Sizes far beyond any real run are refused rather than computed: the formulas enumerate layers and ranks, so a typo
@@ -392,6 +404,9 @@ def check_moe(cfg: RunConfig) -> None:
     """Megatron's validate_args for the MoE flags."""
     m, p = cfg.model, cfg.parallel
     ep = p.expert_model_parallel_size
+    cf = m.moe_expert_capacity_factor
+    if cf is not None and not (math.isfinite(cf) and cf > 0):
+        raise ConfigError(f"--moe-expert-capacity-factor must be a finite number > 0, got {cf}")
     if not m.is_moe:
         if ep > 1:
             raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
@@ -404,9 +419,6 @@ def check_moe(cfg: RunConfig) -> None:
     if p.world_size % expert_parallel:
         raise ConfigError(f"world size {p.world_size} is not divisible by tp {p.tensor_model_parallel_size} x "
                           f"ep {ep} x pp {p.pipeline_model_parallel_size} = {expert_parallel} (the expert grid)")
-    cf = m.moe_expert_capacity_factor
-    if cf is not None and not (math.isfinite(cf) and cf > 0):
-        raise ConfigError(f"--moe-expert-capacity-factor must be a finite number > 0, got {cf}")
     if m.moe_ffn_hidden_size is not None and m.moe_ffn_hidden_size % p.tensor_model_parallel_size:
         raise ConfigError(f"--moe-ffn-hidden-size {m.moe_ffn_hidden_size} is not divisible by "
                           f"--tensor-model-parallel-size {p.tensor_model_parallel_size}")
@@ -416,9 +428,6 @@ def check_engine_support(cfg: RunConfig) -> None:
     """What the ledger's formulas model (validate accepts it: plan, simulate, search) but the engine does not build.
     `train` calls this before any rank starts; the model refuses the same (engine.models)."""
     p = cfg.parallel
-    if p.context_parallel_size > 1:
-        raise ConfigError(f"--context-parallel-size {p.context_parallel_size}: context parallelism is not "
-                          "implemented by this engine (plan, simulate and search model it)")
     if cfg.model.is_moe and (p.tensor_model_parallel_size > 1 or p.context_parallel_size > 1):
         raise ConfigError("--num-experts: this engine's MoE layer runs without tensor or context parallelism "
                           f"(tp {p.tensor_model_parallel_size}, cp {p.context_parallel_size}); plan, simulate and "
@@ -510,7 +519,20 @@ def checkpoint_layout(cfg: RunConfig) -> dict[str, Any]:
             "use_distributed_optimizer": t.use_distributed_optimizer, "overlap_grad_reduce": t.overlap_grad_reduce,
             "ddp_bucket_size": t.ddp_bucket_size, "global_batch_size": t.global_batch_size,
             "micro_batch_size": t.micro_batch_size,
-            **{name: getattr(cfg.model, name) for name in LAYOUT_MODEL_FIELDS}}
+            **{name: getattr(cfg.model, name) for name in LAYOUT_MODEL_FIELDS},
+            "num_experts": cfg.model.num_experts,
+            "moe_ffn_hidden_size": cfg.model.expert_ffn_hidden_size if cfg.model.is_moe else None,
+            "expert_model_parallel_size": p.expert_model_parallel_size}
+
+
+# Keys added to layout.json after checkpoints were first written, with the value an older checkpoint meant.
+LAYOUT_DEFAULTS = {"num_experts": None, "moe_ffn_hidden_size": None, "expert_model_parallel_size": 1}
+
+
+def layout_differences(cfg: RunConfig, saved: dict[str, Any]) -> list[str]:
+    """The checkpoint_layout keys whose saved value differs from this run's (a key an older layout.json lacks
+    counts as its LAYOUT_DEFAULTS value): none means this rank's own file loads as it is."""
+    return [key for key, value in checkpoint_layout(cfg).items() if saved.get(key, LAYOUT_DEFAULTS.get(key)) != value]
 
 
 def latest_checkpoint(load_dir: str) -> int | None:
@@ -530,12 +552,13 @@ def latest_checkpoint(load_dir: str) -> int | None:
 
 def check_load_layout(cfg: RunConfig) -> None:
     """A checkpoint loads at another parallel layout (engine.checkpoint_reshard rebuilds each parameter's state by
-    name and cuts it anew: world size, tp, pp, cp, vpp, DDP buckets, micro-batch size), but only into the same model
-    shape, precision, optimizer and global batch size (the saved state and data position mean nothing in another):
-    those are refused up front, the first difference named, rather than failing inside the ranks."""
+    name and cuts it anew: world size, tp, pp, cp, vpp, ep, DDP buckets, micro-batch size), but only into the same
+    model shape (the number of experts included), precision, optimizer and global batch size (the saved state and
+    data position mean nothing in another): those are refused up front, the first difference named, rather than
+    failing inside the ranks."""
     reshardable = ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "context_parallel_size", "virtual_pipeline_model_parallel_size", "overlap_grad_reduce",
-                   "ddp_bucket_size", "micro_batch_size")
+                   "ddp_bucket_size", "micro_batch_size", "expert_model_parallel_size")
     load = cfg.checkpoint.load
     iteration = latest_checkpoint(load) if load is not None else None
     if iteration is None:
@@ -546,10 +569,13 @@ def check_load_layout(cfg: RunConfig) -> None:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--load {load}: cannot read {path.name} of {name}: {exc}") from exc
-    if not isinstance(saved, dict) or any(key not in saved for key in reshardable):
+    if not isinstance(saved, dict) or any(key not in saved and key not in LAYOUT_DEFAULTS for key in reshardable):
         raise ConfigError(f"--load {load}: {name}/{path.name} does not record the saving run's parallel layout")
-    for key, value in checkpoint_layout(cfg).items():
-        if key not in reshardable and saved.get(key) != value:
-            raise ConfigError(f"--load {load}: {name} was saved with {key} {saved.get(key)}, this run has {value}; a "
-                              "checkpoint reshards to another parallel layout, DDP bucket size or micro-batch size, "
-                              "but loads only into the same model shape, precision, optimizer and global batch size")
+    mine = checkpoint_layout(cfg)
+    for key in layout_differences(cfg, saved):
+        if key not in reshardable:
+            raise ConfigError(f"--load {load}: {name} was saved with {key} {saved.get(key, LAYOUT_DEFAULTS.get(key))}"
+                              f", this run has {mine[key]}; a checkpoint reshards to another parallel layout, DDP "
+                              "bucket size or micro-batch size, but loads only into the same model shape, precision, "
+                              "optimizer and global batch size")
+

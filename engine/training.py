@@ -33,6 +33,7 @@ from engine.tensor_parallel.layers import pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import split_qkv_and_rotate
 from engine.transformer.mlp import swiglu
+from engine.transformer.moe.moe_layer import moe_step_figures
 from probes.compute_sweep import EngineKernels
 from probes.probe_set import NullProbeSet
 
@@ -139,13 +140,14 @@ def forward_step(data_iterator, model: torch.nn.Module):
 def reduce_loss(losses: list[dict[str, torch.Tensor]], parallel_state: ParallelState,
                 device: torch.device) -> torch.Tensor:
     """The global batch's mean loss on every rank, without leaving the device: micro-batches have equal token
-    counts, so the mean of the micro-batch means, averaged over DP, is the mean over the global batch."""
+    counts, and so have the CP ranks' shares of a sequence, so the mean of the micro-batch means, averaged over
+    dp x cp (Megatron's dp_cp group), is the mean over the global batch."""
     ps = parallel_state
     if ps.is_pipeline_last_stage:
         loss = torch.stack([d["lm loss"] for d in losses]).mean()
-        if ps.dp_size > 1:
-            dist.all_reduce(loss, group=ps.groups["dp"])
-            loss = loss / ps.dp_size
+        if ps.dp_size * ps.cp_size > 1:
+            dist.all_reduce(loss, group=ps.groups["dp_cp"])
+            loss = loss / (ps.dp_size * ps.cp_size)
     else:
         loss = torch.zeros((), device=device)
     if ps.pp_size > 1:
@@ -207,7 +209,8 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
         steps.append(step)
         probes.step_end(iteration, loss=step.loss, lr=step.lr, grad_norm=step.grad_norm, tokens=tokens_per_step,
                         step_time_s=step.step_time_s, throughput=step.tflops_per_gpu,
-                        **data_wait_figures(data_iterators))  # the step's wait for data (docs/engine.md)
+                        **data_wait_figures(data_iterators),  # the step's wait for data (docs/engine.md)
+                        **moe_step_figures(model))  # routing counts per expert (docs/engine.md, "Mixture of experts")
         if iteration == start_iteration + 1:
             probes.memory_point("after_first_step", lambda: held_tensors(model, optimizer))
         if log and iteration % train.log_interval == 0:
@@ -227,9 +230,11 @@ def _inventory(model: list[DistributedDataParallel], optimizer) -> list[dict[str
 def collective_sweep(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
                      probes: Any) -> None:
     """The start-up bandwidth sweep (a no-op unless --bandwidth-sweep) at the sizes this run communicates: its DP
-    buckets, and the [s(/tp), b, h] activation that TP collectives and pipeline sends carry."""
+    buckets, and the [s/cp(/tp), b, h] activation that TP collectives and pipeline sends carry (a CP rank holds
+    s/cp tokens)."""
     buffers = [buffer for chunk in model for buffer in chunk.buffers]
-    seq = run_config.model.seq_length // (parallel_state.tp_size if run_config.parallel.sequence_parallel else 1)
+    seq = (run_config.model.seq_length // parallel_state.cp_size
+           // (parallel_state.tp_size if run_config.parallel.sequence_parallel else 1))
     probes.collective_sweep(parallel_state,
                             dp_bucket_numels=[b.grad_data.numel() for buffer in buffers for b in buffer.buckets],
                             dp_grad_dtype=buffers[0].grad_dtype, dp_param_dtype=buffers[0].param_dtype,

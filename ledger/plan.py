@@ -9,9 +9,16 @@ from typing import Any
 
 from common.config import RunConfig
 from ledger.formulas import activations, bubble, comm, flops, params
-from ledger.formulas.bytes_per_param import run_bytes_per_param, run_strategy
+from ledger.formulas.buffer_layout import expert_dp_size
+from ledger.formulas.bytes_per_param import bytes_per_param, run_bytes_per_param, run_strategy
 from ledger.formulas.peak_memory import stage_peaks
-from ledger.formulas.static_memory import static_bytes_max, static_bytes_per_stage
+from ledger.formulas.moe import expert_capacity, uniform_kept_assignments
+from ledger.formulas.static_memory import (
+    largest_dp_rank,
+    static_bytes_max,
+    static_bytes_per_stage,
+    static_bytes_split,
+)
 
 BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp32 main param + fp32 grad copy + "
                               "Adam m, v, sharded per strategy, after the first step (Megatron's table); no "
@@ -26,15 +33,49 @@ RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_
                         "input); full keeps each checkpointed group's input, plus one group rebuilt in backward")
 
 
+MOE_CONVENTION = ("per rank of each stage (tp 0, its largest dp x cp rank): dense parameters (attention, norms, "
+                  "router, embeddings) reduced and sharded over dp x cp, expert parameters (its E/EP experts a layer) "
+                  "over the expert-dp group; all-to-all under uniform routing (each expert gets T k / E of every "
+                  "rank's assignments, capped by the capacity factor): size = nccl-tests size, remote = what leaves "
+                  "the rank")
+
+
 def build_plan(cfg: RunConfig) -> dict[str, Any]:
-    return {"config": _config(cfg), "params": _params(cfg), "memory": _memory(cfg), "pipeline": _pipeline(cfg),
+    plan = {"config": _config(cfg), "params": _params(cfg), "memory": _memory(cfg), "pipeline": _pipeline(cfg),
             "comm": _comm(cfg), "flops": _flops(cfg)}
+    if cfg.model.is_moe:
+        plan["moe"] = _moe(cfg)
+    return plan
+
+
+def _moe(cfg: RunConfig) -> dict[str, Any]:
+    m, p = cfg.model, cfg.parallel
+    ep = p.expert_model_parallel_size
+    per_stage = []
+    for pp_rank in range(p.pipeline_model_parallel_size):
+        dp_rank, _ = largest_dp_rank(cfg, pp_rank)
+        split = static_bytes_split(cfg, 0, pp_rank, dp_rank)
+        a2a = comm.ep_collectives(cfg, pp_rank)
+        per_stage.append({
+            "params": params.params_per_rank_split(cfg, pp_rank),
+            "static_bytes": {part: b.to_dict() for part, b in split.items()},
+            "all_to_all": {name: {**c.to_dict(), "remote_bytes": c.bytes_per_rank} for name, c in a2a.items()}})
+    tokens = comm.routed_tokens(cfg)
+    return {"convention": MOE_CONVENTION, "num_experts": m.num_experts, "topk": m.moe_router_topk,
+            "expert_ffn_hidden_size": m.expert_ffn_hidden_size, "capacity_factor": m.moe_expert_capacity_factor,
+            "ep": ep, "experts_per_rank": m.num_experts // ep, "expert_dp": p.expert_data_parallel_size,
+            "expert_tp": p.tensor_model_parallel_size, "params_active": params.active_params(cfg),
+            "params_experts_total": params.expert_params_total(m),
+            "tokens_per_rank_per_microbatch": tokens,
+            "kept_assignments_per_rank_per_microbatch": uniform_kept_assignments(tokens, m),
+            "expert_capacity": expert_capacity(tokens, m), "per_stage": per_stage}
 
 
 def _config(cfg: RunConfig) -> dict[str, Any]:
     p, t = cfg.parallel, cfg.train
     return {"model": cfg.model_preset, "world_size": p.world_size, "tp": p.tensor_model_parallel_size,
             "pp": p.pipeline_model_parallel_size, "cp": p.context_parallel_size, "dp": p.data_parallel_size,
+            "ep": p.expert_model_parallel_size,
             "vpp": p.virtual_pipeline_model_parallel_size, "sequence_parallel": p.sequence_parallel,
             "params_dtype": t.params_dtype, "grad_dtype": t.grad_dtype, "strategy": run_strategy(cfg),
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
@@ -71,7 +112,7 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
         "bytes_per_param_after_optimizer_init": run_bytes_per_param(cfg, "after_optimizer_init").total,
         "static_bytes_per_rank_max": static_max, "static_rank_max": {"tp": rank_max[0], "pp": rank_max[1],
                                                                       "dp": rank_max[2]},
-        "static_bytes_per_rank_estimate": bpp.total * max(params.params_per_rank(cfg, i) for i in range(pp)),
+        "static_bytes_per_rank_estimate": max(_static_estimate(cfg, i) for i in range(pp)),
         "static_bytes_per_stage": [s.to_dict() for s in static_per_stage],
         "activation_bytes_per_layer": activations.layer_bytes(cfg),
         "activation_saved_tensors_per_layer": activations.layer_saved_tensors(cfg),
@@ -86,6 +127,14 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
+def _static_estimate(cfg: RunConfig, pp_rank: int) -> float:
+    """Bytes per parameter x parameters of a rank: expert parameters at their own sharding (the expert-dp group)."""
+    t = cfg.train
+    split = params.params_per_rank_split(cfg, pp_rank)
+    expert = bytes_per_param(t.params_dtype, t.grad_dtype, run_strategy(cfg), expert_dp_size(cfg)).total
+    return run_bytes_per_param(cfg).total * split["dense"] + expert * split["expert"]
+
+
 def _pipeline(cfg: RunConfig) -> dict[str, Any]:
     p = cfg.parallel.pipeline_model_parallel_size
     v, m = params.num_chunks(cfg), cfg.num_microbatches
@@ -98,7 +147,8 @@ def _pipeline(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _comm(cfg: RunConfig) -> dict[str, Any]:
-    per_stage = [comm.step_collectives(cfg, i) for i in range(cfg.parallel.pipeline_model_parallel_size)]
+    per_stage = [{**comm.step_collectives(cfg, i), **comm.ep_collectives(cfg, i)}
+                 for i in range(cfg.parallel.pipeline_model_parallel_size)]
     busiest: dict[str, float] = {}
     for stage in per_stage:
         for name, c in stage.items():

@@ -34,10 +34,10 @@ UNBOUNDED_COUNTS = {"--train-iters", "--global-batch-size", "--lr-decay-iters", 
                     "--save-interval"}  # longer than the run: never saves, as the seed's run.sh uses it (Megatron)
 BOUNDED_RATES = {"--adam-beta1", "--adam-beta2", "--attention-dropout", "--hidden-dropout"}
 # Flags where 0 is a meaning, not an error: no warm-up, no weight decay, no clipping, no NVML sampling, a zero init
-# for the tests' toys, seed 0, the first rank, no dropout (the only dropout accepted).
+# for the tests' toys, seed 0, the first rank, no dropout (the only dropout accepted), no load-balancing loss.
 ZERO_IS_VALID = {"--lr-warmup-iters", "--weight-decay", "--clip-grad", "--nvml-interval", "--init-method-std",
                  "--seed", "--node-rank", "--rank", "--lr", "--min-lr", "--adam-beta1", "--adam-beta2",
-                 "--attention-dropout", "--hidden-dropout", "--profile-ranks"}
+                 "--attention-dropout", "--hidden-dropout", "--profile-ranks", "--moe-aux-loss-coeff"}
 
 
 def numeric_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -105,7 +105,7 @@ def test_train_refuses_every_bad_number_before_starting_a_rank(flag, value):
 
 
 @SETTINGS
-@given(flag=st.sampled_from(["--world-size", "--tp", "--pp", "--cp", "--rank"]), value=BAD)
+@given(flag=st.sampled_from(["--world-size", "--tp", "--pp", "--cp", "--ep", "--rank"]), value=BAD)
 def test_groups_refuses_every_bad_number(flag, value):
     if value == "0" and flag == "--rank":
         return

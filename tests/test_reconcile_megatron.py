@@ -164,7 +164,8 @@ def test_megatron_arguments_become_our_flags():
 
 
 @pytest.mark.parametrize("changes, named", [
-    ({"num_experts": "8"}, ["num_experts=8"]),
+    # MoE is modelled, with the alltoall dispatcher; Megatron's default dispatcher (allgather) is not.
+    ({"num_experts": "8"}, ["moe_token_dispatcher_type=allgather"]),
     ({"add_qkv_bias": "True", "qk_layernorm": "True"}, ["add_qkv_bias=True", "qk_layernorm=True"]),
     ({"normalization": "RMSNormX"}, ["normalization=RMSNormX"]),
 ])

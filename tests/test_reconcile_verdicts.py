@@ -389,3 +389,43 @@ def test_a_row_without_its_time_model_prediction_says_so(base):
     rows = timer_rows(copy.deepcopy(base.ev), {})
     exposed = [r for r in rows if r.metric == "overlap.exposed_dp_comm_per_step"]
     assert exposed and all(r.verdict == "n/a" and NO_TIME_MODEL in r.explanation for r in exposed)
+
+
+# --- context parallel: ring attention's exchanges ------------------------------------------------------------------
+def ring_exchanges(waited: float) -> Callable[[RunEvidence], None]:
+    """A CP 2 run: each forward of the synthetic run gets one ring exchange ("cp-comm", issue -> wait returned) over
+    its middle half, whose last `waited` share is a "cp-wait" stall. Plumbing only: the figures are made up."""
+    def apply(ev: RunEvidence) -> None:
+        ev.config.parallel.context_parallel_size = 2
+        for r in ev.ranks.values():
+            added = []
+            for t in r.timing:
+                if t.get("category") == "forward":
+                    lo, hi = t["start_s"], t["end_s"]
+                    start, end = lo + (hi - lo) / 4, lo + 3 * (hi - lo) / 4
+                    added.append(dict(step=t["step"], name="cp sendrecv kv forward step0", category="cp-comm",
+                                      start_s=start, end_s=end, bytes=8192, async_comm=True))
+                    added.append(dict(step=t["step"], name="wait cp sendrecv kv forward step0", category="cp-wait",
+                                      start_s=end - waited * (end - start), end_s=end))
+            r.timing.extend(added)
+    return apply
+
+
+def cp_timers(ev: RunEvidence, summaries: dict, predicted: dict) -> list[Row]:
+    """The clean CP run waits for 5% of each exchange, unless the perturbation made its exchanges already."""
+    if not timings(ev, category="cp-comm"):
+        ring_exchanges(0.05)(ev)
+    return timers(ev, summaries, predicted)
+
+
+CP_CASE = Case("overlap.cp_exchange.hidden_fraction", dict(rank=0), cp_timers, perturb_ev=ring_exchanges(0.9))
+CASES["cp exchange hidden fraction (timers)"] = CP_CASE
+
+
+def test_a_ring_exchange_that_is_not_hidden_is_off(base):
+    """Clean: 5% of each exchange waited for (hidden 0.95, ok against the structural 1.0). Wrong: 90% waited for,
+    a tenth hidden: off."""
+    clean = pick(CP_CASE.rows(base, False, {}), CP_CASE)
+    assert clean.verdict == "ok" and clean.predicted == 1.0 and clean.measured == pytest.approx(0.95)
+    wrong = pick(CP_CASE.rows(base, True, {}), CP_CASE)
+    assert wrong.verdict == "off" and wrong.measured == pytest.approx(0.1), wrong

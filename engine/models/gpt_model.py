@@ -15,6 +15,10 @@ the same update.
 
 Every parameter's initial value depends only on (seed, its global name), so any TP / PP / VPP split of the model
 starts from the weights of the single-process model.
+
+Context parallelism (cp_size C > 1): the model sees s/C tokens, chunks i and 2C-1-i of the sequence
+(engine.context_parallel); RoPE rotates them at their true positions and every attention layer runs ring attention
+over the CP group. Nothing else in the model knows about CP: every other op is per token.
 """
 from __future__ import annotations
 
@@ -29,6 +33,9 @@ from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
+from engine.transformer.moe.moe_layer import MoEContext
+from engine.transformer.attention import SelfAttention
+from engine.transformer.ring_attention import CPGroup
 from engine.transformer.rotary import RotaryEmbedding
 from engine.transformer.transformer_block import TransformerBlock, get_layer_numbers
 from probes.probe_set import NullProbeSet
@@ -38,9 +45,11 @@ class GPTModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, parallel_state: Any, *, pre_process: bool, post_process: bool,
                  layer_numbers: list[int], sequence_parallel: bool, params_dtype: torch.dtype,
                  device: torch.device | str, probes: Any = NullProbeSet(), seed: int = 1234,
-                 recompute: RecomputeConfig = RecomputeConfig()):
+                 recompute: RecomputeConfig = RecomputeConfig(), num_microbatches: int = 1):
         """parallel_state needs tp_size, tp_rank and (when tp_size > 1) groups["tp"], and for tied embeddings split
-        over pipeline stages pp_size and groups["embedding"]; seed is --seed."""
+        over pipeline stages pp_size and groups["embedding"], for experts split over EP ep_size, ep_rank and
+        groups["ep"]; seed is --seed; num_microbatches is the schedule's per step (MoE: the load-balancing loss's
+        gradient scale)."""
         super().__init__()
         if not config.llama_style:  # the GPT style (GeLU MLP, biases, LayerNorm, learned positions): formulas only
             raise ConfigError(f"this engine builds the Llama-style layer only (SwiGLU, no biases, RMSNorm, RoPE), not "
@@ -59,10 +68,18 @@ class GPTModel(torch.nn.Module):
                 self.padded_vocab_size, config.hidden_size, tp=self.tp,
                 init=MasterWeightInit(std, seed, "embedding.word_embeddings.weight", config.vocab_size),
                 params_dtype=params_dtype, device=device, reduce_scatter_embeddings=self.sequence_parallel)
-        self.rotary_pos_emb = RotaryEmbedding(config.head_dim, config.rotary_base)
+        cp_size = parallel_state.cp_size
+        self.rotary_pos_emb = RotaryEmbedding(config.head_dim, config.rotary_base, cp_size, parallel_state.cp_rank)
         self.decoder = TransformerBlock(config, layer_numbers, post_process=post_process, tp=self.tp,
                                         sequence_parallel=self.sequence_parallel, params_dtype=params_dtype,
-                                        device=device, seed=seed, recompute=recompute)
+                                        device=device, seed=seed, recompute=recompute,
+                                        moe=(MoEContext.from_parallel_state(parallel_state, probes, num_microbatches)
+                                             if config.is_moe else None))
+        if cp_size > 1:
+            cp = CPGroup.from_parallel_state(parallel_state, probes)
+            for module in self.decoder.modules():
+                if isinstance(module, SelfAttention):
+                    module.set_context_parallel(cp)
         if post_process:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size, self.padded_vocab_size, tp=self.tp,
@@ -130,9 +147,6 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
                        probes: Any = NullProbeSet()) -> list[GPTModel]:
     """This rank's model: one GPTModel per virtual pipeline chunk (one without VPP)."""
     parallel, model_config = run_config.parallel, run_config.model
-    if parallel_state.cp_size > 1:
-        raise ConfigError(f"--context-parallel-size {parallel_state.cp_size}: context parallelism is not "
-                          "implemented in the model")
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     params_dtype = torch.bfloat16 if run_config.train.bf16 else torch.float32
     chunks = []
@@ -144,5 +158,6 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
             pre_process=parallel_state.is_pipeline_first_stage and chunk == 0,
             post_process=parallel_state.is_pipeline_last_stage and chunk == vpp - 1,
             layer_numbers=layers, sequence_parallel=parallel.sequence_parallel, params_dtype=params_dtype,
-            device=device, probes=probes, seed=run_config.train.seed, recompute=run_config.recompute))
+            device=device, probes=probes, seed=run_config.train.seed, recompute=run_config.recompute,
+            num_microbatches=run_config.num_microbatches))
     return chunks

@@ -11,7 +11,8 @@ run manifest with `RunConfig.from_dict`). docs/formulas.md has the derivations.
     static_memory   static bytes per (tp, pp, dp) rank, to the byte, by component
     activations     saved-for-backward bytes per layer / stage, 1F1B and interleaved in-flight counts, recompute
     bubble          pipeline bubble under its three conventions
-    comm            communication volume per step per rank, by collective
+    comm            communication volume per step per rank, by collective (the expert-parallel all-to-alls apart)
+    moe             mixture of experts: capacity, kept assignments, each EP rank's rows sent and received
     nccl_bw         nccl-tests algbw / busbw conversions
     flops           Megatron-LM's num_floating_point_operations, the 6N + 12Lhs convention, MFU
 """

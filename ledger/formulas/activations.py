@@ -26,6 +26,15 @@ K/V block it last received (the same size as the local k and v), the output and 
 above at s/C, exactly 1/C of CP1's for every term (all of them are proportional to s), the stage extras too (token
 ids, the final norm, the fp32 softmax of the loss over the rank's s/C tokens).
 
+Mixture of experts (docs/formulas.md, "Mixture of experts"): the MLP's three saved tensors give way to what our MoE
+layer (engine/transformer/moe) keeps, per micro-batch with T = the rank's tokens, k = top-k, E experts and R = the
+rows its experts process (uniform routing: the kept assignments, T k or fewer under a capacity factor,
+ledger/formulas/moe.py): the router's input a T h (the pre-MLP norm's output, as linear_fc1's input was), the top-k
+indices (int64) and softmax over the k chosen (fp32), T k each, and with a load-balancing loss its fp32 softmax over
+all E experts (T E); the dispatch's row index (int64, R); the experts' fc1 input a R h, SwiGLU input a R 2f_moe/t
+and fc2 input a R f_moe/t; the combine's slot index (int64, T k) and its fp32 copy of the expert rows it weights by
+the probabilities, 4 T k h (the product's gradient w.r.t. the probabilities needs them).
+
 In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
 min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is
 Megatron's (1 + (p - 1)/(p v)) x p micro-batches' worth of its layers (theoretical_memory_usage.py).
@@ -47,6 +56,7 @@ from dataclasses import dataclass
 
 from common.config import RecomputeConfig, RunConfig
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.formulas.moe import uniform_kept_assignments
 from ledger.formulas.params import num_chunks, padded_vocab_size
 
 NO_RECOMPUTE = RecomputeConfig()
@@ -96,8 +106,13 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     s, b, h, f = local_seq_length(cfg), cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
     q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
     a, sp = activation_bytes(cfg), _sp_div(cfg)
-    mlp = ({"swiglu.input=linear_fc1.output": a * s * b * 2 * f // t} if m.swiglu
-           else {"gelu.input=linear_fc1.output": a * s * b * f // t})
+    if m.is_moe:
+        mlp = moe_saved_tensors(cfg)
+    else:
+        mlp = {"linear_fc1.input": a * s * b * h // sp,
+               **({"swiglu.input=linear_fc1.output": a * s * b * 2 * f // t} if m.swiglu
+                  else {"gelu.input=linear_fc1.output": a * s * b * f // t}),
+               "linear_fc2.input": a * s * b * f // t}
     saved = {
         **_norm_saved(cfg, "input_layernorm"),
         "linear_qkv.input": a * s * b * h // sp,
@@ -107,13 +122,33 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "attention.output=linear_proj.input": a * s * b * q // t,
         "attention.logsumexp": 4 * b * (m.num_attention_heads // t) * s,
         **_norm_saved(cfg, "pre_mlp_layernorm"),
-        "linear_fc1.input": a * s * b * h // sp,
         **mlp,
-        "linear_fc2.input": a * s * b * f // t,
     }
     if cfg.recompute.recompute_granularity == "selective":
         saved = {name: n for name, n in saved.items() if name not in SELECTIVE_FREES}
     return saved
+
+
+def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
+    """What an MoE layer's MLP part saves for one micro-batch on one rank (module docstring), with the rows its
+    experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP)."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    tokens = local_seq_length(cfg) * cfg.train.micro_batch_size // _sp_div(cfg)
+    a, h, f, k = activation_bytes(cfg), m.hidden_size, m.expert_ffn_hidden_size, m.moe_router_topk
+    rows = uniform_kept_assignments(tokens, m)
+    aux = {"router.softmax_all_experts[fp32]": 4 * tokens * m.num_experts} if m.moe_aux_loss_coeff > 0 else {}
+    return {
+        "router.input=pre_mlp_layernorm.output": a * tokens * h,
+        "router.topk_indices[int64]": 8 * tokens * k,
+        "router.probs[fp32]": 4 * tokens * k,
+        **aux,
+        "dispatch.row_index[int64]": 8 * rows,
+        "experts.linear_fc1.input": a * rows * h,
+        "experts.swiglu.input=linear_fc1.output": a * rows * 2 * f // t,
+        "experts.linear_fc2.input": a * rows * f // t,
+        "combine.slot_index[int64]": 8 * tokens * k,
+        "combine.expert_rows[fp32]": 4 * tokens * k * h,
+    }
 
 
 def _norm_saved(cfg: RunConfig, name: str) -> dict[str, int]:

@@ -26,6 +26,13 @@ having computed gradients over its own part of the sequence): the buffers' paddi
 distributed optimizer's shards all use dp x cp (DistributedDataParallel's intra_dp_cp_group; training.py's
 bucket_size default). `dp_cp_size` is that size; at cp 1 it is dp.
 
+Mixture of experts (Megatron's expert_parallel_buffers): the expert weights (params.ParamTensor.expert) of a model
+chunk go into a buffer of their own, laid out by the same rule over the chunk's expert parameters alone, with "dp"
+the expert-data-parallel size (world / (tp x ep x pp): the ranks holding the same experts, over which their gradients
+are reduced and the distributed optimizer shards them): param starts at 64, bucket ends at lcm(expert dp, 128). The
+bucket size is the dense one (Megatron's DistributedDataParallel passes one bucket_size, from dp x cp, to both kinds
+of buffer). `rank_buffers` are the dense buffers, `expert_rank_buffers` the expert ones (none for a dense model).
+
 Speed (a layout search evaluates thousands of configs, each with up to hundreds of DP ranks): a rank's buffers are
 cached per the fields they depend on, and a layout's distributed-optimizer shards are counted for all DP ranks in one
 walk over its parameters.
@@ -123,31 +130,51 @@ def megatron_bucket_size(cfg: RunConfig, pp_rank: int, chunk: int) -> int | None
 
 
 def rank_buffers(cfg: RunConfig, pp_rank: int) -> list[BufferLayout]:
-    """The buffers of one rank of pipeline rank `pp_rank`, one per model chunk (identical on every TP / DP rank).
-    Read-only: the layouts are shared between calls with the same layout-deciding fields."""
+    """The dense buffers of one rank of pipeline rank `pp_rank`, one per model chunk (identical on every TP / DP
+    rank). Read-only: the layouts are shared between calls with the same layout-deciding fields."""
+    return list(_cached_buffers(cfg, pp_rank, expert=False))
+
+
+def expert_rank_buffers(cfg: RunConfig, pp_rank: int) -> list[BufferLayout]:
+    """The expert buffers of one rank of pipeline rank `pp_rank`, one per model chunk, padded and sharded over the
+    expert-data-parallel group (module docstring); [] for a dense model. The same on every EP rank (the names differ,
+    not the shapes)."""
+    return list(_cached_buffers(cfg, pp_rank, expert=True)) if cfg.model.is_moe else []
+
+
+def expert_dp_size(cfg: RunConfig) -> int:
+    """The ranks the expert buffers are reduced and sharded over (Megatron's expt_dp group)."""
+    return cfg.parallel.expert_data_parallel_size
+
+
+def _cached_buffers(cfg: RunConfig, pp_rank: int, expert: bool) -> tuple[BufferLayout, ...]:
     p, t = cfg.parallel, cfg.train
-    return list(_rank_buffers(tuple(getattr(cfg.model, name) for name in _MODEL_FIELDS), p.tensor_model_parallel_size,
-                              p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
-                              dp_cp_size(cfg), t.use_distributed_optimizer, t.overlap_grad_reduce,
-                              t.ddp_bucket_size, pp_rank))
+    return _rank_buffers(tuple(getattr(cfg.model, name) for name in _MODEL_FIELDS), p.tensor_model_parallel_size,
+                         p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
+                         p.expert_model_parallel_size, dp_cp_size(cfg), expert_dp_size(cfg) if expert else None,
+                         t.use_distributed_optimizer, t.overlap_grad_reduce, t.ddp_bucket_size, pp_rank)
 
 
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 
 
 @functools.lru_cache(maxsize=4096)
-def _rank_buffers(model: tuple, tp: int, pp: int, vpp: int | None, dp: int, distributed_optimizer: bool,
-                  overlap_grad_reduce: bool, ddp_bucket_size: int | None, pp_rank: int) -> tuple[BufferLayout, ...]:
-    """rank_buffers of a config rebuilt from exactly the fields the layout depends on (so the cache key is them); `dp`
-    is the reduction group's size (dp x cp), so the rebuilt config has cp 1."""
+def _rank_buffers(model: tuple, tp: int, pp: int, vpp: int | None, ep: int, dp: int, expert_dp: int | None,
+                  distributed_optimizer: bool, overlap_grad_reduce: bool, ddp_bucket_size: int | None,
+                  pp_rank: int) -> tuple[BufferLayout, ...]:
+    """The dense buffers (expert_dp None) or the expert ones of a config rebuilt from exactly the fields the layout
+    depends on (so the cache key is them); `dp` is the dense reduction group's size (dp x cp, which also sets the
+    bucket size), so the rebuilt config has cp 1; expert buffers are padded and sharded over `expert_dp`."""
     cfg = RunConfig(model=ModelConfig(*model),
                     parallel=ParallelConfig(world_size=tp * pp * dp, tensor_model_parallel_size=tp,
-                                            pipeline_model_parallel_size=pp,
+                                            pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
                                             virtual_pipeline_model_parallel_size=vpp),
                     train=TrainConfig(use_distributed_optimizer=distributed_optimizer,
                                       overlap_grad_reduce=overlap_grad_reduce, ddp_bucket_size=ddp_bucket_size),
                     probes=ProbeConfig())
-    return tuple(layout_buffer(chunk_tensors(cfg, pp_rank, c), megatron_bucket_size(cfg, pp_rank, c), dp,
+    expert = expert_dp is not None
+    return tuple(layout_buffer([t for t in chunk_tensors(cfg, pp_rank, c) if t.expert == expert],
+                               megatron_bucket_size(cfg, pp_rank, c), expert_dp if expert else dp,
                                distributed_optimizer) for c in range(vpp or 1))
 
 

@@ -1,7 +1,8 @@
 """Bytes of one rank's checkpoint file (engine/checkpointing.py), predicted from the config.
 
 What a rank's `torch.save` file holds, tensor by tensor (read engine.checkpointing.Checkpointer._state):
-- its model chunks' param buffers, padding included: static_memory's `param_buffer`;
+- its model chunks' param buffers, padding included (an MoE model's expert buffers too): static_memory's
+  `param_buffer`;
 - the fp32 main-param storage when params are 16-bit (fp32 params are their own main params, nothing is copied):
   `master_params`, over the elements this rank's optimizer owns (its shard's real elements under the distributed
   optimizer, every parameter element otherwise);
@@ -28,8 +29,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
-from ledger.formulas.buffer_layout import BufferLayout, dp_cp_size, rank_buffers
-from ledger.formulas.static_memory import static_bytes
+from ledger.formulas.buffer_layout import BufferLayout, dp_cp_size, expert_dp_size, expert_rank_buffers, rank_buffers
+from ledger.formulas.static_memory import expert_dp_rank_of, static_bytes
 
 TORCH_CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's mt19937 state, as a uint8 tensor
 ADAM_STEP_BYTES = 4  # torch's Adam keeps `step` as a 0-d fp32 tensor per parameter (piece)
@@ -70,10 +71,16 @@ def _pieces_in(layout: BufferLayout, ranges: list[tuple[int, int]]) -> int:
 def optimizer_pieces(cfg: RunConfig, pp_rank: int, dp_rank: int) -> int:
     """The rank's optimizer pieces (engine.optimizer: each parameter's part inside a range the rank updates): every
     parameter, or under the distributed optimizer each parameter that has elements in the rank's shard of its
-    bucket (a bucket splits into dp x cp equal contiguous shards, buffer_layout.shard_param_elements)."""
-    dp = dp_cp_size(cfg)
+    bucket (a bucket splits into dp x cp equal contiguous shards, buffer_layout.shard_param_elements; an expert
+    bucket into expert-dp shards, of which the rank owns its expert-dp index's)."""
+    expert_rank = expert_dp_rank_of(cfg, dp_rank)
+    return (_pieces(cfg, rank_buffers(cfg, pp_rank), dp_cp_size(cfg), dp_rank)
+            + _pieces(cfg, expert_rank_buffers(cfg, pp_rank), expert_dp_size(cfg), expert_rank))
+
+
+def _pieces(cfg: RunConfig, layouts: list[BufferLayout], dp: int, dp_rank: int) -> int:
     total = 0
-    for layout in rank_buffers(cfg, pp_rank):
+    for layout in layouts:
         if not cfg.train.use_distributed_optimizer:
             total += _pieces_in(layout, [(0, layout.numel)])
             continue
@@ -87,7 +94,7 @@ def checkpoint_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int) -
     """The tensors of one rank's checkpoint file, after at least one step (Adam's state exists)."""
     static = static_bytes(cfg, tp_rank, pp_rank, dp_rank, phase="after_first_step")
     pieces = optimizer_pieces(cfg, pp_rank, dp_rank)
-    buffers = len(rank_buffers(cfg, pp_rank))
+    buffers = len(rank_buffers(cfg, pp_rank)) + len(expert_rank_buffers(cfg, pp_rank))
     return CheckpointBytes(param_buffers=static.param_buffer, main_params=static.master_params,
                            adam_m=static.adam_m, adam_v=static.adam_v, adam_step=pieces * ADAM_STEP_BYTES,
                            rng=TORCH_CPU_RNG_STATE_BYTES,

@@ -36,6 +36,13 @@ rank of the ring and receives from the previous one:
   C - 1 forward messages.
 Counted per direction as the pipeline's are (`cp.send.*`, `cp.recv.*`, kind send_recv, bus factor 1). Not counted:
 the loss's CP reduction (Megatron reduces the loss and token counts once per step over dp_cp, a few bytes).
+Mixture of experts: the expert buffers (buffer_layout.expert_rank_buffers) are reduced (and under the distributed
+optimizer gathered) over the expert-data-parallel group, world / (tp x ep x pp) ranks; the engine reports them among
+its DP communication ("dp-comm" ranges), so they are named `dp.*.expert_*` and keyed by group kind "dp" with the
+expert-dp group's size. The expert-parallel all-to-alls (ledger/formulas/moe.py) are `ep_collectives`, predicted
+under uniform routing for `plan` and `simulate`; they stay out of `step_collectives`, whose figures the
+reconciliation judges as exact, because a run's volume follows its routing: ledger/reconcile/moe.py predicts it
+from the routing each step observed.
 Groups of one move nothing and are left out.
 """
 from __future__ import annotations
@@ -44,7 +51,8 @@ from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
 from ledger.formulas.activations import activation_bytes, checkpoint_groups, local_seq_length
-from ledger.formulas.buffer_layout import dp_cp_size, rank_buffers
+from ledger.formulas.buffer_layout import dp_cp_size, expert_dp_size, expert_rank_buffers, rank_buffers
+from ledger.formulas.moe import COUNT_BYTES, layer_volume, uniform_exchange
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.nccl_bw import bus_factor
 from ledger.formulas.params import chunk_layers, chunk_tensors, embedding_copy_on_last_stage, num_chunks
@@ -94,6 +102,16 @@ def dp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     else:
         _add(out, f"{group}.all_reduce.grads[{gdt}]",
              Collective(group, "all_reduce", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+    experts, edp = expert_rank_buffers(cfg, pp_rank), expert_dp_size(cfg)
+    numel, calls = sum(b.numel for b in experts), sum(len(b.buckets) for b in experts)
+    if t.use_distributed_optimizer:
+        _add(out, f"dp.reduce_scatter.expert_grads[{gdt}]",
+             Collective("dp", "reduce_scatter", edp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+        _add(out, f"dp.all_gather.expert_params[{pdt}]",
+             Collective("dp", "all_gather", edp, pdt, calls, numel * DTYPE_BYTES[pdt]))
+    else:
+        _add(out, f"dp.all_reduce.expert_grads[{gdt}]",
+             Collective("dp", "all_reduce", edp, gdt, calls, numel * DTYPE_BYTES[gdt]))
     return out
 
 
@@ -198,6 +216,37 @@ def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]
     out: dict[str, Collective] = {}
     _add(out, f"embedding.all_reduce.word_embedding_grads[{gdt}]",
          Collective("embedding", "all_reduce", 2, gdt, 1, shared.numel * DTYPE_BYTES[gdt]))
+    return out
+
+
+def routed_tokens(cfg: RunConfig) -> int:
+    """Tokens one rank routes per micro-batch: its s/C x b, split over TP under sequence parallelism (which Megatron
+    requires for MoE at tp > 1)."""
+    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
+    return local_seq_length(cfg) * cfg.train.micro_batch_size // sp
+
+
+def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """The expert-parallel all-to-alls of a step under uniform routing (ledger/formulas/moe.py): dispatch and combine
+    rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's re-run,
+    and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over TP
+    that Megatron adds around the experts at tp > 1."""
+    m, ep = cfg.model, cfg.parallel.expert_model_parallel_size
+    if not m.is_moe:
+        return {}
+    mb, dt = cfg.num_microbatches, cfg.train.params_dtype
+    row = activation_bytes(cfg) * m.hidden_size
+    x = uniform_exchange(routed_tokens(cfg), m, ep)
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    rerun = num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+    tokens = layer_volume(x, row * mb, mb, recomputed=False)
+    size = layers * tokens.size_bytes + rerun * (x.sent + x.received) * row * mb
+    calls = layers * tokens.calls + rerun * 2 * mb
+    counted = layers + rerun  # forwards, each preceded by a counts exchange
+    out: dict[str, Collective] = {}
+    _add(out, f"ep.all_to_all.tokens[{dt}]", Collective("ep", "all_to_all", ep, dt, calls, size))
+    _add(out, "ep.all_to_all.counts[int64]",
+         Collective("ep", "all_to_all", ep, "int64", counted * mb, counted * mb * m.num_experts * COUNT_BYTES))
     return out
 
 

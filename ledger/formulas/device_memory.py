@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import RunConfig
-from ledger.rank_groups import Layout, rank_groups_of
+from ledger.rank_groups import Layout, expert_group_lists, expert_layout, rank_groups_of
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "calibration"
 
@@ -57,11 +57,18 @@ class OutsidePyTorch:
 
 
 def communicators(cfg: RunConfig, rank: int) -> int:
-    """NCCL communicators a rank of this layout holds: the default group's and one per group kind it belongs to."""
+    """NCCL communicators a rank of this layout holds: the default group's and one per group kind it belongs to (an
+    MoE model's rank also joins one group of each kind of Megatron's expert grid, which the engine builds for MoE
+    models only)."""
     p = cfg.parallel
     layout = Layout.of(p.world_size, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
                        cp=p.context_parallel_size, order=p.order)
-    return 1 + len(rank_groups_of(layout, rank))
+    expert = 0
+    if cfg.model.is_moe:
+        expert = len(expert_group_lists(expert_layout(p.world_size, tp=p.tensor_model_parallel_size,
+                                                      pp=p.pipeline_model_parallel_size,
+                                                      ep=p.expert_model_parallel_size, order=p.order)))
+    return 1 + len(rank_groups_of(layout, rank)) + expert
 
 
 def outside_pytorch(cfg: RunConfig, rank: int, device: DeviceOverheads) -> OutsidePyTorch:

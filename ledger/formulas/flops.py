@@ -8,23 +8,27 @@ with q = n_q d (query projection width), kv = n_kv d, V the padded vocab, g the 
 and output projections, the logit GEMM (tied or not: the GEMM runs either way); the core attention QK^T and
 (softmax)V cost 2 x 2 B s^2 q forward, halved by the causal mask. Norms, RoPE, softmax, biases, position embeddings
 and activation recompute are not counted.
+Mixture of experts (Megatron's moe_layer term): each token runs k experts of f_moe, so the MLP term g h f becomes
+g h f_moe k; the router's [E, h] GEMM adds 2 h E per token per layer forward (x3), which Megatron's count leaves out
+and ours keeps (it runs). Dropped assignments are still counted (model FLOPs of the routing asked for), as Megatron.
 "palm_6n": PaLM (Chowdhery et al. 2022, app. B) as torchtitan computes it, per token:
     6 (N - N_embedding) + 12 L q s
 with no causal halving and N - N_embedding the parameters that are GEMM weights (biases and norms count in N, as
 torchtitan counts every parameter): N_embedding is the input embedding's own matrix, a lookup, and a learned
 position table, another lookup. Tied, the word matrix is also the logit GEMM's weight, so nothing is left out
 (torchtitan's literal count, deduplicated parameters minus nn.Embedding's, would drop the logit GEMM that still runs);
-the figure is the same tied or untied, as Megatron's.
+the figure is the same tied or untied, as Megatron's. For an MoE model N is the parameters a token passes through:
+the dense ones and k of the E experts per layer (params.active_params).
 """
 from __future__ import annotations
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas.params import component_counts, padded_vocab_size, params_total
+from ledger.formulas.params import active_params, component_counts, padded_vocab_size
 
 H200_BF16_DENSE_PEAK = 989e12
-MEGATRON = ("megatron: num_floating_point_operations (GQA, SwiGLU 3 or GeLU 2 MLP GEMMs, causal-halved attention), "
-            "per global batch")
+MEGATRON = ("megatron: num_floating_point_operations (GQA, SwiGLU 3 or GeLU 2 MLP GEMMs, causal-halved attention; "
+            "MoE: k experts of f_moe per token plus the router), per global batch")
 PALM_6N = "palm_6n: 6(N - N_embedding) + 12*L*q*s per token (PaLM / torchtitan), x tokens per global batch"
 
 
@@ -39,7 +43,10 @@ def megatron_flops_per_step(cfg: RunConfig) -> int:
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
     batch = cfg.train.global_batch_size
     mlp_gemms = 3 if m.swiglu else 2
-    linear = mlp_gemms * h * f * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
+    mlp = mlp_gemms * h * f
+    if m.is_moe:  # k SwiGLU experts of f_moe per token, and the router
+        mlp = 3 * h * m.expert_ffn_hidden_size * m.moe_router_topk + h * m.num_experts
+    linear = mlp * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
     return 6 * batch * s * linear + 6 * batch * s * s * q * L
 
 
@@ -49,7 +56,7 @@ def palm_flops_per_token(cfg: RunConfig) -> int:
     lookup_only = counts["embedding"] if m.untie_embeddings_and_output_weights else 0  # tied: also the logit GEMM's
     lookup_only += counts.get("position_embedding", 0)
     q = m.num_attention_heads * m.head_dim
-    return 6 * (params_total(cfg) - lookup_only) + 12 * m.num_layers * q * m.seq_length
+    return 6 * (active_params(cfg) - lookup_only) + 12 * m.num_layers * q * m.seq_length
 
 
 def mfu(flops_per_step: float, step_seconds: float, num_gpus: int, peak_flops: float = H200_BF16_DENSE_PEAK) -> float:

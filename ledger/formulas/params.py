@@ -14,6 +14,14 @@ stages hold `num_layers / (pp x vpp)` layers per model chunk; the embedding live
 holds a copy of the embedding as its output layer's weight (Megatron's `shared_embedding`), kept equal to the first
 stage's by an all-reduce of their gradients: a parameter of that stage, not of the model.
 
+Mixture of experts (ModelConfig.num_experts = E; docs/formulas.md, "Mixture of experts"): every layer's MLP is a
+router, a [E, h] matrix (Megatron's TopKRouter.weight: whole on every TP rank, marked sequence_parallel; a dense
+parameter, reduced over dp x cp with the rest), and E SwiGLU experts each with its own linear_fc1 [2 f_moe, h] and
+linear_fc2 [h, f_moe], split over TP as the dense MLP is (expert TP = tp, Megatron's default). The EP rank `ep_rank`
+of an EP group of size EP holds the contiguous block of experts ep_rank x E/EP ... (ep_rank + 1) x E/EP - 1, named by
+their global index (`mlp.experts.{e}.linear_fc1.weight`) and marked `expert` (Megatron's allreduce=False): they live
+in buffers of their own, reduced and sharded over the expert-data-parallel group (buffer_layout.py).
+
 Shapes are TP-local `(rows, cols)` in the order the engine registers them (model.parameters()); the buffer layout
 walks that order reversed.
 """
@@ -37,6 +45,7 @@ class ParamTensor:
     shared_embedding: bool = False
     replicated: bool = False
     sequence_parallel: bool = False
+    expert: bool = False  # an expert's weight (Megatron's allreduce=False): expert buffers, expert-dp group
 
     @property
     def numel(self) -> int:
@@ -73,19 +82,41 @@ def linear_tensors(model: ModelConfig, name: str, out: int, inp: int, tp: int, c
     return [weight, bias]
 
 
-def layer_tensors(model: ModelConfig, tp: int, layer: int) -> list[ParamTensor]:
-    """One transformer layer's parameters, TP-local, in registration order."""
+def layer_tensors(model: ModelConfig, tp: int, layer: int, ep: int = 1, ep_rank: int = 0) -> list[ParamTensor]:
+    """One transformer layer's parameters, TP-local, in registration order (an MoE layer's: this EP rank's
+    experts)."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
     nq, nkv = model.num_attention_heads, model.num_query_groups
     prefix = f"decoder.layers.{layer}."
+    mlp = (moe_tensors(model, tp, prefix + "mlp.", ep, ep_rank) if model.is_moe else [
+        *linear_tensors(model, prefix + "mlp.linear_fc1", fc1_width(model), h, tp, column=True),
+        *linear_tensors(model, prefix + "mlp.linear_fc2", h, f, tp, column=False)])
     return [
         *norm_tensors(model, prefix + "input_layernorm"),
         *linear_tensors(model, prefix + "self_attention.linear_qkv", (nq + 2 * nkv) * d, h, tp, column=True),
         *linear_tensors(model, prefix + "self_attention.linear_proj", h, nq * d, tp, column=False),
         *norm_tensors(model, prefix + "pre_mlp_layernorm"),
-        *linear_tensors(model, prefix + "mlp.linear_fc1", fc1_width(model), h, tp, column=True),
-        *linear_tensors(model, prefix + "mlp.linear_fc2", h, f, tp, column=False),
+        *mlp,
     ]
+
+
+def local_experts(model: ModelConfig, ep: int, ep_rank: int) -> range:
+    """The global indices of the experts an EP rank holds: the contiguous block ep_rank x E/EP onwards."""
+    per_rank = model.num_experts // ep
+    return range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
+
+
+def moe_tensors(model: ModelConfig, tp: int, prefix: str, ep: int, ep_rank: int) -> list[ParamTensor]:
+    """An MoE layer's router (dense: whole on every TP rank, all-reduced over TP under SP, as Megatron marks it) and
+    this EP rank's experts, each a SwiGLU MLP of width f_moe split over TP, marked expert."""
+    h, f = model.hidden_size, model.expert_ffn_hidden_size
+    router = ParamTensor(prefix + "router.weight", (model.num_experts, h), replicated=True, sequence_parallel=True)
+    experts = []
+    for e in local_experts(model, ep, ep_rank):
+        name = f"{prefix}experts.{e}."
+        experts += [ParamTensor(name + "linear_fc1.weight", (2 * f // tp, h), expert=True),
+                    ParamTensor(name + "linear_fc2.weight", (h, f // tp), expert=True)]
+    return [router, *experts]
 
 
 def embedding_copy_on_last_stage(cfg: RunConfig) -> bool:
@@ -98,9 +129,14 @@ def layer_component_counts(model: ModelConfig) -> dict[str, int]:
     biases too under LayerNorm; "biases" (only with add_bias_linear): the four linears' biases."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
     nq, nkv = model.num_attention_heads, model.num_query_groups
+    if model.is_moe:  # E experts of f_moe (SwiGLU) and the router
+        fe, e = model.expert_ffn_hidden_size, model.num_experts
+        mlp = {"mlp.router": e * h, "mlp.experts.gate": e * h * fe, "mlp.experts.up": e * h * fe,
+               "mlp.experts.down": e * fe * h}
+    else:
+        mlp = {**({"mlp.gate": h * f} if model.swiglu else {}), "mlp.up": h * f, "mlp.down": f * h}
     counts = {"attention.q": h * nq * d, "attention.k": h * nkv * d, "attention.v": h * nkv * d,
-              "attention.o": nq * d * h, **({"mlp.gate": h * f} if model.swiglu else {}), "mlp.up": h * f,
-              "mlp.down": f * h, "norms": 2 * h * (2 if model.layer_norm else 1)}
+              "attention.o": nq * d * h, **mlp, "norms": 2 * h * (2 if model.layer_norm else 1)}
     if model.add_bias_linear:
         counts["biases"] = (nq + 2 * nkv) * d + h + fc1_width(model) + h
     return counts
@@ -145,8 +181,9 @@ def chunk_layers(cfg: RunConfig, pp_rank: int, chunk: int) -> range:
     return range(first, first + per_chunk)
 
 
-def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int) -> list[ParamTensor]:
-    """A model chunk's parameters on one TP rank, in the order the engine registers them."""
+def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int, ep_rank: int = 0) -> list[ParamTensor]:
+    """A model chunk's parameters on one TP rank (of EP rank `ep_rank`: which experts, not how many), in the order
+    the engine registers them."""
     model, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
     pp, vpp = cfg.parallel.pipeline_model_parallel_size, num_chunks(cfg)
     h = model.hidden_size
@@ -159,7 +196,7 @@ def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int) -> list[ParamTensor]
             tensors.append(ParamTensor("embedding.position_embeddings.weight", (model.max_position_embeddings, h),
                                        replicated=True))
     for layer in chunk_layers(cfg, pp_rank, chunk):
-        tensors += layer_tensors(model, tp, layer)
+        tensors += layer_tensors(model, tp, layer, cfg.parallel.expert_model_parallel_size, ep_rank)
     if pp_rank == pp - 1 and chunk == vpp - 1:
         tensors += norm_tensors(model, "decoder.final_layernorm")
         if model.untie_embeddings_and_output_weights or copy:
@@ -168,17 +205,40 @@ def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int) -> list[ParamTensor]
 
 
 def params_per_rank(cfg: RunConfig, pp_rank: int) -> int:
-    """Parameters held by one TP rank of a pipeline rank (all its chunks): matrices split, norms replicated."""
+    """Parameters held by one TP rank of a pipeline rank (all its chunks): matrices split, norms replicated; of an
+    MoE model its E/EP experts per layer."""
     return sum(t.numel for chunk in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, chunk))
+
+
+def params_per_rank_split(cfg: RunConfig, pp_rank: int) -> dict[str, int]:
+    """params_per_rank in its dense part (reduced over dp x cp) and its expert part (over the expert-dp group)."""
+    tensors = [t for chunk in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, chunk)]
+    expert = sum(t.numel for t in tensors if t.expert)
+    return {"dense": sum(t.numel for t in tensors) - expert, "expert": expert}
+
+
+def expert_params_total(model: ModelConfig) -> int:
+    """Every expert's weights in the model (0 for a dense model): what top-k routing leaves mostly idle per token."""
+    c = layer_component_counts(model)
+    return model.num_layers * sum(n for name, n in c.items() if name.startswith("mlp.experts."))
+
+
+def active_params(cfg: RunConfig) -> int:
+    """Parameters one token passes through: the dense ones and k of the E experts of each layer (Mixtral's "12.9B
+    active" of 46.7B)."""
+    m = cfg.model
+    experts = expert_params_total(m)
+    return params_total(cfg) - experts + (experts * m.moe_router_topk // m.num_experts if m.is_moe else 0)
 
 
 def params_per_stage(cfg: RunConfig) -> list[int]:
     """Parameters of each pipeline rank summed over its TP group (replicated ones counted once, not per TP rank),
     the last stage's copy of tied embeddings included."""
-    tp = cfg.parallel.tensor_model_parallel_size
+    tp, ep = cfg.parallel.tensor_model_parallel_size, cfg.parallel.expert_model_parallel_size
     per_stage = []
     for pp_rank in range(cfg.parallel.pipeline_model_parallel_size):
-        replicated = sum(t.numel for chunk in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, chunk)
-                         if t.replicated)
-        per_stage.append((params_per_rank(cfg, pp_rank) - replicated) * tp + replicated)
+        tensors = [t for chunk in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, chunk)]
+        replicated = sum(t.numel for t in tensors if t.replicated)
+        expert = sum(t.numel for t in tensors if t.expert)  # E/EP experts here: the EP group holds all E
+        per_stage.append((params_per_rank(cfg, pp_rank) - replicated - expert) * tp + replicated + expert * tp * ep)
     return per_stage

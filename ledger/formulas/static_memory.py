@@ -11,14 +11,26 @@ TP rank does not change any figure (matrices split evenly, norms replicated) but
 Context parallelism: the buffers are reduced, and the distributed optimizer shards, over the dp x cp ranks of
 Megatron's dp_cp group (buffer_layout.dp_cp_size), so `dp_rank` is the rank's index in that group (its DP rank at
 cp 1) and the optimizer state of a rank of CP2 x DP2 is that of DP4.
+Mixture of experts: a rank also holds its expert buffers (buffer_layout.expert_rank_buffers), whose optimizer state
+is its shard over the expert-data-parallel group; `expert_dp_rank` gives its index there. Under Megatron's default
+order (tp-cp-ep-dp-pp) a rank's index w in its dp x cp group is also its place on the expert grid within its TP rank
+and stage (the dense grid counts cp fastest then dp, the expert grid ep fastest then expert dp, over the same
+world / (tp x pp) ranks), so its expert-dp index is w // EP (`expert_dp_rank_of`). The totals are dense + expert;
+`static_bytes_split` keeps the two apart.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas.buffer_layout import BufferLayout, dp_cp_size, rank_buffers
+from ledger.formulas.buffer_layout import (
+    BufferLayout,
+    dp_cp_size,
+    expert_dp_size,
+    expert_rank_buffers,
+    rank_buffers,
+)
 from ledger.formulas.bytes_per_param import DTYPE_BYTES, PHASES, grad_copy_bytes, master_param_bytes
 
 
@@ -39,6 +51,12 @@ class StaticBytes:
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
+
+    def __add__(self, other: "StaticBytes") -> "StaticBytes":
+        return StaticBytes(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+
+NOTHING = StaticBytes(0, 0, 0, 0, 0, 0, 0)
 
 
 def _check_rank(name: str, value: int, size: int) -> None:
@@ -61,13 +79,41 @@ def owned_per_dp_rank(cfg: RunConfig, pp_rank: int, buffers: list[BufferLayout] 
     return [sum(b.numel_unpadded for b in buffers)] * dp
 
 
-def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
-                 phase: str = "after_first_step") -> StaticBytes:
+def expert_dp_rank_of(cfg: RunConfig, dp_rank: int) -> int:
+    """The expert-dp index of the rank whose index in its dp x cp group is `dp_rank` (module docstring: Megatron's
+    default order)."""
+    return dp_rank // cfg.parallel.expert_model_parallel_size
+
+
+def expert_owned_per_rank(cfg: RunConfig, pp_rank: int) -> list[int]:
+    """Expert parameter elements whose optimizer state each rank of the expert-dp group owns."""
+    buffers, edp = expert_rank_buffers(cfg, pp_rank), expert_dp_size(cfg)
+    if not buffers:
+        return [0] * edp
+    if cfg.train.use_distributed_optimizer:
+        return [sum(per_rank) for per_rank in zip(*(b.owned_per_rank(edp) for b in buffers))]
+    return [sum(b.numel_unpadded for b in buffers)] * edp
+
+
+def static_bytes_split(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
+                       phase: str = "after_first_step") -> dict[str, StaticBytes]:
+    """A rank's static bytes in its dense part and its expert part (zero for a dense model); `dp_rank` is the index
+    in the dp x cp group."""
     p = cfg.parallel
     _check_rank("tp rank", tp_rank, p.tensor_model_parallel_size)
     _check_rank("pp rank", pp_rank, p.pipeline_model_parallel_size)
     _check_rank("dp rank", dp_rank, dp_cp_size(cfg))  # the index in the dp x cp group (module docstring)
-    return _static_bytes(cfg, rank_buffers(cfg, pp_rank), owned_param_elements(cfg, pp_rank, dp_rank), phase)
+    dense = _static_bytes(cfg, rank_buffers(cfg, pp_rank), owned_param_elements(cfg, pp_rank, dp_rank), phase)
+    experts = expert_rank_buffers(cfg, pp_rank)
+    expert = (_static_bytes(cfg, experts, expert_owned_per_rank(cfg, pp_rank)[expert_dp_rank_of(cfg, dp_rank)],
+                            phase) if experts else NOTHING)
+    return {"dense": dense, "expert": expert}
+
+
+def static_bytes(cfg: RunConfig, tp_rank: int, pp_rank: int, dp_rank: int,
+                 phase: str = "after_first_step") -> StaticBytes:
+    parts = static_bytes_split(cfg, tp_rank, pp_rank, dp_rank, phase)
+    return parts["dense"] + parts["expert"]
 
 
 def _static_bytes(cfg: RunConfig, buffers: list[BufferLayout], owned: int, phase: str) -> StaticBytes:
@@ -95,10 +141,19 @@ def largest_dp_rank(cfg: RunConfig, pp_rank: int, phase: str = "after_first_step
     buffers = rank_buffers(cfg, pp_rank)
     owned = owned_per_dp_rank(cfg, pp_rank, buffers)
     by_owned = {n: _static_bytes(cfg, buffers, n, phase) for n in set(owned)}
-    total_of = {n: b.total for n, b in by_owned.items()}
-    largest = max(total_of.values())
-    dp_rank = next(r for r, n in enumerate(owned) if total_of[n] == largest)
-    return dp_rank, by_owned[owned[dp_rank]]
+    experts = expert_rank_buffers(cfg, pp_rank)
+    if not experts:
+        total_of = {n: b.total for n, b in by_owned.items()}
+        largest = max(total_of.values())
+        dp_rank = next(r for r, n in enumerate(owned) if total_of[n] == largest)
+        return dp_rank, by_owned[owned[dp_rank]]
+    # each dp x cp rank adds the expert shard of its expert-dp index
+    expert_owned = expert_owned_per_rank(cfg, pp_rank)
+    by_expert = {n: _static_bytes(cfg, experts, n, phase) for n in set(expert_owned)}
+    per_rank = [by_owned[n] + by_expert[expert_owned[expert_dp_rank_of(cfg, r)]] for r, n in enumerate(owned)]
+    largest = max(b.total for b in per_rank)
+    dp_rank = next(r for r, b in enumerate(per_rank) if b.total == largest)
+    return dp_rank, per_rank[dp_rank]
 
 
 def static_bytes_per_stage(cfg: RunConfig, phase: str = "after_first_step") -> list[StaticBytes]:

@@ -22,13 +22,13 @@ from statistics import mean
 
 from common.config import RunConfig
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
-from ledger.formulas.comm import step_collectives
+from ledger.formulas.comm import grad_group, step_collectives
 from ledger.reconcile.evidence import RankEvidence, after_first_step
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.topology import group_kind
 from ledger.traces import TraceSummary, normalize_op
 
-CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding"}
+CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp"}
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
 # What gloo's own annotation cannot measure, and why (torch's ProcessGroupGloo record_function annotations): it
@@ -115,7 +115,9 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
     """One row per (group, op); `untraceable` ops (untraceable_ops) get no measured figure from the trace."""
     untraceable = untraceable or {}
     predicted = predicted_volume(cfg, r.stage) if cfg is not None else {}
-    counters = counter_volume(r)
+    counters = _in_grad_group(counter_volume(r), cfg)
+    if measured is not None:
+        measured = _p2p_in_group(measured, cfg)
     unnamed = {op for group, op in measured or {} if group == "unknown"}
     if unnamed:
         predicted, counters, measured = (_by_op(v, unnamed) for v in (predicted, counters, measured or {}))
@@ -133,6 +135,28 @@ def volume_rows(cfg: RunConfig | None, r: RankEvidence, measured: dict[Key, floa
                         explanation=_explain(group, op, key in counters, traced, untraceable.get(op), cfg),
                         rank=r.rank, stage=r.stage, source="trace" if measures else "events"))
     return rows
+
+
+def p2p_group(cfg: RunConfig | None) -> str:
+    """The group a trace's point-to-point ops (which record no ranks) belong to: the pipeline's, or, under context
+    parallelism without pipelining, ring attention's. With both, they are counted as the pipeline's (a trace cannot
+    tell them apart: a limitation the cp row then shows as unmeasured traffic)."""
+    if cfg is not None and cfg.parallel.context_parallel_size > 1 and cfg.parallel.pipeline_model_parallel_size == 1:
+        return "cp"
+    return "pp"
+
+
+def _p2p_in_group(volume: dict[Key, float], cfg: RunConfig | None) -> dict[Key, float]:
+    """trace_volume counts every traced point-to-point op as the pipeline's: under p2p_group's rule, the ring's."""
+    group = p2p_group(cfg)
+    return {(group if key == ("pp", "send_recv") else key[0], key[1]): v for key, v in volume.items()}
+
+
+def _in_grad_group(volume: dict[Key, float], cfg: RunConfig | None) -> dict[Key, float]:
+    """The engine's "dp-comm" ranges run over the gradient-reduction group, which under context parallelism is
+    Megatron's dp_cp (ledger.formulas.comm.grad_group): counted under the formula's name for it."""
+    group = grad_group(cfg) if cfg is not None else "dp"
+    return {(group if g == "dp" else g, op): v for (g, op), v in volume.items()}
 
 
 def _by_op(volume: dict[Key, float], ops: set[str]) -> dict[Key, float]:

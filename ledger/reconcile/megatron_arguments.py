@@ -22,7 +22,7 @@ import ast
 # Megatron arguments whose value the formulas assume; another value is named as not modelled. Absent ones (other
 # Megatron versions) are not judged.
 ASSUMED = {"add_qkv_bias": "False", "qk_layernorm": "False",
-           "num_experts": "None", "multi_latent_attention": "False", "mtp_num_layers": "None", "fp8": "None",
+           "multi_latent_attention": "False", "mtp_num_layers": "None", "fp8": "None",
            "fp4": "None"}
 
 
@@ -42,14 +42,16 @@ def our_view(arguments: dict[str, str]) -> dict[str, str]:
 
 
 def flags_from_arguments(arguments: dict[str, str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
-    """(argv for `parser`, "name=value" of the arguments the formulas do not model)."""
+    """(argv for `parser`, "name=value" of the arguments the formulas do not model). A dense run's MoE knobs (Megatron
+    logs its defaults, e.g. moe_token_dispatcher_type=allgather, with num_experts None) describe nothing that ran."""
     view = our_view(arguments)
+    dense = view.get("num_experts") in (None, "None")
     argv: list[str] = []
     unmodelled = [f"{name}={arguments[name]}" for name, value in ASSUMED.items()
                   if name in arguments and arguments[name] != value]
     for action in parser._actions:  # noqa: SLF001 - argparse offers no public list of a parser's options
         value = view.get(action.dest)
-        if not action.option_strings or value in (None, "None"):
+        if not action.option_strings or value in (None, "None") or (dense and action.dest.startswith("moe_")):
             continue
         flag = action.option_strings[0]
         if action.nargs == 0:  # a switch: store_true (Megatron's value "True") or store_false ("False")

@@ -21,6 +21,13 @@ profiler steps (a step record exists: the step ended) but the run's first; timer
 Predictions: the overlapped fraction has a structural one from the config (all or nothing, and none for the bucket
 that has nothing to hide behind); exposed time, per bucket and per step, takes the time model's (`predicted_*`
 parameters, None until it is wired: the row is n/a and says so); comm_time takes the bandwidth sweep's.
+
+Context parallelism's ring exchanges (engine/transformer/ring_attention.py) get one row per rank,
+`overlap.cp_exchange.hidden_fraction`: the share of the exchanges' time (issue -> wait returned, "cp-comm") during
+compute, over the steady steps. The engine issues every exchange before the attention block it runs beside and waits
+after it, so what is not hidden is exactly the "cp-wait" stalls; the config's prediction is structural, all hidden,
+as the bucket rows' is under --overlap-grad-reduce. A transfer slower than its block (a short s/C, a slow link) shows
+as a fraction below it.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from typing import Any, Iterable, Mapping
 
 from common.config import RunConfig
 from ledger.reconcile.bandwidth import predicted_time
-from ledger.reconcile.comm import CATEGORY_GROUP, step_of, volume_op
+from ledger.reconcile.comm import CATEGORY_GROUP, p2p_group, step_of, volume_op
 from ledger.reconcile.evidence import RankEvidence
 from ledger.reconcile.intervals import Interval, covered, length, subtract, union
 from ledger.reconcile.rows import NO_TIME_MODEL, Row, predicted_row, row, upper_bound_row
@@ -40,7 +47,8 @@ from ledger.reconcile.topology import group_kind
 from ledger.traces import Collective, TraceSummary, normalize_op
 
 COMPUTE_CATEGORIES = ("forward", "backward")
-STALL_CATEGORIES = ("dp-wait", "data-wait")  # the loop blocked: on a DP collective, on the data loader
+# the loop blocked: on a DP collective, on the data loader, on a ring attention exchange still in flight
+STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")
 GRAD_OPS = ("reduce_scatter", "all_reduce")
 BUCKET_OPS = GRAD_OPS + ("all_gather",)
 FRACTION_TOL = 0.25
@@ -173,24 +181,25 @@ def trace_intervals(summary: TraceSummary, r: RankEvidence, dp_group: tuple[int,
     return out
 
 
-def trace_exposed(summary: TraceSummary, groups: dict[str, tuple[int, ...]],
-                  steps: list[int]) -> dict[int, dict[str, float]]:
-    """Per step, per group: exposed communication from the trace's kernels (seconds)."""
+def trace_exposed(summary: TraceSummary, groups: dict[str, tuple[int, ...]], steps: list[int],
+                  p2p: str = "pp") -> dict[int, dict[str, float]]:
+    """Per step, per group: exposed communication from the trace's kernels (seconds); point-to-point is `p2p`'s."""
     windows = summary.windows()
     spans: dict[int, dict[str, list[Interval]]] = {step: defaultdict(list) for step in steps}
     for c in summary.collectives:
         step = step_of(windows, c.start)
         if step in spans:
-            spans[step][kernel_group(groups, c)].append((c.start, c.end))
+            spans[step][kernel_group(groups, c, p2p)].append((c.start, c.end))
     return {step: {g: t / 1e6 for g, t in exposed_by_group(by_group, summary.compute).items()}
             for step, by_group in spans.items()}
 
 
-def kernel_group(groups: dict[str, tuple[int, ...]], c: Collective) -> str:
+def kernel_group(groups: dict[str, tuple[int, ...]], c: Collective, p2p: str = "pp") -> str:
     """The group a traced collective ran on. NCCL's SendRecv kernels (and gloo's send/recv) record no ranks; the
-    engine's only point-to-point traffic is the pipeline's, so they are "pp"."""
+    engine's point-to-point traffic is the pipeline's and ring attention's, so they are `p2p`'s
+    (ledger.reconcile.comm.p2p_group)."""
     op = volume_op(c.op)
-    return "pp" if op == "send_recv" and c.group is None else group_kind(groups, c.group, op, c.issued_as)
+    return p2p if op == "send_recv" and c.group is None else group_kind(groups, c.group, op, c.issued_as)
 
 
 def exposed_by_group(spans: Mapping[str, list[Interval]], compute: list[Interval]) -> dict[str, float]:
@@ -282,7 +291,7 @@ def overlap_rows(cfg: RunConfig | None, r: RankEvidence, selection: StepSelectio
     if not traced:
         rows += exposed_comm_rows(r, timer_exposed(r, steps), "timers", note=note,
                                   bucket_tails=_bucket_tails(intervals, steps), predicted=predicted_per_step)
-    return rows
+    return rows + cp_exchange_row(cfg, r, steps, note)
 
 
 def trace_overlap_rows(cfg: RunConfig | None, r: RankEvidence, summary: TraceSummary,
@@ -293,9 +302,37 @@ def trace_overlap_rows(cfg: RunConfig | None, r: RankEvidence, summary: TraceSum
     steps = trace_steps(summary, r, selection)
     intervals = trace_intervals(summary, r, groups["dp"], cfg)
     rows = bucket_rows(cfg, r, intervals, "trace", steps=steps, predicted_exposed=predicted_exposed)
-    rows += exposed_comm_rows(r, trace_exposed(summary, groups, steps), "trace",
+    rows += exposed_comm_rows(r, trace_exposed(summary, groups, steps, p2p_group(cfg)), "trace",
                               bucket_tails=_bucket_tails(intervals, steps), predicted=predicted_per_step)
     return rows
+
+
+def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], note: str = "") -> list[Row]:
+    """overlap.cp_exchange.hidden_fraction of one rank (module docstring): the exchanges' time during compute over
+    their whole time, summed over `steps`; no row without ring exchanges in those steps."""
+    by_step = _by_step(r.timing)
+    hidden = total = 0.0
+    exchanges = 0
+    for step in steps:
+        records = by_step.get(step, [])
+        busy = timer_compute(records)
+        for t in records:
+            if t.get("category") == "cp-comm":
+                span = (t["start_s"], t["end_s"])
+                hidden, total, exchanges = hidden + covered(span, busy), total + length([span]), exchanges + 1
+    if not exchanges:
+        return []
+    cp = cfg.parallel.context_parallel_size if cfg is not None else None
+    text = (f"share of the ring attention exchanges' time (issue -> wait returned) during compute, {exchanges} "
+            f"exchanges in {len(steps)} step(s) {steps_text(steps)} (timers"
+            f"{'; ' + note if note else ''}); the rest is the cp-wait stalls; predicted: every exchange is issued "
+            "before the attention block it runs beside and waited for after it (structural, from the config"
+            + (f": CP {cp}" if cp else "") + "), so all of it hides unless a transfer outlasts its block; an exchange "
+            "is a rendezvous, so a wait also holds the time until the neighbouring CP ranks reach the same ring step "
+            "(skew between them shows here)")
+    return [row("overlap.cp_exchange.hidden_fraction", "rank", predicted=1.0 if cp and cp > 1 else None,
+                measured=hidden / total if total > 0 else 0.0, unit="fraction", tolerance=FRACTION_TOL,
+                explanation=text, rank=r.rank, stage=r.stage, source="timers")]
 
 
 def _bucket_tails(intervals: list[BucketInterval], steps: list[int]) -> float | None:

@@ -21,10 +21,13 @@ from ledger.formulas import bubble, flops
 from ledger.formulas.activations import recompute_label
 from ledger.formulas.bytes_per_param import run_strategy
 from ledger.formulas.device_memory import outside_pytorch
-from ledger.formulas.params import num_chunks, params_total
+from ledger.formulas.comm import ep_collectives
+from ledger.formulas.params import active_params, num_chunks, params_per_rank_split, params_total
+from ledger.formulas.static_memory import largest_dp_rank, static_bytes_split
 from ledger.formulas.peak_memory import StagePeak, stage_peaks
 from ledger.simulate.calibration import hardware_calibration
 from ledger.simulate.hardware import Hardware
+from ledger.simulate.moe import TERM, all_to_all_seconds, dense_equivalent, with_all_to_all
 from ledger.simulate.topology import group_spans
 from ledger.time_model import StepPrediction, predict_step
 
@@ -79,6 +82,7 @@ class Simulation:
             "groups": {kind: {"size": span.size, "nodes": span.nodes, "link": span.link}
                        for kind, span in group_spans(cfg, hw.gpus_per_node).items()},
             "params": params_total(cfg),
+            **({"moe": self.moe_dict()} if cfg.model.is_moe else {}),
             "memory": {"fits": self.fits, "per_stage": [{
                 "stage": m.stage, "static": m.peak.static.total, "activations": m.peak.activations,
                 "logits_transient": m.peak.logits_transient, "outside_pytorch": m.outside_pytorch,
@@ -96,10 +100,33 @@ class Simulation:
         }
 
 
+    def moe_dict(self) -> dict[str, Any]:
+        """Dense and expert parameters and static bytes per stage (one rank: tp 0, the stage's largest dp x cp
+        rank), the all-to-all volume under uniform routing and its time on the ep link."""
+        cfg, hw = self.cfg, self.hardware
+        seconds = all_to_all_seconds(cfg, hw)
+        per_stage = []
+        for s in range(cfg.parallel.pipeline_model_parallel_size):
+            split = static_bytes_split(cfg, 0, s, largest_dp_rank(cfg, s)[0])
+            a2a = ep_collectives(cfg, s)
+            per_stage.append({"stage": s, "params": params_per_rank_split(cfg, s),
+                              "static_bytes": {k: b.total for k, b in split.items()},
+                              "all_to_all_bytes": sum(c.size_bytes for c in a2a.values()),
+                              "all_to_all_remote_bytes": sum(c.bytes_per_rank for c in a2a.values()),
+                              "all_to_all_calls": sum(c.calls for c in a2a.values()),
+                              "all_to_all_s": seconds[s]})
+        m = cfg.model
+        return {"num_experts": m.num_experts, "topk": m.moe_router_topk, "ep": cfg.parallel.expert_model_parallel_size,
+                "expert_dp": cfg.parallel.expert_data_parallel_size, "params_active": active_params(cfg),
+                "dense_equivalent_ffn": dense_equivalent(cfg).model.ffn_hidden_size,
+                "all_to_all_step_s": self.step.terms.get(TERM, 0.0), "per_stage": per_stage}
+
+
 def layout_dict(cfg: RunConfig) -> dict[str, Any]:
     p, t = cfg.parallel, cfg.train
     return {"world_size": p.world_size, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
             "vpp": p.virtual_pipeline_model_parallel_size, "cp": p.context_parallel_size, "dp": p.data_parallel_size,
+            "ep": p.expert_model_parallel_size,
             "sequence_parallel": p.sequence_parallel, "micro_batch_size": t.micro_batch_size,
             "global_batch_size": t.global_batch_size, "num_microbatches": cfg.num_microbatches,
             "seq_length": cfg.model.seq_length, "recompute": recompute_label(cfg.recompute),
@@ -119,5 +146,8 @@ def stage_memory(cfg: RunConfig, hw: Hardware) -> tuple[StageMemory, ...]:
 
 
 def simulate(cfg: RunConfig, hw: Hardware) -> Simulation:
+    """Memory from cfg itself; time from the time model, of an MoE model's dense equivalent plus its all-to-alls
+    (ledger/simulate/moe.py)."""
+    timed = dense_equivalent(cfg)
     return Simulation(cfg=cfg, hardware=hw, memory=stage_memory(cfg, hw),
-                      step=predict_step(cfg, hardware_calibration(cfg, hw)))
+                      step=with_all_to_all(cfg, predict_step(timed, hardware_calibration(timed, hw)), hw))

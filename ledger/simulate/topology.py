@@ -9,6 +9,9 @@ node. Whether a group of base b spans k nodes depends only on b mod gpus_per_nod
 are looked at, whatever the world size. Under context parallelism the cp group carries ring attention's K/V
 messages (a send/recv to the next rank of the ring, priced as a pipeline send is: one step, one NIC across nodes)
 and the DP collectives run over dp_cp (Megatron's group of the dp x cp ranks holding the same parameters).
+Mixture of experts (ep > 1): the ep group lives on Megatron's expert grid (its own rank generator: tp-ep-dp-pp with
+the expert tp = tp and cp folded into the expert dp), where an EP group's members are tp apart: EP groups inside a
+node use NVLink, across nodes the NICs.
 
 Cost (NCCL's own model, src/graph/tuning.cc, with the link figures of the hardware file):
     t = base latency + intra steps x NVLink hop + inter steps x network hop + S x bus_factor / bus bandwidth
@@ -21,6 +24,10 @@ Cost (NCCL's own model, src/graph/tuning.cc, with the link figures of the hardwa
   across nodes a ring's inter-node hops are spread over one NIC per GPU of the group on a node, so
   min(NVLink bus bandwidth, per_node x NIC line rate x efficiency) (send/recv: one NIC). bus_factor is
   ledger/formulas/nccl_bw.py's (nccl-tests' convention, the one the time model's LinkFit uses).
+  All-to-all: every pair exchanges at once (NCCL posts all its sends and receives together), so its latency is one
+  step (a network hop when the group crosses nodes); of a rank's buffer S, S (q - 1)/n goes to the q - 1 other
+  ranks of its node over NVLink and S (n - q)/n to other nodes through its own NIC (q = per_node), the slower of the
+  two setting the time: an effective bus bandwidth of ((n - 1)/n) / max((q - 1)/(n B_nvlink), (n - q)/(n B_nic)).
 Not modelled: SHARP / NVLS in-network reductions, PAT, rail-optimised versus fat-tree fabrics, congestion between
 concurrent groups beyond the per-GPU NIC split, a group whose ranks are unevenly spread over nodes beyond its worst
 node.
@@ -33,18 +40,18 @@ from functools import lru_cache
 
 from common.config import RunConfig
 from ledger.formulas.nccl_bw import bus_factor
-from ledger.rank_groups import Layout
+from ledger.rank_groups import Layout, expert_layout
 from ledger.simulate.hardware import Hardware, Protocol
 from ledger.time_model.comm import CommModel
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 TREE_BANDWIDTH = 0.9  # NCCL's tree bus bandwidth relative to the ring's (tuning.cc: busBw * .9)
 NVLINK, NETWORK = "NVLink", "network"
 
 
 @dataclass(frozen=True)
 class GroupSpan:
-    kind: str  # tp, cp, dp, dp_cp, pp, embedding
+    kind: str  # tp, cp, dp, dp_cp, pp, embedding, ep
     size: int
     nodes: int  # the most nodes one group of this kind spans
     per_node: int  # the fewest ranks of one group on one node
@@ -85,8 +92,21 @@ def _span_of(offsets: list[int], residues: set[int], g: int) -> tuple[int, int]:
 def group_spans(cfg: RunConfig, gpus_per_node: int) -> dict[str, GroupSpan]:
     """The span of each group kind of cfg's layout on nodes of `gpus_per_node` GPUs (cp, dp_cp only when cp > 1)."""
     p = cfg.parallel
-    return dict(_spans(p.world_size, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                       p.context_parallel_size, p.order, gpus_per_node))
+    spans = dict(_spans(p.world_size, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                        p.context_parallel_size, p.order, gpus_per_node))
+    if cfg.model.is_moe and p.expert_model_parallel_size > 1:
+        spans["ep"] = _ep_span(p.world_size, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                               p.expert_model_parallel_size, p.order, gpus_per_node)
+    return spans
+
+
+@lru_cache(maxsize=4096)
+def _ep_span(world: int, tp: int, pp: int, ep: int, order: str, g: int) -> GroupSpan:
+    """The ep group on the expert grid (module docstring): cp 1, the expert dp taking what tp x ep x pp leaves."""
+    layout = expert_layout(world, tp=tp, pp=pp, ep=ep, order=order)
+    stride = _strides(layout)["ep"]
+    residues = _bases_mod(stride, stride * ep, world // (stride * ep), g)
+    return GroupSpan("ep", ep, *_span_of([j * stride for j in range(ep)], residues, g))
 
 
 def _dp_cp_span(layout: Layout, strides: dict[str, int], g: int) -> GroupSpan:
@@ -129,19 +149,22 @@ class TopologyLink:
     bus_bandwidth: float  # bytes/s, collectives
     p2p_bandwidth: float  # bytes/s, send/recv
     protocols: tuple[tuple[str, Protocol], ...]
+    all_to_all_bandwidth: float = 0.0  # bytes/s, an all-to-all's effective bus bandwidth (module docstring)
 
     @property
     def busbw(self) -> float:
         return self.bus_bandwidth
 
     def bandwidth(self, kind: str) -> float:
+        if kind == "all_to_all":
+            return self.all_to_all_bandwidth
         return self.p2p_bandwidth if kind == "send_recv" else self.bus_bandwidth
 
     def seconds(self, kind: str, n: int, size_bytes: float) -> float:
         if n <= 1:
             return 0.0
         nodes = min(self.span.nodes, n)
-        if kind == "send_recv":
+        if kind in ("send_recv", "all_to_all"):  # one step: every pair at once
             steps, inter = 1, int(nodes > 1)
         else:
             per = 2 if kind == "all_reduce" else 1
@@ -165,10 +188,13 @@ class TopologyLink:
 
 def link_for(span: GroupSpan, hw: Hardware) -> TopologyLink:
     bus, p2p = hw.nvlink_bus_bandwidth, hw.nvlink_p2p_bandwidth
+    a2a = bus
     if span.nodes > 1:
         nic = hw.nic_bandwidth * hw.nic_efficiency
         bus, p2p = min(bus, span.per_node * nic), min(p2p, nic)
-    return TopologyLink(span, bus, p2p, hw.protocols)
+        n, q = span.size, span.per_node
+        a2a = ((n - 1) / n) / max((q - 1) / (n * hw.nvlink_bus_bandwidth), (n - q) / (n * nic))
+    return TopologyLink(span, bus, p2p, hw.protocols, a2a)
 
 
 def comm_model(cfg: RunConfig, hw: Hardware) -> CommModel:

@@ -1,0 +1,273 @@
+"""Mixture-of-experts rows: the expert-parallel all-to-alls predicted from the routing each step observed, against
+what the engine's "ep-comm" ranges counted and timed; load imbalance and dropped tokens, shown.
+
+Inputs (the issue 19 team sheet's contract): each rank's step records carry `moe_tokens_per_expert` and
+`moe_dropped_tokens`, {"<global layer>": [E counts]} of the assignments its router made in the step's forward passes
+(every micro-batch; a recompute's re-run not counted), before and over capacity; the engine's ranges of category
+"ep-comm" are named "ep all-to-all dispatch layer{n}" / "... combine layer{n}" with `bytes` (the all-to-all's input
+buffer, nccl-tests' size, the rank's own share included) and `remote_bytes` (what left the rank), and
+"ep all-to-all counts layer{n}" for the per-expert counts (counted apart: they are not tokens).
+
+Which ranks exchange: the ledger's own expert grid (ledger.rank_groups with ep on Megatron's order and cp folded into
+the expert dp, as Megatron's expert rank generator builds it), EP rank j holding experts j E/EP onwards.
+
+Rows, per rank (docs/formulas.md, "Mixture of experts"):
+  moe.all_to_all.bytes_per_step         predicted from the observed routing (ledger/formulas/moe.py: 2 (sent +
+                                        received) rows a layer, 3 with full recompute; kept = tokens - dropped)
+                                        against the ranges' bytes, mean over the steps both have            2%
+  moe.all_to_all.remote_bytes_per_step  the same for the bytes that left the rank                             2%
+  time.ep_all_to_all_per_step           the all-to-alls' time: each blocks the compute stream, so all of it is
+                                        exposed; predicted from the volume with the calibration's fit of
+                                        all_to_all on the ep group (alpha per call + the busiest rank's remote
+                                        rows / busbw), against the ranges' time, mean over steady steps  25% or 2 ms
+  moe.load_imbalance.layer{n}           run: max / mean tokens per expert over the run (shown, not judged)
+  moe.dropped_tokens_per_step           assignments over capacity (shown, not judged)
+Volumes are exact counts, hence the 2% of every other volume row; the time row's bar is the per-step bar of the
+exposed communication rows (ledger/reconcile/overlap.py), and its measurement includes waiting for the slowest EP
+peer (routing imbalance also delays the peer's expert compute), which the prediction does not.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+
+from common.config import RunConfig
+from common.errors import InputError
+from common.run_dir import events_path
+from ledger.formulas.activations import activation_bytes, checkpoint_groups
+from ledger.formulas.moe import NO_VOLUME, AllToAllVolume, exchanges, layer_volume, passes
+from ledger.formulas.params import chunk_layers, num_chunks
+from ledger.rank_groups import expert_group_lists, expert_layout
+from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.reconcile.rows import Row, predicted_row, row
+from ledger.reconcile.steps import StepSelection
+from ledger.reconcile.time_rows import TimeModel, calibration, predict_run
+from ledger.time_model import CalibrationMissing
+
+CATEGORY = "ep-comm"
+TOKENS, DROPPED = "moe_tokens_per_expert", "moe_dropped_tokens"
+VOLUME_TOL = 0.02
+TIME_TOL, TIME_FLOOR_S = 0.25, 2e-3
+Routing = dict[int, list[int]]  # global layer -> counts per global expert
+NOT_REPLAYED = ("time model: the step replay (ledger.time_model) has no expert kernels, so an MoE run gets no step, "
+                "pass or optimizer time predictions (simulate prices a dense equivalent instead: "
+                "ledger/simulate/moe.py); its all-to-alls are predicted apart (time.ep_all_to_all_per_step)")
+
+
+def time_model(ev: RunEvidence) -> TimeModel:
+    """The run's time model: the step replay's for a dense run; for an MoE run only the calibration (the
+    all-to-all row's link fit) and a line saying why there is no step prediction."""
+    if ev.config is None or not ev.config.model.is_moe:
+        return predict_run(ev)
+    return TimeModel(calibration=calibration(ev), missing=(NOT_REPLAYED,))
+
+
+@dataclass(frozen=True)
+class StepExchange:
+    """One rank's all-to-alls in one step, predicted: the volume, and the bytes that set their time: for each
+    all-to-all the busiest rank of the EP group in its busier direction (remote rows), summed."""
+    volume: AllToAllVolume
+    link_bytes: int
+
+
+def routing(record: dict, key: str, num_experts: int | None = None, where: Path | None = None) -> Routing | None:
+    """A step record's {layer: counts per expert} under `key`, None when absent; counts that are not E non-negative
+    integers a layer are bad input (InputError naming the file and step)."""
+    counts = record.get(key)
+    if counts is None:
+        return None
+    try:
+        out = {int(layer): [int(c) for c in per_expert] for layer, per_expert in counts.items()}
+    except (AttributeError, TypeError, ValueError):
+        out = None
+    if out is None or any(min(c, default=0) < 0 or (num_experts is not None and len(c) != num_experts)
+                          for c in out.values()):
+        raise InputError(where or Path("."), f"step {record.get('step')}: {key} is not {{layer: [{num_experts or 'E'} "
+                                             "non-negative counts]}")
+    return out
+
+
+def kept_of(record: dict, num_experts: int, where: Path) -> Routing | None:
+    """Assignments kept per layer and expert: tokens per expert minus those dropped over capacity."""
+    tokens = routing(record, TOKENS, num_experts, where)
+    dropped = routing(record, DROPPED, num_experts, where) or {}
+    if tokens is None:
+        return None
+    kept = {layer: [t - d for t, d in zip(counts, dropped.get(layer, [0] * num_experts))]
+            for layer, counts in tokens.items()}
+    if any(min(k) < 0 for k in kept.values()) or set(dropped) - set(kept):
+        raise InputError(where, f"step {record.get('step')}: {DROPPED} exceeds {TOKENS} or names other layers")
+    return kept
+
+
+def ep_groups(cfg: RunConfig) -> list[list[int]]:
+    """Every EP group of the run, members in EP-rank order, on the ledger's own expert grid."""
+    p = cfg.parallel
+    layout = expert_layout(p.world_size, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+                           ep=p.expert_model_parallel_size, order=p.order)
+    return expert_group_lists(layout)["ep"]
+
+
+def recomputed_layers(cfg: RunConfig, pp_rank: int) -> set[int]:
+    """Global layers whose forward a full recompute re-runs (the checkpointed groups of each chunk)."""
+    out: set[int] = set()
+    for chunk in range(num_chunks(cfg)):
+        layers, start = list(chunk_layers(cfg, pp_rank, chunk)), 0
+        for count, checkpointed in checkpoint_groups(cfg):
+            if checkpointed:
+                out.update(layers[start:start + count])
+            start += count
+    return out
+
+
+def predicted_exchanges(cfg: RunConfig, ev: RunEvidence) -> dict[int, dict[int, StepExchange]]:
+    """rank -> step -> its predicted all-to-alls, for every step in which each rank of its EP group recorded its
+    routing."""
+    ep = cfg.parallel.expert_model_parallel_size
+    row_bytes = activation_bytes(cfg) * cfg.model.hidden_size
+    kept = {rank: {s["step"]: k for s in r.steps
+                   if (k := kept_of(s, cfg.model.num_experts, events_path(ev.run_dir, rank))) is not None}
+            for rank, r in ev.ranks.items()}
+    out: dict[int, dict[int, StepExchange]] = defaultdict(dict)
+    for group in ep_groups(cfg):
+        if not all(rank in kept for rank in group):
+            continue
+        rerun = recomputed_layers(cfg, ev.ranks[group[0]].stage)
+        for step in set.intersection(*(set(kept[rank]) for rank in group)):
+            layers = set(kept[group[0]][step])
+            odd = next((rank for rank in group if set(kept[rank][step]) != layers), None)
+            if odd is not None:
+                raise InputError(events_path(ev.run_dir, odd), f"step {step}: {TOKENS} names other layers than "
+                                                               f"rank {group[0]}'s, its EP peer")
+            per_layer = {layer: exchanges([kept[rank][step][layer] for rank in group], ep) for layer in layers}
+            # each all-to-all of a layer (a dispatch and a combine a pass) waits for the group's busiest link
+            link = sum(2 * passes(layer in rerun) * max(x.link_rows for x in xs) * row_bytes
+                       for layer, xs in per_layer.items())
+            for j, rank in enumerate(group):
+                volume = NO_VOLUME
+                for layer, xs in per_layer.items():
+                    volume += layer_volume(xs[j], row_bytes, cfg.num_microbatches, layer in rerun)
+                out[rank][step] = StepExchange(volume, link)
+    return out
+
+
+def is_tokens(t: dict) -> bool:
+    """A dispatch or combine range (not the counts exchange)."""
+    return t.get("category") == CATEGORY and "counts" not in str(t.get("name", ""))
+
+
+def measured_per_step(r: RankEvidence, field: str) -> dict[int, float]:
+    per_step: dict[int, float] = defaultdict(float)
+    for t in r.timing:
+        if is_tokens(t) and t.get(field) is not None:
+            per_step[t["step"]] += float(t[field])
+    return dict(per_step)
+
+
+def range_seconds(t: dict) -> float:
+    return float(t.get("duration_s", t["end_s"] - t["start_s"]))
+
+
+def volume_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange]) -> list[Row]:
+    rows = []
+    for metric, field, what in (("moe.all_to_all.bytes_per_step", "bytes", "size"),
+                                ("moe.all_to_all.remote_bytes_per_step", "remote_bytes", "remote")):
+        measured = measured_per_step(r, field)
+        steps = sorted(set(predicted) & set(measured))
+        if not steps:
+            continue
+        value = (lambda x: x.size_bytes) if what == "size" else (lambda x: x.remote_bytes)
+        rows.append(row(metric, "rank", predicted=mean(value(predicted[s].volume) for s in steps),
+                        measured=mean(measured[s] for s in steps), unit="bytes", tolerance=VOLUME_TOL,
+                        explanation=f"expert-parallel dispatch and combine all-to-alls ({what}: "
+                                    + ("nccl-tests size, the rank's own rows included" if what == "size" else
+                                       "rows sent to other EP ranks") +
+                                    "), predicted from the routing the step records observed (tokens per expert "
+                                    "minus dropped, of every rank of the EP group: 2 (sent + received) rows a layer "
+                                    f"forward and backward, 3 with full recompute; {cfg.model.hidden_size} values "
+                                    f"of {activation_bytes(cfg)} B a row); measured: the ep-comm ranges' {field}, "
+                                    f"mean over {len(steps)} step(s); the counts exchanges are not counted",
+                        rank=r.rank, stage=r.stage, source="events"))
+    return rows
+
+
+def time_row(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange], model: TimeModel,
+             selection: StepSelection) -> list[Row]:
+    per_step: dict[int, float] = defaultdict(float)
+    for t in r.timing:
+        if is_tokens(t):
+            per_step[t["step"]] += range_seconds(t)
+    timed, note = selection.timed(per_step)
+    steps = [s for s in timed if s in predicted]
+    if not steps:
+        return []
+    ep = cfg.parallel.expert_model_parallel_size
+    fit, why = None, ""
+    try:
+        fit = model.calibration.comm.fit("ep", "all_to_all") if model.calibration is not None else None
+    except CalibrationMissing as exc:
+        why = f"; {exc}"
+    text = ("the expert-parallel all-to-alls block the compute stream, so all of their time is exposed; measured: "
+            f"the ep-comm dispatch and combine ranges' time per step, mean over {len(steps)} step(s) "
+            f"({selection.describe()}{'; ' + note if note else ''}), which includes waiting for the slowest EP peer "
+            "(not predicted)")
+    prediction = None
+    if fit is not None:
+        prediction = mean(predicted[s].volume.calls * fit.alpha + predicted[s].link_bytes * fit.beta for s in steps)
+        text = (f"{text}; predicted: per all-to-all the fit's latency plus the busiest rank's remote bytes of the EP "
+                f"group of {ep} at the fit's bus bandwidth ({fit.describe()}; a uniform routing's remote bytes are "
+                "nccl-tests' size x (n-1)/n, the bus bytes the fit divides)")
+    return [predicted_row("time.ep_all_to_all_per_step", "rank", predicted=prediction,
+                          measured=mean(per_step[s] for s in steps), unit="s", tolerance=TIME_TOL,
+                          abs_tolerance=TIME_FLOOR_S, explanation=text + why, rank=r.rank, stage=r.stage,
+                          source="timers")]
+
+
+def imbalance_rows(cfg: RunConfig, ev: RunEvidence) -> list[Row]:
+    """Per layer, tokens per expert summed over every rank and step: max over mean, with the counts."""
+    totals: dict[int, list[int]] = {}
+    for r in ev.ranks.values():
+        for s in r.steps:
+            for layer, counts in (routing(s, TOKENS) or {}).items():
+                acc = totals.setdefault(layer, [0] * len(counts))
+                totals[layer] = [a + c for a, c in zip(acc, counts)]
+    rows = []
+    for layer, counts in sorted(totals.items()):
+        average = sum(counts) / len(counts)
+        rows.append(row(f"moe.load_imbalance.layer{layer}", "run", measured=max(counts) / average if average else None,
+                        unit="ratio", tolerance=0.0,
+                        explanation=f"layer {layer}: the busiest expert's tokens over the mean, before dropping, "
+                                    f"summed over every rank's router and every step (tokens per expert: {counts}); "
+                                    "1 is uniform routing; shown, not judged (the load-balancing loss and the "
+                                    "data set it)", source="events"))
+    return rows
+
+
+def dropped_rows(r: RankEvidence) -> list[Row]:
+    steps = [(routing(s, TOKENS), routing(s, DROPPED)) for s in r.steps]
+    steps = [(t, d) for t, d in steps if t is not None and d is not None]
+    if not steps:
+        return []
+    dropped = mean(sum(map(sum, d.values())) for _, d in steps)
+    assigned = mean(sum(map(sum, t.values())) for t, _ in steps)
+    share = f", {dropped / assigned:.2%} of {assigned:,.0f} assignments" if assigned else ""
+    return [row("moe.dropped_tokens_per_step", "rank", measured=dropped, unit="count", tolerance=0.0,
+                explanation=f"token-to-expert assignments this rank's router dropped over the experts' capacity, "
+                            f"summed over its MoE layers, mean over {len(steps)} step(s){share}; shown, not judged "
+                            "(zero without --moe-expert-capacity-factor)", rank=r.rank, stage=r.stage,
+                source="events")]
+
+
+def moe_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
+    cfg = ev.config
+    if cfg is None or not cfg.model.is_moe:
+        return []
+    predicted = predicted_exchanges(cfg, ev)
+    rows: list[Row] = []
+    for rank, r in sorted(ev.ranks.items()):
+        rows += volume_rows(cfg, r, predicted.get(rank, {}))
+        rows += time_row(cfg, r, predicted.get(rank, {}), model, selection)
+        rows += dropped_rows(r)
+    return rows + imbalance_rows(cfg, ev)

@@ -1,0 +1,183 @@
+"""The reconciliation's mixture-of-experts rows (ledger/reconcile/moe.py) and the memory rows of an MoE run.
+
+Plumbing on synthetic evidence, built in memory: a 2-rank EP2 run of the tiny shape (4 experts, top-2, fp32, one
+micro-batch) whose step records carry a hand-made routing table and whose "ep-comm" ranges are what the team sheet's
+contract makes the engine write for that routing (dispatch and combine, forward and backward: the input buffer's
+bytes and the bytes leaving the rank). Expectations are derived by hand below. Claims about real runs come with the
+lead's reconciled EP run, not here. Every judged row type gets its can-be-off case: the same evidence with a wrong
+measurement is "off".
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from common.arguments import parse_args
+from common.errors import InputError
+from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.reconcile.memory import memory_rows
+from ledger.reconcile.moe import NOT_REPLAYED, moe_rows
+from ledger.reconcile.rows import Row
+from ledger.reconcile.run import reconcile_evidence, run_steps
+from ledger.reconcile.time_rows import TimeModel
+from ledger.time_model import Calibration, CommModel, LinkFit
+
+ROW = 64 * 4  # h values of fp32 per routed token
+LAYERS, STEPS = 4, (1, 2, 3)
+# tokens per expert a layer (each rank routes 32 tokens x top-2 = 64); rank 0 holds experts 0, 1, rank 1 2, 3
+TOKENS = {0: [20, 12, 16, 16], 1: [30, 20, 10, 4]}
+# rank 0: sends 64 (32 to itself, 32 away); its experts get 20 + 12 + 30 + 20 = 82 (50 from rank 1)
+# rank 1: sends 64 (14 to itself, 50 away); its experts get 16 + 16 + 10 + 4 = 46 (32 from rank 0)
+EXCHANGE = {0: (64, 32, 82, 50), 1: (64, 50, 46, 32)}  # sent, sent remote, received, received remote
+ALPHA, BETA = 1e-4, 1e-8  # a hand-set link fit: 100 us a call, 100 MB/s
+# a step's 16 all-to-alls (4 layers x dispatch, combine x forward, backward) each wait for the group's busiest link:
+# max over ranks of max(sent remote, received remote) = 50 rows
+PREDICTED_S = 16 * ALPHA + 16 * 50 * ROW * BETA
+
+
+def config():
+    return parse_args(["--model", "tiny", "--num-experts", "4", "--moe-router-topk", "2",
+                       "--expert-model-parallel-size", "2", "--world-size", "2"])
+
+
+def ranges(rank: int, step: int, exchange: tuple[int, int, int, int], seconds: float) -> list[dict]:
+    """What the engine records for one step: per layer the counts exchange, dispatch and combine forward, and their
+    backwards (dispatch's backward sends the received rows' gradients back, combine's the sent rows')."""
+    sent, sent_remote, received, received_remote = exchange
+    out, t = [], float(step)
+    for layer in range(LAYERS):
+        for name, phase, rows, remote in (("counts", "forward", None, None),
+                                          ("dispatch", "forward", sent, sent_remote),
+                                          ("combine", "forward", received, received_remote),
+                                          ("combine", "backward", sent, sent_remote),
+                                          ("dispatch", "backward", received, received_remote)):
+            counted = rows is None
+            record = {"kind": "timing", "step": step, "category": "ep-comm", "layer": layer, "phase": phase,
+                      "name": f"ep all-to-all {name} layer{layer}", "start_s": t,
+                      "end_s": t + (1e-6 if counted else seconds), "duration_s": 1e-6 if counted else seconds,
+                      "bytes": 4 * 8 if counted else rows * ROW, "remote_bytes": 2 * 8 if counted else remote * ROW}
+            out.append(record)
+            t = record["end_s"]
+    return out
+
+
+def evidence(dropped: dict[int, list[int]] | None = None) -> RunEvidence:
+    cfg = config()
+    ranks = {}
+    for rank in (0, 1):
+        drop = (dropped or {}).get(rank, [0] * 4)
+        kept = [t - d for t, d in zip(TOKENS[rank], drop)]
+        exchange = exchange_of(rank, kept, (dropped or {}))
+        steps = [{"kind": "step", "step": s, "step_time_s": 0.1, "tokens": 64,
+                  "moe_tokens_per_expert": {str(n): TOKENS[rank] for n in range(LAYERS)},
+                  "moe_dropped_tokens": {str(n): drop for n in range(LAYERS)}} for s in STEPS]
+        timing = [t for s in STEPS for t in ranges(rank, s, exchange, PREDICTED_S / 16)]
+        ranks[rank] = RankEvidence(rank=rank, coords={"tp": 0, "cp": 0, "dp": rank, "pp": 0}, steps=steps,
+                                   timing=timing)
+    manifest = {"world_size": 2, "status": "complete", "run_id": "synthetic-moe"}
+    return RunEvidence(run_dir=Path("."), manifest=manifest, config=cfg, ranks=ranks, traces=[])
+
+
+def exchange_of(rank: int, kept: list[int], dropped: dict[int, list[int]]) -> tuple[int, int, int, int]:
+    """The engine's rows for the kept assignments (only used with the no-drop table or the hand-worked drop case)."""
+    if not dropped:
+        return EXCHANGE[rank]
+    # rank 1 drops 2 of expert 0's assignments: it sends 62 (48 away); rank 0's experts get 80 (48 from rank 1)
+    return {0: (64, 32, 80, 48), 1: (62, 48, 46, 32)}[rank]
+
+
+def model(with_fit: bool = True) -> TimeModel:
+    fits = {("ep", "all_to_all"): LinkFit(ALPHA, BETA, (1024,))} if with_fit else {}
+    return TimeModel(calibration=Calibration(kernels={}, rates={}, comm=CommModel(fits)))
+
+
+def rows_of(ev: RunEvidence, with_fit: bool = True) -> list[Row]:
+    return moe_rows(ev, model(with_fit), run_steps(ev))
+
+
+def pick(rows: list[Row], metric: str, rank: int | None = 0) -> Row:
+    (found,) = [r for r in rows if r.metric == metric and r.rank == rank]
+    return found
+
+
+def test_the_volume_predicted_from_the_routing_matches_the_ranges():
+    rows = rows_of(evidence())
+    size, remote = (pick(rows, m) for m in ("moe.all_to_all.bytes_per_step", "moe.all_to_all.remote_bytes_per_step"))
+    # rank 0, 4 layers: 2 (64 + 82) rows of size, 2 (32 + 50) remote
+    assert size.predicted == 4 * 2 * (64 + 82) * ROW and remote.predicted == 4 * 2 * (32 + 50) * ROW
+    assert (size.verdict, remote.verdict) == ("ok", "ok")
+    assert pick(rows, "moe.all_to_all.bytes_per_step", 1).predicted == 4 * 2 * (64 + 46) * ROW
+
+
+def test_dropped_assignments_are_not_sent():
+    rows = rows_of(evidence(dropped={1: [2, 0, 0, 0]}))
+    assert pick(rows, "moe.all_to_all.remote_bytes_per_step", 1).predicted == 4 * 2 * (48 + 32) * ROW
+    assert all(r.verdict == "ok" for r in rows if r.metric.startswith("moe.all_to_all"))
+    dropped = pick(rows, "moe.dropped_tokens_per_step", 1)
+    assert (dropped.measured, dropped.verdict) == (4 * 2, "n/a")
+
+
+@pytest.mark.parametrize("field", ["bytes", "remote_bytes"])
+def test_a_wrong_volume_is_off(field):
+    ev = evidence()
+    for t in ev.ranks[0].timing:
+        if "counts" not in t["name"]:
+            t[field] = int(t[field] * 1.1)
+    metric = "moe.all_to_all.bytes_per_step" if field == "bytes" else "moe.all_to_all.remote_bytes_per_step"
+    assert pick(rows_of(ev), metric).verdict == "off"
+
+
+def test_the_all_to_all_time_is_predicted_from_the_volume_and_the_link_fit():
+    r = pick(rows_of(evidence()), "time.ep_all_to_all_per_step")
+    assert r.predicted == pytest.approx(PREDICTED_S) and r.measured == pytest.approx(PREDICTED_S)
+    assert r.verdict == "ok" and "exposed" in r.explanation
+
+
+def test_a_wrong_all_to_all_time_is_off():
+    ev = copy.deepcopy(evidence())
+    for t in ev.ranks[0].timing:
+        t["duration_s"] *= 3  # 7.3 ms over the prediction: beyond 3 x (25% or 2 ms)
+    assert pick(rows_of(ev), "time.ep_all_to_all_per_step").verdict == "off"
+
+
+def test_without_an_all_to_all_sweep_the_time_row_says_why():
+    r = pick(rows_of(evidence(), with_fit=False), "time.ep_all_to_all_per_step")
+    assert (r.predicted, r.verdict) == (None, "n/a")
+    assert "no bandwidth sweep of all_to_all on the ep group" in r.explanation
+
+
+def test_load_imbalance_is_shown_per_layer_with_the_tokens_per_expert():
+    r = pick(rows_of(evidence()), "moe.load_imbalance.layer0", rank=None)
+    # over both routers and three steps: 3 x [50, 32, 26, 20], mean 3 x 32
+    assert r.measured == pytest.approx(50 / 32) and r.verdict == "n/a"
+    assert "[150, 96, 78, 60]" in r.explanation
+
+
+def test_a_dense_run_has_no_moe_rows():
+    ev = evidence()
+    ev.config = parse_args(["--model", "tiny", "--world-size", "2"])
+    assert rows_of(ev) == []
+
+
+def test_the_static_memory_rows_count_the_expert_buffers():
+    # fp32, DDP (16 B a parameter: param, grad, Adam m, v): dense 4 x (12,288 + 128 + 256) + 64,000 + 64 = 114,752;
+    # this rank's 2 experts of 33,792 a layer: 270,336
+    rows = [r for r in memory_rows(evidence()) if r.metric == "memory.static_after_first_step"]
+    assert {r.predicted for r in rows} == {16 * (114_752 + 270_336)}
+
+
+def test_a_reconciliation_of_an_moe_run_carries_the_rows_and_says_why_the_step_is_not_replayed():
+    result = reconcile_evidence(evidence())
+    metrics = {r.metric for r in result.rows}
+    assert {"moe.all_to_all.bytes_per_step", "time.ep_all_to_all_per_step", "moe.load_imbalance.layer3"} <= metrics
+    assert NOT_REPLAYED in result.missing
+
+
+@pytest.mark.parametrize("bad", [{"0": [1, 2, 3]}, {"0": "many"}, {"0": [1, -2, 3, 4]}])
+def test_malformed_routing_counts_are_bad_input_naming_the_file(bad):
+    ev = evidence()
+    ev.ranks[1].steps[0]["moe_tokens_per_expert"] = bad
+    with pytest.raises(InputError, match="rank1.*moe_tokens_per_expert"):
+        rows_of(ev)
