@@ -74,6 +74,8 @@ def num_floating_point_operations(run_config: RunConfig, batch_size: int) -> flo
     query_projection_ratio = m.num_attention_heads * m.head_dim / h
     attention = (1 + m.num_query_groups / m.num_attention_heads + s / h / 2) * query_projection_ratio
     mlp = m.ffn_hidden_size / h * 3 / 2  # SwiGLU: gate and up projections, then down
+    if m.is_moe:  # Megatron's moe_layer_flops: each token runs top-k experts of their own width (the router uncounted)
+        mlp = m.expert_ffn_hidden_size * m.moe_router_topk / h * 3 / 2
     logit = pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp) / (2 * layers * h)
     return 12 * batch_size * s * layers * h * h * (attention + mlp + logit)
 

@@ -451,7 +451,8 @@ def test_seed_megatron_flops():
 @pytest.mark.parametrize("flags", [
     SEED, TIED_SEED,
     "--model tiny --world-size 2 --tensor-model-parallel-size 2 --global-batch-size 8 --num-query-groups 2",
-    "--model llama3.1-8b --world-size 4 --tensor-model-parallel-size 4 --global-batch-size 4"])
+    "--model llama3.1-8b --world-size 4 --tensor-model-parallel-size 4 --global-batch-size 4",
+    "--model mixtral-8x7b-2l --global-batch-size 8"])
 def test_the_engines_throughput_counts_the_ledgers_flops(flags):
     """The engine's step log derives Megatron's FLOPs in its own (factored) form; the ledger's term-by-term count is the
     same number, held equal here rather than shared by import."""

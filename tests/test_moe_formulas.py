@@ -129,12 +129,12 @@ def test_the_capacity_factor_bounds_the_routed_rows():
     assert uniform_kept_assignments(32, tiny_moe("--moe-expert-capacity-factor", "2").model) == 64
 
 
-def test_expert_flops_count_k_experts_per_token_and_the_router():
+def test_expert_flops_count_k_experts_per_token_not_the_router():
     moe, dense = tiny_moe(), cfg("--model", "tiny", "--bf16")
     tokens = moe.train.global_batch_size * 32
-    # per token per layer: 3 GEMMs x 2 FLOPs x 3 passes x h f k for the experts + 2 x 3 x h E for the router,
+    # per token per layer: 3 GEMMs x 2 FLOPs x 3 passes x h f k for the experts (the router uncounted, as Megatron),
     # where the dense MLP has 3 x 2 x 3 x h f
-    per_token_layer = 18 * 64 * 176 * 2 + 6 * 64 * 4 - 18 * 64 * 176
+    per_token_layer = 18 * 64 * 176 * 2 - 18 * 64 * 176
     assert flops.megatron_flops_per_step(moe) - flops.megatron_flops_per_step(dense) == 4 * tokens * per_token_layer
 
 

@@ -19,16 +19,21 @@ from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
 
 
-@jit_fuser
-def swiglu(gate_and_up: torch.Tensor) -> torch.Tensor:
+def _swiglu(gate_and_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_and_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
+swiglu = jit_fuser(_swiglu)
+swiglu_any_rows = jit_fuser(_swiglu, dynamic=True)  # an MoE expert's: its row count changes every micro-batch
+
+
 class MLP(torch.nn.Module):
     def __init__(self, config: ModelConfig, prefix: str, *, tp: TPGroup, sequence_parallel: bool,
-                 params_dtype: torch.dtype, device: torch.device | str, seed: int):
+                 params_dtype: torch.dtype, device: torch.device | str, seed: int, any_rows: bool = False):
+        """any_rows: the input's row count varies from call to call (an MoE expert's tokens)."""
         super().__init__()
+        self.activation = swiglu_any_rows if any_rows else swiglu
         h, f, std = config.hidden_size, config.ffn_hidden_size, config.init_method_std
         self.linear_fc1 = ColumnParallelLinear(
             h, 2 * f, tp=tp, init=MasterWeightInit(std, seed, f"{prefix}.linear_fc1.weight"),
@@ -39,4 +44,4 @@ class MLP(torch.nn.Module):
             params_dtype=params_dtype, device=device, input_is_parallel=True, sequence_parallel=sequence_parallel)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(swiglu(self.linear_fc1(hidden_states)))
+        return self.linear_fc2(self.activation(self.linear_fc1(hidden_states)))

@@ -9,8 +9,10 @@ and output projections, the logit GEMM (tied or not: the GEMM runs either way); 
 (softmax)V cost 2 x 2 B s^2 q forward, halved by the causal mask. Norms, RoPE, softmax, biases, position embeddings
 and activation recompute are not counted.
 Mixture of experts (Megatron's moe_layer term): each token runs k experts of f_moe, so the MLP term g h f becomes
-g h f_moe k; the router's [E, h] GEMM adds 2 h E per token per layer forward (x3), which Megatron's count leaves out
-and ours keeps (it runs). Dropped assignments are still counted (model FLOPs of the routing asked for), as Megatron.
+g h f_moe k. The router's [E, h] GEMM (2 h E per token per layer forward) is left out, as Megatron's count leaves it
+out, so that "megatron" stays Megatron's number (it is under 0.1% of a layer at E = 8; palm_6n counts the router's
+weights among the active parameters). Dropped assignments are still counted (model FLOPs of the routing asked for),
+as Megatron.
 "palm_6n": PaLM (Chowdhery et al. 2022, app. B) as torchtitan computes it, per token:
     6 (N - N_embedding) + 12 L q s
 with no causal halving and N - N_embedding the parameters that are GEMM weights (biases and norms count in N, as
@@ -28,7 +30,7 @@ from ledger.formulas.params import active_params, component_counts, padded_vocab
 
 H200_BF16_DENSE_PEAK = 989e12
 MEGATRON = ("megatron: num_floating_point_operations (GQA, SwiGLU 3 or GeLU 2 MLP GEMMs, causal-halved attention; "
-            "MoE: k experts of f_moe per token plus the router), per global batch")
+            "MoE: k experts of f_moe per token), per global batch")
 PALM_6N = "palm_6n: 6(N - N_embedding) + 12*L*q*s per token (PaLM / torchtitan), x tokens per global batch"
 
 
@@ -44,8 +46,8 @@ def megatron_flops_per_step(cfg: RunConfig) -> int:
     batch = cfg.train.global_batch_size
     mlp_gemms = 3 if m.swiglu else 2
     mlp = mlp_gemms * h * f
-    if m.is_moe:  # k SwiGLU experts of f_moe per token, and the router
-        mlp = 3 * h * m.expert_ffn_hidden_size * m.moe_router_topk + h * m.num_experts
+    if m.is_moe:  # k SwiGLU experts of f_moe per token (the router left out, as Megatron: module docstring)
+        mlp = 3 * h * m.expert_ffn_hidden_size * m.moe_router_topk
     linear = mlp * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
     return 6 * batch * s * linear + 6 * batch * s * s * q * L
 

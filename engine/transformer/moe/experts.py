@@ -32,7 +32,7 @@ class SequentialMLP(torch.nn.Module):
         expert_config = dataclasses.replace(config, ffn_hidden_size=config.expert_ffn_hidden_size)
         for e in self.global_indices:
             self.add_module(str(e), MLP(expert_config, f"{prefix}.experts.{e}", tp=tp, sequence_parallel=False,
-                                        params_dtype=params_dtype, device=device, seed=seed))
+                                        params_dtype=params_dtype, device=device, seed=seed, any_rows=True))
         for param in self.parameters():
             param.allreduce = False
 
