@@ -10,7 +10,9 @@ these; keep them stable):
                                                     # (probes.memory.tensor_census)
     probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
     probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
-                            activation_numel=..., activation_dtype=...)   # collective; optional start-up sweep
+                            activation_numel=..., activation_dtype=..., expert_bucket_numels=[...],
+                            ep_dispatch_numel=..., cp_message_numels=[...])  # collective; optional start-up sweep
+                                                    # (probes.bandwidth.SweepSizes)
     probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
                          optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
     with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
@@ -76,7 +78,7 @@ from common.errors import ConfigError
 from common.run_dir import MANIFEST, EventWriter, write_manifest
 from probes import compute_sweep as compute_sweep_mod
 from probes import manifest as manifest_mod
-from probes.bandwidth import Sweep
+from probes.bandwidth import Sweep, SweepSizes
 from probes.memory import MemoryHistory, MemoryProbe, attach_oom_observer
 from probes.nvml import NvmlSampler
 from probes.nvtx_range import Marker, check_category, profiler_active
@@ -203,20 +205,15 @@ class ProbeSet:
             self.writer.write("inventory", None, **{_ENVELOPE_RENAMES.get(k, k): v for k, v in record.items()})
         self.writer.sync()
 
-    def collective_sweep(self, parallel_state: Any, *, dp_bucket_numels: list[int] = (), dp_grad_dtype: Any = "fp32",
-                         dp_param_dtype: Any = "fp32", activation_numel: int = 0,
-                         activation_dtype: Any = "fp32") -> None:
-        """Collective: every rank calls it with the same sizes. A no-op unless --bandwidth-sweep."""
+    def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
+        """Collective: every rank calls it, with the sizes of probes.bandwidth.SweepSizes (each group's members the
+        same). A no-op unless --bandwidth-sweep."""
         if not self.bandwidth_sweep:
             return
         device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
         warmup, iters = (5, 20) if self.memory.use_cuda else (1, 3)
-        sweep = Sweep(parallel_state, device, warmup=warmup, iters=iters)
-        records = sweep.run(list(dp_bucket_numels), dp_grad_dtype, dp_param_dtype, activation_numel, activation_dtype)
-        # One element per rank as well: the time model fits latency + size / bandwidth and needs a size where the
-        # latency dominates (a 4-byte all-reduce is priced at it).
-        records += sweep.run([1] if dp_bucket_numels else [], dp_grad_dtype, dp_param_dtype, 1, activation_dtype)
-        for record in records:
+        sweep, at = Sweep(parallel_state, device, warmup=warmup, iters=iters), SweepSizes(**sizes)
+        for record in sweep.run(at) + sweep.run(at.latency()):
             self.writer.write("bandwidth", None, **record)
         self.writer.sync()
 

@@ -1,8 +1,9 @@
 """Context parallelism in the ledger (issue 19, section 1): plan, simulate and search model --context-parallel-size C
-while `train` refuses it. Expectations are derived by hand from Megatron's rules (docs/formulas.md, "Context
-parallel"): each CP rank holds s/C tokens (chunks i and 2C-1-i of 2C), Transformer Engine's ring attention sends the
-local K/V blocks around the CP group (C - 1 messages forward; K/V and dK/dV, 2 (C - 1) blocks in C messages,
-backward), and the gradients are reduced, and the distributed optimizer sharded, over the dp x cp ranks.
+(the engine runs it: tests/test_context_parallel.py). Expectations are derived by hand from Megatron's rules
+(docs/formulas.md, "Context parallel"): each CP rank holds s/C tokens (chunks i and 2C-1-i of 2C), Transformer
+Engine's ring attention sends the local K/V blocks around the CP group (C - 1 messages forward; K/V and dK/dV,
+2 (C - 1) blocks in C messages, backward), and the gradients are reduced, and the distributed optimizer sharded,
+over the dp x cp ranks.
 The time-model checks run on a synthetic calibration (round kernel prices by name, hand-set link fits): plumbing and
 arithmetic, not a device.
 """

@@ -14,6 +14,7 @@ from typing import Callable
 
 import pytest
 
+from ledger.formulas.activations import local_seq_length
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.evidence import RunEvidence
@@ -27,6 +28,7 @@ from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.topology import group_lists_of, groups_rows, rank_groups
 from ledger.traces import TraceSummary, summarize
 from tests.fixtures.synthetic_run import Spec, make_run
+from tests.support.ring_calibration import attention_records, cp_send_recv_record
 
 
 @dataclass
@@ -394,10 +396,15 @@ def test_a_row_without_its_time_model_prediction_says_so(base):
 # --- context parallel: ring attention's exchanges ------------------------------------------------------------------
 def ring_exchanges(waited: float) -> Callable[[RunEvidence], None]:
     """A CP 2 run: each forward of the synthetic run gets one ring exchange ("cp-comm", issue -> wait returned) over
-    its middle half, whose last `waited` share is a "cp-wait" stall. Plumbing only: the figures are made up."""
+    its middle half, whose last `waited` share is a "cp-wait" stall, and each rank a calibration in which every
+    block (1 ms forward, 2.5 ms backward) outlasts its transfer (0.1 ms): predicted all hidden. Plumbing only: the
+    figures are made up."""
     def apply(ev: RunEvidence) -> None:
-        ev.config.parallel.context_parallel_size = 2
+        cfg = ev.config
+        cfg.parallel.context_parallel_size = 2
         for r in ev.ranks.values():
+            r.compute += attention_records(cfg, seq=local_seq_length(cfg), forward_s=1e-3, backward_s=2.5e-3)
+            r.bandwidth.append(cp_send_recv_record(cfg, 1e-4))
             added = []
             for t in r.timing:
                 if t.get("category") == "forward":
@@ -423,8 +430,8 @@ CASES["cp exchange hidden fraction (timers)"] = CP_CASE
 
 
 def test_a_ring_exchange_that_is_not_hidden_is_off(base):
-    """Clean: 5% of each exchange waited for (hidden 0.95, ok against the structural 1.0). Wrong: 90% waited for,
-    a tenth hidden: off."""
+    """Clean: 5% of each exchange waited for (hidden 0.95, ok against the 1.0 its calibration predicts: every
+    block outlasts its transfer). Wrong: 90% waited for, a tenth hidden: off."""
     clean = pick(CP_CASE.rows(base, False, {}), CP_CASE)
     assert clean.verdict == "ok" and clean.predicted == 1.0 and clean.measured == pytest.approx(0.95)
     wrong = pick(CP_CASE.rows(base, True, {}), CP_CASE)

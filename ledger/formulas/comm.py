@@ -184,16 +184,22 @@ def ring_messages(cp: int, forward: bool) -> list[int]:
     return [1] * (cp - 1) if forward else [1] + [2] * (cp - 2) + [1]
 
 
+def ring_passes(cfg: RunConfig, pp_rank: int) -> tuple[int, int]:
+    """(layers, re-run forwards) of ring attention per micro-batch on a pipeline rank: each layer runs the ring
+    forward and backward once, and recompute re-runs the forward of every layer it repeats core attention in
+    (selective: all; full: the checkpointed groups')."""
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    if cfg.recompute.recompute_granularity == "selective":
+        return layers, layers
+    return layers, num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+
+
 def cp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     """Ring attention's K/V exchange per step (module docstring): per direction, the forward's K/V blocks, the
     backward's K/V blocks and dK/dV partial sums (their messages), and what recompute repeats of the forward."""
     cp, mb, dt = cfg.parallel.context_parallel_size, cfg.num_microbatches, cfg.train.params_dtype
     kv = kv_block_bytes(cfg)
-    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
-    if cfg.recompute.recompute_granularity == "selective":
-        rerun = layers
-    else:
-        rerun = num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+    layers, rerun = ring_passes(cfg, pp_rank)
     forward, backward = ring_messages(cp, True), ring_messages(cp, False)
     out: dict[str, Collective] = {}
     for direction in ("send", "recv"):

@@ -25,18 +25,25 @@ parameters, None until it is wired: the row is n/a and says so); comm_time takes
 Context parallelism's ring exchanges (engine/transformer/ring_attention.py) get one row per rank,
 `overlap.cp_exchange.hidden_fraction`: the share of the exchanges' time (issue -> wait returned, "cp-comm") during
 compute, over the steady steps. The engine issues every exchange before the attention block it runs beside and waits
-after it, so what is not hidden is exactly the "cp-wait" stalls; the config's prediction is structural, all hidden,
-as the bucket rows' is under --overlap-grad-reduce. A transfer slower than its block (a short s/C, a slow link) shows
-as a fraction below it.
+after it, so what is not hidden is exactly the "cp-wait" stalls. The prediction prices both sides from the config
+and this rank's calibration (ledger/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time on
+the cp group at its size, a block at the compute sweep's core attention rate (seconds per FLOP) times its FLOPs;
+each exchange hides min(1, block / transfer), the row the byte-weighted mean. Without either sweep it is n/a and says
+which is missing. The measurement weighs each exchange by its span, max(block, transfer) in the model, the
+prediction by its bytes: the two agree when a step's exchanges are alike (C = 2: every message |KV|, every block the
+same FLOPs).
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
 from typing import Any, Iterable, Mapping
 
 from common.config import RunConfig
+from ledger.formulas.activations import local_seq_length
+from ledger.formulas.ring_overlap import BACKWARD, FORWARD, hidden_fraction, ring_exchanges
 from ledger.reconcile.bandwidth import predicted_time
 from ledger.reconcile.comm import CATEGORY_GROUP, p2p_group, step_of, volume_op
 from ledger.reconcile.evidence import RankEvidence
@@ -44,6 +51,7 @@ from ledger.reconcile.intervals import Interval, covered, length, subtract, unio
 from ledger.reconcile.rows import NO_TIME_MODEL, Row, predicted_row, row, upper_bound_row
 from ledger.reconcile.steps import StepSelection, steps_text
 from ledger.reconcile.topology import group_kind
+from ledger.time_model import Calibration
 from ledger.traces import Collective, TraceSummary, normalize_op
 
 COMPUTE_CATEGORIES = ("forward", "backward")
@@ -70,6 +78,7 @@ class BucketInterval:
     end: float
     overlapped: float
     bytes: int | None
+    expert: bool = False  # an expert buffer's bucket: its collective runs over expt_dp, not dp (docs/engine.md)
 
     @property
     def duration(self) -> float:
@@ -107,7 +116,8 @@ def timer_intervals(r: RankEvidence) -> list[BucketInterval]:
                 span = (t["start_s"], t["end_s"])
                 out.append(BucketInterval(rank=r.rank, step=step, bucket=int(t["bucket"]),
                                           op=normalize_op(t.get("name", "")) or "unknown", start=span[0], end=span[1],
-                                          overlapped=covered(span, busy), bytes=t.get("bytes")))
+                                          overlapped=covered(span, busy), bytes=t.get("bytes"),
+                                          expert=bool(t.get("expert"))))
     return out
 
 
@@ -222,6 +232,7 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
     rows: list[Row] = []
     for (op, bucket), items in sorted(groups.items()):
         last = bucket == max(b for o, b in groups if o == op)
+        group = "expt_dp" if items[0].expert else "dp"
         where = dict(rank=r.rank, stage=r.stage, bucket=bucket, source=source)
         fraction = mean(i.overlapped / i.duration if i.duration > 0 else 0.0 for i in items)
         rows.append(row(f"overlap.{op}.overlapped_fraction", "bucket", predicted=_expected_fraction(op, last, cfg),
@@ -237,7 +248,7 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
                            explanation="time the bucket's collective ran with no compute beside it" + suffix
                            + (f"; {NO_TIME_MODEL}" if timers and exposed is None else ""), **extra, **where))
         nbytes = items[0].bytes
-        pred = predicted_time(r.bandwidth, op, "dp", nbytes) if nbytes else None
+        pred = predicted_time(r.bandwidth, op, group, nbytes) if nbytes else None
         comm = upper_bound_row if timers else row
         rows.append(comm(f"overlap.{op}.comm_time", "bucket", predicted=pred[0] if pred else None,
                          measured=mean(i.duration for i in items), unit="s", tolerance=TIME_TOL,
@@ -309,7 +320,7 @@ def trace_overlap_rows(cfg: RunConfig | None, r: RankEvidence, summary: TraceSum
 
 def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], note: str = "") -> list[Row]:
     """overlap.cp_exchange.hidden_fraction of one rank (module docstring): the exchanges' time during compute over
-    their whole time, summed over `steps`; no row without ring exchanges in those steps."""
+    their whole time, summed over `steps`, against cp_prediction; no row without ring exchanges in those steps."""
     by_step = _by_step(r.timing)
     hidden = total = 0.0
     exchanges = 0
@@ -322,17 +333,57 @@ def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], no
                 hidden, total, exchanges = hidden + covered(span, busy), total + length([span]), exchanges + 1
     if not exchanges:
         return []
-    cp = cfg.parallel.context_parallel_size if cfg is not None else None
+    predicted, how = cp_prediction(cfg, r)
     text = (f"share of the ring attention exchanges' time (issue -> wait returned) during compute, {exchanges} "
-            f"exchanges in {len(steps)} step(s) {steps_text(steps)} (timers"
-            f"{'; ' + note if note else ''}); the rest is the cp-wait stalls; predicted: every exchange is issued "
-            "before the attention block it runs beside and waited for after it (structural, from the config"
-            + (f": CP {cp}" if cp else "") + "), so all of it hides unless a transfer outlasts its block; an exchange "
-            "is a rendezvous, so a wait also holds the time until the neighbouring CP ranks reach the same ring step "
-            "(skew between them shows here)")
-    return [row("overlap.cp_exchange.hidden_fraction", "rank", predicted=1.0 if cp and cp > 1 else None,
+            f"exchanges in {len(steps)} step(s) {steps_text(steps)} (timers{'; ' + note if note else ''}); the rest "
+            f"is the cp-wait stalls; {how}; an exchange is a rendezvous, so a wait also holds the time until the "
+            "neighbouring CP ranks reach the same ring step (skew between them shows here)")
+    return [row("overlap.cp_exchange.hidden_fraction", "rank", predicted=predicted,
                 measured=hidden / total if total > 0 else 0.0, unit="fraction", tolerance=FRACTION_TOL,
                 explanation=text, rank=r.rank, stage=r.stage, source="timers")]
+
+
+def attention_rate(cfg: RunConfig, records: list[dict[str, Any]], op: str) -> float | None:
+    """Seconds per FLOP of the compute sweep's `op` (core_attention.fwd / .bwd) at this rank's dtype, micro-batch
+    and TP-local heads, from the swept sequence nearest the ring's s/C (the rate scales to a ring block by its
+    FLOPs), slowed by the sweep's sustained factor as the time model slows attention. None without such a record."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    want = dict(batch=cfg.train.micro_batch_size, heads=m.num_attention_heads // t,
+                kv_heads=m.num_query_groups // t, head_dim=m.head_dim)
+    found = [x for x in records if x.get("op") == op and x.get("dtype") == cfg.train.params_dtype
+             and x.get("flops") and x.get("seconds") and (x.get("dims") or {}).get("seq")
+             and all(x["dims"].get(k) == v for k, v in want.items())]
+    if not found:
+        return None
+    nearest = min(found, key=lambda x: abs(math.log(x["dims"]["seq"] / local_seq_length(cfg))))
+    return float(nearest["seconds"]) / float(nearest["flops"]) * Calibration.from_records(records, []).sustained
+
+
+def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None, str]:
+    """(predicted hidden fraction, how) from the config and this rank's own calibration (ledger.formulas.
+    ring_overlap): each message's time from the bandwidth sweep's send_recv on the cp group at its size, each
+    block's from the compute sweep's attention rate; None, saying what is missing, without them."""
+    if cfg is None or cfg.parallel.context_parallel_size == 1:
+        return None, "no prediction: no CP config"
+    rates = {}
+    for phase, op in ((FORWARD, "core_attention.fwd"), (BACKWARD, "core_attention.bwd")):
+        rate = attention_rate(cfg, r.compute, op)
+        if rate is None:
+            return None, (f"no prediction: the compute sweep (--compute-sweep) has no {op} record at this rank's "
+                          "heads and dtype to price the blocks")
+        rates[phase] = rate
+    exchanges = ring_exchanges(cfg, r.stage)
+    transfers = {e.message_bytes: predicted_time(r.bandwidth, normalize_op("send_recv"), "cp", e.message_bytes)
+                 for e in exchanges}
+    if any(found is None for found in transfers.values()):
+        return None, "no prediction: the bandwidth sweep (--bandwidth-sweep) has no send_recv on the cp group"
+    fraction = hidden_fraction(exchanges, lambda nbytes: transfers[nbytes][0], rates)
+    parts = dict.fromkeys(f"{e.phase}, {e.message_bytes:,} B: block {e.block_flops * rates[e.phase] * 1e6:.3g} us "
+                          f"beside a {transfers[e.message_bytes][0] * 1e6:.3g} us transfer" for e in exchanges)
+    sweeps = "; ".join(sorted({how for _, how in transfers.values()}))
+    return fraction, ("predicted: each exchange hides min(1, block / transfer), byte-weighted over the step "
+                      f"(ledger/formulas/ring_overlap.py): {', '.join(parts)} (blocks at the compute sweep's "
+                      f"core attention rate scaled by FLOPs; {sweeps})")
 
 
 def _bucket_tails(intervals: list[BucketInterval], steps: list[int]) -> float | None:

@@ -3,18 +3,22 @@ rule gives.
 
 The groups come from the ledger's own derivation (ledger.rank_groups) of the manifest's layout, never from the
 engine: the manifest also records the groups each rank actually joined (`ranks[r].groups`, written by the engine),
-and `groups_rows` holds the two against each other, so an engine that builds the wrong groups is "off".
+and `groups_rows` holds the two against each other, so an engine that builds the wrong groups is "off". Every kind
+the engine records is checked: the dense grid's eight (tp, cp, dp, dp_cp, pp, mp, embedding, position) and, for an
+MoE model (the manifest's config names experts), the expert grid's ep, expt_dp and expt_mp (Megatron's second rank
+generator, ledger.rank_groups.expert_layout); a kind the layout has no group of (expert groups in a dense run) is off.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
 
-from ledger.rank_groups import Layout, group_lists
+from ledger.rank_groups import DEFAULT_ORDER, Layout, expert_group_lists, expert_layout, group_lists
 from ledger.reconcile.evidence import rank_entry
 from ledger.reconcile.rows import Row, threshold_row
 
 KINDS = ("tp", "dp", "pp", "embedding")
+EXPERT_KINDS = ("ep", "expt_dp", "expt_mp")
 
 
 @lru_cache(maxsize=16)
@@ -24,6 +28,27 @@ def _lists(layout: Layout) -> dict[str, list[list[int]]]:
 
 def group_lists_of(manifest: dict[str, Any]) -> dict[str, list[list[int]]]:
     return _lists(Layout.from_manifest(manifest))
+
+
+@lru_cache(maxsize=16)
+def _expert_lists(world_size: int, tp: int, pp: int, ep: int, order: str) -> dict[str, list[list[int]]]:
+    return expert_group_lists(expert_layout(world_size, tp=tp, pp=pp, ep=ep, order=order))
+
+
+def expert_lists_of(manifest: dict[str, Any]) -> dict[str, list[list[int]]]:
+    """An MoE run's expert groups (ep, expt_dp, expt_mp) on Megatron's expert grid; none for a dense run, for which
+    the engine builds none."""
+    config = manifest.get("config") or {}
+    if (config.get("model") or {}).get("num_experts") is None:
+        return {}
+    par = config.get("parallel") or {}
+
+    def size(key: str) -> int:
+        return 1 if par.get(key) is None else int(par[key])
+
+    return _expert_lists(int(manifest["world_size"]), size("tensor_model_parallel_size"),
+                         size("pipeline_model_parallel_size"), size("expert_model_parallel_size"),
+                         par.get("order") or DEFAULT_ORDER)
 
 
 def rank_groups(manifest: dict[str, Any], rank: int) -> dict[str, tuple[int, ...]]:
@@ -59,7 +84,7 @@ def rank_label(rank: int, coords: dict[str, int]) -> str:
 def groups_rows(manifest: dict[str, Any]) -> list[Row]:
     """One row per rank whose manifest entry records its groups: the number of group kinds where the engine's group
     differs from Megatron's rule (0 expected; any difference is off and named)."""
-    lists = group_lists_of(manifest)
+    lists = {**group_lists_of(manifest), **expert_lists_of(manifest)}
     rows = []
     for rank in range(int(manifest["world_size"])):
         actual = rank_entry(manifest, rank).get("groups")
@@ -68,9 +93,12 @@ def groups_rows(manifest: dict[str, Any]) -> list[Row]:
         wrong = []
         for kind, ranks in sorted(actual.items()):
             expected = next((g for g in lists.get(kind, []) if rank in g), None)
-            if kind in lists and list(ranks) != expected:
+            if kind not in lists:
+                wrong.append(f"{kind} {list(ranks)} (no {kind} group in this layout"
+                             + (": the config has no experts)" if kind in EXPERT_KINDS else ")"))
+            elif list(ranks) != expected:
                 wrong.append(f"{kind} {list(ranks)} (Megatron's rule: {expected})")
-        missing = [kind for kind in ("tp", "dp", "pp") if kind not in actual]
+        missing = [kind for kind in ("tp", "dp", "pp", *(EXPERT_KINDS if "ep" in lists else ())) if kind not in actual]
         wrong += [f"{kind} not recorded" for kind in missing]
         rows.append(threshold_row(
             "topology.rank_groups", "rank", measured=len(wrong), warn_at=1, off_at=1, unit="count",

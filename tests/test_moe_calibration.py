@@ -1,0 +1,218 @@
+"""Calibration of the expert-parallel and context-parallel time rows, and the check of the expert groups.
+
+The start-up bandwidth sweep (probes/bandwidth.py) times all_to_all on the "ep" group at one micro-batch's dispatch
+size, the expert buckets' collectives on "expt_dp", and the CP ring's send_recv on "cp"; the ledger's
+`time.ep_all_to_all_per_step` (ledger/reconcile/moe.py) prices the all-to-alls with the "ep" fit, and the topology
+check (ledger/reconcile/topology.py) holds the engine's expert groups against Megatron's expert grid.
+
+Claims about measurements are made on one real run, shared by the slow tests here: the engine on 2 gloo ranks, the
+tiny shape with 4 experts, top-2, EP2, --timers --bandwidth-sweep. The sweep's own plumbing on the other groups is
+checked on real gloo ranks without a model; the topology cases are synthetic manifests (plumbing, said so there).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.arguments import parse_args
+from ledger.formulas.device_memory import communicators
+from ledger.reconcile.moe import TIME_FLOOR_S, TIME_TOL, exchange_seconds, moe_rows
+from ledger.reconcile.rows import WARN_FACTOR
+from ledger.reconcile.run import gather, reconcile, run_steps
+from ledger.reconcile.time_rows import predict_run
+from ledger.reconcile.topology import groups_rows
+from tests.support.gloo import run_distributed
+from tests.test_moe_rows import PREDICTED_S, evidence, model
+
+EP_RUN = ["--model", "tiny", "--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
+          "--global-batch-size", "4", "--micro-batch-size", "1"]
+SEQ, HIDDEN, TOPK, FP32 = 32, 64, 2, 4  # the tiny shape, fp32
+
+
+@pytest.fixture(scope="module")
+def ep_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("ep2") / "run"
+    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", *EP_RUN, "--train-iters", "4",
+            "--timers", "--bandwidth-sweep", "--run-dir", str(run)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+def records(run: Path, rank: int, kind: str) -> list[dict]:
+    lines = (run / "ranks" / f"rank{rank}" / "events.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
+def pick(rows, metric: str, rank: int):
+    (found,) = [r for r in rows if r.metric == metric and r.rank == rank]
+    return found
+
+
+@pytest.mark.slow
+def test_the_sweep_times_the_dispatch_all_to_all_on_the_ep_group(ep_run):
+    # one micro-batch's dispatch: s x b tokens, top-2 rows each of h fp32 values: 32 x 2 x 64 x 4 = 16 KiB; and the
+    # latency point, one element per rank
+    dispatch = SEQ * 1 * TOPK * HIDDEN * FP32
+    for rank in (0, 1):
+        ep = [r for r in records(ep_run, rank, "bandwidth") if r["group"] == "ep"]
+        assert {(r["collective"], r["size_bytes"]) for r in ep} == {("all_to_all", dispatch), ("all_to_all", 2 * FP32)}
+        for r in ep:
+            assert r["group_size"] == 2 and r["ranks"] == [0, 1]
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)  # all-to-all: (n - 1) / n
+        # the expert buffers are reduced over expert-dp, a group of one here: none of their buckets is swept on dp
+        expert = {b["numel"] * FP32 for r in records(ep_run, rank, "inventory") if r.get("expert")
+                  for b in r["buckets"]}
+        swept = {r["size_bytes"] for r in records(ep_run, rank, "bandwidth")}
+        assert expert and not expert & swept
+        assert not [r for r in records(ep_run, rank, "bandwidth") if r["group"] == "expt_dp"]
+
+
+@pytest.mark.slow
+def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep_run):
+    result = reconcile(ep_run)
+    for rank in (0, 1):
+        judged = pick(result.rows, "time.ep_all_to_all_per_step", rank)
+        wait = pick(result.rows, "time.ep_all_to_all_wait_per_step", rank)
+        # the prediction is the ep sweep's fit: a latency a call at these latency-bound sizes
+        assert judged.predicted is not None and "alpha" in judged.explanation
+        # within WARN_FACTOR x (25% or 2 ms): the exchange after the last peer's arrival is what the fit prices
+        assert judged.verdict in ("ok", "warn"), judged.explanation
+        assert wait.verdict == "n/a" and wait.measured >= 0
+    # the ranges' time is the exchange plus the wait, both read from the same steps
+    ev = gather(ep_run)
+    exchange = exchange_seconds(ev.config, ev)
+    assert set(exchange[0]) == set(exchange[1]) == {1, 2, 3, 4}
+    assert exchange[0] == exchange[1]  # one exchange per call for the whole EP group
+
+
+@pytest.mark.slow
+def test_a_wrong_exchange_time_is_off(ep_run):
+    ev = gather(ep_run)
+    model, selection = predict_run(ev), run_steps(ev)
+    clean = pick(moe_rows(ev, model, selection), "time.ep_all_to_all_per_step", 0)
+    assert clean.verdict in ("ok", "warn")
+    calls = sum(1 for t in ev.ranks[0].timing if t.get("category") == "ep-comm" and "counts" not in t["name"]
+                and t["step"] == 2)
+    band = WARN_FACTOR * max(TIME_FLOOR_S, TIME_TOL * clean.predicted)
+    late = 2 * band / calls  # every exchange returns later: twice the warn band a step
+    for r in ev.ranks.values():
+        for t in r.timing:
+            if t.get("category") == "ep-comm":
+                t["t_end"] += late
+                t["duration_s"] += late
+    assert pick(moe_rows(ev, model, selection), "time.ep_all_to_all_per_step", 0).verdict == "off"
+
+
+@pytest.mark.slow
+def test_the_engines_expert_groups_are_megatrons_and_each_holds_a_communicator(ep_run):
+    manifest = json.loads((ep_run / "manifest.json").read_text())
+    rows = groups_rows(manifest)
+    assert [(r.rank, r.measured, r.verdict) for r in rows] == [(0, 0, "ok"), (1, 0, "ok")]
+    cfg = parse_args([*EP_RUN, "--world-size", "2"])
+    for entry in manifest["ranks"]:
+        # 8 dense kinds + ep, expt_dp, expt_mp: the device-memory formula's communicators, the default one aside
+        assert {"ep", "expt_dp", "expt_mp"} <= set(entry["groups"])
+        assert len(entry["groups"]) == communicators(cfg, entry["rank"]) - 1 == 11
+
+
+def test_waiting_for_a_late_peer_is_shown_apart_from_the_exchange():
+    """Plumbing (test_moe_rows' synthetic EP2 evidence, given wall-clock times): rank 0 enters every all-to-all 1 ms
+    before rank 1, then both take the exchange's time, the link fit's prediction; rank 0's ranges hold the wait."""
+    ev, skew = evidence(), 1e-3
+    for rank, r in ev.ranks.items():
+        for t in r.timing:
+            early = skew if rank == 0 and "counts" not in t["name"] else 0.0
+            t.update(t_start=t["start_s"] - early, t_end=t["end_s"], duration_s=t["duration_s"] + early)
+    rows = moe_rows(ev, model(), run_steps(ev))
+    for rank, waited in ((0, 16 * skew), (1, 0.0)):  # 16 dispatch / combine all-to-alls a step
+        judged = pick(rows, "time.ep_all_to_all_per_step", rank)
+        assert judged.measured == pytest.approx(PREDICTED_S) and judged.verdict == "ok"
+        assert pick(rows, "time.ep_all_to_all_wait_per_step", rank).measured == pytest.approx(waited, abs=1e-9)
+
+
+# --- the sweep on the other groups: real gloo ranks, no model ------------------------------------------------------
+def sweep_layouts(rank: int, world_size: int) -> dict[str, list[dict]]:
+    """The sweep alone at two 2-rank layouts: experts with EP1 (expert-dp 2, ep a group of one), and CP2."""
+    from engine.parallel_state import ParallelState
+    from probes.bandwidth import Sweep, SweepSizes
+    import torch
+
+    out = {}
+    for name, ps, sizes in (
+            ("expert_dp", ParallelState.initialize(ep=1, moe=True),
+             SweepSizes(dp_bucket_numels=[100], expert_bucket_numels=[301, 301], ep_dispatch_numel=64)),
+            ("cp", ParallelState.initialize(cp=2), SweepSizes(cp_message_numels=[48, 96], activation_dtype="bf16"))):
+        sweep = Sweep(ps, torch.device("cpu"), warmup=1, iters=1)
+        out[name] = sweep.run(sizes) + sweep.run(sizes.latency())
+    return out
+
+
+@pytest.mark.slow
+def test_expert_buckets_sweep_on_expert_dp_and_the_cp_ring_on_cp():
+    for per_layout in run_distributed(sweep_layouts, 2):
+        expert = {(r["group"], r["collective"], r["numel"]) for r in per_layout["expert_dp"]}
+        # dense buckets on dp x cp, expert buckets (301 padded to 302) on expt_dp, each with its latency point;
+        # no all_to_all: the ep group has one rank
+        assert expert == {(g, c, n) for g, n in (("dp", 100), ("dp", 2), ("expt_dp", 302), ("expt_dp", 2))
+                          for c in ("reduce_scatter", "all_gather", "all_reduce")}
+        cp = per_layout["cp"]
+        assert {(r["group"], r["collective"], r["size_bytes"]) for r in cp} == {
+            ("cp", "send_recv", 2 * 48), ("cp", "send_recv", 2 * 96), ("cp", "send_recv", 2 * 1)}  # bf16
+        assert all(r["ranks"] == [0, 1] and r["busbw_GBps"] == r["algbw_GBps"] for r in cp)
+
+
+# --- the topology check of the expert groups (plumbing: synthetic manifests) ---------------------------------------
+def moe_manifest(groups_of_rank1: dict[str, list[int]], experts: int | None = 4) -> dict:
+    """World 4, EP2: Megatron's expert grid tp-ep-dp-pp puts ranks 0, 1 in an EP group and 1, 3 in an expert-dp
+    group; the dense grid has one DP group of all four."""
+    return {"world_size": 4, "config": {"model": {"num_experts": experts},
+                                        "parallel": {"expert_model_parallel_size": 2 if experts else 1}},
+            "ranks": [{"rank": 1, "groups": groups_of_rank1}]}
+
+
+DENSE_RANK1 = {"tp": [1], "cp": [1], "dp": [0, 1, 2, 3], "dp_cp": [0, 1, 2, 3], "pp": [1], "mp": [1],
+               "embedding": [1], "position": [1]}
+EXPERT_RANK1 = {"ep": [0, 1], "expt_dp": [1, 3], "expt_mp": [0, 1]}
+
+
+def test_the_expert_groups_are_checked_against_megatrons_expert_grid():
+    (ok,) = groups_rows(moe_manifest({**DENSE_RANK1, **EXPERT_RANK1}))
+    assert (ok.measured, ok.verdict) == (0, "ok") and "11 process groups" in ok.explanation
+
+
+@pytest.mark.parametrize("groups, named", [
+    ({**DENSE_RANK1, **EXPERT_RANK1, "ep": [1, 3]}, "ep [1, 3] (Megatron's rule: [0, 1])"),
+    ({**DENSE_RANK1, **EXPERT_RANK1, "expt_dp": [0, 1]}, "expt_dp [0, 1] (Megatron's rule: [1, 3])"),
+    ({**DENSE_RANK1, "expt_dp": [1, 3], "expt_mp": [0, 1]}, "ep not recorded"),
+])
+def test_a_wrong_or_missing_expert_group_is_off(groups, named):
+    (wrong,) = groups_rows(moe_manifest(groups))
+    assert (wrong.measured, wrong.verdict) == (1, "off") and named in wrong.explanation
+
+
+def test_expert_groups_in_a_dense_run_are_off():
+    (wrong,) = groups_rows(moe_manifest({**DENSE_RANK1, **EXPERT_RANK1}, experts=None))
+    assert (wrong.measured, wrong.verdict) == (3, "off") and "the config has no experts" in wrong.explanation
+
+
+def test_an_expert_buckets_comm_time_is_priced_on_expert_dp():
+    """Synthetic evidence (plumbing): one dense and one expert bucket of the same size; the sweep has dp at 1 GB/s and
+    expt_dp at 4 GB/s, so the expert bucket's predicted comm time is a quarter of the dense one's."""
+    from ledger.reconcile.evidence import RankEvidence
+    from ledger.reconcile.overlap import bucket_rows, timer_intervals
+
+    nbytes = 8_000_000
+    sweep = [{"group": "dp", "collective": "reduce_scatter", "size_bytes": nbytes, "time_s": nbytes / 1e9},
+             {"group": "expt_dp", "collective": "reduce_scatter", "size_bytes": nbytes, "time_s": nbytes / 4e9}]
+    timing = [{"step": 2, "category": "dp-comm", "name": f"reduce-scatter bucket{b}", "bucket": b, "bytes": nbytes,
+               "start_s": 1.0, "end_s": 1.01, "async_comm": True, **({"expert": True} if b == 1 else {})}
+              for b in (0, 1)]
+    r = RankEvidence(rank=0, coords={"pp": 0}, timing=timing, bandwidth=sweep)
+    rows = bucket_rows(None, r, timer_intervals(r), "timers", steps=[2])
+    comm = {row.bucket: row.predicted for row in rows if row.metric == "overlap.reduce_scatter.comm_time"}
+    assert comm == pytest.approx({0: 8e-3, 1: 2e-3})
