@@ -49,9 +49,9 @@ def render(sim: Simulation) -> str:
     if "moe" in d:
         moe = d["moe"]
         lines += ["", f"mixture of experts: {moe['num_experts']} experts, top-{moe['topk']}, ep {moe['ep']}, expert dp "
-                      f"{moe['expert_dp']}; {moe['params_active']:,} parameters active per token; compute priced as "
-                      f"a dense MLP of f {moe['dense_equivalent_ffn']:,}, all-to-alls exposed "
-                      f"({duration(moe['all_to_all_step_s'])} a step, uniform routing)"]
+                      f"{moe['expert_dp']}; {moe['params_active']:,} parameters active per token; router, permutes "
+                      f"and each expert's GEMMs priced at uniform routing, all-to-alls exposed "
+                      f"({duration(moe['all_to_all_step_s'])} a step)"]
         lines += [f"  stage {m['stage']}: parameters dense {m['params']['dense']:,}, expert {m['params']['expert']:,}; "
                   f"static dense {size(m['static_bytes']['dense'])}, expert {size(m['static_bytes']['expert'])}; "
                   f"all-to-all {m['all_to_all_calls']} calls, {size(m['all_to_all_bytes'])} a step "

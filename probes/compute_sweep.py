@@ -16,6 +16,13 @@ a test holds the two lists equal):
                none) has gelu forward / backward instead of swiglu, Megatron's bias_gelu as torch's tanh GeLU of
                the input plus a bias, layer_norm (F.layer_norm, weight and bias) instead of rms_norm, and no rope
                under learned positions
+  MoE layer    (a model with experts, in place of the MLP's) router.fprop / .dgrad / .wgrad at the routed tokens,
+               router.topk.fwd / .bwd (the engine's router after its GEMM: top-k, softmaxes, counts, the
+               load-balancing loss and capacity drops where configured), moe.permute and moe.unpermute .fwd / .bwd
+               (the engine's dispatcher at EP 1 on uniform routing: the rows sorted by expert and split per expert;
+               the experts' outputs concatenated and combined per token), and the experts' linear_fc1 / swiglu /
+               linear_fc2 at each of the rank's expert row counts (uniform routing: ExpertSpec); the all-to-alls
+               are the bandwidth sweep's
   first stage  embedding.fwd / .bwd (the dense embedding gradient added into a main_grad, as DDP's hook does)
   per element  optimizer.step (grad norm, clip, fused AdamW, fp32 -> param copy) and grad_buffer.zero, at up to
                RATE_NUMEL_CAP elements; the time model scales them to the run's element counts
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -72,13 +80,24 @@ SUSTAINED_KERNELS = tuple(f"{linear}.{gemm}" for linear in ("linear_qkv", "linea
 
 
 @dataclass(frozen=True)
+class MoEKernels:
+    """The engine's MoE layer pieces, as one rank runs them apart from the all-to-alls (its dispatcher at EP 1)."""
+    route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # logits [T, E] -> (experts, probs) [T, k]
+    # (tokens [T, h], experts [T, k], probs [T, k] fp32, kept [T, k] bool) -> (rows by expert, rows per expert, plan)
+    permute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[int], Any]]
+    unpermute: Callable[[torch.Tensor, Any], torch.Tensor]  # (expert rows, plan) -> [T, h]
+    swiglu: Callable[[torch.Tensor], torch.Tensor]  # the experts' (compiled for any row count)
+
+
+@dataclass(frozen=True)
 class EngineKernels:
     """The engine's own functions for the work it fuses, so the sweep times what runs; `variant` says how they run
-    (compiled or eager) and keys the cache."""
+    (compiled or eager) and keys the cache; `moe` for a model with experts."""
     split_qkv_and_rotate: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     swiglu: Callable[[torch.Tensor], torch.Tensor]
     cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [s, b, v], target [s, b])
     variant: str
+    moe: MoEKernels | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,7 @@ class SweepSpec:
     swiglu: bool = True  # else the GPT style's GeLU MLP: fc1 f wide
     rope: bool = True  # else learned absolute positions
     layer_norm: bool = False  # else RMSNorm
+    moe: "ExpertSpec | None" = None  # the MLP is an MoE layer
 
     @classmethod
     def from_run(cls, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
@@ -115,7 +135,8 @@ class SweepSpec:
                    norm_tokens=sb // (tp_size if run_config.parallel.sequence_parallel and tp_size > 1 else 1),
                    first_stage=first_stage, last_stage=last_stage, optimizer_numel=optimizer_numel,
                    grad_buffer_numel=grad_buffer_numel, swiglu=m.swiglu,
-                   rope=m.position_embedding_type == "rope", layer_norm=m.normalization == "LayerNorm")
+                   rope=m.position_embedding_type == "rope", layer_norm=m.normalization == "LayerNorm",
+                   moe=ExpertSpec.from_run(run_config, tp_size) if m.num_experts is not None else None)
 
     @property
     def fc1(self) -> int:
@@ -124,6 +145,46 @@ class SweepSpec:
     @property
     def tokens(self) -> int:
         return self.seq * self.micro_batch
+
+
+@dataclass(frozen=True)
+class ExpertSpec:
+    """A rank's MoE layer under uniform routing: its T routed tokens (s b, / t under SP) each pick k of E experts;
+    an expert keeps at most ceil(T k / E x c) of them under a capacity factor c; the kept ones (`routed`) are split
+    as evenly as they go over the rank's E / EP experts (every EP rank routing alike, a rank receives what it
+    sends)."""
+    experts: int
+    topk: int
+    tokens: int
+    capacity: int | None
+    local_experts: int
+    ffn: int  # f_moe / t
+    aux_loss: bool
+
+    @classmethod
+    def from_run(cls, run_config: Any, tp_size: int) -> "ExpertSpec":
+        m, p = run_config.model, run_config.parallel
+        tokens = m.seq_length * run_config.train.micro_batch_size // (tp_size if p.sequence_parallel else 1)
+        cf = m.moe_expert_capacity_factor
+        return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens,
+                   capacity=math.ceil(tokens * m.moe_router_topk / m.num_experts * cf) if cf is not None else None,
+                   local_experts=m.num_experts // p.expert_model_parallel_size,
+                   ffn=m.expert_ffn_hidden_size // tp_size, aux_loss=m.moe_aux_loss_coeff > 0)
+
+    @property
+    def routed(self) -> int:
+        assignments = self.tokens * self.topk
+        return assignments if self.capacity is None else min(assignments, self.experts * self.capacity)
+
+    @property
+    def rows(self) -> list[int]:
+        """The distinct row counts of the rank's experts (one or two), none empty."""
+        each, extra = divmod(self.routed, self.local_experts)
+        return sorted({r for r in (each, each + 1 if extra else each) if r > 0})
+
+    @property
+    def copy_dims(self) -> dict[str, int]:
+        return dict(tokens=self.tokens, topk=self.topk, rows=self.routed)
 
 
 class _Op:
@@ -210,22 +271,30 @@ def _accumulator(device: torch.device, dtype: torch.dtype, grad_dtype: torch.dty
 
 
 def _gemms(spec: SweepSpec, t: _Tensors, grad_dtype: torch.dtype, accumulate: Callable) -> list[Planned]:
-    h, f, tokens = spec.hidden, spec.ffn, spec.tokens
-    linears = [("linear_qkv", (spec.heads + 2 * spec.kv_heads) * spec.head_dim, h),
-               ("linear_proj", h, spec.heads * spec.head_dim), ("linear_fc1", spec.fc1, h), ("linear_fc2", h, f)]
+    """Each linear's three GEMMs at its row count: the layer's tokens, an MoE layer's router at its routed tokens and
+    its experts' fc1 / fc2 at each of their row counts (in place of the dense MLP's)."""
+    h, f, x = spec.hidden, spec.ffn, spec.moe
+    linears = [("linear_qkv", (spec.heads + 2 * spec.kv_heads) * spec.head_dim, h, spec.tokens),
+               ("linear_proj", h, spec.heads * spec.head_dim, spec.tokens)]
+    if x is None:
+        linears += [("linear_fc1", spec.fc1, h, spec.tokens), ("linear_fc2", h, f, spec.tokens)]
+    else:
+        linears.append(("router", x.experts, h, x.tokens))
+        for rows in x.rows:
+            linears += [("linear_fc1", 2 * x.ffn, h, rows), ("linear_fc2", h, x.ffn, rows)]
     if spec.last_stage:
-        linears.append(("output_layer", spec.vocab, h))
+        linears.append(("output_layer", spec.vocab, h, spec.tokens))
     out = []
-    for name, n_out, n_in in linears:
-        def fprop(n_out=n_out, n_in=n_in) -> _Op:
+    for name, n_out, n_in, tokens in linears:
+        def fprop(n_out=n_out, n_in=n_in, tokens=tokens) -> _Op:
             x, w = t.randn(tokens, n_in), t.randn(n_out, n_in)
             return _Call(lambda: F.linear(x, w))
 
-        def dgrad(n_out=n_out, n_in=n_in) -> _Op:
+        def dgrad(n_out=n_out, n_in=n_in, tokens=tokens) -> _Op:
             g, w = t.randn(tokens, n_out), t.randn(n_out, n_in)
             return _Call(lambda: g.matmul(w))
 
-        def wgrad(n_out=n_out, n_in=n_in) -> _Op:
+        def wgrad(n_out=n_out, n_in=n_in, tokens=tokens) -> _Op:
             g, x = t.randn(tokens, n_out), t.randn(tokens, n_in)
             c = torch.zeros(n_out, n_in, device=t.device, dtype=grad_dtype)
             return _Call(lambda: accumulate(c, g.t(), x))
@@ -316,13 +385,83 @@ def _elementwise(spec: SweepSpec, t: _Tensors, kernels: EngineKernels) -> list[P
     activation, act = ("swiglu", gated) if spec.swiglu else ("gelu", bias_gelu)
     rotary_ops = [Planned("rope.fwd", rope, spec.dtype, 0.0, lambda: rotary(False)),
                   Planned("rope.bwd", rope, spec.dtype, 0.0, lambda: rotary(True))] if spec.rope else []
+    mlp = [Planned(f"{activation}.{p}", dict(tokens=spec.tokens, width=fc1), spec.dtype, 0.0,
+                   lambda backward=p == "bwd": act(backward)) for p in ("fwd", "bwd")] if spec.moe is None else []
     return [Planned(f"{norm_op}.fwd", norm, spec.dtype, 0.0, norm_forward),
             Planned(f"{norm_op}.bwd", norm, spec.dtype, 0.0, norm_backward),
             Planned("residual_add", dict(numel=spec.norm_tokens * h), spec.dtype, 0.0, add),
             Planned("attention_output.copy", dict(numel=spec.tokens * spec.heads * d), spec.dtype, 0.0, copy),
-            *rotary_ops,
-            Planned(f"{activation}.fwd", dict(tokens=spec.tokens, width=fc1), spec.dtype, 0.0, lambda: act(False)),
-            Planned(f"{activation}.bwd", dict(tokens=spec.tokens, width=fc1), spec.dtype, 0.0, lambda: act(True))]
+            *rotary_ops, *mlp]
+
+
+def _uniform_routing(x: ExpertSpec, t: _Tensors, grad: bool) -> tuple[torch.Tensor, ...]:
+    """experts [T, k] spreading the T k assignments evenly (assignment i to expert i mod E: k distinct experts a
+    token), probs [T, k] fp32, kept [T, k] (an expert keeps its first `capacity`)."""
+    slots = torch.arange(x.tokens * x.topk, device=t.device)
+    experts = (slots % x.experts).view(x.tokens, x.topk)
+    kept = slots // x.experts < (x.capacity if x.capacity is not None else x.tokens * x.topk)
+    return experts, t.randn(x.tokens, x.topk, dtype=torch.float32, grad=grad), kept.view(x.tokens, x.topk)
+
+
+def _moe(spec: SweepSpec, t: _Tensors, kernels: MoEKernels) -> list[Planned]:
+    """An MoE layer's ops beside its GEMMs: the router's top-k, permute and unpermute through the engine's own
+    functions at uniform routing, and the experts' SwiGLU at each row count."""
+    x, h = spec.moe, spec.hidden
+
+    def route(backward: bool) -> _Op:
+        logits = t.randn(x.tokens, x.experts, grad=backward)
+        if not backward:
+            return _Call(lambda: kernels.route(logits))
+        return _Backward(lambda: kernels.route(logits)[1], (logits,),
+                         (t.randn(x.tokens, x.topk, dtype=torch.float32),))
+
+    def permuted(backward: bool) -> tuple[Callable[[], tuple[torch.Tensor, ...]], torch.Tensor]:
+        """The dispatch as the experts see it: the permuted rows split per expert (their backward: a cat)."""
+        tokens = t.randn(x.tokens, h, grad=backward)
+        experts, probs, kept = _uniform_routing(x, t, grad=False)
+
+        def forward() -> tuple[torch.Tensor, ...]:
+            rows, per_expert, _ = kernels.permute(tokens, experts, probs, kept)
+            return rows.split(per_expert)
+        return forward, tokens
+
+    def permute(backward: bool) -> _Op:
+        forward, tokens = permuted(backward)
+        if not backward:
+            return _Call(forward)
+        grads = tuple(t.randn(*c.shape) for c in forward())
+        return _Backward(forward, (tokens,), grads)
+
+    def unpermute(backward: bool) -> _Op:
+        """The experts' outputs concatenated (SequentialMLP) and combined per token."""
+        tokens = t.randn(x.tokens, h)
+        experts, probs, kept = _uniform_routing(x, t, grad=backward)
+        _, per_expert, plan = kernels.permute(tokens, experts, probs, kept)
+        outputs = tuple(t.randn(n, h, grad=backward) for n in per_expert)
+        if not backward:
+            return _Call(lambda: kernels.unpermute(torch.cat(outputs), plan))
+        return _Backward(lambda: kernels.unpermute(torch.cat(outputs), plan), (*outputs, probs),
+                         (t.randn(x.tokens, h),))
+
+    def gated(rows: int, backward: bool) -> _Op:
+        y = t.randn(rows, 2 * x.ffn, grad=backward)
+        if not backward:
+            return _Call(lambda: kernels.swiglu(y))
+        return _Backward(lambda: kernels.swiglu(y), (y,), (t.randn(rows, x.ffn),))
+
+    topk = dict(tokens=x.tokens, experts=x.experts, topk=x.topk, aux_loss=int(x.aux_loss),
+                dropping=int(x.capacity is not None))
+    out = []
+    for p in ("fwd", "bwd"):
+        backward = p == "bwd"
+        out += [Planned(f"router.topk.{p}", topk, spec.dtype, 0.0, lambda b=backward: route(b)),
+                Planned(f"moe.permute.{p}", {**x.copy_dims, "hidden": h}, spec.dtype, 0.0,
+                        lambda b=backward: permute(b)),
+                Planned(f"moe.unpermute.{p}", {**x.copy_dims, "hidden": h}, spec.dtype, 0.0,
+                        lambda b=backward: unpermute(b))]
+        out += [Planned(f"swiglu.{p}", dict(tokens=rows, width=2 * x.ffn), spec.dtype, 0.0,
+                        lambda rows=rows, b=backward: gated(rows, b)) for rows in x.rows]
+    return out
 
 
 def _ends(spec: SweepSpec, t: _Tensors, kernels: EngineKernels, grad_dtype: torch.dtype) -> list[Planned]:
@@ -392,7 +531,10 @@ def plan(spec: SweepSpec, device: torch.device, kernels: EngineKernels) -> list[
     dtype, grad_dtype = to_dtype(spec.dtype), to_dtype(spec.grad_dtype)
     t = _Tensors(device, dtype)
     accumulate = _accumulator(device, dtype, grad_dtype)
-    return (_gemms(spec, t, grad_dtype, accumulate) + _attention(spec, t) + _elementwise(spec, t, kernels)
+    if spec.moe is not None and kernels.moe is None:
+        raise ValueError("an MoE model's sweep needs the engine's MoE kernels (EngineKernels.moe)")
+    moe = _moe(spec, t, kernels.moe) if spec.moe is not None else []
+    return (_gemms(spec, t, grad_dtype, accumulate) + _attention(spec, t) + _elementwise(spec, t, kernels) + moe
             + _ends(spec, t, kernels, grad_dtype) + _rates(spec, t, dtype, grad_dtype))
 
 
@@ -437,10 +579,12 @@ def _back_to_back(one_pass: Callable[[], None], seconds: float) -> int:
     return passes
 
 
-def sustained_layer(planned: list[Planned], isolated: dict[str, float]) -> dict[str, Any]:
-    """A layer's directly callable kernels (no autograd setup between them) back to back on the GPU until it sits at
-    its power limit, then timed: seconds per pass, beside the same kernels' isolated sums by kind."""
-    layer = [p for p in planned if p.op in SUSTAINED_KERNELS]
+def sustained_layer(planned: list[Planned], isolated: list[float]) -> dict[str, Any]:
+    """A layer's directly callable kernels (no autograd setup between them; an MoE layer's experts once per row
+    count) back to back on the GPU until it sits at its power limit, then timed: seconds per pass, beside the same
+    kernels' isolated sums by kind (`isolated`: each planned op's seconds, in order)."""
+    chosen = [(p, seconds) for p, seconds in zip(planned, isolated) if p.op in SUSTAINED_KERNELS]
+    layer = [p for p, _ in chosen]
     ops = [p.build() for p in layer]
 
     def one_pass() -> None:
@@ -453,10 +597,10 @@ def sustained_layer(planned: list[Planned], isolated: dict[str, float]) -> dict[
     passes = _back_to_back(one_pass, SUSTAINED_TIMED_S)
     end.record()
     end.synchronize()
-    compute = sum(isolated[p.op] for p in layer if p.flops > 0)
+    compute = sum(seconds for p, seconds in chosen if p.flops > 0)
     return {"op": SUSTAINED, "dims": {"kernels": len(layer)}, "dtype": layer[0].dtype,
             "seconds": start.elapsed_time(end) / 1e3 / passes, "flops": sum(p.flops for p in layer),
-            "compute_bound_s": compute, "memory_bound_s": sum(isolated[p.op] for p in layer) - compute,
+            "compute_bound_s": compute, "memory_bound_s": sum(seconds for _, seconds in chosen) - compute,
             "iters": passes}
 
 
@@ -513,7 +657,7 @@ def run(spec: SweepSpec, device: torch.device, kernels: EngineKernels, *, use_ca
     records = [{"op": p.op, "dims": p.dims, "dtype": p.dtype, "seconds": median_seconds(p.build(), warmup, iters, cuda),
                 "flops": p.flops, "iters": iters} for p in planned]
     if cuda:
-        records.append(sustained_layer(planned, {r["op"]: r["seconds"] for r in records}))
+        records.append(sustained_layer(planned, [r["seconds"] for r in records]))
     records = [{**r, "device": key["device"], "threads": torch.get_num_threads(), "variant": kernels.variant}
                for r in records]
     if cuda:

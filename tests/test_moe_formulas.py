@@ -198,14 +198,15 @@ def test_plan_shows_dense_and_expert_parts_and_the_all_to_all(capsys):
     assert "mixture of experts: 8 experts" in text and "ep.all_to_all.tokens[fp32]" in text
 
 
-def test_simulate_adds_the_exposed_all_to_all_on_the_ep_link(capsys):
+def test_simulate_prices_the_exposed_all_to_all_on_the_ep_link(capsys):
     flags = ["--model", "tiny", "--num-experts", "8", "--moe-router-topk", "2", "--expert-model-parallel-size",
              "2", "--world-size", "4", "--hardware", "H200"]
     assert cli_main(["simulate", *flags, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["groups"]["ep"] == {"size": 2, "nodes": 1, "link": "NVLink"}
-    added = d["step"]["terms_s"]["ep_all_to_all"]
-    assert added > 0 and d["moe"]["all_to_all_step_s"] == added
+    # the all-to-alls are ops of the replayed passes (ledger/time_model/ops.py): the stage's exposed "ep"
+    exposed = d["step"]["per_stage"][0]["exposed_comm_s"]["ep"]
+    assert exposed > 0 and d["moe"]["all_to_all_step_s"] == exposed == d["moe"]["per_stage"][0]["all_to_all_s"]
     assert d["moe"]["per_stage"][0]["static_bytes"]["expert"] > 0
     assert cli_main(["simulate", *flags]) == 0
     assert "mixture of experts" in capsys.readouterr().out

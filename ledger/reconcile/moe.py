@@ -16,15 +16,26 @@ Rows, per rank (docs/formulas.md, "Mixture of experts"):
                                         received) rows a layer, 3 with full recompute; kept = tokens - dropped)
                                         against the ranges' bytes, mean over the steps both have            2%
   moe.all_to_all.remote_bytes_per_step  the same for the bytes that left the rank                             2%
-  time.ep_all_to_all_per_step           the all-to-alls' time: each blocks the compute stream, so all of it is
-                                        exposed; predicted from the volume with the calibration's fit of
-                                        all_to_all on the ep group (alpha per call + the busiest rank's remote
-                                        rows / busbw), against the ranges' time, mean over steady steps  25% or 2 ms
+  time.ep_all_to_all_per_step           the all-to-alls' own time: predicted from the volume with the calibration's
+                                        fit of all_to_all on the ep group (the start-up sweep's "ep" records:
+                                        alpha per call + the busiest rank's remote rows / busbw), against each
+                                        call's exchange time, mean over steady steps                    25% or 2 ms
+  time.ep_all_to_all_wait_per_step      the rest of the ranges' time: waiting for EP peers (shown, not judged)
   moe.load_imbalance.layer{n}           run: max / mean tokens per expert over the run (shown, not judged)
   moe.dropped_tokens_per_step           assignments over capacity (shown, not judged)
 Volumes are exact counts, hence the 2% of every other volume row; the time row's bar is the per-step bar of the
-exposed communication rows (ledger/reconcile/overlap.py), and its measurement includes waiting for the slowest EP
-peer (routing imbalance also delays the peer's expert compute), which the prediction does not.
+exposed communication rows (ledger/reconcile/overlap.py).
+
+Every all-to-all blocks the compute stream, so all of a rank's range time is exposed; but a range opens when its rank
+arrives, and an all-to-all cannot move until the last peer of the EP group has arrived: the rest is waiting for that
+peer (its expert compute, which routing imbalance lengthens; on CPU ranks the scheduler), which the link fit does not
+price. So a call's exchange time is taken from the EP group's ranges of that call on the timers' wall clock
+(`t_start` / `t_end`, as the pipeline rows take theirs; on CUDA the ranks' clocks meet at each step's start,
+probes/timers.py, so a skew there reads as exchange or wait): from the last peer's arrival to the first peer's
+return, when the exchange has moved its data (a later return adds only the scheduling of the returning rank). On 2
+shared CPU cores (gloo EP2, the tiny shape, 4 experts top-2) the wait was one to four times the exchange: ranges
+17-43 ms a step, exchanges 7-10 ms, within 15% of the fit. Ranges without wall-clock times, or whose peers' ranges do
+not pair up call by call, are judged on their whole time, waiting included, and say so.
 """
 from __future__ import annotations
 
@@ -43,7 +54,7 @@ from ledger.rank_groups import expert_group_lists, expert_layout
 from ledger.reconcile.evidence import RankEvidence, RunEvidence
 from ledger.reconcile.rows import Row, predicted_row, row
 from ledger.reconcile.steps import StepSelection
-from ledger.reconcile.time_rows import TimeModel, calibration, predict_run
+from ledger.reconcile.time_rows import TimeModel
 from ledger.time_model import CalibrationMissing
 
 CATEGORY = "ep-comm"
@@ -51,17 +62,6 @@ TOKENS, DROPPED = "moe_tokens_per_expert", "moe_dropped_tokens"
 VOLUME_TOL = 0.02
 TIME_TOL, TIME_FLOOR_S = 0.25, 2e-3
 Routing = dict[int, list[int]]  # global layer -> counts per global expert
-NOT_REPLAYED = ("time model: the step replay (ledger.time_model) has no expert kernels, so an MoE run gets no step, "
-                "pass or optimizer time predictions (simulate prices a dense equivalent instead: "
-                "ledger/simulate/moe.py); its all-to-alls are predicted apart (time.ep_all_to_all_per_step)")
-
-
-def time_model(ev: RunEvidence) -> TimeModel:
-    """The run's time model: the step replay's for a dense run; for an MoE run only the calibration (the
-    all-to-all row's link fit) and a line saying why there is no step prediction."""
-    if ev.config is None or not ev.config.model.is_moe:
-        return predict_run(ev)
-    return TimeModel(calibration=calibration(ev), missing=(NOT_REPLAYED,))
 
 
 @dataclass(frozen=True)
@@ -193,12 +193,41 @@ def volume_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchan
     return rows
 
 
-def time_row(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange], model: TimeModel,
-             selection: StepSelection) -> list[Row]:
-    per_step: dict[int, float] = defaultdict(float)
+def calls_per_step(r: RankEvidence) -> dict[int, list[dict]]:
+    """A rank's dispatch and combine ranges per step, in the order it ran them."""
+    out: dict[int, list[dict]] = defaultdict(list)
     for t in r.timing:
         if is_tokens(t):
-            per_step[t["step"]] += range_seconds(t)
+            out[t["step"]].append(t)
+    return dict(out)
+
+
+def exchange_seconds(cfg: RunConfig, ev: RunEvidence) -> dict[int, dict[int, float]]:
+    """rank -> step -> its all-to-alls' own time: per call, from the EP group's last arrival to its first return
+    (module docstring), summed over the step's calls; only steps whose calls pair up across the group, name by name,
+    each with wall-clock times."""
+    calls = {rank: calls_per_step(r) for rank, r in ev.ranks.items()}
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for group in ep_groups(cfg):
+        if not all(rank in calls for rank in group):
+            continue
+        for step in set.intersection(*(set(calls[rank]) for rank in group)):
+            sequences = [calls[rank][step] for rank in group]
+            paired = all(len(seq) == len(sequences[0]) for seq in sequences) and all(
+                len({(t["name"], t.get("phase")) for t in call}) == 1 and all("t_start" in t for t in call)
+                for call in zip(*sequences))
+            if not paired:
+                continue
+            seconds = sum(max(0.0, min(t["t_end"] for t in call) - max(t["t_start"] for t in call))
+                          for call in zip(*sequences))
+            for rank in group:
+                out[rank][step] = seconds
+    return out
+
+
+def time_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange], exchange: dict[int, float],
+              model: TimeModel, selection: StepSelection) -> list[Row]:
+    per_step = {step: sum(map(range_seconds, calls)) for step, calls in calls_per_step(r).items()}
     timed, note = selection.timed(per_step)
     steps = [s for s in timed if s in predicted]
     if not steps:
@@ -209,20 +238,34 @@ def time_row(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange]
         fit = model.calibration.comm.fit("ep", "all_to_all") if model.calibration is not None else None
     except CalibrationMissing as exc:
         why = f"; {exc}"
-    text = ("the expert-parallel all-to-alls block the compute stream, so all of their time is exposed; measured: "
-            f"the ep-comm dispatch and combine ranges' time per step, mean over {len(steps)} step(s) "
-            f"({selection.describe()}{'; ' + note if note else ''}), which includes waiting for the slowest EP peer "
-            "(not predicted)")
+    ranges_s = mean(per_step[s] for s in steps)
+    paired = all(s in exchange for s in steps)
+    measured = mean(exchange[s] for s in steps) if paired else ranges_s
+    selected = f"mean over {len(steps)} step(s) ({selection.describe()}{'; ' + note if note else ''})"
+    text = ("the expert-parallel dispatch and combine all-to-alls, each blocking the compute stream: all "
+            f"{ranges_s * 1e3:.3g} ms a step of their ranges is exposed; " + (
+                f"measured: each call's exchange, from the EP group's last arrival to its first return (the ranges' "
+                f"wall clock), summed a step, {selected}; the remaining {(ranges_s - measured) * 1e3:.3g} ms is "
+                "waiting for EP peers (time.ep_all_to_all_wait_per_step)" if paired else
+                f"measured: the ranges' whole time, {selected}, waiting for the slowest EP peer included (not "
+                "predicted): the EP peers' ranges carry no wall-clock times that pair up call by call"))
     prediction = None
     if fit is not None:
         prediction = mean(predicted[s].volume.calls * fit.alpha + predicted[s].link_bytes * fit.beta for s in steps)
         text = (f"{text}; predicted: per all-to-all the fit's latency plus the busiest rank's remote bytes of the EP "
                 f"group of {ep} at the fit's bus bandwidth ({fit.describe()}; a uniform routing's remote bytes are "
                 "nccl-tests' size x (n-1)/n, the bus bytes the fit divides)")
-    return [predicted_row("time.ep_all_to_all_per_step", "rank", predicted=prediction,
-                          measured=mean(per_step[s] for s in steps), unit="s", tolerance=TIME_TOL,
-                          abs_tolerance=TIME_FLOOR_S, explanation=text + why, rank=r.rank, stage=r.stage,
-                          source="timers")]
+    rows = [predicted_row("time.ep_all_to_all_per_step", "rank", predicted=prediction, measured=measured, unit="s",
+                          tolerance=TIME_TOL, abs_tolerance=TIME_FLOOR_S, explanation=text + why, rank=r.rank,
+                          stage=r.stage, source="timers")]
+    if paired:
+        rows.append(row("time.ep_all_to_all_wait_per_step", "rank", measured=ranges_s - measured, unit="s",
+                        tolerance=0.0, explanation="this rank's dispatch and combine ranges' time before the last EP "
+                                                   "peer arrived and after the exchange returned (its peers' expert "
+                                                   "compute, which routing imbalance lengthens; on CPU ranks the "
+                                                   f"scheduler), {selected}; shown, not judged",
+                        rank=r.rank, stage=r.stage, source="timers"))
+    return rows
 
 
 def imbalance_rows(cfg: RunConfig, ev: RunEvidence) -> list[Row]:
@@ -264,10 +307,10 @@ def moe_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> lis
     cfg = ev.config
     if cfg is None or not cfg.model.is_moe:
         return []
-    predicted = predicted_exchanges(cfg, ev)
+    predicted, exchange = predicted_exchanges(cfg, ev), exchange_seconds(cfg, ev)
     rows: list[Row] = []
     for rank, r in sorted(ev.ranks.items()):
         rows += volume_rows(cfg, r, predicted.get(rank, {}))
-        rows += time_row(cfg, r, predicted.get(rank, {}), model, selection)
+        rows += time_rows(cfg, r, predicted.get(rank, {}), exchange.get(rank, {}), model, selection)
         rows += dropped_rows(r)
     return rows + imbalance_rows(cfg, ev)

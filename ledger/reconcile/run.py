@@ -22,13 +22,13 @@ from ledger.reconcile.checkpoint import checkpoint_rows
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
 from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
-from ledger.reconcile.moe import moe_rows, time_model
+from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
 from ledger.reconcile.steps import StepSelection, select_steps
 from ledger.reconcile.throughput import throughput_rows
-from ledger.reconcile.time_rows import TimeModel, explain_step_time, time_rows
+from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
 from ledger.reconcile.topology import groups_rows, rank_groups
 from ledger.reconcile.trace_groups import attribute_groups, range_kinds
 from ledger.traces import TraceSummary, summarize
@@ -70,7 +70,7 @@ def reconcile(run_dir: str | Path) -> Reconciliation:
 def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
     """The rows of evidence already gathered (a caller that also needs the evidence itself reads the run once)."""
     selection = run_steps(ev)
-    model = time_model(ev)
+    model = predict_run(ev)
     traced = {rank for rank, _, _, _ in ev.traces}
     rows = groups_rows(ev.manifest) + memory_rows(ev) + pipeline_rows(ev, model, selection)
     for rank, r in sorted(ev.ranks.items()):

@@ -14,7 +14,9 @@ Flash attention (`core_attention.fwd / .bwd`): flops / (peak x efficiency(pass, 
 Memory-bound kernels (everything else): fixed_s + bytes moved / (HBM bandwidth x the kernel's efficiency). Bytes
   moved is the least a kernel must read and write once (its inputs and outputs at their dtypes, `bytes_moved`), so a
   kernel that makes several passes, upcasts to fp32 or scatters shows as a lower efficiency, fitted per name (a name
-  with no fit: its PROXY's, else the file's default).
+  with no fit: its PROXY's, else the file's default). An MoE layer's router top-k, permute and unpermute
+  (ledger/time_model/ops.py) have no fit yet: the default efficiency, optimistic for kernels that sort, scatter and
+  upcast (the engine's unpermute sums in fp32); an expert's GEMMs are GEMMs at its row count.
 
 Per-element rates (ops.RATE_OPS): `optimizer.step` is the sweep's update of one element: the grad copied into the fp32
 main grad when the grads are 16-bit, its norm (read), its clip (read, write), fused AdamW (grad read; main param,
@@ -84,6 +86,18 @@ def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
         return a * d["tokens"] * d["vocab"]
     if name == "cross_entropy.bwd":  # read the logits (softmax), write their grad
         return 2 * a * d["tokens"] * d["vocab"]
+    if name == "router.topk.fwd":  # read the logits (twice with the loss's softmax over all E), write k ids, probs
+        return a * d["tokens"] * d["experts"] * (1 + d["aux_loss"]) + (8 + FP32) * d["tokens"] * d["topk"]
+    if name == "router.topk.bwd":  # read the k probs' grads (and the logits with the loss), write the logits' grad
+        return a * d["tokens"] * d["experts"] * (1 + d["aux_loss"]) + FP32 * d["tokens"] * d["topk"]
+    if name == "moe.permute.fwd":  # gather the R routed rows
+        return 2 * a * d["rows"] * d["hidden"]
+    if name == "moe.permute.bwd":  # read the R rows' grads, write the tokens' [T, h] grad
+        return a * (d["rows"] + d["tokens"]) * d["hidden"]
+    if name == "moe.unpermute.fwd":  # read the R expert rows, write the tokens' weighted sums
+        return a * (d["rows"] + d["tokens"]) * d["hidden"]
+    if name == "moe.unpermute.bwd":  # read the output grad and the rows (the probabilities' grad), write the rows'
+        return a * (d["tokens"] + 2 * d["rows"]) * d["hidden"]
     raise CalibrationMissing(f"the hardware model has no bytes-moved estimate for {kernel.describe()} "
                              f"(ledger/simulate/kernel_cost.py)")
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from common.config import RunConfig
 from ledger.simulate.calibration import hardware_calibration
 from ledger.simulate.hardware import Hardware
-from ledger.simulate.moe import dense_equivalent, with_all_to_all
 from ledger.simulate.bound import calibrated_bound
 from ledger.simulate.search import SearchResult, memory_fit, search
 from ledger.simulate.simulation import outside_bytes
@@ -30,7 +29,7 @@ from ledger.time_model import Calibration, StepPrediction, predict_step
 class Pricing:
     hardware: Hardware
     _outside: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
-    _calibrations: dict[int, tuple[RunConfig, Calibration, RunConfig]] = field(default_factory=dict)
+    _calibrations: dict[int, tuple[RunConfig, Calibration]] = field(default_factory=dict)
     fits: Callable[[RunConfig], bool | str] = field(init=False)  # True, or why not
 
     def __post_init__(self) -> None:
@@ -44,28 +43,17 @@ class Pricing:
         return self._outside[key]
 
     def calibration(self, cfg: RunConfig) -> Calibration:
-        """The Calibration of the config the time model prices for cfg (an MoE model's dense equivalent,
-        ledger/simulate/moe.py)."""
         found = self._calibrations.get(id(cfg))
-        if found is None or found[0] is not cfg:  # cfg kept alive
-            timed = dense_equivalent(cfg)
-            found = self._calibrations[id(cfg)] = (cfg, hardware_calibration(timed, self.hardware), timed)
+        if found is None or found[0] is not cfg:
+            found = self._calibrations[id(cfg)] = (cfg, hardware_calibration(cfg, self.hardware))  # cfg kept alive
         return found[1]
 
-    def timed(self, cfg: RunConfig) -> RunConfig:
-        self.calibration(cfg)
-        return self._calibrations[id(cfg)][2]
-
     def predict(self, cfg: RunConfig) -> StepPrediction:
-        return with_all_to_all(cfg, predict_step(self.timed(cfg), self.calibration(cfg)), self.hardware)
-
-    def bound(self, cfg: RunConfig) -> float:
-        """bound.calibrated_bound of the timed config: the all-to-alls only add time, so it still bounds cfg."""
-        return calibrated_bound(lambda _: self.calibration(cfg))(self.timed(cfg))
+        return predict_step(cfg, self.calibration(cfg))
 
     def search(self, base: RunConfig, gpus: int, top: int, **enumerate_options) -> SearchResult:
         """search.search on this hardware: fits against its HBM, scored by the time model, pruned by the bound
         calibrated on the same kernels (bound.py: never below a layout's score, so the top K is exact). An MoE base
         keeps its EP size in every layout (ledger/simulate/layouts.py does not enumerate it)."""
         return search(base, gpus, self.fits, self.predict, top, gpus_per_node=self.hardware.gpus_per_node,
-                      bound=self.bound, **enumerate_options)
+                      bound=calibrated_bound(self.calibration), **enumerate_options)

@@ -27,7 +27,6 @@ from ledger.formulas.static_memory import largest_dp_rank, static_bytes_split
 from ledger.formulas.peak_memory import StagePeak, stage_peaks
 from ledger.simulate.calibration import hardware_calibration
 from ledger.simulate.hardware import Hardware
-from ledger.simulate.moe import TERM, all_to_all_seconds, dense_equivalent, with_all_to_all
 from ledger.simulate.topology import group_spans
 from ledger.time_model import StepPrediction, predict_step
 
@@ -102,9 +101,9 @@ class Simulation:
 
     def moe_dict(self) -> dict[str, Any]:
         """Dense and expert parameters and static bytes per stage (one rank: tp 0, the stage's largest dp x cp
-        rank), the all-to-all volume under uniform routing and its time on the ep link."""
-        cfg, hw = self.cfg, self.hardware
-        seconds = all_to_all_seconds(cfg, hw)
+        rank), the all-to-all volume under uniform routing and its time on the ep link (inside the passes: the
+        replay's exposed "ep"; the step's is the busiest stage's)."""
+        cfg = self.cfg
         per_stage = []
         for s in range(cfg.parallel.pipeline_model_parallel_size):
             split = static_bytes_split(cfg, 0, s, largest_dp_rank(cfg, s)[0])
@@ -114,12 +113,11 @@ class Simulation:
                               "all_to_all_bytes": sum(c.size_bytes for c in a2a.values()),
                               "all_to_all_remote_bytes": sum(c.bytes_per_rank for c in a2a.values()),
                               "all_to_all_calls": sum(c.calls for c in a2a.values()),
-                              "all_to_all_s": seconds[s]})
+                              "all_to_all_s": self.step.stages[s].exposed.get("ep", 0.0)})
         m = cfg.model
         return {"num_experts": m.num_experts, "topk": m.moe_router_topk, "ep": cfg.parallel.expert_model_parallel_size,
                 "expert_dp": cfg.parallel.expert_data_parallel_size, "params_active": active_params(cfg),
-                "dense_equivalent_ffn": dense_equivalent(cfg).model.ffn_hidden_size,
-                "all_to_all_step_s": self.step.terms.get(TERM, 0.0), "per_stage": per_stage}
+                "all_to_all_step_s": max(s["all_to_all_s"] for s in per_stage), "per_stage": per_stage}
 
 
 def layout_dict(cfg: RunConfig) -> dict[str, Any]:
@@ -146,8 +144,7 @@ def stage_memory(cfg: RunConfig, hw: Hardware) -> tuple[StageMemory, ...]:
 
 
 def simulate(cfg: RunConfig, hw: Hardware) -> Simulation:
-    """Memory from cfg itself; time from the time model, of an MoE model's dense equivalent plus its all-to-alls
-    (ledger/simulate/moe.py)."""
-    timed = dense_equivalent(cfg)
+    """Memory from cfg itself; time from the time model (an MoE model's experts, router, permutes and all-to-alls
+    are ops of its passes: ledger/time_model/ops.py)."""
     return Simulation(cfg=cfg, hardware=hw, memory=stage_memory(cfg, hw),
-                      step=with_all_to_all(cfg, predict_step(timed, hardware_calibration(timed, hw)), hw))
+                      step=predict_step(cfg, hardware_calibration(cfg, hw)))

@@ -1,11 +1,12 @@
 """Forward and backward time of one micro-batch through one model chunk: the sum of its ops' calibrated times.
 
-A pass (ops.py) is priced entry by entry: kernels from the compute sweep, TP collectives from the link fits (they run
-on the compute stream, so their time adds to the pass: nothing overlaps them). The running sum gives, for every
+A pass (ops.py) is priced entry by entry: kernels from the compute sweep, TP collectives and the expert-parallel
+all-to-alls from the link fits (they run on the compute stream, so their time adds to the pass: nothing overlaps
+them). The running sum gives, for every
 parameter, its offset from the start of the pass: in a forward where it is first used (a param all-gather must be
 complete by then), in a backward where its gradient is final (its DP bucket may be issued once all of its
 parameters are). The breakdown by term (layers, recompute, embedding, output_layer, cross_entropy, final_norm,
-tp_comm, cp_comm) names the largest contributor of a stage's time.
+tp_comm, cp_comm, ep_comm) names the largest contributor of a stage's time.
 
 Context parallelism's ring messages (ops.py, `cp` collectives with `overlaps`) run on their own stream beside the
 block they overlap: the pass waits only for max(0, transfer - that block's kernel time) before the next block, the
@@ -28,6 +29,7 @@ class PassTime:
     terms: dict[str, float]  # breakdown label -> seconds
     marks: dict[str, float]  # parameter -> offset from the pass start (forward: first use; backward: grad final)
     comm: float  # of `seconds`, the TP collectives
+    ep_comm: float = 0.0  # of `seconds`, the expert-parallel all-to-alls (on the compute stream: all exposed)
     cp_exposed: float = 0.0  # of `seconds`, the CP ring's messages beyond the blocks they overlap
     cp_transfer: float = 0.0  # the CP ring's messages at standalone speed (not all of it in `seconds`)
 
@@ -43,8 +45,9 @@ class ChunkTime:
 
 def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> PassTime:
     dtype = cfg.train.params_dtype
-    sizes = {"tp": cfg.parallel.tensor_model_parallel_size, "cp": cfg.parallel.context_parallel_size}
-    clock = comm = cp_exposed = cp_transfer = 0.0
+    sizes = {"tp": cfg.parallel.tensor_model_parallel_size, "cp": cfg.parallel.context_parallel_size,
+             "ep": cfg.parallel.expert_model_parallel_size}
+    clock = comm = ep_comm = cp_exposed = cp_transfer = 0.0
     terms: dict[str, float] = defaultdict(float)
     marks: dict[str, float] = {}
     for w in work:
@@ -55,7 +58,10 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
             cp_exposed += seconds
         elif isinstance(w.op, Collective):
             seconds = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
-            comm += seconds
+            if w.op.group == "ep":
+                ep_comm += seconds
+            else:
+                comm += seconds
         else:
             seconds = cal.kernel_seconds(w.op, dtype)
         for name in w.params if forward else ():
@@ -64,7 +70,7 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
         terms[w.term] += seconds
         for name in w.params if not forward else ():
             marks[name] = clock
-    return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm, cp_exposed=cp_exposed,
+    return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm, ep_comm=ep_comm, cp_exposed=cp_exposed,
                     cp_transfer=cp_transfer)
 
 

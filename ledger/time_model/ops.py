@@ -34,6 +34,19 @@ block computed meanwhile); only the part of a transfer longer than that block's 
 max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks; backward: one beside each block.
 A re-run forward (recompute) repeats the forward's ring.
 
+Mixture of experts (the model has experts: every layer's MLP is Megatron's MoELayer, engine/transformer/moe): after
+the pre-MLP norm the router's GEMM `router.fprop` [T, h] x [h, E] (T = the rank's routed tokens), `router.topk.fwd`
+(top-k over the logits, the softmax over the k chosen and, with a load-balancing loss, over all E, the counts per
+expert), `moe.permute.fwd` (the kept assignments sorted by expert and their rows gathered: R = kept assignments rows
+of h), under EP > 1 the counts' and the rows' all-to-alls (`ep` collectives on the compute stream: the experts need
+the rows), then each local expert's SwiGLU MLP at its own row count (linear_fc1 / swiglu / linear_fc2 at m = its
+rows: the same kernels as a dense MLP's, keyed by their dims), the combine all-to-all, and `moe.unpermute.fwd` (each
+token's probability-weighted sum over its k slots, in fp32). Row counts come from the config under uniform routing
+(ledger/formulas/moe.py uniform_kept_assignments: T k assignments, capped by a capacity factor; every EP rank
+routing alike, a rank's experts receive what it sends, split as evenly as the count allows over its E/EP experts).
+Backward runs each in reverse: unpermute, the combine's all-to-all the other way, the experts' dgrad / wgrad at their
+rows, the dispatch's, permute's (the rows' gradients added back per token), top-k's and the router's dgrad / wgrad.
+
 Recompute (the run's mode, ledger/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
 forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
 fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its backward.
@@ -46,7 +59,8 @@ from dataclasses import dataclass
 from common.config import RunConfig
 from ledger.formulas.activations import checkpoint_groups, local_seq_length
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
-from ledger.formulas.comm import ring_messages
+from ledger.formulas.comm import ring_messages, routed_tokens
+from ledger.formulas.moe import COUNT_BYTES, uniform_kept_assignments
 from ledger.formulas.params import chunk_layers, chunk_tensors, fc1_width, num_chunks, padded_vocab_size
 
 EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
@@ -56,8 +70,10 @@ FINAL_NORM = "decoder.final_layernorm.weight"
 RATE_OPS = ("optimizer.step", "grad_buffer.zero")
 # The sweep's record of a layer's kernels back to back at the device's power limit (calibration.py).
 SUSTAINED = "sustained.layer"
+# The op of a layer's forward after which a recompute's re-run has every saved tensor back: dense, MoE.
+LAST_SAVED = ("linear_fc2.fprop", "moe.unpermute.fwd")
 # Breakdown labels of a pass.
-LAYERS, RECOMPUTE, TP_COMM, CP_COMM = "layers", "recompute", "tp_comm", "cp_comm"
+LAYERS, RECOMPUTE, TP_COMM, CP_COMM, EP_COMM = "layers", "recompute", "tp_comm", "cp_comm", "ep_comm"
 
 
 @dataclass(frozen=True)
@@ -76,8 +92,8 @@ def kernel(name: str, flops: float = 0.0, **dims: int) -> Kernel:
 
 @dataclass(frozen=True)
 class Collective:
-    group: str  # "tp", "cp"
-    kind: str  # all_reduce | all_gather | reduce_scatter | send_recv
+    group: str  # "tp", "cp", "ep"
+    kind: str  # all_reduce | all_gather | reduce_scatter | send_recv | all_to_all
     size_bytes: int  # nccl-tests size: the all-reduce buffer, the gathered output, the reduce-scatter input
     overlaps: Kernel | None = None  # on its own stream beside this kernel: only the excess is exposed
 
@@ -121,6 +137,7 @@ class Shapes:
     tp: int
     sequence_parallel: bool
     cp: int = 1
+    moe: "ExpertShapes | None" = None  # None for a dense MLP
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -134,7 +151,7 @@ class Shapes:
                    query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t, fc1=fc1_width(m) // t,
                    swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
-                   sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size)
+                   sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg))
 
     @property
     def activation_bytes(self) -> int:
@@ -145,6 +162,40 @@ class Shapes:
     def kv_block_bytes(self) -> int:
         """|KV|: this rank's K and V blocks, [s/C, b, n_kv/t, d] each (comm.kv_block_bytes)."""
         return 2 * DTYPE_BYTES[self.dtype] * self.tokens * self.kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class ExpertShapes:
+    """One micro-batch's MoE layer on one rank under uniform routing: `tokens` routed (T), `routed` kept assignments
+    (R: permuted rows, sent and, every rank alike, received), `rows` per local expert, widths local to the TP rank;
+    the router's options that change its kernels."""
+    experts: int  # E, global
+    topk: int
+    tokens: int
+    routed: int
+    rows: tuple[int, ...]
+    ffn: int  # f_moe / t
+    ep: int
+    aux_loss: int  # 1 with a load-balancing loss (its softmax over all E), else 0
+    dropping: int  # 1 with a capacity factor (the drop policy's sorts), else 0
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "ExpertShapes | None":
+        m = cfg.model
+        if not m.is_moe:
+            return None
+        ep = cfg.parallel.expert_model_parallel_size
+        tokens = routed_tokens(cfg)
+        routed = uniform_kept_assignments(tokens, m)
+        each, extra = divmod(routed, m.num_experts // ep)
+        return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens, routed=routed,
+                   rows=tuple(each + (i < extra) for i in range(m.num_experts // ep)),
+                   ffn=m.expert_ffn_hidden_size // cfg.parallel.tensor_model_parallel_size, ep=ep,
+                   aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None))
+
+    @property
+    def fc1(self) -> int:
+        return 2 * self.ffn  # SwiGLU experts: gate and up
 
 
 def _gemm(name: str, m: int, n: int, k: int) -> Kernel:
@@ -219,17 +270,78 @@ def layer_forward(sh: Shapes, prefix: str) -> list[Work]:
             Work(kernel("attention_output.copy", numel=t * sh.query), LAYERS),
             _fprop(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight"), *_out_reduce(sh),
             Work(_residual(sh), LAYERS),
-            Work(_norm(sh, "fwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), *_in_gather(sh),
-            _fprop(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight"), _activation(sh, "fwd"),
-            _fprop(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight"), *_out_reduce(sh),
-            Work(_residual(sh), LAYERS)]
+            Work(_norm(sh, "fwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"),
+            *(moe_forward(sh, prefix) if sh.moe else mlp_forward(sh, prefix)), Work(_residual(sh), LAYERS)]
+
+
+def mlp_forward(sh: Shapes, prefix: str) -> list[Work]:
+    h = sh.hidden
+    return [*_in_gather(sh), _fprop(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight"),
+            _activation(sh, "fwd"), _fprop(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight"),
+            *_out_reduce(sh)]
+
+
+def _router_topk(x: ExpertShapes, pass_: str) -> Kernel:
+    return kernel(f"router.topk.{pass_}", tokens=x.tokens, experts=x.experts, topk=x.topk, aux_loss=x.aux_loss,
+                  dropping=x.dropping)
+
+
+def _moe_copy(sh: Shapes, name: str) -> Kernel:
+    """moe.permute / moe.unpermute: memory-bound copies of the rank's R routed rows of h (and the T k slots)."""
+    x = sh.moe
+    return kernel(name, tokens=x.tokens, topk=x.topk, rows=x.routed, hidden=sh.hidden)
+
+
+def _ep(sh: Shapes, counts: bool = False) -> list[Work]:
+    """An all-to-all over EP on the compute stream: the routed rows (nccl-tests size: the input buffer, R rows of h
+    under uniform routing either way), or the per-expert counts before a dispatch (E int64)."""
+    x = sh.moe
+    if x.ep == 1:
+        return []
+    size = x.experts * COUNT_BYTES if counts else DTYPE_BYTES[sh.dtype] * x.routed * sh.hidden
+    return [Work(Collective("ep", "all_to_all", size), EP_COMM)]
+
+
+def _experts(sh: Shapes, prefix: str) -> list[tuple[int, str]]:
+    """(rows, parameter prefix) of each local expert that gets rows (EP rank 0's global names: every EP rank
+    registers the same shapes)."""
+    return [(rows, f"{prefix}mlp.experts.{i}.") for i, rows in enumerate(sh.moe.rows) if rows > 0]
+
+
+def moe_forward(sh: Shapes, prefix: str) -> list[Work]:
+    """Router, permute, dispatch, each local expert's SwiGLU MLP at its rows, combine, unpermute (module
+    docstring)."""
+    x, h = sh.moe, sh.hidden
+    work = [Work(_gemm("router.fprop", x.tokens, x.experts, h), LAYERS, prefix + "mlp.router.weight"),
+            Work(_router_topk(x, "fwd"), LAYERS), Work(_moe_copy(sh, "moe.permute.fwd"), LAYERS),
+            *_ep(sh, counts=True), *_ep(sh)]
+    for rows, e in _experts(sh, prefix):
+        work += [Work(_gemm("linear_fc1.fprop", rows, x.fc1, h), LAYERS, e + "linear_fc1.weight"),
+                 Work(kernel("swiglu.fwd", tokens=rows, width=x.fc1), LAYERS),
+                 Work(_gemm("linear_fc2.fprop", rows, h, x.ffn), LAYERS, e + "linear_fc2.weight")]
+    return work + [*_ep(sh), Work(_moe_copy(sh, "moe.unpermute.fwd"), LAYERS)]
+
+
+def moe_backward(sh: Shapes, prefix: str) -> list[Work]:
+    """The MoE layer's forward in reverse: each all-to-all's backward is one of the same size the other way."""
+    x, h = sh.moe, sh.hidden
+    work = [Work(_moe_copy(sh, "moe.unpermute.bwd"), LAYERS), *_ep(sh)]
+    for rows, e in reversed(_experts(sh, prefix)):
+        work += [*_linear_backward(sh, "linear_fc2", h, x.ffn, e + "linear_fc2.weight", False, rows=rows),
+                 Work(kernel("swiglu.bwd", tokens=rows, width=x.fc1), LAYERS),
+                 *_linear_backward(sh, "linear_fc1", x.fc1, h, e + "linear_fc1.weight", False, rows=rows)]
+    return work + [*_ep(sh), Work(_moe_copy(sh, "moe.permute.bwd"), LAYERS),
+                   Work(_router_topk(x, "bwd"), LAYERS),
+                   *_linear_backward(sh, "router", x.experts, h, prefix + "mlp.router.weight", False,
+                                     rows=x.tokens)]
 
 
 def _linear_backward(sh: Shapes, name: str, out: int, inp: int, param: str | None, column: bool,
-                     term: str = LAYERS) -> list[Work]:
-    """dgrad then wgrad in one autograd Function; a column-parallel linear under SP re-gathers its saved input first
-    and reduce-scatters its input gradient before the wgrad; without SP its input gradient is all-reduced after."""
-    t = sh.tokens
+                     term: str = LAYERS, rows: int | None = None) -> list[Work]:
+    """dgrad then wgrad in one autograd Function (over `rows` rows: an expert's, the router's; default the
+    layer's tokens); a column-parallel linear under SP re-gathers its saved input first and reduce-scatters its
+    input gradient before the wgrad; without SP its input gradient is all-reduced after."""
+    t = sh.tokens if rows is None else rows
     dgrad = Work(_gemm(f"{name}.dgrad", t, inp, out), term)
     wgrad = Work(_gemm(f"{name}.wgrad", out, inp, t), term, param)
     if not column:
@@ -243,10 +355,10 @@ def layer_backward(sh: Shapes, prefix: str, selective: bool) -> list[Work]:
     h = sh.hidden
     conj = _in_gather(sh)  # the conjugate of a forward reduce-scatter (identity for a forward all-reduce)
     rerun = core_attention(sh, "fwd", RECOMPUTE) if selective else []
-    return [*conj, *_linear_backward(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight", False),
-            _activation(sh, "bwd"),
-            *_linear_backward(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight", True),
-            Work(_norm(sh, "bwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), Work(_residual(sh), LAYERS),
+    mlp = moe_backward(sh, prefix) if sh.moe else [
+        *conj, *_linear_backward(sh, "linear_fc2", h, sh.ffn, prefix + "mlp.linear_fc2.weight", False),
+        _activation(sh, "bwd"), *_linear_backward(sh, "linear_fc1", sh.fc1, h, prefix + "mlp.linear_fc1.weight", True)]
+    return [*mlp, Work(_norm(sh, "bwd"), LAYERS, prefix + "pre_mlp_layernorm.weight"), Work(_residual(sh), LAYERS),
             *conj, *_linear_backward(sh, "linear_proj", h, sh.query, prefix + "self_attention.linear_proj.weight",
                                      False), *rerun,
             *core_attention(sh, "bwd"), *_rope(sh, "bwd"),
@@ -256,10 +368,10 @@ def layer_backward(sh: Shapes, prefix: str, selective: bool) -> list[Work]:
 
 def recomputed(sh: Shapes, layers: list[int]) -> list[Work]:
     """A checkpointed group's forward as its backward re-runs it: up to the last saved tensor (linear_fc2's input
-    and weight, saved once its GEMM has run), so the last layer's output collective and residual add are not
-    repeated."""
+    and weight, saved once its GEMM has run; an MoE layer's combine rows, saved by unpermute), so the last layer's
+    output collective and residual add are not repeated."""
     work = [w for layer in layers for w in layer_forward(sh, f"decoder.layers.{layer}.")]
-    cut = max(i for i, w in enumerate(work) if isinstance(w.op, Kernel) and w.op.name == "linear_fc2.fprop")
+    cut = max(i for i, w in enumerate(work) if isinstance(w.op, Kernel) and w.op.name in LAST_SAVED)
     return [Work(w.op, w.term if isinstance(w.op, Collective) else RECOMPUTE) for w in work[:cut + 1]]
 
 

@@ -19,6 +19,10 @@ Context parallelism (C > 1): the chunks' passes are at s/C tokens with the ring 
 them (ops.py, compute.py; `exposed["cp"]` per step), the P2P messages between stages are s/C tokens, and every DP
 collective (grad buckets, param all-gathers, the 4-byte loss and grad-norm all-reduces) runs over Megatron's dp_cp
 group of dp x C ranks (ledger/formulas/buffer_layout.py dp_cp_size; the link priced is the `dp_cp` group's).
+Mixture of experts: the chunks' passes hold the MoE layers' ops and all-to-alls (ops.py); the grad-buffer memset and
+the optimizer step run over the expert buffers too (their elements sharded over the expert-data-parallel group under
+the distributed optimizer); the expert buffers' own grad reduction and param all-gather over that group are not
+replayed (a note says so where the group has more than one rank); `exposed["ep"]` is the all-to-alls' time a step.
 The pipeline bubble is the measurement's convention (ledger/reconcile/pipeline.py): 1 - a stage's forward/backward
 time over the span from the first forward to the last backward of the pipeline; the same replay with P2P transfers
 and param all-gather waits at zero attributes its gap to the textbook (p-1)/(vm+p-1) to stage imbalance or comm.
@@ -33,7 +37,14 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from ledger.formulas.activations import local_seq_length
-from ledger.formulas.buffer_layout import dp_cp_size, rank_buffers, shard_param_elements
+from ledger.formulas.buffer_layout import (
+    BufferLayout,
+    dp_cp_size,
+    expert_dp_size,
+    expert_rank_buffers,
+    rank_buffers,
+    shard_param_elements,
+)
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.comm import grad_group
 from ledger.formulas.flops import tokens_per_step
@@ -45,6 +56,8 @@ from ledger.time_model.calibration import Calibration
 from ledger.time_model.compute import StageTime, stage_time
 
 CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
+EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
+             "not priced (their memset and optimizer update are)")
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,14 @@ class StepPrediction:
     critical_stage: int
     span: float  # the pipeline span (first forward to last backward)
     notes: tuple[str, ...]
+
+
+def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
+    """Main-param elements of the rank's update over these buffers: its shard (the largest over the dp ranks that
+    shard them) under the distributed optimizer, else all of them."""
+    if distributed:
+        return max(sum(shard_param_elements(layout, dp, r) for layout in layouts) for r in range(dp))
+    return sum(layout.numel_unpadded for layout in layouts)
 
 
 def _sends(p: int, v: int, stage: int, item: Item) -> bool:
@@ -110,15 +131,15 @@ class _Replay:
         gbytes, pbytes = DTYPE_BYTES[train.grad_dtype], DTYPE_BYTES[train.params_dtype]
         grad_op = "reduce_scatter" if train.use_distributed_optimizer else "all_reduce"
         sizes = [[end - start for start, end in layout.buckets] for layout in layouts]
-        if train.use_distributed_optimizer:
-            elements = max(sum(shard_param_elements(layout, dp, r) for layout in layouts) for r in range(dp))
-        else:
-            elements = sum(layout.numel_unpadded for layout in layouts)
+        experts = expert_rank_buffers(cfg, s)
+        elements = _optimizer_elements(layouts, dp, train.use_distributed_optimizer)
+        elements += _optimizer_elements(experts, expert_dp_size(cfg), train.use_distributed_optimizer)
         grad_bytes = [[n * gbytes for n in chunk] for chunk in sizes]
         param_bytes = [[n * pbytes for n in chunk] for chunk in sizes]
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts,
-            memset=self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype, sum(lay.numel for lay in layouts)),
+            memset=self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype,
+                                         sum(lay.numel for lay in layouts + experts)),
             optimizer=self.cal.rate_seconds("optimizer.step", train.params_dtype, elements),
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
                             for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
@@ -303,11 +324,14 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
         exposed={"dp": f.dp_exposed, "tp": r.m * sum(t.forward.comm + t.backward.comm for t in st.times.chunks)
                  + f.sp, "pp": f.sends, "embedding": f.embedding,
                  **({"cp": r.m * sum(t.forward.cp_exposed + t.backward.cp_exposed for t in st.times.chunks)}
-                    if cfg.parallel.context_parallel_size > 1 else {})},
+                    if cfg.parallel.context_parallel_size > 1 else {}),
+                 **({"ep": r.m * sum(t.forward.ep_comm + t.backward.ep_comm for t in st.times.chunks)}
+                    if cfg.parallel.expert_model_parallel_size > 1 else {})},
         optimizer=optimizer_start - f.grads_done + tail, grads_done=f.grads_done)
         for s, (st, f, tail) in enumerate(zip(r.stages, figures, tails)))
     return StepPrediction(step_time=step_time, tokens_per_s=tokens_per_step(cfg) / step_time, stages=stages,
                           buckets=tuple(b for f in figures for b in f.buckets),
                           terms=_terms(r, tl, figures[critical], critical, tails[critical], scalar, step_time),
                           critical_stage=critical, span=span,
-                          notes=(CONTENTION,) + ((cal.scale_note,) if cal.scale_note else ()))
+                          notes=(CONTENTION,) + ((cal.scale_note,) if cal.scale_note else ())
+                          + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()))

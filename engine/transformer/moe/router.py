@@ -105,7 +105,10 @@ class TopKRouter(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> Routing:
         """hidden_states [T, h] -> this micro-batch's Routing."""
-        logits = F.linear(hidden_states, self.weight)
+        return self.route(F.linear(hidden_states, self.weight))
+
+    def route(self, logits: torch.Tensor) -> Routing:
+        """The gate's logits [T, E] -> the Routing (apart from the GEMM so that the compute sweep times it alone)."""
         experts, probs = topk_softmax(logits, self.topk)
         tokens_per_expert = torch.bincount(experts.reshape(-1), minlength=self.num_experts)
         kept = torch.ones_like(experts, dtype=torch.bool)

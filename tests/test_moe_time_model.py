@@ -1,0 +1,168 @@
+"""The time model prices MoE layers (ledger/time_model/ops.py): router, top-k, permute, each local expert's SwiGLU MLP
+at its row count under uniform routing, unpermute, and the expert-parallel all-to-alls on the compute stream; the
+compute sweep (probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
+
+The hand-derived layer time is plumbing on a synthetic calibration (every GEMM 1 ns a FLOP, every memory-bound kernel
+1 us, an all-to-all fit of 10 us + 1 ns a bus byte): it checks which ops are priced at which shapes and how they add
+up, not any machine. The run test trains the tiny MoE model on CPU (gloo, one process) and reconciles it: it checks
+that the replay runs on a real MoE run directory and fills the time rows, not how close they are (CPU timings on a
+shared host are not a claim).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.arguments import parse_args
+from common.config import RunConfig
+from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from engine.tensor_parallel.layers import pad_vocab_size
+from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.attention import split_qkv_and_rotate
+from engine.transformer.mlp import swiglu
+from engine.transformer.moe.expert_parallel import EPGroup
+from engine.transformer.moe.moe_layer import MoEContext, MoELayer
+from engine.training import moe_kernels
+from ledger.formulas.params import params_total
+from ledger.reconcile.run import reconcile
+from ledger.time_model import Calibration, CommModel, LinkFit, ops, predict_step
+from ledger.time_model.compute import price
+from probes import compute_sweep
+from probes.bandwidth import to_dtype
+from probes.compute_sweep import EngineKernels, SweepSpec
+
+NS = 1e-9
+MEMORY_S, ALPHA, BETA = 1e-6, 10e-6, 1e-9
+PREFIX = "decoder.layers.0."
+
+
+def cfg(*flags: str) -> RunConfig:
+    return parse_args(["--model", "tiny", "--num-experts", "4", "--moe-router-topk", "2", *flags])
+
+
+def synthetic(c: RunConfig) -> Calibration:
+    """Plumbing: a GEMM costs 1 ns per FLOP, any other kernel 1 us; all_to_all on ep 10 us + 1 ns a bus byte."""
+    kernels = {(k.name, k.dims, c.train.params_dtype): k.flops * NS if k.flops else MEMORY_S
+               for k in ops.kernels(c, 0)}
+    return Calibration(kernels=kernels, rates={}, comm=CommModel({("ep", "all_to_all"): LinkFit(ALPHA, BETA, (1,))}))
+
+
+def test_uniform_routing_sets_each_local_experts_rows():
+    # T = 32 tokens x top-2 = 64 assignments; 4 experts on one rank: 16 rows each; EP 2: a rank's 2 experts receive
+    # its 64 rows' worth (every rank routes alike): 32 each
+    assert ops.ExpertShapes.of(cfg()).rows == (16,) * 4
+    assert ops.ExpertShapes.of(cfg("--expert-model-parallel-size", "2", "--world-size", "2")).rows == (32, 32)
+    # capacity factor 0.5: each expert keeps ceil(64 / 4 x 0.5) = 8 of them, 32 rows in all
+    capped = ops.ExpertShapes.of(cfg("--moe-expert-capacity-factor", "0.5"))
+    assert (capped.routed, capped.rows) == (32, (8,) * 4)
+    # 20 tokens x top-3 over 8 experts: 60 rows, as even as they go: 4 experts of 8, 4 of 7
+    odd = ops.ExpertShapes.of(cfg("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20"))
+    assert sorted(odd.rows) == [7] * 4 + [8] * 4
+    assert ops.ExpertShapes.of(parse_args(["--model", "tiny"])) is None
+
+
+def test_an_moe_layer_costs_its_router_experts_copies_and_all_to_alls_by_hand():
+    c = cfg("--expert-model-parallel-size", "2", "--world-size", "2")  # fp32, T 32, h 64, f_moe 176, 2 experts here
+    sh, cal = ops.Shapes.of(c), synthetic(c)
+    router = 2 * 32 * 4 * 64  # [32, 64] x [64, 4]
+    fc1, fc2 = 2 * 32 * 352 * 64, 2 * 32 * 64 * 176  # an expert's 32 rows: gate and up (2 x 176) then down
+    rows_bytes = 64 * 64 * 4  # the rank's 64 routed rows of h fp32, either way
+    counts = ALPHA + BETA * 4 * 8 / 2  # E int64, all-to-all bus factor (n-1)/n = 1/2
+    rows = ALPHA + BETA * rows_bytes / 2
+    # router GEMM, 2 x (fc1, fc2); top-k, permute, 2 SwiGLUs, unpermute; counts, dispatch, combine
+    forward = (router + 2 * (fc1 + fc2)) * NS + 5 * MEMORY_S + counts + 2 * rows
+    # every GEMM twice (dgrad, wgrad); the same 5 memory-bound kernels' backwards; the rows' all-to-alls the other way
+    backward = 2 * (router + 2 * (fc1 + fc2)) * NS + 5 * MEMORY_S + 2 * rows
+    fwd = price(ops.moe_forward(sh, PREFIX), c, cal, forward=True)
+    bwd = price(ops.moe_backward(sh, PREFIX), c, cal, forward=False)
+    assert fwd.seconds == pytest.approx(forward) and bwd.seconds == pytest.approx(backward)
+    assert fwd.ep_comm == pytest.approx(counts + 2 * rows) and fwd.comm == 0.0
+    # the router's weight is first used by its GEMM; its gradient is final after its wgrad, the backward's last op
+    assert fwd.marks[PREFIX + "mlp.router.weight"] == 0.0 and bwd.marks[PREFIX + "mlp.router.weight"] == pytest.approx(
+        backward)
+
+
+def test_the_replay_prices_an_moe_step_with_the_all_to_alls_exposed():
+    c = cfg("--expert-model-parallel-size", "2", "--world-size", "2")
+    fits = {**synthetic(c).comm.fits, ("dp", "all_reduce"): LinkFit(ALPHA, BETA, (1,))}  # dense grads over dp 2
+    cal = dataclasses.replace(synthetic(c), comm=CommModel(fits),
+                              rates={("optimizer.step", "fp32"): NS, ("grad_buffer.zero", "fp32"): NS})
+    step = predict_step(c, cal)
+    rows = ALPHA + BETA * 64 * 64 * 4 / 2
+    # 4 layers x (counts + dispatch + combine forward, combine + dispatch backward), one micro-batch
+    assert step.stages[0].exposed["ep"] == pytest.approx(4 * (ALPHA + BETA * 16 + 4 * rows))
+
+
+def engine_kernels(c: RunConfig) -> EngineKernels:
+    """As engine/training.py hands them to the sweep, its MoE handles from an MoE layer built here (EP 1, eager)."""
+    layer = MoELayer(c.model, 0, moe=MoEContext(ep=EPGroup(group=None, size=1, rank=0)),
+                     tp=TPGroup(group=None, size=1, rank=0), params_dtype=to_dtype(c.train.params_dtype),
+                     device="cpu", seed=1)
+    return EngineKernels(split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
+                         cross_entropy=functools.partial(vocab_parallel_cross_entropy,
+                                                         tp=TPGroup(group=None, size=1, rank=0),
+                                                         vocab_size=c.model.vocab_size),
+                         variant="eager", moe=moe_kernels([layer]))
+
+
+def spec(c: RunConfig) -> SweepSpec:
+    m, numel = c.model, params_total(c)
+    return SweepSpec.from_run(c, tp_size=1, padded_vocab_size=pad_vocab_size(m.vocab_size,
+                                                                             m.make_vocab_size_divisible_by, 1),
+                              first_stage=True, last_stage=True, optimizer_numel=numel, grad_buffer_numel=numel)
+
+
+@pytest.mark.parametrize("flags", [(), ("--moe-aux-loss-coeff", "0.01", "--moe-expert-capacity-factor", "0.7",
+                                        "--bf16"),
+                                   ("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20",
+                                    "--expert-model-parallel-size", "2", "--world-size", "2")],
+                         ids=["plain", "aux-loss-capacity-bf16", "uneven-rows-ep2"])
+def test_the_sweep_plans_the_time_models_moe_kernels(flags):
+    c = cfg(*flags)
+    planned = compute_sweep.plan(spec(c), torch.device("cpu"), engine_kernels(c))
+    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
+    assert swept == {(k.name, k.dims, k.flops) for k in ops.kernels(c, 0)}
+
+
+def test_the_sweep_times_the_moe_ops_through_the_engines_functions(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    c = cfg("--moe-aux-loss-coeff", "0.01")
+    records = compute_sweep.run(spec(c), torch.device("cpu"), engine_kernels(c), warmup=1, iters=1)
+    timed = {r["op"] for r in records if r["seconds"] > 0}
+    assert {"router.fprop", "router.topk.fwd", "router.topk.bwd", "moe.permute.fwd", "moe.permute.bwd",
+            "moe.unpermute.fwd", "moe.unpermute.bwd"} <= timed
+    # a dense model's sweep has none of them and needs no MoE handles
+    dense = parse_args(["--model", "tiny"])
+    planned = compute_sweep.plan(spec(dense), torch.device("cpu"),
+                                 dataclasses.replace(engine_kernels(c), moe=None))
+    assert not {p.op for p in planned} & {"router.fprop", "moe.permute.fwd"}
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One gloo process training the tiny MoE model with both start-up sweeps and timers (the command the brief
+    names, 4 iterations)."""
+    run_dir = tmp_path_factory.mktemp("moe_cpu") / "run"
+    env_cache = tmp_path_factory.mktemp("cache")
+    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "1", "--model", "tiny", "--num-experts",
+            "4", "--train-iters", "4", "--compute-sweep", "--bandwidth-sweep", "--timers", "--run-dir", str(run_dir)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XDG_CACHE_HOME": str(env_cache)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_reconcile_replays_an_moe_runs_step_from_its_sweep(moe_run):
+    result = reconcile(moe_run)
+    predicted = {r.metric: r.predicted for r in result.rows if r.metric in (
+        "throughput.step_time", "time.forward_per_microbatch", "time.backward_per_microbatch", "time.optimizer_step")}
+    assert len(predicted) == 4 and all(p is not None and p > 0 for p in predicted.values())
+    assert not any("time model" in line for line in result.missing)
