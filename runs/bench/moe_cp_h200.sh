@@ -8,11 +8,11 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/moe_cp_h200}
 mkdir -p "$OUT" runs/out
 export NCCL_NVLS_ENABLE=0
-python3 runs/bench/ring_attention_cuda.py --json "$OUT/ring_attention_cuda.json"
+[ "${SKIP_RING:-0}" = 1 ] || python3 runs/bench/ring_attention_cuda.py --json "$OUT/ring_attention_cuda.json"
 RUN=runs/out/moe_h200
 rm -rf "$RUN"
 python3 -m cli train --nproc-per-node 1 --model mixtral-8x7b-2l --bf16 --micro-batch-size 1 --global-batch-size 8 \
-    --train-iters 12 --moe-aux-loss-coeff 0.02 --timers --nvml-interval 0.5 --use-pytorch-profiler \
+    --train-iters 12 --moe-aux-loss-coeff 0.02 --all-probes --use-pytorch-profiler \
     --profile-step-start 9 --profile-step-end 10 --run-dir "$RUN"
 python3 -m cli reconcile "$RUN"
 python3 -m cli report "$RUN" > /dev/null
