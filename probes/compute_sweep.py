@@ -8,7 +8,13 @@ a test holds the two lists equal):
                main_grad in one GEMM where the device can, as the engine's gradient-accumulation fusion does, else a
                GEMM and an add)
   attention    core_attention.fwd / .bwd: F.scaled_dot_product_attention, causal, GQA, on [b, heads, s, d] views
-               of [s, b, heads, d] tensors as the engine calls it
+               of [s, b, heads, d] tensors as the engine calls it. Under context parallelism (C > 1) every op of
+               this list runs at the CP rank's L = s/C tokens, and core attention is ring attention's block kernels
+               (EngineKernels.ring_blocks: the engine's own, flash on CUDA in 16 bits, the maths elsewhere) at the
+               ring's two shapes, dims keys and causal beside seq (the queries): the causal diagonal block (L x L)
+               and an unmasked half block (L/2 queries of the rank's second chunk against a whole L-key block),
+               forward, and backward given that block's out and log-sum-exp; the ring's exchanges are the
+               bandwidth sweep's, the online-softmax merges are not timed
   elementwise  rms_norm.fwd / .bwd, residual_add, the attention output's [b, h, s, d] -> [s, b, h d] copy, and the
                engine's own fused functions (handed in as EngineKernels: compiled on GPU as the engine compiles
                them): rope (split_qkv_and_rotate) and swiglu forward / backward, and on the last stage
@@ -98,11 +104,15 @@ class EngineKernels:
     cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [s, b, v], target [s, b])
     variant: str
     moe: MoEKernels | None = None
+    # ring attention's block kernels for a query tensor: (forward, backward) as engine/transformer/ring_attention.py
+    # picks them; needed under context parallelism
+    ring_blocks: Callable[[torch.Tensor], tuple[Callable, Callable]] | None = None
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """One rank's shapes: widths TP-local, the vocab padded and split; norm_tokens = s b / t under SP."""
+    """One rank's shapes: seq = s / C (the CP rank's tokens), widths TP-local, the vocab padded and split;
+    norm_tokens = seq b / t under SP."""
     dtype: str
     grad_dtype: str
     seq: int
@@ -122,13 +132,15 @@ class SweepSpec:
     rope: bool = True  # else learned absolute positions
     layer_norm: bool = False  # else RMSNorm
     moe: "ExpertSpec | None" = None  # the MLP is an MoE layer
+    cp: int = 1  # C > 1: core attention is ring attention's blocks
 
     @classmethod
     def from_run(cls, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
                  last_stage: bool, optimizer_numel: int, grad_buffer_numel: int) -> "SweepSpec":
-        m, t = run_config.model, run_config.train
-        sb = m.seq_length * t.micro_batch_size
-        return cls(dtype=t.params_dtype, grad_dtype=t.grad_dtype, seq=m.seq_length, micro_batch=t.micro_batch_size,
+        m, t, cp = run_config.model, run_config.train, run_config.parallel.context_parallel_size
+        sb = m.seq_length // cp * t.micro_batch_size
+        return cls(dtype=t.params_dtype, grad_dtype=t.grad_dtype, seq=m.seq_length // cp,
+                   micro_batch=t.micro_batch_size,
                    hidden=m.hidden_size, heads=m.num_attention_heads // tp_size,
                    kv_heads=m.num_query_groups // tp_size, head_dim=m.hidden_size // m.num_attention_heads,
                    ffn=m.ffn_hidden_size // tp_size, vocab=padded_vocab_size // tp_size,
@@ -136,7 +148,7 @@ class SweepSpec:
                    first_stage=first_stage, last_stage=last_stage, optimizer_numel=optimizer_numel,
                    grad_buffer_numel=grad_buffer_numel, swiglu=m.swiglu,
                    rope=m.position_embedding_type == "rope", layer_norm=m.normalization == "LayerNorm",
-                   moe=ExpertSpec.from_run(run_config, tp_size) if m.num_experts is not None else None)
+                   moe=ExpertSpec.from_run(run_config, tp_size) if m.num_experts is not None else None, cp=cp)
 
     @property
     def fc1(self) -> int:
@@ -149,7 +161,7 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class ExpertSpec:
-    """A rank's MoE layer under uniform routing: its T routed tokens (s b, / t under SP) each pick k of E experts;
+    """A rank's MoE layer under uniform routing: its T routed tokens (s/C b, / t under SP) each pick k of E experts;
     an expert keeps at most ceil(T k / E x c) of them under a capacity factor c; the kept ones (`routed`) are split
     as evenly as they go over the rank's E / EP experts (every EP rank routing alike, a rank receives what it
     sends)."""
@@ -164,7 +176,8 @@ class ExpertSpec:
     @classmethod
     def from_run(cls, run_config: Any, tp_size: int) -> "ExpertSpec":
         m, p = run_config.model, run_config.parallel
-        tokens = m.seq_length * run_config.train.micro_batch_size // (tp_size if p.sequence_parallel else 1)
+        tokens = (m.seq_length // p.context_parallel_size * run_config.train.micro_batch_size
+                  // (tp_size if p.sequence_parallel else 1))
         cf = m.moe_expert_capacity_factor
         return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens,
                    capacity=math.ceil(tokens * m.moe_router_topk / m.num_experts * cf) if cf is not None else None,
@@ -330,6 +343,40 @@ def _attention(spec: SweepSpec, t: _Tensors) -> list[Planned]:
     flops = 2.0 * b * heads * s * s * d
     return [Planned("core_attention.fwd", dims, spec.dtype, flops, forward),
             Planned("core_attention.bwd", dims, spec.dtype, 2.5 * flops, backward)]
+
+
+def _ring_blocks(spec: SweepSpec, t: _Tensors, select: Callable[[torch.Tensor], tuple[Callable, Callable]]
+                 ) -> list[Planned]:
+    """Ring attention's two block kernels on L = s/C local tokens, called as ring_forward / ring_backward call them:
+    q a [b, heads, L, d] view of [L, b, heads, d] (its second half's rows for the half block), K and V of the
+    stacked [2, b, kv_heads, L, d] block; the backward given the block's out (in the compute dtype) and lse."""
+    length, b, heads, kv, d = spec.seq, spec.micro_batch, spec.heads, spec.kv_heads, spec.head_dim
+    scale = 1.0 / math.sqrt(d)
+
+    def operands(causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = slice(None) if causal else slice(length // 2, None)
+        q = t.randn(length, b, heads, d).permute(1, 2, 0, 3)
+        kv_block = torch.stack([t.randn(length, b, kv, d).permute(1, 2, 0, 3) for _ in range(2)])
+        return q[:, :, rows], kv_block[0], kv_block[1]
+
+    def block(causal: bool, backward: bool) -> _Op:
+        q, k, v = operands(causal)
+        forward, backward_fn = select(q)
+        if not backward:
+            return _Call(lambda: forward(q, k, v, causal, scale))
+        out, lse = forward(q, k, v, causal, scale)
+        out = out.to(t.dtype)
+        dout = t.randn(b, heads, length, d)[:, :, :q.shape[2]]
+        return _Call(lambda: backward_fn(dout, q, k, v, out, lse, causal, scale))
+
+    flops = 2.0 * b * heads * length * length * d  # L^2/2 query-key pairs either block, 4 d FLOPs each
+    out = []
+    for causal in (True, False):
+        dims = dict(batch=b, heads=heads, kv_heads=kv, seq=length if causal else length // 2, keys=length,
+                    causal=int(causal), head_dim=d)
+        out += [Planned("core_attention.fwd", dims, spec.dtype, flops, lambda c=causal: block(c, False)),
+                Planned("core_attention.bwd", dims, spec.dtype, 2.5 * flops, lambda c=causal: block(c, True))]
+    return out
 
 
 def _elementwise(spec: SweepSpec, t: _Tensors, kernels: EngineKernels) -> list[Planned]:
@@ -533,8 +580,12 @@ def plan(spec: SweepSpec, device: torch.device, kernels: EngineKernels) -> list[
     accumulate = _accumulator(device, dtype, grad_dtype)
     if spec.moe is not None and kernels.moe is None:
         raise ValueError("an MoE model's sweep needs the engine's MoE kernels (EngineKernels.moe)")
+    if spec.cp > 1 and kernels.ring_blocks is None:
+        raise ValueError("a context-parallel sweep needs the engine's ring attention block kernels "
+                         "(EngineKernels.ring_blocks)")
     moe = _moe(spec, t, kernels.moe) if spec.moe is not None else []
-    return (_gemms(spec, t, grad_dtype, accumulate) + _attention(spec, t) + _elementwise(spec, t, kernels) + moe
+    attention = _attention(spec, t) if spec.cp == 1 else _ring_blocks(spec, t, kernels.ring_blocks)
+    return (_gemms(spec, t, grad_dtype, accumulate) + attention + _elementwise(spec, t, kernels) + moe
             + _ends(spec, t, kernels, grad_dtype) + _rates(spec, t, dtype, grad_dtype))
 
 

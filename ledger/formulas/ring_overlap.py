@@ -18,9 +18,13 @@ A block's attention FLOPs (QK^T and PV, 2 FLOPs per multiply-add, each 2 d per q
     against all its keys (the causal load balancing makes every such step one of the two), unmasked, L x L / 2
     pairs: 2 b h L^2 d as well;
   - backward 2.5x the forward, flash attention's (the compute sweep's core_attention.bwd counts the same).
-Hidden share of one exchange: min(1, block seconds / transfer seconds). The step's figure is the mean over its
-exchanges weighted by their bytes (each layer and micro-batch runs the same exchanges: `count` of each), which is
-the share of the ring's transfer time that is hidden when a message's time is its bytes over one bandwidth.
+Which block a step computes (`ring_blocks`): the rank's own, causal over its s/C x s/C, at forward step 0 and at
+backward step C - 1; at every other step another rank's, an unmasked half block.
+Exposed part of one exchange: max(0, transfer seconds - block seconds), what the pass waits for after the block
+(`exchange_exposed`: the time model adds it to the pass); hidden share: 1 - exposed / transfer = min(1, block /
+transfer) (`exchange_hidden`: the overlap row). The step's figure is the mean over its exchanges weighted by their
+bytes (each layer and micro-batch runs the same exchanges: `count` of each), which is the share of the ring's transfer
+time that is hidden when a message's time is its bytes over one bandwidth.
 """
 from __future__ import annotations
 
@@ -65,9 +69,21 @@ def ring_exchanges(cfg: RunConfig, pp_rank: int) -> list[RingExchange]:
     return out
 
 
+def ring_blocks(cp: int, forward: bool) -> list[bool]:
+    """Per ring step of one layer's pass, whether its block is the causal diagonal (the rank's own K/V: forward step
+    0, backward step C - 1, where the backward's ring returns to it) rather than an unmasked half block."""
+    own = 0 if forward else cp - 1
+    return [step == own for step in range(cp)]
+
+
+def exchange_exposed(transfer_s: float, block_s: float) -> float:
+    """Seconds of one transfer its block does not hide: the wait after the block when the transfer is longer."""
+    return max(0.0, transfer_s - block_s)
+
+
 def exchange_hidden(transfer_s: float, block_s: float) -> float:
     """Share of one transfer that its block hides: all of it when the block lasts at least as long."""
-    return 1.0 if transfer_s <= block_s else block_s / transfer_s
+    return 1.0 - exchange_exposed(transfer_s, block_s) / transfer_s if transfer_s > 0 else 1.0
 
 
 def hidden_fraction(exchanges: list[RingExchange], transfer_s: Callable[[int], float],

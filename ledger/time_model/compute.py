@@ -10,7 +10,8 @@ tp_comm, cp_comm, ep_comm) names the largest contributor of a stage's time.
 
 Context parallelism's ring messages (ops.py, `cp` collectives with `overlaps`) run on their own stream beside the
 block they overlap: the pass waits only for max(0, transfer - that block's kernel time) before the next block, the
-exposed part (`cp_exposed`); `cp_transfer` is their whole standalone time, so the hidden part is the difference.
+exposed part (`cp_exposed`; ledger/formulas/ring_overlap.py exchange_exposed, the formula the overlap row's hidden
+share is 1 - exposed / transfer of); `cp_transfer` is their whole standalone time, so the hidden part is the difference.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from ledger.formulas.params import num_chunks
+from ledger.formulas.ring_overlap import exchange_exposed
 from ledger.time_model.calibration import Calibration
 from ledger.time_model.ops import Collective, Work, chunk_backward, chunk_forward
 
@@ -53,7 +55,7 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
     for w in work:
         if isinstance(w.op, Collective) and w.op.overlaps is not None:  # beside a kernel: its excess only
             transfer = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
-            seconds = max(0.0, transfer - cal.kernel_seconds(w.op.overlaps, dtype))
+            seconds = exchange_exposed(transfer, cal.kernel_seconds(w.op.overlaps, dtype))
             cp_transfer += transfer
             cp_exposed += seconds
         elif isinstance(w.op, Collective):

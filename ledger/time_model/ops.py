@@ -23,16 +23,20 @@ Not priced apart: the position table's lookup and add (first stage, one [s, b, h
 (fused into bias_dropout_add with the residual add) and bias gradients (a reduction over tokens beside the wgrad).
 LayerNorm runs layer_norm.fwd / .bwd where RMSNorm runs rms_norm's, at the same dims.
 
-Context parallelism (C > 1; ledger/formulas/comm.py has the derivation of the ring's messages): every op runs at the
-CP rank's s/C tokens, and core attention becomes Transformer Engine's ring (AttnFuncWithCPAndKVP2P): C steps, each a
-flash-attention block on the local queries. With Megatron's load balancing every step does the same work: step 0 is
-causal over the local s/C x s/C, the others s/C queries against half a block of keys or half the queries against a
-whole block, s^2/(2C^2) query-key pairs each, what a causal s/C x s/C kernel does; so each step is priced as the
-calibrated core_attention kernel at seq s/C (simple: the off-diagonal steps are unmasked and may run a little
-faster). Beside the steps the ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the
-block computed meanwhile); only the part of a transfer longer than that block's compute is exposed on the pass,
+Context parallelism (C > 1; ledger/formulas/comm.py has the derivation of the ring's messages,
+ledger/formulas/ring_overlap.py the blocks and the overlap): every op runs at the CP rank's L = s/C tokens, and core
+attention becomes the engine's ring (engine/transformer/ring_attention.py, Transformer Engine's
+AttnFuncWithCPAndKVP2P): C steps, each one block kernel on the local queries, keyed apart from the dense kernel by
+`keys` and `causal`. With Megatron's load balancing each step's block is either the causal diagonal (the rank's own
+K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced as L/2 queries against L keys
+(rank i's steps with a later rank's block; with an earlier rank's block it runs L queries against L/2 keys, the same
+L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward, 2.5x backward. Beside the steps the
+ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the block computed meanwhile); only
+the part of a transfer longer than that block's compute is exposed on the pass, ring_overlap.exchange_exposed:
 max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks; backward: one beside each block.
-A re-run forward (recompute) repeats the forward's ring.
+A re-run forward (recompute) repeats the forward's ring. Left out: the online-softmax merge of each later block's
+output into the running one (forward) and the dQ / dK-dV accumulations (backward), elementwise work on [b, h, L, d]
+fp32 tensors beside blocks that are O(L) times larger.
 
 Mixture of experts (the model has experts: every layer's MLP is Megatron's MoELayer, engine/transformer/moe): after
 the pre-MLP norm the router's GEMM `router.fprop` [T, h] x [h, E] (T = the rank's routed tokens), `router.topk.fwd`
@@ -62,6 +66,7 @@ from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.comm import ring_messages, routed_tokens
 from ledger.formulas.moe import COUNT_BYTES, uniform_kept_assignments
 from ledger.formulas.params import chunk_layers, chunk_tensors, fc1_width, num_chunks, padded_vocab_size
+from ledger.formulas.ring_overlap import ring_blocks
 
 EMBEDDING, OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
 POSITIONS = "embedding.position_embeddings.weight"
@@ -209,14 +214,25 @@ def _attention(sh: Shapes, pass_: str) -> Kernel:
                   heads=sh.heads, kv_heads=sh.kv_heads, seq=sh.seq, head_dim=sh.head_dim)
 
 
+def ring_block(sh: Shapes, pass_: str, causal: bool) -> Kernel:
+    """One ring step's block kernel on L = s/C local tokens: the causal diagonal (L x L) or an unmasked half block
+    (L/2 queries x L keys); L^2/2 query-key pairs either way, 4 d FLOPs each forward, 2.5x backward."""
+    length = sh.seq
+    forward = 2.0 * sh.micro_batch * sh.heads * length ** 2 * sh.head_dim
+    return kernel(f"core_attention.{pass_}", forward * (2.5 if pass_ == "bwd" else 1.0), batch=sh.micro_batch,
+                  heads=sh.heads, kv_heads=sh.kv_heads, seq=length if causal else length // 2, keys=length,
+                  causal=int(causal), head_dim=sh.head_dim)
+
+
 def core_attention(sh: Shapes, pass_: str, term: str = LAYERS) -> list[Work]:
     """One flash-attention kernel, or under CP the ring's C blocks each beside its message (module docstring)."""
-    block = _attention(sh, pass_)
     if sh.cp == 1:
-        return [Work(block, term)]
-    messages = ring_messages(sh.cp, forward=pass_ == "fwd")
+        return [Work(_attention(sh, pass_), term)]
+    forward = pass_ == "fwd"
+    messages = ring_messages(sh.cp, forward)
     work = []
-    for step in range(sh.cp):
+    for step, causal in enumerate(ring_blocks(sh.cp, forward)):
+        block = ring_block(sh, pass_, causal)
         if step < len(messages):
             work.append(Work(Collective("cp", "send_recv", messages[step] * sh.kv_block_bytes, overlaps=block),
                              CP_COMM))
