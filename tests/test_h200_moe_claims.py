@@ -6,9 +6,10 @@ What the run shows, each a claim the ledger makes from config and calibration on
   PyTorch reconcile; without the experts in the formula they could not (the can-be-off case);
 - routing: every step each layer routes exactly tokens x top-k assignments (nothing is lost or double counted);
 - time: the backward pass and the optimizer step land within the pass bar of the time model, which prices each
-  expert's GEMMs at its row count; the forward pass does not, and the ledger says so ("off"): in the profiled trace
-  the forward spends about 4 ms a micro-batch with the GPU idle while the host reads the per-expert token counts
-  and launches the experts one by one (SequentialMLP), which the kernel-time model does not price.
+  expert's GEMMs at its row count; the forward pass does not, and the ledger says so ("off"): in a profiled step of
+  the same shape a forward pass ran 13 ms of kernels and 4.6-14.8 ms of GPU idle gaps while the host read the
+  per-expert token counts and launched the experts one by one (SequentialMLP), which the kernel-time model does not
+  price (BENCHMARKS.md).
 """
 from __future__ import annotations
 

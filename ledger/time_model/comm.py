@@ -27,6 +27,9 @@ from ledger.time_model.missing import CalibrationMissing
 # A collective with no sweep of its own priced on the link another one measured: the tied-embedding all-reduce of a
 # group of two (first and last pipeline rank) moves S over the same link a pipeline send of S does.
 SAME_LINK = {("embedding", "all_reduce"): ("pp", "send_recv")}
+# A group the bandwidth sweep records under another label: the DP buckets' collectives run on Megatron's dp_cp group
+# under context parallelism and the sweep (probes/bandwidth.py) times them there, labelled "dp" (group_size dp x cp).
+SWEPT_AS = {"dp_cp": "dp"}
 
 
 def fit_alpha_beta(points: Iterable[tuple[float, float]]) -> tuple[float, float]:
@@ -95,7 +98,8 @@ class CommModel:
         return cls(fits)
 
     def fit(self, group: str, kind: str) -> LinkFit:
-        found = self.fits.get((group, kind)) or self.fits.get(SAME_LINK.get((group, kind), ("", "")))
+        found = (self.fits.get((group, kind)) or self.fits.get((SWEPT_AS.get(group, ""), kind))
+                 or self.fits.get(SAME_LINK.get((group, kind), ("", ""))))
         if found is None:
             raise CalibrationMissing(f"no bandwidth sweep of {kind} on the {group} group (--bandwidth-sweep)")
         return found
