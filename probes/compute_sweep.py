@@ -11,7 +11,7 @@ a test holds the two lists equal):
                of [s, b, heads, d] tensors as the engine calls it. Under context parallelism (C > 1) every op of
                this list runs at the CP rank's L = s/C tokens, and core attention is ring attention's block kernels
                (EngineKernels.ring_blocks: the engine's own, flash on CUDA in 16 bits, the maths elsewhere) at the
-               ring's two shapes, dims keys and causal beside seq (the queries): the causal diagonal block (L x L)
+               ring's two shapes, dims queries and causal beside seq (L: the keys): the causal diagonal block (L x L)
                and an unmasked half block (L/2 queries of the rank's second chunk against a whole L-key block),
                forward, and backward given that block's out and log-sum-exp; the ring's exchanges are the
                bandwidth sweep's, the online-softmax merges are not timed
@@ -372,7 +372,7 @@ def _ring_blocks(spec: SweepSpec, t: _Tensors, select: Callable[[torch.Tensor], 
     flops = 2.0 * b * heads * length * length * d  # L^2/2 query-key pairs either block, 4 d FLOPs each
     out = []
     for causal in (True, False):
-        dims = dict(batch=b, heads=heads, kv_heads=kv, seq=length if causal else length // 2, keys=length,
+        dims = dict(batch=b, heads=heads, kv_heads=kv, seq=length, queries=length if causal else length // 2,
                     causal=int(causal), head_dim=d)
         out += [Planned("core_attention.fwd", dims, spec.dtype, flops, lambda c=causal: block(c, False)),
                 Planned("core_attention.bwd", dims, spec.dtype, 2.5 * flops, lambda c=causal: block(c, True))]

@@ -27,7 +27,7 @@ Context parallelism (C > 1; ledger/formulas/comm.py has the derivation of the ri
 ledger/formulas/ring_overlap.py the blocks and the overlap): every op runs at the CP rank's L = s/C tokens, and core
 attention becomes the engine's ring (engine/transformer/ring_attention.py, Transformer Engine's
 AttnFuncWithCPAndKVP2P): C steps, each one block kernel on the local queries, keyed apart from the dense kernel by
-`keys` and `causal`. With Megatron's load balancing each step's block is either the causal diagonal (the rank's own
+`queries` and `causal` (seq: L, every block's keys). With Megatron's load balancing each step's block is either the causal diagonal (the rank's own
 K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced as L/2 queries against L keys
 (rank i's steps with a later rank's block; with an earlier rank's block it runs L queries against L/2 keys, the same
 L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward, 2.5x backward. Beside the steps the
@@ -220,7 +220,7 @@ def ring_block(sh: Shapes, pass_: str, causal: bool) -> Kernel:
     length = sh.seq
     forward = 2.0 * sh.micro_batch * sh.heads * length ** 2 * sh.head_dim
     return kernel(f"core_attention.{pass_}", forward * (2.5 if pass_ == "bwd" else 1.0), batch=sh.micro_batch,
-                  heads=sh.heads, kv_heads=sh.kv_heads, seq=length if causal else length // 2, keys=length,
+                  heads=sh.heads, kv_heads=sh.kv_heads, seq=length, queries=length if causal else length // 2,
                   causal=int(causal), head_dim=sh.head_dim)
 
 

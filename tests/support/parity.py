@@ -112,3 +112,15 @@ def assert_close_rel(actual: Any, expected: Any, what: str, rtol: float = 1e-5) 
     torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
                                torch.as_tensor(expected, dtype=torch.float64), rtol=rtol, atol=0,
                                msg=lambda m: f"{what}: {m}")
+
+
+def assert_rank_matches(res: dict[str, Any], ref: dict[str, Any], rank: int, *, rtol: float = 1e-4,
+                        atol: float = 5e-5) -> None:
+    """One rank of a parallel run against the single-process reference: losses and grad norms to 1e-5 relative, and
+    every parameter the rank holds (all of them, or its experts' share under EP) to rtol / atol."""
+    assert_close_rel(res["losses"], ref["losses"], f"rank {rank} loss")
+    assert_close_rel(res["grad_norms"], ref["grad_norms"], f"rank {rank} grad norm")
+    assert res["params"].keys() <= ref["params"].keys()
+    for name, value in res["params"].items():
+        torch.testing.assert_close(value, ref["params"][name], rtol=rtol, atol=atol,
+                                   msg=lambda m, n=name: f"rank {rank} {n}: {m}")
