@@ -13,7 +13,6 @@ other way).
 import functools
 
 import pytest
-import torch
 
 from common.arguments import parse_args
 from probes.probe_set import NullProbeSet
