@@ -37,8 +37,8 @@ from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoELayer, moe_step_figures
 from engine.transformer.moe.router import Routing
 from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
-from engine.transformer.ring_attention import block_kernels
-from probes.compute_sweep import EngineKernels, MoEKernels
+from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward
+from probes.compute_sweep import EngineKernels, MoEKernels, RingKernels
 from probes.probe_set import NullProbeSet
 
 
@@ -279,15 +279,16 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
 def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
                   parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
     """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes, timing the engine's own
-    fused functions as they run here (compiled or eager) and, under CP, ring attention's block kernels; the loss on
-    a TP group of one, so it issues no collective."""
+    fused functions as they run here (compiled or eager) and, under CP, ring attention's blocks and loops (on a ring
+    with no process group: no exchange); the loss on a TP group of one, so it issues no collective."""
     m, tp = run_config.model, parallel_state.tp_size
     kernels = EngineKernels(
         split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
                                         vocab_size=m.vocab_size),
         variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
-        ring_blocks=block_kernels)
+        ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
+                         group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
     probes.compute_sweep(run_config, tp_size=tp,
                          padded_vocab_size=pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp),
                          first_stage=parallel_state.is_pipeline_first_stage,

@@ -10,11 +10,12 @@ a test holds the two lists equal):
   attention    core_attention.fwd / .bwd: F.scaled_dot_product_attention, causal, GQA, on [b, heads, s, d] views
                of [s, b, heads, d] tensors as the engine calls it. Under context parallelism (C > 1) every op of
                this list runs at the CP rank's L = s/C tokens, and core attention is ring attention's block kernels
-               (EngineKernels.ring_blocks: the engine's own, flash on CUDA in 16 bits, the maths elsewhere) at the
-               ring's two shapes, dims queries and causal beside seq (L: the keys): the causal diagonal block (L x L)
-               and an unmasked half block (L/2 queries of the rank's second chunk against a whole L-key block),
-               forward, and backward given that block's out and log-sum-exp; the ring's exchanges are the
-               bandwidth sweep's, the online-softmax merges are not timed
+               (EngineKernels.ring: the engine's own, flash on CUDA in 16 bits, the maths elsewhere) at the ring's
+               two shapes, dims queries and causal beside seq (L: the keys): the causal diagonal block (L x L) and
+               an unmasked half block (L/2 queries of the rank's second chunk against a whole L-key block), forward,
+               and backward given that block's out and log-sum-exp; and ring_attention.merge.fwd / .bwd: the
+               engine's ring loop on a ring of C without exchanges, its blocks answered by precomputed results, so
+               the online-softmax merges and the dQ / dK-dV accumulations; the exchanges are the bandwidth sweep's
   elementwise  rms_norm.fwd / .bwd, residual_add, the attention output's [b, h, s, d] -> [s, b, h d] copy, and the
                engine's own fused functions (handed in as EngineKernels: compiled on GPU as the engine compiles
                them): rope (split_qkv_and_rotate) and swiglu forward / backward, and on the last stage
@@ -96,6 +97,16 @@ class MoEKernels:
 
 
 @dataclass(frozen=True)
+class RingKernels:
+    """The engine's ring attention (engine/transformer/ring_attention.py) as the sweep times it, apart from its
+    exchanges."""
+    blocks: Callable[[torch.Tensor], tuple[Callable, Callable]]  # q -> (block forward, block backward) it runs
+    forward: Callable[..., tuple[torch.Tensor, ...]]  # ring_forward(q, kv, cp, scale, attend)
+    backward: Callable[..., tuple[torch.Tensor, ...]]  # ring_backward(dout, q, kv, out, lse, cp, scale, attend_bwd)
+    group: Callable[[int], Any]  # C -> a ring of C (rank 0) with no process group: the loops then exchange nothing
+
+
+@dataclass(frozen=True)
 class EngineKernels:
     """The engine's own functions for the work it fuses, so the sweep times what runs; `variant` says how they run
     (compiled or eager) and keys the cache; `moe` for a model with experts."""
@@ -104,9 +115,7 @@ class EngineKernels:
     cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [s, b, v], target [s, b])
     variant: str
     moe: MoEKernels | None = None
-    # ring attention's block kernels for a query tensor: (forward, backward) as engine/transformer/ring_attention.py
-    # picks them; needed under context parallelism
-    ring_blocks: Callable[[torch.Tensor], tuple[Callable, Callable]] | None = None
+    ring: RingKernels | None = None  # needed under context parallelism
 
 
 @dataclass(frozen=True)
@@ -345,29 +354,46 @@ def _attention(spec: SweepSpec, t: _Tensors) -> list[Planned]:
             Planned("core_attention.bwd", dims, spec.dtype, 2.5 * flops, backward)]
 
 
-def _ring_blocks(spec: SweepSpec, t: _Tensors, select: Callable[[torch.Tensor], tuple[Callable, Callable]]
-                 ) -> list[Planned]:
-    """Ring attention's two block kernels on L = s/C local tokens, called as ring_forward / ring_backward call them:
-    q a [b, heads, L, d] view of [L, b, heads, d] (its second half's rows for the half block), K and V of the
-    stacked [2, b, kv_heads, L, d] block; the backward given the block's out (in the compute dtype) and lse."""
+def _ring(spec: SweepSpec, t: _Tensors, ring: RingKernels) -> list[Planned]:
+    """Ring attention on L = s/C local tokens as ring_forward / ring_backward run it: its two block kernels (q a
+    [b, heads, L, d] view of [L, b, heads, d], its second half's rows for the half block; K and V of the stacked
+    [2, b, kv_heads, L, d] block; the backward given the block's out in the compute dtype and its lse), and the
+    engine's ring loop itself on a ring of C without exchanges, as CP rank 0 runs it, its block kernels answered by
+    precomputed results: what is left is the online-softmax merges (forward) and the dQ / dK-dV accumulations
+    (backward)."""
     length, b, heads, kv, d = spec.seq, spec.micro_batch, spec.heads, spec.kv_heads, spec.head_dim
-    scale = 1.0 / math.sqrt(d)
+    scale, half = 1.0 / math.sqrt(d), slice(length // 2, None)
 
-    def operands(causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = slice(None) if causal else slice(length // 2, None)
+    def rows(causal: bool) -> slice:
+        return slice(None) if causal else half
+
+    def operands() -> tuple[torch.Tensor, torch.Tensor]:
         q = t.randn(length, b, heads, d).permute(1, 2, 0, 3)
-        kv_block = torch.stack([t.randn(length, b, kv, d).permute(1, 2, 0, 3) for _ in range(2)])
-        return q[:, :, rows], kv_block[0], kv_block[1]
+        return q, torch.stack([t.randn(length, b, kv, d).permute(1, 2, 0, 3) for _ in range(2)])
 
     def block(causal: bool, backward: bool) -> _Op:
-        q, k, v = operands(causal)
-        forward, backward_fn = select(q)
+        q, kv_block = operands()
+        q, k, v = q[:, :, rows(causal)], kv_block[0], kv_block[1]
+        forward, backward_fn = ring.blocks(q)
         if not backward:
             return _Call(lambda: forward(q, k, v, causal, scale))
         out, lse = forward(q, k, v, causal, scale)
         out = out.to(t.dtype)
         dout = t.randn(b, heads, length, d)[:, :, :q.shape[2]]
         return _Call(lambda: backward_fn(dout, q, k, v, out, lse, causal, scale))
+
+    def merges(backward: bool) -> _Op:
+        q, kv_block = operands()
+        forward, backward_fn = ring.blocks(q)
+        cp = ring.group(spec.cp)
+        if not backward:
+            done = {c: forward(q[:, :, rows(c)], kv_block[0], kv_block[1], c, scale) for c in (True, False)}
+            return _Call(lambda: ring.forward(q, kv_block, cp, scale, lambda *args: done[args[3]]))
+        out, lse, _ = ring.forward(q, kv_block, cp, scale, forward)
+        out, dout = out.to(t.dtype), t.randn(b, heads, length, d)
+        done = {c: backward_fn(dout[:, :, rows(c)], q[:, :, rows(c)], kv_block[0], kv_block[1], out[:, :, rows(c)],
+                               lse[:, :, rows(c)], c, scale) for c in (True, False)}
+        return _Call(lambda: ring.backward(dout, q, kv_block, out, lse, cp, scale, lambda *args: done[args[6]]))
 
     flops = 2.0 * b * heads * length * length * d  # L^2/2 query-key pairs either block, 4 d FLOPs each
     out = []
@@ -376,7 +402,9 @@ def _ring_blocks(spec: SweepSpec, t: _Tensors, select: Callable[[torch.Tensor], 
                     causal=int(causal), head_dim=d)
         out += [Planned("core_attention.fwd", dims, spec.dtype, flops, lambda c=causal: block(c, False)),
                 Planned("core_attention.bwd", dims, spec.dtype, 2.5 * flops, lambda c=causal: block(c, True))]
-    return out
+    merged = dict(batch=b, heads=heads, kv_heads=kv, seq=length, head_dim=d, cp=spec.cp)
+    return out + [Planned(f"ring_attention.merge.{p}", merged, spec.dtype, 0.0, lambda bwd=p == "bwd": merges(bwd))
+                  for p in ("fwd", "bwd")]
 
 
 def _elementwise(spec: SweepSpec, t: _Tensors, kernels: EngineKernels) -> list[Planned]:
@@ -580,11 +608,10 @@ def plan(spec: SweepSpec, device: torch.device, kernels: EngineKernels) -> list[
     accumulate = _accumulator(device, dtype, grad_dtype)
     if spec.moe is not None and kernels.moe is None:
         raise ValueError("an MoE model's sweep needs the engine's MoE kernels (EngineKernels.moe)")
-    if spec.cp > 1 and kernels.ring_blocks is None:
-        raise ValueError("a context-parallel sweep needs the engine's ring attention block kernels "
-                         "(EngineKernels.ring_blocks)")
+    if spec.cp > 1 and kernels.ring is None:
+        raise ValueError("a context-parallel sweep needs the engine's ring attention (EngineKernels.ring)")
     moe = _moe(spec, t, kernels.moe) if spec.moe is not None else []
-    attention = _attention(spec, t) if spec.cp == 1 else _ring_blocks(spec, t, kernels.ring_blocks)
+    attention = _attention(spec, t) if spec.cp == 1 else _ring(spec, t, kernels.ring)
     return (_gemms(spec, t, grad_dtype, accumulate) + attention + _elementwise(spec, t, kernels) + moe
             + _ends(spec, t, kernels, grad_dtype) + _rates(spec, t, dtype, grad_dtype))
 

@@ -34,9 +34,9 @@ CP2 = tiny("--context-parallel-size", "2")
 def test_a_cp2_step_runs_one_forward_and_two_backward_exchanges_per_layer_and_micro_batch():
     """4 layers x 2 micro-batches: the forward's one message (C - 1) and the backward's two (C), each |KV|, each
     beside a block of 32,768 FLOPs forward or 2.5 x that backward."""
-    assert ring_exchanges(CP2, 0) == [RingExchange(FORWARD, 0, KV, 32768.0, 8),
-                                      RingExchange(BACKWARD, 0, KV, 81920.0, 8),
-                                      RingExchange(BACKWARD, 1, KV, 81920.0, 8)]
+    assert ring_exchanges(CP2, 0) == [RingExchange(FORWARD, 0, KV, 32768.0, 8, causal=True),
+                                      RingExchange(BACKWARD, 0, KV, 81920.0, 8, causal=False),
+                                      RingExchange(BACKWARD, 1, KV, 81920.0, 8, causal=True)]
 
 
 @pytest.mark.parametrize("flags, world", [
@@ -85,8 +85,8 @@ def test_the_prediction_is_the_byte_weighted_share_each_exchange_hides():
     assert r.predicted == pytest.approx(5 / 6)
     assert r.measured == pytest.approx(0.9)
     assert r.verdict == "ok"
-    assert "forward, 4,096 B: block 50 us beside a 100 us transfer" in r.explanation
-    assert "backward, 4,096 B: block 200 us beside a 100 us transfer" in r.explanation
+    assert "forward, 4,096 B: causal block 50 us beside a 100 us transfer" in r.explanation
+    assert "backward, 4,096 B: half block 200 us beside a 100 us transfer" in r.explanation
 
 
 def test_an_exchange_hidden_less_than_predicted_is_off():
@@ -135,9 +135,9 @@ def swept_cp_run(tmp_path_factory):
 def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(swept_cp_run):
     """What the row measures on gloo CP2: 1 - (waited / exchange time) over the steady steps' 24 exchanges per
     step, from the cp-comm and cp-wait ranges. What it predicts, derived here from the run's own sweep records:
-    a block costs 32,768 FLOPs (x 2.5 backward) at the seconds per FLOP of the swept block nearest the ring's 16
-    tokens (the sweep times ring attention's own block kernels at a CP rank's shapes: the causal 16 x 16 diagonal,
-    32,768 FLOPs, and the 8 x 16 half block), a 4,096 B message the cp send_recv time at 4,096 B; 8 forward and 16
+    a block costs 32,768 FLOPs (x 2.5 backward) at the seconds per FLOP of the swept block of its kind (the sweep
+    times ring attention's own block kernels at a CP rank's shapes: the causal 16 x 16 diagonal and the 8 x 16 half
+    block, 32,768 FLOPs each), a 4,096 B message the cp send_recv time at 4,096 B; 8 forward and 16
     backward exchanges per step weigh alike (all |KV|). On 2 shared CPU cores a gloo message takes hundreds of us
     against a block of a few hundred, and the ranks' skew lands in the waits, so the verdict is no evidence either
     way: the test holds the arithmetic."""
@@ -157,15 +157,18 @@ def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(swep
         assert len(spans) == 24 * len(kept)
         assert r.measured == pytest.approx(1 - sum(waits) / sum(spans))
 
-        def rate(op):
-            (record,) = [c for c in evidence.compute if c["op"] == op and c["dims"]["causal"] == 1]
-            assert record["dims"]["seq"] == record["dims"]["queries"] == 16
+        def rate(op, causal):
+            (record,) = [c for c in evidence.compute if c["op"] == op and c["dims"]["causal"] == causal]
+            assert record["dims"]["seq"] == 16 and record["dims"]["queries"] == (16 if causal else 8)
             return record["seconds"] / record["flops"]
 
         (link,) = [b for b in evidence.bandwidth if b["group"] == "cp" and b["size_bytes"] == KV]
-        forward = min(1.0, 32768 * rate("core_attention.fwd") / link["time_s"])
-        backward = min(1.0, 81920 * rate("core_attention.bwd") / link["time_s"])
-        assert r.predicted == pytest.approx((8 * forward + 16 * backward) / 24)
+        hidden = lambda flops, op, causal: min(1.0, flops * rate(op, causal) / link["time_s"])  # noqa: E731
+        # CP2 per layer: forward step 0 beside the rank's own causal block; backward step 0 beside the other
+        # rank's half block, step 1 back at its own causal block
+        forward = hidden(32768, "core_attention.fwd", 1)
+        backward = hidden(81920, "core_attention.bwd", 0) + hidden(81920, "core_attention.bwd", 1)
+        assert r.predicted == pytest.approx((8 * forward + 8 * backward) / 24)
         assert r.verdict in ("ok", "warn", "off"), r
 
 
@@ -174,8 +177,9 @@ def test_a_gloo_cp2_runs_step_forward_backward_and_optimizer_times_are_predicted
     """The same run's time rows: the time model prices a CP rank's ops at its 16 tokens and its ring attention as
     the blocks the compute sweep timed beside the exchanges the bandwidth sweep timed (and the DP collectives on the
     dp x cp group the sweep labels dp), so step, forward, backward and optimizer each get a prediction. On 2 shared
-    CPU cores the timings are no evidence of accuracy: the test holds that the predictions exist and that the
-    forward's breakdown counts the ring's exposed exchanges (cp_comm), not their verdicts."""
+    CPU cores the timings are no evidence of accuracy: the test holds that the predictions exist, not their verdicts
+    (nor whether an exchange came out exposed: that turns on the noisy CPU sweep; tests/test_cp_time_model.py
+    derives the exposed part on a fixed calibration)."""
     from ledger.reconcile.run import gather, reconcile
 
     ev = gather(swept_cp_run)
@@ -188,5 +192,3 @@ def test_a_gloo_cp2_runs_step_forward_backward_and_optimizer_times_are_predicted
     predicted = {r.metric for r in rows if r.predicted is not None}
     assert {"throughput.step_time", "time.forward_per_microbatch", "time.backward_per_microbatch",
             "time.optimizer_step", "time.tokens_per_s"} <= predicted
-    forward = [r for r in rows if r.metric == "time.forward_per_microbatch"]
-    assert forward and all("cp_comm" in r.explanation for r in forward)

@@ -9,12 +9,13 @@ L = 16 tokens, |KV| = 2 x 4 B x 16 x 4 x 8 = 4,096 B, a block's attention 2 b h 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from common.arguments import parse_args
-from engine.transformer.ring_attention import block_kernels
+from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward
 from ledger.simulate.calibration import hardware_calibration
 from ledger.simulate.hardware import load_hardware
 from ledger.time_model import Calibration, CalibrationMissing, CommModel, predict_step, stage_time
@@ -35,8 +36,10 @@ CP2 = tiny("--context-parallel-size", "2")
 
 
 def cp_kernels(vocab_size: int) -> compute_sweep.EngineKernels:
-    """The engine's kernels as engine/training.py hands them to a CP rank's sweep: the ring's block kernels too."""
-    return dataclasses.replace(engine_kernels(vocab_size), ring_blocks=block_kernels)
+    """The engine's kernels as engine/training.py hands them to a CP rank's sweep: the ring's blocks and loops too."""
+    return dataclasses.replace(engine_kernels(vocab_size), ring=compute_sweep.RingKernels(
+        blocks=block_kernels, forward=ring_forward, backward=ring_backward,
+        group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
 
 
 # --- the sweep plans what the time model prices ----------------------------------------------------------------------
@@ -66,56 +69,66 @@ def test_every_per_token_op_runs_at_the_cp_ranks_tokens_and_attention_at_the_rin
 
 
 def test_a_cp_sweep_without_the_engines_block_kernels_is_refused():
-    with pytest.raises(ValueError, match="ring_blocks"):
+    with pytest.raises(ValueError, match="EngineKernels.ring"):
         compute_sweep.plan(spec(CP2, 0), CPU, engine_kernels(CP2.model.vocab_size))
 
 
-def test_a_cp_sweep_calibrates_a_stages_passes(tmp_path, monkeypatch):
-    """Plumbing on CPU: the sweep's own records (and a cp send_recv) price both passes with nothing missing, the
-    ring's transfer included (4 layers' one forward message of 100 us); a whole step also needs the DP collectives,
-    which run over dp_cp."""
+@pytest.mark.parametrize("cfg", [CP2, tiny("--context-parallel-size", "4", "--bf16", world=4)], ids=["cp2", "cp4-bf16"])
+def test_a_cp_sweep_calibrates_a_stages_passes(cfg, tmp_path, monkeypatch):
+    """Plumbing on CPU: every planned op runs (the blocks, and the engine's ring loops with their blocks answered
+    by precomputed results), and the sweep's own records (and a cp send_recv) price both passes with nothing
+    missing, the ring's transfer included (4 layers' C - 1 forward messages of 100 us); a whole step also needs the
+    DP collectives, which run over dp_cp."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    records = compute_sweep.run(spec(CP2, 0), CPU, cp_kernels(CP2.model.vocab_size), warmup=0, iters=1)
-    cal = Calibration.from_records(records, [cp_send_recv_record(CP2, 100e-6)])
-    chunk = stage_time(CP2, cal, 0).chunks[0]
+    records = compute_sweep.run(spec(cfg, 0), CPU, cp_kernels(cfg.model.vocab_size), warmup=0, iters=1)
+    assert all(r["seconds"] > 0 for r in records)
+    cal = Calibration.from_records(records, [cp_send_recv_record(cfg, 100e-6, units) for units in (1, 2)])
+    chunk = stage_time(cfg, cal, 0).chunks[0]
     assert chunk.forward.seconds > 0 and chunk.backward.seconds > 0
-    assert chunk.forward.cp_transfer == pytest.approx(4 * 100e-6)
+    assert chunk.forward.cp_transfer == pytest.approx(4 * (cfg.parallel.context_parallel_size - 1) * 100e-6)
     with pytest.raises(CalibrationMissing, match="dp_cp"):
-        predict_step(CP2, cal)
+        predict_step(cfg, cal)
 
 
 # --- a CP layer's time, by hand (plumbing: the calibration is made up) -----------------------------------------------
 BLOCK_S = {("fwd", 1): 50e-6, ("fwd", 0): 30e-6, ("bwd", 1): 200e-6, ("bwd", 0): 80e-6}
+MERGE_S = {"fwd": 10e-6, "bwd": 20e-6}
 
 
 def synthetic(cfg) -> Calibration:
-    """Every kernel free but the ring's blocks (BLOCK_S by pass and causal); a |KV| message takes 100 us."""
-    kernels = {(k.name, k.dims, cfg.train.params_dtype):
-               BLOCK_S[(k.name.rsplit(".", 1)[1], dict(k.dims)["causal"])] if k.name.startswith("core_attention")
-               else 0.0 for k in ops.kernels(cfg, 0)}
+    """Every kernel free but the ring's blocks (BLOCK_S by pass and causal) and merges (MERGE_S a pass); a |KV|
+    message takes 100 us."""
+    def seconds(k: ops.Kernel) -> float:
+        head, _, pass_ = k.name.rpartition(".")
+        if head == "core_attention":
+            return BLOCK_S[(pass_, dict(k.dims)["causal"])]
+        return MERGE_S[pass_] if head == "ring_attention.merge" else 0.0
+
+    kernels = {(k.name, k.dims, cfg.train.params_dtype): seconds(k) for k in ops.kernels(cfg, 0)}
     return Calibration(kernels=kernels, rates={}, comm=CommModel.from_sweep([cp_send_recv_record(cfg, 100e-6)]))
 
 
 def test_a_cp2_layers_attention_is_its_two_blocks_plus_what_the_blocks_do_not_hide():
-    """Forward, per layer: the causal block (50 us) beside a 100 us message (50 exposed), then the half block (30):
-    130 us; 4 layers 520 us, 200 exposed of 400 sent. Backward: the half block (80) beside a 100 us message (20
-    exposed), then the causal block (200) beside another (none exposed): 300 us; 4 layers 1,200, 80 exposed."""
+    """Forward, per layer: the causal block (50 us) beside a 100 us message (50 exposed), then the half block (30),
+    then the merge (10): 140 us; 4 layers 560 us, 200 exposed of 400 sent. Backward: the half block (80) beside a
+    100 us message (20 exposed), the causal block (200) beside another (none exposed), the accumulations (20):
+    320 us; 4 layers 1,280, 80 exposed."""
     chunk = stage_time(CP2, synthetic(CP2), 0).chunks[0]
-    assert chunk.forward.seconds == pytest.approx(520e-6)
+    assert chunk.forward.seconds == pytest.approx(560e-6)
     assert (chunk.forward.cp_exposed, chunk.forward.cp_transfer) == pytest.approx((200e-6, 400e-6))
-    assert chunk.backward.seconds == pytest.approx(1200e-6)
+    assert chunk.backward.seconds == pytest.approx(1280e-6)
     assert (chunk.backward.cp_exposed, chunk.backward.cp_transfer) == pytest.approx((80e-6, 800e-6))
 
 
 def test_a_cp4_backward_pays_for_its_double_messages():
     """CP4 backward, per layer: messages |KV|, 2|KV|, 2|KV|, |KV| (100, 200, 200, 100 us) beside half, half, half,
-    causal blocks (80, 80, 80, 200 us): exposed 20 + 120 + 120 + 0 = 260, blocks 440: 700 us; 4 layers 2,800 us.
-    Forward: blocks 50 + 3 x 30, exposed 50 + 70 + 70: 330 us; 4 layers 1,320 us."""
+    causal blocks (80, 80, 80, 200 us): exposed 20 + 120 + 120 + 0 = 260, blocks 440, accumulations 20: 720 us;
+    4 layers 2,880 us. Forward: blocks 50 + 3 x 30, exposed 50 + 70 + 70, merges 10: 340 us; 4 layers 1,360 us."""
     cp4 = tiny("--context-parallel-size", "4", world=4)
     chunk = stage_time(cp4, synthetic(cp4), 0).chunks[0]
-    assert chunk.backward.seconds == pytest.approx(2800e-6)
+    assert chunk.backward.seconds == pytest.approx(2880e-6)
     assert chunk.backward.cp_exposed == pytest.approx(1040e-6)
-    assert chunk.forward.seconds == pytest.approx(1320e-6)
+    assert chunk.forward.seconds == pytest.approx(1360e-6)
 
 
 # --- simulate prices the same kernels --------------------------------------------------------------------------------

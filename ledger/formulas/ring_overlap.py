@@ -47,6 +47,7 @@ class RingExchange:
     message_bytes: int  # what the rank sends (it receives as much): the sweep's send_recv size
     block_flops: float  # the attention computed beside it
     count: int  # per training step on this rank: layers (or re-run layers) x micro-batches
+    causal: bool = False  # that block is the rank's own causal diagonal, not an unmasked half block (ring_blocks)
 
 
 def block_flops(cfg: RunConfig, backward: bool) -> float:
@@ -62,9 +63,10 @@ def ring_exchanges(cfg: RunConfig, pp_rank: int) -> list[RingExchange]:
     """Every distinct exchange of a training step on a rank of this pipeline stage, with its count; none at C = 1."""
     cp, mb, kv = cfg.parallel.context_parallel_size, cfg.num_microbatches, kv_block_bytes(cfg)
     layers, rerun = ring_passes(cfg, pp_rank)
-    out = [RingExchange(FORWARD, j, units * kv, block_flops(cfg, False), (layers + rerun) * mb)
+    forward, backward = ring_blocks(cp, True), ring_blocks(cp, False)
+    out = [RingExchange(FORWARD, j, units * kv, block_flops(cfg, False), (layers + rerun) * mb, forward[j])
            for j, units in enumerate(ring_messages(cp, True))]
-    out += [RingExchange(BACKWARD, j, units * kv, block_flops(cfg, True), layers * mb)
+    out += [RingExchange(BACKWARD, j, units * kv, block_flops(cfg, True), layers * mb, backward[j])
             for j, units in enumerate(ring_messages(cp, False))]
     return out
 
@@ -87,13 +89,13 @@ def exchange_hidden(transfer_s: float, block_s: float) -> float:
 
 
 def hidden_fraction(exchanges: list[RingExchange], transfer_s: Callable[[int], float],
-                    seconds_per_flop: Mapping[str, float]) -> float | None:
+                    seconds_per_flop: Mapping[tuple[str, bool], float]) -> float | None:
     """Byte-weighted mean of exchange_hidden over a step's exchanges: `transfer_s(message_bytes)` prices a message,
-    `seconds_per_flop[phase]` a block. None without exchanges."""
+    `seconds_per_flop[(phase, causal)]` a block of that kind. None without exchanges."""
     weight = sum(e.message_bytes * e.count for e in exchanges)
     if not weight:
         return None
     hidden = sum(e.message_bytes * e.count * exchange_hidden(transfer_s(e.message_bytes),
-                                                             e.block_flops * seconds_per_flop[e.phase])
+                                                             e.block_flops * seconds_per_flop[e.phase, e.causal])
                  for e in exchanges)
     return hidden / weight

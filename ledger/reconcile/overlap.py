@@ -343,19 +343,22 @@ def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], no
                 explanation=text, rank=r.rank, stage=r.stage, source="timers")]
 
 
-def attention_rate(cfg: RunConfig, records: list[dict[str, Any]], op: str) -> float | None:
+def attention_rate(cfg: RunConfig, records: list[dict[str, Any]], op: str, causal: bool) -> float | None:
     """Seconds per FLOP of the compute sweep's `op` (core_attention.fwd / .bwd) at this rank's dtype, micro-batch
-    and TP-local heads, from the swept sequence nearest the ring's s/C (the rate scales to a ring block by its
-    FLOPs), slowed by the sweep's sustained factor as the time model slows attention. None without such a record."""
+    and TP-local heads, for the ring block of that kind (the sweep times the causal diagonal and the unmasked half
+    block apart: dims `causal`), slowed by the sweep's sustained factor as the time model slows attention; the rate
+    scales to the block by its FLOPs. A sweep without ring blocks (made before them) gives the swept sequence nearest
+    s/C. None without such a record."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     want = dict(batch=cfg.train.micro_batch_size, heads=m.num_attention_heads // t,
                 kv_heads=m.num_query_groups // t, head_dim=m.head_dim)
     found = [x for x in records if x.get("op") == op and x.get("dtype") == cfg.train.params_dtype
              and x.get("flops") and x.get("seconds") and (x.get("dims") or {}).get("seq")
              and all(x["dims"].get(k) == v for k, v in want.items())]
+    blocks = [x for x in found if x["dims"].get("causal") == int(causal)]
     if not found:
         return None
-    nearest = min(found, key=lambda x: abs(math.log(x["dims"]["seq"] / local_seq_length(cfg))))
+    nearest = min(blocks or found, key=lambda x: abs(math.log(x["dims"]["seq"] / local_seq_length(cfg))))
     return float(nearest["seconds"]) / float(nearest["flops"]) * Calibration.from_records(records, []).sustained
 
 
@@ -367,23 +370,25 @@ def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None,
         return None, "no prediction: no CP config"
     rates = {}
     for phase, op in ((FORWARD, "core_attention.fwd"), (BACKWARD, "core_attention.bwd")):
-        rate = attention_rate(cfg, r.compute, op)
-        if rate is None:
-            return None, (f"no prediction: the compute sweep (--compute-sweep) has no {op} record at this rank's "
-                          "heads and dtype to price the blocks")
-        rates[phase] = rate
+        for causal in (True, False):
+            rate = attention_rate(cfg, r.compute, op, causal)
+            if rate is None:
+                return None, (f"no prediction: the compute sweep (--compute-sweep) has no {op} record at this "
+                              "rank's heads and dtype to price the blocks")
+            rates[phase, causal] = rate
     exchanges = ring_exchanges(cfg, r.stage)
     transfers = {e.message_bytes: predicted_time(r.bandwidth, normalize_op("send_recv"), "cp", e.message_bytes)
                  for e in exchanges}
     if any(found is None for found in transfers.values()):
         return None, "no prediction: the bandwidth sweep (--bandwidth-sweep) has no send_recv on the cp group"
     fraction = hidden_fraction(exchanges, lambda nbytes: transfers[nbytes][0], rates)
-    parts = dict.fromkeys(f"{e.phase}, {e.message_bytes:,} B: block {e.block_flops * rates[e.phase] * 1e6:.3g} us "
+    parts = dict.fromkeys(f"{e.phase}, {e.message_bytes:,} B: {'causal' if e.causal else 'half'} block "
+                          f"{e.block_flops * rates[e.phase, e.causal] * 1e6:.3g} us "
                           f"beside a {transfers[e.message_bytes][0] * 1e6:.3g} us transfer" for e in exchanges)
     sweeps = "; ".join(sorted({how for _, how in transfers.values()}))
     return fraction, ("predicted: each exchange hides min(1, block / transfer), byte-weighted over the step "
-                      f"(ledger/formulas/ring_overlap.py): {', '.join(parts)} (blocks at the compute sweep's "
-                      f"core attention rate scaled by FLOPs; {sweeps})")
+                      f"(ledger/formulas/ring_overlap.py): {', '.join(parts)} (each block at the compute sweep's "
+                      f"rate for its kind, scaled by FLOPs; {sweeps})")
 
 
 def _bucket_tails(intervals: list[BucketInterval], steps: list[int]) -> float | None:

@@ -11,6 +11,11 @@ GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
   epilogue term what makes a wgrad with a short reduction (k = tokens = 1,024) run at half the efficiency of one
   with k = 8,192. efficiency(shape) = flops / (peak x seconds).
 Flash attention (`core_attention.fwd / .bwd`): flops / (peak x efficiency(pass, head_dim, seq, batch x heads)).
+  Under context parallelism the same for each of ring attention's blocks (ops.ring_block: the causal diagonal and
+  the half block, dims `queries` and `causal` beside seq = s/C) at its FLOPs, with the efficiency at seq = s/C, the
+  block's keys: no fit of ring blocks yet (an H200 CP sweep would give one), so the half block's shorter query side
+  is priced as efficient as the diagonal. The ring's merges (`ring_attention.merge.fwd / .bwd`) are memory-bound
+  kernels at the file's default efficiency.
 Memory-bound kernels (everything else): fixed_s + bytes moved / (HBM bandwidth x the kernel's efficiency). Bytes
   moved is the least a kernel must read and write once (its inputs and outputs at their dtypes, `bytes_moved`), so a
   kernel that makes several passes, upcasts to fp32 or scatters shows as a lower efficiency, fitted per name (a name
@@ -98,6 +103,12 @@ def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
         return a * (d["rows"] + d["tokens"]) * d["hidden"]
     if name == "moe.unpermute.bwd":  # read the output grad and the rows (the probabilities' grad), write the rows'
         return a * (d["tokens"] + 2 * d["rows"]) * d["hidden"]
+    if name == "ring_attention.merge.fwd":  # C - 1 merges over L/2 rows: the fp32 out read and written, a block read
+        return (d["cp"] - 1) * d["batch"] * d["heads"] * d["seq"] // 2 * d["head_dim"] * (2 * FP32 + a)
+    if name == "ring_attention.merge.bwd":  # per step dK/dV zeroed, filled and cast; dQ's rows accumulated in fp32
+        kv_block = 2 * d["batch"] * d["kv_heads"] * d["seq"] * d["head_dim"]
+        dq_rows = d["batch"] * d["heads"] * d["head_dim"] * ((d["cp"] - 1) * d["seq"] // 2 + d["seq"])
+        return d["cp"] * kv_block * (3 * FP32 + a) + 3 * FP32 * dq_rows
     raise CalibrationMissing(f"the hardware model has no bytes-moved estimate for {kernel.describe()} "
                              f"(ledger/simulate/kernel_cost.py)")
 

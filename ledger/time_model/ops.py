@@ -27,16 +27,18 @@ Context parallelism (C > 1; ledger/formulas/comm.py has the derivation of the ri
 ledger/formulas/ring_overlap.py the blocks and the overlap): every op runs at the CP rank's L = s/C tokens, and core
 attention becomes the engine's ring (engine/transformer/ring_attention.py, Transformer Engine's
 AttnFuncWithCPAndKVP2P): C steps, each one block kernel on the local queries, keyed apart from the dense kernel by
-`queries` and `causal` (seq: L, every block's keys). With Megatron's load balancing each step's block is either the causal diagonal (the rank's own
-K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced as L/2 queries against L keys
-(rank i's steps with a later rank's block; with an earlier rank's block it runs L queries against L/2 keys, the same
-L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward, 2.5x backward. Beside the steps the
-ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the block computed meanwhile); only
-the part of a transfer longer than that block's compute is exposed on the pass, ring_overlap.exchange_exposed:
-max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks; backward: one beside each block.
-A re-run forward (recompute) repeats the forward's ring. Left out: the online-softmax merge of each later block's
-output into the running one (forward) and the dQ / dK-dV accumulations (backward), elementwise work on [b, h, L, d]
-fp32 tensors beside blocks that are O(L) times larger.
+`queries` and `causal` (seq: L, every block's keys). With Megatron's load balancing each step's block is either the
+causal diagonal (the rank's own K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced as
+L/2 queries against L keys (rank i's steps with a later rank's block; with an earlier rank's block it runs L queries
+against L/2 keys, the same L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward, 2.5x
+backward. Beside the steps the ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the
+block computed meanwhile); only the part of a transfer longer than that block's compute is exposed on the pass,
+ring_overlap.exchange_exposed: max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks;
+backward: one beside each block. A re-run forward (recompute) repeats the forward's ring. The online-softmax merge
+of each later block's output into the running one (forward) and the dQ / dK-dV accumulations (backward) are one
+`ring_attention.merge` kernel a pass (the sweep times the engine's ring loop with its blocks precomputed), added
+after the blocks: the engine runs each merge before the wait, so it also hides its exchange, which is not counted
+(an exchange longer than its block is priced up to one merge too exposed).
 
 Mixture of experts (the model has experts: every layer's MLP is Megatron's MoELayer, engine/transformer/moe): after
 the pre-MLP norm the router's GEMM `router.fprop` [T, h] x [h, E] (T = the rank's routed tokens), `router.topk.fwd`
@@ -224,8 +226,16 @@ def ring_block(sh: Shapes, pass_: str, causal: bool) -> Kernel:
                   causal=int(causal), head_dim=sh.head_dim)
 
 
+def ring_merge(sh: Shapes, pass_: str) -> Kernel:
+    """A ring pass's work beside its blocks: the forward's online-softmax merges, the backward's dQ / dK-dV
+    accumulations (the sweep times the engine's ring loop with its blocks precomputed)."""
+    return kernel(f"ring_attention.merge.{pass_}", batch=sh.micro_batch, heads=sh.heads, kv_heads=sh.kv_heads,
+                  seq=sh.seq, head_dim=sh.head_dim, cp=sh.cp)
+
+
 def core_attention(sh: Shapes, pass_: str, term: str = LAYERS) -> list[Work]:
-    """One flash-attention kernel, or under CP the ring's C blocks each beside its message (module docstring)."""
+    """One flash-attention kernel, or under CP the ring's C blocks each beside its message, then its merges (module
+    docstring)."""
     if sh.cp == 1:
         return [Work(_attention(sh, pass_), term)]
     forward = pass_ == "fwd"
@@ -237,7 +247,7 @@ def core_attention(sh: Shapes, pass_: str, term: str = LAYERS) -> list[Work]:
             work.append(Work(Collective("cp", "send_recv", messages[step] * sh.kv_block_bytes, overlaps=block),
                              CP_COMM))
         work.append(Work(block, term))
-    return work
+    return work + [Work(ring_merge(sh, pass_), term)]
 
 
 def _norm(sh: Shapes, pass_: str) -> Kernel:
