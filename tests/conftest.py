@@ -14,3 +14,40 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from tests.test_resume_dashboard import train_and_resume
 
     return train_and_resume(tmp_path_factory.mktemp("resumed_runs"))
+
+
+def _train(run: Path, *flags: str, env: dict[str, str] | None = None) -> Path:
+    """`train-ledger train FLAGS --run-dir RUN` as a user runs it (a subprocess), asserting it succeeded."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "cli.main", "train", *flags, "--run-dir", str(run)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="session")
+def cp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A gloo CP2 run of the tiny model with timers and both start-up sweeps (its own sweep cache, so the compute
+    sweep runs rather than reading this machine's), read by tests/test_context_parallel.py (ring volume) and
+    tests/test_cp_overlap.py (hidden fraction, time predictions). Tests must not write into it."""
+    root = tmp_path_factory.mktemp("cp2")
+    return _train(root / "run", "--nproc-per-node", "2", "--model", "tiny", "--context-parallel-size", "2",
+                  "--global-batch-size", "2", "--micro-batch-size", "1", "--train-iters", "3", "--timers",
+                  "--bandwidth-sweep", "--compute-sweep", env={"XDG_CACHE_HOME": str(root / "cache")})
+
+
+EP2_FLAGS = ("--model", "tiny", "--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
+             "--global-batch-size", "4", "--micro-batch-size", "1")
+
+
+@pytest.fixture(scope="session")
+def ep2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A gloo EP2 run of the tiny MoE model (EP2_FLAGS) with timers and both start-up sweeps (its own sweep cache),
+    read by tests/test_moe_calibration.py (all-to-all sweep and time, expert groups) and tests/test_moe_time_model.py
+    (the step replay). Tests must not write into it."""
+    root = tmp_path_factory.mktemp("ep2")
+    return _train(root / "run", "--nproc-per-node", "2", *EP2_FLAGS, "--train-iters", "4", "--timers",
+                  "--bandwidth-sweep", "--compute-sweep", env={"XDG_CACHE_HOME": str(root / "cache")})

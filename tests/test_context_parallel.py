@@ -7,8 +7,6 @@ count the messages against the ledger's formula.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -122,19 +120,8 @@ def test_a_traces_groupless_point_to_point_is_the_rings_under_cp_without_pp():
 
 
 
-@pytest.fixture(scope="module")
-def cp_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("cp") / "run"
-    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", "--model", "tiny",
-            "--context-parallel-size", "2", "--global-batch-size", "2", "--micro-batch-size", "1",
-            "--train-iters", "3", "--timers", "--run-dir", str(run)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run
-
-
 @pytest.mark.slow
-def test_a_cp2_run_reconciles_its_ring_volume_and_can_be_off(cp_run):
+def test_a_cp2_run_reconciles_its_ring_volume_and_can_be_off(cp2_run, tmp_path):
     """The engine's cp-comm counters against cp_collectives: per rank per step, tiny (4 layers, 4 KV heads of 8,
     fp32) at s/C = 16: |KV| = 2 x 16 x 4 x 8 x 4 B = 4 KiB; per layer per micro-batch 1 forward and 2 backward
     messages, each counted sent + received: 3 x 2 x 4 KiB x 4 layers x 2 micro-batches = 192 KiB."""
@@ -142,11 +129,11 @@ def test_a_cp2_run_reconciles_its_ring_volume_and_can_be_off(cp_run):
     from ledger.reconcile.comm import volume_rows
     from ledger.reconcile.run import gather, reconcile
 
-    assert cli(["reconcile", str(cp_run)]) == 0
-    rows = [r for r in reconcile(cp_run).rows if r.metric == "comm.cp.send_recv.bytes_per_step"]
+    assert cli(["reconcile", str(cp2_run), "--out", str(tmp_path)]) == 0
+    rows = [r for r in reconcile(cp2_run).rows if r.metric == "comm.cp.send_recv.bytes_per_step"]
     assert [(r.rank, r.predicted, r.inventory, r.verdict) for r in rows] == [
         (rank, 192 * 1024, 192 * 1024, "ok") for rank in (0, 1)]
-    ev = gather(cp_run)
+    ev = gather(cp2_run)
     for t in ev.ranks[0].timing:
         if t.get("category") == "cp-comm":
             t["bytes"] *= 2  # the engine sending twice what the formula says

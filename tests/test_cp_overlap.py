@@ -7,9 +7,6 @@ each rank holds L = 16 tokens, so |KV| = 2 (K and V) x 4 B x 16 x 4 x 8 = 4,096 
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from common.arguments import parse_args
@@ -120,19 +117,8 @@ def test_a_bandwidth_sweep_without_the_cp_group_does_not_price_the_ring():
 
 
 # --- a real gloo CP2 run ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def swept_cp_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("cp_overlap") / "run"
-    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", "--model", "tiny",
-            "--context-parallel-size", "2", "--global-batch-size", "2", "--micro-batch-size", "1",
-            "--train-iters", "3", "--timers", "--bandwidth-sweep", "--compute-sweep", "--run-dir", str(run)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run
-
-
 @pytest.mark.slow
-def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(swept_cp_run):
+def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(cp2_run):
     """What the row measures on gloo CP2: 1 - (waited / exchange time) over the steady steps' 24 exchanges per
     step, from the cp-comm and cp-wait ranges. What it predicts, derived here from the run's own sweep records:
     a block costs 32,768 FLOPs (x 2.5 backward) at the seconds per FLOP of the swept block of its kind (the sweep
@@ -143,9 +129,9 @@ def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(swep
     way: the test holds the arithmetic."""
     from ledger.reconcile.run import gather, reconcile, run_steps
 
-    ev = gather(swept_cp_run)
+    ev = gather(cp2_run)
     steps = run_steps(ev)
-    rows = {r.rank: r for r in reconcile(swept_cp_run).rows if r.metric == "overlap.cp_exchange.hidden_fraction"}
+    rows = {r.rank: r for r in reconcile(cp2_run).rows if r.metric == "overlap.cp_exchange.hidden_fraction"}
     assert sorted(rows) == [0, 1]
     for rank_, r in rows.items():
         evidence = ev.ranks[rank_]
@@ -173,7 +159,7 @@ def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(swep
 
 
 @pytest.mark.slow
-def test_a_gloo_cp2_runs_step_forward_backward_and_optimizer_times_are_predicted(swept_cp_run):
+def test_a_gloo_cp2_runs_step_forward_backward_and_optimizer_times_are_predicted(cp2_run):
     """The same run's time rows: the time model prices a CP rank's ops at its 16 tokens and its ring attention as
     the blocks the compute sweep timed beside the exchanges the bandwidth sweep timed (and the DP collectives on the
     dp x cp group the sweep labels dp), so step, forward, backward and optimizer each get a prediction. On 2 shared
@@ -182,13 +168,13 @@ def test_a_gloo_cp2_runs_step_forward_backward_and_optimizer_times_are_predicted
     derives the exposed part on a fixed calibration)."""
     from ledger.reconcile.run import gather, reconcile
 
-    ev = gather(swept_cp_run)
+    ev = gather(cp2_run)
     for evidence in ev.ranks.values():
         swept = {(c["op"], c["dims"].get("queries"), c["dims"].get("causal")) for c in evidence.compute}
         assert {("core_attention.fwd", 16, 1), ("core_attention.fwd", 8, 0), ("core_attention.bwd", 16, 1),
                 ("core_attention.bwd", 8, 0)} <= swept
         assert {c["dims"]["tokens"] for c in evidence.compute if c["op"] == "embedding.fwd"} == {16}
-    rows = reconcile(swept_cp_run).rows
+    rows = reconcile(cp2_run).rows
     predicted = {r.metric for r in rows if r.predicted is not None}
     assert {"throughput.step_time", "time.forward_per_microbatch", "time.backward_per_microbatch",
             "time.optimizer_step", "time.tokens_per_s"} <= predicted

@@ -12,8 +12,6 @@ checked on real gloo ranks without a model; the topology cases are synthetic man
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,22 +23,11 @@ from ledger.reconcile.rows import WARN_FACTOR
 from ledger.reconcile.run import gather, reconcile, run_steps
 from ledger.reconcile.time_rows import predict_run
 from ledger.reconcile.topology import groups_rows
+from tests.conftest import EP2_FLAGS
 from tests.support.gloo import run_distributed
 from tests.test_moe_rows import PREDICTED_S, evidence, model
 
-EP_RUN = ["--model", "tiny", "--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
-          "--global-batch-size", "4", "--micro-batch-size", "1"]
 SEQ, HIDDEN, TOPK, FP32 = 32, 64, 2, 4  # the tiny shape, fp32
-
-
-@pytest.fixture(scope="module")
-def ep_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("ep2") / "run"
-    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", *EP_RUN, "--train-iters", "4",
-            "--timers", "--bandwidth-sweep", "--run-dir", str(run)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run
 
 
 def records(run: Path, rank: int, kind: str) -> list[dict]:
@@ -54,27 +41,27 @@ def pick(rows, metric: str, rank: int):
 
 
 @pytest.mark.slow
-def test_the_sweep_times_the_dispatch_all_to_all_on_the_ep_group(ep_run):
+def test_the_sweep_times_the_dispatch_all_to_all_on_the_ep_group(ep2_run):
     # one micro-batch's dispatch: s x b tokens, top-2 rows each of h fp32 values: 32 x 2 x 64 x 4 = 16 KiB; and the
     # latency point, one element per rank
     dispatch = SEQ * 1 * TOPK * HIDDEN * FP32
     for rank in (0, 1):
-        ep = [r for r in records(ep_run, rank, "bandwidth") if r["group"] == "ep"]
+        ep = [r for r in records(ep2_run, rank, "bandwidth") if r["group"] == "ep"]
         assert {(r["collective"], r["size_bytes"]) for r in ep} == {("all_to_all", dispatch), ("all_to_all", 2 * FP32)}
         for r in ep:
             assert r["group_size"] == 2 and r["ranks"] == [0, 1]
             assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)  # all-to-all: (n - 1) / n
         # the expert buffers are reduced over expert-dp, a group of one here: none of their buckets is swept on dp
-        expert = {b["numel"] * FP32 for r in records(ep_run, rank, "inventory") if r.get("expert")
+        expert = {b["numel"] * FP32 for r in records(ep2_run, rank, "inventory") if r.get("expert")
                   for b in r["buckets"]}
-        swept = {r["size_bytes"] for r in records(ep_run, rank, "bandwidth")}
+        swept = {r["size_bytes"] for r in records(ep2_run, rank, "bandwidth")}
         assert expert and not expert & swept
-        assert not [r for r in records(ep_run, rank, "bandwidth") if r["group"] == "expt_dp"]
+        assert not [r for r in records(ep2_run, rank, "bandwidth") if r["group"] == "expt_dp"]
 
 
 @pytest.mark.slow
-def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep_run):
-    result = reconcile(ep_run)
+def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep2_run):
+    result = reconcile(ep2_run)
     for rank in (0, 1):
         judged = pick(result.rows, "time.ep_all_to_all_per_step", rank)
         wait = pick(result.rows, "time.ep_all_to_all_wait_per_step", rank)
@@ -84,15 +71,15 @@ def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep_
         assert judged.verdict in ("ok", "warn"), judged.explanation
         assert wait.verdict == "n/a" and wait.measured >= 0
     # the ranges' time is the exchange plus the wait, both read from the same steps
-    ev = gather(ep_run)
+    ev = gather(ep2_run)
     exchange = exchange_seconds(ev.config, ev)
     assert set(exchange[0]) == set(exchange[1]) == {1, 2, 3, 4}
     assert exchange[0] == exchange[1]  # one exchange per call for the whole EP group
 
 
 @pytest.mark.slow
-def test_a_wrong_exchange_time_is_off(ep_run):
-    ev = gather(ep_run)
+def test_a_wrong_exchange_time_is_off(ep2_run):
+    ev = gather(ep2_run)
     model, selection = predict_run(ev), run_steps(ev)
     clean = pick(moe_rows(ev, model, selection), "time.ep_all_to_all_per_step", 0)
     assert clean.verdict in ("ok", "warn")
@@ -109,11 +96,11 @@ def test_a_wrong_exchange_time_is_off(ep_run):
 
 
 @pytest.mark.slow
-def test_the_engines_expert_groups_are_megatrons_and_each_holds_a_communicator(ep_run):
-    manifest = json.loads((ep_run / "manifest.json").read_text())
+def test_the_engines_expert_groups_are_megatrons_and_each_holds_a_communicator(ep2_run):
+    manifest = json.loads((ep2_run / "manifest.json").read_text())
     rows = groups_rows(manifest)
     assert [(r.rank, r.measured, r.verdict) for r in rows] == [(0, 0, "ok"), (1, 0, "ok")]
-    cfg = parse_args([*EP_RUN, "--world-size", "2"])
+    cfg = parse_args([*EP2_FLAGS, "--world-size", "2"])
     for entry in manifest["ranks"]:
         # 8 dense kinds + ep, expt_dp, expt_mp: the device-memory formula's communicators, the default one aside
         assert {"ep", "expt_dp", "expt_mp"} <= set(entry["groups"])

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -145,23 +141,9 @@ def test_the_sweep_times_the_moe_ops_through_the_engines_functions(tmp_path, mon
     assert not {p.op for p in planned} & {"router.fprop", "moe.permute.fwd"}
 
 
-@pytest.fixture(scope="module")
-def moe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One gloo process training the tiny MoE model with both start-up sweeps and timers (the command the brief
-    names, 4 iterations)."""
-    run_dir = tmp_path_factory.mktemp("moe_cpu") / "run"
-    env_cache = tmp_path_factory.mktemp("cache")
-    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "1", "--model", "tiny", "--num-experts",
-            "4", "--train-iters", "4", "--compute-sweep", "--bandwidth-sweep", "--timers", "--run-dir", str(run_dir)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "XDG_CACHE_HOME": str(env_cache)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return run_dir
-
-
 @pytest.mark.slow
-def test_reconcile_replays_an_moe_runs_step_from_its_sweep(moe_run):
-    result = reconcile(moe_run)
+def test_reconcile_replays_an_moe_runs_step_from_its_sweep(ep2_run):
+    result = reconcile(ep2_run)
     predicted = {r.metric: r.predicted for r in result.rows if r.metric in (
         "throughput.step_time", "time.forward_per_microbatch", "time.backward_per_microbatch", "time.optimizer_step")}
     assert len(predicted) == 4 and all(p is not None and p > 0 for p in predicted.values())
