@@ -7,7 +7,6 @@ count the messages against the ledger's formula.
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
