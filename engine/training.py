@@ -276,19 +276,24 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
     return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows)
 
 
-def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
-                  parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
-    """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes, timing the engine's own
-    fused functions as they run here (compiled or eager) and, under CP, ring attention's blocks and loops (on a ring
-    with no process group: no exchange); the loss on a TP group of one, so it issues no collective."""
-    m, tp = run_config.model, parallel_state.tp_size
-    kernels = EngineKernels(
+def engine_kernels(model: list[torch.nn.Module], run_config: RunConfig, device: torch.device) -> EngineKernels:
+    """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), the MoE
+    layer's ops and, under CP, ring attention's blocks and loops (on a ring with no process group: no exchange); the
+    loss on a TP group of one, so it issues no collective."""
+    return EngineKernels(
         split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
-                                        vocab_size=m.vocab_size),
+                                        vocab_size=run_config.model.vocab_size),
         variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
         ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
                          group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
+
+
+def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
+                  parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
+    """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes (engine_kernels)."""
+    m, tp = run_config.model, parallel_state.tp_size
+    kernels = engine_kernels(model, run_config, device)
     probes.compute_sweep(run_config, tp_size=tp,
                          padded_vocab_size=pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp),
                          first_stage=parallel_state.is_pipeline_first_stage,
