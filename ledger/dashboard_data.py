@@ -15,7 +15,7 @@ from common.config import RunConfig
 from common.errors import UserError
 from common.run_dir import trace_files
 from ledger.formulas.bubble import bubble
-from ledger.formulas.buffer_layout import rank_buffers
+from ledger.formulas.buffer_layout import expert_rank_buffers, rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.formulas.static_memory import static_bytes
 from ledger.headline import figures
@@ -87,7 +87,7 @@ def static_breakdown(run_dir: str) -> list[dict[str, Any]]:
 
 def _predicted_terms(cfg: RunConfig, coords: dict[str, int]) -> dict[str, int]:
     s = static_bytes(cfg, coords["tp"], coords["pp"], coords["dp"], "after_first_step")
-    padding = sum(b.padding for b in rank_buffers(cfg, coords["pp"]))
+    padding = sum(b.padding for b in rank_buffers(cfg, coords["pp"]) + expert_rank_buffers(cfg, coords["pp"]))
     pb, gb = DTYPE_BYTES[cfg.train.params_dtype], DTYPE_BYTES[cfg.train.grad_dtype]
     return {"params": s.param_buffer - padding * pb, "grads": s.grad_buffer - padding * gb, "padding": s.padding,
             "master weights": s.master_params, "fp32 grad copy": s.grad_fp32_copy, "Adam states": s.adam_m + s.adam_v}

@@ -3,8 +3,8 @@
 Plumbing on synthetic evidence, built in memory: a 2-rank EP2 run of the tiny shape (4 experts, top-2, fp32, one
 micro-batch) whose step records carry a hand-made routing table and whose "ep-comm" ranges are what the team sheet's
 contract makes the engine write for that routing (dispatch and combine, forward and backward: the input buffer's
-bytes and the bytes leaving the rank). Expectations are derived by hand below. Claims about real runs come with the
-lead's reconciled EP run, not here. Every judged row type gets its can-be-off case: the same evidence with a wrong
+bytes and the bytes leaving the rank). Expectations are derived by hand below. Claims about real runs are tested on
+real runs: tests/test_moe_calibration.py (a gloo EP2 run), tests/test_h200_moe_claims.py (an H200 run). Every judged row type gets its can-be-off case: the same evidence with a wrong
 measurement is "off".
 """
 from __future__ import annotations
@@ -183,3 +183,20 @@ def test_malformed_routing_counts_are_bad_input_naming_the_file(bad):
     ev.ranks[1].steps[0]["moe_tokens_per_expert"] = bad
     with pytest.raises(InputError, match="rank1.*moe_tokens_per_expert"):
         rows_of(ev)
+
+
+def test_the_dashboards_params_term_leaves_out_both_buffers_padding():
+    """The memory waterfall's params and grads exclude padding (shown as its own term): the expert buffer's too. A
+    width of 72 and experts of 99 put the params off the 64-element alignment, so both buffers are padded."""
+    from ledger.dashboard_data import _predicted_terms
+    from ledger.formulas.buffer_layout import expert_rank_buffers, rank_buffers
+
+    cfg = parse_args(["--model", "tiny", "--hidden-size", "72", "--num-experts", "4", "--moe-ffn-hidden-size", "99",
+                      "--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--bf16",
+                      "--global-batch-size", "4"], world_size=4)
+    dense, expert = rank_buffers(cfg, 0), expert_rank_buffers(cfg, 0)
+    assert all(b.padding > 0 for b in dense + expert)
+    terms = _predicted_terms(cfg, {"tp": 0, "pp": 0, "dp": 0})
+    real = sum(b.numel_unpadded for b in dense + expert)
+    assert (terms["params"], terms["grads"]) == (real * 2, real * 4)  # bf16 params, fp32 grads
+    assert terms["padding"] == sum(b.padding for b in dense + expert) * (2 + 4)
