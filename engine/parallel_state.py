@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import ConfigError
+from probes.probe_set import NullProbeSet
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -113,6 +114,26 @@ def group_lists(gen: RankGenerator) -> dict[str, list[list[int]]]:
         "embedding": [sorted({g[0], g[-1]}) for g in pp_groups],
         "position": [[g[0]] for g in pp_groups],
     }
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One process group as the layers that communicate over it need it: the handle, its size, this rank's index in
+    it, and the probes its collectives report to. Built once per model from ParallelState, so the hot path reads
+    plain attributes (no dist.get_world_size calls), and a group of one is built without torch.distributed (its
+    handle is then never used)."""
+    group: Any
+    size: int
+    rank: int
+    probes: Any = NullProbeSet()
+
+    @classmethod
+    def of(cls, parallel_state: Any, kind: str, probes: Any = None) -> "GroupView":
+        """The `kind` group ("tp", "ep", ...) of a ParallelState: its handle (None where the engine built none) and
+        the state's `{kind}_size` / `{kind}_rank`."""
+        return cls(group=parallel_state.groups.get(kind), size=getattr(parallel_state, f"{kind}_size"),
+                   rank=getattr(parallel_state, f"{kind}_rank"),
+                   probes=probes if probes is not None else NullProbeSet())
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from probes.probe_set import NullProbeSet
+from engine.parallel_state import GroupView
 
 # torch 2.13 renamed the single-tensor collectives; older builds (a GPU box may have one) only know the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -30,21 +30,12 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 
 
 @dataclass(frozen=True)
-class TPGroup:
-    """The tensor-parallel group as the layers need it: handle, size, this rank's index in it, and the probes.
-
-    Built once per model from ParallelState so that the hot path reads plain attributes (no dist.get_world_size
-    calls), and so that a TP=1 model can be built without torch.distributed (the handle is then never used).
-    """
-    group: Any
-    size: int
-    rank: int
-    probes: Any = NullProbeSet()
+class TPGroup(GroupView):
+    """The tensor-parallel group as the layers need it (a GroupView of "tp")."""
 
     @classmethod
     def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "TPGroup":
-        return cls(group=parallel_state.groups.get("tp"), size=parallel_state.tp_size,
-                   rank=parallel_state.tp_rank, probes=probes if probes is not None else NullProbeSet())
+        return cls.of(parallel_state, "tp", probes)
 
 
 def _all_reduce(x: torch.Tensor, tp: TPGroup, name: str) -> torch.Tensor:

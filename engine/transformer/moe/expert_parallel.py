@@ -16,22 +16,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from probes.probe_set import NullProbeSet
+from engine.parallel_state import GroupView
 
 
 @dataclass(frozen=True)
-class EPGroup:
-    """Handle, size, this rank's index in the "ep" group, and the probes; built once per model (cf. TPGroup)."""
-    group: Any
-    size: int
-    rank: int
-    probes: Any = NullProbeSet()
+class EPGroup(GroupView):
+    """The expert-parallel group as the MoE layer needs it (a GroupView of "ep"); built once per model."""
 
     @classmethod
     def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "EPGroup":
-        size = getattr(parallel_state, "ep_size", 1)
-        return cls(group=parallel_state.groups.get("ep") if size > 1 else None, size=size,
-                   rank=getattr(parallel_state, "ep_rank", 0), probes=probes if probes is not None else NullProbeSet())
+        return cls.of(parallel_state, "ep", probes)
 
 
 def _exchange(x: torch.Tensor, ep: EPGroup, output_splits: list[int], input_splits: list[int], name: str,
