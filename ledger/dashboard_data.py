@@ -17,7 +17,7 @@ from common.run_dir import trace_files
 from ledger.formulas.bubble import bubble
 from ledger.formulas.buffer_layout import expert_rank_buffers, rank_buffers
 from ledger.formulas.bytes_per_param import DTYPE_BYTES
-from ledger.formulas.static_memory import static_bytes
+from ledger.formulas.static_memory import StaticBytes, static_bytes_split
 from ledger.headline import figures
 from ledger.loaders import load_manifest, load_rows
 from ledger.rank_groups import Layout
@@ -72,22 +72,39 @@ def headline(run_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def static_breakdown(run_dir: str) -> list[dict[str, Any]]:
-    """Per rank, the static terms after the first step: predicted (formulas) and inventory (engine records) bytes.
-    Padding is shown apart from params and grads (the formulas count it inside both buffers)."""
+    """Per rank, the static terms after the first step: predicted (formulas) and inventory (engine records) bytes,
+    and for an MoE model the part of each in the expert buffers and their optimizer state (`expert_predicted`; the
+    engine's expert buffers are inventory records of their own, `expert_inventory`; its optimizer records cover
+    dense and expert elements together, so those terms have no inventory split). Padding is shown apart from params
+    and grads (the formulas count it inside both buffers)."""
     ev = gather(run_dir)
+    moe = ev.config is not None and ev.config.model.is_moe
     out = []
     for rank, r in sorted(ev.ranks.items()):
-        predicted = _predicted_terms(ev.config, r.coords) if ev.config is not None else {}
+        predicted, expert = _predicted_terms(ev.config, r.coords) if ev.config is not None else ({}, {})
         inventory = _inventory_terms(r.inventory)
-        out.append({"rank": rank, "stage": r.stage, "terms": [
-            {"term": term, "predicted": predicted.get(term), "inventory": inventory.get(term)}
-            for term in STATIC_TERMS]})
+        expert_inventory = _inventory_terms([rec for rec in r.inventory if rec.get("expert")])
+        rows = []
+        for term in STATIC_TERMS:
+            row = {"term": term, "predicted": predicted.get(term), "inventory": inventory.get(term)}
+            if moe:
+                row.update(expert_predicted=expert.get(term), expert_inventory=expert_inventory.get(term)
+                           if STATIC_TERMS[term] in ((), ("param_buffer",), ("grad_buffer",)) else None)
+            rows.append(row)
+        out.append({"rank": rank, "stage": r.stage, "terms": rows})
     return out
 
 
-def _predicted_terms(cfg: RunConfig, coords: dict[str, int]) -> dict[str, int]:
-    s = static_bytes(cfg, coords["tp"], coords["pp"], coords["dp"], "after_first_step")
-    padding = sum(b.padding for b in rank_buffers(cfg, coords["pp"]) + expert_rank_buffers(cfg, coords["pp"]))
+def _predicted_terms(cfg: RunConfig, coords: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(the rank's terms, their expert part: empty for a dense model)."""
+    parts = static_bytes_split(cfg, coords["tp"], coords["pp"], coords["dp"], "after_first_step")
+    dense, experts = rank_buffers(cfg, coords["pp"]), expert_rank_buffers(cfg, coords["pp"])
+    total = _terms(cfg, parts["dense"] + parts["expert"], dense + experts)
+    return total, _terms(cfg, parts["expert"], experts) if experts else {}
+
+
+def _terms(cfg: RunConfig, s: StaticBytes, buffers: list) -> dict[str, int]:
+    padding = sum(b.padding for b in buffers)
     pb, gb = DTYPE_BYTES[cfg.train.params_dtype], DTYPE_BYTES[cfg.train.grad_dtype]
     return {"params": s.param_buffer - padding * pb, "grads": s.grad_buffer - padding * gb, "padding": s.padding,
             "master weights": s.master_params, "fp32 grad copy": s.grad_fp32_copy, "Adam states": s.adam_m + s.adam_v}

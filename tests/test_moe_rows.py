@@ -196,7 +196,9 @@ def test_the_dashboards_params_term_leaves_out_both_buffers_padding():
                       "--global-batch-size", "4"], world_size=4)
     dense, expert = rank_buffers(cfg, 0), expert_rank_buffers(cfg, 0)
     assert all(b.padding > 0 for b in dense + expert)
-    terms = _predicted_terms(cfg, {"tp": 0, "pp": 0, "dp": 0})
+    terms, experts = _predicted_terms(cfg, {"tp": 0, "pp": 0, "dp": 0})
     real = sum(b.numel_unpadded for b in dense + expert)
     assert (terms["params"], terms["grads"]) == (real * 2, real * 4)  # bf16 params, fp32 grads
     assert terms["padding"] == sum(b.padding for b in dense + expert) * (2 + 4)
+    expert_real = sum(b.numel_unpadded for b in expert)  # the expert part alone, shown apart on the page
+    assert (experts["params"], experts["padding"]) == (expert_real * 2, sum(b.padding for b in expert) * 6)

@@ -58,10 +58,17 @@ if bars:
 else:
     st.info("No static terms: the manifest has no config, and nothing was measured.")
 
-table = pd.DataFrame(terms).rename(columns={"predicted": "formula", "inventory": "engine inventory"})
-for column in ("formula", "engine inventory"):
-    table[column] = table[column].map(units.size)
+COLUMNS = {"predicted": "formula", "inventory": "engine inventory", "expert_predicted": "of which experts (formula)",
+           "expert_inventory": "of which experts (inventory)"}
+table = pd.DataFrame(terms).rename(columns=COLUMNS)
+for column in COLUMNS.values():
+    if column in table:
+        table[column] = table[column].map(units.size)
 st.dataframe(table, hide_index=True)
+if "of which experts (formula)" in table:
+    st.caption("Mixture of experts: the expert weights live in buffers of their own, reduced and sharded over the "
+               "expert data-parallel group, so their share of each term is shown apart; the engine's optimizer "
+               "state is one record for dense and expert elements, so only the buffers have an inventory split.")
 if not any(s.get("peak") is not None for s in steps):
     st.caption("No CUDA memory_stats on this rank: on CPU the static rows are measured by a tensor census at the "
                "lifecycle points (the Reconciliation page's memory rows, source tensor_census); the waterfall shows "
