@@ -33,7 +33,7 @@ def checked_root(root: Path) -> Path:
 
 def check_run(root: Path, name: str) -> None:
     """--run must name a run directory under the root (ours or a Megatron-LM one), not merely any path."""
-    from ledger.loaders import list_runs
+    from ledger.present.loaders import list_runs
 
     path = (root / name).resolve()
     if not path.is_relative_to(root):

@@ -20,7 +20,7 @@ waiting for a core: the demo says so once, up front, and the ledger shows the ti
 
 Every probe is on (--all-probes) and the profiler window covers steps 2-3 on every rank. The phases, each announced
 on a line: training under torchrun (the engine logs each step), reconciliation and report (in this process, through
-ledger.reconcile.run and ledger.report), the headline rows, and the command that opens the run in the dashboard.
+ledger.reconcile.run and ledger.present.report), the headline rows, and the command that opens the run in the dashboard.
 """
 from __future__ import annotations
 
@@ -101,15 +101,15 @@ def phase(text: str) -> None:
 # --- headline rows ----------------------------------------------------------------------------------------------
 def analytic_bubble(rows: list[dict]) -> str:
     """The bubble rows' prediction as a fraction: the formula's (p-1)/(v m+p-1) for the run's p, m and v."""
-    from ledger.format import DASH, percent
+    from ledger.present.units import DASH, percent
 
     predicted = {r["predicted"] for r in rows if r["predicted"] is not None}
     return ", ".join(f"{percent(p)} ({Fraction(p).limit_denominator(10_000)})" for p in sorted(predicted)) or DASH
 
 
 def headline_line(label: str, rows: list[dict]) -> str:
-    from ledger.format import span
-    from ledger.headline import verdict
+    from ledger.present.headline import verdict
+    from ledger.present.units import span
     from ledger.reconcile.oversubscribed import NOT_JUDGED
     from ledger.reconcile.rows import NOT_ON_CPU
 
@@ -134,7 +134,7 @@ def headline_line(label: str, rows: list[dict]) -> str:
 
 
 def print_headline(result) -> None:
-    from ledger.headline import HEADLINES, rows_of
+    from ledger.present.headline import HEADLINES, rows_of
 
     counts = ", ".join(f"{n} {kind}" for kind, n in result.verdict_counts().items())
     print(f"headline ({len(result.rows)} rows: {counts}; every row with its explanation in report.md):")
@@ -172,7 +172,7 @@ def train_phase(layout: Layout, train_iters: int, run_dir: Path) -> int:
 
 
 def ledger_phases(run_dir: Path):
-    from ledger import report
+    from ledger.present import report
     from ledger.reconcile.run import reconcile, write
 
     phase("[2/3] reconciling formula vs inventory vs measurement")

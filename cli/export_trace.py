@@ -6,7 +6,7 @@ from cli.progress import Progress, progress_wanted
 
 
 def main(argv: list[str]) -> int:
-    from ledger.trace_export import alignment_lines, export, parse_ranks, parse_steps
+    from ledger.present.trace_export import alignment_lines, export, parse_ranks, parse_steps
 
     p = CommandParser("export-trace")
     p.add_argument("run", metavar="RUN")

@@ -1,5 +1,5 @@
 """`train-ledger groups`: the rank lists of a layout, as Megatron Core builds them (the ledger's derivation,
-ledger/rank_groups.py, which tests hold equal to the groups the engine creates): the dense grid's tp, cp, dp and pp
+ledger/evidence/layout.py, which tests hold equal to the groups the engine creates): the dense grid's tp, cp, dp and pp
 groups, and the expert grid's ep and expt_dp groups (Megatron's second rank generator: tp x ep x expert-dp x pp,
 expert-dp = world / (tp x ep x pp); --ep 1 gives the groups a dense model never uses, as Megatron still builds them)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ EXPERT_KINDS = ("ep", "expt_dp")
 
 
 def main(argv: list[str]) -> int:
-    from ledger.rank_groups import (
+    from ledger.evidence.layout import (
         Layout,
         coordinates,
         expert_coordinates,

@@ -9,8 +9,8 @@ from typing import Any
 
 from cli.args import CommandParser
 from common.arguments import parse_args
-from ledger.format import si, size
-from ledger.plan import build_plan
+from ledger.models.plan import build_plan
+from ledger.present.units import si, size
 
 
 def _coords(coords: dict[str, int]) -> str:

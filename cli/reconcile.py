@@ -40,10 +40,10 @@ def main(argv: list[str]) -> int:
 def print_summary(result, json_path, csv_path) -> None:
     """The verdict counts, then each warn / off figure once (rows that agree across ranks are one line, as in
     report.md), caveats they share as numbered notes, and what is missing."""
-    from ledger import format as units
-    from ledger.caveats import Notes
-    from ledger.report import against
-    from ledger.row_groups import group
+    from ledger.present import units
+    from ledger.present.caveats import Notes
+    from ledger.present.report_view import against
+    from ledger.present.row_groups import group
 
     run = result.run
     counts = result.verdict_counts()

@@ -5,7 +5,7 @@ from cli.args import CommandParser, ledger_output_dir
 
 
 def main(argv: list[str]) -> int:
-    from ledger.report import write
+    from ledger.present.report import write
 
     p = CommandParser("report")
     p.add_argument("run", metavar="RUN")

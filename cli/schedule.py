@@ -1,6 +1,6 @@
 """`train-ledger schedule`: a pipeline schedule's per-stage event order, its global-clock chart and its bubble.
 
-The order is the ledger's own derivation of Megatron's schedules (ledger/schedule.py; tests hold it equal to the plan
+The order is the ledger's own derivation of Megatron's schedules (ledger/models/schedule.py; tests hold it equal to the plan
 the engine executes); the chart replays it with every forward and backward taking one cell and starting as soon as
 its stage is free and its inputs exist. The bubble is read off the chart and set beside the closed form.
 """
@@ -14,8 +14,8 @@ IDLE = "."
 
 
 def main(argv: list[str]) -> int:
-    from ledger.formulas.bubble import bubble, of_wall_time_text
-    from ledger.schedule import simulate, stage_order, warmup_count
+    from ledger.models.formulas.bubble import bubble, of_wall_time_text
+    from ledger.models.schedule import simulate, stage_order, warmup_count
 
     parser = CommandParser("schedule", description="a pipeline schedule's event order, chart and bubble")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")

@@ -4,9 +4,9 @@
                         [other Megatron model flags, e.g. an explicit shape]
 
 Enumerates every valid layout (tp, pp, vpp, dp, micro-batch size, recompute, distributed optimizer, sequence
-parallel: ledger/simulate/layouts.py), drops those that do not fit the device (each stage's peak and the memory
+parallel: ledger/models/simulate/layouts.py), drops those that do not fit the device (each stage's peak and the memory
 outside PyTorch against the hardware file's HBM), ranks the rest by the time model's tokens/s on the hardware file,
-and prints the top K with the term each loses by against the first (ledger/simulate/search.py). Model flags follow
+and prints the top K with the term each loses by against the first (ledger/models/simulate/search.py). Model flags follow
 Megatron's semantics, as `simulate`'s do.
 """
 from __future__ import annotations
@@ -18,12 +18,13 @@ from cli.args import CommandParser
 from common.arguments import parse_args
 from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError
-from ledger.format import duration, percent, size
-from ledger.simulate.hardware import load_hardware
-from ledger.simulate.layouts import describe
-from ledger.simulate.pricing import Pricing
-from ledger.simulate.search import SearchResult
-from ledger.simulate.simulation import Simulation, stage_memory
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.layouts import describe
+from ledger.models.simulate.pricing import Pricing
+from ledger.models.simulate.search import SearchResult
+from ledger.models.simulate.simulation import Simulation, stage_memory
+from ledger.present.units import duration, percent, size
+
 
 def _entry(pricing: Pricing, r) -> dict[str, Any]:
     # the search's own prediction of the layout, not a second replay of it

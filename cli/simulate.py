@@ -4,9 +4,9 @@
     train-ledger simulate --validate RUN [RUN ...] [--hardware H] [--json]
 
 The first prints per-stage memory against the device, the step time with its breakdown, tokens/s, TFLOP/s per GPU
-and MFU under both conventions, with the textbook figures beside them (ledger/simulate/simulation.py). The second
+and MFU under both conventions, with the textbook figures beside them (ledger/models/simulate/simulation.py). The second
 replays real run directories (ours or Megatron-LM's) through the simulator, on the hardware file of the GPU each ran
-on, and prints predicted vs measured step time, peak memory and bubble per run (ledger/simulate/validation.py).
+on, and prints predicted vs measured step time, peak memory and bubble per run (ledger/reconcile/validation.py).
 Model flags follow Megatron's semantics: an explicit shape without --swiglu is the GPT layer (GeLU MLP of two
 matrices, biases, LayerNorm, learned positions); a --model preset is its own flavour.
 """
@@ -18,10 +18,10 @@ from typing import Any
 from cli.args import CommandParser
 from common.arguments import parse_args
 from common.errors import ConfigError
-from ledger.format import duration, percent, size
-from ledger.simulate.hardware import load_hardware
-from ledger.simulate.simulation import Simulation, simulate
-from ledger.simulate.validation import Validation, validate_run
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.simulation import Simulation, simulate
+from ledger.present.units import duration, percent, size
+from ledger.reconcile.validation import Validation, validate_run
 
 
 def _layout(d: dict[str, Any]) -> str:

@@ -21,7 +21,6 @@ from common.errors import ConfigError, InputError
 from common.process import die_with_parent
 from common.run_dir import MANIFEST, now_iso, read_manifest, update_manifest
 
-
 CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
@@ -102,7 +101,7 @@ def check_fits(run_config, ranks_here: int) -> None:
     share its RAM; on GPUs each rank needs its plan's peak on its own device (NVML's total, read without creating a
     CUDA context in this launcher). The plan's peak leaves out what it cannot know (allocator cache, CUDA context),
     so only what cannot fit even then is refused; a tight fit is left to the run."""
-    from ledger.plan import build_plan
+    from ledger.models.plan import build_plan
 
     peak = max(build_plan(run_config)["memory"]["peak_bytes_per_stage"])
     gpu_bytes = _gpu_total_bytes()

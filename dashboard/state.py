@@ -30,7 +30,7 @@ import streamlit as st
 from common.errors import InputError, UserError
 from common.run_dir import LEDGER_DIR
 from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV
-from ledger import dashboard_data, loaders
+from ledger.present import dashboard_data, loaders
 from ledger.reconcile.run import JSON_NAME
 
 RUN_KEY = "run"  # the query parameter that opens a run: ?run=NAME
@@ -73,7 +73,7 @@ def _dir_signature(root: Path) -> tuple[tuple[str, int], ...]:
     return tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
 
 
-Loader = Callable[..., Any]  # loader(run_dir: str, *args) -> plain values (ledger.loaders, ledger.dashboard_data)
+Loader = Callable[..., Any]  # loader(run_dir: str, *args) -> plain values (ledger.present.loaders, ledger.present.dashboard_data)
 
 
 def _name(loader: Loader) -> str:

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import LAYOUT_DEFAULTS, RunConfig
+from engine.model_builder import get_model
 from engine.parallel_state import AXES, ParallelState, RankGenerator, expert_rank_generator_for, rank_generator_for
 from engine.tensor_parallel.random import partition
 from probes.probe_set import NullProbeSet
@@ -196,7 +197,6 @@ def _first_replica(state: ParallelState) -> bool:
 def saved_rank_layout(saved_cfg: RunConfig, rank: int) -> RankLayout:
     """The layout of the saving run's rank `rank`, from its model, DDP and optimizer built on the meta device."""
     from engine.optimizer import get_megatron_optimizer
-    from engine.training import get_model  # here: engine.training imports this module through engine.checkpointing
 
     parallel_state = _layout_parallel_state(saved_cfg, rank)
     model = get_model(saved_cfg, parallel_state, torch.device("meta"), NullProbeSet())

@@ -47,7 +47,7 @@ finished on this rank: a save's iteration, this rank's file size on disk, the se
 without --async-save; on rank 0 it includes waiting for the other ranks' files and the rename), this rank's
 torch.save alone, and the iteration this run resumed from; a load's iteration, seconds and the run directory that
 saved the checkpoint (layout.json's saved_by_run_dir), which lets the dashboard join the two runs' loss curves.
-The ledger predicts the size (ledger.formulas.checkpoint).
+The ledger predicts the size (ledger.models.formulas.checkpoint).
 """
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from common.config import RunConfig
 from engine.checkpointing import Checkpointer
 from engine.data import MicroBatch, build_data_iterators, data_wait_figures
-from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from engine.distributed import DistributedDataParallel, finalize_model_grads
 from engine.jit import COMPILE_DEVICE_TYPES
-from engine.models.gpt_model import build_model_chunks
+from engine.model_builder import get_model, held_tensors
 from engine.optimizer import get_megatron_optimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
@@ -82,32 +82,6 @@ def num_floating_point_operations(run_config: RunConfig, batch_size: int) -> flo
         mlp = m.expert_ffn_hidden_size * m.moe_router_topk / h * 3 / 2
     logit = pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp) / (2 * layers * h)
     return 12 * batch_size * s * layers * h * h * (attention + mlp + logit)
-
-
-def get_model(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
-              probes: Any) -> list[DistributedDataParallel]:
-    chunks = build_model_chunks(run_config, parallel_state, device, probes)
-    probes.memory_point("after_model_build", lambda: held_tensors(chunks))
-    ddp_config = DistributedDataParallelConfig.from_train_config(run_config.train, parallel_state.dp_size)
-    # As Megatron: only the first model chunk is bucketed; later chunks' reductions run in the cooldown anyway.
-    model = [DistributedDataParallel(ddp_config, chunk, parallel_state, probes, disable_bucketing=index > 0)
-             for index, chunk in enumerate(chunks)]
-    probes.memory_point("after_ddp_buffers", lambda: held_tensors(model))
-    return model
-
-
-def held_tensors(model: list[torch.nn.Module], optimizer: Any = None) -> list[torch.Tensor]:
-    """Every tensor the model chunks and the optimizer hold, for the probes' CPU memory census (which sizes each
-    storage once): parameters (views into the DDP param buffers once those exist), registered buffers, grads and
-    main_grad (views into the grad buffers), the main params and their grads, and torch's optimizer state. Listed
-    from the objects themselves, not from the inventory's records, so the census checks those."""
-    params = [p for chunk in model for p in chunk.parameters()]
-    tensors = params + [b for chunk in model for b in torch.nn.Module.buffers(chunk)]
-    tensors += [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None]
-    if optimizer is not None:
-        tensors += [t for m in optimizer.main_params for t in (m, m.grad) if t is not None]
-        tensors += [v for state in optimizer.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-    return tensors
 
 
 def _one_or_list(items: list):

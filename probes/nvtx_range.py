@@ -14,6 +14,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from common.events import RANGE_CATEGORIES
+
 DOMAIN = "train-ledger"
 
 # One colour per category, so the same kind of work looks the same in every run's timeline.
@@ -33,7 +35,8 @@ CATEGORY_COLOURS: dict[str, str] = {
     "cp-wait": "white",  # a stall: attention waits for a ring exchange still in flight
     "ep-comm": "olive",  # MoE token dispatch / combine all-to-all over the expert-parallel group
 }
-CATEGORIES = tuple(CATEGORY_COLOURS)
+assert tuple(CATEGORY_COLOURS) == RANGE_CATEGORIES, "a colour for each of common.events' categories"
+CATEGORIES = RANGE_CATEGORIES
 
 
 def check_category(category: str) -> None:

@@ -1,4 +1,4 @@
-"""The ledger's buffer layout (ledger/formulas/buffer_layout.py) against the engine's, read from a real run's
+"""The ledger's buffer layout (ledger/models/formulas/buffer_layout.py) against the engine's, read from a real run's
 inventory: every rank's buckets, chunk by chunk, as the engine laid them out.
 
 The case that needs a real run: interleaved pipelining with --overlap-grad-reduce. Megatron buckets only the first
@@ -15,7 +15,7 @@ import torch
 from common.arguments import parse_args
 from common.config import RunConfig
 from engine import train
-from ledger.formulas.buffer_layout import rank_buffers
+from ledger.models.formulas.buffer_layout import rank_buffers
 from tests.support.gloo import run_distributed
 
 FLAGS = ["--model", "tiny", "--num-layers", "4", "--pipeline-model-parallel-size", "2",

@@ -1,4 +1,4 @@
-"""Checkpoint bytes per rank (ledger.formulas.checkpoint), the reconciliation's checkpoint rows and the report's
+"""Checkpoint bytes per rank (ledger.models.formulas.checkpoint), the reconciliation's checkpoint rows and the report's
 resume line.
 
 The tiny model at --num-layers 2 (hidden 64, FFN 176 with SwiGLU, 8 heads in 4 query groups of 8, vocabulary 1000,
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from ledger.formulas.checkpoint import TORCH_CPU_RNG_STATE_BYTES, checkpoint_bytes
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.models.formulas.checkpoint import TORCH_CPU_RNG_STATE_BYTES, checkpoint_bytes
+from ledger.present.report_view import resumed
 from ledger.reconcile.checkpoint import checkpoint_rows
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
 from ledger.reconcile.run import reconcile
-from ledger.report import resumed
 
 TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--mock-data"]
 DP2_DISTOPT_BF16 = TINY + ["--global-batch-size", "4", "--use-distributed-optimizer", "--bf16"]
@@ -122,7 +122,7 @@ def test_the_blocking_row_says_what_the_loop_waited_for():
                                                          "host_alloc_seconds": 0.0, "host_copy_seconds": 0.6}
     (blocking,) = _rows(_evidence({0: [save]}), "checkpoint.save_blocking_seconds")
     assert "waiting for the previous save's background part 10.9 s" in blocking.explanation
-    assert "the device-to-host copy 600 ms" in blocking.explanation and "pinning" not in blocking.explanation
+    assert "the device-to-host copy 0.6 s" in blocking.explanation and "pinning" not in blocking.explanation
 
 
 def test_events_from_before_async_save_still_read():

@@ -2,7 +2,7 @@
 calibration reads, and caches them per machine and shape.
 
 CPU, tiny shapes: these test plumbing (which ops, which fields, which cache entry), not timings. The sweep's ops are
-derived from its SweepSpec, the time model's from the RunConfig (ledger/time_model/ops.py), independently: a kernel
+derived from its SweepSpec, the time model's from the RunConfig (ledger/models/time_model/ops.py), independently: a kernel
 one side has and the other lacks is a prediction that cannot be made, or a measurement nobody uses.
 """
 from __future__ import annotations
@@ -19,9 +19,8 @@ from engine.tensor_parallel.layers import pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import split_qkv_and_rotate
 from engine.transformer.mlp import swiglu
-from ledger.formulas.params import params_total
-from ledger.time_model import Calibration, predict_step, stage_time
-from ledger.time_model import ops
+from ledger.models.formulas.params import params_total
+from ledger.models.time_model import Calibration, ops, predict_step, stage_time
 from probes import compute_sweep
 from probes.compute_sweep import EngineKernels, SweepSpec
 

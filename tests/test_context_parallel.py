@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.context_parallel import cp_chunk_ids, cp_positions, get_batch_on_this_cp_rank
-from ledger.formulas.comm import ring_messages
+from ledger.models.formulas.comm import ring_messages
 from tests.support.ring import simulate_ring
 
 
@@ -67,7 +67,7 @@ def test_ring_attention_equals_whole_sequence_causal_attention(cp):
 @pytest.mark.parametrize("cp", [2, 3, 4])
 def test_ring_sends_the_messages_the_ledger_predicts(cp):
     """Per rank per layer: forward C - 1 K/V blocks; backward C messages, K/V, then K/V with dK/dV, then dK/dV
-    (ledger.formulas.comm.ring_messages, in |KV| units: a message of 2 tensors [k, v] or [dk, dv] is one)."""
+    (ledger.models.formulas.comm.ring_messages, in |KV| units: a message of 2 tensors [k, v] or [dk, dv] is one)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4 * cp, 8, dtype=torch.float64) for _ in range(3))
     _, forward, backward = simulate_ring(q, k, v, torch.randn_like(q), cp)

@@ -18,11 +18,10 @@ from cli.main import main as cli_main
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas import activations, comm
-from ledger.formulas.bytes_per_param import run_bytes_per_param
-from ledger.formulas.static_memory import static_bytes_per_stage
-from ledger.time_model import Calibration, CommModel, LinkFit, predict_step, stage_time
-from ledger.time_model import ops
+from ledger.models.formulas import activations, comm
+from ledger.models.formulas.bytes_per_param import run_bytes_per_param
+from ledger.models.formulas.static_memory import static_bytes_per_stage
+from ledger.models.time_model import Calibration, CommModel, LinkFit, ops, predict_step, stage_time
 
 MS = 1e-3
 

@@ -1,7 +1,7 @@
 """Context parallelism in the time model: the compute sweep times a CP rank's own work (every per-token op at s/C
 tokens, core attention as ring attention's block kernels), the time model adds a layer's attention up as C blocks
 (step 0 causal, C - 1 unmasked half blocks) beside the ring's exchanges, exposed by max(0, transfer - block) each
-(ledger/formulas/ring_overlap.py exchange_exposed), and simulate prices the same kernels from the hardware file.
+(ledger/models/formulas/ring_overlap.py exchange_exposed), and simulate prices the same kernels from the hardware file.
 
 The tiny preset (4 layers, 8 query heads, 4 KV heads, head dim 8, seq 32, fp32) at CP2, micro-batch 1: a rank holds
 L = 16 tokens, |KV| = 2 x 4 B x 16 x 4 x 8 = 4,096 B, a block's attention 2 b h L^2 d = 32,768 FLOPs forward.
@@ -16,10 +16,9 @@ import torch
 
 from common.arguments import parse_args
 from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward
-from ledger.simulate.calibration import hardware_calibration
-from ledger.simulate.hardware import load_hardware
-from ledger.time_model import Calibration, CalibrationMissing, CommModel, predict_step, stage_time
-from ledger.time_model import ops
+from ledger.models.simulate.calibration import hardware_calibration
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.time_model import Calibration, CalibrationMissing, CommModel, ops, predict_step, stage_time
 from probes import compute_sweep
 from tests.support.ring_calibration import cp_send_recv_record
 from tests.test_compute_sweep import engine_kernels, spec

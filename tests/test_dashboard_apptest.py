@@ -21,8 +21,8 @@ import cli.main as cli  # noqa: E402
 from cli import dashboard as command  # noqa: E402
 from common.errors import InputError  # noqa
 from dashboard import state  # noqa: E402
-from ledger import loaders  # noqa: E402
-from ledger.headline import HEADLINES  # noqa: E402
+from ledger.present import loaders  # noqa: E402
+from ledger.present.headline import HEADLINES  # noqa: E402
 from tests.fixtures.dashboard.runs import BROKEN, COMPLETE, make_runs_root  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"

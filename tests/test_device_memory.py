@@ -1,7 +1,7 @@
-"""Device memory outside PyTorch's allocator: the formula (ledger/formulas/device_memory.py) from the H200
+"""Device memory outside PyTorch's allocator: the formula (ledger/models/formulas/device_memory.py) from the H200
 calibration and the ledger's own rank groups, judged on real H200 runs.
 
-The calibration (ledger/calibration/nvidia_h200.json) was measured by runs/bench/outside_pytorch.py in its own
+The calibration (ledger/models/calibration/nvidia_h200.json) was measured by runs/bench/outside_pytorch.py in its own
 device call, not by the runs judged here (tests/fixtures/h200_llama1b: see its README)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from ledger.formulas.device_memory import DeviceOverheads, communicators, outside_pytorch
+from ledger.models.formulas.device_memory import DeviceOverheads, communicators, outside_pytorch
 from ledger.reconcile.run import reconcile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200_llama1b"

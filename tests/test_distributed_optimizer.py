@@ -195,9 +195,10 @@ def _train_one_step_on_a_world_of_one(flags: list[str]) -> tuple[list[dict], lis
     """The engine's inventory after optimizer construction and after one training step, and the optimizer's fp32
     grad copy (None or its numel) before the step, after it, and after the next zero_grad."""
     from engine.data import build_data_iterators
+    from engine.model_builder import get_model
     from engine.optimizer import get_megatron_optimizer
     from engine.parallel_state import ParallelState
-    from engine.training import build_schedule_config, forward_step, get_model, train_step
+    from engine.training import build_schedule_config, forward_step, train_step
     from probes.probe_set import NullProbeSet
     from tests.support.gloo import world_of_one
 
@@ -227,7 +228,7 @@ def test_optimizer_allocations_equal_the_static_memory_formula_to_the_byte(flags
     """Megatron allocates the fp32 copy of a 16-bit main grad at step time (_copy_model_grads_to_main_grads) and
     frees it at zero_grad; it keeps fp32 main params for parameter elements only, never for bucket padding. The
     engine's inventory must then equal the formula in both phases, to the byte, not within a tolerance."""
-    from ledger.reconcile.evidence import RankEvidence
+    from ledger.evidence.run import RankEvidence
     from ledger.reconcile.memory import rank_rows
 
     init, stepped, copies = _train_one_step_on_a_world_of_one(flags)

@@ -1,5 +1,5 @@
 """export-trace says how it aligned the ranks' clocks: which collectives two ranks matched on, or why a rank could not
-be aligned. The gloo cases are the recorded runs (gloo records no process group: ledger.reconcile.trace_groups names
+be aligned. The gloo cases are the recorded runs (gloo records no process group: ledger.evidence.trace_groups names
 it); the skew cases are synthetic traces whose offsets are known (tests/fixtures/synthetic_run.py: plumbing)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main as cli
-from ledger.trace_export import alignment_lines, export
+from ledger.present.trace_export import alignment_lines, export
 from tests.fixtures.synthetic_run import Spec, make_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -45,7 +45,7 @@ def test_ranks_that_share_no_group_say_so(skewed, tmp_path):
 
 def test_a_single_traced_rank_has_nothing_to_align(tmp_path, capsys):
     """gloo_dp2_overlap traced rank 0 only. What the message says about its collectives follows from the run: DP2 is
-    its only group of more than one rank, so every collective is named (ledger.reconcile.trace_groups)."""
+    its only group of more than one rank, so every collective is named (ledger.evidence.trace_groups)."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "gloo_dp2_overlap", run)
     assert cli(["export-trace", str(run), "--out", str(tmp_path / "m.json.gz")]) == 0

@@ -1,5 +1,5 @@
 """export-trace on a real 2-rank CPU (gloo) run with both ranks traced: gloo records no process group, so before the
-ledger named the groups (ledger.reconcile.trace_groups) the ranks shared no collective and were left unaligned. Both
+ledger named the groups (ledger.evidence.trace_groups) the ranks shared no collective and were left unaligned. Both
 ranks run on this host, one clock: the true offset is 0, which the alignment must find."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ledger.format, the one formatter of every figure a person reads: a table of inputs and the strings they must
+"""ledger.present.units, the one formatter of every figure a person reads: a table of inputs and the strings they must
 become, and the rules every string obeys (no 'None', no exponent notation, a unit on every figure)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ledger import format as units
+from ledger.present import units
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

@@ -11,10 +11,10 @@ import pytest
 from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
-from ledger.formulas import activations, bubble, comm, flops, nccl_bw, params
-from ledger.formulas.buffer_layout import ParamTensor, layout_buffer, megatron_bucket_size, shard_param_elements
-from ledger.formulas.bytes_per_param import bytes_per_param
-from ledger.formulas.static_memory import static_bytes
+from ledger.models.formulas import activations, bubble, comm, flops, nccl_bw, params
+from ledger.models.formulas.buffer_layout import ParamTensor, layout_buffer, megatron_bucket_size, shard_param_elements
+from ledger.models.formulas.bytes_per_param import bytes_per_param
+from ledger.models.formulas.static_memory import static_bytes
 
 # The seed (000, chapters 1 and 4): llama3.2-1b shape on 8 GPUs, TP2 x PP2 x DP2, SP, ZeRO-1, bf16, untied as its
 # scripts (runs/megatron/run.sh) pass --untie-embeddings-and-output-weights.

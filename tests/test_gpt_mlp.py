@@ -14,8 +14,8 @@ import pytest
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas import activations, comm, flops, params
-from ledger.time_model import ops
+from ledger.models.formulas import activations, comm, flops, params
+from ledger.models.time_model import ops
 
 GPT3 = "--model gpt3-175b --bf16 --micro-batch-size 1 --global-batch-size 1536"
 L, H, HEADS, SEQ, VOCAB = 96, 12288, 96, 2048, 50257

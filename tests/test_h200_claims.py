@@ -81,10 +81,10 @@ def test_the_peak_allocated_is_within_5_percent_in_each_recompute_mode(large, na
 
 @pytest.mark.parametrize("name", LARGE)
 def test_plans_peak_is_the_measured_peak_and_the_logits_transient_does_not_stack(large, name):
-    """`plan` / `simulate` (ledger/formulas/peak_memory.py) give the peak as static + activations, the logits
+    """`plan` / `simulate` (ledger/models/formulas/peak_memory.py) give the peak as static + activations, the logits
     transient apart: measured, that sum is within 0.5% on every run, and the sum with the transient (1-2 GB here)
     would be further off than that by more than the transient's own share."""
-    from ledger.formulas.peak_memory import stage_peaks
+    from ledger.models.formulas.peak_memory import stage_peaks
     from ledger.reconcile.run import gather
 
     peak = stage_peaks(gather(FIXTURES / "h200_llama1b" / name).config)[0]

@@ -1,4 +1,4 @@
-"""The hardware files (ledger/hardware/*.json) and their loader (ledger/simulate/hardware.py).
+"""The hardware files (ledger/models/hardware/*.json) and their loader (ledger/models/simulate/hardware.py).
 
 Each known GPU kind loads by name, case-insensitive, or by path; every number in a file says where it comes from
 (the H200's efficiency blocks: our own grid sweep of kernel timings on one H200, equal to its fit;
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from ledger.reconcile.evidence import collect_run
-from ledger.simulate.fit import fit_hardware
-from ledger.simulate.hardware import HARDWARE_DIR, load_hardware
+from ledger.models.simulate.fit import fit_hardware
+from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware
 from tests.test_reconcile_fixtures import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}

@@ -12,6 +12,7 @@ import pytest
 from common.errors import InputError
 from engine.datasets.indexed_dataset import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 from tests.support.megatron import megatron_datasets
+
 DOCS = [[5, 6, 7], [], [65000, 1], [42] * 9]
 
 

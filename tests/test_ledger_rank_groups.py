@@ -1,4 +1,4 @@
-"""ledger.rank_groups: Megatron Core's rank-group rule, derived without the engine, and agreeing with it by test.
+"""ledger.evidence.layout: Megatron Core's rank-group rule, derived without the engine, and agreeing with it by test.
 
 Specification: with sizes ordered by the order string (first axis fastest), rank = sum(coordinate x prefix product);
 the group of a set of axes is every rank reached by moving along those axes, groups enumerated with the first fixed
@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from common.errors import ConfigError
-from ledger.rank_groups import (
+from ledger.evidence.layout import (
     AXES,
     Layout,
     coordinates,

@@ -1,8 +1,8 @@
-"""ledger.schedule: the pipeline order and its replay, derived without the engine, and agreeing with it by test.
+"""ledger.models.schedule: the pipeline order and its replay, derived without the engine, and agreeing with it by test.
 
 Specification: a stage runs Megatron's warmup forwards, then one forward / one backward, then the remaining
 backwards; the k-th forward runs chunk (k mod pv) // p on micro-batch (k // pv) * p + k mod p, backwards the mirrored
-chunk. Replayed with unit durations, the bubble equals ledger.formulas.bubble (the seed's p=2, m=8 chart: 18 cells
+chunk. Replayed with unit durations, the bubble equals ledger.models.formulas.bubble (the seed's p=2, m=8 chart: 18 cells
 per stage, 4 idle cells of 36).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from fractions import Fraction
 import pytest
 
 from common.errors import ConfigError
-from ledger.formulas.bubble import bubble
-from ledger.schedule import BACKWARD, FORWARD, MAX_ITEMS, Item, check, simulate, stage_order, warmup_count
+from ledger.models.formulas.bubble import bubble
+from ledger.models.schedule import BACKWARD, FORWARD, MAX_ITEMS, Item, check, simulate, stage_order, warmup_count
 
 
 def labels(order, chunked=False):
@@ -159,7 +159,7 @@ def test_stage_outside_the_pipeline():
 
 
 def test_deadlock_is_reported(monkeypatch):
-    import ledger.schedule as schedule
+    import ledger.models.schedule as schedule
 
     real = schedule.stage_order
 

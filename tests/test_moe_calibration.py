@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from ledger.formulas.device_memory import communicators
+from ledger.models.formulas.device_memory import communicators
 from ledger.reconcile.moe import TIME_FLOOR_S, TIME_TOL, exchange_seconds, moe_rows
 from ledger.reconcile.rows import WARN_FACTOR
 from ledger.reconcile.run import gather, reconcile, run_steps
@@ -131,9 +131,10 @@ def test_waiting_for_a_late_peer_is_shown_apart_from_the_exchange():
 # --- the sweep on the other groups: real gloo ranks, no model ------------------------------------------------------
 def sweep_layouts(rank: int, world_size: int) -> dict[str, list[dict]]:
     """The sweep alone at two 2-rank layouts: experts with EP1 (expert-dp 2, ep a group of one), and CP2."""
+    import torch
+
     from engine.parallel_state import ParallelState
     from probes.bandwidth import Sweep, SweepSizes
-    import torch
 
     out = {}
     for name, ps, sizes in (
@@ -196,7 +197,7 @@ def test_expert_groups_in_a_dense_run_are_off():
 def test_an_expert_buckets_comm_time_is_priced_on_expert_dp():
     """Synthetic evidence (plumbing): one dense and one expert bucket of the same size; the sweep has dp at 1 GB/s and
     expt_dp at 4 GB/s, so the expert bucket's predicted comm time is a quarter of the dense one's."""
-    from ledger.reconcile.evidence import RankEvidence
+    from ledger.evidence.run import RankEvidence
     from ledger.reconcile.overlap import bucket_rows, timer_intervals
 
     nbytes = 8_000_000

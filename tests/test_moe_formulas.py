@@ -14,14 +14,14 @@ from cli.main import main as cli_main
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.formulas import activations, comm, flops, params
-from ledger.formulas.buffer_layout import expert_rank_buffers, rank_buffers
-from ledger.formulas.moe import RankExchange, exchanges, expert_capacity, layer_volume, uniform_kept_assignments
-from ledger.formulas.static_memory import static_bytes, static_bytes_split
-from ledger.formulas.device_memory import communicators
-from ledger.simulate.hardware import load_hardware
-from ledger.simulate.simulation import simulate
-from ledger.simulate.topology import group_spans, link_for
+from ledger.models.formulas import activations, comm, flops, params
+from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
+from ledger.models.formulas.device_memory import communicators
+from ledger.models.formulas.moe import RankExchange, exchanges, expert_capacity, layer_volume, uniform_kept_assignments
+from ledger.models.formulas.static_memory import static_bytes, static_bytes_split
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.simulation import simulate
+from ledger.models.simulate.topology import group_spans, link_for
 
 
 def cfg(*flags: str) -> RunConfig:
@@ -204,7 +204,7 @@ def test_simulate_prices_the_exposed_all_to_all_on_the_ep_link(capsys):
     assert cli_main(["simulate", *flags, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["groups"]["ep"] == {"size": 2, "nodes": 1, "link": "NVLink"}
-    # the all-to-alls are ops of the replayed passes (ledger/time_model/ops.py): the stage's exposed "ep"
+    # the all-to-alls are ops of the replayed passes (ledger/models/time_model/ops.py): the stage's exposed "ep"
     exposed = d["step"]["per_stage"][0]["exposed_comm_s"]["ep"]
     assert exposed > 0 and d["moe"]["all_to_all_step_s"] == exposed == d["moe"]["per_stage"][0]["all_to_all_s"]
     assert d["moe"]["per_stage"][0]["static_bytes"]["expert"] > 0

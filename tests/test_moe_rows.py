@@ -16,13 +16,13 @@ import pytest
 
 from common.arguments import parse_args
 from common.errors import InputError
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.models.time_model import Calibration, CommModel, LinkFit
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.rows import Row
 from ledger.reconcile.run import reconcile_evidence, run_steps
 from ledger.reconcile.time_rows import TimeModel
-from ledger.time_model import Calibration, CommModel, LinkFit
 
 ROW = 64 * 4  # h values of fp32 per routed token
 LAYERS, STEPS = 4, (1, 2, 3)
@@ -188,8 +188,8 @@ def test_malformed_routing_counts_are_bad_input_naming_the_file(bad):
 def test_the_dashboards_params_term_leaves_out_both_buffers_padding():
     """The memory waterfall's params and grads exclude padding (shown as its own term): the expert buffer's too. A
     width of 72 and experts of 99 put the params off the 64-element alignment, so both buffers are padded."""
-    from ledger.dashboard_data import _predicted_terms
-    from ledger.formulas.buffer_layout import expert_rank_buffers, rank_buffers
+    from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
+    from ledger.present.dashboard_data import _predicted_terms
 
     cfg = parse_args(["--model", "tiny", "--hidden-size", "72", "--num-experts", "4", "--moe-ffn-hidden-size", "99",
                       "--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--bf16",

@@ -1,4 +1,4 @@
-"""The time model prices MoE layers (ledger/time_model/ops.py): router, top-k, permute, each local expert's SwiGLU MLP
+"""The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's SwiGLU MLP
 at its row count under uniform routing, unpermute, and the expert-parallel all-to-alls on the compute stream; the
 compute sweep (probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
 
@@ -21,15 +21,15 @@ from common.config import RunConfig
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
+from engine.training import moe_kernels
 from engine.transformer.attention import split_qkv_and_rotate
 from engine.transformer.mlp import swiglu
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
-from engine.training import moe_kernels
-from ledger.formulas.params import params_total
+from ledger.models.formulas.params import params_total
+from ledger.models.time_model import Calibration, CommModel, LinkFit, ops, predict_step
+from ledger.models.time_model.compute import price
 from ledger.reconcile.run import reconcile
-from ledger.time_model import Calibration, CommModel, LinkFit, ops, predict_step
-from ledger.time_model.compute import price
 from probes import compute_sweep
 from probes.bandwidth import to_dtype
 from probes.compute_sweep import EngineKernels, SweepSpec

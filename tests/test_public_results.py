@@ -1,4 +1,4 @@
-"""Published results through the simulator (ledger/simulate/published.py): how each published step time is implied,
+"""Published results through the simulator (ledger/models/simulate/published.py): how each published step time is implied,
 what is assumed where a paper is silent, and what is skipped and why. The accuracy itself (predicted vs published
 per entry) is a measurement and lives in BENCHMARKS.md (runs/bench/public_results.py); these tests hold the
 plumbing that produces it."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.simulate.published import Comparison, Skipped, compare, load_entries
+from ledger.models.simulate.published import Comparison, Skipped, compare, load_entries
 
 DATA = Path(__file__).resolve().parent / "data" / "public_results.json"
 

@@ -2,7 +2,7 @@
 rules, what autograd really keeps under each mode against the ledger's formula, parity with the run without
 recompute, the TP collectives recompute repeats against the ledger's count, and the peak row's mode.
 
-The bytes test is the independent check of ledger/formulas/activations.py: on CPU in fp32 it counts every distinct
+The bytes test is the independent check of ledger/models/formulas/activations.py: on CPU in fp32 it counts every distinct
 storage autograd saves while one model chunk of 4 tiny layers runs forward (saved_tensors_hooks also see what a
 non-reentrant checkpoint keeps: its inputs), parameters and the shared RoPE tables left out.
 """
@@ -22,13 +22,13 @@ from common.config import RecomputeConfig, RunConfig
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.rotary import RotaryEmbedding
 from engine.transformer.transformer_block import TransformerBlock, recompute_segments
-from ledger.formulas import activations
-from ledger.formulas.comm import tp_collectives
-from ledger.formulas.static_memory import static_bytes
-from ledger.plan import build_plan
-from ledger.reconcile.evidence import RankEvidence
+from ledger.evidence.run import RankEvidence
+from ledger.evidence.traces import normalize_op
+from ledger.models.formulas import activations
+from ledger.models.formulas.comm import tp_collectives
+from ledger.models.formulas.static_memory import static_bytes
+from ledger.models.plan import build_plan
 from ledger.reconcile.memory import PEAK, rank_rows
-from ledger.traces import normalize_op
 from probes.probe_set import NullProbeSet
 from tests.support.gloo import run_distributed
 from tests.support.parity import assert_close_rel, flag_value, reference, train_and_collect

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cli.main import main as cli
-from ledger.formulas.static_memory import owned_param_elements
+from ledger.evidence.traces import normalize_op
+from ledger.models.formulas.static_memory import owned_param_elements
 from ledger.reconcile.rows import NOT_ON_CPU, judge, row
 from ledger.reconcile.run import reconcile
-from ledger.traces import normalize_op
 from tests.fixtures.synthetic_run import Spec, make_run, write_trace
 
 
@@ -329,10 +329,10 @@ def test_embedding_all_reduce_rows_from_counters_and_trace():
     ranks are also the pipeline group's. The engine's embd-comm range and the trace's all-reduce on those ranks land
     in comm.embedding.all_reduce; the send / recv on the same ranks stays the pipeline's; a wrong figure is off."""
     from common.arguments import parse_args
+    from ledger.evidence.run import RankEvidence
+    from ledger.evidence.traces import Collective, TraceSummary
     from ledger.reconcile.comm import trace_volume, volume_rows
-    from ledger.reconcile.evidence import RankEvidence
     from ledger.reconcile.topology import rank_groups
-    from ledger.traces import Collective, TraceSummary
 
     cfg = parse_args("--model tiny --world-size 2 --pipeline-model-parallel-size 2 --global-batch-size 2".split())
     size = 1000 * 64 * 4  # the vocabulary matrix's fp32 grad

@@ -28,12 +28,12 @@ from statistics import median
 import pytest
 
 from common.config import RunConfig
+from common.intervals import covered
+from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS
+from ledger.evidence.traces import summarize
 from ledger.reconcile.comm import predicted_volume, trace_volume
-from ledger.reconcile.intervals import covered
 from ledger.reconcile.overlap import timer_exposed, timer_intervals
 from ledger.reconcile.run import gather, reconcile, run_steps
-from ledger.reconcile.steps import FROM_CONFIG, FROM_RECORDS
-from ledger.traces import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

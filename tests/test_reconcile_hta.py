@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ledger.evidence.traces import Collective, TraceSummary, summarize
 from ledger.reconcile import hta
-from ledger.traces import Collective, TraceSummary, summarize
 from tests.fixtures.synthetic_run import make_run
 
 

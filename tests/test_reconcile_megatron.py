@@ -13,10 +13,10 @@ import pytest
 
 from cli.main import main as cli
 from common.arguments import build_parser, parse_args
-from ledger.loaders import list_runs
-from ledger.reconcile.megatron_arguments import flags_from_arguments
+from ledger.evidence.megatron.arguments import flags_from_arguments
+from ledger.evidence.traces import summarize
+from ledger.present.loaders import list_runs
 from ledger.reconcile.run import gather, reconcile, run_steps
-from ledger.traces import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,11 @@ from typing import Callable
 
 import pytest
 
-from ledger.formulas.activations import local_seq_length
+from ledger.evidence.run import RunEvidence
+from ledger.evidence.traces import TraceSummary, summarize
+from ledger.models.formulas.activations import local_seq_length
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
 from ledger.reconcile.data_wait import data_wait_rows
-from ledger.reconcile.evidence import RunEvidence
 from ledger.reconcile.hta import CrossCheck, available, hta_rows
 from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED, memory_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
@@ -26,7 +27,6 @@ from ledger.reconcile.rows import NO_TIME_MODEL, Row, identity_row, judge, reach
 from ledger.reconcile.run import Reconciliation, gather, run_steps
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.topology import group_lists_of, groups_rows, rank_groups
-from ledger.traces import TraceSummary, summarize
 from tests.fixtures.synthetic_run import Spec, make_run
 from tests.support.ring_calibration import attention_records, cp_send_recv_record
 

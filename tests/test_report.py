@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main as cli
-from ledger import loaders
+from ledger.present import loaders
 from ledger.reconcile.oversubscribed import NOT_JUDGED
 from ledger.reconcile.rows import NOT_ON_CPU
 from tests.fixtures.synthetic_run import Spec, make_run

@@ -1,5 +1,5 @@
-"""How report.md and report.html group the reconciliation for reading (ledger.row_groups) and state caveats once
-(ledger.caveats), on hand-made rows.
+"""How report.md and report.html group the reconciliation for reading (ledger.present.row_groups) and state caveats once
+(ledger.present.caveats), on hand-made rows.
 
 PLUMBING ONLY: the rows below are made up to give each grouping rule a known answer; no figure in them is a claim
 about a measurement.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.caveats import Notes, clauses
-from ledger.row_groups import FORMULA, TIME_MODEL, group, predictor
+from ledger.present.caveats import Notes, clauses
+from ledger.present.row_groups import FORMULA, TIME_MODEL, group, predictor
 
 CAVEAT = "8 ranks share host vm's 2 cores: process oversubscription; every timed range includes waits for a core"
 

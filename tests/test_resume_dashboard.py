@@ -1,4 +1,4 @@
-"""A run killed and resumed shows as one loss curve (ledger.dashboard_data.loss_curve, the Runs page): the resumed
+"""A run killed and resumed shows as one loss curve (ledger.present.dashboard_data.loss_curve, the Runs page): the resumed
 run's own steps, preceded by the steps of the run that saved its checkpoint up to the iteration it resumed from,
 with a marker there; the report names that run.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger import report
-from ledger.dashboard_data import loss_curve
+from ledger.present import report
+from ledger.present.dashboard_data import loss_curve
 
 TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--mock-data", "--global-batch-size", "4",
         "--train-iters", "6", "--save-interval", "3"]

@@ -1,5 +1,5 @@
-"""The layout search core (ledger/simulate/layouts.py, search.py, bound.py) and the peak memory it filters with
-(ledger/formulas/peak_memory.py).
+"""The layout search core (ledger/models/simulate/layouts.py, search.py, bound.py) and the peak memory it filters with
+(ledger/models/formulas/peak_memory.py).
 
 The enumeration rules are derived by hand for a small case. The search itself is tested on a dummy score: plumbing
 (ranking, pruning, dropping, the loser's reason), not a claim about which layout is fastest; that is the time model's,
@@ -15,12 +15,12 @@ import pytest
 from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
-from ledger.formulas.peak_memory import peak_bytes_per_stage, stage_peaks
-from ledger.formulas.static_memory import largest_dp_rank, static_bytes, static_bytes_max
-from ledger.plan import build_plan
-from ledger.simulate.bound import min_step_seconds, tokens_per_s_bound
-from ledger.simulate.layouts import describe, enumerate_layouts, label
-from ledger.simulate.search import loses_because, memory_fit, search
+from ledger.models.formulas.peak_memory import peak_bytes_per_stage, stage_peaks
+from ledger.models.formulas.static_memory import largest_dp_rank, static_bytes, static_bytes_max
+from ledger.models.plan import build_plan
+from ledger.models.simulate.bound import min_step_seconds, tokens_per_s_bound
+from ledger.models.simulate.layouts import describe, enumerate_layouts, label
+from ledger.models.simulate.search import loses_because, memory_fit, search
 
 # 4 layers, 8 heads in 4 query groups; the global batch 8.
 SMALL = ("--num-layers 4 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 --num-query-groups 4 "
@@ -237,7 +237,7 @@ def test_top_must_be_positive_and_nothing_fitting_ranks_nothing():
 # ---- the calibrated bound, against the time model it bounds --------------------------------------------------------
 
 def hardware(cfg: RunConfig):
-    from ledger.simulate import hardware_calibration, load_hardware
+    from ledger.models.simulate import hardware_calibration, load_hardware
 
     return hardware_calibration(cfg, load_hardware("H200"))
 
@@ -253,8 +253,8 @@ def hardware(cfg: RunConfig):
 def test_chunk_seconds_are_the_time_models_and_the_bound_never_exceeds_its_prediction(flags):
     """The calibrated bound prices one layer and scales it: it must give exactly what compute.stage_time gives
     chunk by chunk, and a step time no longer than predict_step's (else search could skip a layout of the top K)."""
-    from ledger.simulate.bound import calibrated_min_step_seconds, chunk_seconds
-    from ledger.time_model import predict_step, stage_time
+    from ledger.models.simulate.bound import calibrated_min_step_seconds, chunk_seconds
+    from ledger.models.time_model import predict_step, stage_time
 
     cfg = base(SMALL + " --micro-batch-size 1 --global-batch-size 16 " + flags)
     cal = hardware(cfg)
@@ -267,8 +267,8 @@ def test_chunk_seconds_are_the_time_models_and_the_bound_never_exceeds_its_predi
 def test_a_search_with_the_calibrated_bound_ranks_as_the_exhaustive_one():
     """The real time model on the H200 hardware file, a small model on 8 GPUs: the bound skips most layouts and
     the top 3, their order and reasons are those of scoring everything."""
-    from ledger.simulate.bound import calibrated_bound
-    from ledger.time_model import predict_step
+    from ledger.models.simulate.bound import calibrated_bound
+    from ledger.models.time_model import predict_step
 
     cfg = base(SMALL.replace("--global-batch-size 8", "--global-batch-size 32"))
 

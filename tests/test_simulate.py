@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from ledger.formulas.bubble import bubble
-from ledger.formulas.device_memory import outside_pytorch
-from ledger.formulas.static_memory import static_bytes
-from ledger.simulate.hardware import load_hardware
-from ledger.simulate.validation import validate_run
+from ledger.models.formulas.bubble import bubble
+from ledger.models.formulas.device_memory import outside_pytorch
+from ledger.models.formulas.static_memory import static_bytes
+from ledger.models.simulate.hardware import load_hardware
+from ledger.reconcile.validation import validate_run
 from tests.test_reconcile_fixtures import FIXTURES
 
 LLAMA_1B = ["--model", "llama3.2-1b", "--seq-length", "4096", "--bf16", "--use-distributed-optimizer",

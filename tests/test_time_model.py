@@ -1,9 +1,9 @@
-"""ledger.time_model: a step's time from the run's config and a calibration, specified from first principles.
+"""ledger.models.time_model: a step's time from the run's config and a calibration, specified from first principles.
 
 Every calibration here is a synthetic plumbing/arithmetic fixture, not a device: each kernel costs a round figure
 chosen by its name (PRICE_MS, dims ignored), rates and link fits are set by hand, so each expectation is a sum a
 reader can redo. The op lists a pass must add up are written here from Megatron Core's TransformerLayer and GPT head
-(LAYER_FORWARD, ...), not read from ledger/time_model/ops.py. What the model predicts for a real device is tested on
+(LAYER_FORWARD, ...), not read from ledger/models/time_model/ops.py. What the model predicts for a real device is tested on
 recorded H200 runs (tests/test_h200_claims.py).
 """
 from __future__ import annotations
@@ -15,16 +15,17 @@ import pytest
 
 from common.arguments import parse_args
 from common.config import RunConfig
-from ledger.time_model import (
+from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
     CommModel,
     LinkFit,
+    buckets,
+    ops,
     oversubscription,
     predict_step,
     stage_time,
 )
-from ledger.time_model import buckets, ops
 
 MS = 1e-3
 # Synthetic per-call times (ms) by kernel name; a GEMM costs its linear's figure in each of fprop, dgrad and wgrad.

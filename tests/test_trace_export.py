@@ -7,8 +7,8 @@ import json
 import pytest
 
 from cli.main import main as cli
-from ledger.trace_export import clock_offsets, export, index, parse_ranks
-from ledger.traces import summarize
+from ledger.evidence.traces import summarize
+from ledger.present.trace_export import clock_offsets, export, index, parse_ranks
 from tests.fixtures.synthetic_run import Spec, make_run
 
 SKEW = {1: 250.0, 2: -1000.0, 3: 40.0}
@@ -76,7 +76,7 @@ def test_bad_selection_is_a_one_line_error(skewed, tmp_path, capsys):
 
 
 def test_streaming_reader_matches_json_load_across_chunk_boundaries(tmp_path):
-    from ledger.traces import TraceStream
+    from ledger.evidence.traces import TraceStream
 
     events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": 1234567.891 + i, "dur": 0.5 + i % 7,
                "pid": 0, "tid": 7} for i in range(40_000)]  # about 3.5 MB: several 1 MiB refills

@@ -1,5 +1,5 @@
 """Which group each traced collective ran on: gloo records no process group, so the ledger names it from the evidence
-the trace and the run directory hold (ledger.reconcile.trace_groups); checked on the recorded gloo runs, whose
+the trace and the run directory hold (ledger.evidence.trace_groups); checked on the recorded gloo runs, whose
 answers follow from their configurations."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.run_dir import iter_events, read_manifest
+from ledger.evidence.run import RankEvidence
+from ledger.evidence.trace_groups import attribute_groups, range_kinds
+from ledger.evidence.traces import Collective, TraceSummary, summarize
 from ledger.reconcile.comm import predicted_volume, trace_volume, volume_rows
-from ledger.reconcile.evidence import RankEvidence
 from ledger.reconcile.topology import group_kind, rank_groups
-from ledger.reconcile.trace_groups import attribute_groups, range_kinds
-from ledger.traces import Collective, TraceSummary, summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PP2_GROUPS = {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}

@@ -7,9 +7,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from common.arguments import parse_args
-from ledger.reconcile.intervals import length, subtract, union
-from ledger.reconcile.steps import FROM_CONFIG, FROM_RECORDS, select_steps
-from ledger.traces import summarize
+from common.intervals import length, subtract, union
+from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS, select_steps
+from ledger.evidence.traces import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

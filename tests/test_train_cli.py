@@ -14,7 +14,7 @@ import time
 import pytest
 
 from common.arguments import parse_args
-from ledger.formulas.flops import megatron_flops_per_step
+from ledger.models.formulas.flops import megatron_flops_per_step
 
 CLI = [sys.executable, "-m", "cli.main", "train"]
 TIMEOUT = 240

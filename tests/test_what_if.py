@@ -1,4 +1,4 @@
-"""The "What if" page: ledger.what_if's pure logic on committed real H200 runs (tests/fixtures/h200_llama1b: one
+"""The "What if" page: ledger.present.what_if's pure logic on committed real H200 runs (tests/fixtures/h200_llama1b: one
 H200, llama3.2-1b, micro-batch 1, global batch 8, distributed optimizer), then the page itself headless
 (streamlit.testing.v1.AppTest) over a runs root holding one of those runs, a real Megatron-LM run (no device
 recorded) and the dashboard's synthetic runs (an unknown "synthetic GPU", a corrupt manifest)."""
@@ -12,10 +12,10 @@ import pytest
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger import format as fmt
-from ledger import what_if
-from ledger.charts import render
-from ledger.loaders import load_rows
+from ledger.present import units as fmt
+from ledger.present import what_if
+from ledger.present.charts import render
+from ledger.present.loaders import load_rows
 from ledger.reconcile.run import gather
 from tests.fixtures.dashboard.runs import COMPLETE, make_runs_root
 

@@ -8,8 +8,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import state
-from ledger import dashboard_data, loaders
-from ledger import format as units
+from ledger.present import dashboard_data, loaders, units
 
 # loaders.memory_waterfall's measured terms beyond the static ones, under the waterfall's names
 MEASURED_TERMS = {"activations + transients": "activations", "reserved beyond peak": "fragmentation",

@@ -1,6 +1,6 @@
 """Overlap: each DP bucket's collective drawn over the rank's compute in one step, and the time each bucket left
 exposed (no compute beside it), as the ledger's overlap rows compute it from the timers. Times are written by
-ledger.format and every axis names its unit."""
+ledger.present.units and every axis names its unit."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,8 +8,7 @@ import plotly.express as px
 import streamlit as st
 
 from dashboard import state
-from ledger import dashboard_data, loaders
-from ledger import format as units
+from ledger.present import dashboard_data, loaders, units
 
 PARTS = {"overlapped": "beside compute", "exposed": "exposed"}  # a collective's time, split by what ran beside it
 

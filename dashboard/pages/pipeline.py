@@ -7,8 +7,7 @@ import plotly.express as px
 import streamlit as st
 
 from dashboard import state
-from ledger import dashboard_data, loaders
-from ledger import format as units
+from ledger.present import dashboard_data, loaders, units
 
 KIND_COLOURS = {"forward": "#42a5f5", "backward": "#ef6c00", "idle": "#e0e0e0"}
 

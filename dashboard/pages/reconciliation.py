@@ -1,5 +1,5 @@
 """Reconciliation: the ledger's rows (formula, inventory, measurement, verdict) with verdict colours, filters by
-metric, rank and verdict, and each row's explanation. Every figure is written by ledger.format in its row's unit
+metric, rank and verdict, and each row's explanation. Every figure is written by ledger.present.units in its row's unit
 (the exact numbers are in RUN/ledger/reconciliation.csv)."""
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import state
-from ledger import format as units
-from ledger import loaders
-from ledger.row_groups import predictor
+from ledger.present import loaders, units
+from ledger.present.row_groups import predictor
 
 COLOURS = {"ok": "#c8e6c9", "warn": "#ffe0b2", "off": "#ffcdd2", "n/a": "#eceff1", "identity": "#e8eaf6"}
 VALUES = ("predicted", "inventory", "measured")

@@ -1,6 +1,6 @@
 """Runs: every run under the root with its status, framework, layout, config and headline figures, each figure
 labelled with where it comes from (measured, the engine's inventory, or predicted); two runs side by side; the
-selected run's loss curve, joined across a kill and resume with the run it resumed from (ledger.dashboard_data.
+selected run's loss curve, joined across a kill and resume with the run it resumed from (ledger.present.dashboard_data.
 loss_curve), a dashed marker where it resumed. A run that cannot be read is a row of the table and one warning that
 names it and its error, never a failed page."""
 from __future__ import annotations
@@ -14,11 +14,10 @@ import streamlit as st
 
 from common.errors import UserError
 from dashboard import state
-from ledger import dashboard_data, loaders
-from ledger import format as units
-from ledger.headline import HEADLINES
+from ledger.present import dashboard_data, loaders, units
+from ledger.present.headline import HEADLINES
 
-# ledger.headline's figure source ends with the column the value came from; how the page names each
+# ledger.present.headline's figure source ends with the column the value came from; how the page names each
 KINDS = {"measured": "measured", "inventory": "engine inventory", "predicted": "predicted"}
 KIND_NOTE = ("Each headline figure says where it comes from: **measured** (memory_stats, NVML, timers, traces), "
              "**engine inventory** (the engine's record of its own tensors) or **predicted** (the formulas and the "

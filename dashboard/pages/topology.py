@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import state
-from ledger import loaders
+from ledger.present import loaders
 
 GROUP_STYLE = {"tp": ("TP group (layer shards)", "#1e88e5", 0.0), "dp": ("DP group (replicas)", "#43a047", 0.16),
                "pp": ("PP group (stages)", "#e53935", 0.0)}

@@ -7,8 +7,7 @@ import streamlit as st
 
 from common.errors import UserError
 from dashboard import state
-from ledger import dashboard_data, loaders
-from ledger import format as units
+from ledger.present import dashboard_data, loaders, units
 
 state.start_page("Traces")
 run = state.current_run()

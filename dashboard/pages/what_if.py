@@ -1,6 +1,6 @@
 """What if: the selected run's layout changed on paper (GPUs, TP / PP / VPP, sequence parallel, batch, recompute,
 distributed optimizer, GPU kind) and predicted by the simulator, beside the run as measured and as predicted for its
-own layout. The logic is ledger.what_if's; this page only draws it."""
+own layout. The logic is ledger.present.what_if's; this page only draws it."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,9 +8,9 @@ import streamlit as st
 
 from common.config import MAX_LAYERS, MAX_WORLD_SIZE, RunConfig
 from dashboard import state
-from ledger import what_if
-from ledger.charts import STYLE, Chart, empty, render
-from ledger.simulate.hardware import known_names
+from ledger.models.simulate.hardware import known_names
+from ledger.present import what_if
+from ledger.present.charts import STYLE, Chart, empty, render
 
 run, basis = state.open_page("What if", what_if.run_basis)
 if basis["config"] is None:
@@ -72,7 +72,7 @@ elif not changed.prediction["memory"]["fits"]:
 
 
 def draw(title: str, chart: Chart) -> None:
-    """ledger.charts' SVG in an iframe sized to it (st.html would strip the SVG); our own markup, every label
+    """ledger.present.charts' SVG in an iframe sized to it (st.html would strip the SVG); our own markup, every label
     escaped by render."""
     st.subheader(title)
     st.iframe(STYLE + (render(chart) if chart.bars else empty(title, "nothing measured and no prediction")))

@@ -33,8 +33,8 @@ from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
-from engine.transformer.moe.moe_layer import MoEContext
 from engine.transformer.attention import SelfAttention
+from engine.transformer.moe.moe_layer import MoEContext
 from engine.transformer.ring_attention import CPGroup
 from engine.transformer.rotary import RotaryEmbedding
 from engine.transformer.transformer_block import TransformerBlock, get_layer_numbers

@@ -24,7 +24,7 @@ it received (rank i + 1's), so the backward starts there: at step j it holds blo
 share of dK/dV for it to the partial sum that ranks b - 1 ... i + 1 built, so that block b's sum is complete at rank b
 itself after C steps, with no final send. Message j carries what the previous rank needs at its step j + 1: step 0
 the K/V block alone, middle steps the K/V block and the previous block's dK/dV in one buffer, the last step dK/dV
-alone: 2 (C - 1) blocks in all, which is ledger/formulas/comm.py's cp_collectives. Each block's gradient uses the
+alone: 2 (C - 1) blocks in all, which is ledger/models/formulas/comm.py's cp_collectives. Each block's gradient uses the
 final output and log-sum-exp (P = exp(s - lse) is then the true softmax): flash attention's backward given them.
 
 Block kernel: on CUDA in fp16/bf16, torch's flash attention ops that return the log-sum-exp

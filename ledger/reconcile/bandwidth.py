@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ledger.traces import normalize_op
+from ledger.evidence.traces import normalize_op
 
 
 def predicted_time(sweep: list[dict[str, Any]], op: str, group: str, nbytes: float) -> tuple[float, str] | None:

@@ -2,7 +2,7 @@
 run resumed.
 
 From the probes' "checkpoint" events (engine.checkpointing, one per rank per save and per load):
-- `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.formulas.checkpoint (param buffers,
+- `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.models.formulas.checkpoint (param buffers,
   fp32 main params, Adam m, v and step, the CPU generator's state), judged with an absolute tolerance that is the
   zip container's and the pickle's overhead (that module says why). Every save of a run writes the same tensors,
   so one save per rank says it all.
@@ -23,9 +23,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ledger.format import duration
-from ledger.formulas.checkpoint import checkpoint_bytes
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.models.formulas.checkpoint import checkpoint_bytes
 from ledger.reconcile.rows import Row, identity_row, row
 
 BYTES_TOLERANCE = 0.0  # relative: none; the absolute tolerance is the container's overhead
@@ -72,7 +71,7 @@ def _blocking_parts(save: dict[str, Any]) -> str:
     parts = [(label, save.get(key)) for label, key in (
         ("waiting for the previous save's background part", "waited_for_previous_seconds"),
         ("pinning the host buffers", "host_alloc_seconds"), ("the device-to-host copy", "host_copy_seconds"))]
-    shown = [f"{label} {duration(seconds)}" for label, seconds in parts if seconds]
+    shown = [f"{label} {seconds:.3g} s" for label, seconds in parts if seconds]
     return f" (of it: {', '.join(shown)})" if shown else ""
 
 

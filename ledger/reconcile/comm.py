@@ -1,16 +1,16 @@
-"""Communication volume per step per rank, by (group, collective): the formulas (ledger.formulas.comm) against
+"""Communication volume per step per rank, by (group, collective): the formulas (ledger.models.formulas.comm) against
 the engine's counters (the `bytes` the probes' comm ranges carry) and the trace's collective arguments.
 
 All three use nccl-tests' "size" convention: the all-reduce buffer, the all-gather output, the reduce-scatter input,
 and for point-to-point the bytes sent plus received (the engine's P2P range counts both directions of one batched
 exchange; the formula lists sends and receives separately and they are summed here).
 Point-to-point volume in a trace is counted from the dispatcher's `c10d::send` / `c10d::recv_` ops (NCCL's SendRecv
-kernels carry no sizes; ledger.traces), whose TensorList inputs record element counts but no element type: the
+kernels carry no sizes; ledger.evidence.traces), whose TensorList inputs record element counts but no element type: the
 elements are multiplied by the size of the run's params dtype (the activations' dtype the pipeline sends), and the
 row says so.
-CPU (gloo) traces carry no process-group ranks: ledger.reconcile.trace_groups names them from the evidence, and an op
+CPU (gloo) traces carry no process-group ranks: ledger.evidence.trace_groups names them from the evidence, and an op
 with a collective that nothing names ("unknown" group) is reported as totals per op over all groups, its other ops
-per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.traces reads each
+per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.evidence.traces reads each
 through the c10d op that issued it, and only an op with an annotation that no c10d op matched keeps the formula and
 the engine's counters and says why the measured column is empty. The backend is the manifest's (else
 distributedInfo's).
@@ -21,18 +21,18 @@ from collections import defaultdict
 from statistics import mean
 
 from common.config import RunConfig
-from ledger.formulas.bytes_per_param import DTYPE_BYTES
-from ledger.formulas.comm import grad_group, step_collectives
-from ledger.reconcile.evidence import RankEvidence, after_first_step
+from common.events import COMM_CATEGORY_GROUP
+from ledger.evidence.run import RankEvidence, after_first_step
+from ledger.evidence.traces import TraceSummary, normalize_op
+from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.models.formulas.comm import grad_group, step_collectives
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.topology import group_kind
-from ledger.traces import TraceSummary, normalize_op
 
-CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp"}
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
 # What gloo's own annotation cannot measure, and why (torch's ProcessGroupGloo record_function annotations): it
-# matters only for an annotation that no c10d op matched (ledger.traces), which hides the ops listed in UNMATCHED_HIDES.
+# matters only for an annotation that no c10d op matched (ledger.evidence.traces), which hides the ops listed in UNMATCHED_HIDES.
 GLOO_UNTRACEABLE = {
     "reduce_scatter": "gloo runs a reduce-scatter as an all-reduce and its trace records it as gloo:all_reduce",
     "all_reduce": "gloo's trace records its reduce-scatters as gloo:all_reduce too, so the traced total mixes both",
@@ -68,9 +68,9 @@ def counter_volume(r: RankEvidence) -> dict[Key, float]:
     run's first when there are others: under --overlap-param-gather a step's param all-gather runs at the start of
     the next step's forward, so the first step has none (no earlier update) while the formula's steady step has one."""
     per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
-    counted = [t for t in r.timing if CATEGORY_GROUP.get(t.get("category")) and t.get("bytes") is not None]
+    counted = [t for t in r.timing if COMM_CATEGORY_GROUP.get(t.get("category")) and t.get("bytes") is not None]
     for t in after_first_step(counted, lambda t: t.get("step")):
-        group = CATEGORY_GROUP[t["category"]]
+        group = COMM_CATEGORY_GROUP[t["category"]]
         op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
         per_step[t.get("step")][(group, op)] += int(t["bytes"])
     return _mean_over_steps(per_step)
@@ -154,7 +154,7 @@ def _p2p_in_group(volume: dict[Key, float], cfg: RunConfig | None) -> dict[Key, 
 
 def _in_grad_group(volume: dict[Key, float], cfg: RunConfig | None) -> dict[Key, float]:
     """The engine's "dp-comm" ranges run over the gradient-reduction group, which under context parallelism is
-    Megatron's dp_cp (ledger.formulas.comm.grad_group): counted under the formula's name for it."""
+    Megatron's dp_cp (ledger.models.formulas.comm.grad_group): counted under the formula's name for it."""
     group = grad_group(cfg) if cfg is not None else "dp"
     return {(group if g == "dp" else g, op): v for (g, op), v in volume.items()}
 
@@ -181,6 +181,6 @@ def _explain(group: str, op: str, counted: bool, traced: bool, untraceable: str 
         parts.append(f"not measured: the trace is no measurement of it on the gloo backend ({untraceable})")
     if traced and group == "unknown":
         parts.append("gloo trace: no group recorded, and for some of these collectives neither the engine range "
-                     "that issued them nor their worker thread names one (ledger/reconcile/trace_groups.py): "
+                     "that issued them nor their worker thread names one (ledger/evidence/trace_groups.py): "
                      "totals per op over all groups")
     return "; ".join(parts)

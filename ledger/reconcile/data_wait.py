@@ -3,7 +3,7 @@
 Expected 0: the engine's loader builds the micro-batches ahead on a background thread (docs/engine.md, "Data
 loading"), so `next()` finds each one ready. Measured from each rank's step records' `data_wait_s` (the seconds
 `next()` blocked on the loader's queue, summed over the step's micro-batches; only ranks that read data, the first
-and last pipeline stages, carry it). Per rank, the mean over the steady steps (ledger.reconcile.steps: the run's
+and last pipeline stages, carry it). Per rank, the mean over the steady steps (ledger.evidence.steps: the run's
 first step waits for the loader's first batch by design, and the profiler's steps are slowed as a whole), i.e. what
 the waits cost the run's throughput; the worst step is named in the explanation.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from statistics import mean, median
 
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.evidence.steps import StepSelection
 from ledger.reconcile.rows import Row, row
-from ledger.reconcile.steps import StepSelection
 
 STEP_SHARE = 0.01  # of the rank's median step time
 FLOOR_S = 1e-3

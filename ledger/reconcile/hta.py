@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.reconcile.intervals import covered, union
+from common.intervals import covered, union
+from ledger.evidence.traces import TraceSummary
 from ledger.reconcile.rows import Row, row
-from ledger.traces import TraceSummary
 
 HTA_TOL = 0.05
 

@@ -17,11 +17,11 @@ the census existed keeps an empty measured column and says so (NOT_ON_CPU).
 from __future__ import annotations
 
 from common.config import RunConfig
-from ledger.formulas.activations import recompute_label, stage_activation_bytes
-from ledger.formulas.device_memory import DeviceOverheads, OutsidePyTorch, outside_pytorch
-from ledger.formulas.params import params_per_rank
-from ledger.formulas.static_memory import static_bytes
-from ledger.reconcile.evidence import RankEvidence, RunEvidence, rank_entry
+from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from ledger.models.formulas.activations import recompute_label, stage_activation_bytes
+from ledger.models.formulas.device_memory import DeviceOverheads, OutsidePyTorch, outside_pytorch
+from ledger.models.formulas.params import params_per_rank
+from ledger.models.formulas.static_memory import static_bytes
 from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_row
 
 ALLOCATED = "allocated_bytes.all.current"
@@ -117,7 +117,7 @@ def predicted_outside(cfg: RunConfig | None, r: RankEvidence,
     """(the formula's memory outside PyTorch for this rank, or None, and where its constants come from)."""
     device = DeviceOverheads.known(device_name) if device_name else None
     if device is None:
-        return None, (f"no calibration of {device_name or 'this device'} in ledger/calibration/ "
+        return None, (f"no calibration of {device_name or 'this device'} in ledger/models/calibration/ "
                       "(runs/bench/outside_pytorch.py measures one)")
     if cfg is None:
         return None, "no run config"

@@ -8,11 +8,11 @@ Inputs (the issue 19 team sheet's contract): each rank's step records carry `moe
 buffer, nccl-tests' size, the rank's own share included) and `remote_bytes` (what left the rank), and
 "ep all-to-all counts layer{n}" for the per-expert counts (counted apart: they are not tokens).
 
-Which ranks exchange: the ledger's own expert grid (ledger.rank_groups with ep on Megatron's order and cp folded into
+Which ranks exchange: the ledger's own expert grid (ledger.evidence.layout with ep on Megatron's order and cp folded into
 the expert dp, as Megatron's expert rank generator builds it), EP rank j holding experts j E/EP onwards.
 
 Rows, per rank (docs/formulas.md, "Mixture of experts"):
-  moe.all_to_all.bytes_per_step         predicted from the observed routing (ledger/formulas/moe.py: 2 (sent +
+  moe.all_to_all.bytes_per_step         predicted from the observed routing (ledger/models/formulas/moe.py: 2 (sent +
                                         received) rows a layer, 3 with full recompute; kept = tokens - dropped)
                                         against the ranges' bytes, mean over the steps both have            2%
   moe.all_to_all.remote_bytes_per_step  the same for the bytes that left the rank                             2%
@@ -47,15 +47,15 @@ from statistics import mean
 from common.config import RunConfig
 from common.errors import InputError
 from common.run_dir import events_path
-from ledger.formulas.activations import activation_bytes, checkpoint_groups
-from ledger.formulas.moe import NO_VOLUME, AllToAllVolume, exchanges, layer_volume, passes
-from ledger.formulas.params import chunk_layers, num_chunks
-from ledger.rank_groups import expert_group_lists, expert_layout
-from ledger.reconcile.evidence import RankEvidence, RunEvidence
+from ledger.evidence.layout import expert_group_lists, expert_layout
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.evidence.steps import StepSelection
+from ledger.models.formulas.activations import activation_bytes, checkpoint_groups
+from ledger.models.formulas.moe import NO_VOLUME, AllToAllVolume, exchanges, layer_volume, passes
+from ledger.models.formulas.params import chunk_layers, num_chunks
+from ledger.models.time_model import CalibrationMissing
 from ledger.reconcile.rows import Row, predicted_row, row
-from ledger.reconcile.steps import StepSelection
 from ledger.reconcile.time_rows import TimeModel
-from ledger.time_model import CalibrationMissing
 
 CATEGORY = "ep-comm"
 TOKENS, DROPPED = "moe_tokens_per_expert", "moe_dropped_tokens"

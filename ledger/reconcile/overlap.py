@@ -4,8 +4,8 @@ compute and the part exposed) and, per step, every group's exposed communication
 Two sources, each its own rows (`source`):
   * trace: the GPU timeline is the ground truth. NCCL kernel intervals against the union of compute kernels; a
     kernel's group is its "Process Group Ranks" matched against the rank's groups. CPU (gloo) traces: gloo's
-    annotations (no group recorded: named by ledger.reconcile.trace_groups, else group "unknown") against the
-    forward / backward annotations minus the blocked time nested in them (ledger.traces).
+    annotations (no group recorded: named by ledger.evidence.trace_groups, else group "unknown") against the
+    forward / backward annotations minus the blocked time nested in them (ledger.evidence.traces).
   * timers (CUDA events, else perf_counter): an async collective spans issue -> wait returned, an upper bound of its
     interval, so every time figure from timers bounds the truth from above and is judged as a bound. Compute = the
     forward / backward ranges minus the blocking ranges nested in them: stalls (dp-wait: the DDP pre-hook waiting for
@@ -16,7 +16,7 @@ buckets of one size, by the engine's issue order; the timers carry the bucket in
 communication is the length of the union over time of its collectives minus compute, never a sum of per-bucket
 exposed tails (finalize waits the buckets in sequence: their tails overlap in time). Steps: traces use their full
 profiler steps (a step record exists: the step ended) but the run's first; timers use the steady steps
-(ledger.reconcile.steps). Per-group figures come from the trace where the rank has one, else from the timers.
+(ledger.evidence.steps). Per-group figures come from the trace where the rank has one, else from the timers.
 
 Predictions: the overlapped fraction has a structural one from the config (all or nothing, and none for the bucket
 that has nothing to hide behind); exposed time, per bucket and per step, takes the time model's (`predicted_*`
@@ -26,7 +26,7 @@ Context parallelism's ring exchanges (engine/transformer/ring_attention.py) get 
 `overlap.cp_exchange.hidden_fraction`: the share of the exchanges' time (issue -> wait returned, "cp-comm") during
 compute, over the steady steps. The engine issues every exchange before the attention block it runs beside and waits
 after it, so what is not hidden is exactly the "cp-wait" stalls. The prediction prices both sides from the config
-and this rank's calibration (ledger/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time on
+and this rank's calibration (ledger/models/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time on
 the cp group at its size, a block at the compute sweep's core attention rate (seconds per FLOP) times its FLOPs;
 each exchange hides min(1, block / transfer), the row the byte-weighted mean. Without either sweep it is n/a and says
 which is missing. The measurement weighs each exchange by its span, max(block, transfer) in the model, the
@@ -42,21 +42,19 @@ from statistics import mean
 from typing import Any, Iterable, Mapping
 
 from common.config import RunConfig
-from ledger.formulas.activations import local_seq_length
-from ledger.formulas.ring_overlap import BACKWARD, FORWARD, hidden_fraction, ring_exchanges
+from common.events import COMM_CATEGORY_GROUP, COMPUTE_CATEGORIES, STALL_CATEGORIES
+from common.intervals import Interval, covered, length, subtract, union
+from ledger.evidence.run import RankEvidence
+from ledger.evidence.steps import StepSelection, steps_text
+from ledger.evidence.traces import Collective, TraceSummary, normalize_op
+from ledger.models.formulas.activations import local_seq_length
+from ledger.models.formulas.ring_overlap import BACKWARD, FORWARD, hidden_fraction, ring_exchanges
+from ledger.models.time_model import Calibration
 from ledger.reconcile.bandwidth import predicted_time
-from ledger.reconcile.comm import CATEGORY_GROUP, p2p_group, step_of, volume_op
-from ledger.reconcile.evidence import RankEvidence
-from ledger.reconcile.intervals import Interval, covered, length, subtract, union
+from ledger.reconcile.comm import p2p_group, step_of, volume_op
 from ledger.reconcile.rows import NO_TIME_MODEL, Row, predicted_row, row, upper_bound_row
-from ledger.reconcile.steps import StepSelection, steps_text
 from ledger.reconcile.topology import group_kind
-from ledger.time_model import Calibration
-from ledger.traces import Collective, TraceSummary, normalize_op
 
-COMPUTE_CATEGORIES = ("forward", "backward")
-# the loop blocked: on a DP collective, on the data loader, on a ring attention exchange still in flight
-STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")
 GRAD_OPS = ("reduce_scatter", "all_reduce")
 BUCKET_OPS = GRAD_OPS + ("all_gather",)
 FRACTION_TOL = 0.25
@@ -102,7 +100,7 @@ def timer_compute(records: list[dict[str, Any]]) -> list[Interval]:
     communication: any comm range that is not an async collective)."""
     busy = union((t["start_s"], t["end_s"]) for t in records if t.get("category") in COMPUTE_CATEGORIES)
     blocked = union((t["start_s"], t["end_s"]) for t in records
-                    if t.get("category") in STALL_CATEGORIES + tuple(CATEGORY_GROUP) and not t.get("async_comm"))
+                    if t.get("category") in STALL_CATEGORIES + tuple(COMM_CATEGORY_GROUP) and not t.get("async_comm"))
     return subtract(busy, blocked)
 
 
@@ -129,8 +127,8 @@ def timer_exposed(r: RankEvidence, steps: list[int]) -> dict[int, dict[str, floa
         records = by_step.get(step, [])
         spans: dict[str, list[Interval]] = defaultdict(list)
         for t in records:
-            if t.get("category") in CATEGORY_GROUP:
-                spans[CATEGORY_GROUP[t["category"]]].append((t["start_s"], t["end_s"]))
+            if t.get("category") in COMM_CATEGORY_GROUP:
+                spans[COMM_CATEGORY_GROUP[t["category"]]].append((t["start_s"], t["end_s"]))
         out[step] = exposed_by_group(spans, timer_compute(records))
     return out
 
@@ -363,7 +361,7 @@ def attention_rate(cfg: RunConfig, records: list[dict[str, Any]], op: str, causa
 
 
 def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None, str]:
-    """(predicted hidden fraction, how) from the config and this rank's own calibration (ledger.formulas.
+    """(predicted hidden fraction, how) from the config and this rank's own calibration (ledger.models.formulas.
     ring_overlap): each message's time from the bandwidth sweep's send_recv on the cp group at its size, each
     block's from the compute sweep's attention rate; None, saying what is missing, without them."""
     if cfg is None or cfg.parallel.context_parallel_size == 1:
@@ -387,7 +385,7 @@ def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None,
                           f"beside a {transfers[e.message_bytes][0] * 1e6:.3g} us transfer" for e in exchanges)
     sweeps = "; ".join(sorted({how for _, how in transfers.values()}))
     return fraction, ("predicted: each exchange hides min(1, block / transfer), byte-weighted over the step "
-                      f"(ledger/formulas/ring_overlap.py): {', '.join(parts)} (each block at the compute sweep's "
+                      f"(ledger/models/formulas/ring_overlap.py): {', '.join(parts)} (each block at the compute sweep's "
                       f"rate for its kind, scaled by FLOPs; {sweeps})")
 
 

@@ -3,7 +3,7 @@
 When a host runs more CPU ranks than it has cores (the CPU demo: 8 gloo ranks on a 2-core laptop), every timed range
 holds the time its rank waited for a core, and the operating system's scheduler decides how long: a gloo collective
 lasts until each of its peers has been scheduled, a pipeline stage idles until its neighbour runs. The time model
-scales compute by the oversubscription (ledger.time_model.calibration.oversubscription), which prices the shared
+scales compute by the oversubscription (ledger.models.time_model.calibration.oversubscription), which prices the shared
 cores but not the scheduler's order, so a gap between prediction and measurement there says nothing about the
 schedule, the buckets or the network. The rows built from wall-clock time (TIMED_FAMILIES) keep their prediction
 and measurement, the verdict of each becomes "n/a" with a short tag, and the reason is stated once for the whole run

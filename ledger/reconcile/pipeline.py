@@ -6,7 +6,7 @@ ranges and span runs from the first forward to the last backward of the whole pi
 (tp, dp) column), on the timers' wall clock (`t_start` / `t_end`). That is the formula's "of wall time"
 convention; idle / busy gives the "relative to compute" one. With equal micro-batch times every stage idles
 (p - 1) slots, so every stage should match the textbook (p - 1) / (v m + p - 1), the figure users recognise, kept as
-its own row and labelled so. The time model's bubble (ledger.time_model: the engine's schedule replayed with each
+its own row and labelled so. The time model's bubble (ledger.models.time_model: the engine's schedule replayed with each
 stage's own forward / backward times, P2P transfers and param all-gather waits) is what the measurement must match:
 `pipeline.bubble_of_wall_time.model`, within BUBBLE_ABS_TOL (absolute), its explanation saying whether stage
 imbalance or communication makes it differ from the textbook. The first step is left out when there are others: it
@@ -18,11 +18,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
 
-from ledger.formulas.bubble import bubble
-from ledger.reconcile.evidence import RankEvidence, RunEvidence, after_first_step
-from ledger.reconcile.intervals import length, union
+from common.intervals import length, union
+from ledger.evidence.run import RankEvidence, RunEvidence, after_first_step
+from ledger.evidence.steps import StepSelection
+from ledger.models.formulas.bubble import bubble
 from ledger.reconcile.rows import Row, row
-from ledger.reconcile.steps import StepSelection
 from ledger.reconcile.time_rows import TimeModel
 
 BUBBLE_TOL = 0.3
@@ -81,7 +81,7 @@ def pipeline_columns(ev: RunEvidence) -> dict[tuple[int, int], list[RankEvidence
 def pipeline_rows(ev: RunEvidence, model: TimeModel | None = None,
                   selection: StepSelection | None = None) -> list[Row]:
     """`model`: the time model's predictions for the run (ledger.reconcile.time_rows.predict_run); `selection`: the
-    steady steps (ledger.reconcile.steps), else every step but the first. A step the profiler or a trace export
+    steady steps (ledger.evidence.steps), else every step but the first. A step the profiler or a trace export
     disturbed on any rank stalls the whole pipeline, so it is left out of every rank's figures."""
     cfg = ev.config
     rows: list[Row] = []

@@ -23,7 +23,7 @@ SEVERITY = {"n/a": 0, "identity": 0, "ok": 0, "warn": 1, "off": 2}
 # A gap up to `tolerance` is ok, up to WARN_FACTOR x tolerance a warning, beyond that off.
 WARN_FACTOR = 3.0
 NOT_ON_CPU = "not measured on CPU (no CUDA memory_stats / NVML)"
-NO_TIME_MODEL = ("no prediction: the time model (ledger.time_model) gave none (it needs --compute-sweep and "
+NO_TIME_MODEL = ("no prediction: the time model (ledger.models.time_model) gave none (it needs --compute-sweep and "
                  "--bandwidth-sweep; it prices a synchronous all-gather inside the optimizer step, not per bucket, "
                  "and per-bucket figures only with one model chunk)")
 

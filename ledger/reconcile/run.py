@@ -17,21 +17,22 @@ from typing import Any
 from common.config import RunConfig
 from common.errors import InputError
 from common.run_dir import LEDGER_DIR, atomic_write_text
-from ledger.reconcile import hta, ingest_megatron, oversubscribed
+from ledger.evidence.megatron import ingest as ingest_megatron
+from ledger.evidence.run import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
+from ledger.evidence.steps import StepSelection, select_steps
+from ledger.evidence.trace_groups import attribute_groups, range_kinds
+from ledger.evidence.traces import TraceSummary, summarize
+from ledger.reconcile import hta, oversubscribed
 from ledger.reconcile.checkpoint import checkpoint_rows
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
-from ledger.reconcile.evidence import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
-from ledger.reconcile.steps import StepSelection, select_steps
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
 from ledger.reconcile.topology import groups_rows, rank_groups
-from ledger.reconcile.trace_groups import attribute_groups, range_kinds
-from ledger.traces import TraceSummary, summarize
 
 JSON_NAME = "reconciliation.json"
 CSV_NAME = "reconciliation.csv"
@@ -100,7 +101,7 @@ def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
 
 
 def run_steps(ev: RunEvidence) -> StepSelection:
-    """Which steps measure steady-state time (ledger.reconcile.steps), from every rank's step and timing records."""
+    """Which steps measure steady-state time (ledger.evidence.steps), from every rank's step and timing records."""
     return select_steps(ev.config, ev.world_size, (s for r in ev.ranks.values() for s in r.steps),
                         (t.get("step") for r in ev.ranks.values() for t in r.timing))
 

@@ -2,7 +2,7 @@
 (Megatron's num_floating_point_operations and PaLM's 6N + 12 L q s), step time against the time model, the
 profiler's own cost, and the spread of step time across ranks.
 
-Step time is judged on steady steps only (ledger.reconcile.steps): not the run's first (one-time work) and not the
+Step time is judged on steady steps only (ledger.evidence.steps): not the run's first (one-time work) and not the
 steps the profiler disturbed, whose time includes the profiler's cost (recording, then the trace export every rank
 waits for). That cost is a figure of its own (`throughput.profiler_overhead`: profiled against steady median), so a
 slow profiled step explains itself instead of passing for a straggler. A real straggler stays visible: a rank whose
@@ -14,10 +14,15 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from ledger.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step, palm_flops_per_token, tokens_per_step
-from ledger.reconcile.evidence import RunEvidence
+from ledger.evidence.run import RunEvidence
+from ledger.evidence.steps import StepSelection
+from ledger.models.formulas.flops import (
+    H200_BF16_DENSE_PEAK,
+    megatron_flops_per_step,
+    palm_flops_per_token,
+    tokens_per_step,
+)
 from ledger.reconcile.rows import Row, at_most_row, identity_row, predicted_row, row, threshold_row
-from ledger.reconcile.steps import StepSelection
 
 # Dense 16-bit peaks (FLOP/s) by device name fragment; MFU needs the device's own peak, never a guess.
 PEAKS = {"H200": H200_BF16_DENSE_PEAK, "H100": 989e12, "A100": 312e12}

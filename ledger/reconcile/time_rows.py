@@ -1,4 +1,4 @@
-"""Time rows: the time model's predictions (ledger.time_model) against the run's own step records and timers.
+"""Time rows: the time model's predictions (ledger.models.time_model) against the run's own step records and timers.
 
 The prediction reads the run's config and its calibration only: the start-up compute sweep (`compute` events) and
 bandwidth sweep (`bandwidth` events), merged over ranks, and, for CPU ranks sharing cores, the manifest's cores and
@@ -17,7 +17,7 @@ tolerances and why):
 The step time itself is throughput.step_time's (ledger/reconcile/throughput.py): reconcile hands it the prediction,
 and `explain_step_time` adds the model's terms and, from the timers, which phase's gap is largest. The model's
 per-stage bubble sits beside the textbook one in ledger/reconcile/pipeline.py. Steady steps are
-ledger.reconcile.steps' (not the first, not the profiler's). Without calibration the rows keep their measurement,
+ledger.evidence.steps' (not the first, not the profiler's). Without calibration the rows keep their measurement,
 have no prediction and `missing` says why.
 """
 from __future__ import annotations
@@ -26,14 +26,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
-from ledger.formulas.activations import layers_per_chunk
-from ledger.formulas.flops import tokens_per_step
-from ledger.formulas.params import padded_vocab_size
-from ledger.reconcile.data_wait import data_wait_rows
-from ledger.reconcile.evidence import RankEvidence, RunEvidence, rank_entry
-from ledger.reconcile.rows import Row, row
-from ledger.reconcile.steps import StepSelection
-from ledger.time_model import (
+from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from ledger.evidence.steps import StepSelection
+from ledger.models.formulas.activations import layers_per_chunk
+from ledger.models.formulas.flops import tokens_per_step
+from ledger.models.formulas.params import padded_vocab_size
+from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
     StageTime,
@@ -42,6 +40,8 @@ from ledger.time_model import (
     predict_step,
     stage_time,
 )
+from ledger.reconcile.data_wait import data_wait_rows
+from ledger.reconcile.rows import Row, row
 
 STEP_TOL = 0.05
 STAGE_TOL = 0.10

@@ -1,20 +1,20 @@
 """Which ranks share a TP, DP, PP or embedding group in a run, and whether the engine's groups are the ones Megatron's
 rule gives.
 
-The groups come from the ledger's own derivation (ledger.rank_groups) of the manifest's layout, never from the
+The groups come from the ledger's own derivation (ledger.evidence.layout) of the manifest's layout, never from the
 engine: the manifest also records the groups each rank actually joined (`ranks[r].groups`, written by the engine),
 and `groups_rows` holds the two against each other, so an engine that builds the wrong groups is "off". Every kind
 the engine records is checked: the dense grid's eight (tp, cp, dp, dp_cp, pp, mp, embedding, position) and, for an
 MoE model (the manifest's config names experts), the expert grid's ep, expt_dp and expt_mp (Megatron's second rank
-generator, ledger.rank_groups.expert_layout); a kind the layout has no group of (expert groups in a dense run) is off.
+generator, ledger.evidence.layout.expert_layout); a kind the layout has no group of (expert groups in a dense run) is off.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
 
-from ledger.rank_groups import DEFAULT_ORDER, Layout, expert_group_lists, expert_layout, group_lists
-from ledger.reconcile.evidence import rank_entry
+from ledger.evidence.layout import DEFAULT_ORDER, Layout, expert_group_lists, expert_layout, group_lists
+from ledger.evidence.run import rank_entry
 from ledger.reconcile.rows import Row, threshold_row
 
 KINDS = ("tp", "dp", "pp", "embedding")
@@ -62,7 +62,7 @@ def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None
                issued_as: str | None = None) -> str:
     """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when no
     ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the engine
-    range the collective was issued in, ledger.reconcile.trace_groups), else to the first in KINDS order, except that
+    range the collective was issued in, ledger.evidence.trace_groups), else to the first in KINDS order, except that
     under PP2 the pipeline group is also the embedding group, whose only collective is the tied embedding's grad
     all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued outside the embedding's
     range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the pipeline's."""

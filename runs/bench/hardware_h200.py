@@ -3,13 +3,13 @@ against those runs' measured step times.
 
     python3 runs/bench/hardware_h200.py [--write] [--runs RUN ...] [--sweeps SWEEP.json.gz ...]
 
-1. Fit (ledger/simulate/fit.py): the `compute` events of the committed real H200 runs (tests/fixtures/h200_llama1b/*
+1. Fit (ledger/models/simulate/fit.py): the `compute` events of the committed real H200 runs (tests/fixtures/h200_llama1b/*
    and tests/fixtures/h200_2layer_profiled: one H200, torch 2.11.0+cu130, 2026-12-01) give the GEMM cost form
    (fixed + FLOPs / (peak e_c) + output bytes / (HBM bw e_epilogue)), flash attention's efficiency by pass, head dim
    and sequence length, each memory-bound kernel's fraction of HBM bandwidth and the sustained-clock line; --sweeps
    adds grid sweeps (runs/bench/hardware_sweep.py) of shapes no run had. Only kernel records: no step time is an
    input. Printed with every record's residual.
-2. --write stores the fitted blocks, with their sources and this command, in ledger/hardware/h200.json, and the same
+2. --write stores the fitted blocks, with their sources and this command, in ledger/models/hardware/h200.json, and the same
    values, labelled as an assumption, in the H100 and A100 files (their datasheet figures untouched).
 3. Check: for each run, predict_step(cfg, hardware_calibration(cfg, load_hardware("H200"))) against the run's
    measured step time (median of its steady steps, as reconcile's throughput.step_time) and against the time
@@ -28,13 +28,13 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ledger.reconcile.evidence import collect_run  # noqa: E402
-from ledger.reconcile.steps import select_steps  # noqa: E402
+from ledger.evidence.run import collect_run  # noqa: E402
+from ledger.evidence.steps import select_steps  # noqa: E402
+from ledger.models.simulate import hardware_calibration, load_hardware  # noqa: E402
+from ledger.models.simulate.fit import HardwareFit, fit_hardware  # noqa: E402
+from ledger.models.simulate.hardware import HARDWARE_DIR  # noqa: E402
+from ledger.models.time_model import predict_step  # noqa: E402
 from ledger.reconcile.time_rows import predict_run  # noqa: E402
-from ledger.simulate import hardware_calibration, load_hardware  # noqa: E402
-from ledger.simulate.fit import HardwareFit, fit_hardware  # noqa: E402
-from ledger.simulate.hardware import HARDWARE_DIR  # noqa: E402
-from ledger.time_model import predict_step  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers",
@@ -81,7 +81,7 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
                       **{p: {"by_head_dim": {str(d): {str(seq): rounded(pts) for seq, pts in by_seq.items()}
                                              for d, by_seq in by.items()}}
                          for p, by in fit.attention.items()}},
-        "memory_bound": {"source": f"{source}: seconds = fixed_s + bytes moved (ledger/simulate/kernel_cost.py "
+        "memory_bound": {"source": f"{source}: seconds = fixed_s + bytes moved (ledger/models/simulate/kernel_cost.py "
                                    f"bytes_moved) / (HBM bandwidth x efficiency), one fixed_s, one efficiency per "
                                    f"kernel over {fit.counts['memory_bound']} records; optimizer.step and "
                                    f"grad_buffer.zero: bytes per element / (HBM bandwidth x seconds per element); "
@@ -102,7 +102,7 @@ def write(fit: HardwareFit, command: str, fitted_from: str) -> None:
     for name in DERIVED:
         other_path = HARDWARE_DIR / name
         other = json.loads(other_path.read_text())
-        assumption = (f"assumption: the H200 fit (ledger/hardware/h200.json, version {h200['version']}) unchanged, "
+        assumption = (f"assumption: the H200 fit (ledger/models/hardware/h200.json, version {h200['version']}) unchanged, "
                       f"as fractions of this GPU's own peak and HBM bandwidth (every kernel time scales with them); "
                       f"no compute sweep of the {other['name']}. The H200 fit")
         other.update(blocks(fit, assumption))
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="grid sweeps (runs/bench/hardware_sweep.py --out) fitted with the runs' records")
     ap.add_argument("--sweeps-only", action="store_true",
                     help="fit from the grid sweeps alone: the runs are then only checked, never fitted")
-    ap.add_argument("--write", action="store_true", help="store the fit in ledger/hardware/*.json")
+    ap.add_argument("--write", action="store_true", help="store the fit in ledger/models/hardware/*.json")
     args = ap.parse_args(argv)
     command = "python3 runs/bench/hardware_h200.py" + (" --write" if args.write else "") + (
         " --runs " + " ".join(shlex.quote(rel(r)) for r in args.runs) if args.runs != RUNS else "") + (

@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.jit import COMPILE_DEVICE_TYPES  # noqa: E402
-from engine.transformer.attention import split_qkv_and_rotate  # noqa: E402
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy  # noqa: E402
 from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
+from engine.transformer.attention import split_qkv_and_rotate  # noqa: E402
 from engine.transformer.mlp import swiglu  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 

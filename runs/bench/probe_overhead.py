@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.arguments import parse_args  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from engine.data import build_data_iterators  # noqa: E402
+from engine.model_builder import get_model  # noqa: E402
 from engine.optimizer import get_megatron_optimizer  # noqa: E402
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from engine.parallel_state import ParallelState  # noqa: E402
-from engine.training import build_schedule_config, forward_step, get_model, train_step  # noqa: E402
+from engine.training import build_schedule_config, forward_step, train_step  # noqa: E402
 from probes.probe_set import NullProbeSet, create_probe_set  # noqa: E402
 
 

@@ -3,7 +3,7 @@
     python runs/bench/public_results.py [--data tests/data/public_results.json]
 
 Each entry of the data file (its source, GPU, model, layout and achieved figure) is simulated on the matching
-hardware file (ledger/simulate/published.py says how the published step time is implied and what is assumed where
+hardware file (ledger/models/simulate/published.py says how the published step time is implied and what is assumed where
 a paper is silent). Prints one row per entry: predicted and published step time, the error, what the published
 time comes from, and the assumptions; skipped entries with the reason; then the command.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ledger.simulate.published import Comparison, compare_all, load_entries  # noqa: E402
+from ledger.models.simulate.published import Comparison, compare_all, load_entries  # noqa: E402
 
 
 def main() -> int:

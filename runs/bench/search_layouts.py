@@ -4,9 +4,9 @@
                                         [--gbs 1024] [--top 5] [--exhaustive]
 
 Prints: the valid layouts enumerated and the seconds it took; the memory filter's seconds and how many fit
-(ledger.simulate.memory_fit: each stage's peak plus rank 0's outside-PyTorch estimate, ledger/formulas/
+(ledger.models.simulate.memory_fit: each stage's peak plus rank 0's outside-PyTorch estimate, ledger/models/formulas/
 device_memory.py with the hardware file's overheads, against its HBM);
-then the search with the calibrated bound (ledger/simulate/bound.py): layouts scored and skipped, its seconds, and
+then the search with the calibrated bound (ledger/models/simulate/bound.py): layouts scored and skipped, its seconds, and
 the top K with the reason each loses to the first. --exhaustive scores every fitting layout as well and says whether
 the top K is the same (it must be: the bound never exceeds the time model's prediction).
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.arguments import parse_args  # noqa: E402
-from ledger.simulate import enumerate_layouts, load_hardware, search  # noqa: E402
-from ledger.simulate.pricing import Pricing  # noqa: E402
+from ledger.models.simulate import enumerate_layouts, load_hardware, search  # noqa: E402
+from ledger.models.simulate.pricing import Pricing  # noqa: E402
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ bubble, per run, with the error.
 
 1. Every run directory committed in the repository (tests/fixtures: our H200 runs, and Megatron-LM's own 1-GPU run,
    whose event files do not name the GPU: simulated on the H200 file, on which it ran), through
-   `train-ledger simulate --validate` (ledger/simulate/validation.py).
+   `train-ledger simulate --validate` (ledger/reconcile/validation.py).
 2. The real 2-GPU runs (2 H200s, NVLink) kept outside the repository as reconciliation outputs (rec_<name>.json.gz)
    and their flags (README.md there): each layout rebuilt from those flags (the engine of that day untied the
    embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured figures
@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from cli.simulate import render_validation  # noqa: E402
 from common.arguments import parse_args  # noqa: E402
-from ledger.simulate.hardware import load_hardware  # noqa: E402
-from ledger.simulate.simulation import simulate  # noqa: E402
-from ledger.simulate.validation import Validation, measured, validate_run  # noqa: E402
+from ledger.models.simulate.hardware import load_hardware  # noqa: E402
+from ledger.models.simulate.simulation import simulate  # noqa: E402
+from ledger.reconcile.validation import Validation, measured, validate_run  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 OURS = sorted(p for p in (FIXTURES / "h200_llama1b").iterdir() if p.is_dir()) + [

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.arguments import parse_args  # noqa: E402
 from common.run_dir import iter_events  # noqa: E402
-from ledger.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step  # noqa: E402
+from ledger.models.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step  # noqa: E402
 
 ADAM = ["--lr", "3e-4", "--min-lr", "3e-5", "--lr-warmup-iters", "1", "--weight-decay", "0.1", "--adam-beta1", "0.9",
         "--adam-beta2", "0.95", "--clip-grad", "1.0"]

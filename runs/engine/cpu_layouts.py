@@ -32,7 +32,7 @@ LAYOUTS: dict[str, list[str]] = {
 def run_layout(name: str, run_dir: Path, train_iters: int) -> int:
     from cli import train
     from cli.demo import print_headline
-    from ledger import report
+    from ledger.present import report
     from ledger.reconcile.run import reconcile, write
 
     print(f"== {name}: {' '.join(LAYOUTS[name])} -> {run_dir}", flush=True)

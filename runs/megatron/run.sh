@@ -2,7 +2,7 @@
 # train-ledger / runs/megatron/run.sh -- Llama-3.2-1B shape, 8 GPUs: TP2 x PP2 x DP2, ZeRO-1 (distributed optimizer)
 #
 # Runs Megatron-LM's pretrain_gpt.py (the layout of docs/engine.md, "Rank groups") from a checkout you provide,
-# and writes the run directory layout `train-ledger reconcile` ingests (ledger/reconcile/ingest_megatron.py):
+# and writes the run directory layout `train-ledger reconcile` ingests (ledger/evidence/megatron/ingest.py):
 #   RUN/megatron_run.json   argv, world size, times, exit code, the checkout's path and git sha
 #   RUN/tb/                 TensorBoard scalars (mem-*, iteration-time, ...) and the profiler's *.pt.trace.json
 #   RUN/logs/torchrun.log   the console output

@@ -18,7 +18,6 @@ import tempfile
 import traceback
 from typing import Any, Callable, Iterator
 
-
 # What the forkserver imports before it forks a rank: what every rank imports first, and nothing with state of ours.
 PRELOAD = ["torch", "torch.distributed"]
 

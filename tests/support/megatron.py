@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+
 def _megatron_root() -> Path:
     """The folder holding megatron/: the installed megatron-core's, located without importing it, else .mlm."""
     try:

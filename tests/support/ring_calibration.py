@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.config import RunConfig
-from ledger.formulas.comm import kv_block_bytes
+from ledger.models.formulas.comm import kv_block_bytes
 
 
 def attention_records(cfg: RunConfig, seq: int, forward_s: float, backward_s: float) -> list[dict[str, Any]]:

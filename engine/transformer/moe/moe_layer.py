@@ -14,8 +14,8 @@ import torch
 
 from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
-from engine.transformer.moe.experts import SequentialMLP
 from engine.transformer.moe.expert_parallel import EPGroup
+from engine.transformer.moe.experts import SequentialMLP
 from engine.transformer.moe.router import TopKRouter
 from engine.transformer.moe.routing_record import RoutingRecord
 from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher

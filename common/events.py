@@ -1,0 +1,345 @@
+"""The run directory's event records, contract v1 in code: one typed record per kind of `events.jsonl` line.
+
+The probes build these records and `common.run_dir.EventWriter` writes them; the ledger reads them back through
+`parse_event`, which checks every field's type, so a wrong type names its file, line and field instead of failing
+deep inside a row builder. A record keeps the fields it does not declare in `extra` (later writers may add some),
+and `to_json()` writes exactly the v1 line, so a v1 run written before these types existed reads the same.
+docs/run_directory.md describes each kind and field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+# Probe range categories and what each means (probes.nvtx_range gives each a colour).
+RANGE_CATEGORIES = ("iteration", "forward", "backward", "optimizer", "dp-comm", "pp-comm", "tp-comm", "dp-wait",
+                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm")
+COMPUTE_CATEGORIES = ("forward", "backward")
+STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")  # a stall: blocked time nested in compute ("wait ..." names)
+# The group kind each communication category's collectives run on.
+COMM_CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp"}
+
+ALLOCATED = "allocated_bytes.all.current"
+PEAK = "allocated_bytes.all.peak"
+RESERVED = "reserved_bytes.all.current"
+
+
+class RecordError(ValueError):
+    """A field of an event line has the wrong type or value (the reader adds the file and line)."""
+
+
+def finite() -> Any:
+    """A float field that must be finite (a NaN step time is a broken record, not a figure)."""
+    return field(default=None, metadata={"finite": True})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    KIND: ClassVar[str] = ""
+    step: int | None = None
+    t: float | None = None  # wall time of the write
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.KIND}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "stats":
+                out.update(value)
+            elif value is not None or f.name in ("step", "t"):
+                out[f.name] = value
+        out.update(self.extra)
+        return out
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A declared field or an extra one by name (the few readers that choose a field at run time)."""
+        if name in self.extra:
+            return self.extra[name]
+        value = getattr(self, name, None) if name in _names(type(self)) else None
+        return default if value is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord(Event):
+    """memory_stats (CUDA) or RSS and a tensor census (CPU) at a lifecycle point, a step's end, an OOM or a failure."""
+    KIND: ClassVar[str] = "memory"
+    point: str | None = None  # after_model_build | after_ddp_buffers | after_optimizer_init | after_first_step | step...
+    device: str | None = None
+    stats: dict[str, int] = field(default_factory=dict)  # torch.cuda.memory_stats keys
+    rss_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    tensor_bytes: int | None = None
+    tensor_storages: int | None = None
+    held_tensor_bytes: int | None = None
+    held_tensor_storages: int | None = None
+    note: str | None = None
+
+    @property
+    def on_cuda(self) -> bool:
+        return ALLOCATED in self.stats
+
+    @property
+    def allocated(self) -> int | None:
+        return self.stats.get(ALLOCATED)
+
+    @property
+    def peak(self) -> int | None:
+        return self.stats.get(PEAK)
+
+    @property
+    def reserved(self) -> int | None:
+        return self.stats.get(RESERVED)
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryRecord(Event):
+    """One tensor (or buffer) the engine allocated, and why."""
+    KIND: ClassVar[str] = "inventory"
+    name: str | None = None
+    tensor_kind: str | None = None
+    dtype: str | None = None
+    numel: int | None = None
+    bytes: int | None = None
+    padding: int | None = None
+    padding_bytes: int | None = None
+    expert: bool | None = None
+    buckets: list[Any] | None = None
+    allocated_at: str | None = None
+    exists: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimingRecord(Event):
+    """One timed probe range: seconds from the step's anchor (start_s, end_s) and wall times (t_start, t_end)."""
+    KIND: ClassVar[str] = "timing"
+    name: str = ""
+    category: str = ""
+    start_s: float = finite()
+    end_s: float = finite()
+    duration_s: float | None = finite()
+    t_start: float | None = None
+    t_end: float | None = None
+    clock: str | None = None
+    stage: int | None = None
+    microbatch: int | None = None
+    chunk: int | None = None
+    bucket: int | None = None
+    bytes: int | None = None
+    numel: int | None = None
+    async_comm: bool | None = None
+    issue_s: float | None = None  # an async collective: when it was issued, and when its wait returned
+    wait_return_s: float | None = None
+
+    @property
+    def span(self) -> tuple[float, float]:
+        return self.start_s, self.end_s
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlRecord(Event):
+    KIND: ClassVar[str] = "nvml"
+    t_sample: float | None = None
+    used_bytes: int | None = None
+    total_bytes: int | None = None
+    gpu_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BandwidthRecord(Event):
+    """One collective of the start-up bandwidth sweep at one size."""
+    KIND: ClassVar[str] = "bandwidth"
+    group: str = ""
+    collective: str = ""
+    group_size: int = 1
+    ranks: list[int] | None = None
+    dtype: str | None = None
+    numel: int | None = None
+    size_bytes: int = 0
+    time_s: float = finite()
+    algbw_GBps: float | None = None
+    busbw_GBps: float | None = None
+    iters: int | None = None
+    backend: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeRecord(Event):
+    """One kernel of the start-up compute sweep, timed at the run's own shapes."""
+    KIND: ClassVar[str] = "compute"
+    op: str = ""
+    dims: dict[str, Any] = field(default_factory=dict)
+    dtype: str | None = None
+    seconds: float = finite()
+    flops: float | None = None
+    iters: int | None = None
+    device: str | None = None
+    threads: int | None = None
+    variant: str | None = None
+    cached: bool | None = None
+    compute_bound_s: float | None = None
+    memory_bound_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord(Event):
+    """A step's figures; any other figure the engine passes lands in `extra`."""
+    KIND: ClassVar[str] = "step"
+    loss: float | None = None  # NaN allowed: a diverged step is a figure
+    lr: float | None = None
+    grad_norm: float | None = None
+    tokens: int | None = None
+    step_time_s: float | None = finite()
+    tokens_per_s: float | None = finite()
+    throughput: float | None = None
+    profiled: bool | None = None  # this rank's profiler recorded the step
+    after_trace_export: bool | None = None  # the step after the window's traces were written
+    data_wait_s: float | None = finite()
+    moe_tokens_per_expert: dict[str, Any] | None = None
+    moe_dropped_tokens: dict[str, Any] | None = None
+    moe_aux_loss: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord(Event):
+    """A checkpoint saved or loaded (between steps, so step None)."""
+    KIND: ClassVar[str] = "checkpoint"
+    action: str = ""  # save | load
+    iteration: int | None = None
+    path: str | None = None
+    bytes: int | None = None
+    blocking_seconds: float | None = finite()
+    waited_for_previous_seconds: float | None = finite()
+    host_alloc_seconds: float | None = finite()
+    host_copy_seconds: float | None = finite()
+    background_seconds: float | None = finite()
+    write_seconds: float | None = finite()
+    async_save: bool | None = None
+    loaded_iteration: int | None = None
+    finetune: bool | None = None
+    seconds: float | None = finite()
+    saved_by_run_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEndRecord(Event):
+    KIND: ClassVar[str] = "run_end"
+    status: str | None = None
+    error: str | None = None
+
+
+RECORD_TYPES: dict[str, type[Event]] = {t.KIND: t for t in (
+    MemoryRecord, InventoryRecord, TimingRecord, NvmlRecord, BandwidthRecord, ComputeRecord, StepRecord,
+    CheckpointRecord, RunEndRecord)}
+KINDS = tuple(RECORD_TYPES)
+
+
+def parse_event(obj: dict[str, Any]) -> Event | None:
+    """A v1 line's object as its typed record; None for a kind this version does not know (a later writer's).
+    RecordError names the first field of the wrong type."""
+    kind = obj.get("kind")
+    cls = RECORD_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    declared = _fields(cls)
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    stats: dict[str, int] = {}
+    for key, value in obj.items():
+        if key == "kind":
+            continue
+        spec = declared.get(key)
+        if spec is None:
+            if cls is MemoryRecord and _is_stat(key):
+                stats[key] = _check(f"{kind} record: field {key!r}", value, int, finite=True)
+            else:
+                extra[key] = value
+            continue
+        values[key] = _check(f"{kind} record: field {key!r}", value, spec.type, spec.finite)
+    missing = [name for name, spec in declared.items() if spec.required and name not in values]
+    if missing:
+        raise RecordError(f"{kind} record without {', '.join(repr(m) for m in missing)}")
+    if cls is MemoryRecord:
+        values["stats"] = stats
+    return cls(**values, extra=extra)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    type: Any
+    finite: bool
+    required: bool
+
+
+_FIELD_CACHE: dict[type, dict[str, _Spec]] = {}
+
+
+def _fields(cls: type[Event]) -> dict[str, _Spec]:
+    if cls not in _FIELD_CACHE:
+        hints = typing.get_type_hints(cls)
+        _FIELD_CACHE[cls] = {
+            f.name: _Spec(hints[f.name], bool(f.metadata.get("finite")),
+                          required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                          or (f.metadata.get("finite") and not _optional(hints[f.name])))
+            for f in dataclasses.fields(cls) if f.name not in ("extra", "stats")}
+    return _FIELD_CACHE[cls]
+
+
+def _names(cls: type[Event]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _optional(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def _is_stat(key: str) -> bool:
+    """A torch.cuda.memory_stats key ("allocated_bytes.all.current", "num_ooms", ...)."""
+    return "." in key or key.startswith("num_")
+
+
+def _check(where: str, value: Any, hint: Any, finite: bool = False) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        if value is None and _optional(hint):
+            return None
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _check(where, value, options[0], finite)
+    base = origin or hint
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecordError(f"{where} is {value!r}, expected a number")
+        if finite and not math.isfinite(value):
+            raise RecordError(f"{where} is {value!r}, expected a finite number")
+        return float(value)
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise RecordError(f"{where} is {value!r}, expected an integer")
+        return value
+    if base is bool:
+        if not isinstance(value, bool):
+            raise RecordError(f"{where} is {value!r}, expected true or false")
+        return value
+    if base is str:
+        if not isinstance(value, str):
+            raise RecordError(f"{where} is {value!r}, expected a string")
+        return value
+    if base is dict:
+        if not isinstance(value, dict):
+            raise RecordError(f"{where} is {value!r}, expected an object")
+        return value
+    if base is list:
+        if not isinstance(value, list):
+            raise RecordError(f"{where} is {value!r}, expected a list")
+        return value
+    return value

@@ -1,0 +1,261 @@
+"""Communication volume per training step on one rank of a pipeline stage, by collective.
+
+Each entry gives the collective's buffer size summed over its calls in one step (`size_bytes`: nccl-tests' "size")
+and `bytes_per_rank` = size x the ring bus factor (nccl_bw.py): what each rank sends, which is what busbw divides.
+Sources: Megatron Core's mappings (each collective an autograd.Function, backward its conjugate), DDP / distributed
+optimizer (param_and_grad_buffer.py), vocab-parallel cross-entropy, the p2p schedule. Per layer per micro-batch:
+- TP without SP: all-reduce after linear_proj and linear_fc2 (forward) and of the input grads of linear_qkv and
+  linear_fc1 (backward): 4 all-reduces of [s, b, h].
+- TP with SP: forward all-gather before linear_qkv / linear_fc1 and reduce-scatter after linear_proj / linear_fc2;
+  backward the conjugates (2 reduce-scatters, 2 all-gathers) plus a re-gather of each saved sharded input for the
+  weight gradient: 6 all-gathers and 4 reduce-scatters of [s, b, h] (full size).
+- Embedding (first stage): forward all-reduce (SP: reduce-scatter, backward all-gather; SP with learned positions:
+  all-reduce, add the positions, split, backward all-gather). Output layer (last stage):
+  backward all-reduce of its input grad (SP: forward all-gather, backward reduce-scatter + re-gather).
+- Vocab-parallel cross-entropy: 3 fp32 all-reduces of [s, b] (max logit, target logit, sum of exps).
+- PP: each model chunk sends its output forward (unless it is the last virtual stage) and its input grad backward
+  (unless the first): [s, b, h], [s/t, b, h] under SP; receives mirror the sends.
+Per step: DP grad all-reduce (DDP) or grad reduce-scatter + param all-gather (distributed optimizer) of the whole
+buffers, padding included; under SP an all-reduce over TP of the grads of the parameters Megatron marks
+`sequence_parallel` (the norms' weights, and in the GPT style their biases and the row-parallel linears' biases:
+params.py), named norm_grads; with tied embeddings
+under PP > 1 an all-reduce of the shared word embedding's grad (this TP rank's vocab shard, grad dtype) over the
+embedding group (the first and last rank of the pipeline group), on those two stages (Megatron's
+finalize_model_grads, after the DP reduction).
+Context parallelism (C = --context-parallel-size > 1): every per-token figure above is at the CP rank's s/C tokens
+(activations.local_seq_length); the DP collectives run over Megatron's dp_cp group of dp x C ranks (named
+`dp_cp.*`: buffer_layout.dp_cp_size); and the CP group carries ring attention's K/V exchange (cp_collectives), as
+Transformer Engine's AttnFuncWithCPAndKVP2P (Megatron's default --cp-comm-type p2p) runs it. Per layer per
+micro-batch, with |KV| = the local K and V blocks = 2 x a (s/C) b (n_kv/t) d bytes, each rank sends to the next
+rank of the ring and receives from the previous one:
+- forward: C - 1 messages of |KV| (step i sends the block it holds while computing on it; the last step sends none);
+- backward: C messages, 2 (C - 1) |KV| in all: the first the K/V block alone, the middle ones the K/V block and the
+  dK/dV partial sums together (one buffer of 2 |KV|), the last the dK/dV alone (which ends at its owner), so
+  C - 1 |KV| of K/V blocks and C - 1 |KV| of dK/dV, in the params' dtype;
+- recompute: a re-run forward (selective: core attention; full: the checkpointed groups' layers) repeats its
+  C - 1 forward messages.
+Counted per direction as the pipeline's are (`cp.send.*`, `cp.recv.*`, kind send_recv, bus factor 1). Not counted:
+the loss's CP reduction (Megatron reduces the loss and token counts once per step over dp_cp, a few bytes).
+Mixture of experts: the expert buffers (buffer_layout.expert_rank_buffers) are reduced (and under the distributed
+optimizer gathered) over the expert-data-parallel group, world / (tp x ep x pp) ranks; the engine reports them among
+its DP communication ("dp-comm" ranges), so they are named `dp.*.expert_*` and keyed by group kind "dp" with the
+expert-dp group's size. The expert-parallel all-to-alls (ledger/models/formulas/moe.py) are `ep_collectives`, predicted
+under uniform routing for `plan` and `simulate`; they stay out of `step_collectives`, whose figures the
+reconciliation judges as exact, because a run's volume follows its routing: ledger/reconcile/moe.py predicts it
+from the routing each step observed.
+Groups of one move nothing and are left out.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from common.config import RunConfig
+from ledger.models.formulas.activations import activation_bytes, checkpoint_groups, local_seq_length
+from ledger.models.formulas.buffer_layout import dp_cp_size, expert_dp_size, expert_rank_buffers, rank_buffers
+from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.models.formulas.moe import COUNT_BYTES, layer_volume, uniform_exchange
+from ledger.models.formulas.nccl_bw import bus_factor
+from ledger.models.formulas.params import chunk_layers, chunk_tensors, embedding_copy_on_last_stage, num_chunks
+
+CONVENTION = ("per rank per step: size_bytes = nccl-tests size summed over calls; "
+              "bytes_per_rank = size x ring bus factor")
+
+
+@dataclass(frozen=True)
+class Collective:
+    group: str
+    kind: str
+    group_size: int
+    dtype: str
+    calls: int
+    size_bytes: int
+
+    @property
+    def bytes_per_rank(self) -> float:
+        return self.size_bytes * bus_factor(self.kind, self.group_size)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bytes_per_rank": self.bytes_per_rank}
+
+
+def _add(out: dict[str, Collective], name: str, c: Collective) -> None:
+    if c.group_size > 1 and c.calls > 0:
+        out[name] = c
+
+
+def grad_group(cfg: RunConfig) -> str:
+    """The group the DP collectives run over: dp, or Megatron's dp_cp under context parallelism."""
+    return "dp_cp" if cfg.parallel.context_parallel_size > 1 else "dp"
+
+
+def dp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    t, dp, group = cfg.train, dp_cp_size(cfg), grad_group(cfg)
+    buffers = rank_buffers(cfg, pp_rank)
+    numel, calls = sum(b.numel for b in buffers), sum(len(b.buckets) for b in buffers)
+    out: dict[str, Collective] = {}
+    gdt, pdt = t.grad_dtype, t.params_dtype
+    if t.use_distributed_optimizer:
+        _add(out, f"{group}.reduce_scatter.grads[{gdt}]",
+             Collective(group, "reduce_scatter", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+        _add(out, f"{group}.all_gather.params[{pdt}]",
+             Collective(group, "all_gather", dp, pdt, calls, numel * DTYPE_BYTES[pdt]))
+    else:
+        _add(out, f"{group}.all_reduce.grads[{gdt}]",
+             Collective(group, "all_reduce", dp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+    experts, edp = expert_rank_buffers(cfg, pp_rank), expert_dp_size(cfg)
+    numel, calls = sum(b.numel for b in experts), sum(len(b.buckets) for b in experts)
+    if t.use_distributed_optimizer:
+        _add(out, f"dp.reduce_scatter.expert_grads[{gdt}]",
+             Collective("dp", "reduce_scatter", edp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+        _add(out, f"dp.all_gather.expert_params[{pdt}]",
+             Collective("dp", "all_gather", edp, pdt, calls, numel * DTYPE_BYTES[pdt]))
+    else:
+        _add(out, f"dp.all_reduce.expert_grads[{gdt}]",
+             Collective("dp", "all_reduce", edp, gdt, calls, numel * DTYPE_BYTES[gdt]))
+    return out
+
+
+def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """TP collectives per step (module docstring), plus what full recompute repeats: backward re-runs each
+    checkpointed group's forward up to its last saved tensor (torch's checkpoint early stop), so a group of g layers
+    repeats 2g all-gathers and 2g - 1 reduce-scatters under SP (2g - 1 all-reduces without), everything but its last
+    fc2's output collective; selective recompute repeats SDPA alone, no collective."""
+    p, m = cfg.parallel, cfg.model
+    tp, sp, mb = p.tensor_model_parallel_size, p.sequence_parallel, cfg.num_microbatches
+    dt = cfg.train.params_dtype
+    sbh = activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    first, last = pp_rank == 0, pp_rank == p.pipeline_model_parallel_size - 1
+    if sp:
+        # Learned positions are added to the whole sequence: the embedding all-reduces, then splits its output
+        # (Megatron's reduce_scatter_embeddings is off), the split's backward being the same all-gather.
+        positions = first and m.learned_positions
+        ag = 6 * layers + (1 if first else 0) + (2 if last else 0)
+        rs = 4 * layers + (1 if first and not positions else 0) + (1 if last else 0)
+        counts = {"all_gather": ag, "reduce_scatter": rs, **({"all_reduce": 1} if positions else {})}
+    else:
+        counts = {"all_reduce": 4 * layers + (1 if first else 0) + (1 if last else 0)}
+    out: dict[str, Collective] = {}
+    for kind, n in counts.items():
+        _add(out, f"tp.{kind}.activations[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
+    groups = [g for g, checkpointed in checkpoint_groups(cfg) if checkpointed] * num_chunks(cfg)
+    rerun = 2 * sum(groups) - len(groups)
+    for kind, n in ({"all_gather": 2 * sum(groups), "reduce_scatter": rerun} if sp else {"all_reduce": rerun}).items():
+        _add(out, f"tp.{kind}.recompute[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
+    if last:
+        sb = local_seq_length(cfg) * cfg.train.micro_batch_size
+        _add(out, "tp.all_reduce.cross_entropy[fp32]",
+             Collective("tp", "all_reduce", tp, "fp32", 3 * mb, 3 * mb * 4 * sb))
+    if sp:
+        gdt = cfg.train.grad_dtype
+        norms = sum(t.numel for c in range(num_chunks(cfg)) for t in chunk_tensors(cfg, pp_rank, c)
+                    if t.sequence_parallel)
+        _add(out, f"tp.all_reduce.norm_grads[{gdt}]",
+             Collective("tp", "all_reduce", tp, gdt, 1, norms * DTYPE_BYTES[gdt]))
+    return out
+
+
+def pp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    p, m = cfg.parallel, cfg.model
+    pp, v = p.pipeline_model_parallel_size, num_chunks(cfg)
+    sp_div = p.tensor_model_parallel_size if p.sequence_parallel else 1
+    message = activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // sp_div
+    stages = [c * pp + pp_rank for c in range(v)]
+    sends = sum(k < pp * v - 1 for k in stages) + sum(k > 0 for k in stages)  # receives: the same count
+    mb, dt = cfg.num_microbatches, cfg.train.params_dtype
+    out: dict[str, Collective] = {}
+    for direction in ("send", "recv"):
+        _add(out, f"pp.{direction}.activations_and_grads[{dt}]",
+             Collective("pp", "send_recv", pp, dt, sends * mb, sends * mb * message))
+    return out
+
+
+def kv_block_bytes(cfg: RunConfig) -> int:
+    """|KV|: one CP rank's K and V blocks on one TP rank, [s/C, b, n_kv/t, d] each, in the params' dtype."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    return 2 * activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.kv_channels // t
+
+
+def ring_messages(cp: int, forward: bool) -> list[int]:
+    """Ring attention's messages of one layer's pass, in |KV| units, in send order (module docstring): forward C - 1
+    K/V blocks; backward K/V, then K/V with dK/dV (2) C - 2 times, then dK/dV."""
+    if cp == 1:
+        return []
+    return [1] * (cp - 1) if forward else [1] + [2] * (cp - 2) + [1]
+
+
+def ring_passes(cfg: RunConfig, pp_rank: int) -> tuple[int, int]:
+    """(layers, re-run forwards) of ring attention per micro-batch on a pipeline rank: each layer runs the ring
+    forward and backward once, and recompute re-runs the forward of every layer it repeats core attention in
+    (selective: all; full: the checkpointed groups')."""
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    if cfg.recompute.recompute_granularity == "selective":
+        return layers, layers
+    return layers, num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+
+
+def cp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """Ring attention's K/V exchange per step (module docstring): per direction, the forward's K/V blocks, the
+    backward's K/V blocks and dK/dV partial sums (their messages), and what recompute repeats of the forward."""
+    cp, mb, dt = cfg.parallel.context_parallel_size, cfg.num_microbatches, cfg.train.params_dtype
+    kv = kv_block_bytes(cfg)
+    layers, rerun = ring_passes(cfg, pp_rank)
+    forward, backward = ring_messages(cp, True), ring_messages(cp, False)
+    out: dict[str, Collective] = {}
+    for direction in ("send", "recv"):
+        for what, n_layers, messages in (("kv_forward", layers, forward), ("kv_dkv_backward", layers, backward),
+                                         ("kv_recompute", rerun, forward)):
+            calls = n_layers * mb * len(messages)
+            _add(out, f"cp.{direction}.{what}[{dt}]",
+                 Collective("cp", "send_recv", cp, dt, calls, n_layers * mb * sum(messages) * kv))
+    return out
+
+
+def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """The first and last stage each all-reduce the grad of their copy of the tied embedding, once per step."""
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if not embedding_copy_on_last_stage(cfg) or pp_rank not in (0, pp - 1):
+        return {}
+    chunk = 0 if pp_rank == 0 else num_chunks(cfg) - 1
+    (shared,) = [t for t in chunk_tensors(cfg, pp_rank, chunk) if t.shared_embedding]
+    gdt = cfg.train.grad_dtype
+    out: dict[str, Collective] = {}
+    _add(out, f"embedding.all_reduce.word_embedding_grads[{gdt}]",
+         Collective("embedding", "all_reduce", 2, gdt, 1, shared.numel * DTYPE_BYTES[gdt]))
+    return out
+
+
+def routed_tokens(cfg: RunConfig) -> int:
+    """Tokens one rank routes per micro-batch: its s/C x b, split over TP under sequence parallelism (which Megatron
+    requires for MoE at tp > 1)."""
+    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
+    return local_seq_length(cfg) * cfg.train.micro_batch_size // sp
+
+
+def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and combine
+    rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's re-run,
+    and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over TP
+    that Megatron adds around the experts at tp > 1."""
+    m, ep = cfg.model, cfg.parallel.expert_model_parallel_size
+    if not m.is_moe:
+        return {}
+    mb, dt = cfg.num_microbatches, cfg.train.params_dtype
+    row = activation_bytes(cfg) * m.hidden_size
+    x = uniform_exchange(routed_tokens(cfg), m, ep)
+    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    rerun = num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+    tokens = layer_volume(x, row * mb, mb, recomputed=False)
+    size = layers * tokens.size_bytes + rerun * (x.sent + x.received) * row * mb
+    calls = layers * tokens.calls + rerun * 2 * mb
+    counted = layers + rerun  # forwards, each preceded by a counts exchange
+    out: dict[str, Collective] = {}
+    _add(out, f"ep.all_to_all.tokens[{dt}]", Collective("ep", "all_to_all", ep, dt, calls, size))
+    _add(out, "ep.all_to_all.counts[int64]",
+         Collective("ep", "all_to_all", ep, "int64", counted * mb, counted * mb * m.num_experts * COUNT_BYTES))
+    return out
+
+
+def step_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
+    return {**dp_collectives(cfg, pp_rank), **tp_collectives(cfg, pp_rank), **pp_collectives(cfg, pp_rank),
+            **cp_collectives(cfg, pp_rank), **embedding_collectives(cfg, pp_rank)}

@@ -1,0 +1,76 @@
+"""The time model's Calibration built from a hardware file instead of a run's sweeps: what `simulate` and `search`
+price a layout with, through the unchanged ledger.models.time_model.predict_step.
+
+    cal = hardware_calibration(cfg, load_hardware("H200"))
+    predict_step(cfg, cal)
+
+Every kernel of every pipeline stage of cfg (ledger.models.time_model.ops.kernels) gets its isolated seconds from
+kernel_cost.py; the per-element rates of the optimizer step and the grad-buffer memset likewise; `sustained` is the
+hardware's slowdown at its power limit for this model's layer (the mean isolated efficiency of one decoder layer's
+GEMMs and core attention forward, the kernels the sweep's sustained.layer record runs back to back); the CommModel
+prices every group kind by its span over nodes (topology.py).
+
+Fast by memoisation: a kernel's seconds depend only on (hardware, kernel, dtypes), the kernel set of a layout only on
+its TP-local shapes (stage_kernels), and a search over thousands of layouts of one model meets the same few hundred
+kernels again and again.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from common.config import RunConfig
+from ledger.models.simulate.hardware import Hardware
+from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
+from ledger.models.simulate.topology import comm_model
+from ledger.models.time_model.calibration import Calibration, KernelKey
+from ledger.models.time_model.ops import Kernel, Shapes, kernels
+
+# The kernels of the sweep's sustained.layer record that count FLOPs (probes/compute_sweep.py SUSTAINED_KERNELS).
+LAYER_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+LAYER_COMPUTE = tuple(f"{linear}.{p}" for linear in LAYER_LINEARS for p in ("fprop", "dgrad", "wgrad")) + (
+    "core_attention.fwd",)
+
+
+_KERNEL_SETS: dict[Shapes, frozenset[Kernel]] = {}
+
+
+@lru_cache(maxsize=1 << 16)
+def _seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) -> float:
+    return kernel_seconds(hw, kernel, dtype, grad_dtype)
+
+
+def stage_kernels(cfg: RunConfig) -> frozenset[Kernel]:
+    """Every distinct kernel of every pipeline stage of cfg (ops.kernels of each pp rank). The set depends on the
+    TP-local shapes only (the first stage adds the embedding's, the last the head's, every stage the same layer
+    kernels; recompute re-runs kernels already in it), so it is computed once per Shapes: a search meets a few
+    dozen shapes over thousands of layouts, and building an 80-layer model's passes costs tens of ms."""
+    shapes = Shapes.of(cfg)
+    found = _KERNEL_SETS.get(shapes)
+    if found is None:
+        found = frozenset().union(*(kernels(cfg, r) for r in range(cfg.parallel.pipeline_model_parallel_size)))
+        _KERNEL_SETS[shapes] = found
+    return found
+
+
+def layer_efficiency(hw: Hardware, found: dict[KernelKey, float], flops: dict[KernelKey, float], dtype: str) -> float:
+    """Isolated efficiency of one decoder layer's compute-bound kernels: their FLOPs over peak x their seconds."""
+    layer = [key for key in found if key[0] in LAYER_COMPUTE]
+    seconds = sum(found[key] for key in layer)
+    return sum(flops[key] for key in layer) / (hw.peak(dtype) * seconds) if seconds > 0 else 0.0
+
+
+def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
+    """The Calibration of cfg's kernels, rates and groups on hardware `hw` (ConfigError for a dtype it has no peak
+    of; CalibrationMissing for a kernel it cannot price)."""
+    dtype, grad_dtype = cfg.train.params_dtype, cfg.train.grad_dtype
+    found: dict[KernelKey, float] = {}
+    flops: dict[KernelKey, float] = {}
+    for k in stage_kernels(cfg):
+        key = (k.name, k.dims, dtype)
+        found[key] = _seconds(hw, k, dtype, grad_dtype)
+        flops[key] = k.flops
+    rates = {("optimizer.step", dtype): rate_seconds_per_element(hw, "optimizer.step", dtype, grad_dtype),
+             ("grad_buffer.zero", grad_dtype): rate_seconds_per_element(hw, "grad_buffer.zero", dtype, grad_dtype)}
+    return Calibration(kernels=found, rates=rates, comm=comm_model(cfg, hw),
+                       device=f"{hw.name} (hardware file {hw.version})",
+                       sustained=hw.sustained.factor(layer_efficiency(hw, found, flops, dtype)))

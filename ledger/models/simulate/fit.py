@@ -1,0 +1,168 @@
+"""The efficiency curves of a hardware file fitted from compute-sweep records (`compute` events, probes/
+compute_sweep.py), and from nothing else: no step time enters, so a step-time check of the file against the runs the
+records came from is a prediction, not a replay. runs/bench/hardware_h200.py runs it on the committed H200 grid sweeps
+and writes ledger/models/hardware/h200.json's fitted blocks; tests hold the file equal to this fit.
+
+Each block is the cost form of ledger/models/simulate/kernel_cost.py, fitted by least squares on relative error (a point
+weighs 1/t^2, as ledger/models/time_model/comm.py fits links):
+  gemm            t = fixed_s + flops / (peak e_c) + output bytes / (HBM bw e_epilogue), over every GEMM record
+  attention       efficiency = flops / (peak t) per (pass, head_dim, seq) measured, as a curve over batch x heads
+                  (the median of the records at one point)
+  memory_bound    t = fixed_s + bytes moved / (HBM bw e_name): one shared fixed_s, one efficiency per kernel name;
+                  the default (a kernel with no record) is their median; the two rates: bytes / (HBM bw t)
+  sustained       the sweep's sustained.layer records: slowdown (t - memory-bound t) / compute-bound t against the
+                  layer's isolated efficiency (FLOPs / (peak x compute-bound t)), a line through them
+Several records of one kernel (several runs, several ranks) give their median; cached copies count once.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import median
+from typing import Any, Iterable
+
+from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.models.simulate.kernel_cost import (
+    ATTENTION,
+    GEMM_PASSES,
+    bytes_moved,
+    gemm_output_bytes,
+    optimizer_bytes_per_element,
+)
+from ledger.models.time_model.ops import RATE_OPS, SUSTAINED, kernel
+
+Point = tuple[str, dict[str, int], float, float]  # op, dims, flops, seconds
+
+
+def solve_weighted(rows: list[list[float]], targets: list[float]) -> list[float]:
+    """Least squares on relative error: minimise sum ((row . x - t) / t)^2 (normal equations, Gauss-Jordan)."""
+    n = len(rows[0])
+    a = [[0.0] * n for _ in range(n)]
+    b = [0.0] * n
+    for row, t in zip(rows, targets):
+        w = 1.0 / t ** 2
+        for i in range(n):
+            b[i] += w * row[i] * t
+            for j in range(n):
+                a[i][j] += w * row[i] * row[j]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        if a[col][col] == 0:
+            raise ValueError("the fit is underdetermined: too few distinct records")
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+                b[r] -= f * b[col]
+    return [b[i] / a[i][i] for i in range(n)]
+
+
+def distinct(records: Iterable[dict[str, Any]]) -> tuple[list[Point], list[dict[str, Any]], str]:
+    """(median per kernel, distinct sustained.layer records, the grad dtype) of `compute` records."""
+    seconds: dict[tuple, list[float]] = defaultdict(list)
+    flops: dict[tuple, float] = {}
+    sustained: dict[tuple, dict[str, Any]] = {}
+    grad_dtype = "fp32"
+    for r in records:
+        if r["op"] == SUSTAINED:
+            sustained[(r["seconds"], r["compute_bound_s"], r["memory_bound_s"])] = r
+            continue
+        if r["op"] == "grad_buffer.zero":
+            grad_dtype = r["dtype"]
+        key = (r["op"], tuple(sorted(r["dims"].items())), r["dtype"])
+        seconds[key].append(float(r["seconds"]))
+        flops[key] = float(r.get("flops") or 0.0)
+    points = [(op, dict(dims), flops[(op, dims, dt)], median(v)) for (op, dims, dt), v in sorted(seconds.items())]
+    return points, list(sustained.values()), grad_dtype
+
+
+@dataclass(frozen=True)
+class HardwareFit:
+    gemm: dict[str, float]  # fixed_s, compute_efficiency, epilogue_efficiency
+    attention: dict[str, dict[int, dict[int, list[list[float]]]]]  # pass -> head_dim -> seq -> [[b x heads, eff]]
+    attention_measured: dict[str, dict[int, list[int]]]  # pass -> head_dim -> the seqs measured
+    memory: dict[str, Any]  # fixed_s, default_efficiency, efficiency_by_kernel
+    sustained: dict[str, float]  # threshold_efficiency, slope
+    residuals: list[tuple[str, str, float, float]]  # kind, kernel, measured s, fitted s
+    counts: dict[str, int]
+
+
+def _is_gemm(op: str) -> bool:
+    return op.rpartition(".")[2] in GEMM_PASSES
+
+
+def fit_gemm(points: list[Point], peak: float, bw: float, dtype_bytes: int, grad_bytes: int):
+    gemms = [p for p in points if _is_gemm(p[0])]
+    rows = [[1.0, f / peak, gemm_output_bytes(d["m"], d["n"], op.endswith("wgrad"), dtype_bytes, grad_bytes) / bw]
+            for op, d, f, _ in gemms]
+    fixed, inv_c, inv_e = solve_weighted(rows, [t for *_, t in gemms])
+    fitted = [fixed + r[1] * inv_c + r[2] * inv_e for r in rows]
+    block = {"fixed_s": fixed, "compute_efficiency": 1 / inv_c, "epilogue_efficiency": 1 / inv_e}
+    return block, [("gemm", _describe(op, d), t, p) for (op, d, _, t), p in zip(gemms, fitted)]
+
+
+def fit_attention(points: list[Point], peak: float):
+    """Per pass, head dim and seq: efficiency = flops / (peak t) by batch x heads (the median of the records at one
+    point: several models share a head count)."""
+    samples: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
+    for op, d, f, t in points:
+        if op.startswith(ATTENTION + "."):
+            samples[(op.rpartition(".")[2], d["head_dim"], d["seq"], d["batch"] * d["heads"])].append(f / (peak * t))
+    curves: dict[str, dict[int, dict[int, list[list[float]]]]] = {}
+    for (pass_, dim, seq, bh), effs in sorted(samples.items()):
+        curves.setdefault(pass_, {}).setdefault(dim, {}).setdefault(seq, []).append([bh, median(effs)])
+    measured = {p: {dim: sorted(by_seq) for dim, by_seq in by_dim.items()} for p, by_dim in curves.items()}
+    return curves, measured
+
+
+def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int, params_dtype: str,
+               grad_dtype: str):
+    bound = [p for p in points if not _is_gemm(p[0]) and not p[0].startswith(ATTENTION + ".")
+             and p[0] not in RATE_OPS]
+    names = sorted({op for op, *_ in bound})
+    nbytes = [bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) for op, d, _, _ in bound]
+    rows = [[1.0] + [b / bw if op == name else 0.0 for name in names] for (op, *_), b in zip(bound, nbytes)]
+    x = solve_weighted(rows, [t for *_, t in bound])
+    if x[0] < 0:  # no fixed cost resolved: through the origin
+        x = [0.0] + solve_weighted([r[1:] for r in rows], [t for *_, t in bound])
+    by_kernel = {name: 1 / inv for name, inv in zip(names, x[1:])}
+    residuals = [("memory", _describe(op, d), t, sum(a * b for a, b in zip(r, x)))
+                 for (op, d, _, t), r in zip(bound, rows)]
+    for op, d, _, t in points:
+        if op in RATE_OPS:
+            per_element = optimizer_bytes_per_element(params_dtype, grad_dtype) if op == "optimizer.step" \
+                else DTYPE_BYTES[grad_dtype]
+            by_kernel[op] = per_element * d["numel"] / (bw * t)
+    block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names),
+             "efficiency_by_kernel": by_kernel}
+    return block, residuals
+
+
+def fit_sustained(records: list[dict[str, Any]], peak: float) -> dict[str, float]:
+    pts = [(float(r["flops"]) / (peak * float(r["compute_bound_s"])),
+            (float(r["seconds"]) - float(r["memory_bound_s"])) / float(r["compute_bound_s"])) for r in records]
+    if len({x for x, _ in pts}) < 2:
+        raise ValueError("the sustained fit needs sustained.layer records of at least two layers")
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return {"threshold_efficiency": mx - (my - 1) / slope, "slope": slope}
+
+
+def _describe(op: str, dims: dict[str, int]) -> str:
+    return kernel(op, **dims).describe()
+
+
+def fit_hardware(records: Iterable[dict[str, Any]], peak: float, hbm_bandwidth: float,
+                 dtype: str = "bf16") -> HardwareFit:
+    """The fitted blocks of a hardware file from `compute` records of one device kind, in `dtype`."""
+    points, sustained, grad_dtype = distinct(r for r in records if r["dtype"] in (dtype, "fp32"))
+    a, g = DTYPE_BYTES[dtype], DTYPE_BYTES[grad_dtype]
+    gemm, gemm_res = fit_gemm(points, peak, hbm_bandwidth, a, g)
+    attention, measured = fit_attention(points, peak)
+    memory, memory_res = fit_memory(points, hbm_bandwidth, a, g, dtype, grad_dtype)
+    counts = {"gemm": sum(_is_gemm(p[0]) for p in points),
+              "attention": sum(p[0].startswith(ATTENTION + ".") for p in points),
+              "memory_bound": len(memory_res), "sustained": len(sustained)}
+    return HardwareFit(gemm=gemm, attention=attention, attention_measured=measured, memory=memory,
+                       sustained=fit_sustained(sustained, peak), residuals=gemm_res + memory_res, counts=counts)

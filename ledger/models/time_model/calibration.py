@@ -1,0 +1,90 @@
+"""What the time model knows about the machine: measured kernel times, per-element rates and the link fits.
+
+Built from a run directory's `compute` events (probes/compute_sweep.py: one record per kernel of the run's own
+shapes, `{"op", "dims", "dtype", "seconds", ...}`) and `bandwidth` events (the collective sweep), never from the
+step times of a run being judged. Several ranks' records of one kernel give their median. A later `simulate` builds
+the same object from a hardware file instead.
+
+A GPU computes slower in a training step than in the sweep's isolated timings: under continuous load it sits at its
+power limit, at lower clocks, which slows compute-bound kernels (GEMMs, attention: the kernels that count FLOPs)
+and not memory-bound ones. The sweep's "sustained.layer" record times a layer's kernels back to back at that limit;
+`sustained` = (that time - the memory-bound kernels' isolated time) / the compute-bound kernels' isolated time, and
+multiplies every compute-bound kernel (1 when the record is absent: a CPU sweep).
+
+CPU ranks that outnumber their host's cores compute slower than the sweep measured them (it runs one rank at a time
+per host): `compute_scale` multiplies every kernel and rate by how much, from the cores, the ranks per host and the
+threads each rank runs (`oversubscription`).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import median
+from typing import Any, Iterable
+
+from ledger.models.time_model.comm import CommModel
+from ledger.models.time_model.missing import CalibrationMissing
+from ledger.models.time_model.ops import RATE_OPS, SUSTAINED, Kernel
+
+KernelKey = tuple[str, tuple[tuple[str, int], ...], str]
+
+
+def oversubscription(ranks: int, cores: int, threads: int) -> float:
+    """How much slower a rank computes when `ranks` processes of `threads` threads share `cores` cores than when it
+    ran alone (the sweep): alone it had min(threads, cores) cores, all busy each has cores / ranks."""
+    return max(1.0, min(threads, cores) * ranks / cores)
+
+
+def _key(name: str, dims: dict[str, int], dtype: str) -> KernelKey:
+    return name, tuple(sorted((k, int(v)) for k, v in dims.items())), dtype
+
+
+@dataclass(frozen=True)
+class Calibration:
+    kernels: dict[KernelKey, float]  # seconds per call
+    rates: dict[tuple[str, str], float]  # (op, dtype) -> seconds per element
+    comm: CommModel
+    device: str = "unknown device"
+    sustained: float = 1.0  # slowdown of compute-bound kernels at the power limit
+    compute_scale: float = 1.0
+    scale_note: str | None = None
+
+    @classmethod
+    def from_records(cls, compute: Iterable[dict[str, Any]], bandwidth: Iterable[dict[str, Any]],
+                     compute_scale: float = 1.0, scale_note: str | None = None) -> "Calibration":
+        seconds: dict[KernelKey, list[float]] = defaultdict(list)
+        per_element: dict[tuple[str, str], list[float]] = defaultdict(list)
+        sustained: list[float] = []
+        devices = set()
+        for r in compute:
+            devices.add(str(r.get("device", "unknown device")))
+            if r["op"] == SUSTAINED:
+                compute_bound = float(r["compute_bound_s"])
+                sustained.append((float(r["seconds"]) - float(r["memory_bound_s"])) / compute_bound
+                                 if compute_bound > 0 else 1.0)
+            elif r["op"] in RATE_OPS:
+                per_element[(r["op"], r["dtype"])].append(float(r["seconds"]) / int(r["dims"]["numel"]))
+            else:
+                seconds[_key(r["op"], r["dims"], r["dtype"])].append(float(r["seconds"]))
+        return cls(kernels={k: median(v) for k, v in seconds.items()},
+                   rates={k: median(v) for k, v in per_element.items()}, comm=CommModel.from_sweep(bandwidth),
+                   device=", ".join(sorted(devices)) or "unknown device",
+                   sustained=max(1.0, median(sustained)) if sustained else 1.0, compute_scale=compute_scale,
+                   scale_note=scale_note)
+
+    def kernel_seconds(self, kernel: Kernel, dtype: str) -> float:
+        found = self.kernels.get((kernel.name, kernel.dims, dtype))
+        if found is None:
+            raise CalibrationMissing(self._absent(f"{kernel.describe()} ({dtype})"))
+        return found * self.compute_scale * (self.sustained if kernel.flops > 0 else 1.0)
+
+    def rate_seconds(self, op: str, dtype: str, numel: int) -> float:
+        found = self.rates.get((op, dtype))
+        if found is None:
+            raise CalibrationMissing(self._absent(f"{op} ({dtype})"))
+        return found * numel * self.compute_scale
+
+    def _absent(self, what: str) -> str:
+        if not self.kernels and not self.rates:
+            return "no compute sweep records (--compute-sweep): no compute time predictions"
+        return f"the compute sweep (--compute-sweep) has no record of {what}: no compute time predictions"

@@ -1,0 +1,337 @@
+"""The step replayed on a global clock: predicted step time, per-stage bubble, exposed communication per group and
+per DP bucket, from the run's config and the machine's calibration only.
+
+Order of work, as the engine runs a step (docs/engine.md):
+1. each stage clears its grad buffers (`grad_buffer.zero`, per element) and, under --overlap-param-gather, issues
+   its first param all-gather;
+2. the schedule (ledger/models/schedule.py: no pipelining, 1F1B or interleaved, the engine's exact order) runs every
+   stage's forwards and backwards, each item lasting its chunk's forward or backward time (compute.py), plus, on
+   the first forward of a chunk, the waits for its param all-gathers (buckets.gather_chain), and, for an item that
+   sends to another stage, one P2P transfer (the sender's exchange holds it, and the receiver has the tensor when
+   the item ends);
+3. DP grad collectives are issued at their points (buckets.py) and run on their own stream; finalize_model_grads
+   waits for them, then all-reduces the SP norm grads over TP and, tied under PP > 1, the embedding grads;
+4. the optimizer starts once every stage is there (its grad norm is all-reduced over the model-parallel group and,
+   under the distributed optimizer, over DP: a 4-byte all-reduce): per element of the rank's main params
+   (`optimizer.step`), then, without --overlap-param-gather, the synchronous all-gather of every bucket; the loss's
+   4-byte all-reduce over DP ends the step.
+Context parallelism (C > 1): the chunks' passes are at s/C tokens with the ring attention's exposed messages inside
+them (ops.py, compute.py; `exposed["cp"]` per step), the P2P messages between stages are s/C tokens, and every DP
+collective (grad buckets, param all-gathers, the 4-byte loss and grad-norm all-reduces) runs over Megatron's dp_cp
+group of dp x C ranks (ledger/models/formulas/buffer_layout.py dp_cp_size; the link priced is the `dp_cp` group's).
+Mixture of experts: the chunks' passes hold the MoE layers' ops and all-to-alls (ops.py); the grad-buffer memset and
+the optimizer step run over the expert buffers too (their elements sharded over the expert-data-parallel group under
+the distributed optimizer); the expert buffers' own grad reduction and param all-gather over that group are not
+replayed (a note says so where the group has more than one rank); `exposed["ep"]` is the all-to-alls' time a step.
+The pipeline bubble is the measurement's convention (ledger/reconcile/pipeline.py): 1 - a stage's forward/backward
+time over the span from the first forward to the last backward of the pipeline; the same replay with P2P transfers
+and param all-gather waits at zero attributes its gap to the textbook (p-1)/(vm+p-1) to stage imbalance or comm.
+
+Not modelled: contention between an overlapped collective and the compute beside it (both run at their standalone
+speeds, so a prediction of overlapped comm is a lower bound of its slowdown); a send waiting for its receiver to post
+(the exchange is priced as one transfer); host-side launch gaps beyond what the sweep's back-to-back kernels include.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.config import RunConfig
+from common.intervals import Interval, union
+from ledger.models.formulas.activations import local_seq_length
+from ledger.models.formulas.buffer_layout import (
+    BufferLayout,
+    dp_cp_size,
+    expert_dp_size,
+    expert_rank_buffers,
+    rank_buffers,
+    shard_param_elements,
+)
+from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.models.formulas.comm import grad_group
+from ledger.models.formulas.flops import tokens_per_step
+from ledger.models.formulas.params import chunk_tensors, embedding_copy_on_last_stage, num_chunks
+from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate
+from ledger.models.time_model import buckets
+from ledger.models.time_model.calibration import Calibration
+from ledger.models.time_model.compute import StageTime, stage_time
+
+CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
+EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
+             "not priced (their memset and optimizer update are)")
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    stage: int
+    compute: StageTime  # forward / backward per micro-batch and their breakdown
+    busy: float  # forward + backward time in the step (TP collectives inside them included)
+    bubble: float  # 1 - busy / pipeline span
+    bubble_without_comm: float  # the same with P2P transfers and param all-gather waits at zero
+    exposed: dict[str, float]  # group -> seconds per step no compute hides: dp (union over time), tp, pp, embedding,
+    # and cp under context parallelism (the ring's messages beyond the blocks they overlap)
+    optimizer: float  # the optimizer range: waiting for the slowest stage, grad norm, update, synchronous gather
+    grads_done: float  # when finalize_model_grads returns
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    step_time: float
+    tokens_per_s: float
+    stages: tuple[StagePrediction, ...]
+    buckets: tuple[buckets.BucketComm, ...]
+    terms: dict[str, float]  # the critical stage's step, term by term: they sum to step_time
+    critical_stage: int
+    span: float  # the pipeline span (first forward to last backward)
+    notes: tuple[str, ...]
+
+
+def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
+    """Main-param elements of the rank's update over these buffers: its shard (the largest over the dp ranks that
+    shard them) under the distributed optimizer, else all of them."""
+    if distributed:
+        return max(sum(shard_param_elements(layout, dp, r) for layout in layouts) for r in range(dp))
+    return sum(layout.numel_unpadded for layout in layouts)
+
+
+def _sends(p: int, v: int, stage: int, item: Item) -> bool:
+    vstage = item.chunk * p + stage
+    return p > 1 and (vstage < p * v - 1 if item.kind == FORWARD else vstage > 0)
+
+
+@dataclass
+class _Stage:
+    """What the replay needs of one stage: its chunks' times, buffers and per-step one-offs."""
+    times: StageTime
+    layouts: list
+    memset: float
+    optimizer: float
+    gather_seconds: list[list[float]]  # per chunk, per bucket
+    grad_seconds: list[list[float]]
+    grad_bytes: list[list[int]]
+    param_bytes: list[list[int]]
+
+
+class _Replay:
+    def __init__(self, cfg: RunConfig, cal: Calibration):
+        self.cfg, self.cal = cfg, cal
+        par, train = cfg.parallel, cfg.train
+        self.p, self.v, self.m = par.pipeline_model_parallel_size, num_chunks(cfg), cfg.num_microbatches
+        self.dp, self.tp = dp_cp_size(cfg), par.tensor_model_parallel_size
+        self.dp_group = grad_group(cfg)
+        act = DTYPE_BYTES[train.params_dtype]
+        message = act * local_seq_length(cfg) * train.micro_batch_size * cfg.model.hidden_size
+        message //= self.tp if par.sequence_parallel else 1
+        self.transfer = cal.comm.seconds("pp", "send_recv", self.p, message) if self.p > 1 else 0.0
+        self.gathering = train.use_distributed_optimizer and self.dp > 1
+        self.stages = [self._stage(s) for s in range(self.p)]
+
+    def _stage(self, s: int) -> _Stage:
+        cfg, train, dp, group = self.cfg, self.cfg.train, self.dp, self.dp_group
+        layouts = rank_buffers(cfg, s)
+        gbytes, pbytes = DTYPE_BYTES[train.grad_dtype], DTYPE_BYTES[train.params_dtype]
+        grad_op = "reduce_scatter" if train.use_distributed_optimizer else "all_reduce"
+        sizes = [[end - start for start, end in layout.buckets] for layout in layouts]
+        experts = expert_rank_buffers(cfg, s)
+        elements = _optimizer_elements(layouts, dp, train.use_distributed_optimizer)
+        elements += _optimizer_elements(experts, expert_dp_size(cfg), train.use_distributed_optimizer)
+        grad_bytes = [[n * gbytes for n in chunk] for chunk in sizes]
+        param_bytes = [[n * pbytes for n in chunk] for chunk in sizes]
+        return _Stage(
+            times=stage_time(cfg, self.cal, s), layouts=layouts,
+            memset=self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype,
+                                         sum(lay.numel for lay in layouts + experts)),
+            optimizer=self.cal.rate_seconds("optimizer.step", train.params_dtype, elements),
+            gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
+                            for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
+            grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
+            grad_bytes=grad_bytes, param_bytes=param_bytes)
+
+    # --- the schedule, with the first forwards' stalls found by iterating to a fixed point ---------------------
+    def base(self, s: int, item: Item) -> float:
+        t = self.stages[s].times.chunks[item.chunk]
+        return t.forward.seconds if item.kind == FORWARD else t.backward.seconds
+
+    def timeline(self, prefix: dict[tuple[int, Item], float], transfer: float) -> Timeline:
+        def duration(s: int, item: Item) -> float:
+            return prefix.get((s, item), 0.0) + self.base(s, item) + (transfer if _sends(self.p, self.v, s, item)
+                                                                       else 0.0)
+        return simulate(self.p, self.m, self.v, duration)
+
+    def stalls(self, tl: Timeline, with_comm: bool) -> tuple[dict[tuple[int, Item], float], dict]:
+        """Per first forward of a chunk: the memset still running when it could start, then its gather waits."""
+        prefix: dict[tuple[int, Item], float] = {}
+        gathers: dict[tuple[int, int], buckets.Gathers] = {}
+        for s, st in enumerate(self.stages):
+            start = {item: begin for begin, _, item in tl.stages[s]}
+            free_at = 0.0
+            for c in range(self.v):
+                first = Item(FORWARD, 0, c)
+                stall = max(0.0, st.memset - start[first]) if c == 0 else 0.0
+                begin = start[first] + stall
+                if with_comm and self.cfg.train.overlap_param_gather and self.gathering:
+                    # zero_grad issues chunk 0's; chunk c - 1's first forward, never before zero_grad, chunk c's
+                    issue = max(st.memset, start[Item(FORWARD, 0, c - 1)]) if c else st.memset
+                    layout = st.layouts[c]
+                    offsets = buckets.first_use_offsets(layout, st.times.chunks[c].forward.marks)
+                    order = sorted(range(len(layout.buckets)), reverse=True)  # the last bucket holds the first layers
+                    g = buckets.gather_chain(begin, issue, [offsets[b] for b in order],
+                                             [st.gather_seconds[c][b] for b in order],
+                                             chained=self.v == 1 and c == 0, free_at=free_at)
+                    free_at = g.intervals[-1][1] if g.intervals else free_at
+                    gathers[(s, c)] = g
+                    stall += g.total_wait
+                prefix[(s, first)] = stall
+        return prefix, gathers
+
+    def settle(self, with_comm: bool) -> tuple[Timeline, dict[tuple[int, Item], float], dict]:
+        transfer = self.transfer if with_comm else 0.0
+        prefix: dict[tuple[int, Item], float] = {}
+        for _ in range(2 * self.p * self.v + 2):
+            tl = self.timeline(prefix, transfer)
+            new, gathers = self.stalls(tl, with_comm)
+            if all(abs(new.get(k, 0.0) - prefix.get(k, 0.0)) < 1e-12 for k in set(new) | set(prefix)):
+                return tl, new, gathers
+            prefix = new
+        return self.timeline(prefix, transfer), prefix, gathers
+
+    # --- per stage figures --------------------------------------------------------------------------------------
+    def compute_spans(self, tl: Timeline, prefix: dict) -> list[list[Interval]]:
+        return [[(begin + prefix.get((s, item), 0.0), begin + prefix.get((s, item), 0.0) + self.base(s, item))
+                 for begin, _, item in tl.stages[s]] for s in range(self.p)]
+
+    def grad_issues(self, s: int, tl: Timeline, prefix: dict) -> list[tuple[int, int, float]]:
+        """(chunk, bucket, issue time) of every grad collective of stage s, in issue order."""
+        train, st = self.cfg.train, self.stages[s]
+        spans = tl.stages[s]
+        end = spans[-1][1]
+        nbuckets = [len(layout.buckets) for layout in st.layouts]
+        if not train.overlap_grad_reduce:
+            return [(c, b, end) for c in range(self.v) for b in range(nbuckets[c])]
+        backwards = [(begin + prefix.get((s, item), 0.0), item) for begin, _, item in spans if item.kind == BACKWARD]
+        if self.v == 1:
+            if self.p > 1 and s > 0:
+                return [(0, b, end) for b in range(nbuckets[0])]
+            start = backwards[-1][0]
+            ready = buckets.ready_offsets(st.layouts[0], st.times.chunks[0].backward.marks)
+            return sorted(((0, b, start + r) for b, r in enumerate(ready)), key=lambda x: x[2])
+        out = []
+        for j, (_, item) in enumerate(backwards):
+            if item.microbatch != self.m - 1:
+                continue
+            k = j + s
+            issue = (backwards[k][0] + self.base(s, backwards[k][1])) if k < len(backwards) else end
+            out += [(item.chunk, b, issue) for b in range(nbuckets[item.chunk])]
+        return sorted(out, key=lambda x: x[2])
+
+    def stage_collectives(self, s: int) -> tuple[float, float]:
+        """(SP norm-grad all-reduce over TP, tied-embedding grad all-reduce) of stage s in finalize_model_grads."""
+        cfg, train = self.cfg, self.cfg.train
+        gbytes = DTYPE_BYTES[train.grad_dtype]
+        tensors = [t for c in range(self.v) for t in chunk_tensors(cfg, s, c)]
+        sp = 0.0
+        if cfg.parallel.sequence_parallel:
+            norms = sum(t.numel for t in tensors if t.sequence_parallel)  # norms, row-parallel biases
+            sp = self.cal.comm.seconds("tp", "all_reduce", self.tp, norms * gbytes)
+        shared = [t for t in tensors if t.shared_embedding]
+        embedding = (self.cal.comm.seconds("embedding", "all_reduce", 2, shared[0].numel * gbytes)
+                     if embedding_copy_on_last_stage(cfg) and shared else 0.0)
+        return sp, embedding
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """One stage's step on the replay's clock."""
+    busy: float
+    busy_union: list[Interval]
+    last_end: float  # its last item, P2P exchange included
+    grads_done: float
+    waits: float  # param all-gather waits before its first forwards
+    sends: float
+    sp: float
+    embedding: float
+    dp_exposed: float
+    buckets: list[buckets.BucketComm]
+
+
+def _figures(r: _Replay, s: int, tl: Timeline, prefix: dict, gathers: dict, compute: list[Interval]) -> _Figures:
+    st, train = r.stages[s], r.cfg.train
+    busy_union = union(compute)
+    grad_op = "reduce_scatter" if train.use_distributed_optimizer else "all_reduce"
+    mine = {c: g for (gs, c), g in gathers.items() if gs == s}
+    comms, intervals = [], []
+    for c, g in sorted(mine.items()):
+        order = sorted(range(len(st.layouts[c].buckets)), reverse=True)  # forward order: the last bucket first
+        for b, issue, (begin, end), wait in zip(order, g.issues, g.intervals, g.waits):
+            comms.append(buckets.BucketComm(s, c, b, "all_gather", st.param_bytes[c][b], issue, begin, end, wait))
+            intervals.append((begin, end))
+    issues = r.grad_issues(s, tl, prefix) if r.dp > 1 else []
+    free_at = max((end for _, end in intervals), default=0.0)
+    runs = buckets.serial([(t, st.grad_seconds[c][b]) for c, b, t in issues], free_at)
+    for (c, b, issue), (begin, end) in zip(issues, runs):
+        comms.append(buckets.BucketComm(s, c, b, grad_op, st.grad_bytes[c][b], issue, begin, end,
+                                        buckets.exposed([(begin, end)], busy_union)))
+    last_end = tl.stages[s][-1][1]
+    sp, embedding = r.stage_collectives(s)
+    return _Figures(busy=sum(e - b for b, e in compute), busy_union=busy_union, last_end=last_end,
+                    grads_done=max([last_end] + [e for _, e in runs]) + sp + embedding,
+                    waits=sum(g.total_wait for g in mine.values()),
+                    sends=r.transfer * sum(1 for _, _, item in tl.stages[s] if _sends(r.p, r.v, s, item)),
+                    sp=sp, embedding=embedding, dp_exposed=buckets.exposed(intervals + runs, busy_union),
+                    buckets=comms)
+
+
+def _span(compute: list[list[Interval]], tl: Timeline, r: _Replay) -> float:
+    """From the first forward range's start (after the memset stall, before any gather wait) to the last backward's
+    end, over the pipeline: the measurement's span."""
+    starts = [tl.stages[s][0][0] + max(0.0, r.stages[s].memset - tl.stages[s][0][0]) for s in range(r.p)]
+    return max(e for spans in compute for _, e in spans) - min(starts)
+
+
+def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: float,
+           step_time: float) -> dict[str, float]:
+    """The critical stage's step, term by term; the last term is whatever it waits for the other stages."""
+    st = r.stages[s]
+    memset = max(0.0, st.memset - tl.stages[s][0][0])
+    terms = {"grad buffer memset": memset, "forward/backward compute": f.busy, "param all-gather waits": f.waits,
+             "P2P transfers": f.sends, "pipeline bubble": f.last_end - f.busy - f.waits - f.sends - memset,
+             "DP grad reduction tail": f.grads_done - f.sp - f.embedding - f.last_end,
+             "SP norm-grad all-reduce": f.sp, "embedding grad all-reduce": f.embedding, "optimizer": tail,
+             "loss all-reduce": loss}
+    terms["waiting for the other stages"] = step_time - sum(terms.values())
+    return terms
+
+
+def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
+    """The step of `cfg` on the machine `cal` describes. Raises CalibrationMissing when a figure it needs is not
+    calibrated (no compute sweep, no bandwidth sweep of a group the layout uses)."""
+    r = _Replay(cfg, cal)
+    tl, prefix, gathers = r.settle(with_comm=True)
+    tl_quiet, prefix_quiet, _ = r.settle(with_comm=False)
+    compute, compute_quiet = r.compute_spans(tl, prefix), r.compute_spans(tl_quiet, prefix_quiet)
+    span, span_quiet = _span(compute, tl, r), _span(compute_quiet, tl_quiet, r)
+    figures = [_figures(r, s, tl, prefix, gathers, compute[s]) for s in range(r.p)]
+    scalar = cal.comm.seconds(r.dp_group, "all_reduce", r.dp, 4)  # a loss or grad-norm all-reduce over DP (x CP)
+    # The optimizer range: the grad norm all-reduce waits for every stage, then the update and, without
+    # --overlap-param-gather, the gather of every bucket.
+    tails = [st.optimizer + cfg.train.use_distributed_optimizer * scalar
+             + (sum(map(sum, st.gather_seconds)) if not cfg.train.overlap_param_gather else 0.0) for st in r.stages]
+    optimizer_start = max(f.grads_done for f in figures)
+    step_time = optimizer_start + max(tails) + scalar
+    critical = max(range(r.p), key=lambda s: figures[s].grads_done)
+    stages = tuple(StagePrediction(
+        stage=s, compute=st.times, busy=f.busy, bubble=1 - f.busy / span if span else 0.0,
+        bubble_without_comm=1 - sum(e - b for b, e in compute_quiet[s]) / span_quiet if span_quiet else 0.0,
+        exposed={"dp": f.dp_exposed, "tp": r.m * sum(t.forward.comm + t.backward.comm for t in st.times.chunks)
+                 + f.sp, "pp": f.sends, "embedding": f.embedding,
+                 **({"cp": r.m * sum(t.forward.cp_exposed + t.backward.cp_exposed for t in st.times.chunks)}
+                    if cfg.parallel.context_parallel_size > 1 else {}),
+                 **({"ep": r.m * sum(t.forward.ep_comm + t.backward.ep_comm for t in st.times.chunks)}
+                    if cfg.parallel.expert_model_parallel_size > 1 else {})},
+        optimizer=optimizer_start - f.grads_done + tail, grads_done=f.grads_done)
+        for s, (st, f, tail) in enumerate(zip(r.stages, figures, tails)))
+    return StepPrediction(step_time=step_time, tokens_per_s=tokens_per_step(cfg) / step_time, stages=stages,
+                          buckets=tuple(b for f in figures for b in f.buckets),
+                          terms=_terms(r, tl, figures[critical], critical, tails[critical], scalar, step_time),
+                          critical_stage=critical, span=span,
+                          notes=(CONTENTION,) + ((cal.scale_note,) if cal.scale_note else ())
+                          + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()))

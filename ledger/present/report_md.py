@@ -1,0 +1,73 @@
+"""report.md: the report of ledger.present.report_view as markdown tables, one per section."""
+from __future__ import annotations
+
+from ledger.present import units
+from ledger.present.report_view import (
+    COLUMN_TITLES,
+    NSYS_NOTE,
+    OFF_POINTER,
+    View,
+    columns,
+    grouped_by_text,
+    headline,
+    off_item,
+    off_list,
+    sections,
+    summary,
+    unmeasured_memory,
+    waterfall_text,
+)
+from ledger.present.row_groups import Line
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def render_markdown(view: View) -> str:
+    data = view.data
+    lines = [f"# Reconciliation of run {data['run']['run_id']}", "", summary(data, view.lines), ""]
+    lines += ["## Headline", "", "| figure | value | verdict | from |", "|---|---|---|---|"]
+    for label, fig, judged in headline(data["rows"]):
+        lines.append(f"| {label} | {units.value(fig['value'], fig['unit'])} | {judged} | {fig['source']} |")
+    lines.append("")
+    if data["missing"]:
+        lines += ["## Missing", ""] + [f"- {_md(units.plain(m))}" for m in data["missing"]] + [""]
+    if view.notes.texts:
+        lines += ["## Notes", "", "Caveats that many rows share, stated once; lines cite them as [n].", ""]
+        lines += [f"{i}. {_md(units.plain(text))} ({n} line{'s' if n > 1 else ''})"
+                  for i, (text, n) in enumerate(zip(view.notes.texts, view.notes.cited_by), 1)] + [""]
+    off = off_list(view)
+    if off.items:
+        lines += ["## What is off", ""]
+        if off.shared:
+            lines += [off.head(), ""]
+        lines += [f"- **{line.metric}** {_md(off_item(line, text))}"
+                  for line, text in off.items] + [""]
+    for section, members in sections(view.lines).items():
+        lines += [f"## {section}", ""] + markdown_table(view, members) + [""]
+    lines += ["## Memory waterfall (measured; predicted in brackets)", ""]
+    why = unmeasured_memory(view)
+    if not view.waterfall:
+        lines.append("No per-rank memory rows (no rank wrote events, or the manifest has no config).")
+    elif why:
+        lines += [f"Nothing measured ({_md(view.refer(why))}).", ""]
+    per_rank = [(w["rank"], waterfall_text(w, why is None)) for w in view.waterfall]
+    lines += [f"- rank{'s' if len(ranks) > 1 else ''} {units.ranks(ranks)}: {text}"
+              for ranks, text in grouped_by_text(per_rank)]
+    lines += ["", "## Traces", "", "`train-ledger export-trace RUN --out merged.json.gz` merges the per-rank traces "
+              "for Perfetto (ui.perfetto.dev) or chrome://tracing.", "", NSYS_NOTE, ""]
+    return "\n".join(lines)
+
+
+def markdown_table(view: View, members: list[Line]) -> list[str]:
+    shown = columns(members)
+    head = ["metric", "ranks", *(COLUMN_TITLES[c] for c in shown), "gap (worst)", "verdict", "explanation"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for line in members:
+        cells = line.cells()
+        verdicts = " · ".join(j.text() for j in line.judgements())
+        why = OFF_POINTER if line.verdict() == "off" else _md(view.explanation(line))
+        row = [line.metric, line.where(), *(cells[c] for c in shown), line.gap(), f"**{verdicts}**", why]
+        out.append("| " + " | ".join(row) + " |")
+    return out

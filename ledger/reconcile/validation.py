@@ -1,0 +1,116 @@
+"""The simulator judged on real runs: a run directory (ours or Megatron-LM's) replayed through `simulate` on the
+hardware file of the GPU it ran on, its step time, peak memory and pipeline bubble predicted vs measured.
+
+The prediction uses the run's configuration and the hardware file only: never the run's own sweeps or step times.
+The measurement is what `reconcile` reads from the run (ledger/reconcile): the median step time of the steady steps,
+the largest PyTorch allocator peak over ranks (memory_stats, so the prediction compared is the allocator's part of
+the peak, without what lies outside PyTorch), and the pipeline bubble of wall time averaged over stages.
+Goals (issue 18): step time within 5%, peak memory within 3%.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from common.errors import ConfigError, InputError
+from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
+from ledger.models.simulate.simulation import Simulation, simulate
+from ledger.reconcile.run import gather, reconcile_evidence
+
+STEP_GOAL, PEAK_GOAL = 0.05, 0.03
+
+
+@dataclass(frozen=True)
+class Measured:
+    step_time: float | None
+    peak_bytes: int | None
+    bubble: float | None
+    device: str | None
+
+
+@dataclass(frozen=True)
+class Validation:
+    run: str
+    framework: str
+    sim: Simulation
+    measured: Measured
+
+    @property
+    def predicted_peak(self) -> int:
+        return max(m.peak.total for m in self.sim.memory)
+
+    @property
+    def predicted_bubble(self) -> float | None:
+        stages = self.sim.step.stages
+        return mean(s.bubble for s in stages) if len(stages) > 1 else None
+
+    def errors(self) -> dict[str, float | None]:
+        """(predicted - measured) / measured of each figure; None where the run has no measurement."""
+        m = self.measured
+
+        def rel(predicted: float | None, measured: float | None) -> float | None:
+            return None if predicted is None or not measured else (predicted - measured) / measured
+        return {"step_time": rel(self.sim.step.step_time, m.step_time),
+                "peak_bytes": rel(self.predicted_peak, m.peak_bytes),
+                "bubble": (self.predicted_bubble - m.bubble) if self.predicted_bubble is not None
+                and m.bubble is not None else None}
+
+    def within_goals(self) -> bool:
+        e = self.errors()
+        return all(v is not None and abs(v) <= goal for v, goal in ((e["step_time"], STEP_GOAL),
+                                                                    (e["peak_bytes"], PEAK_GOAL)))
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.measured
+        return {"run": self.run, "framework": self.framework, "hardware": self.sim.hardware.name,
+                "device": m.device, "layout": self.sim.to_dict()["layout"],
+                "predicted": {"step_time_s": self.sim.step.step_time, "peak_bytes": self.predicted_peak,
+                              "bubble": self.predicted_bubble},
+                "measured": {"step_time_s": m.step_time, "peak_bytes": m.peak_bytes, "bubble": m.bubble},
+                "errors": self.errors(), "within_goals": self.within_goals()}
+
+
+def measured_values(rows: list[dict[str, Any]], metric: str) -> list[float]:
+    """Every measured value of a reconciliation row metric (rows as to_dict() writes them)."""
+    return [r["measured"] for r in rows if r["metric"] == metric and r.get("measured") is not None]
+
+
+def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
+    step = measured_values(rows, "throughput.step_time")
+    peak = measured_values(rows, "memory.peak_allocated")
+    bubble = measured_values(rows, "pipeline.bubble_of_wall_time")
+    return Measured(step_time=max(step) if step else None, peak_bytes=int(max(peak)) if peak else None,
+                    bubble=mean(bubble) if bubble else None, device=device)
+
+
+def run_device(manifest: dict[str, Any]) -> str | None:
+    """The GPU a run ran on, as its manifest names it ("NVIDIA H200"); None when it does not say."""
+    ranks = manifest.get("ranks") or []
+    names = {((r.get("device") or {}).get("name")) for r in ranks if isinstance(r, dict)} - {None}
+    return ", ".join(sorted(names)) or None
+
+
+def hardware_for(device: str | None, spec: str | None) -> Hardware:
+    """--hardware when given; else the known kind the device name contains (the H200 file for "NVIDIA H200")."""
+    if spec is not None:
+        return load_hardware(spec)
+    for name in sorted(known_names(), key=len, reverse=True):
+        if device and name.split("-")[0].lower() in device.lower():
+            return load_hardware(name)
+    raise ConfigError(f"the run's device ({device or 'not recorded'}) is no known hardware kind "
+                      f"({', '.join(known_names())}): pass --hardware")
+
+
+def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
+    if not Path(run_dir).is_dir():
+        raise InputError(str(run_dir), "not a run directory")
+    ev = gather(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
+    if ev.config is None:
+        raise InputError(str(run_dir), "the run's configuration cannot be read: nothing to simulate")
+    device = run_device(ev.manifest)
+    hw = hardware_for(device, hardware)
+    rows = [r.to_dict() for r in reconcile_evidence(ev).rows]
+    return Validation(run=str(run_dir), framework=ev.framework, sim=simulate(ev.config, hw),
+                      measured=measured(rows, device))
