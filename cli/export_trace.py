@@ -6,6 +6,7 @@ from cli.progress import Progress, progress_wanted
 
 
 def main(argv: list[str]) -> int:
+    from ledger.evidence.read import read_run
     from ledger.present.trace_export import alignment_lines, export, parse_ranks, parse_steps
 
     p = CommandParser("export-trace")
@@ -14,8 +15,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", help="A-B: only these ProfilerSteps")
     p.add_argument("--ranks", nargs="+", help="ranks to include: 0 1 4-7 or 0,1,4-7")
     a = p.parse_args(argv)
+    steps, ranks = parse_steps(a.steps), parse_ranks(a.ranks)
     progress = Progress("export-trace", progress_wanted())
-    result = export(a.run, a.out, parse_steps(a.steps), parse_ranks(a.ranks), progress=progress)
+    result = export(read_run(a.run), a.out, steps, ranks, progress=progress)
     print(f"wrote {result.out}: {result.events:,} events from ranks {result.ranks}")
     print("\n".join(alignment_lines(result)))
     print("open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing")

@@ -23,6 +23,8 @@ STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")  # a stall: blocked time 
 # The group kind each communication category's collectives run on.
 COMM_CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp"}
 
+_CPU_FIGURES = ("rss_bytes", "peak_rss_bytes", "tensor_bytes", "tensor_storages", "held_tensor_bytes",
+                "held_tensor_storages")
 ALLOCATED = "allocated_bytes.all.current"
 PEAK = "allocated_bytes.all.peak"
 RESERVED = "reserved_bytes.all.current"
@@ -37,12 +39,16 @@ def finite() -> Any:
     return field(default=None, metadata={"finite": True})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
     KIND: ClassVar[str] = ""
     step: int | None = None
     t: float | None = None  # wall time of the write
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.KIND}
@@ -65,7 +71,7 @@ class Event:
         return default if value is None else value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MemoryRecord(Event):
     """memory_stats (CUDA) or RSS and a tensor census (CPU) at a lifecycle point, a step's end, an OOM or a failure."""
     KIND: ClassVar[str] = "memory"
@@ -84,6 +90,13 @@ class MemoryRecord(Event):
     def on_cuda(self) -> bool:
         return ALLOCATED in self.stats
 
+    def figure(self, key: str) -> int | None:
+        """A memory_stats key ("allocated_bytes.all.peak", "num_ooms", ...) or a CPU figure ("held_tensor_bytes")."""
+        if key in self.stats:
+            return self.stats[key]
+        value = getattr(self, key, None) if key in _CPU_FIGURES else None
+        return value if isinstance(value, int) else None
+
     @property
     def allocated(self) -> int | None:
         return self.stats.get(ALLOCATED)
@@ -97,7 +110,7 @@ class MemoryRecord(Event):
         return self.stats.get(RESERVED)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InventoryRecord(Event):
     """One tensor (or buffer) the engine allocated, and why."""
     KIND: ClassVar[str] = "inventory"
@@ -114,7 +127,7 @@ class InventoryRecord(Event):
     exists: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TimingRecord(Event):
     """One timed probe range: seconds from the step's anchor (start_s, end_s) and wall times (t_start, t_end)."""
     KIND: ClassVar[str] = "timing"
@@ -132,6 +145,9 @@ class TimingRecord(Event):
     bucket: int | None = None
     bytes: int | None = None
     numel: int | None = None
+    remote_bytes: int | None = None  # an all-to-all: the rows it sent to other EP ranks
+    phase: str | None = None  # an all-to-all: dispatch or combine
+    expert: bool | None = None  # a DP bucket of the expert buffers (reduced over the expert-data-parallel group)
     async_comm: bool | None = None
     issue_s: float | None = None  # an async collective: when it was issued, and when its wait returned
     wait_return_s: float | None = None
@@ -141,7 +157,7 @@ class TimingRecord(Event):
         return self.start_s, self.end_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NvmlRecord(Event):
     KIND: ClassVar[str] = "nvml"
     t_sample: float | None = None
@@ -153,7 +169,7 @@ class NvmlRecord(Event):
     sm_clock_mhz: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BandwidthRecord(Event):
     """One collective of the start-up bandwidth sweep at one size."""
     KIND: ClassVar[str] = "bandwidth"
@@ -171,7 +187,7 @@ class BandwidthRecord(Event):
     backend: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ComputeRecord(Event):
     """One kernel of the start-up compute sweep, timed at the run's own shapes."""
     KIND: ClassVar[str] = "compute"
@@ -189,7 +205,7 @@ class ComputeRecord(Event):
     memory_bound_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepRecord(Event):
     """A step's figures; any other figure the engine passes lands in `extra`."""
     KIND: ClassVar[str] = "step"
@@ -208,7 +224,7 @@ class StepRecord(Event):
     moe_aux_loss: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CheckpointRecord(Event):
     """A checkpoint saved or loaded (between steps, so step None)."""
     KIND: ClassVar[str] = "checkpoint"
@@ -229,7 +245,7 @@ class CheckpointRecord(Event):
     saved_by_run_dir: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunEndRecord(Event):
     KIND: ClassVar[str] = "run_end"
     status: str | None = None
@@ -240,6 +256,15 @@ RECORD_TYPES: dict[str, type[Event]] = {t.KIND: t for t in (
     MemoryRecord, InventoryRecord, TimingRecord, NvmlRecord, BandwidthRecord, ComputeRecord, StepRecord,
     CheckpointRecord, RunEndRecord)}
 KINDS = tuple(RECORD_TYPES)
+
+
+def event(kind: str, step: int | None, **fields: Any) -> Event:
+    """A writer's typed record from its fields, checked as a reader would check them (a wrong type fails at the
+    write, in the run that made it, not in a later reconcile)."""
+    record = parse_event({"kind": kind, "step": step, **fields})
+    if record is None:
+        raise RecordError(f"unknown event kind {kind!r}")
+    return record
 
 
 def parse_event(obj: dict[str, Any]) -> Event | None:
@@ -307,6 +332,8 @@ def _is_stat(key: str) -> bool:
 
 
 def _check(where: str, value: Any, hint: Any, finite: bool = False) -> Any:
+    if hasattr(value, "item") and callable(value.item):  # a numpy or torch scalar from a writer
+        value = value.item()
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         if value is None and _optional(hint):

@@ -28,9 +28,10 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, NamedTuple
 
 from common.errors import InputError
+from common.events import Event, RecordError, parse_event
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -151,9 +152,10 @@ class EventWriter:
         self._fsync_thread: threading.Thread | None = None
         self._closing = False
 
-    def write(self, kind: str, step: int | None = None, **fields: Any) -> None:
-        record = {"kind": kind, "step": step, "t": time.time(), **fields}
-        self._f.write(json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n")
+    def write(self, record: Event) -> None:
+        """One typed record (common.events) as a v1 line, stamped with the wall time of the write."""
+        line = {**record.to_json(), "t": time.time()}
+        self._f.write(json.dumps(line, separators=(",", ":"), default=_jsonable) + "\n")
 
     def sync(self, wait: bool = True) -> None:
         self._f.flush()
@@ -204,14 +206,16 @@ def ranks_present(run_dir: str | os.PathLike) -> list[int]:
 
 
 class EventStream:
-    """Iterate one rank's events lazily; `torn_tail` tells afterwards whether the last line was cut off."""
+    """Iterate one rank's events lazily as typed records (common.events); `torn_tail` tells afterwards whether the
+    last line was cut off. A line of a known kind with a field of the wrong type is an InputError naming the file,
+    the line and the field; a kind this version does not know is skipped (a later writer's)."""
 
     def __init__(self, run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None):
         self.path = events_path(run_dir, rank)
         self.kinds = kinds
         self.torn_tail = False
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Event]:
         if not self.path.is_file():
             raise InputError(self.path, "missing events file")
         pending: tuple[int, str] | None = None
@@ -219,11 +223,17 @@ class EventStream:
             for number, raw in enumerate(f, start=1):
                 if pending is not None:  # a bad line followed by more lines is corruption, not a torn write
                     raise InputError(self.path, f"line {pending[0]}: {pending[1]}")
-                record, problem = _parse_line(raw)
+                obj, problem = _parse_line(raw)
                 if problem:
                     pending = (number, problem)
                     continue
-                if self.kinds is None or record["kind"] in self.kinds:
+                if self.kinds is not None and obj["kind"] not in self.kinds:
+                    continue
+                try:
+                    record = parse_event(obj)
+                except RecordError as exc:
+                    raise InputError(self.path, f"line {number}: {exc}") from None
+                if record is not None:
                     yield record
         if pending is not None:
             self.torn_tail = True
@@ -239,12 +249,20 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return record, None
 
 
-def iter_events(run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
+def iter_events(run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None) -> Iterator[Event]:
     return iter(EventStream(run_dir, rank, kinds))
 
 
-def trace_files(run_dir: str | os.PathLike) -> list[tuple[int, int, int, Path]]:
-    """(rank, step_start, step_end, path) for every trace in RUN/traces, sorted by rank then step."""
+class TraceFile(NamedTuple):
+    """A rank's profiler trace and the steps its file name says it holds."""
+    rank: int
+    start: int
+    end: int
+    path: Path
+
+
+def trace_files(run_dir: str | os.PathLike) -> list[TraceFile]:
+    """Every trace in RUN/traces, sorted by rank then step."""
     root = Path(run_dir) / "traces"
     if not root.is_dir():
         return []
@@ -252,5 +270,5 @@ def trace_files(run_dir: str | os.PathLike) -> list[tuple[int, int, int, Path]]:
     for child in root.iterdir():
         m = TRACE_RE.match(child.name)
         if m:
-            out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), child))
+            out.append(TraceFile(int(m.group(1)), int(m.group(2)), int(m.group(3)), child))
     return sorted(out)

@@ -75,6 +75,7 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError
+from common.events import event
 from common.run_dir import MANIFEST, EventWriter, write_manifest
 from probes import compute_sweep as compute_sweep_mod
 from probes import manifest as manifest_mod
@@ -197,12 +198,12 @@ class ProbeSet:
 
     # --- lifecycle points -------------------------------------------------------------------------------------
     def memory_point(self, name: str, held: Callable[[], Iterable[torch.Tensor]] | None = None) -> None:
-        self.writer.write("memory", self._step, point=name, **self.memory.read_point(held))
+        self.writer.write(event("memory", self._step, point=name, **self.memory.read_point(held)))
         self.writer.sync()
 
     def inventory(self, records: list[dict[str, Any]]) -> None:
         for record in records:
-            self.writer.write("inventory", None, **{_ENVELOPE_RENAMES.get(k, k): v for k, v in record.items()})
+            self.writer.write(event("inventory", None, **{_ENVELOPE_RENAMES.get(k, k): v for k, v in record.items()}))
         self.writer.sync()
 
     def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
@@ -214,7 +215,7 @@ class ProbeSet:
         warmup, iters = (5, 20) if self.memory.use_cuda else (1, 3)
         sweep, at = Sweep(parallel_state, device, warmup=warmup, iters=iters), SweepSizes(**sizes)
         for record in sweep.run(at) + sweep.run(at.latency()):
-            self.writer.write("bandwidth", None, **record)
+            self.writer.write(event("bandwidth", None, **record))
         self.writer.sync()
 
     def compute_sweep(self, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
@@ -232,7 +233,7 @@ class ProbeSet:
         for turn in turns:
             if turn == self.rank:
                 for record in compute_sweep_mod.run(spec, device, kernels, use_cache=self.compute_sweep_cache):
-                    self.writer.write("compute", None, **record)
+                    self.writer.write(event("compute", None, **record))
                 self.writer.sync()
             if len(turns) > 1:
                 dist.barrier()
@@ -260,7 +261,7 @@ class ProbeSet:
 
     def checkpoint(self, action: str, **fields: Any) -> None:
         """A checkpoint saved or loaded (engine.checkpointing): rare and already a slow file write, so fsynced now."""
-        self.writer.write("checkpoint", None, action=action, **fields)
+        self.writer.write(event("checkpoint", None, action=action, **fields))
         self.writer.sync()
 
     def step_begin(self, iteration: int) -> None:
@@ -274,14 +275,14 @@ class ProbeSet:
         """Write the step's buffered records, then the step record last, then flush once."""
         self._write_timings()
         memory = self.memory.read_step()
-        self.writer.write("memory", iteration, point="step", **memory)
+        self.writer.write(event("memory", iteration, point="step", **memory))
         self._write_nvml()
         tokens, step_time = figures.get("tokens"), figures.get("step_time_s")
         if tokens is not None and step_time:
             figures.setdefault("tokens_per_s", tokens / step_time)
         figures["profiled"] = self.window is not None and self.window.recording
         figures["after_trace_export"] = self.window is not None and self.window.follows_export(iteration)
-        self.writer.write("step", iteration, **figures)
+        self.writer.write(event("step", iteration, **figures))
         self.writer.sync(wait=False)  # flushed now (SIGKILL-safe); fsynced by the writer's thread
         if self.tb is not None:
             self.tb.log_step(iteration, figures, memory)
@@ -293,15 +294,15 @@ class ProbeSet:
     def _write_timings(self) -> None:
         if self.timer is not None:
             for record in self.timer.collect():
-                self.writer.write("timing", record.pop("step"), **record)
+                self.writer.write(event("timing", record.pop("step"), **record))
 
     def _write_nvml(self) -> None:
         for sample in self.nvml.drain():
-            self.writer.write("nvml", self._step, **sample)
+            self.writer.write(event("nvml", self._step, **sample))
 
     def _on_oom(self, details: dict[str, Any]) -> None:
         """Called by the CUDA allocator before it raises OutOfMemoryError: leave this rank's evidence on disk."""
-        self.writer.write("memory", self._step, point="oom", **self.memory.read(), **details)
+        self.writer.write(event("memory", self._step, point="oom", **self.memory.read(), **details))
         self.writer.sync()
         if self.history is not None:
             self.history.dump()
@@ -318,12 +319,12 @@ class ProbeSet:
             self._write_timings()
             self._write_nvml()
             if status == "failed":
-                self.writer.write("memory", self._step, point="failure", **self.memory.read())
+                self.writer.write(event("memory", self._step, point="failure", **self.memory.read()))
             if self.history is not None:
                 self.history.stop()
             if self.tb is not None:
                 self.tb.close()
-            self.writer.write("run_end", self._step, status=status, error=error)
+            self.writer.write(event("run_end", self._step, status=status, error=error))
         finally:
             self.writer.close()
             manifest_mod.finish(self.run_dir, self.rank, status, error)

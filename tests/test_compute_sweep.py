@@ -23,6 +23,7 @@ from ledger.models.formulas.params import params_total
 from ledger.models.time_model import Calibration, ops, predict_step, stage_time
 from probes import compute_sweep
 from probes.compute_sweep import EngineKernels, SweepSpec
+from tests.support.records import typed
 
 CPU = torch.device("cpu")
 # What a record carries (the module's docstring; the calibration reads op, dims, dtype, seconds).
@@ -87,7 +88,7 @@ def test_records_carry_the_documented_fields_and_calibrate_a_whole_step(cache):
     assert all(set(r) == FIELDS for r in records)
     assert all(r["seconds"] > 0 and r["iters"] == 2 and r["variant"] == "eager" and not r["cached"] for r in records)
     assert {r["op"] for r in records} >= set(ops.RATE_OPS)
-    cal = Calibration.from_records(records, [])
+    cal = Calibration.from_records(typed("compute", records), [])
     assert cal.sustained == 1.0  # the power-limit record is GPU only
     assert stage_time(c, cal, 0).forward > 0
     assert predict_step(c, cal).step_time > 0  # one rank: no link needed

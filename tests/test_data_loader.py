@@ -16,7 +16,12 @@ import pytest
 import torch
 
 from common.arguments import parse_args
-from engine.data import HostBatches, MicroBatchIterator, MockGPTDataset, data_wait_figures
+from engine.data import (
+    HostBatches,
+    MicroBatchIterator,
+    MockGPTDataset,
+    data_wait_figures,
+)
 from engine.data_loader import Prefetcher
 from engine.datasets.indexed_dataset import IndexedDatasetWriter
 from probes.probe_set import NullProbeSet

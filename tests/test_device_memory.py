@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from ledger.models.formulas.device_memory import DeviceOverheads, communicators, outside_pytorch
+from ledger.models.formulas.device_memory import (
+    DeviceOverheads,
+    communicators,
+    outside_pytorch,
+)
 from ledger.reconcile.run import reconcile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200_llama1b"

@@ -12,9 +12,16 @@ import pytest
 import torch
 
 from common.config import TrainConfig
-from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from engine.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
 from engine.optimizer import get_megatron_optimizer
-from engine.pipeline_parallel.schedules import ScheduleConfig, forward_backward_no_pipelining
+from engine.pipeline_parallel.schedules import (
+    ScheduleConfig,
+    forward_backward_no_pipelining,
+)
 from tests.support.gloo import run_distributed
 
 STEPS, MICROBATCHES = 5, 2

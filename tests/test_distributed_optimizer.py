@@ -17,6 +17,7 @@ from engine.tensor_parallel.mappings import (
     reduce_from_tensor_model_parallel_region,
 )
 from tests.support.gloo import run_distributed
+from tests.support.records import typed
 from tests.test_distributed_data_parallel import (
     MICROBATCHES,
     STEPS,
@@ -242,7 +243,7 @@ def test_optimizer_allocations_equal_the_static_memory_formula_to_the_byte(flags
     cfg = parse_args(["--model", "tiny", "--global-batch-size", "2", *flags], world_size=1)
     coords = {"tp": 0, "pp": 0, "dp": 0, "cp": 0}
     for inventory in (init, stepped):  # the inventory's allocated_at, not the moment it was taken, sorts it
-        rows = {r.metric: r for r in rank_rows(cfg, RankEvidence(rank=0, coords=coords, inventory=inventory))}
+        rows = {r.metric: r for r in rank_rows(cfg, RankEvidence(rank=0, coords=coords, inventory=typed("inventory", inventory)))}
         for metric in STATIC_ROWS:
             assert rows[metric].inventory == rows[metric].predicted, metric
 

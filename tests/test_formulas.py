@@ -12,7 +12,12 @@ from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from ledger.models.formulas import activations, bubble, comm, flops, nccl_bw, params
-from ledger.models.formulas.buffer_layout import ParamTensor, layout_buffer, megatron_bucket_size, shard_param_elements
+from ledger.models.formulas.buffer_layout import (
+    ParamTensor,
+    layout_buffer,
+    megatron_bucket_size,
+    shard_param_elements,
+)
 from ledger.models.formulas.bytes_per_param import bytes_per_param
 from ledger.models.formulas.static_memory import static_bytes
 

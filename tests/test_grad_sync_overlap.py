@@ -42,7 +42,7 @@ def run_dir(tmp_path_factory):
 
 
 def _num_grad_buckets(run_dir, rank: int) -> int:
-    (buffer,) = [e for e in iter_events(run_dir, rank, {"inventory"}) if e["tensor_kind"] == "grad_buffer"]
+    (buffer,) = [e for e in iter_events(run_dir, rank, {"inventory"}) if e.tensor_kind == "grad_buffer"]
     return len(buffer["buckets"])
 
 
@@ -67,7 +67,7 @@ def _steps(run_dir, rank: int) -> dict[int, tuple[dict, list[dict]]]:
 
 
 def _ranks_of_stage(run_dir, stage: int) -> list[int]:
-    stages = {rank: {e["stage"] for e in iter_events(run_dir, rank, {"timing"}) if e["category"] == "backward"}
+    stages = {rank: {e.stage for e in iter_events(run_dir, rank, {"timing"}) if e.category == "backward"}
               for rank in range(WORLD)}
     return [rank for rank, seen in stages.items() if seen == {stage}]
 

@@ -84,10 +84,11 @@ def test_plans_peak_is_the_measured_peak_and_the_logits_transient_does_not_stack
     """`plan` / `simulate` (ledger/models/formulas/peak_memory.py) give the peak as static + activations, the logits
     transient apart: measured, that sum is within 0.5% on every run, and the sum with the transient (1-2 GB here)
     would be further off than that by more than the transient's own share."""
+    from ledger.evidence.read import read_run
     from ledger.models.formulas.peak_memory import stage_peaks
-    from ledger.reconcile.run import gather
 
-    peak = stage_peaks(gather(FIXTURES / "h200_llama1b" / name).config)[0]
+
+    peak = stage_peaks(read_run(FIXTURES / "h200_llama1b" / name).config)[0]
     measured = only(large[name], "memory.peak_allocated").measured
     assert abs(peak.total - measured) / measured <= 0.005
     assert peak.logits_transient > 0.02 * measured

@@ -7,6 +7,7 @@ axis fastest (Megatron's generate_masked_orthogonal_rank_groups). The seed's 8-G
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -95,18 +96,19 @@ def test_layout_of_divisibility_and_sizes():
     assert Layout.of(16, tp=2, ep=2).sizes == {"tp": 2, "cp": 1, "ep": 2, "dp": 4, "pp": 1}
 
 
-def test_layout_from_manifest():
-    assert Layout.from_manifest({"world_size": 4}) == Layout(4, tp=1, cp=1, ep=1, dp=4, pp=1)
-    manifest = {"world_size": 16, "config": {"parallel": {
-        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": 2,
-        "virtual_pipeline_model_parallel_size": None, "order": "tp-cp-dp-pp"}}}
-    layout = Layout.from_manifest(manifest)
+def test_a_runs_layout_comes_from_its_config():
+    """The evidence derives one Layout from the run's RunConfig (the manifest's config, read once), and none
+    without a config: no groups are guessed for a run that does not say its layout."""
+    from common.arguments import parse_args
+    from ledger.evidence.run import RunEvidence, layout_of
+
+    cfg = parse_args("--model tiny --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                     "--context-parallel-size 2 --global-batch-size 4".split(), world_size=16)
+    layout = layout_of(cfg)
     assert (layout.tp, layout.pp, layout.cp, layout.dp, layout.vpp) == (2, 2, 2, 2, 1)
-    assert layout.order == "tp-cp-dp-pp-ep"
-    manifest["config"]["parallel"]["virtual_pipeline_model_parallel_size"] = 3
-    assert Layout.from_manifest(manifest).vpp == 3
-    with pytest.raises(ConfigError, match="no world_size"):
-        Layout.from_manifest({"config": {}})
+    assert layout.order == "tp-cp-ep-dp-pp"
+    bare = RunEvidence(run_dir=Path("."), manifest={"world_size": 4}, config=None, ranks={}, traces=[])
+    assert bare.layout is None and bare.groups(0) == {} and bare.coords(0) == {}
 
 
 def test_coordinates_range():

@@ -14,7 +14,16 @@ import pytest
 
 from common.errors import ConfigError
 from ledger.models.formulas.bubble import bubble
-from ledger.models.schedule import BACKWARD, FORWARD, MAX_ITEMS, Item, check, simulate, stage_order, warmup_count
+from ledger.models.schedule import (
+    BACKWARD,
+    FORWARD,
+    MAX_ITEMS,
+    Item,
+    check,
+    simulate,
+    stage_order,
+    warmup_count,
+)
 
 
 def labels(order, chunked=False):

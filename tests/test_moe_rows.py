@@ -23,6 +23,7 @@ from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.rows import Row
 from ledger.reconcile.run import reconcile_evidence, run_steps
 from ledger.reconcile.time_rows import TimeModel
+from tests.support.records import typed
 
 ROW = 64 * 4  # h values of fp32 per routed token
 LAYERS, STEPS = 4, (1, 2, 3)
@@ -74,8 +75,8 @@ def evidence(dropped: dict[int, list[int]] | None = None) -> RunEvidence:
                   "moe_tokens_per_expert": {str(n): TOKENS[rank] for n in range(LAYERS)},
                   "moe_dropped_tokens": {str(n): drop for n in range(LAYERS)}} for s in STEPS]
         timing = [t for s in STEPS for t in ranges(rank, s, exchange, PREDICTED_S / 16)]
-        ranks[rank] = RankEvidence(rank=rank, coords={"tp": 0, "cp": 0, "dp": rank, "pp": 0}, steps=steps,
-                                   timing=timing)
+        ranks[rank] = RankEvidence(rank=rank, coords={"tp": 0, "cp": 0, "dp": rank, "pp": 0}, steps=typed("step", steps),
+                                   timing=typed("timing", timing))
     manifest = {"world_size": 2, "status": "complete", "run_id": "synthetic-moe"}
     return RunEvidence(run_dir=Path("."), manifest=manifest, config=cfg, ranks=ranks, traces=[])
 
@@ -123,8 +124,8 @@ def test_dropped_assignments_are_not_sent():
 def test_a_wrong_volume_is_off(field):
     ev = evidence()
     for t in ev.ranks[0].timing:
-        if "counts" not in t["name"]:
-            t[field] = int(t[field] * 1.1)
+        if "counts" not in t.name:
+            setattr(t, field, int(getattr(t, field) * 1.1))
     metric = "moe.all_to_all.bytes_per_step" if field == "bytes" else "moe.all_to_all.remote_bytes_per_step"
     assert pick(rows_of(ev), metric).verdict == "off"
 
@@ -138,7 +139,7 @@ def test_the_all_to_all_time_is_predicted_from_the_volume_and_the_link_fit():
 def test_a_wrong_all_to_all_time_is_off():
     ev = copy.deepcopy(evidence())
     for t in ev.ranks[0].timing:
-        t["duration_s"] *= 3  # 7.3 ms over the prediction: beyond 3 x (25% or 2 ms)
+        t.duration_s *= 3  # 7.3 ms over the prediction: beyond 3 x (25% or 2 ms)
     assert pick(rows_of(ev), "time.ep_all_to_all_per_step").verdict == "off"
 
 
@@ -180,7 +181,7 @@ def test_a_reconciliation_of_an_moe_run_carries_the_rows_and_replays_the_step_wh
 @pytest.mark.parametrize("bad", [{"0": [1, 2, 3]}, {"0": "many"}, {"0": [1, -2, 3, 4]}])
 def test_malformed_routing_counts_are_bad_input_naming_the_file(bad):
     ev = evidence()
-    ev.ranks[1].steps[0]["moe_tokens_per_expert"] = bad
+    ev.ranks[1].steps[0].moe_tokens_per_expert = bad
     with pytest.raises(InputError, match="rank1.*moe_tokens_per_expert"):
         rows_of(ev)
 

@@ -19,7 +19,13 @@ import pytest
 import torch
 
 from tests.support.gloo import run_distributed
-from tests.support.parity import TIED_EMBEDDING, assert_close_rel, flag_value, reference, train_rank
+from tests.support.parity import (
+    TIED_EMBEDDING,
+    assert_close_rel,
+    flag_value,
+    reference,
+    train_rank,
+)
 
 BASE = ["--model", "tiny", "--num-layers", "4", "--micro-batch-size", "1", "--global-batch-size", "8",
         "--train-iters", "5", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--mock-data"]

@@ -94,7 +94,7 @@ def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
 
 
 def _kinds(run_dir: Path, rank: int) -> Counter:
-    return Counter(e["kind"] for e in iter_events(run_dir, rank))
+    return Counter(e.kind for e in iter_events(run_dir, rank))
 
 
 def _check_common(run_dir: Path, world_size: int, steps: int) -> None:
@@ -134,7 +134,7 @@ def test_two_ranks_dp_every_cpu_kind(tmp_path: Path) -> None:
         assert all(it["start_s"] <= t["start_s"] <= t["end_s"] <= it["end_s"] for t in timings if t["step"] == 2)
         comm = [t for t in timings if t["category"] == "dp-comm"]
         assert all(t["async_comm"] and t["issue_s"] <= t["wait_return_s"] for t in comm)
-        sweep = {(b["group"], b["collective"]) for b in iter_events(run_dir, rank, {"bandwidth"})}
+        sweep = {(b.group, b.collective) for b in iter_events(run_dir, rank, {"bandwidth"})}
         assert sweep == {("dp", "reduce_scatter"), ("dp", "all_gather"), ("dp", "all_reduce")}
     notes = read_manifest(run_dir)["ranks"][0]["probes"]
     assert notes["nvml"].startswith("disabled") and notes["timers"] == "perf_counter"
@@ -164,7 +164,7 @@ def test_four_ranks_tp_pp(tmp_path: Path) -> None:
         timings = list(iter_events(run_dir, rank, {"timing"}))
         assert {"tp-comm", "pp-comm"} <= {t["category"] for t in timings}
         assert {t["stage"] for t in timings if t["category"] == "forward"} == {rank // 2}
-        sweep = {(b["group"], b["collective"], b["group_size"]) for b in iter_events(run_dir, rank, {"bandwidth"})}
+        sweep = {(b.group, b.collective, b.group_size) for b in iter_events(run_dir, rank, {"bandwidth"})}
         assert sweep == {("tp", "all_reduce", 2), ("tp", "all_gather", 2), ("tp", "reduce_scatter", 2),
                          ("pp", "send_recv", 2)}
     assert trace_files(run_dir) == []

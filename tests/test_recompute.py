@@ -31,7 +31,13 @@ from ledger.models.plan import build_plan
 from ledger.reconcile.memory import PEAK, rank_rows
 from probes.probe_set import NullProbeSet
 from tests.support.gloo import run_distributed
-from tests.support.parity import assert_close_rel, flag_value, reference, train_and_collect
+from tests.support.parity import (
+    assert_close_rel,
+    flag_value,
+    reference,
+    train_and_collect,
+)
+from tests.support.records import typed
 
 
 def _recompute(granularity: str, method: str | None = None, layers: int | None = None) -> list[str]:
@@ -262,7 +268,7 @@ def test_peak_row_predicts_the_runs_recompute_mode():
 
     def peak_row(measured: int):
         evidence = RankEvidence(rank=0, coords={"tp": 0, "pp": 0, "dp": 0},
-                                memory_steps=[{PEAK: measured, "allocated_bytes.all.current": measured}])
+                                memory_steps=typed("memory", [{PEAK: measured, "allocated_bytes.all.current": measured}]))
         (found,) = [r for r in rank_rows(cfg, evidence) if r.metric == "memory.peak_allocated"]
         return found
 

@@ -14,19 +14,30 @@ from typing import Callable
 
 import pytest
 
+from common.events import ALLOCATED, PEAK, RESERVED, TimingRecord
+from ledger.evidence.layout import group_lists
+from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
 from ledger.evidence.traces import TraceSummary, summarize
 from ledger.models.formulas.activations import local_seq_length
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.hta import CrossCheck, available, hta_rows
-from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED, memory_rows
+from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
-from ledger.reconcile.rows import NO_TIME_MODEL, Row, identity_row, judge, reaches, row, upper_bound_row
-from ledger.reconcile.run import Reconciliation, gather, run_steps
+from ledger.reconcile.rows import (
+    NO_TIME_MODEL,
+    Row,
+    identity_row,
+    judge,
+    reaches,
+    row,
+    upper_bound_row,
+)
+from ledger.reconcile.run import Reconciliation, run_steps
 from ledger.reconcile.throughput import throughput_rows
-from ledger.reconcile.topology import group_lists_of, groups_rows, rank_groups
+from ledger.reconcile.topology import groups_rows
 from tests.fixtures.synthetic_run import Spec, make_run
 from tests.support.ring_calibration import attention_records, cp_send_recv_record
 
@@ -41,8 +52,8 @@ class Base:
 def base(tmp_path_factory) -> Base:
     # steps long enough that the exposed figures (tens of ms) lie beyond the rows' absolute floors
     run, _ = make_run(tmp_path_factory.mktemp("verdicts") / "run", Spec(t_fwd=20e-3, t_bwd=40e-3, t_opt=40e-3))
-    ev = gather(run)
-    return Base(ev, {rank: summarize(path) for rank, _, _, path in ev.traces})
+    ev = read_run(run)
+    return Base(ev, {t.rank: summarize(t.path) for t in ev.traces})
 
 
 # --- perturbations of the measurement -------------------------------------------------------------------------------
@@ -51,8 +62,8 @@ def scale_memory(key: str, factor: float, point: str | None = None) -> Callable[
         for r in ev.ranks.values():
             records = [r.memory_points[point]] if point else list(r.memory_points.values()) + r.memory_steps
             for m in records:
-                if key in m:
-                    m[key] = int(m[key] * factor)
+                if key in m.stats:
+                    m.stats[key] = int(m.stats[key] * factor)
     return apply
 
 
@@ -60,26 +71,26 @@ def set_memory(key: str, value: int) -> Callable[[RunEvidence], None]:
     def apply(ev: RunEvidence) -> None:
         for r in ev.ranks.values():
             for m in r.memory_steps:
-                m[key] = value
+                m.stats[key] = value
     return apply
 
 
 def timings(ev: RunEvidence, stage: int | None = None, category: str | None = None):
     return [t for r in ev.ranks.values() if stage is None or r.stage == stage for t in r.timing
-            if category is None or t.get("category") == category]
+            if category is None or t.category == category]
 
 
-def stretch(t: dict, factor: float) -> None:
+def stretch(t: TimingRecord, factor: float) -> None:
     """Make a timed range `factor` times as long, on both clocks."""
-    for lo, hi in (("start_s", "end_s"), ("t_start", "t_end")):
-        if lo in t:
-            t[hi] = t[lo] + (t[hi] - t[lo]) * factor
+    t.end_s = t.start_s + (t.end_s - t.start_s) * factor
+    if t.t_start is not None and t.t_end is not None:
+        t.t_end = t.t_start + (t.t_end - t.t_start) * factor
 
 
-def shift(t: dict, by: float) -> None:
-    for key in ("start_s", "end_s", "t_start", "t_end"):
-        if key in t:
-            t[key] += by
+def shift(t: TimingRecord, by: float) -> None:
+    t.start_s, t.end_s = t.start_s + by, t.end_s + by
+    if t.t_start is not None and t.t_end is not None:
+        t.t_start, t.t_end = t.t_start + by, t.t_end + by
 
 
 def delay_stage(stage: int, by: float) -> Callable[[RunEvidence], None]:
@@ -98,8 +109,8 @@ def stretch_kind(kind: str, factor: float, stage: int | None = None) -> Callable
 
 
 def comm_records(ev: RunEvidence, bucket: int | None = None, op: str = "reduce-scatter"):
-    return [t for t in timings(ev, category="dp-comm") if t["name"].startswith(op)
-            and (bucket is None or t["bucket"] == bucket)]
+    return [t for t in timings(ev, category="dp-comm") if t.name.startswith(op)
+            and (bucket is None or t.bucket == bucket)]
 
 
 def move_comm_after_compute(bucket: int) -> Callable[[RunEvidence], None]:
@@ -114,18 +125,18 @@ def hide_comm_in_compute(ev: RunEvidence) -> None:
     for r in ev.ranks.values():
         first = {}
         for t in r.timing:
-            if t["category"] == "backward":
-                first[t["step"]] = min(first.get(t["step"], t["start_s"]), t["start_s"])
+            if t.category == "backward":
+                first[t.step] = min(first.get(t.step, t.start_s), t.start_s)
         for t in r.timing:
-            if t["category"] == "dp-comm":
-                t["start_s"], t["end_s"] = first[t["step"]], first[t["step"]] + 1e-6
+            if t.category == "dp-comm":
+                t.start_s, t.end_s = first[t.step], first[t.step] + 1e-6
 
 
 def scale_comm_bytes(factor: float) -> Callable[[RunEvidence], None]:
     def apply(ev: RunEvidence) -> None:
         for t in timings(ev):
-            if "bytes" in t:
-                t["bytes"] = int(t["bytes"] * factor)
+            if t.bytes is not None:
+                t.bytes = int(t.bytes * factor)
     return apply
 
 
@@ -134,7 +145,7 @@ def slow_steps(factor: float, rank: int | None = None) -> Callable[[RunEvidence]
         for r in ev.ranks.values():
             if rank is None or r.rank == rank:
                 for s in r.steps:
-                    s["step_time_s"] *= factor
+                    s.step_time_s = (s.step_time_s or 0.0) * factor
     return apply
 
 
@@ -142,12 +153,12 @@ def slow_loader(ev: RunEvidence) -> None:
     """Every step of every rank waited 100 ms for its data: a loader that does not keep ahead."""
     for r in ev.ranks.values():
         for s in r.steps:
-            s["data_wait_s"] = 0.1
+            s.data_wait_s = 0.1
 
 
 def with_groups(ev: RunEvidence) -> None:
     """The groups each rank joined, as the engine records them in the manifest: Megatron's, unless set already."""
-    lists = group_lists_of(ev.manifest)
+    lists = group_lists(ev.layout)
     for entry in ev.manifest["ranks"]:
         entry.setdefault("groups", {k: next(g for g in v if entry["rank"] in g) for k, v in lists.items()
                                     if any(entry["rank"] in g for g in v)})
@@ -182,14 +193,14 @@ def timer_rows(ev: RunEvidence, predicted: dict) -> list[Row]:
 def trace_rows(ev: RunEvidence, summaries: dict[int, TraceSummary], predicted: dict) -> list[Row]:
     selection = run_steps(ev)
     return [x for rank, s in summaries.items()
-            for x in trace_overlap_rows(ev.config, ev.ranks[rank], s, rank_groups(ev.manifest, rank), selection,
+            for x in trace_overlap_rows(ev.config, ev.ranks[rank], s, ev.groups(rank), selection,
                                         **predicted)]
 
 
 def traced_volume(ev: RunEvidence, summaries: dict[int, TraceSummary], _: dict) -> list[Row]:
     return [x for rank, s in summaries.items()
             for x in volume_rows(ev.config, ev.ranks[rank],
-                                 trace_volume(s, rank_groups(ev.manifest, rank), p2p_element_bytes(ev.config)))]
+                                 trace_volume(s, ev.groups(rank), p2p_element_bytes(ev.config)))]
 
 
 def counted_volume(ev: RunEvidence, *_) -> list[Row]:
@@ -224,7 +235,7 @@ def pipeline(ev, *_):
 
 def topology(ev, *_):
     with_groups(ev)
-    return groups_rows(ev.manifest)
+    return groups_rows(ev)
 
 
 def bucket_prediction(metric: str, source: str):
@@ -254,7 +265,8 @@ def data_wait(ev, *_):
     """The synthetic run has no loader: each step gets a clean wait of 50 us, unless the perturbation set one."""
     for r in ev.ranks.values():
         for s in r.steps:
-            s.setdefault("data_wait_s", 50e-6)
+            if s.data_wait_s is None:
+                s.data_wait_s = 50e-6
     return data_wait_rows(ev, run_steps(ev))
 
 
@@ -407,13 +419,13 @@ def ring_exchanges(waited: float) -> Callable[[RunEvidence], None]:
             r.bandwidth.append(cp_send_recv_record(cfg, 1e-4))
             added = []
             for t in r.timing:
-                if t.get("category") == "forward":
-                    lo, hi = t["start_s"], t["end_s"]
+                if t.category == "forward":
+                    lo, hi = t.start_s, t.end_s
                     start, end = lo + (hi - lo) / 4, lo + 3 * (hi - lo) / 4
-                    added.append(dict(step=t["step"], name="cp sendrecv kv forward step0", category="cp-comm",
-                                      start_s=start, end_s=end, bytes=8192, async_comm=True))
-                    added.append(dict(step=t["step"], name="wait cp sendrecv kv forward step0", category="cp-wait",
-                                      start_s=end - waited * (end - start), end_s=end))
+                    added.append(TimingRecord(step=t.step, name="cp sendrecv kv forward step0", category="cp-comm",
+                                              start_s=start, end_s=end, bytes=8192, async_comm=True))
+                    added.append(TimingRecord(step=t.step, name="wait cp sendrecv kv forward step0",
+                                              category="cp-wait", start_s=end - waited * (end - start), end_s=end))
             r.timing.extend(added)
     return apply
 

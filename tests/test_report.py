@@ -68,7 +68,7 @@ def test_each_caveat_is_stated_once(tmp_path):
     judged: each sentence appears once in report.md, cited by number."""
     run, _ = make_run(tmp_path / "run", Spec(tp=2, pp=1, dp=4, cuda=False, traces=False, cpu_cores=2))
     md, page = reported(run)
-    rows = loaders.load_rows(str(run))
+    rows = loaders.load_rows(loaders.open_run(run))
     oversubscribed = NOT_JUDGED
     assert sum(oversubscribed in r["explanation"] for r in rows) > 8 and sum(NOT_ON_CPU in r["explanation"]
                                                                             for r in rows) > 8
@@ -147,18 +147,19 @@ def test_an_empty_chart_says_why(tmp_path):
 def test_loaders_feed_the_dashboard(tmp_path):
     run, known = make_run(tmp_path / "runs" / "a")
     listed = loaders.list_runs(str(tmp_path / "runs"))
+    view = loaders.open_run(run)
     assert [r["run_id"] for r in listed] == ["synthetic-0001"] and listed[0]["reconciled"] is False
-    timeline = loaders.stage_timeline(str(run))
+    timeline = loaders.stage_timeline(view)
     assert {s["step"] for s in timeline} == {3}
     assert max(s["end"] for s in timeline) == pytest.approx(known["span"])
-    buckets = loaders.bucket_intervals(str(run))
+    buckets = loaders.bucket_intervals(view)
     assert {(b["op"], b["bucket"]) for b in buckets} == {("reduce_scatter", 0), ("reduce_scatter", 1),
                                                          ("all_gather", 0)}
-    waterfall = loaders.memory_waterfall(str(run))
+    waterfall = loaders.memory_waterfall(view)
     rank0 = waterfall[0]
     assert rank0["nvml_used"] == known["memory"][0]["nvml"]
     assert sum(t["measured"] for t in rank0["terms"]) == rank0["nvml_used"]
-    topo = loaders.topology(str(run))
+    topo = loaders.topology(view)
     assert topo["groups"]["pp"] == [[0, 2], [1, 3]] and topo["ranks"][3]["label"] == "rank 3 (tp0 dp1 pp1)"
-    timeline_mem = loaders.memory_timeline(str(run))
+    timeline_mem = loaders.memory_timeline(view)
     assert len(timeline_mem) == 4 * 3 and all(m["nvml_used"] for m in timeline_mem)

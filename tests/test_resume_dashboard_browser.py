@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, dashboard_server, playwright, settle
+from tests.test_dashboard_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    PAGE_S,
+    dashboard_server,
+    playwright,
+    settle,
+)
 
 
 @pytest.mark.slow

@@ -16,7 +16,11 @@ import pytest
 import torch
 
 from engine.parallel_state import ParallelState
-from engine.pipeline_parallel.schedules import ScheduleConfig, forward_backward_no_pipelining, get_forward_backward_func
+from engine.pipeline_parallel.schedules import (
+    ScheduleConfig,
+    forward_backward_no_pipelining,
+    get_forward_backward_func,
+)
 from tests.support.gloo import run_distributed
 
 HIDDEN, SEQ, MBS, LAYERS = 8, 4, 2, 8

@@ -16,7 +16,11 @@ from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from ledger.models.formulas.peak_memory import peak_bytes_per_stage, stage_peaks
-from ledger.models.formulas.static_memory import largest_dp_rank, static_bytes, static_bytes_max
+from ledger.models.formulas.static_memory import (
+    largest_dp_rank,
+    static_bytes,
+    static_bytes_max,
+)
 from ledger.models.plan import build_plan
 from ledger.models.simulate.bound import min_step_seconds, tokens_per_s_bound
 from ledger.models.simulate.layouts import describe, enumerate_layouts, label

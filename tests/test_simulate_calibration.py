@@ -199,9 +199,9 @@ def test_ring_latency_grows_with_the_group_and_a_tree_caps_it_across_many_nodes(
 
 def measured_step_time(run) -> float:
     ev = collect_run(run)
-    steps = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s")]
-    steady = set(select_steps(ev.config, ev.world_size, steps).steady(s["step"] for s in steps))
-    return median(s["step_time_s"] for s in steps if s["step"] in steady)
+    steps = [s for r in ev.ranks.values() for s in r.steps if s.step_time_s]
+    steady = set(select_steps(ev.config, ev.world_size, steps).steady(s.step for s in steps))
+    return median(s.step_time_s for s in steps if s.step in steady)
 
 
 def test_the_h200_file_predicts_the_real_llama1b_seq4096_step_within_5_percent():

@@ -15,6 +15,7 @@ import pytest
 
 from common.arguments import parse_args
 from common.config import RunConfig
+from common.events import BandwidthRecord
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -26,6 +27,7 @@ from ledger.models.time_model import (
     predict_step,
     stage_time,
 )
+from tests.support.records import typed
 
 MS = 1e-3
 # Synthetic per-call times (ms) by kernel name; a GEMM costs its linear's figure in each of fprop, dgrad and wgrad.
@@ -72,7 +74,7 @@ def calibration(c: RunConfig, price: Callable[[str], float] = ms, fits: dict | N
                  "seconds": 1000 * OPT_S_PER_ELEMENT},
                 {"op": "grad_buffer.zero", "dims": {"numel": 1000}, "dtype": c.train.grad_dtype,
                  "seconds": 1000 * ZERO_S_PER_ELEMENT}]
-    return dataclasses.replace(Calibration.from_records(records, []), comm=CommModel(fits or {}))
+    return dataclasses.replace(Calibration.from_records(typed("compute", records), []), comm=CommModel(fits or {}))
 
 
 def latency_only(seconds: float) -> LinkFit:
@@ -273,9 +275,9 @@ def test_no_param_all_gather_is_issued_before_zero_grad_and_chunk_1s_follow_chun
 # ---- communication ----------------------------------------------------------------------------------------------
 
 def sweep_record(size_bytes: int, seconds: float, rank_group: list[int], group: str = "dp",
-                 collective: str = "all_reduce") -> dict:
-    return {"group": group, "collective": collective, "group_size": len(rank_group), "ranks": rank_group,
-            "size_bytes": size_bytes, "time_s": seconds}
+                 collective: str = "all_reduce") -> BandwidthRecord:
+    return BandwidthRecord(group=group, collective=collective, group_size=len(rank_group), ranks=rank_group,
+                           size_bytes=size_bytes, time_s=seconds)
 
 
 def test_a_collective_costs_latency_plus_bus_bytes_over_bandwidth():
@@ -309,18 +311,18 @@ def test_at_the_power_limit_compute_bound_kernels_slow_and_memory_bound_ones_do_
                # back to back: 2.5 ms a pass of 1 ms compute-bound + 0.5 ms memory-bound kernels -> x2 on compute
                {"op": ops.SUSTAINED, "dims": {}, "dtype": "bf16", "seconds": 2.5e-3, "compute_bound_s": 1e-3,
                 "memory_bound_s": 0.5e-3}]
-    cal = Calibration.from_records(records, [])
+    cal = Calibration.from_records(typed("compute", records), [])
     assert cal.sustained == pytest.approx(2.0)
     assert cal.kernel_seconds(gemm, "bf16") == pytest.approx(2e-3)
     assert cal.kernel_seconds(norm, "bf16") == pytest.approx(1e-3)
-    shared = Calibration.from_records(records, [], compute_scale=3.0)
+    shared = Calibration.from_records(typed("compute", records), [], compute_scale=3.0)
     assert shared.kernel_seconds(norm, "bf16") == pytest.approx(3e-3)
 
 
 def test_ranks_record_one_kernel_each_and_the_median_counts():
     k = ops.kernel("residual_add", numel=8)
     records = [{"op": k.name, "dims": {"numel": 8}, "dtype": "fp32", "seconds": s} for s in (1e-3, 2e-3, 9e-3)]
-    assert Calibration.from_records(records, []).kernel_seconds(k, "fp32") == pytest.approx(2e-3)
+    assert Calibration.from_records(typed("compute", records), []).kernel_seconds(k, "fp32") == pytest.approx(2e-3)
 
 
 def test_oversubscribed_cpu_ranks_compute_slower_by_the_cores_they_lose():

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.config import RunConfig
-from common.run_dir import iter_events, read_manifest
+from ledger.evidence.layout import group_kind
+from ledger.evidence.read import read_run
 from ledger.evidence.run import RankEvidence
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import Collective, TraceSummary, summarize
 from ledger.reconcile.comm import predicted_volume, trace_volume, volume_rows
-from ledger.reconcile.topology import group_kind, rank_groups
+from tests.support.records import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PP2_GROUPS = {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
@@ -19,11 +20,11 @@ PP2_GROUPS = {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
 
 def attributed(name: str, rank: int = 0):
     run = FIXTURES / name
-    manifest = read_manifest(run)
-    groups = rank_groups(manifest, rank)
-    timing = list(iter_events(run, rank, {"timing"}))
+    ev = read_run(run)
+    groups = ev.groups(rank)
     trace = next((run / "traces").glob(f"rank{rank}.*"))
-    return manifest, groups, attribute_groups(summarize(trace), groups, manifest["world_size"], range_kinds(timing))
+    return ev.manifest, groups, attribute_groups(summarize(trace), groups, ev.world_size,
+                                                 range_kinds(ev.ranks[rank].timing))
 
 
 def test_under_pp2_the_shared_group_is_the_embeddings_only_for_its_grad_all_reduce():
@@ -80,7 +81,7 @@ def test_a_rank_in_several_groups_names_only_what_the_evidence_names(tmp_path):
         Collective("all_reduce", 2, 3, 64, None, thread=7, issued_in="optimizer"),
         Collective("all_reduce", 4, 5, 4, None, thread=9, issued_in="optimizer"),
         Collective("send", 6, 7, None, None, thread=1, issued_in="send_forward")])
-    result = attribute_groups(summary, groups, 4, range_kinds([{"name": "tp all-reduce", "category": "tp-comm"}]))
+    result = attribute_groups(summary, groups, 4, range_kinds(typed("timing", [{"name": "tp all-reduce", "category": "tp-comm", "start_s": 0.0, "end_s": 1.0}])))
     assert [c.group for c in result.summary.collectives] == [(0, 1), (0, 1), None, None]
     assert [group_kind(groups, c.group, c.op, c.issued_as) for c in result.summary.collectives[:3]] == \
         ["tp", "tp", "unknown"]

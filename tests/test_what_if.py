@@ -12,11 +12,11 @@ import pytest
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from ledger.evidence.read import read_run
 from ledger.present import units as fmt
 from ledger.present import what_if
 from ledger.present.charts import render
-from ledger.present.loaders import load_rows
-from ledger.reconcile.run import gather
+from ledger.present.loaders import load_rows, open_run
 from tests.fixtures.dashboard.runs import COMPLETE, make_runs_root
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -27,7 +27,7 @@ PARAMS = 1_235_814_400  # llama3.2-1b, tied embeddings (README)
 
 
 def config(run: Path) -> RunConfig:
-    return gather(run).config
+    return read_run(run).config
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def cfg() -> RunConfig:
 
 @pytest.fixture(scope="module")
 def basis() -> dict:
-    return what_if.run_basis(str(S4096))
+    return what_if.run_basis(open_run(S4096))
 
 
 # --- overrides -> config -----------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_doubling_the_gpus_with_data_parallelism(cfg: RunConfig) -> None:
 
 
 def test_the_measured_figures_are_the_runs_reconciliation_rows(basis: dict, cfg: RunConfig) -> None:
-    rows = load_rows(str(S4096))
+    rows = load_rows(open_run(S4096))
     measured = {r["metric"]: r["measured"] for r in rows if r.get("measured") is not None}
     m = basis["measured"]
     assert basis["hardware"] == "H200" and m["device"] == "NVIDIA H200"
@@ -196,7 +196,7 @@ def test_the_memory_chart_has_a_bar_per_stage_against_hbm(basis: dict, cfg: RunC
 
 def test_a_run_on_no_known_device_leaves_the_hardware_to_the_user() -> None:
     """The Megatron-LM run's manifest records no device: its config is there, its hardware kind is not."""
-    basis = what_if.run_basis(str(MEGATRON))
+    basis = what_if.run_basis(open_run(MEGATRON))
     assert basis["framework"] == "megatron-lm" and basis["device"] is None and basis["hardware"] is None
     assert basis["config"] is not None
     cfg = RunConfig.from_dict(basis["config"])
@@ -206,7 +206,7 @@ def test_a_run_on_no_known_device_leaves_the_hardware_to_the_user() -> None:
 def test_the_step_chart_leaves_out_clock_noise() -> None:
     """One stage has no bubble: the replay's 'pipeline bubble' of 10^-20 s on the Megatron-LM run is rounding,
     not a term to put in the legend; a timed run is split by its timers, an untimed one is one piece."""
-    basis = what_if.run_basis(str(MEGATRON))
+    basis = what_if.run_basis(open_run(MEGATRON))
     own = what_if.predict(RunConfig.from_dict(basis["config"]), "H200").prediction
     assert 0 < own["step"]["terms_s"]["pipeline bubble"] < 1e-12
     legend = [name for _, name in what_if.step_chart(basis, own, None).legend]

@@ -14,7 +14,7 @@ import streamlit as st
 
 from common.errors import UserError
 from dashboard import state
-from ledger.present import dashboard_data, loaders, units
+from ledger.present import dashboard_data, units
 from ledger.present.headline import HEADLINES
 
 # ledger.present.headline's figure source ends with the column the value came from; how the page names each
@@ -50,8 +50,8 @@ def describe(run: dict[str, Any]) -> dict[str, Any]:
     error = run.get("error")
     if error is None:
         try:
-            manifest = state.load(loaders.load_manifest, run["rel"])
-            out.update(layout=dashboard_data.layout_text(manifest), config=dashboard_data.config_text(manifest))
+            out.update(layout=state.load(dashboard_data.layout_text, run["rel"]),
+                       config=state.load(dashboard_data.config_text, run["rel"]))
             for name, fig in state.load(dashboard_data.headline, run["rel"]).items():
                 out[name] = figure_text(fig)
         except UserError as exc:

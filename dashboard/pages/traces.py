@@ -7,13 +7,13 @@ import streamlit as st
 
 from common.errors import UserError
 from dashboard import state
-from ledger.present import dashboard_data, loaders, units
+from ledger.present import dashboard_data, units
 
 state.start_page("Traces")
 run = state.current_run()
 if run is None:
     st.stop()
-files = state.guarded(dashboard_data.trace_list, run) if state.guarded(loaders.load_manifest, run) is not None else None
+files = state.guarded(dashboard_data.trace_list, run)
 if files is None:
     st.stop()
 if not files:

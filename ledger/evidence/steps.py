@@ -11,9 +11,10 @@ the same sets from its config's profiler window, and `source` says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from common.config import RunConfig
+from common.events import StepRecord
 
 FROM_RECORDS = "the step records' profiled flags"
 FROM_CONFIG = "the config's profiler window, as these step records carry no profiled flag"
@@ -54,16 +55,16 @@ class StepSelection:
         return (" and ".join(parts) + f" left out, per {self.source}") if parts else "no profiled step"
 
 
-def select_steps(cfg: RunConfig | None, world_size: int, step_records: Iterable[dict[str, Any]],
-                 timed_steps: Iterable[int] = ()) -> StepSelection:
+def select_steps(cfg: RunConfig | None, world_size: int, step_records: Iterable[StepRecord],
+                 timed_steps: Iterable[int | None] = ()) -> StepSelection:
     """The run's step selection from every rank's step records (and the steps its timing records name)."""
     records = list(step_records)
-    steps = {r.get("step") for r in records} | set(timed_steps)
+    steps = {r.step for r in records} | set(timed_steps)
     steps.discard(None)
-    first = min(steps) if steps else None
-    if any("profiled" in r for r in records):
-        profiled = frozenset(r["step"] for r in records if r.get("profiled"))
-        after = frozenset(r["step"] for r in records if r.get("after_trace_export"))
+    first = min(steps) if steps else None  # type: ignore[type-var]
+    if any(r.profiled is not None for r in records):
+        profiled = frozenset(r.step for r in records if r.profiled and r.step is not None)
+        after = frozenset(r.step for r in records if r.after_trace_export and r.step is not None)
         return StepSelection(first, profiled, after, FROM_RECORDS)
     profiled, after = config_window(cfg, world_size)
     return StepSelection(first, profiled, after, FROM_CONFIG)

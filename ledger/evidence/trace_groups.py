@@ -40,8 +40,8 @@ class GroupAttribution:
 
 def range_kinds(timing: Iterable[dict[str, Any]]) -> dict[str, str]:
     """Range name -> the group kind its category names, from a rank's timing records."""
-    return {str(t["name"]): RANGE_GROUPS[t["category"]] for t in timing
-            if t.get("category") in RANGE_GROUPS and t.get("name") is not None}
+    return {str(t.name): RANGE_GROUPS[t.category] for t in timing
+            if t.category in RANGE_GROUPS and t.name is not None}
 
 
 def attribute_groups(summary: TraceSummary, groups: dict[str, tuple[int, ...]], world_size: int,

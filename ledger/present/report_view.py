@@ -50,12 +50,12 @@ class View:
         return units.plain(self.notes.cite(line.explanation()).inline())
 
 
-def build(run_dir: str) -> View:
-    data = loaders.load_reconciliation(run_dir)
+def build(run: loaders.RunView) -> View:
+    data = run.reconciliation
     lines = group(data["rows"])
     return View(data=data, lines=lines, notes=Notes.of([line.explanation() for line in lines]),
-                waterfall=loaders.memory_waterfall(run_dir), timeline=loaders.stage_timeline(run_dir),
-                buckets=loaders.bucket_intervals(run_dir), topology=loaders.topology(run_dir))
+                waterfall=loaders.memory_waterfall(run), timeline=loaders.stage_timeline(run),
+                buckets=loaders.bucket_intervals(run), topology=loaders.topology(run))
 
 
 def headline(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], str]]:

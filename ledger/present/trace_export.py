@@ -32,12 +32,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError, InputError
-from common.run_dir import atomic_open, check_writable, events_path, read_manifest, trace_files
-from common.run_dir import iter_events as iter_run_events
-from ledger.evidence.run import rank_coords
+from common.run_dir import atomic_open, check_writable
+from ledger.evidence.layout import group_kind
+from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.trace_groups import NONE, P2P, RECORDED, RULES, attribute_groups, range_kinds
 from ledger.evidence.traces import P2P_KINDS, TraceStream, TraceSummary, summarize
-from ledger.reconcile.topology import group_kind, rank_groups, rank_label
+from ledger.present.units import rank_label
 
 MEMORY_KEYS = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
                "peak": "allocated_bytes.all.peak"}
@@ -229,17 +229,17 @@ def _naming_line(rank: int, ix: TraceIndex) -> list[str]:
             f"{total - unnamed} of its {total} collectives" + (f" ({detail})" if detail else "") + why]
 
 
-def export(run_dir: str | Path, out: str | Path, steps: tuple[int, int] | None = None,
+def export(ev: RunEvidence, out: str | Path, steps: tuple[int, int] | None = None,
            ranks: set[int] | None = None, progress: Callable[[str], None] = lambda _: None) -> ExportResult:
-    run_dir, out = Path(run_dir), check_writable(out)
-    manifest = read_manifest(run_dir)
-    files = [(r, p) for r, _, _, p in trace_files(run_dir) if ranks is None or r in ranks]
+    out = check_writable(out)
+    manifest = ev.manifest
+    files = [(t.rank, t.path) for t in ev.traces if ranks is None or t.rank in ranks]
     if not files:
-        raise InputError(run_dir / "traces", "no traces" + (f" for ranks {sorted(ranks)}" if ranks else ""))
+        raise InputError(ev.run_dir / "traces", "no traces" + (f" for ranks {sorted(ranks)}" if ranks else ""))
     indexes = {}
     for i, (rank, path) in enumerate(files, 1):
         progress(f"reading trace {i}/{len(files)} (rank {rank})")
-        indexes[rank] = _indexed(run_dir, manifest, rank, path)
+        indexes[rank] = _indexed(ev, rank, path)
     if steps is not None and not any(_selected(ix.steps, steps) for ix in indexes.values()):
         raise ConfigError(f"--steps {steps[0]}-{steps[1]}: no trace holds those steps")
     result = ExportResult(out=out, ranks=[r for r, _ in files], alignment=clock_offsets(indexes), indexes=indexes,
@@ -256,7 +256,7 @@ def export(run_dir: str | Path, out: str | Path, steps: tuple[int, int] | None =
         first = True
         for i, (rank, path) in enumerate(files, 1):
             progress(f"writing rank {rank} ({i}/{len(files)}), {result.events:,} events so far")
-            for event in rank_events(run_dir, manifest, rank, path, indexes[rank], offsets[rank], steps):
+            for event in rank_events(ev, rank, path, indexes[rank], offsets[rank], steps):
                 f.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
                 first = False
                 result.events += 1
@@ -264,24 +264,13 @@ def export(run_dir: str | Path, out: str | Path, steps: tuple[int, int] | None =
     return result
 
 
-def _indexed(run_dir: Path, manifest: dict[str, Any], rank: int, path: Path) -> TraceIndex:
+def _indexed(ev: RunEvidence, rank: int, path: Path) -> TraceIndex:
     """A trace's index, its collectives given the group ranks its trace may lack (ledger.evidence.trace_groups)."""
-    summary = _checked(summarize(path), rank, path, manifest)
-    groups = rank_groups(manifest, rank)
-    timing = iter_run_events(run_dir, rank, {"timing"}) if events_path(run_dir, rank).is_file() else []
-    named = attribute_groups(summary, groups, int(manifest["world_size"]), range_kinds(timing))
+    trace = next(t for t in ev.traces if t.path == path)
+    summary = ev.checked(summarize(path), trace)
+    groups = ev.groups(rank)
+    named = attribute_groups(summary, groups, ev.world_size, range_kinds(ev.rank_evidence(rank).timing))
     return index(named.summary, groups, named.named_by)
-
-
-def _checked(s: TraceSummary, rank: int, path: Path, manifest: dict[str, Any]) -> TraceSummary:
-    if s.run_id is not None and s.run_id != manifest.get("run_id"):
-        raise InputError(path, f"trace from another run: run_id {s.run_id!r}, manifest says {manifest.get('run_id')!r}")
-    if s.rank is not None and s.rank != rank:
-        raise InputError(path, f"distributedInfo says rank {s.rank}, the file name rank {rank}")
-    if s.world_size is not None and s.world_size != manifest["world_size"]:
-        raise InputError(path, f"trace from another run: world size {s.world_size}, this run's is "
-                               f"{manifest['world_size']}")
-    return s
 
 
 def _selected(windows: dict[int, tuple[float, float]], steps: tuple[int, int]) -> list[int]:
@@ -297,9 +286,9 @@ def _time_range(s: TraceIndex, steps: tuple[int, int] | None) -> tuple[float, fl
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
-def rank_events(run_dir: Path, manifest: dict[str, Any], rank: int, path: Path, ix: TraceIndex,
+def rank_events(ev: RunEvidence, rank: int, path: Path, ix: TraceIndex,
                 offset: float, steps: tuple[int, int] | None) -> Iterator[dict[str, Any]]:
-    coords = rank_coords(manifest, rank)
+    coords = ev.coords(rank)
     yield {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": rank_label(rank, coords)}}
     yield {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
     span = _time_range(ix, steps)
@@ -324,7 +313,7 @@ def rank_events(run_dir: Path, manifest: dict[str, Any], rank: int, path: Path, 
         if "id" in out and out.get("ph") in ("s", "t", "f", "b", "e", "n"):
             out["id"] = f"{rank}:{out['id']}"
         yield out
-    yield from memory_counters(run_dir, rank, ix, offset, steps)
+    yield from memory_counters(ev.rank_evidence(rank), ix, offset, steps)
 
 
 def _thread_name(key: tuple[Any, Any], kineto_name: str | None) -> str:
@@ -334,27 +323,27 @@ def _thread_name(key: tuple[Any, Any], kineto_name: str | None) -> str:
     return kineto_name or f"CPU thread {tid}"
 
 
-def memory_counters(run_dir: Path, rank: int, ix: TraceIndex, offset: float,
+def memory_counters(r: RankEvidence, ix: TraceIndex, offset: float,
                     steps: tuple[int, int] | None) -> Iterator[dict[str, Any]]:
     """Counter events from the rank's per-step memory and NVML records, at the end of each traced step."""
-    if not events_path(run_dir, rank).is_file():
-        return
     windows = ix.steps
-    nvml: dict[int, int] = {}
-    for record in iter_run_events(run_dir, rank, {"memory", "nvml"}):
-        step = record.get("step")
-        if step not in windows or (steps is not None and not steps[0] <= step <= steps[1]):
-            continue
-        ts = windows[step][1] + offset
-        if record["kind"] == "nvml" and "used_bytes" in record:
-            nvml[step] = max(nvml.get(step, 0), int(record["used_bytes"]))
-        elif record["kind"] == "memory" and record.get("point") == "step":
-            args = {name: record[key] for name, key in MEMORY_KEYS.items() if key in record}
-            if not args and "rss_bytes" in record:
-                args = {"rss": record["rss_bytes"]}
-            if args:
-                yield {"ph": "C", "name": "memory (bytes)", "pid": rank, "tid": 0, "ts": ts, "args": args}
-    for step, used in sorted(nvml.items()):
-        yield {"ph": "C", "name": "nvml used (bytes)", "pid": rank, "tid": 0, "ts": windows[step][1] + offset,
-               "args": {"used": used}}
 
+    def shown(step: int | None) -> bool:
+        return step in windows and (steps is None or steps[0] <= step <= steps[1])  # type: ignore[operator]
+
+    for m in r.memory_steps:
+        if not shown(m.step) or m.point != "step":
+            continue
+        args = {name: m.figure(key) for name, key in MEMORY_KEYS.items() if m.figure(key) is not None}
+        if not args and m.rss_bytes is not None:
+            args = {"rss": m.rss_bytes}
+        if args:
+            yield {"ph": "C", "name": "memory (bytes)", "pid": r.rank, "tid": 0,
+                   "ts": windows[m.step][1] + offset, "args": args}  # type: ignore[index]
+    nvml: dict[int, int] = {}
+    for n in r.nvml:
+        if shown(n.step) and n.used_bytes is not None:
+            nvml[n.step] = max(nvml.get(n.step, 0), n.used_bytes)  # type: ignore[index]
+    for step, used in sorted(nvml.items()):
+        yield {"ph": "C", "name": "nvml used (bytes)", "pid": r.rank, "tid": 0, "ts": windows[step][1] + offset,
+               "args": {"used": used}}

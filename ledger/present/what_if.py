@@ -27,8 +27,7 @@ from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import simulate
 from ledger.present import units as fmt
 from ledger.present.charts import Bar, Chart, stacked
-from ledger.present.loaders import load_rows
-from ledger.reconcile.run import gather
+from ledger.present.loaders import RunView, load_rows
 from ledger.reconcile.validation import hardware_for, measured, measured_values, run_device
 
 RECOMPUTE = ("none", "selective", "full")
@@ -126,11 +125,11 @@ def predict_choice(cfg: RunConfig, c: Choice, hardware: str) -> Outcome:
     return predict(changed, hardware)
 
 
-def run_basis(run_dir: str) -> dict[str, Any]:
+def run_basis(view: RunView) -> dict[str, Any]:
     """What the page needs of a run, as plain values: `config` (RunConfig.to_dict(), None when it cannot be read,
     e.g. a Megatron-LM run whose arguments are missing), `device` (as the manifest names it), `hardware` (the known
     GPU kind of that device, None when it is none: the user picks) and `measured` (measured_figures)."""
-    ev = gather(run_dir)
+    ev = view.evidence
     device = run_device(ev.manifest)
     try:
         hardware: str | None = hardware_for(device, None).name
@@ -138,7 +137,7 @@ def run_basis(run_dir: str) -> dict[str, Any]:
         hardware = None
     return {"config": ev.config.to_dict() if ev.config is not None else None, "framework": ev.framework,
             "device": device, "hardware": hardware,
-            "measured": measured_figures(load_rows(run_dir), device, ev.config)}
+            "measured": measured_figures(load_rows(view), device, ev.config)}
 
 
 def _reduce(rows: list[dict[str, Any]], metric: str, how: Any) -> float | None:

@@ -22,12 +22,12 @@ from statistics import mean
 
 from common.config import RunConfig
 from common.events import COMM_CATEGORY_GROUP
+from ledger.evidence.layout import group_kind
 from ledger.evidence.run import RankEvidence, after_first_step
 from ledger.evidence.traces import TraceSummary, normalize_op
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.comm import grad_group, step_collectives
 from ledger.reconcile.rows import Row, row
-from ledger.reconcile.topology import group_kind
 
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
@@ -68,11 +68,11 @@ def counter_volume(r: RankEvidence) -> dict[Key, float]:
     run's first when there are others: under --overlap-param-gather a step's param all-gather runs at the start of
     the next step's forward, so the first step has none (no earlier update) while the formula's steady step has one."""
     per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
-    counted = [t for t in r.timing if COMM_CATEGORY_GROUP.get(t.get("category")) and t.get("bytes") is not None]
-    for t in after_first_step(counted, lambda t: t.get("step")):
-        group = COMM_CATEGORY_GROUP[t["category"]]
-        op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
-        per_step[t.get("step")][(group, op)] += int(t["bytes"])
+    counted = [t for t in r.timing if COMM_CATEGORY_GROUP.get(t.category) and t.bytes is not None]
+    for t in after_first_step(counted, lambda t: t.step):
+        group = COMM_CATEGORY_GROUP[t.category]
+        op = "send_recv" if group == "pp" else normalize_op(t.name) or "unknown"
+        per_step[t.step][(group, op)] += int(t.bytes)
     return _mean_over_steps(per_step)
 
 

@@ -18,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
 
+from common.events import COMPUTE_CATEGORIES
 from common.intervals import length, union
 from ledger.evidence.run import RankEvidence, RunEvidence, after_first_step
 from ledger.evidence.steps import StepSelection
@@ -46,9 +47,9 @@ class StageSlot:
 
 
 def stage_slots(r: RankEvidence) -> list[StageSlot]:
-    return [StageSlot(rank=r.rank, stage=r.stage, step=t.get("step"), kind=t["category"],
-                      microbatch=t.get("microbatch"), chunk=t.get("chunk"), start=t["t_start"], end=t["t_end"])
-            for t in r.timing if t.get("category") in ("forward", "backward") and "t_start" in t]
+    return [StageSlot(rank=r.rank, stage=r.stage, step=t.step, kind=t.category,
+                      microbatch=t.microbatch, chunk=t.chunk, start=t.t_start, end=t.t_end)
+            for t in r.timing if t.category in COMPUTE_CATEGORIES and t.t_start is not None and t.t_end is not None]
 
 
 def measured_bubbles(slots: list[StageSlot]) -> dict[int, list[tuple[float, float]]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
+from common.events import StepRecord
 from ledger.evidence.run import RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.flops import (
@@ -30,8 +31,8 @@ STRAGGLER_TOL = 0.05
 STEP_TIME_TOL = 0.05
 
 
-def timed_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("step_time_s")]
+def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
+    return [r for r in records if r.step_time_s]
 
 
 def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
@@ -53,14 +54,14 @@ def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
     records = {rank: s for rank, s in records.items() if s}
     if not records:
         return []
-    steps = {s["step"] for steps in records.values() for s in steps}
+    steps = {s.step for steps in records.values() for s in steps}
     steady = set(selection.steady(steps))
-    per_rank = {rank: [s for s in steps if s["step"] in steady] for rank, steps in records.items()}
+    per_rank = {rank: [s for s in steps if s.step in steady] for rank, steps in records.items()}
     per_rank = {rank: s for rank, s in per_rank.items() if s}
     kept, note = selection.timed(steps)
-    figures = [s for steps in records.values() for s in steps if s["step"] in kept]
-    step_time = median(s["step_time_s"] for s in figures)
-    tokens = [s["tokens"] for s in figures if s.get("tokens") is not None]
+    figures = [s for steps in records.values() for s in steps if s.step in kept]
+    step_time = median(s.step_time_s for s in figures)
+    tokens = [s.tokens for s in figures if s.tokens is not None]
     where = f"median step time {step_time * 1e3:.1f} ms over {len(figures)} rank-step(s): {selection.describe()}" \
             + (f"; {note}" if note else "")
     cfg = ev.config
@@ -77,9 +78,9 @@ def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
     return rows
 
 
-def step_time_row(per_rank: dict[int, list[dict[str, Any]]], selection: StepSelection,
+def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelection,
                   predicted: float | None) -> Row:
-    times = [s["step_time_s"] for steps in per_rank.values() for s in steps]
+    times = [s.step_time_s for steps in per_rank.values() for s in steps]
     measured = median(times) if times else None
     text = (f"median over {len(times)} steady rank-step(s) ({selection.describe()})" if times else
             f"no steady step to judge: every step after the first was disturbed by the profiler "
@@ -104,10 +105,10 @@ def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     return rows
 
 
-def profiler_rows(records: dict[int, list[dict[str, Any]]], steady: set[int], selection: StepSelection) -> list[Row]:
+def profiler_rows(records: dict[int, list[StepRecord]], steady: set[int], selection: StepSelection) -> list[Row]:
     """The profiler's cost as a measured figure: median profiled step time / median steady step time - 1."""
-    profiled = [s["step_time_s"] for steps in records.values() for s in steps if s["step"] in selection.profiled]
-    normal = [s["step_time_s"] for steps in records.values() for s in steps if s["step"] in steady]
+    profiled = [s.step_time_s for steps in records.values() for s in steps if s.step in selection.profiled]
+    normal = [s.step_time_s for steps in records.values() for s in steps if s.step in steady]
     if not profiled or not normal:
         return []
     rows = [row("throughput.profiler_overhead", "run", measured=median(profiled) / median(normal) - 1,
@@ -126,11 +127,11 @@ def profiler_rows(records: dict[int, list[dict[str, Any]]], steady: set[int], se
     return rows
 
 
-def straggler_rows(per_rank: dict[int, list[dict[str, Any]]], selection: StepSelection) -> list[Row]:
+def straggler_rows(per_rank: dict[int, list[StepRecord]], selection: StepSelection) -> list[Row]:
     """Per rank: its median steady step time against the other ranks' median (a faster rank is no straggler); per
     run: the worst per-step spread (max - min) / median on steady steps."""
     rows = []
-    medians = {rank: median(s["step_time_s"] for s in steps) for rank, steps in per_rank.items()}
+    medians = {rank: median(s.step_time_s for s in steps) for rank, steps in per_rank.items()}
     for rank, mine in sorted(medians.items()):
         others = [m for other, m in medians.items() if other != rank]
         if others:
@@ -150,11 +151,11 @@ def straggler_rows(per_rank: dict[int, list[dict[str, Any]]], selection: StepSel
     return rows
 
 
-def _spreads(per_rank: dict[int, list[dict[str, Any]]], only: frozenset[int] | None = None) -> dict[int, float]:
+def _spreads(per_rank: dict[int, list[StepRecord]], only: frozenset[int] | None = None) -> dict[int, float]:
     """(max - min) / median across ranks of each step seen on more than one rank (of `only`, when given)."""
     by_step: dict[int, list[float]] = {}
     for steps in per_rank.values():
         for s in steps:
-            if only is None or s["step"] in only:
-                by_step.setdefault(s["step"], []).append(s["step_time_s"])
+            if only is None or s.step in only:
+                by_step.setdefault(s.step, []).append(s.step_time_s)
     return {step: (max(t) - min(t)) / median(t) for step, t in by_step.items() if len(t) > 1}

@@ -67,7 +67,7 @@ def host_share(ev: RunEvidence) -> tuple[float, str | None]:
         device = entry.get("device") or {}
         if device.get("type") == "cpu" and entry.get("host") and device.get("cores"):
             hosts[entry["host"]].append(device)
-    threads = max((int(r.get("threads") or 1) for e in ev.ranks.values() for r in e.compute), default=1)
+    threads = max((r.threads or 1 for e in ev.ranks.values() for r in e.compute), default=1)
     scale, note = 1.0, None
     for host, devices in hosts.items():
         cores = int(devices[0]["cores"])
@@ -111,12 +111,12 @@ def _ms(seconds: float) -> str:
 
 
 def _ranges(ranks: list[RankEvidence], category: str, steps: set[int]) -> list[float]:
-    return [t["duration_s"] for r in ranks for t in r.timing
-            if t.get("category") == category and t.get("step") in steps and "duration_s" in t]
+    return [t.duration_s for r in ranks for t in r.timing
+            if t.category == category and t.step in steps and t.duration_s is not None]
 
 
 def _steps(ev: RunEvidence, selection: StepSelection) -> tuple[set[int], str]:
-    timed = {t.get("step") for r in ev.ranks.values() for t in r.timing}
+    timed = {t.step for r in ev.ranks.values() for t in r.timing}
     kept, note = selection.timed(timed)
     return set(kept), "; ".join(x for x in (selection.describe(), note) if x)
 
@@ -182,12 +182,12 @@ def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEv
 
 
 def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
-    records = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s") and s.get("tokens")]
-    steady = set(selection.steady(s["step"] for s in records))
-    kept = [s for s in records if s["step"] in steady]
+    records = [s for r in ev.ranks.values() for s in r.steps if s.step_time_s and s.tokens]
+    steady = set(selection.steady(s.step for s in records))
+    kept = [s for s in records if s.step in steady]
     if ev.config is None or not kept:
         return []
-    measured = median(s["tokens"] for s in kept) / median(s["step_time_s"] for s in kept)
+    measured = median(s.tokens for s in kept) / median(s.step_time_s for s in kept)
     predicted = model.step.tokens_per_s if model.step is not None else None
     text = (f"time model: {tokens_per_step(ev.config):,} tokens per step / predicted step "
             f"{_ms(model.step.step_time)}" if model.step is not None

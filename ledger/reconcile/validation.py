@@ -17,7 +17,8 @@ from typing import Any
 from common.errors import ConfigError, InputError
 from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
 from ledger.models.simulate.simulation import Simulation, simulate
-from ledger.reconcile.run import gather, reconcile_evidence
+from ledger.evidence.read import read_run
+from ledger.reconcile.run import reconcile_evidence
 
 STEP_GOAL, PEAK_GOAL = 0.05, 0.03
 
@@ -106,7 +107,7 @@ def hardware_for(device: str | None, spec: str | None) -> Hardware:
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
     if not Path(run_dir).is_dir():
         raise InputError(str(run_dir), "not a run directory")
-    ev = gather(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
+    ev = read_run(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
     if ev.config is None:
         raise InputError(str(run_dir), "the run's configuration cannot be read: nothing to simulate")
     device = run_device(ev.manifest)

@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
+
+from common.events import BandwidthRecord, ComputeRecord
 
 from ledger.models.time_model.comm import CommModel
 from ledger.models.time_model.missing import CalibrationMissing
@@ -50,22 +52,22 @@ class Calibration:
     scale_note: str | None = None
 
     @classmethod
-    def from_records(cls, compute: Iterable[dict[str, Any]], bandwidth: Iterable[dict[str, Any]],
+    def from_records(cls, compute: Iterable[ComputeRecord], bandwidth: Iterable[BandwidthRecord],
                      compute_scale: float = 1.0, scale_note: str | None = None) -> "Calibration":
         seconds: dict[KernelKey, list[float]] = defaultdict(list)
         per_element: dict[tuple[str, str], list[float]] = defaultdict(list)
         sustained: list[float] = []
         devices = set()
         for r in compute:
-            devices.add(str(r.get("device", "unknown device")))
-            if r["op"] == SUSTAINED:
-                compute_bound = float(r["compute_bound_s"])
-                sustained.append((float(r["seconds"]) - float(r["memory_bound_s"])) / compute_bound
-                                 if compute_bound > 0 else 1.0)
-            elif r["op"] in RATE_OPS:
-                per_element[(r["op"], r["dtype"])].append(float(r["seconds"]) / int(r["dims"]["numel"]))
+            devices.add(r.device or "unknown device")
+            dtype = r.dtype or ""
+            if r.op == SUSTAINED:
+                compute_bound = r.compute_bound_s or 0.0
+                sustained.append((r.seconds - (r.memory_bound_s or 0.0)) / compute_bound if compute_bound > 0 else 1.0)
+            elif r.op in RATE_OPS:
+                per_element[(r.op, dtype)].append(r.seconds / int(r.dims["numel"]))
             else:
-                seconds[_key(r["op"], r["dims"], r["dtype"])].append(float(r["seconds"]))
+                seconds[_key(r.op, r.dims, dtype)].append(r.seconds)
         return cls(kernels={k: median(v) for k, v in seconds.items()},
                    rates={k: median(v) for k, v in per_element.items()}, comm=CommModel.from_sweep(bandwidth),
                    device=", ".join(sorted(devices)) or "unknown device",
