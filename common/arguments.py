@@ -70,7 +70,8 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     m.add_argument("--norm-epsilon", type=float)
     m.add_argument("--init-method-std", type=float)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="a separate output layer; without it the output layer multiplies by the input embedding")
+                   help="a separate output layer; without it the output layer multiplies by the input embedding "
+                        "(a --model preset is tied or not as its published config)")
     moe = p.add_argument_group("mixture of experts", "docs/engine.md, Mixture of experts")
     moe.add_argument("--num-experts", type=int, help="experts per MoE layer (every layer); absent: dense MLP")
     moe.add_argument("--moe-router-topk", type=int, help="experts each token is routed to (default 2)")
@@ -221,7 +222,8 @@ def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfi
     for key in _MOE_FLAGS:
         if getattr(ns, key) is not None:
             shape[key] = getattr(ns, key)
-    # A preset may be untied (Mixtral); the flag unties any shape, as Megatron's (there is no flag that ties).
+    # A preset is untied where its published config is (Llama 3.1, Mixtral); the flag unties any shape, as
+    # Megatron's (there is no flag that ties).
     untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
     return ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
 

@@ -25,7 +25,7 @@ from common.config.checkpoint_layout import (
 from common.config.limits import MAX_LAYERS, MAX_TOKENS, MAX_WIDTH, MAX_WORLD_SIZE, check_ranges
 from common.config.model_config import ModelConfig
 from common.config.parallel_config import ParallelConfig
-from common.config.presets import PRESETS
+from common.config.presets import PRESETS, TYING_SOURCES, tying_reason
 from common.config.probe_config import ProbeConfig
 from common.config.recompute_config import RecomputeConfig, check_recompute
 from common.config.run_config import RunConfig, check_engine_support, check_moe
@@ -38,4 +38,5 @@ __all__ = [
     "ProbeConfig", "RecomputeConfig", "RunConfig", "TrainConfig", "check_checkpoint_flags", "check_ddp_flags",
     "check_engine_support", "check_load_layout", "check_moe", "check_ranges", "check_recompute",
     "checkpoint_dir_name", "checkpoint_layout", "latest_checkpoint", "layout_differences", "validate",
+    "TYING_SOURCES", "tying_reason",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.config import RunConfig
+from common.config import RunConfig, tying_reason
 from ledger.models.formulas import activations, bubble, comm, flops, params
 from ledger.models.formulas.buffer_layout import expert_dp_size
 from ledger.models.formulas.bytes_per_param import bytes_per_param, run_bytes_per_param, run_strategy
@@ -88,6 +88,7 @@ def _params(cfg: RunConfig) -> dict[str, Any]:
     padded = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
     return {"total": params.params_total(cfg), "per_layer": params.params_per_layer(m),
             "embeddings": "untied" if m.untie_embeddings_and_output_weights else "tied",
+            "embeddings_reason": tying_reason(cfg.model_preset, m.untie_embeddings_and_output_weights),
             "embedding_copy_on_last_stage": params.embedding_copy_on_last_stage(cfg),
             "per_component": params.component_counts(m, tp), "per_stage": params.params_per_stage(cfg),
             "per_rank": per_rank, "per_rank_max": max(per_rank),
