@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from common.config import PRESETS, RunConfig, tying_reason
+from common.config import PRESETS, TYING_SOURCES, RunConfig, tying_reason
 from common.run_dir import iter_events, read_manifest
 from ledger.models.formulas import params
 
@@ -75,6 +75,7 @@ def test_the_reason_names_the_published_config_the_flag_or_megatrons_default():
     assert tying_reason("llama3.2-1b", True) == "by --untie-embeddings-and-output-weights"
     assert tying_reason(None, True) == "by --untie-embeddings-and-output-weights"
     assert tying_reason(None, False) == "by Megatron's default: no --untie-embeddings-and-output-weights"
+    assert set(TYING_SOURCES) == set(PRESETS)  # every preset says where its tying comes from
 
 
 @pytest.mark.parametrize("run", ["8b-4layers", "8b-8layers-s8192-selective"])
