@@ -18,10 +18,11 @@ def _coords(coords: dict[str, int]) -> str:
 
 
 def _embeddings(params: dict[str, Any]) -> str:
+    reason = params["embeddings_reason"]
     if params["embeddings"] == "untied":
-        return "untied embedding and output layer"
+        return f"untied embedding and output layer {reason}"
     copy = "; the last stage holds a copy" if params["embedding_copy_on_last_stage"] else ""
-    return f"tied embedding and output layer{copy}"
+    return f"tied embedding and output layer {reason}{copy}"
 
 
 def _other_recompute_modes(memory: dict[str, Any], stage: int) -> str:

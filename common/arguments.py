@@ -42,7 +42,7 @@ _FIXED_CHOICES: dict[str, tuple[str, ...]] = {
     "--moe-token-dispatcher-type": ("alltoall",),
     "--moe-token-drop-policy": ("probs",),
 }
-# Under megatron_model the flavour flags take the values the ledger's formulas model (common/config.py ModelConfig).
+# Under megatron_model the flavour flags take the values the ledger's formulas model (common.config.ModelConfig).
 _MEGATRON_MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "--normalization": ("LayerNorm", "RMSNorm"),
     "--position-embedding-type": ("learned_absolute", "rope"),
@@ -70,7 +70,8 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     m.add_argument("--norm-epsilon", type=float)
     m.add_argument("--init-method-std", type=float)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="a separate output layer; without it the output layer multiplies by the input embedding")
+                   help="a separate output layer; without it the output layer multiplies by the input embedding "
+                        "(a --model preset is tied or not as its published config)")
     moe = p.add_argument_group("mixture of experts", "docs/engine.md, Mixture of experts")
     moe.add_argument("--num-experts", type=int, help="experts per MoE layer (every layer); absent: dense MLP")
     moe.add_argument("--moe-router-topk", type=int, help="experts each token is routed to (default 2)")
@@ -169,31 +170,7 @@ def parse_args(argv: Sequence[str], *, world_size: int | None = None, prog: str 
 
 
 def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: bool = False) -> RunConfig:
-    shape: dict[str, Any] = dict(PRESETS[ns.model]) if ns.model else {}
-    explicit_shape = not ns.model and any(getattr(ns, k) is not None for k in _SHAPE_FLAGS)
-    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "vocab_size", "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by",
-                "rotary_base", "norm_epsilon", "init_method_std"):
-        if getattr(ns, key) is not None:
-            shape[key] = getattr(ns, key)
-    if ns.model is None and not shape:
-        shape = dict(PRESETS["tiny"])
-    _flavour(ns, shape, explicit_shape=explicit_shape, megatron_model=megatron_model)
-    if "num_query_groups" not in shape and "num_attention_heads" in shape:
-        shape["num_query_groups"] = shape["num_attention_heads"]
-    if "max_position_embeddings" not in shape and "seq_length" in shape:
-        shape["max_position_embeddings"] = shape["seq_length"]
-    missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
-                           "seq_length") if k not in shape]
-    if missing:
-        raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
-    for key in _MOE_FLAGS:
-        if getattr(ns, key) is not None:
-            shape[key] = getattr(ns, key)
-    # A preset may be untied (Mixtral); the flag unties any shape, as Megatron's (there is no flag that ties).
-    untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
-    model = ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
-
+    model = _model_config(ns, megatron_model=megatron_model)
     ws = world_size if world_size is not None else (ns.world_size if ns.world_size is not None else 1)
     parallel = ParallelConfig(world_size=ws, tensor_model_parallel_size=ns.tensor_model_parallel_size,
                               pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
@@ -220,6 +197,35 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     validate(cfg)
     check_load_layout(cfg)
     return cfg
+
+
+def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfig:
+    """The preset's fields (or tiny's, without --model and shape flags), then each shape flag given over it."""
+    shape: dict[str, Any] = dict(PRESETS[ns.model]) if ns.model else {}
+    explicit_shape = not ns.model and any(getattr(ns, k) is not None for k in _SHAPE_FLAGS)
+    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "vocab_size", "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by",
+                "rotary_base", "norm_epsilon", "init_method_std"):
+        if getattr(ns, key) is not None:
+            shape[key] = getattr(ns, key)
+    if ns.model is None and not shape:
+        shape = dict(PRESETS["tiny"])
+    _flavour(ns, shape, explicit_shape=explicit_shape, megatron_model=megatron_model)
+    if "num_query_groups" not in shape and "num_attention_heads" in shape:
+        shape["num_query_groups"] = shape["num_attention_heads"]
+    if "max_position_embeddings" not in shape and "seq_length" in shape:
+        shape["max_position_embeddings"] = shape["seq_length"]
+    missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+                           "seq_length") if k not in shape]
+    if missing:
+        raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
+    for key in _MOE_FLAGS:
+        if getattr(ns, key) is not None:
+            shape[key] = getattr(ns, key)
+    # A preset is untied where its published config is (Llama 3.1, Mixtral); the flag unties any shape, as
+    # Megatron's (there is no flag that ties).
+    untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
+    return ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
 
 
 # The flavour the engine implements: ModelConfig's defaults.

@@ -342,31 +342,31 @@ def _check(where: str, value: Any, hint: Any, finite: bool = False) -> Any:
         return _check(where, value, options[0], finite)
     base = origin or hint
     if base is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecordError(f"{where} is {value!r}, expected a number")
-        if finite and not math.isfinite(value):
-            raise RecordError(f"{where} is {value!r}, expected a finite number")
-        return float(value)
+        return _check_float(where, value, finite)
     if base is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise RecordError(f"{where} is {value!r}, expected an integer")
-        return value
-    if base is bool:
-        if not isinstance(value, bool):
-            raise RecordError(f"{where} is {value!r}, expected true or false")
-        return value
-    if base is str:
-        if not isinstance(value, str):
-            raise RecordError(f"{where} is {value!r}, expected a string")
-        return value
-    if base is dict:
-        if not isinstance(value, dict):
-            raise RecordError(f"{where} is {value!r}, expected an object")
-        return value
-    if base is list:
-        if not isinstance(value, list):
-            raise RecordError(f"{where} is {value!r}, expected a list")
-        return value
+        return _check_int(where, value)
+    expected = _EXPECTED.get(base)
+    if expected is not None and not isinstance(value, base):
+        raise RecordError(f"{where} is {value!r}, expected {expected}")
+    return value
+
+
+# What a field of each plain type must hold, in the words of the error (JSON's names).
+_EXPECTED = {bool: "true or false", str: "a string", dict: "an object", list: "a list"}
+
+
+def _check_float(where: str, value: Any, finite: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(f"{where} is {value!r}, expected a number")
+    if finite and not math.isfinite(value):
+        raise RecordError(f"{where} is {value!r}, expected a finite number")
+    return float(value)
+
+
+def _check_int(where: str, value: Any) -> int:
+    """An integer; a float with an integral value reads as one."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise RecordError(f"{where} is {value!r}, expected an integer")
     return value

@@ -78,6 +78,7 @@ from common.errors import UserError
 from engine.checkpoint_reshard import resharded_state, resharding_note
 from engine.optimizer.optimizer import _copy_pieces
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 SAVED_BY_RUN_DIR = "saved_by_run_dir"  # layout.json's key for the run directory that saved the checkpoint
 POLL_SECONDS = 0.01  # how often rank 0's finaliser looks for the other ranks' files
@@ -224,7 +225,7 @@ class Checkpointer:
     scheduler: Any  # OptimizerParamScheduler
     data_iterators: list[Any]  # MockDataIterator, one per chunk
     log: bool  # rank 0 prints what it saved and loaded
-    probes: Any = field(default_factory=NullProbeSet)  # times each save / load and records what it wrote
+    probes: ProbeSetProtocol = field(default_factory=NullProbeSet)  # times each save / load and records what it wrote
     loaded_iteration: int | None = None  # the checkpoint load() restored (None: the run started fresh)
     started: float = PROCESS_STARTED  # time.monotonic() at start-up, which --exit-duration-in-mins counts from
     host_copy: HostCopy = field(default_factory=HostCopy)

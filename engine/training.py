@@ -40,6 +40,7 @@ from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward
 from probes.compute_sweep import EngineKernels, MoEKernels, RingKernels
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _one_or_list(items: list):
 
 
 def build_schedule_config(run_config: RunConfig, model: list[DistributedDataParallel],
-                          parallel_state: ParallelState, probes: Any) -> ScheduleConfig:
+                          parallel_state: ParallelState, probes: ProbeSetProtocol) -> ScheduleConfig:
     train = run_config.train
     return ScheduleConfig(
         pipeline_model_parallel_size=parallel_state.pp_size,
@@ -163,7 +164,7 @@ def training_log(step: StepLog, train_iters: int) -> None:
 
 def train(forward_step_func: Callable, model: list[DistributedDataParallel], optimizer,
           scheduler: OptimizerParamScheduler, data_iterators: list, run_config: RunConfig,
-          parallel_state: ParallelState, device: torch.device, probes: Any, checkpointer: Checkpointer, *,
+          parallel_state: ParallelState, device: torch.device, probes: ProbeSetProtocol, checkpointer: Checkpointer, *,
           log: bool) -> list[StepLog]:
     """Iterations after the checkpoint loaded (if any) up to --train-iters; the checkpointer saves when due and
     stops the loop at --exit-interval or --exit-duration-in-mins."""
@@ -208,7 +209,7 @@ def _inventory(model: list[DistributedDataParallel], optimizer) -> list[dict[str
 
 
 def collective_sweep(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
-                     probes: Any) -> None:
+                     probes: ProbeSetProtocol) -> None:
     """The start-up bandwidth sweep (a no-op unless --bandwidth-sweep) at the sizes this run communicates: its dense
     and expert DP buckets; the [s/cp(/tp), b, h] activation that TP collectives and pipeline sends carry (a CP rank
     holds s/cp tokens); an MoE layer's dispatch of those tokens, k rows each (uniform routing: the size, not the
@@ -264,7 +265,7 @@ def engine_kernels(model: list[torch.nn.Module], run_config: RunConfig, device: 
 
 
 def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
-                  parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
+                  parallel_state: ParallelState, device: torch.device, probes: ProbeSetProtocol) -> None:
     """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes (engine_kernels)."""
     m, tp = run_config.model, parallel_state.tp_size
     kernels = engine_kernels(model, run_config, device)
@@ -276,8 +277,9 @@ def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: R
                          grad_buffer_numel=sum(b.numel for chunk in model for b in chunk.buffers), kernels=kernels)
 
 
-def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device, probes: Any = None, *,
-             forward_step_func: Callable = forward_step, log: bool = False) -> TrainResult:
+def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
+             probes: ProbeSetProtocol | None = None, *, forward_step_func: Callable = forward_step,
+             log: bool = False) -> TrainResult:
     probes = probes if probes is not None else NullProbeSet()
     model = get_model(run_config, parallel_state, device, probes)
     optimizer = get_megatron_optimizer(run_config.train, model, parallel_state)

@@ -1,37 +1,8 @@
 """The one object the engine calls at its lifecycle points.
 
-Contract with the engine (engine/training.py, the DDP buckets, the P2P communicator and the schedules call exactly
-these; keep them stable):
-
-    probes = create_probe_set(run_config, parallel_state, argv)  # collective: every rank calls it at the same point
-    probes.memory_point("after_model_build", held)  # also "after_ddp_buffers", "after_optimizer_init",
-                                                    # "after_first_step"; held: () -> the engine's tensors (params,
-                                                    # grad buffers, optimizer state), sized by storage on CPU
-                                                    # (probes.memory.tensor_census)
-    probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
-    probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
-                            activation_numel=..., activation_dtype=..., expert_bucket_numels=[...],
-                            ep_dispatch_numel=..., cp_message_numels=[...])  # collective; optional start-up sweep
-                                                    # (probes.bandwidth.SweepSizes)
-    probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
-                         optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
-    with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
-        ...                                         # + a timer when timers are on; categories: iteration, forward,
-                                                    # backward, optimizer, dp-comm, pp-comm, tp-comm,
-                                                    # embd-comm (tied embeddings' grad all-reduce),
-                                                    # dp-wait (a stall: "wait ..." names, e.g. the DDP
-                                                    # pre-hook's all-gather wait nested in a forward),
-                                                    # checkpoint (a save or load, between steps),
-                                                    # data-wait (a stall: next() waiting on the data loader's queue,
-                                                    # "wait data mbN" nested in a forward; engine.data)
-    token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
-    probes.comm_end(token)                          # ... and its wait returned
-    probes.step_begin(iteration)
-    probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
-    probes.checkpoint("save", iteration=n, path=..., bytes=..., blocking_seconds=..., background_seconds=...,
-                      write_seconds=..., async_save=..., loaded_iteration=...)          # and the blocking parts
-    probes.checkpoint("load", iteration=n, path=..., finetune=..., seconds=...)   # engine.checkpointing, per rank
-    probes.close(status="complete" | "failed", error=None)
+The calls the engine makes, and their order, are probes.protocol.ProbeSetProtocol: both classes here provide it,
+and `create_probe_set(run_config, parallel_state, argv)` (collective: every rank calls it at the same point) returns
+one of them.
 
 `NullProbeSet` is the disabled implementation: every method does nothing and `range` returns a shared
 nullcontext, so the hot path pays one attribute lookup and one call when probes are off.
@@ -101,7 +72,7 @@ class NullProbeSet:
     def inventory(self, records: list[dict[str, Any]]) -> None:
         pass
 
-    def range(self, name: str, category: str, **attrs: Any):
+    def range(self, name: str, category: str, **attrs: Any) -> contextlib.AbstractContextManager[None]:
         return _NULL
 
     def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
@@ -239,7 +210,7 @@ class ProbeSet:
                 dist.barrier()
 
     # --- hot path -----------------------------------------------------------------------------------------------
-    def range(self, name: str, category: str, **attrs: Any):
+    def range(self, name: str, category: str, **attrs: Any) -> contextlib.AbstractContextManager[None]:
         check_category(category)
         if self.timer is None and not self.marker.nvtx_active and not profiler_active():
             return _NULL

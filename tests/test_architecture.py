@@ -33,7 +33,7 @@ def test_the_contracts_pass():
     ("ledger/models/plan.py", "import engine.parallel_state", "the ledger reads run directories"),
     ("ledger/models/plan.py", "import torch", "the ledger reads run directories"),
     ("engine/training.py", "import ledger.models.plan", "cli > dashboard > engine | ledger"),
-    ("common/config.py", "import probes.run_dir", "cli > dashboard > engine | ledger"),
+    ("common/config/run_config.py", "import probes.run_dir", "cli > dashboard > engine | ledger"),
     ("dashboard/state.py", "import cli.main", "the dashboard uses the ledger"),
     ("ledger/evidence/run.py", "import ledger.reconcile.rows", "ledger, by job"),
     ("ledger/models/plan.py", "import ledger.present.units", "ledger, by job"),

@@ -58,8 +58,27 @@ def test_embeddings_are_tied_unless_untied_as_in_megatron():
     assert pp2["embedding_copy_on_last_stage"]
     assert pp2["per_stage"] == [8 * per_layer + v * h, 8 * per_layer + h + v * h]
     lines = [plan(*args).stdout.splitlines()[1] for args in (("--model", "llama3.2-1b"), SEED)]
-    assert lines[0].startswith("parameters: 1,235,814,400 total (tied embedding and output layer)")
-    assert lines[1].startswith("parameters: 1,498,482,688 total (untied embedding and output layer)")
+    assert lines[0].startswith("parameters: 1,235,814,400 total (tied embedding and output layer as Llama-3.2-1B's "
+                               "published config: tie_word_embeddings true)")
+    assert lines[1].startswith("parameters: 1,498,482,688 total (untied embedding and output layer by "
+                               "--untie-embeddings-and-output-weights)")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "llama3.1-8b"], "8,030,261,248 total (untied embedding and output layer as Llama-3.1-8B's published "
+                                 "config: tie_word_embeddings false)"),
+    (["--model", "llama3.1-8b", "--untie-embeddings-and-output-weights"],
+     "8,030,261,248 total (untied embedding and output layer as Llama-3.1-8B's published config"),
+    (["--model", "tiny"], "(tied embedding and output layer as the tiny preset: Megatron's default)"),
+    (["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+      "--vocab-size", "100", "--seq-length", "16"],
+     "(tied embedding and output layer by Megatron's default: no --untie-embeddings-and-output-weights)"),
+], ids=["published-untied", "flag-restates-the-preset", "tiny", "custom-shape"])
+def test_the_plan_says_whether_the_output_layer_is_tied_and_why(args, says):
+    out = plan(*args)
+    assert out.returncode == 0, out.stderr
+    assert says in out.stdout.splitlines()[1]
+    assert plan_json(*args)["params"]["embeddings_reason"] in out.stdout.splitlines()[1]
 
 
 def test_precision_follows_megatron():

@@ -22,11 +22,12 @@ import torch
 from engine.distributed.distributed_data_parallel_config import DistributedDataParallelConfig, default_bucket_size
 from engine.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup, _ParamAndGradBuffer
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 class DistributedDataParallel(torch.nn.Module):
     def __init__(self, config: DistributedDataParallelConfig, module: torch.nn.Module, parallel_state: Any,
-                 probes: Any = None, disable_bucketing: bool = False):
+                 probes: ProbeSetProtocol | None = None, disable_bucketing: bool = False):
         """disable_bucketing: one bucket per buffer, as Megatron does for model chunks after the first."""
         super().__init__()
         self.ddp_config = config

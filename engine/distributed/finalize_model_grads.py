@@ -21,10 +21,11 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 def finalize_model_grads(model_chunks: list[torch.nn.Module], parallel_state: Any,
-                         probes: Any = NullProbeSet()) -> None:
+                         probes: ProbeSetProtocol = NullProbeSet()) -> None:
     for chunk in model_chunks:
         chunk.finish_grad_sync()
     _allreduce_sequence_parallel_grads(model_chunks, parallel_state)
@@ -45,7 +46,8 @@ def _allreduce_sequence_parallel_grads(model_chunks: list[torch.nn.Module], para
         grad.copy_(reduced)
 
 
-def _allreduce_word_embedding_grads(model_chunks: list[torch.nn.Module], parallel_state: Any, probes: Any) -> None:
+def _allreduce_word_embedding_grads(model_chunks: list[torch.nn.Module], parallel_state: Any,
+                                    probes: ProbeSetProtocol) -> None:
     """The embedding group is this rank's only on the first and last stage, and has two ranks only under PP > 1."""
     if "embedding" not in parallel_state.groups or parallel_state.pp_size == 1:
         return

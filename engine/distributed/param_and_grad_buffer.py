@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from engine.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+from probes.protocol import ProbeSetProtocol
 
 # torch >= 2.13 renamed the tensor-in/tensor-out collectives; older torch (a megatron-core container) has the old.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -143,7 +144,8 @@ class _ParamAndGradBucketGroup:
     """
 
     def __init__(self, buckets: list[_ParamAndGradBucket], ddp_config: DistributedDataParallelConfig,
-                 data_parallel_group: Any, index: int, probes: Any, gradient_scaling_factor: float | None = None):
+                 data_parallel_group: Any, index: int, probes: ProbeSetProtocol,
+                 gradient_scaling_factor: float | None = None):
         """gradient_scaling_factor None: average over data_parallel_group (dense); else scale, then sum (expert)."""
         self.buckets = buckets
         self.ddp_config = ddp_config

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 def p2p_tensor_shape(seq_length: int, micro_batch_size: int, hidden_size: int, *, tensor_model_parallel_size: int = 1,
@@ -33,7 +34,7 @@ def p2p_tensor_shape(seq_length: int, micro_batch_size: int, hidden_size: int, *
 
 class P2PCommunicator:
     def __init__(self, parallel_state: Any, tensor_shape: Sequence[int], dtype: torch.dtype,
-                 device: torch.device | str, probes: Any = None):
+                 device: torch.device | str, probes: ProbeSetProtocol | None = None):
         self.group = parallel_state.groups["pp"]
         self.next_rank = parallel_state.pipeline_next_rank
         self.prev_rank = parallel_state.pipeline_prev_rank

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from engine.parallel_state import GroupView
+from probes.protocol import ProbeSetProtocol
 
 # torch 2.13 renamed the single-tensor collectives; older builds (a GPU box may have one) only know the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -34,7 +35,7 @@ class TPGroup(GroupView):
     """The tensor-parallel group as the layers need it (a GroupView of "tp")."""
 
     @classmethod
-    def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "TPGroup":
+    def from_parallel_state(cls, parallel_state: Any, probes: ProbeSetProtocol | None = None) -> "TPGroup":
         return cls.of(parallel_state, "tp", probes)
 
 

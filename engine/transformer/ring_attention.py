@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -58,10 +59,10 @@ class CPGroup:
     rank: int
     next_rank: int | None
     prev_rank: int | None
-    probes: Any = NullProbeSet()
+    probes: ProbeSetProtocol = NullProbeSet()
 
     @classmethod
-    def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "CPGroup":
+    def from_parallel_state(cls, parallel_state: Any, probes: ProbeSetProtocol | None = None) -> "CPGroup":
         """No group or neighbours for a layout-only state (checkpoint resharding builds models on the meta device,
         which never run a forward)."""
         ranks, r = parallel_state.ranks.get("cp"), parallel_state.cp_rank
