@@ -14,6 +14,7 @@ import torch
 
 from common.arguments import parse_args
 from common.config import RunConfig
+from common.ops import RATE_OPS
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
@@ -58,12 +59,12 @@ SINGLE = "--model tiny --num-layers 2 --seq-length 16 --global-batch-size 2 --bf
 def test_the_sweep_plans_the_time_models_kernels_with_their_dims_and_flops(flags, stage):
     c = parse_args(flags.split())
     planned = compute_sweep.plan(spec(c, stage), CPU, engine_kernels(c.model.vocab_size))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
+    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in RATE_OPS}
     modelled = {(k.name, k.dims, k.flops) for k in ops.kernels(c, stage)}
     assert swept == modelled
-    assert {p.dtype for p in planned if p.op not in ops.RATE_OPS} == {c.train.params_dtype}
+    assert {p.dtype for p in planned if p.op not in RATE_OPS} == {c.train.params_dtype}
     # the per-element rates, at the dtypes the step looks them up with
-    assert {(p.op, p.dtype) for p in planned if p.op in ops.RATE_OPS} == {
+    assert {(p.op, p.dtype) for p in planned if p.op in RATE_OPS} == {
         ("optimizer.step", c.train.params_dtype), ("grad_buffer.zero", c.train.grad_dtype)}
     ends = {p.op.split(".")[0] for p in planned} & {"embedding", "output_layer", "cross_entropy"}
     assert ends == ({"embedding"} if stage == 0 else set()) | (
@@ -86,7 +87,7 @@ def test_records_carry_the_documented_fields_and_calibrate_a_whole_step(cache):
     records = sweep(c)
     assert all(set(r) == FIELDS for r in records)
     assert all(r["seconds"] > 0 and r["iters"] == 2 and r["variant"] == "eager" and not r["cached"] for r in records)
-    assert {r["op"] for r in records} >= set(ops.RATE_OPS)
+    assert {r["op"] for r in records} >= set(RATE_OPS)
     cal = Calibration.from_records(records, [])
     assert cal.sustained == 1.0  # the power-limit record is GPU only
     assert stage_time(c, cal, 0).forward > 0

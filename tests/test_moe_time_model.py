@@ -18,6 +18,7 @@ import torch
 
 from common.arguments import parse_args
 from common.config import RunConfig
+from common.ops import RATE_OPS, ExpertShapes, Shapes
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
@@ -53,20 +54,20 @@ def synthetic(c: RunConfig) -> Calibration:
 def test_uniform_routing_sets_each_local_experts_rows():
     # T = 32 tokens x top-2 = 64 assignments; 4 experts on one rank: 16 rows each; EP 2: a rank's 2 experts receive
     # its 64 rows' worth (every rank routes alike): 32 each
-    assert ops.ExpertShapes.of(cfg()).rows == (16,) * 4
-    assert ops.ExpertShapes.of(cfg("--expert-model-parallel-size", "2", "--world-size", "2")).rows == (32, 32)
+    assert ExpertShapes.of(cfg()).rows == (16,) * 4
+    assert ExpertShapes.of(cfg("--expert-model-parallel-size", "2", "--world-size", "2")).rows == (32, 32)
     # capacity factor 0.5: each expert keeps ceil(64 / 4 x 0.5) = 8 of them, 32 rows in all
-    capped = ops.ExpertShapes.of(cfg("--moe-expert-capacity-factor", "0.5"))
+    capped = ExpertShapes.of(cfg("--moe-expert-capacity-factor", "0.5"))
     assert (capped.routed, capped.rows) == (32, (8,) * 4)
     # 20 tokens x top-3 over 8 experts: 60 rows, as even as they go: 4 experts of 8, 4 of 7
-    odd = ops.ExpertShapes.of(cfg("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20"))
+    odd = ExpertShapes.of(cfg("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20"))
     assert sorted(odd.rows) == [7] * 4 + [8] * 4
-    assert ops.ExpertShapes.of(parse_args(["--model", "tiny"])) is None
+    assert ExpertShapes.of(parse_args(["--model", "tiny"])) is None
 
 
 def test_an_moe_layer_costs_its_router_experts_copies_and_all_to_alls_by_hand():
     c = cfg("--expert-model-parallel-size", "2", "--world-size", "2")  # fp32, T 32, h 64, f_moe 176, 2 experts here
-    sh, cal = ops.Shapes.of(c), synthetic(c)
+    sh, cal = Shapes.of(c), synthetic(c)
     router = 2 * 32 * 4 * 64  # [32, 64] x [64, 4]
     fc1, fc2 = 2 * 32 * 352 * 64, 2 * 32 * 64 * 176  # an expert's 32 rows: gate and up (2 x 176) then down
     rows_bytes = 64 * 64 * 4  # the rank's 64 routed rows of h fp32, either way
@@ -123,7 +124,7 @@ def spec(c: RunConfig) -> SweepSpec:
 def test_the_sweep_plans_the_time_models_moe_kernels(flags):
     c = cfg(*flags)
     planned = compute_sweep.plan(spec(c), torch.device("cpu"), engine_kernels(c))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
+    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in RATE_OPS}
     assert swept == {(k.name, k.dims, k.flops) for k in ops.kernels(c, 0)}
 
 

@@ -13,6 +13,7 @@ from statistics import median
 import pytest
 
 from common.arguments import parse_args
+from common.ops import kernel
 from ledger.evidence.layout import Layout, group_lists
 from ledger.evidence.run import collect_run
 from ledger.evidence.steps import select_steps
@@ -21,7 +22,7 @@ from ledger.models.simulate import group_spans, hardware_calibration, load_hardw
 from ledger.models.simulate.calibration import stage_kernels
 from ledger.models.simulate.topology import NETWORK, NVLINK
 from ledger.models.time_model import predict_step
-from ledger.models.time_model.ops import kernel, kernels
+from ledger.models.time_model.ops import kernels
 from tests.test_reconcile_fixtures import FIXTURES
 
 S4096 = FIXTURES / "h200_llama1b" / "s4096"

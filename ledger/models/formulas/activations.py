@@ -55,6 +55,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import RecomputeConfig, RunConfig
+from common.ops.sizes import local_seq_length
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import uniform_kept_assignments
 from ledger.models.formulas.params import num_chunks, padded_vocab_size
@@ -86,11 +87,6 @@ def comparison_modes(cfg: RunConfig) -> dict[str, RecomputeConfig]:
 
 def activation_bytes(cfg: RunConfig) -> int:
     return DTYPE_BYTES[cfg.train.params_dtype]
-
-
-def local_seq_length(cfg: RunConfig) -> int:
-    """Tokens of one sequence on one CP rank: s / C (validate: s divisible by 2C, Megatron's load-balancing rule)."""
-    return cfg.model.seq_length // cfg.parallel.context_parallel_size
 
 
 def _sp_div(cfg: RunConfig) -> int:

@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
+from common.ops.sizes import routed_tokens
 from ledger.models.formulas.activations import activation_bytes, checkpoint_groups, local_seq_length
 from ledger.models.formulas.buffer_layout import dp_cp_size, expert_dp_size, expert_rank_buffers, rank_buffers
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
@@ -223,13 +224,6 @@ def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]
     _add(out, f"embedding.all_reduce.word_embedding_grads[{gdt}]",
          Collective("embedding", "all_reduce", 2, gdt, 1, shared.numel * DTYPE_BYTES[gdt]))
     return out
-
-
-def routed_tokens(cfg: RunConfig) -> int:
-    """Tokens one rank routes per micro-batch: its s/C x b, split over TP under sequence parallelism (which Megatron
-    requires for MoE at tp > 1)."""
-    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
-    return local_seq_length(cfg) * cfg.train.micro_batch_size // sp
 
 
 def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
