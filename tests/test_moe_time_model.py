@@ -19,10 +19,10 @@ import torch
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.ops import RATE_OPS, ExpertShapes, Shapes
+from engine.probe_adapters import moe_kernels
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
-from engine.training import moe_kernels
 from engine.transformer.attention import split_qkv_and_rotate
 from engine.transformer.mlp import swiglu
 from engine.transformer.moe.expert_parallel import EPGroup

@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.arguments import parse_args  # noqa: E402
+from engine.probe_adapters import engine_kernels  # noqa: E402
 from engine.tensor_parallel.layers import pad_vocab_size  # noqa: E402
-from engine.training import engine_kernels  # noqa: E402
 from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 
