@@ -3,10 +3,11 @@ the parallel layout, so that engine/training.py only trains.
 
     probes.inventory(inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)      # the sizes this run communicates
-    compute_sweep(model, optimizer, run_config, parallel_state, device, probes)   # this rank's kernels
+    compute_sweep(model, optimizer, run_config, parallel_state, device, probes)   # this rank's catalogue (common/ops)
 
-The compute sweep times the engine's own functions (engine_kernels): its fused functions, its MoE layer's router and
-dispatcher, its ring attention; probes/compute_sweep.py says what each handle is.
+The compute sweep times the engine's own functions (engine_kernels): its fused functions, its weight-gradient
+accumulation, its MoE layer's router and dispatcher, its ring attention; probes/compute_sweep/handles.py says what
+each handle is.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from engine.distributed import DistributedDataParallel
 from engine.jit import COMPILE_DEVICE_TYPES
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import pad_vocab_size
+from engine.tensor_parallel.layers import accumulate_weight_grad
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import split_qkv_and_rotate
 from engine.transformer.mlp import swiglu, swiglu_any_rows
@@ -81,14 +82,15 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
     return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows)
 
 
-def engine_kernels(model: list[torch.nn.Module], run_config: RunConfig, device: torch.device) -> EngineKernels:
-    """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), the MoE
-    layer's ops and, under CP, ring attention's blocks and loops (on a ring with no process group: no exchange); the
-    loss on a TP group of one, so it issues no collective."""
+def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.device) -> EngineKernels:
+    """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), its
+    weight-gradient accumulation (gradient-accumulation fusion where this device has it), the MoE layer's ops (None
+    without an MoE layer in `model`), ring attention's blocks and loops (on a ring with no process group: no
+    exchange), the loss over `vocab_size` real entries on a TP group of one, so it issues no collective."""
     return EngineKernels(
-        split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
+        split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu, wgrad=accumulate_weight_grad,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
-                                        vocab_size=run_config.model.vocab_size),
+                                        vocab_size=vocab_size),
         variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
         ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
                          group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
@@ -97,11 +99,8 @@ def engine_kernels(model: list[torch.nn.Module], run_config: RunConfig, device: 
 def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
                   parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
     """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes (engine_kernels)."""
-    m, tp = run_config.model, parallel_state.tp_size
-    kernels = engine_kernels(model, run_config, device)
-    probes.compute_sweep(run_config, tp_size=tp,
-                         padded_vocab_size=pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp),
-                         first_stage=parallel_state.is_pipeline_first_stage,
+    kernels = engine_kernels(model, run_config.model.vocab_size, device)
+    probes.compute_sweep(run_config, first_stage=parallel_state.is_pipeline_first_stage,
                          last_stage=parallel_state.is_pipeline_last_stage,
                          optimizer_numel=sum(p.numel() for p in optimizer.main_params),
                          grad_buffer_numel=sum(b.numel for chunk in model for b in chunk.buffers), kernels=kernels)

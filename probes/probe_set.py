@@ -1,20 +1,20 @@
 """The one object the engine calls at its lifecycle points.
 
-Contract with the engine (engine/training.py, the DDP buckets, the P2P communicator and the schedules call exactly
-these; keep them stable):
+Contract with the engine (engine/training.py, engine/probe_adapters.py, the DDP buckets, the P2P communicator and
+the schedules call exactly these; keep them stable):
 
     probes = create_probe_set(run_config, parallel_state, argv)  # collective: every rank calls it at the same point
     probes.memory_point("after_model_build", held)  # also "after_ddp_buffers", "after_optimizer_init",
                                                     # "after_first_step"; held: () -> the engine's tensors (params,
                                                     # grad buffers, optimizer state), sized by storage on CPU
                                                     # (probes.memory.tensor_census)
-    probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
+    probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ...; once
     probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
                             activation_numel=..., activation_dtype=..., expert_bucket_numels=[...],
                             ep_dispatch_numel=..., cp_message_numels=[...])  # collective; optional start-up sweep
                                                     # (probes.bandwidth.SweepSizes)
-    probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
-                         optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
+    probes.compute_sweep(run_config, first_stage=..., last_stage=..., optimizer_numel=..., grad_buffer_numel=...,
+                         kernels=EngineKernels(...))  # optional, start-up (engine/probe_adapters.py)
     with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
         ...                                         # + a timer when timers are on; categories: iteration, forward,
                                                     # backward, optimizer, dp-comm, pp-comm, tp-comm,
@@ -217,16 +217,15 @@ class ProbeSet:
             self.writer.write("bandwidth", None, **record)
         self.writer.sync()
 
-    def compute_sweep(self, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
-                      last_stage: bool, optimizer_numel: int, grad_buffer_numel: int,
-                      kernels: compute_sweep_mod.EngineKernels) -> None:
+    def compute_sweep(self, run_config: Any, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
+                      grad_buffer_numel: int, kernels: compute_sweep_mod.EngineKernels) -> None:
         """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (a barrier each),
         so that no measurement shares the cores with another rank's: the time model scales for that sharing."""
         if not self.compute_sweep_on:
             return
-        spec = compute_sweep_mod.SweepSpec.from_run(
-            run_config, tp_size=tp_size, padded_vocab_size=padded_vocab_size, first_stage=first_stage,
-            last_stage=last_stage, optimizer_numel=optimizer_numel, grad_buffer_numel=grad_buffer_numel)
+        spec = compute_sweep_mod.SweepSpec.from_run(run_config, first_stage=first_stage, last_stage=last_stage,
+                                                    optimizer_numel=optimizer_numel,
+                                                    grad_buffer_numel=grad_buffer_numel)
         device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
         turns = range(self.world_size) if device.type == "cpu" and dist.is_initialized() else [self.rank]
         for turn in turns:

@@ -14,7 +14,6 @@ import pytest
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError
-from common.ops import RATE_OPS
 from ledger.models.formulas import activations, comm, flops, params
 from ledger.models.time_model import ops
 
@@ -223,21 +222,6 @@ def test_every_gpt_parameter_has_its_forward_and_backward_marks():
         names = {t.name for t in params.chunk_tensors(cfg, stage, 0)}
         for work in (ops.chunk_forward(cfg, stage, 0), ops.chunk_backward(cfg, stage, 0)):
             assert names <= {name for w in work for name in w.params}
-
-
-def test_the_sweep_plans_the_gpt_kernels_the_time_model_prices():
-    """probes/compute_sweep.py derives its list on its own (tests/test_compute_sweep.py holds the Llama style)."""
-    pytest.importorskip("torch")
-    import torch
-
-    from probes import compute_sweep
-    from tests.test_compute_sweep import engine_kernels, spec
-
-    cfg = simulated(GPT_FLAGS + " --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel "
-                                "--global-batch-size 2")
-    planned = compute_sweep.plan(spec(cfg, 0), torch.device("cpu"), engine_kernels(cfg.model.vocab_size))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in RATE_OPS}
-    assert swept == {(k.name, k.dims, k.flops) for k in ops.kernels(cfg, 0)}
 
 
 @pytest.mark.parametrize("sp", ["", " --sequence-parallel"], ids=["tp", "tp-sp"])
