@@ -19,11 +19,11 @@ from probes.compute_sweep.calls import Backward, Bench, Builder, Call, Op
 def dense(b: Bench) -> dict[str, Builder]:
     t = b.tensors
 
-    def leaves(d: dict[str, int], grad: bool) -> tuple:
+    def leaves(d: dict[str, int], grad: bool) -> tuple[torch.Tensor, ...]:
         return tuple(t.randn(d["seq"], d["batch"], n, d["head_dim"], grad=grad)
                      for n in (d["heads"], d["kv_heads"], d["kv_heads"]))
 
-    def attend(q, k, v, gqa: bool):
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
         q, k, v = (x.permute(1, 2, 0, 3) for x in (q, k, v))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
@@ -49,7 +49,7 @@ def ring(b: Bench) -> dict[str, Builder]:
     def rows(d: dict[str, int], causal: bool) -> slice:
         return slice(None) if causal else slice(d["seq"] // 2, None)
 
-    def operands(d: dict[str, int]) -> tuple:
+    def operands(d: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
         q = t.randn(d["seq"], d["batch"], d["heads"], d["head_dim"]).permute(1, 2, 0, 3)
         return q, torch.stack([t.randn(d["seq"], d["batch"], d["kv_heads"], d["head_dim"]).permute(1, 2, 0, 3)
                                for _ in range(2)])

@@ -6,8 +6,8 @@ A run's own `--compute-sweep` times its kernels at its own shapes only; `simulat
 had (70B's h 8192, TP-local widths of TP 8, seq 2048 to 16384). This times the same kernels, through the same code
 (probes.compute_sweep with the engine's own functions, engine/probe_adapters.py), at a grid of TP-local shapes of
 public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 1024 to
-16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted from it (runs/bench/
-hardware_h200.py) never sees a step time it is later judged against.
+16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted
+from it (runs/bench/hardware_h200.py) never sees a step time it is later judged against.
 
 Output: {"device", "torch", "records": [compute records, each with its grid point's "shape" label], "not_measured"}.
 """
