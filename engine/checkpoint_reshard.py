@@ -45,7 +45,13 @@ import torch.distributed as dist
 
 from common.config import LAYOUT_DEFAULTS, RunConfig
 from engine.model_builder import get_model
-from engine.parallel_state import AXES, ParallelState, RankGenerator, expert_rank_generator_for, rank_generator_for
+from engine.parallel_state import (
+    AXES,
+    ParallelState,
+    RankGenerator,
+    expert_rank_generator_for,
+    rank_generator_for,
+)
 from engine.tensor_parallel.random import partition
 from probes.probe_set import NullProbeSet
 

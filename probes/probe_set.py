@@ -189,16 +189,15 @@ class ProbeSet:
             self.writer.write(event("bandwidth", None, **record))
         self.writer.sync()
 
-    def compute_sweep(self, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
-                      last_stage: bool, optimizer_numel: int, grad_buffer_numel: int,
-                      kernels: compute_sweep_mod.EngineKernels) -> None:
+    def compute_sweep(self, run_config: Any, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
+                      grad_buffer_numel: int, kernels: compute_sweep_mod.EngineKernels) -> None:
         """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (a barrier each),
         so that no measurement shares the cores with another rank's: the time model scales for that sharing."""
         if not self.compute_sweep_on:
             return
-        spec = compute_sweep_mod.SweepSpec.from_run(
-            run_config, tp_size=tp_size, padded_vocab_size=padded_vocab_size, first_stage=first_stage,
-            last_stage=last_stage, optimizer_numel=optimizer_numel, grad_buffer_numel=grad_buffer_numel)
+        spec = compute_sweep_mod.SweepSpec.from_run(run_config, first_stage=first_stage, last_stage=last_stage,
+                                                    optimizer_numel=optimizer_numel,
+                                                    grad_buffer_numel=grad_buffer_numel)
         device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
         turns = range(self.world_size) if device.type == "cpu" and dist.is_initialized() else [self.rank]
         for turn in turns:

@@ -13,7 +13,7 @@ data loaders and the checkpointer make exactly these; keep them stable):
                             activation_numel=..., activation_dtype=..., expert_bucket_numels=[...],
                             ep_dispatch_numel=..., cp_message_numels=[...])  # collective; optional start-up sweep
                                                     # (probes.bandwidth.SweepSizes)
-    probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
+    probes.compute_sweep(run_config, first_stage=..., last_stage=...,
                          optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
     with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
         ...                                         # + a timer when timers are on; categories: iteration, forward,
@@ -65,9 +65,8 @@ class ProbeSetProtocol(Protocol):
     def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
         """Collective; sizes: the fields of probes.bandwidth.SweepSizes."""
 
-    def compute_sweep(self, run_config: RunConfig, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
-                      last_stage: bool, optimizer_numel: int, grad_buffer_numel: int,
-                      kernels: EngineKernels) -> None: ...
+    def compute_sweep(self, run_config: RunConfig, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
+                      grad_buffer_numel: int, kernels: EngineKernels) -> None: ...
 
     def checkpoint(self, action: str, **fields: Any) -> None: ...
 

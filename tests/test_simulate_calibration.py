@@ -1,4 +1,5 @@
-"""The time model's Calibration from a hardware file (ledger/models/simulate/calibration.py, kernel_cost.py, topology.py).
+"""The time model's Calibration from a hardware file (ledger/models/simulate/calibration.py, kernel_cost.py,
+topology.py).
 
 Kernel times are derived by hand from the file's cost forms; group placement from Megatron's rank order
 (tp-cp-ep-dp-pp: rank = tp + t (cp + c (dp + d pp)), nodes of 8 filled in rank order); one real-run check: the H200
@@ -13,6 +14,7 @@ from statistics import median
 import pytest
 
 from common.arguments import parse_args
+from common.ops import kernel
 from ledger.evidence.layout import Layout, group_lists
 from ledger.evidence.run import collect_run
 from ledger.evidence.steps import select_steps
@@ -21,7 +23,7 @@ from ledger.models.simulate import group_spans, hardware_calibration, load_hardw
 from ledger.models.simulate.calibration import stage_kernels
 from ledger.models.simulate.topology import NETWORK, NVLINK
 from ledger.models.time_model import predict_step
-from ledger.models.time_model.ops import kernel, kernels
+from ledger.models.time_model.ops import kernels
 from tests.test_reconcile_fixtures import FIXTURES
 
 S4096 = FIXTURES / "h200_llama1b" / "s4096"

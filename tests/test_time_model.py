@@ -3,8 +3,8 @@
 Every calibration here is a synthetic plumbing/arithmetic fixture, not a device: each kernel costs a round figure
 chosen by its name (PRICE_MS, dims ignored), rates and link fits are set by hand, so each expectation is a sum a
 reader can redo. The op lists a pass must add up are written here from Megatron Core's TransformerLayer and GPT head
-(LAYER_FORWARD, ...), not read from ledger/models/time_model/ops.py. What the model predicts for a real device is tested on
-recorded H200 runs (tests/test_h200_claims.py).
+(LAYER_FORWARD, ...), not read from ledger/models/time_model/ops.py or the catalogue (common/ops). What the model
+predicts for a real device is tested on recorded H200 runs (tests/test_h200_claims.py).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.events import BandwidthRecord
+from common.ops import SUSTAINED, kernel
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -305,11 +306,11 @@ def test_each_size_is_timed_by_its_slowest_rank():
 # ---- calibration ------------------------------------------------------------------------------------------------
 
 def test_at_the_power_limit_compute_bound_kernels_slow_and_memory_bound_ones_do_not():
-    gemm, norm = ops.kernel("linear_fc1.fprop", 1.0, m=1, n=1, k=1), ops.kernel("rms_norm.fwd", tokens=1, hidden=1)
+    gemm, norm = kernel("linear_fc1.fprop", 1.0, m=1, n=1, k=1), kernel("rms_norm.fwd", tokens=1, hidden=1)
     records = [{"op": gemm.name, "dims": dict(gemm.dims), "dtype": "bf16", "seconds": 1e-3},
                {"op": norm.name, "dims": dict(norm.dims), "dtype": "bf16", "seconds": 1e-3},
                # back to back: 2.5 ms a pass of 1 ms compute-bound + 0.5 ms memory-bound kernels -> x2 on compute
-               {"op": ops.SUSTAINED, "dims": {}, "dtype": "bf16", "seconds": 2.5e-3, "compute_bound_s": 1e-3,
+               {"op": SUSTAINED, "dims": {}, "dtype": "bf16", "seconds": 2.5e-3, "compute_bound_s": 1e-3,
                 "memory_bound_s": 0.5e-3}]
     cal = Calibration.from_records(typed("compute", records), [])
     assert cal.sustained == pytest.approx(2.0)
@@ -320,7 +321,7 @@ def test_at_the_power_limit_compute_bound_kernels_slow_and_memory_bound_ones_do_
 
 
 def test_ranks_record_one_kernel_each_and_the_median_counts():
-    k = ops.kernel("residual_add", numel=8)
+    k = kernel("residual_add", numel=8)
     records = [{"op": k.name, "dims": {"numel": 8}, "dtype": "fp32", "seconds": s} for s in (1e-3, 2e-3, 9e-3)]
     assert Calibration.from_records(typed("compute", records), []).kernel_seconds(k, "fp32") == pytest.approx(2e-3)
 

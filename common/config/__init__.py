@@ -22,7 +22,13 @@ from common.config.checkpoint_layout import (
     latest_checkpoint,
     layout_differences,
 )
-from common.config.limits import MAX_LAYERS, MAX_TOKENS, MAX_WIDTH, MAX_WORLD_SIZE, check_ranges
+from common.config.limits import (
+    MAX_LAYERS,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    MAX_WORLD_SIZE,
+    check_ranges,
+)
 from common.config.model_config import ModelConfig
 from common.config.parallel_config import ParallelConfig
 from common.config.presets import PRESETS, TYING_SOURCES, tying_reason

@@ -19,8 +19,14 @@ from typing import Any, Iterator
 
 import torch
 
-from engine.distributed.distributed_data_parallel_config import DistributedDataParallelConfig, default_bucket_size
-from engine.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup, _ParamAndGradBuffer
+from engine.distributed.distributed_data_parallel_config import (
+    DistributedDataParallelConfig,
+    default_bucket_size,
+)
+from engine.distributed.param_and_grad_buffer import (
+    _ParamAndGradBucketGroup,
+    _ParamAndGradBuffer,
+)
 from probes.probe_set import NullProbeSet
 from probes.protocol import ProbeSetProtocol
 

@@ -16,7 +16,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from engine.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+from engine.distributed.distributed_data_parallel_config import (
+    DistributedDataParallelConfig,
+)
 from probes.protocol import ProbeSetProtocol
 
 # torch >= 2.13 renamed the tensor-in/tensor-out collectives; older torch (a megatron-core container) has the old.

@@ -30,7 +30,11 @@ import torch.distributed as dist
 from common.config import ModelConfig, RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
+from engine.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    VocabParallelEmbedding,
+    pad_vocab_size,
+)
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
 from engine.transformer.attention import SelfAttention

@@ -8,10 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from common.config import RunConfig, tying_reason
+from common.ops.sizes import expert_capacity, uniform_kept_assignments
 from ledger.models.formulas import activations, bubble, comm, flops, params
 from ledger.models.formulas.buffer_layout import expert_dp_size
-from ledger.models.formulas.bytes_per_param import bytes_per_param, run_bytes_per_param, run_strategy
-from ledger.models.formulas.moe import expert_capacity, uniform_kept_assignments
+from ledger.models.formulas.bytes_per_param import (
+    bytes_per_param,
+    run_bytes_per_param,
+    run_strategy,
+)
 from ledger.models.formulas.peak_memory import stage_peaks
 from ledger.models.formulas.static_memory import (
     largest_dp_rank,

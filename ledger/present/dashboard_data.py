@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
-from common.events import InventoryRecord
 from common.errors import UserError
+from common.events import InventoryRecord
 from ledger.evidence.run import RunEvidence
 from ledger.models.formulas.bubble import bubble
 from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers

@@ -14,7 +14,14 @@ from typing import Any
 from ledger.present import loaders, units
 from ledger.present.caveats import Notes
 from ledger.present.headline import HEADLINES, figure, rows_of, verdict
-from ledger.present.row_groups import FORMULA, PREDICTORS, REFERENCE, TIME_MODEL, Line, group
+from ledger.present.row_groups import (
+    FORMULA,
+    PREDICTORS,
+    REFERENCE,
+    TIME_MODEL,
+    Line,
+    group,
+)
 from ledger.reconcile.rows import NOT_ON_CPU
 from ledger.reconcile.run import CSV_NAME, JSON_NAME
 

@@ -35,7 +35,14 @@ from common.errors import ConfigError, InputError
 from common.run_dir import atomic_open, check_writable
 from ledger.evidence.layout import group_kind
 from ledger.evidence.run import RankEvidence, RunEvidence
-from ledger.evidence.trace_groups import NONE, P2P, RECORDED, RULES, attribute_groups, range_kinds
+from ledger.evidence.trace_groups import (
+    NONE,
+    P2P,
+    RECORDED,
+    RULES,
+    attribute_groups,
+    range_kinds,
+)
 from ledger.evidence.traces import P2P_KINDS, TraceStream, TraceSummary, summarize
 from ledger.present.units import rank_label
 

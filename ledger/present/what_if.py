@@ -28,7 +28,12 @@ from ledger.models.simulate.simulation import simulate
 from ledger.present import units as fmt
 from ledger.present.charts import Bar, Chart, stacked
 from ledger.present.loaders import RunView, load_rows
-from ledger.reconcile.validation import hardware_for, measured, measured_values, run_device
+from ledger.reconcile.validation import (
+    hardware_for,
+    measured,
+    measured_values,
+    run_device,
+)
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 
-
 from common.events import CheckpointRecord
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.models.formulas.checkpoint import checkpoint_bytes

@@ -20,7 +20,11 @@ from common.config import RunConfig
 from common.events import ALLOCATED, PEAK
 from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
 from ledger.models.formulas.activations import recompute_label, stage_activation_bytes
-from ledger.models.formulas.device_memory import DeviceOverheads, OutsidePyTorch, outside_pytorch
+from ledger.models.formulas.device_memory import (
+    DeviceOverheads,
+    OutsidePyTorch,
+    outside_pytorch,
+)
 from ledger.models.formulas.params import params_per_rank
 from ledger.models.formulas.static_memory import static_bytes
 from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_row

@@ -52,7 +52,13 @@ from ledger.evidence.layout import expert_group_lists, expert_layout
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import activation_bytes, checkpoint_groups
-from ledger.models.formulas.moe import NO_VOLUME, AllToAllVolume, exchanges, layer_volume, passes
+from ledger.models.formulas.moe import (
+    NO_VOLUME,
+    AllToAllVolume,
+    exchanges,
+    layer_volume,
+    passes,
+)
 from ledger.models.formulas.params import chunk_layers, num_chunks
 from ledger.models.time_model import CalibrationMissing
 from ledger.reconcile.rows import Row, predicted_row, row

@@ -56,11 +56,22 @@ from ledger.evidence.run import RankEvidence
 from ledger.evidence.steps import StepSelection, steps_text
 from ledger.evidence.traces import Collective, TraceSummary, normalize_op
 from ledger.models.formulas.activations import local_seq_length
-from ledger.models.formulas.ring_overlap import BACKWARD, FORWARD, hidden_fraction, ring_exchanges
+from ledger.models.formulas.ring_overlap import (
+    BACKWARD,
+    FORWARD,
+    hidden_fraction,
+    ring_exchanges,
+)
 from ledger.models.time_model import Calibration
 from ledger.reconcile.bandwidth import predicted_time
 from ledger.reconcile.comm import p2p_group, step_of, volume_op
-from ledger.reconcile.rows import NO_TIME_MODEL, Row, predicted_row, row, upper_bound_row
+from ledger.reconcile.rows import (
+    NO_TIME_MODEL,
+    Row,
+    predicted_row,
+    row,
+    upper_bound_row,
+)
 
 GRAD_OPS = ("reduce_scatter", "all_reduce")
 BUCKET_OPS = GRAD_OPS + ("all_gather",)

@@ -22,14 +22,24 @@ from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import TraceSummary
 from ledger.reconcile import hta, oversubscribed
 from ledger.reconcile.checkpoint import checkpoint_rows
-from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
+from ledger.reconcile.comm import (
+    p2p_element_bytes,
+    trace_volume,
+    untraceable_ops,
+    volume_rows,
+)
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
 from ledger.reconcile.throughput import throughput_rows
-from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
+from ledger.reconcile.time_rows import (
+    TimeModel,
+    explain_step_time,
+    predict_run,
+    time_rows,
+)
 from ledger.reconcile.topology import groups_rows
 
 JSON_NAME = "reconciliation.json"

@@ -23,7 +23,14 @@ from ledger.models.formulas.flops import (
     palm_flops_per_token,
     tokens_per_step,
 )
-from ledger.reconcile.rows import Row, at_most_row, identity_row, predicted_row, row, threshold_row
+from ledger.reconcile.rows import (
+    Row,
+    at_most_row,
+    identity_row,
+    predicted_row,
+    row,
+    threshold_row,
+)
 
 # Dense 16-bit peaks (FLOP/s) by device name fragment; MFU needs the device's own peak, never a guess.
 PEAKS = {"H200": H200_BF16_DENSE_PEAK, "H100": 989e12, "A100": 312e12}

@@ -15,9 +15,9 @@ from statistics import mean
 from typing import Any
 
 from common.errors import ConfigError, InputError
+from ledger.evidence.read import read_run
 from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
 from ledger.models.simulate.simulation import Simulation, simulate
-from ledger.evidence.read import read_run
 from ledger.reconcile.run import reconcile_evidence
 
 STEP_GOAL, PEAK_GOAL = 0.05, 0.03

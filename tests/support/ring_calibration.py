@@ -1,7 +1,7 @@
 """Synthetic calibration records for ring attention's overlap prediction (plumbing: the figures are made up).
 
 `attention_records` and `cp_send_recv_record` write the compute sweep's core attention records and the bandwidth
-sweep's cp send_recv record in the run-directory formats (probes/compute_sweep.py, probes/bandwidth.py), so a test
+sweep's cp send_recv record in the run-directory formats (probes/compute_sweep/, probes/bandwidth.py), so a test
 can set how long a block and a transfer take and derive the prediction by hand.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ ids, the final norm, the fp32 softmax of the loss over the rank's s/C tokens).
 Mixture of experts (docs/formulas.md, "Mixture of experts"): the MLP's three saved tensors give way to what our MoE
 layer (engine/transformer/moe) keeps, per micro-batch with T = the rank's tokens, k = top-k, E experts and R = the
 rows its experts process (uniform routing: the kept assignments, T k or fewer under a capacity factor,
-ledger/models/formulas/moe.py): the router's input a T h (the pre-MLP norm's output, as linear_fc1's input was), the top-k
+common/ops/sizes.py): the router's input a T h (the pre-MLP norm's output, as linear_fc1's input was), the top-k
 indices (int64) and softmax over the k chosen (fp32), T k each, and with a load-balancing loss its fp32 softmax over
 all E experts (T E); the dispatch's row index (int64, R); the experts' fc1 input a R h, SwiGLU input a R 2f_moe/t
 and fc2 input a R f_moe/t; the combine's slot index (int64, T k) and its fp32 copy of the expert rows it weights by
@@ -55,6 +55,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import RecomputeConfig, RunConfig
+from common.ops.sizes import local_seq_length
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import uniform_kept_assignments
 from ledger.models.formulas.params import num_chunks, padded_vocab_size
@@ -86,11 +87,6 @@ def comparison_modes(cfg: RunConfig) -> dict[str, RecomputeConfig]:
 
 def activation_bytes(cfg: RunConfig) -> int:
     return DTYPE_BYTES[cfg.train.params_dtype]
-
-
-def local_seq_length(cfg: RunConfig) -> int:
-    """Tokens of one sequence on one CP rank: s / C (validate: s divisible by 2C, Megatron's load-balancing rule)."""
-    return cfg.model.seq_length // cfg.parallel.context_parallel_size
 
 
 def _sp_div(cfg: RunConfig) -> int:

@@ -44,7 +44,13 @@ import functools
 import math
 from dataclasses import dataclass
 
-from common.config import ModelConfig, ParallelConfig, ProbeConfig, RunConfig, TrainConfig
+from common.config import (
+    ModelConfig,
+    ParallelConfig,
+    ProbeConfig,
+    RunConfig,
+    TrainConfig,
+)
 from ledger.models.formulas.params import ParamTensor, chunk_tensors
 
 PARAM_ALIGNMENT = 64

@@ -50,12 +50,27 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
-from ledger.models.formulas.activations import activation_bytes, checkpoint_groups, local_seq_length
-from ledger.models.formulas.buffer_layout import dp_cp_size, expert_dp_size, expert_rank_buffers, rank_buffers
+from common.ops.sizes import routed_tokens
+from ledger.models.formulas.activations import (
+    activation_bytes,
+    checkpoint_groups,
+    local_seq_length,
+)
+from ledger.models.formulas.buffer_layout import (
+    dp_cp_size,
+    expert_dp_size,
+    expert_rank_buffers,
+    rank_buffers,
+)
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import COUNT_BYTES, layer_volume, uniform_exchange
 from ledger.models.formulas.nccl_bw import bus_factor
-from ledger.models.formulas.params import chunk_layers, chunk_tensors, embedding_copy_on_last_stage, num_chunks
+from ledger.models.formulas.params import (
+    chunk_layers,
+    chunk_tensors,
+    embedding_copy_on_last_stage,
+    num_chunks,
+)
 
 CONVENTION = ("per rank per step: size_bytes = nccl-tests size summed over calls; "
               "bytes_per_rank = size x ring bus factor")
@@ -225,18 +240,11 @@ def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]
     return out
 
 
-def routed_tokens(cfg: RunConfig) -> int:
-    """Tokens one rank routes per micro-batch: its s/C x b, split over TP under sequence parallelism (which Megatron
-    requires for MoE at tp > 1)."""
-    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
-    return local_seq_length(cfg) * cfg.train.micro_batch_size // sp
-
-
 def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
-    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and combine
-    rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's re-run,
-    and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over TP
-    that Megatron adds around the experts at tp > 1."""
+    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and
+    combine rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's
+    re-run, and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter
+    over TP that Megatron adds around the experts at tp > 1."""
     m, ep = cfg.model, cfg.parallel.expert_model_parallel_size
     if not m.is_moe:
         return {}

@@ -11,7 +11,12 @@ nodes, collective time), calibration (the Calibration).
 """
 from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import Hardware, load_hardware
-from ledger.models.simulate.topology import GroupSpan, TopologyLink, comm_model, group_spans
+from ledger.models.simulate.topology import (
+           GroupSpan,
+           TopologyLink,
+           comm_model,
+           group_spans,
+)
 
 __all__ = ["GroupSpan", "Hardware", "TopologyLink", "comm_model", "group_spans", "hardware_calibration",
            "load_hardware"]

@@ -22,7 +22,12 @@ from ledger.models.formulas.activations import recompute_label
 from ledger.models.formulas.bytes_per_param import run_strategy
 from ledger.models.formulas.comm import ep_collectives
 from ledger.models.formulas.device_memory import outside_pytorch
-from ledger.models.formulas.params import active_params, num_chunks, params_per_rank_split, params_total
+from ledger.models.formulas.params import (
+    active_params,
+    num_chunks,
+    params_per_rank_split,
+    params_total,
+)
 from ledger.models.formulas.peak_memory import StagePeak, stage_peaks
 from ledger.models.formulas.static_memory import largest_dp_rank, static_bytes_split
 from ledger.models.simulate.calibration import hardware_calibration

@@ -1,7 +1,7 @@
 """What the time model knows about the machine: measured kernel times, per-element rates and the link fits.
 
-Built from a run directory's `compute` events (probes/compute_sweep.py: one record per kernel of the run's own
-shapes, `{"op", "dims", "dtype", "seconds", ...}`) and `bandwidth` events (the collective sweep), never from the
+Built from a run directory's `compute` events (probes/compute_sweep/: one record per catalogue kernel of the run's
+own shapes, `{"op", "dims", "dtype", "seconds", ...}`) and `bandwidth` events (the collective sweep), never from the
 step times of a run being judged. Several ranks' records of one kernel give their median. A later `simulate` builds
 the same object from a hardware file instead.
 
@@ -23,10 +23,9 @@ from statistics import median
 from typing import Iterable
 
 from common.events import BandwidthRecord, ComputeRecord
-
+from common.ops import RATE_OPS, SUSTAINED, Kernel
 from ledger.models.time_model.comm import CommModel
 from ledger.models.time_model.missing import CalibrationMissing
-from ledger.models.time_model.ops import RATE_OPS, SUSTAINED, Kernel
 
 KernelKey = tuple[str, tuple[tuple[str, int], ...], str]
 

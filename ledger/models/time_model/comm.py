@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from common.events import BandwidthRecord
-
 from ledger.models.formulas.nccl_bw import bus_factor
 from ledger.models.time_model.missing import CalibrationMissing
 

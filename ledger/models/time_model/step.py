@@ -49,7 +49,11 @@ from ledger.models.formulas.buffer_layout import (
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.comm import grad_group
 from ledger.models.formulas.flops import tokens_per_step
-from ledger.models.formulas.params import chunk_tensors, embedding_copy_on_last_stage, num_chunks
+from ledger.models.formulas.params import (
+    chunk_tensors,
+    embedding_copy_on_last_stage,
+    num_chunks,
+)
 from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate
 from ledger.models.time_model import buckets
 from ledger.models.time_model.calibration import Calibration
