@@ -1,69 +1,8 @@
-"""The one object the engine calls at its lifecycle points.
+"""The one object the engine calls at its lifecycle points: `ProbeSet` writes the run directory, `NullProbeSet`
+(probes off) does nothing at the cost of one call.
 
-Contract with the engine (engine/training.py, the DDP buckets, the P2P communicator and the schedules call exactly
-these; keep them stable):
-
-    probes = create_probe_set(run_config, parallel_state, argv)  # collective: every rank calls it at the same point
-    probes.memory_point("after_model_build", held)  # also "after_ddp_buffers", "after_optimizer_init",
-                                                    # "after_first_step"; held: () -> the engine's tensors (params,
-                                                    # grad buffers, optimizer state), sized by storage on CPU
-                                                    # (probes.memory.tensor_census)
-    probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
-    probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
-                            activation_numel=..., activation_dtype=..., expert_bucket_numels=[...],
-                            ep_dispatch_numel=..., cp_message_numels=[...])  # collective; optional start-up sweep
-                                                    # (probes.bandwidth.SweepSizes)
-    probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
-                         optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
-    with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
-        ...                                         # + a timer when timers are on; categories: iteration, forward,
-                                                    # backward, optimizer, dp-comm, pp-comm, tp-comm,
-                                                    # embd-comm (tied embeddings' grad all-reduce),
-                                                    # dp-wait (a stall: "wait ..." names, e.g. the DDP
-                                                    # pre-hook's all-gather wait nested in a forward),
-                                                    # checkpoint (a save or load, between steps),
-                                                    # data-wait (a stall: next() waiting on the data loader's queue,
-                                                    # "wait data mbN" nested in a forward; engine.data)
-    token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
-    probes.comm_end(token)                          # ... and its wait returned
-    probes.step_begin(iteration)
-    probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
-    probes.checkpoint("save", iteration=n, path=..., bytes=..., blocking_seconds=..., background_seconds=...,
-                      write_seconds=..., async_save=..., loaded_iteration=...)          # and the blocking parts
-    probes.checkpoint("load", iteration=n, path=..., finetune=..., seconds=...)   # engine.checkpointing, per rank
-    probes.close(status="complete" | "failed", error=None)
-
-`NullProbeSet` is the disabled implementation: every method does nothing and `range` returns a shared
-nullcontext, so the hot path pays one attribute lookup and one call when probes are off.
-
-`ProbeSet` is the live one (a run directory is set). Hot-path rule: a range costs an NVTX push/pop, a
-record_function only inside the profiler window, and two timer marks (CUDA events or perf_counter); no host sync
-and no file write. Records are buffered and written at step_end, which then flushes once, so a killed rank leaves
-every completed step readable; the fsync runs on the writer's thread. What is written, by kind (each also has
-"kind", "step", "t"):
-  memory     point ("after_model_build" ... | "step" | "oom" | "failure"), device, memory_stats keys or RSS
-             (+ at the lifecycle points on CPU: tensor_bytes, tensor_storages, held_tensor_bytes,
-             held_tensor_storages: probes.memory.tensor_census)
-  inventory  the engine's dicts as given, except that their "kind" is stored as "tensor_kind"
-  timing     name, category, start_s, end_s, duration_s, t_start, t_end, clock, the range's attrs [, async_comm,
-             issue_s, wait_return_s]  (see probes.timers); a range started outside step_begin..step_end has step
-             None (start-up work, the final param sync after the last step)
-  nvml       t_sample, used_bytes, total_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
-  bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
-             (the run's own sizes, and one element per rank: the latency point of the time model's fit)
-  compute    op, dims, dtype, seconds, flops, iters, device, threads, variant, cached  (see probes.compute_sweep)
-  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
-             (data_wait_s: the seconds the loop blocked on its data loaders, on ranks that read data);
-             profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
-             after_trace_export (the step after the window's traces were written: it waits for the slowest export)
-  checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file); a save also bytes
-             (the file's size on disk), blocking_seconds (what the training loop waited: of it
-             waited_for_previous_seconds, host_alloc_seconds, host_copy_seconds), background_seconds (--async-save's
-             write and finalisation, 0 without), write_seconds (this rank's torch.save alone), async_save and
-             loaded_iteration (the checkpoint this run resumed from, None: it started fresh); a load seconds and
-             finetune.
-             Step None: both happen outside step_begin..step_end; written and fsynced at once
-  run_end    status, error (this rank's close)
+The calls the engine makes, the hot-path rule, and what each event kind holds: docs/architecture.md ("The engine
+and the probes") and docs/run_directory.md.
 """
 from __future__ import annotations
 

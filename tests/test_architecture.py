@@ -1,5 +1,5 @@
-"""The layers of DESIGN.md hold: import-linter's contracts (pyproject.toml) pass on the code, a forbidden import makes
-them fail, and the ledger, the bottom layer and the dashboard's data loaders import without torch."""
+"""The layers of docs/architecture.md hold: import-linter's contracts (pyproject.toml) pass on the code, a forbidden
+import makes them fail, and the ledger, the bottom layer and the dashboard's data loaders import without torch."""
 from __future__ import annotations
 
 import os
