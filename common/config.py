@@ -229,9 +229,10 @@ class RunConfig:
                    checkpoint=CheckpointConfig(**d.get("checkpoint", {})))  # nor before checkpoints
 
 
-# Shapes only; tying is --untie-embeddings-and-output-weights (tied without it, as Megatron). The seeds' shape is
-# llama3.2-1b (L16 h2048 f8192 32/8 heads vocab 128256): 1,235,814,400 parameters tied, as the real Llama-3.2-1B,
-# 1,498,482,688 untied, as the seeds' scripts run it. The real Llama-3.1-8B is untied: pass the flag.
+# Shapes only; tying is --untie-embeddings-and-output-weights (tied without it, as Megatron). The reference run's
+# shape is llama3.2-1b (L16 h2048 f8192 32/8 heads vocab 128256): 1,235,814,400 parameters tied, as the real
+# Llama-3.2-1B, 1,498,482,688 untied, as the reference run (docs/engine.md) runs it. The real Llama-3.1-8B is untied:
+# pass the flag.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=4, hidden_size=64, ffn_hidden_size=176, num_attention_heads=8, num_query_groups=4,
                  vocab_size=1000, seq_length=32, max_position_embeddings=32, rotary_base=10000.0,
@@ -487,7 +488,7 @@ def checkpoint_dir_name(iteration: int) -> str:
 def check_checkpoint_flags(c: CheckpointConfig, train_iters: int) -> None:
     """Counts >= 1, a duration a finite number of minutes > 0; a flag that could have no effect is an error rather
     than ignored (an --async-save without --save, an exit after the last iteration, a load option without --load),
-    except --save-interval without --save, which Megatron accepts and saves nothing with (the seed's run.sh passes
+    except --save-interval without --save, which Megatron accepts and saves nothing with (runs/megatron/run.sh passes
     --save-interval 1000000 and no --save)."""
     for flag, value in (("--save-interval", c.save_interval), ("--exit-interval", c.exit_interval)):
         if value is not None and value < 1:

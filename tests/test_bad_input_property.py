@@ -31,7 +31,7 @@ BAD = st.one_of(ZERO, NEGATIVE, HUGE, NON_NUMERIC)
 UNBOUNDED_COUNTS = {"--train-iters", "--global-batch-size", "--lr-decay-iters", "--log-interval", "--seed",
                     "--profile-step-start", "--profile-step-end", "--lr-warmup-iters", "--ddp-bucket-size",
                     "--recompute-num-layers",
-                    "--save-interval"}  # longer than the run: never saves, as the seed's run.sh uses it (Megatron)
+                    "--save-interval"}  # longer than the run: never saves, as runs/megatron/run.sh uses it (Megatron)
 BOUNDED_RATES = {"--adam-beta1", "--adam-beta2", "--attention-dropout", "--hidden-dropout"}
 # Flags where 0 is a meaning, not an error: no warm-up, no weight decay, no clipping, no NVML sampling, a zero init
 # for the tests' toys, seed 0, the first rank, no dropout (the only dropout accepted), no load-balancing loss.

@@ -2,8 +2,8 @@
 
 Specification: a stage runs Megatron's warmup forwards, then one forward / one backward, then the remaining
 backwards; the k-th forward runs chunk (k mod pv) // p on micro-batch (k // pv) * p + k mod p, backwards the mirrored
-chunk. Replayed with unit durations, the bubble equals ledger.models.formulas.bubble (the seed's p=2, m=8 chart: 18 cells
-per stage, 4 idle cells of 36).
+chunk. Replayed with unit durations, the bubble equals ledger.models.formulas.bubble (the reference run's p=2, m=8
+chart: 18 cells per stage, 4 idle cells of 36).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_item_labels():
     assert Item(BACKWARD, 0, 2).label() == "B0"
 
 
-def test_seed_p2_m8():
+def test_reference_p2_m8():
     timeline = simulate(2, 8)
     assert timeline.makespan == 18
     cells = timeline.cells()

@@ -224,7 +224,7 @@ def test_training_with_recompute_equals_training_without(layout):
 
 # ---- plan and the reconciliation's peak row ------------------------------------------------------------------------
 
-SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
+REFERENCE = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
         "--pipeline-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
         "--seq-length", "8192", "--max-position-embeddings", "8192", "--global-batch-size", "16", "--bf16"]
 
@@ -235,7 +235,7 @@ SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-
     ([], ["none", "selective", "full uniform 1"]),
 ])
 def test_plan_shows_the_runs_mode_with_the_others_beside_it(flags, modes):
-    cfg = parse_args(SEED + flags)
+    cfg = parse_args(REFERENCE + flags)
     memory = build_plan(cfg)["memory"]
     assert memory["recompute"] == modes[0] and "logsumexp" in memory["recompute_convention"]
     by_mode, peaks = memory["activation_bytes_per_stage_by_recompute"], memory["peak_bytes_per_stage_by_recompute"]

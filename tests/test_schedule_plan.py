@@ -24,7 +24,7 @@ def labels(p, m, v=1):
     return [[item.label(v > 1) for item in plan.items] for plan in schedule_plan(p, m, v)]
 
 
-def test_seed_1f1b_p2_m8_stage0_warms_up_with_one_forward_stage1_with_none():
+def test_reference_1f1b_p2_m8_stage0_warms_up_with_one_forward_stage1_with_none():
     stage0, stage1 = labels(2, 8)
     assert stage0 == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "F4", "B3", "F5", "B4", "F6", "B5", "F7", "B6", "B7"]
     assert stage1 == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "F4", "B4", "F5", "B5", "F6", "B6", "F7", "B7"]

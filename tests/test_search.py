@@ -84,13 +84,13 @@ def test_options_narrow_the_enumeration():
 
 # ---- peak memory ---------------------------------------------------------------------------------------------------
 
-SEED = ("--model llama3.2-1b --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+REFERENCE = ("--model llama3.2-1b --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
         "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --seq-length 8192 "
         "--max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 16 --bf16")
 
 
 def test_plan_reports_the_shared_peak_function():
-    cfg = base(SEED)
+    cfg = base(REFERENCE)
     memory = build_plan(cfg)["memory"]
     peaks = stage_peaks(cfg)
     assert memory["peak_bytes_per_stage"] == peak_bytes_per_stage(cfg) == [p.total for p in peaks]
@@ -119,7 +119,7 @@ def test_the_largest_dp_rank_is_the_one_the_definition_finds(world, dp_flags):
 
 
 def test_memory_fit_names_the_stage_that_does_not_fit():
-    cfg = base(SEED)
+    cfg = base(REFERENCE)
     peaks = peak_bytes_per_stage(cfg)
     assert memory_fit(max(peaks))(cfg) is True
     assert memory_fit(max(peaks), outside_bytes=1)(cfg) == (
