@@ -15,9 +15,14 @@ import pytest
 
 from cli.main import main as cli
 from common.errors import ConfigError
-from engine.pipeline_parallel.schedule_plan import BACKWARD, FORWARD, schedule_plan
+from engine.pipeline_parallel.schedule_plan import BACKWARD, FORWARD, StagePlan, stage_plan
 
 GRID = [(p, m, v) for p in range(1, 7) for v in (1, 2, 3) for m in range(1, 13) if v == 1 or (p > 1 and m % p == 0)]
+
+
+def schedule_plan(p: int, m: int, v: int = 1, forward_only: bool = False) -> list[StagePlan]:
+    """Every stage's plan, as the stages' schedules each build their own."""
+    return [stage_plan(p, stage, m, v, forward_only) for stage in range(p)]
 
 
 def labels(p, m, v=1):
@@ -147,7 +152,8 @@ def test_the_deadlock_replay_can_fail():
     ((1, 4, 2), "pipeline size >= 2"), ((2, 3, 2), "multiple of the pipeline size")])
 def test_bad_arguments_are_config_errors(args, problem):
     with pytest.raises(ConfigError, match=problem):
-        schedule_plan(*args)
+        p, m, v = args
+        stage_plan(p, 0, m, v)
 
 
 def test_cli_json_p2_m8(capsys):

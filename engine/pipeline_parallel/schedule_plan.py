@@ -161,10 +161,3 @@ def stage_plan(pipeline_size: int, stage: int, num_microbatches: int, virtual_si
                                            needs(following, FORWARD), needs(following, BACKWARD))))
     first = Exchange(recv_forward=needs(steps[0], FORWARD), recv_backward=needs(steps[0], BACKWARD))
     return StagePlan(stage, first, planned, warmup)
-
-
-def schedule_plan(pipeline_size: int, num_microbatches: int, virtual_size: int = 1,
-                  forward_only: bool = False) -> list[StagePlan]:
-    check_plan_arguments(pipeline_size, num_microbatches, virtual_size)
-    return [stage_plan(pipeline_size, s, num_microbatches, virtual_size, forward_only)
-            for s in range(pipeline_size)]

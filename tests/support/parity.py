@@ -64,7 +64,8 @@ def train_and_collect(run_config: RunConfig, device: torch.device | None = None,
     device = device or torch.device("cpu")
     parallel_state = ParallelState.from_run_config(run_config)
     result = pretrain(run_config, parallel_state, device, probes)
-    return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
+    steps = result.steps
+    return {"losses": [s.loss for s in steps], "grad_norms": [s.grad_norm for s in steps], "lrs": [s.lr for s in steps],
             "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
 
 

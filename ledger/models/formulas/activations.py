@@ -254,12 +254,3 @@ def stage_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
     after_forward = held * chunk.saved + first + last
     in_backward = (held - 1) * chunk.saved + chunk.backward_peak + first
     return max(after_forward, in_backward)
-
-
-def korthikanti_layer_bytes(s: int, b: int, h: int, heads: int, tp: int = 1, sequence_parallel: bool = False) -> float:
-    """Korthikanti et al. 2022 (Table 2), 16-bit activations with dropout and unfused softmax attention:
-    sbh(34 + 5as/h); TP: sbh(10 + 24/t + 5as/(ht)); TP + SP: sbh(34/t + 5as/(ht))."""
-    quadratic = 5 * heads * s / (h * tp)
-    if sequence_parallel:
-        return s * b * h * (34 / tp + quadratic)
-    return s * b * h * (10 + 24 / tp + quadratic)

@@ -47,10 +47,6 @@ def uniform_kept_assignments(tokens: int, model: ModelConfig) -> int:
     return min(assignments, model.num_experts * capacity)
 
 
-def ep_rank_of_expert(expert: int, num_experts: int, ep: int) -> int:
-    return expert // (num_experts // ep)
-
-
 @dataclass(frozen=True)
 class RankExchange:
     """One rank's rows in one layer's dispatch (summed over whatever the counts were summed over: micro-batches)."""

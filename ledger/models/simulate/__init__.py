@@ -17,9 +17,8 @@ __all__ = ["GroupSpan", "Hardware", "TopologyLink", "comm_model", "group_spans",
            "load_hardware"]
 
 # The layout search (layouts, bound, search): every valid layout on N GPUs, memory first, ranked by predicted tokens/s.
-from ledger.models.simulate.bound import calibrated_bound, tokens_per_s_bound  # noqa: E402
+from ledger.models.simulate.bound import calibrated_bound  # noqa: E402
 from ledger.models.simulate.layouts import enumerate_layouts  # noqa: E402
 from ledger.models.simulate.search import Ranked, SearchResult, memory_fit, search  # noqa: E402
 
-__all__ += ["Ranked", "SearchResult", "calibrated_bound", "enumerate_layouts", "memory_fit", "search",
-            "tokens_per_s_bound"]
+__all__ += ["Ranked", "SearchResult", "calibrated_bound", "enumerate_layouts", "memory_fit", "search"]

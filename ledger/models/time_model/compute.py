@@ -35,9 +35,6 @@ class PassTime:
     cp_exposed: float = 0.0  # of `seconds`, the CP ring's messages beyond the blocks they overlap
     cp_transfer: float = 0.0  # the CP ring's messages at standalone speed (not all of it in `seconds`)
 
-    def largest_term(self) -> tuple[str, float]:
-        return max(self.terms.items(), key=lambda kv: kv[1])
-
 
 @dataclass(frozen=True)
 class ChunkTime:
