@@ -2,49 +2,23 @@
 calibration reads, and caches them per machine and shape.
 
 CPU, tiny shapes: these test plumbing (which ops, which fields, which cache entry), not timings. The sweep's ops are
-derived from its SweepSpec, the time model's from the RunConfig (ledger/models/time_model/ops.py), independently: a kernel
-one side has and the other lacks is a prediction that cannot be made, or a measurement nobody uses.
+derived from its SweepSpec, the time model's from the RunConfig (ledger/models/time_model/ops.py), independently: a
+kernel one side has and the other lacks is a prediction that cannot be made, or a measurement nobody uses.
 """
 from __future__ import annotations
-
-import functools
 
 import pytest
 import torch
 
 from common.arguments import parse_args
 from common.config import RunConfig
-from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import pad_vocab_size
-from engine.tensor_parallel.mappings import TPGroup
-from engine.transformer.attention import split_qkv_and_rotate
-from engine.transformer.mlp import swiglu
-from ledger.models.formulas.params import params_total
 from ledger.models.time_model import Calibration, ops, predict_step, stage_time
 from probes import compute_sweep
-from probes.compute_sweep import EngineKernels, SweepSpec
+from tests.support.sweep_inputs import engine_kernels, spec
 
 CPU = torch.device("cpu")
 # What a record carries (the module's docstring; the calibration reads op, dims, dtype, seconds).
 FIELDS = {"op", "dims", "dtype", "seconds", "flops", "iters", "device", "threads", "variant", "cached"}
-
-
-def engine_kernels(vocab_size: int) -> EngineKernels:
-    """The engine's own fused functions, as engine/training.py hands them to the sweep (eager on CPU)."""
-    return EngineKernels(split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
-                         cross_entropy=functools.partial(vocab_parallel_cross_entropy,
-                                                         tp=TPGroup(group=None, size=1, rank=0),
-                                                         vocab_size=vocab_size),
-                         variant="eager")
-
-
-def spec(c: RunConfig, stage: int) -> SweepSpec:
-    tp, p, m = c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size, c.model
-    numel = params_total(c)
-    return SweepSpec.from_run(c, tp_size=tp, padded_vocab_size=pad_vocab_size(m.vocab_size,
-                                                                              m.make_vocab_size_divisible_by, tp),
-                              first_stage=stage == 0, last_stage=stage == p - 1, optimizer_numel=numel,
-                              grad_buffer_numel=numel)
 
 
 PIPELINED = ("--model tiny --num-layers 6 --world-size 6 --tensor-model-parallel-size 2 --sequence-parallel "

@@ -21,7 +21,7 @@ from ledger.models.simulate.hardware import load_hardware
 from ledger.models.time_model import Calibration, CalibrationMissing, CommModel, ops, predict_step, stage_time
 from probes import compute_sweep
 from tests.support.ring_calibration import cp_send_recv_record
-from tests.test_compute_sweep import engine_kernels, spec
+from tests.support.sweep_inputs import engine_kernels, spec
 
 CPU = torch.device("cpu")
 

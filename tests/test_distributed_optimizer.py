@@ -16,8 +16,7 @@ from engine.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
 )
-from tests.support.gloo import run_distributed
-from tests.test_distributed_data_parallel import (
+from tests.support.ddp_toy import (
     MICROBATCHES,
     STEPS,
     TRAIN,
@@ -26,6 +25,7 @@ from tests.test_distributed_data_parallel import (
     reference_adamw,
     train_ranks,
 )
+from tests.support.gloo import run_distributed
 
 DIST_CONFIGS = [dict(use_distributed_optimizer=True),
                 dict(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)]

@@ -24,8 +24,8 @@ import torch
 from common.arguments import parse_args
 from common.config import LATEST_CHECKPOINT_FILE, TrainConfig, check_load_layout, checkpoint_layout
 from common.errors import ConfigError
+from tests.support.ddp_toy import BUCKET_SIZE, MICROBATCHES, STEPS, TRAIN, microbatch
 from tests.support.gloo import run_distributed
-from tests.test_distributed_data_parallel import BUCKET_SIZE, MICROBATCHES, STEPS, TRAIN, microbatch
 
 WORLD, EP = 4, 2
 CONFIGS = [dict(), dict(overlap_grad_reduce=True), dict(use_distributed_optimizer=True),

@@ -230,7 +230,7 @@ def test_the_sweep_plans_the_gpt_kernels_the_time_model_prices():
     import torch
 
     from probes import compute_sweep
-    from tests.test_compute_sweep import engine_kernels, spec
+    from tests.support.sweep_inputs import engine_kernels, spec
 
     cfg = simulated(GPT_FLAGS + " --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel "
                                 "--global-batch-size 2")

@@ -16,7 +16,7 @@ import pytest
 from common.errors import ConfigError
 from ledger.models.simulate.fit import fit_hardware
 from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware
-from tests.test_reconcile_fixtures import FIXTURES
+from tests.support.recorded_runs import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
 GRID_SWEEPS = [Path(__file__).resolve().parents[1] / "runs/bench/results" / name for name in (

@@ -225,7 +225,7 @@ def test_expert_layout_refuses_what_does_not_divide():
 
 
 def _groups_cli(argv: list[str]) -> tuple[int, str, str]:
-    from tests.test_bad_input_property import run
+    from tests.support.cli import run
 
     return run(["groups", *argv])
 

@@ -93,6 +93,12 @@ def reference_run(run_config: RunConfig) -> dict[str, Any]:
         return train_and_collect(reference)
 
 
+def train_alone(argv: list[str], probes: Any = None) -> dict[str, Any]:
+    """`train_and_collect` of these flags on a world of one, in this process (its own gloo group)."""
+    with world_of_one():
+        return train_and_collect(parse_args(argv, world_size=1), probes=probes)
+
+
 def train_rank(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:
     """One gloo rank of a parity test (tests.support.gloo.run_distributed calls it by name)."""
     return train_and_collect(parse_args(argv, world_size=world_size))
