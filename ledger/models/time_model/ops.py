@@ -1,61 +1,7 @@
 """The work of one micro-batch through one model chunk on one rank, op by op at TP-local shapes: what the compute
 sweep (probes/compute_sweep.py) times and the time model adds up.
 
-Kernels are named after the engine's modules and passes, with Megatron Core's names (linear_qkv.fprop / .dgrad /
-.wgrad, core_attention.fwd / .bwd, ...), and carry the dims that set their cost, so a calibration record matches a
-kernel by (name, dims, dtype). The probe derives its list independently from the run's config; a test holds the two
-equal. Each pass is a list in execution order, so a running sum of its times says when each parameter is first used
-in the forward (where its param all-gather is waited for) and when its gradient is final in the backward (where its
-DP bucket can be issued).
-
-TP collectives run on the compute stream (synchronous), so they are entries of the same lists, with Megatron's
-placement: without SP an all-reduce after linear_proj and linear_fc2 forward and of linear_qkv's and linear_fc1's
-input gradient backward; with SP an all-gather before linear_qkv / linear_fc1 and a reduce-scatter after
-linear_proj / linear_fc2 forward, and backward their conjugates plus the re-gather of each saved input shard; the
-embedding all-reduces (SP: reduce-scatters) its output, the output layer all-reduces its input gradient (SP: gathers
-its input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32
-[s, b] tensors. Per step these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
-
-The GPT style (ModelConfig; formulas only, the engine runs the Llama style): linear_fc1 is f wide and a
-gelu.fwd / gelu.bwd kernel (Megatron's bias_gelu: the bias add fused in) replaces swiglu's; learned positions run no
-rope kernels, and under SP the embedding all-reduces its output (then splits it) instead of reduce-scattering it.
-Not priced apart: the position table's lookup and add (first stage, one [s, b, h] add), the row-parallel bias adds
-(fused into bias_dropout_add with the residual add) and bias gradients (a reduction over tokens beside the wgrad).
-LayerNorm runs layer_norm.fwd / .bwd where RMSNorm runs rms_norm's, at the same dims.
-
-Context parallelism (C > 1; ledger/models/formulas/comm.py has the derivation of the ring's messages,
-ledger/models/formulas/ring_overlap.py the blocks and the overlap): every op runs at the CP rank's L = s/C tokens, and core
-attention becomes the engine's ring (engine/transformer/ring_attention.py, Transformer Engine's
-AttnFuncWithCPAndKVP2P): C steps, each one block kernel on the local queries, keyed apart from the dense kernel by
-`queries` and `causal` (seq: L, every block's keys). With Megatron's load balancing each step's block is either the
-causal diagonal (the rank's own K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced as
-L/2 queries against L keys (rank i's steps with a later rank's block; with an earlier rank's block it runs L queries
-against L/2 keys, the same L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward, 2.5x
-backward. Beside the steps the ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the
-block computed meanwhile); only the part of a transfer longer than that block's compute is exposed on the pass,
-ring_overlap.exchange_exposed: max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks;
-backward: one beside each block. A re-run forward (recompute) repeats the forward's ring. The online-softmax merge
-of each later block's output into the running one (forward) and the dQ / dK-dV accumulations (backward) are one
-`ring_attention.merge` kernel a pass (the sweep times the engine's ring loop with its blocks precomputed), added
-after the blocks: the engine runs each merge before the wait, so it also hides its exchange, which is not counted
-(an exchange longer than its block is priced up to one merge too exposed).
-
-Mixture of experts (the model has experts: every layer's MLP is Megatron's MoELayer, engine/transformer/moe): after
-the pre-MLP norm the router's GEMM `router.fprop` [T, h] x [h, E] (T = the rank's routed tokens), `router.topk.fwd`
-(top-k over the logits, the softmax over the k chosen and, with a load-balancing loss, over all E, the counts per
-expert), `moe.permute.fwd` (the kept assignments sorted by expert and their rows gathered: R = kept assignments rows
-of h), under EP > 1 the counts' and the rows' all-to-alls (`ep` collectives on the compute stream: the experts need
-the rows), then each local expert's SwiGLU MLP at its own row count (linear_fc1 / swiglu / linear_fc2 at m = its
-rows: the same kernels as a dense MLP's, keyed by their dims), the combine all-to-all, and `moe.unpermute.fwd` (each
-token's probability-weighted sum over its k slots, in fp32). Row counts come from the config under uniform routing
-(ledger/models/formulas/moe.py uniform_kept_assignments: T k assignments, capped by a capacity factor; every EP rank
-routing alike, a rank's experts receive what it sends, split as evenly as the count allows over its E/EP experts).
-Backward runs each in reverse: unpermute, the combine's all-to-all the other way, the experts' dgrad / wgrad at their
-rows, the dispatch's, permute's (the rows' gradients added back per token), top-k's and the router's dgrad / wgrad.
-
-Recompute (the run's mode, ledger/models/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
-forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
-fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its backward.
+The details: docs/formulas.md, "The ops of a micro-batch".
 """
 from __future__ import annotations
 
