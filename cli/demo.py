@@ -8,7 +8,8 @@ which keeps the pipeline and its bubble; 2: DP2; 1: one GPU; other counts use th
 llama3.2-1b's shape cut to 4 layers at sequence 4096 (0.51 B parameters: its vocabulary matrix is full size, which
 keeps the memory rows' proportions real while one GPU holds it). 8 micro-batches per pipeline per step in every
 layout. The embedding and output layer are tied, Megatron's default and the real Llama-3.2-1B's (the reference run
-unties them): under PP2 the last stage holds a copy and the two ends all-reduce its gradient each step, a row of its own.
+unties them): under PP2 the last stage holds a copy and the two ends all-reduce its gradient each step, a row of its
+own.
 
 On the CPU the DDP bucket size is CPU_BUCKET_SIZE elements, so that the first stage's layers fill four buckets
 beside the embedding's own: overlap then has buckets to show, each (but the last issued) with its predicted overlap.
@@ -55,7 +56,8 @@ class Layout:
         return self.world // (self.tp * self.pp)
 
     def describe(self) -> str:
-        """The layout and what of the reference run's configuration is active in it (SP needs TP > 1, the overlaps DP > 1)."""
+        """The layout and what of the reference run's configuration is active in it (SP needs TP > 1, the overlaps
+        DP > 1)."""
         where = f"{self.world} GPU{'s' if self.world > 1 else ''}" if self.gpu else f"{self.world} gloo ranks (no GPU)"
         active = (["sequence parallel"] if self.tp > 1 else []) + ["distributed optimizer"]
         if self.dp > 1:

@@ -73,7 +73,8 @@ def _dir_signature(root: Path) -> tuple[tuple[str, int], ...]:
     return tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
 
 
-Loader = Callable[..., Any]  # loader(run_dir: str, *args) -> plain values (ledger.present.loaders, ledger.present.dashboard_data)
+# loader(run_dir: str, *args) -> plain values (ledger.present.loaders, ledger.present.dashboard_data)
+Loader = Callable[..., Any]
 
 
 def _name(loader: Loader) -> str:

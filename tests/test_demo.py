@@ -48,9 +48,9 @@ def manifest(run: Path) -> dict:
 
 
 def test_cpu_demo_buckets_give_overlap_something_to_show() -> None:
-    """The ledger's own layout of the CPU demo's buffers (Megatron's rule, ledger.models.formulas.buffer_layout): the first
-    stage's layers fill several buckets, each with a predicted overlap but the last one issued (the embedding's own
-    bucket, which has no backward left to hide behind)."""
+    """The ledger's own layout of the CPU demo's buffers (Megatron's rule, ledger.models.formulas.buffer_layout): the
+    first stage's layers fill several buckets, each with a predicted overlap but the last one issued (the embedding's
+    own bucket, which has no backward left to hide behind)."""
     from cli.demo import choose_layout, demo_flags
     from common.arguments import parse_args
     from ledger.models.formulas.buffer_layout import rank_buffers

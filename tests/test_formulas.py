@@ -302,7 +302,8 @@ def _with(c, granularity, method=None, layers=None):
 
 
 def test_full_recompute_keeps_group_inputs_and_rebuilds_one_group():
-    # Stage 0 of the reference run: 8 layers, two micro-batches in flight, SP; I = a layer's input, B = a layer's saved set.
+    # Stage 0 of the reference run: 8 layers, two micro-batches in flight, SP; I = a layer's input, B = a layer's saved
+    # set.
     c = cfg(REFERENCE)
     s, b, t = 8192, 1, 2
     i, layer = 2 * s * b * H // t, activations.layer_bytes(c)

@@ -1,6 +1,6 @@
-"""The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's SwiGLU MLP
-at its row count under uniform routing, unpermute, and the expert-parallel all-to-alls on the compute stream; the
-compute sweep (probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
+"""The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's
+SwiGLU MLP at its row count under uniform routing, unpermute, and the expert-parallel all-to-alls on the compute stream;
+the compute sweep (probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
 
 The hand-derived layer time is plumbing on a synthetic calibration (every GEMM 1 ns a FLOP, every memory-bound kernel
 1 us, an all-to-all fit of 10 us + 1 ns a bus byte): it checks which ops are priced at which shapes and how they add

@@ -2,8 +2,8 @@
 rules, what autograd really keeps under each mode against the ledger's formula, parity with the run without
 recompute, the TP collectives recompute repeats against the ledger's count, and the peak row's mode.
 
-The bytes test is the independent check of ledger/models/formulas/activations.py: on CPU in fp32 it counts every distinct
-storage autograd saves while one model chunk of 4 tiny layers runs forward (saved_tensors_hooks also see what a
+The bytes test is the independent check of ledger/models/formulas/activations.py: on CPU in fp32 it counts every
+distinct storage autograd saves while one model chunk of 4 tiny layers runs forward (saved_tensors_hooks also see what a
 non-reentrant checkpoint keeps: its inputs), parameters and the shared RoPE tables left out.
 """
 from __future__ import annotations

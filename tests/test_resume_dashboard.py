@@ -1,5 +1,5 @@
-"""A run killed and resumed shows as one loss curve (ledger.present.dashboard_data.loss_curve, the Runs page): the resumed
-run's own steps, preceded by the steps of the run that saved its checkpoint up to the iteration it resumed from,
+"""A run killed and resumed shows as one loss curve (ledger.present.dashboard_data.loss_curve, the Runs page): the
+resumed run's own steps, preceded by the steps of the run that saved its checkpoint up to the iteration it resumed from,
 with a marker there; the report names that run.
 
 On real gloo runs: the first stops at --exit-interval 3 (saving, as a preempted job does) out of --train-iters 6,

@@ -3,8 +3,8 @@
 Specification: each stage forwards and backwards every (micro-batch, chunk) exactly once, forward first; the order is
 Megatron's (1F1B warmup min(p - i - 1, m); interleaved chunk order, docs/engine.md); the plan's P2P exchanges pair up
 between neighbours without deadlock. `train-ledger schedule` charts the ledger's own derivation of the order
-(ledger/models/schedule.py, held equal to this plan in tests/test_ledger_schedule.py) and its bubble is (p - 1) / (V m + p -
-1).
+(ledger/models/schedule.py, held equal to this plan in tests/test_ledger_schedule.py) and its bubble is (p - 1) / (V m +
+p - 1).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The time model's Calibration from a hardware file (ledger/models/simulate/calibration.py, kernel_cost.py, topology.py).
+"""The time model's Calibration from a hardware file (ledger/models/simulate/calibration.py, kernel_cost.py,
+topology.py).
 
 Kernel times are derived by hand from the file's cost forms; group placement from Megatron's rank order
 (tp-cp-ep-dp-pp: rank = tp + t (cp + c (dp + d pp)), nodes of 8 filled in rank order); one real-run check: the H200

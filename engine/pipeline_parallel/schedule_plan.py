@@ -2,8 +2,8 @@
 
 A stage's plan is its ordered work items (forward or backward of one micro-batch on one model chunk), grouped into
 steps, each step followed by the one P2P exchange that sends its results and receives what the next step needs. The real
-schedules (schedules.py) execute exactly this plan. The ledger derives the same order on its own (ledger/models/schedule.py,
-for charts and the time model) and a test holds the two equal.
+schedules (schedules.py) execute exactly this plan. The ledger derives the same order on its own
+(ledger/models/schedule.py, for charts and the time model) and a test holds the two equal.
 
 The order is Megatron Core's (schedules.py; docs/engine.md, "Schedules"):
   1F1B:        stage i runs min(p - i - 1, m) warmup forwards, then alternates one forward / one backward, then

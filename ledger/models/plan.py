@@ -25,7 +25,8 @@ BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp
                               "activations, padding or temporaries")
 PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + saved activations at the "
                    "schedule's peak; the last stage's logits transient is shown apart, not added (the measured peaks "
-                   "of real runs do not include it: ledger/models/formulas/peak_memory.py); no CUDA context, NCCL buffers "
+                   "of real runs do not include it: ledger/models/formulas/peak_memory.py); no CUDA context, "
+                   "NCCL buffers "
                    "or allocator fragmentation")
 RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_by_recompute: the same run under each "
                         "mode. selective checkpoints the core attention (SDPA) call, which with flash attention frees "

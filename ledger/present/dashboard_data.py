@@ -1,6 +1,7 @@
-"""The figures the dashboard shows that ledger.present.loaders does not return as such: a run's headline figures and layout,
-the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a run
-directory (or of plain values), like ledger.present.loaders, so the dashboard can cache them on path and modification time.
+"""The figures the dashboard shows that ledger.present.loaders does not return as such: a run's headline figures and
+layout, the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a run
+directory (or of plain values), like ledger.present.loaders, so the dashboard can cache them on path and modification
+time.
 
 Nothing here is a new estimate: headline figures are picked from the reconciliation rows, the static terms are the
 formulas' StaticBytes and the engine's inventory records, the ideal schedule is the ledger's own schedule replayed on
@@ -205,7 +206,8 @@ def ideal_schedule(pp: int, microbatches: int, vpp: int = 1) -> dict[str, Any]:
 
 def rank_timing(run_dir: str, rank: int, step: int) -> list[dict[str, Any]]:
     """One rank's timer records in one step (compute, communication, optimizer) on the timers' own clock
-    (`start_s` / `end_s`, the clock ledger.present.loaders.bucket_intervals reports), for drawing buckets over compute."""
+    (`start_s` / `end_s`, the clock ledger.present.loaders.bucket_intervals reports), for drawing buckets over
+    compute."""
     ev = gather(run_dir)
     r = ev.ranks.get(rank)
     if r is None:
@@ -222,8 +224,8 @@ def trace_list(run_dir: str) -> list[dict[str, Any]]:
 
 
 def merged_trace(run_dir: str, out: str) -> dict[str, Any]:
-    """Merge the run's traces into `out` (ledger.present.trace_export, the code behind `train-ledger export-trace`); what
-    the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
+    """Merge the run's traces into `out` (ledger.present.trace_export, the code behind `train-ledger export-trace`);
+    what the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
     from ledger.present.trace_export import export
 
     result = export(run_dir, out)

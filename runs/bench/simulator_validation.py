@@ -7,9 +7,9 @@ bubble, per run, with the error.
    whose event files do not name the GPU: simulated on the H200 file, on which it ran), through
    `train-ledger simulate --validate` (ledger/reconcile/validation.py).
 2. The real 2-GPU runs (2 H200s, NVLink) committed as reconciliation outputs (runs/bench/evidence/2gpu-2026-12-01:
-   rec_<name>.json.gz) and their flags (README.md there): each layout rebuilt from those flags (the engine of that day untied the
-   embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured figures
-   of its reconciliation, as `--validate` judges a run directory.
+   rec_<name>.json.gz) and their flags (README.md there): each layout rebuilt from those flags (the engine of that day
+   untied the embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured
+   figures of its reconciliation, as `--validate` judges a run directory.
 Prints one markdown table and the command.
 """
 from __future__ import annotations

@@ -90,14 +90,16 @@ def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = T
         run_dir = os.path.join(tmp, "run")
         argv = engine_argv(seq, mb, steps, run_dir)
         _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                       "-m", "engine.train", *argv], timeout=900, env={"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
+                       "-m", "engine.train", *argv], timeout=900,
+                      env={"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
         events = list(iter_events(run_dir, 0))
     steps_ = [e for e in events if e["kind"] == "step"]
     memory = {e["point"]: e for e in events if e["kind"] == "memory" and e["point"] != "step"}
     per_step = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
     inventory = [e for e in events if e["kind"] == "inventory" and e.get("tensor_kind") == "param_buffer"]
     n = sum(e["numel"] for e in inventory) or None
-    return dict(variant="train-ledger" if compile_ else "train-ledger eager", seq=seq, times=[s["step_time_s"] for s in steps_][-timed:],
+    return dict(variant="train-ledger" if compile_ else "train-ledger eager", seq=seq,
+                times=[s["step_time_s"] for s in steps_][-timed:],
                 peak_alloc=max(m["allocated_bytes.all.peak"] for m in per_step),
                 peak_reserved=max(m["reserved_bytes.all.current"] for m in per_step),
                 mem_setup=memory["after_optimizer_init"]["allocated_bytes.all.current"],

@@ -190,10 +190,10 @@ def routed_tokens(cfg: RunConfig) -> int:
 
 
 def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
-    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and combine
-    rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's re-run,
-    and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over TP
-    that Megatron adds around the experts at tp > 1."""
+    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and
+    combine rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's
+    re-run, and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over
+    TP that Megatron adds around the experts at tp > 1."""
     m, ep = cfg.model, cfg.parallel.expert_model_parallel_size
     if not m.is_moe:
         return {}

@@ -2,8 +2,8 @@
 model's Calibration built from them (torch-free).
 
     hw = load_hardware("H200")                  # or H100, A100-80GB, A100-40GB, or a path to a JSON file
-    cal = hardware_calibration(cfg, hw)         # ledger.models.time_model.Calibration for cfg's kernels, rates and groups
-    ledger.models.time_model.predict_step(cfg, cal)    # the step on hw, unchanged
+    cal = hardware_calibration(cfg, hw)         # ledger.models.time_model.Calibration for cfg's kernels, rates and
+    groups ledger.models.time_model.predict_step(cfg, cal)    # the step on hw, unchanged
     group_spans(cfg, hw.gpus_per_node)          # per group kind: nodes spanned, ranks per node, the bounding link
 
 One concept a module: hardware (the file and its dataclass), kernel_cost (one kernel's seconds), topology (groups on

@@ -20,8 +20,8 @@ Memory-bound kernels (everything else): fixed_s + bytes moved / (HBM bandwidth x
   moved is the least a kernel must read and write once (its inputs and outputs at their dtypes, `bytes_moved`), so a
   kernel that makes several passes, upcasts to fp32 or scatters shows as a lower efficiency, fitted per name (a name
   with no fit: its PROXY's, else the file's default). An MoE layer's router top-k, permute and unpermute
-  (ledger/models/time_model/ops.py) have no fit yet: the default efficiency, optimistic for kernels that sort, scatter and
-  upcast (the engine's unpermute sums in fp32); an expert's GEMMs are GEMMs at its row count.
+  (ledger/models/time_model/ops.py) have no fit yet: the default efficiency, optimistic for kernels that sort, scatter
+  and upcast (the engine's unpermute sums in fp32); an expert's GEMMs are GEMMs at its row count.
 
 Per-element rates (ops.RATE_OPS): `optimizer.step` is the sweep's update of one element: the grad copied into the fp32
 main grad when the grads are 16-bit, its norm (read), its clip (read, write), fused AdamW (grad read; main param,

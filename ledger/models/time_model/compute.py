@@ -10,8 +10,9 @@ tp_comm, cp_comm, ep_comm) names the largest contributor of a stage's time.
 
 Context parallelism's ring messages (ops.py, `cp` collectives with `overlaps`) run on their own stream beside the
 block they overlap: the pass waits only for max(0, transfer - that block's kernel time) before the next block, the
-exposed part (`cp_exposed`; ledger/models/formulas/ring_overlap.py exchange_exposed, the formula the overlap row's hidden
-share is 1 - exposed / transfer of); `cp_transfer` is their whole standalone time, so the hidden part is the difference.
+exposed part (`cp_exposed`; ledger/models/formulas/ring_overlap.py exchange_exposed, the formula the overlap row's
+hidden share is 1 - exposed / transfer of); `cp_transfer` is their whole standalone time, so the hidden part is the
+difference.
 """
 from __future__ import annotations
 
