@@ -1,14 +1,15 @@
 """`train-ledger demo`: the main job on whatever machine this is: an instrumented run -> reconcile -> report.
 
-Without a GPU it runs the seed's layout (runs/megatron/run.sh) on 8 gloo ranks: TP2 x PP2 x DP2 with sequence
-parallelism, the distributed optimizer and both overlaps, micro-batch 1 and global batch 16, so each pipeline runs
-8 micro-batches a step and the analytic bubble is the seed's (p-1)/(m+p-1) = 1/9; the model is `tiny`. With GPUs it
-runs the same flags with --bf16 on the GPUs present, the layout cut to fit (8: the seed's; 4: PP2 x DP2, which keeps
-the pipeline and its bubble; 2: DP2; 1: one GPU; other counts use the largest of these that fits) and llama3.2-1b's
-shape cut to 4 layers at sequence 4096 (0.51 B parameters: its vocabulary matrix is full size, which keeps the
-memory rows' proportions real while one GPU holds it). 8 micro-batches per pipeline per step in every layout. The
-embedding and output layer are tied, Megatron's default and the real Llama-3.2-1B's (the seed's scripts untie them):
-under PP2 the last stage holds a copy and the two ends all-reduce its gradient each step, a row of its own.
+Without a GPU it runs the reference run's layout (docs/engine.md, "The reference run") on 8 gloo ranks: TP2 x PP2 x
+DP2 with sequence parallelism, the distributed optimizer and both overlaps, micro-batch 1 and global batch 16, so each
+pipeline runs 8 micro-batches a step and the analytic bubble is (p-1)/(m+p-1) = 1/9; the model is `tiny`. With GPUs
+it runs the same flags with --bf16 on the GPUs present, the layout cut to fit (8: the reference run's; 4: PP2 x DP2,
+which keeps the pipeline and its bubble; 2: DP2; 1: one GPU; other counts use the largest of these that fits) and
+llama3.2-1b's shape cut to 4 layers at sequence 4096 (0.51 B parameters: its vocabulary matrix is full size, which
+keeps the memory rows' proportions real while one GPU holds it). 8 micro-batches per pipeline per step in every
+layout. The embedding and output layer are tied, Megatron's default and the real Llama-3.2-1B's (the reference run
+unties them): under PP2 the last stage holds a copy and the two ends all-reduce its gradient each step, a row of its
+own.
 
 On the CPU the DDP bucket size is CPU_BUCKET_SIZE elements, so that the first stage's layers fill four buckets
 beside the embedding's own: overlap then has buckets to show, each (but the last issued) with its predicted overlap.
@@ -34,7 +35,7 @@ from cli.args import CommandParser
 from common.errors import ConfigError
 from dashboard.launch import DEFAULT_ROOT
 
-MICROBATCHES = 8  # per pipeline per step: the seed's global batch 16 over DP2 at micro-batch 1
+MICROBATCHES = 8  # per pipeline per step: the reference run's global batch 16 over DP2 at micro-batch 1
 # Elements. The tiny model's layer holds ~23k parameter elements per TP rank and a bucket closes once it holds this
 # many, so the first stage's two layers fill four buckets (16,896 + 11,904 + 11,264 + 6,272 elements) and the
 # embedding its own; Megatron's default (40 M) puts a whole tiny stage in one bucket, with nothing to overlap.
@@ -55,7 +56,8 @@ class Layout:
         return self.world // (self.tp * self.pp)
 
     def describe(self) -> str:
-        """The layout and what of the seed's configuration is active in it (SP needs TP > 1, the overlaps DP > 1)."""
+        """The layout and what of the reference run's configuration is active in it (SP needs TP > 1, the overlaps
+        DP > 1)."""
         where = f"{self.world} GPU{'s' if self.world > 1 else ''}" if self.gpu else f"{self.world} gloo ranks (no GPU)"
         active = (["sequence parallel"] if self.tp > 1 else []) + ["distributed optimizer"]
         if self.dp > 1:
@@ -68,7 +70,7 @@ GPU_LAYOUTS = {8: (2, 2), 4: (1, 2), 2: (1, 1), 1: (1, 1)}
 
 
 def choose_layout(gpus: int) -> Layout:
-    """The seed's 8-rank layout on the CPU; on GPUs the largest layout of GPU_LAYOUTS that fits."""
+    """The reference run's 8-rank layout on the CPU; on GPUs the largest layout of GPU_LAYOUTS that fits."""
     if gpus == 0:
         return Layout(world=8, tp=2, pp=2, gpu=False)
     world = max(n for n in GPU_LAYOUTS if n <= gpus)

@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("cli.train", "train with Megatron flags (under torchrun, or --nproc-per-node N)"),
     "preprocess": ("cli.preprocess", "a .jsonl corpus -> Megatron's indexed dataset (.bin/.idx) for --data-path"),
     "groups": ("cli.groups", "the rank groups of a TP x CP x DP x PP layout"),
-    "buffer": ("cli.buffer", "the seed's 2-rank buffer / distributed-optimizer toy"),
+    "buffer": ("cli.buffer", "the 2-rank buffer / distributed-optimizer toy"),
     "schedule": ("cli.schedule", "a pipeline schedule's event order, chart and bubble"),
     "plan": ("cli.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
     "simulate": ("cli.simulate", "a layout on N GPUs of a kind, predicted (or --validate against real runs)"),

@@ -6,8 +6,8 @@
 Enumerates every valid layout (tp, pp, vpp, dp, micro-batch size, recompute, distributed optimizer, sequence
 parallel: ledger/models/simulate/layouts.py), drops those that do not fit the device (each stage's peak and the memory
 outside PyTorch against the hardware file's HBM), ranks the rest by the time model's tokens/s on the hardware file,
-and prints the top K with the term each loses by against the first (ledger/models/simulate/search.py). Model flags follow
-Megatron's semantics, as `simulate`'s do.
+and prints the top K with the term each loses by against the first (ledger/models/simulate/search.py). Model flags
+follow Megatron's semantics, as `simulate`'s do.
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def to_dict(result: SearchResult, pricing: Pricing, gpus: int, top: int) -> dict
     hw = pricing.hardware
     return {"hardware": {"name": hw.name, "version": hw.version, "hbm_bytes": hw.hbm_bytes,
                          "gpus_per_node": hw.gpus_per_node},
-            "gpus": gpus, "top_k": top, "enumerated": result.enumerated, "fitting": result.fitting, "scored": result.scored,
+            "gpus": gpus, "top_k": top, "enumerated": result.enumerated, "fitting": result.fitting,
+            "scored": result.scored,
             "skipped_by_bound": result.skipped_by_bound, "dropped": result.dropped,
             "dropped_example": result.dropped_example, "seconds": result.seconds,
             "top": [_entry(pricing, r) for r in result.ranked]}

@@ -84,7 +84,8 @@ def render_validation(results: list[Validation]) -> str:
         lines.append(
             f"| {v.run} | {d['hardware']} | tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} mbs{lay['micro_batch_size']} "
             f"gbs{lay['global_batch_size']} seq{lay['seq_length']} | {duration(v.sim.step.step_time)} / "
-            f"{duration(m.step_time) if m.step_time else '—'} | {percent(e['step_time'], signed=True)} | {size(v.predicted_peak)} / "
+            f"{duration(m.step_time) if m.step_time else '—'} | {percent(e['step_time'], signed=True)} | "
+            f"{size(v.predicted_peak)} / "
             f"{size(m.peak_bytes) if m.peak_bytes else '—'} | {percent(e['peak_bytes'], signed=True)} | {bubble} |")
     ok = sum(v.within_goals() for v in results)
     lines.append(f"\n{ok} of {len(results)} run(s) within the goals (step time 5%, peak memory 3%)")

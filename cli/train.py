@@ -31,7 +31,8 @@ def launcher_parser() -> CommandParser:
     p.add_argument("--nproc-per-node", type=int)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1")
+    p.add_argument("--rdzv-endpoint",
+                   help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1")
     p.add_argument("--rdzv-id", default="train-ledger", help="the job's id, the same on every node")
     p.add_argument("--master-port", type=int, help="a fixed port on this host instead of a free one (one node)")
     return p

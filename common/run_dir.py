@@ -1,21 +1,14 @@
 """The run directory, contract v1: every reader and writer goes through this module (torch-free).
 
-    RUN/manifest.json                      schema_version, run_id, framework, argv, config, world_size, ranks
-                                           (host, device, coords), versions, git_sha, started, ended, status, error
-    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line; kinds: memory,
-                                           inventory, timing, nvml, step, run_end, checkpoint (a save: iteration,
-                                           bytes on disk, blocking and background seconds, loaded_iteration; or a
-                                           load: iteration, finetune, seconds; step None), and the start-up calibration
-                                           sweeps: bandwidth (a collective at a size), compute (a kernel of the
-                                           run's own shapes: op, dims, dtype, seconds), both step None
+    RUN/manifest.json                      who ran what, where, with which versions, and whether it finished
+    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line
     RUN/traces/rank{R}.step{A}-{B}.json.gz torch.profiler Chrome traces
     RUN/tb/                                TensorBoard event files
     RUN/ledger/                            written by `train-ledger reconcile` / `report`
 
-Crash safety: the manifest is replaced atomically (temp file + rename) and says "running" until the run ends; events
-are flushed at every step end (fsynced then or, with sync(wait=False), by a background thread right after), so a
-killed rank leaves every completed step readable. A reader skips a torn last line (the write that was cut off) and
-reports it; a bad line anywhere else is corruption.
+Crash safety: the manifest is replaced atomically and says "running" until the run ends; events are flushed at every
+step end, so a killed rank leaves every completed step readable; a reader skips a torn last line and reports it, a
+bad line anywhere else is corruption. Every field and kind: docs/run_directory.md.
 """
 from __future__ import annotations
 

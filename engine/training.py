@@ -50,14 +50,6 @@ class TrainResult:
     steps: list[StepLog] = field(default_factory=list)
     model: list[torch.nn.Module] = field(default_factory=list)
 
-    @property
-    def losses(self) -> list[float]:
-        return [s.loss for s in self.steps]
-
-    @property
-    def grad_norms(self) -> list[float]:
-        return [s.grad_norm for s in self.steps]
-
 
 def num_floating_point_operations(run_config: RunConfig, batch_size: int) -> float:
     """Model FLOPs of one global batch, in Megatron's training.py form: 12 B s L h^2 times the per-layer GEMM widths

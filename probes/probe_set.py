@@ -1,40 +1,8 @@
-"""The one object the engine calls at its lifecycle points.
+"""The one object the engine calls at its lifecycle points: `ProbeSet` writes the run directory, `NullProbeSet`
+(probes off) does nothing at the cost of one call.
 
-The calls the engine makes, and their order, are probes.protocol.ProbeSetProtocol: both classes here provide it,
-and `create_probe_set(run_config, parallel_state, argv)` (collective: every rank calls it at the same point) returns
-one of them.
-
-`NullProbeSet` is the disabled implementation: every method does nothing and `range` returns a shared
-nullcontext, so the hot path pays one attribute lookup and one call when probes are off.
-
-`ProbeSet` is the live one (a run directory is set). Hot-path rule: a range costs an NVTX push/pop, a
-record_function only inside the profiler window, and two timer marks (CUDA events or perf_counter); no host sync
-and no file write. Records are buffered and written at step_end, which then flushes once, so a killed rank leaves
-every completed step readable; the fsync runs on the writer's thread. What is written, by kind (each also has
-"kind", "step", "t"):
-  memory     point ("after_model_build" ... | "step" | "oom" | "failure"), device, memory_stats keys or RSS
-             (+ at the lifecycle points on CPU: tensor_bytes, tensor_storages, held_tensor_bytes,
-             held_tensor_storages: probes.memory.tensor_census)
-  inventory  the engine's dicts as given, except that their "kind" is stored as "tensor_kind"
-  timing     name, category, start_s, end_s, duration_s, t_start, t_end, clock, the range's attrs [, async_comm,
-             issue_s, wait_return_s]  (see probes.timers); a range started outside step_begin..step_end has step
-             None (start-up work, the final param sync after the last step)
-  nvml       t_sample, used_bytes, total_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
-  bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
-             (the run's own sizes, and one element per rank: the latency point of the time model's fit)
-  compute    op, dims, dtype, seconds, flops, iters, device, threads, variant, cached  (see probes.compute_sweep)
-  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
-             (data_wait_s: the seconds the loop blocked on its data loaders, on ranks that read data);
-             profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
-             after_trace_export (the step after the window's traces were written: it waits for the slowest export)
-  checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file); a save also bytes
-             (the file's size on disk), blocking_seconds (what the training loop waited: of it
-             waited_for_previous_seconds, host_alloc_seconds, host_copy_seconds), background_seconds (--async-save's
-             write and finalisation, 0 without), write_seconds (this rank's torch.save alone), async_save and
-             loaded_iteration (the checkpoint this run resumed from, None: it started fresh); a load seconds and
-             finetune.
-             Step None: both happen outside step_begin..step_end; written and fsynced at once
-  run_end    status, error (this rank's close)
+The calls the engine makes are probes.protocol.ProbeSetProtocol, which both classes here provide; the hot-path rule
+and what each event kind holds: docs/architecture.md ("The engine and the probes") and docs/run_directory.md.
 """
 from __future__ import annotations
 

@@ -14,28 +14,16 @@ import torch
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.ops import RATE_OPS
-from engine.probe_adapters import engine_kernels
 from engine.tensor_parallel import layers
 from ledger.models.formulas.params import params_total
 from ledger.models.time_model import Calibration, predict_step, stage_time
 from probes import compute_sweep
-from probes.compute_sweep import EngineKernels, SweepSpec
 from tests.support.records import typed
+from tests.support.sweep_inputs import kernels, spec
 
 CPU = torch.device("cpu")
 # What a record carries (the package's docstring; the calibration reads op, dims, dtype, seconds).
 FIELDS = {"op", "dims", "dtype", "seconds", "flops", "iters", "device", "threads", "variant", "cached"}
-
-
-def kernels(c: RunConfig) -> EngineKernels:
-    """The engine's own functions as engine/probe_adapters.py hands them to the sweep (eager on CPU; no MoE layer)."""
-    return engine_kernels([], c.model.vocab_size, CPU)
-
-
-def spec(c: RunConfig, stage: int) -> SweepSpec:
-    numel, last = params_total(c), c.parallel.pipeline_model_parallel_size - 1
-    return SweepSpec.from_run(c, first_stage=stage == 0, last_stage=stage == last, optimizer_numel=numel,
-                              grad_buffer_numel=numel)
 
 
 PIPELINED = ("--model tiny --num-layers 6 --world-size 6 --tensor-model-parallel-size 2 --sequence-parallel "

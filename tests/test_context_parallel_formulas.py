@@ -203,7 +203,7 @@ def test_grad_buckets_are_reduced_over_dp_x_cp():
     assert grads.end - grads.start == pytest.approx(alpha + beta * grads.size_bytes * 3 / 4)  # over 4 ranks
 
 
-# ---- the commands -----------------------------------------------------------------------------------------------------
+# ---- the commands ----------------------------------------------------------------------------------------------------
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = cli_main(list(argv))

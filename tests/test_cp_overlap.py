@@ -1,5 +1,6 @@
 """How much of ring attention's K/V exchange is hidden: the prediction from the config and the calibration
-(ledger/models/formulas/ring_overlap.py) and the row `overlap.cp_exchange.hidden_fraction` (ledger/reconcile/overlap.py).
+(ledger/models/formulas/ring_overlap.py) and the row `overlap.cp_exchange.hidden_fraction`
+(ledger/reconcile/overlap.py).
 
 The tiny preset (4 layers, 8 query heads, 4 KV heads, head dim 8, seq 32, fp32) at CP2 with 2 micro-batches of 1:
 each rank holds L = 16 tokens, so |KV| = 2 (K and V) x 4 B x 16 x 4 x 8 = 4,096 B, and a ring step's attention is

@@ -28,7 +28,7 @@ from ledger.models.time_model import (
 from probes import compute_sweep
 from tests.support.records import typed
 from tests.support.ring_calibration import cp_send_recv_record
-from tests.test_compute_sweep import kernels, spec
+from tests.support.sweep_inputs import kernels, spec
 
 CPU = torch.device("cpu")
 
@@ -69,7 +69,8 @@ def test_a_cp_sweep_calibrates_a_stages_passes(cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     records = compute_sweep.run(spec(cfg, 0), CPU, kernels(cfg), warmup=0, iters=1)
     assert all(r["seconds"] > 0 for r in records)
-    cal = Calibration.from_records(typed("compute", records), [cp_send_recv_record(cfg, 100e-6, units) for units in (1, 2)])
+    cal = Calibration.from_records(typed("compute", records),
+                                   [cp_send_recv_record(cfg, 100e-6, units) for units in (1, 2)])
     chunk = stage_time(cfg, cal, 0).chunks[0]
     assert chunk.forward.seconds > 0 and chunk.backward.seconds > 0
     assert chunk.forward.cp_transfer == pytest.approx(4 * (cfg.parallel.context_parallel_size - 1) * 100e-6)

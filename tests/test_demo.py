@@ -1,6 +1,6 @@
 """`train-ledger demo` end to end on the CPU, started the way the README's first set-up command starts it: the
 console script with no arguments, from a fresh directory (so the default run directory is exercised too). Eight gloo
-ranks train the seed's TP2 x PP2 x DP2 layout with every probe on, then the run is reconciled and reported.
+ranks train the reference run's TP2 x PP2 x DP2 layout with every probe on, then the run is reconciled and reported.
 
 SLOW: one whole demo run, about a minute on an idle 2-core machine, several on a loaded one (`-m "not slow"`
 leaves it out). CUDA is hidden from it so that the CPU path is what runs, on any machine.
@@ -48,9 +48,9 @@ def manifest(run: Path) -> dict:
 
 
 def test_cpu_demo_buckets_give_overlap_something_to_show() -> None:
-    """The ledger's own layout of the CPU demo's buffers (Megatron's rule, ledger.models.formulas.buffer_layout): the first
-    stage's layers fill several buckets, each with a predicted overlap but the last one issued (the embedding's own
-    bucket, which has no backward left to hide behind)."""
+    """The ledger's own layout of the CPU demo's buffers (Megatron's rule, ledger.models.formulas.buffer_layout): the
+    first stage's layers fill several buckets, each with a predicted overlap but the last one issued (the embedding's
+    own bucket, which has no backward left to hide behind)."""
     from cli.demo import choose_layout, demo_flags
     from common.arguments import parse_args
     from ledger.models.formulas.buffer_layout import rank_buffers
@@ -122,7 +122,7 @@ def test_bubble_row_shows_the_analytic_figure(demo, run: Path) -> None:
     p = par["pipeline_model_parallel_size"]
     dp = par["world_size"] // (par["tensor_model_parallel_size"] * p)
     m = train["global_batch_size"] // (train["micro_batch_size"] * dp)
-    assert (p, m) == (2, 8)  # the seed's pipeline: 2 stages, 8 micro-batches
+    assert (p, m) == (2, 8)  # the reference run's pipeline: 2 stages, 8 micro-batches
     expected = Fraction(p - 1, m + p - 1)  # idle slots over the stage's wall time, one model chunk per stage
     (line,) = [line for line in demo[1].stdout.splitlines() if line.lstrip().startswith("pipeline bubble")]
     assert f"formula {100 * float(expected):.2f}% ({expected})" in line, line

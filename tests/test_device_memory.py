@@ -33,9 +33,9 @@ def test_a_rank_holds_the_default_communicator_and_one_per_group_kind_it_is_in()
     # Megatron's kinds: tp, cp, dp, dp_cp, pp, mp (tp-pp), embedding (both pipeline ends), position (first stage).
     one = cfg("--model tiny")
     assert communicators(one, 0) == 1 + 8
-    seed = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
-    assert communicators(seed, 0) == 1 + 8  # stage 0: in an embedding and a position group
-    assert communicators(seed, 7) == 1 + 7  # stage 1: an embedding group, no position group
+    reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    assert communicators(reference, 0) == 1 + 8  # stage 0: in an embedding and a position group
+    assert communicators(reference, 7) == 1 + 7  # stage 1: an embedding group, no position group
 
 
 def test_the_h200_terms_add_up_to_what_the_calibration_measured():

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from ledger.reconcile.run import Reconciliation, reconcile
-from tests.test_reconcile_fixtures import FIXTURES, only
+from tests.support.recorded_runs import FIXTURES, only
 
 LARGE = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers", "s16384", "s2048-mbs4",
          "8b-8layers-s8192-selective")

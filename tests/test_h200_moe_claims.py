@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ledger.reconcile.run import Reconciliation, reconcile
-from tests.test_reconcile_fixtures import FIXTURES, only
+from tests.support.recorded_runs import FIXTURES, only
 
 RUN = FIXTURES / "h200_moe" / "mixtral-8x7b-2l"
 PASS_BAR = 0.10  # issue 15's bar for a pass per micro-batch

@@ -2,7 +2,8 @@
 
 Specification: with sizes ordered by the order string (first axis fastest), rank = sum(coordinate x prefix product);
 the group of a set of axes is every rank reached by moving along those axes, groups enumerated with the first fixed
-axis fastest (Megatron's generate_masked_orthogonal_rank_groups). The seed's 8-GPU example is the oracle.
+axis fastest (Megatron's generate_masked_orthogonal_rank_groups). docs/engine.md's 8-GPU
+example (TP2 x PP2 x DP2) is the oracle.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ledger.evidence.layout import (
 )
 
 
-def test_seed_eight_gpu_layout():
+def test_reference_eight_gpu_layout():
     lists = group_lists(Layout.of(8, tp=2, pp=2))
     assert lists["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert lists["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
@@ -38,7 +39,7 @@ def test_seed_eight_gpu_layout():
     assert lists["dp_cp"] == lists["dp"]
 
 
-def test_seed_rank3():
+def test_reference_rank3():
     layout = Layout.of(8, tp=2, pp=2)
     assert coordinates(layout, 3) == {"tp": 1, "cp": 0, "ep": 0, "dp": 1, "pp": 0}
     mine = rank_groups_of(layout, 3)
@@ -226,7 +227,7 @@ def test_expert_layout_refuses_what_does_not_divide():
 
 
 def _groups_cli(argv: list[str]) -> tuple[int, str, str]:
-    from tests.test_bad_input_property import run
+    from tests.support.cli import run
 
     return run(["groups", *argv])
 

@@ -195,7 +195,8 @@ def test_export_trace_to_an_unwritable_place_is_one_line(capsys, out, problem):
 
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
-    """`train-ledger schedule ... | head -1`: no BrokenPipeError traceback (the command dies of SIGPIPE, as cat does)."""
+    """`train-ledger schedule ... | head -1`: no BrokenPipeError traceback (the command dies of SIGPIPE, as cat
+    does)."""
     import subprocess
 
     done = subprocess.run("python3 -m cli schedule --pp 4 --microbatches 4000 | head -1", shell=True,

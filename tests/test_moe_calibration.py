@@ -27,8 +27,8 @@ from ledger.reconcile.time_rows import predict_run
 from ledger.reconcile.topology import groups_rows
 from tests.conftest import EP2_FLAGS
 from tests.support.gloo import run_distributed
+from tests.support.moe_evidence import PREDICTED_S, evidence, model
 from tests.support.records import typed
-from tests.test_moe_rows import PREDICTED_S, evidence, model
 
 SEQ, HIDDEN, TOPK, FP32 = 32, 64, 2, 4  # the tiny shape, fp32
 

@@ -28,7 +28,7 @@ from ledger.evidence.run import collect_run
 from ledger.models.formulas.flops import megatron_flops_per_step
 from ledger.models.formulas.params import num_chunks
 from ledger.models.time_model import ops
-from tests.test_reconcile_fixtures import FIXTURES
+from tests.support.recorded_runs import FIXTURES
 
 TINY = "--model tiny --global-batch-size 8 --micro-batch-size 2"
 GPT = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 1000 --seq-length 64 --bf16"

@@ -42,7 +42,7 @@ LAYOUTS = {
     "pp2-vpp2-interleaved": (2, UNTIE, PP2 + VPP2),
     # Interleaving with per-chunk DDP callbacks: each chunk's reduce-scatter and all-gather launched by the schedule.
     "pp2-vpp2-dp2-distopt-overlap": (4, UNTIE, PP2 + VPP2 + DISTOPT_OVERLAP),
-    # The seed's layout: rank = tp + 2 dp + 4 pp, sequence parallel, ZeRO-1 with overlapped reduce and gather.
+    # The reference run's layout: rank = tp + 2 dp + 4 pp, sequence parallel, ZeRO-1 with overlapped reduce and gather.
     "tp2-pp2-dp2-sp-distopt": (8, UNTIE, ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel",
                                           *DISTOPT_OVERLAP]),
     # Tied: the copy on the last stage, its grad all-reduced with the first stage's after the DP reduction.

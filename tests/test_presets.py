@@ -86,11 +86,11 @@ def test_a_run_recorded_with_the_tied_llama31_preset_is_read_as_recorded(run: st
     run_dir = FIXTURES / "h200_llama1b" / run
     cfg = RunConfig.from_dict(read_manifest(run_dir)["config"])
     assert cfg.model_preset == "llama3.1-8b" and not cfg.model.untie_embeddings_and_output_weights
-    buffer = next(e for e in iter_events(run_dir, 0, {"inventory"}) if e["tensor_kind"] == "param_buffer")
+    buffer = next(e for e in iter_events(run_dir, 0, {"inventory"}) if e.tensor_kind == "param_buffer")
     h, v = cfg.model.hidden_size, cfg.model.vocab_size
-    assert buffer["numel"] == params.params_total(cfg) == cfg.model.num_layers * params.params_per_layer(cfg.model) \
+    assert buffer.numel == params.params_total(cfg) == cfg.model.num_layers * params.params_per_layer(cfg.model) \
         + v * h + h
     today = config("--model", "llama3.1-8b", "--num-layers", str(cfg.model.num_layers))
-    assert params.params_total(today) == buffer["numel"] + v * h
+    assert params.params_total(today) == buffer.numel + v * h
     assert tying_reason(cfg.model_preset, False) == ("as the run's config recorded it, before the llama3.1-8b preset "
                                                      "carried its published tying")

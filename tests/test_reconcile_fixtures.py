@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-from pathlib import Path
 from statistics import median
 
 import pytest
@@ -35,8 +34,7 @@ from ledger.evidence.traces import summarize
 from ledger.reconcile.comm import predicted_volume, trace_volume
 from ledger.reconcile.overlap import timer_exposed, timer_intervals
 from ledger.reconcile.run import reconcile, run_steps
-
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.support.recorded_runs import FIXTURES, only
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +56,6 @@ def reconciled(factory, name: str):
     run = factory.mktemp(name) / "run"
     shutil.copytree(FIXTURES / name, run)
     return run, reconcile(run)
-
-
-def only(result, metric, **where):
-    found = [r for r in result.rows if r.metric == metric and all(getattr(r, k) == v for k, v in where.items())]
-    assert len(found) == 1, (metric, where, found)
-    return found[0]
 
 
 def test_a_step_stalled_by_another_ranks_trace_export_is_left_out_of_the_pipeline_rows(tmp_path):

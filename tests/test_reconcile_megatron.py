@@ -302,7 +302,8 @@ def test_a_record_cut_short_at_the_end_is_skipped_and_said(tmp_path):
     event_file = next((run / "tensorboard").iterdir())
     event_file.write_bytes(event_file.read_bytes()[:-5])
     ev = read_run(run)
-    assert [m.step for m in ev.ranks[0].memory_steps] == list(range(1, 13))  # the last record: "learning-rate vs samples"
+    # the last record: "learning-rate vs samples"
+    assert [m.step for m in ev.ranks[0].memory_steps] == list(range(1, 13))
     assert any(event_file.name in m and "torn record" in m for m in ev.missing)
 
 

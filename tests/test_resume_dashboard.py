@@ -1,5 +1,5 @@
-"""A run killed and resumed shows as one loss curve (ledger.present.dashboard_data.loss_curve, the Runs page): the resumed
-run's own steps, preceded by the steps of the run that saved its checkpoint up to the iteration it resumed from,
+"""A run killed and resumed shows as one loss curve (ledger.present.dashboard_data.loss_curve, the Runs page): the
+resumed run's own steps, preceded by the steps of the run that saved its checkpoint up to the iteration it resumed from,
 with a marker there; the report names that run.
 
 On real gloo runs: the first stops at --exit-interval 3 (saving, as a preempted job does) out of --train-iters 6,
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,28 +17,10 @@ import pytest
 from ledger.present import report
 from ledger.present.dashboard_data import loss_curve
 
-TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--mock-data", "--global-batch-size", "4",
-        "--train-iters", "6", "--save-interval", "3"]
-
-
-def _train(run_dir: Path, ckpt: Path, *extra: str) -> None:
-    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", *TINY, "--save", str(ckpt),
-            "--run-dir", str(run_dir), *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-
 
 def _logged_losses(run_dir: Path) -> dict[int, float]:
     lines = (run_dir / "ranks" / "rank0" / "events.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["kind"] == "step"}
-
-
-def train_and_resume(root: Path) -> tuple[Path, Path]:
-    """root/first stops at iteration 3 of 6 (saving with --async-save into root/ckpt); root/second resumes it."""
-    first, second, ckpt = root / "first", root / "second", root / "ckpt"
-    _train(first, ckpt, "--exit-interval", "3", "--async-save")
-    _train(second, ckpt, "--load", str(ckpt))
-    return first, second
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from ledger.models.formulas.device_memory import outside_pytorch
 from ledger.models.formulas.static_memory import static_bytes
 from ledger.models.simulate.hardware import load_hardware
 from ledger.reconcile.validation import validate_run
-from tests.test_reconcile_fixtures import FIXTURES
+from tests.support.recorded_runs import FIXTURES
 
 LLAMA_1B = ["--model", "llama3.2-1b", "--seq-length", "4096", "--bf16", "--use-distributed-optimizer",
             "--micro-batch-size", "1"]

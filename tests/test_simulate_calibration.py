@@ -24,7 +24,7 @@ from ledger.models.simulate.calibration import stage_kernels
 from ledger.models.simulate.topology import NETWORK, NVLINK
 from ledger.models.time_model import predict_step
 from ledger.models.time_model.ops import kernels
-from tests.test_reconcile_fixtures import FIXTURES
+from tests.support.recorded_runs import FIXTURES
 
 S4096 = FIXTURES / "h200_llama1b" / "s4096"
 

@@ -192,7 +192,6 @@ def test_tp_size_one_is_plain_pytorch_and_issues_no_collective():
     torch.testing.assert_close(layer(x), F.linear(x, init.draw((OUT, IN), torch.device("cpu"))))
     for fn in (mappings.copy_to_tensor_model_parallel_region, mappings.reduce_from_tensor_model_parallel_region,
                mappings.scatter_to_tensor_model_parallel_region, mappings.gather_from_tensor_model_parallel_region,
-               mappings.scatter_to_sequence_parallel_region, mappings.gather_from_sequence_parallel_region,
                mappings.reduce_scatter_to_sequence_parallel_region):
         assert fn(x, tp) is x
     assert probes.ranges == []

@@ -15,6 +15,7 @@ from ledger.reconcile.comm import predicted_volume, trace_volume, volume_rows
 from tests.support.records import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
+RANGE = {"name": "tp all-reduce", "category": "tp-comm", "start_s": 0.0, "end_s": 1.0}  # one timing record
 PP2_GROUPS = {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
 
 
@@ -81,7 +82,7 @@ def test_a_rank_in_several_groups_names_only_what_the_evidence_names(tmp_path):
         Collective("all_reduce", 2, 3, 64, None, thread=7, issued_in="optimizer"),
         Collective("all_reduce", 4, 5, 4, None, thread=9, issued_in="optimizer"),
         Collective("send", 6, 7, None, None, thread=1, issued_in="send_forward")])
-    result = attribute_groups(summary, groups, 4, range_kinds(typed("timing", [{"name": "tp all-reduce", "category": "tp-comm", "start_s": 0.0, "end_s": 1.0}])))
+    result = attribute_groups(summary, groups, 4, range_kinds(typed("timing", [RANGE])))
     assert [c.group for c in result.summary.collectives] == [(0, 1), (0, 1), None, None]
     assert [group_kind(groups, c.group, c.op, c.issued_as) for c in result.summary.collectives[:3]] == \
         ["tp", "tp", "unknown"]

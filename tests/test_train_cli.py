@@ -98,8 +98,8 @@ def test_issue_command_tp2_sp_dp2_trains(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_accepts_the_seed_run_sh_flags(tmp_path):
-    """The seed's runs/megatron/run.sh (8 ranks: TP2 x PP2 x DP2, SP, ZeRO-1, overlaps) with a tiny shape for CPU."""
+def test_torchrun_accepts_the_reference_run_sh_flags(tmp_path):
+    """runs/megatron/run.sh's flags (8 ranks: TP2 x PP2 x DP2, SP, ZeRO-1, overlaps) with a tiny shape for CPU."""
     flags = ["--use-mcore-models", "--transformer-impl", "transformer_engine",
              "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "176",
              "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4",
@@ -114,7 +114,7 @@ def test_torchrun_accepts_the_seed_run_sh_flags(tmp_path):
              "--train-iters", "3", "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-beta1", "0.9",
              "--adam-beta2", "0.95", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024",
              "--split", "99,1,0", "--log-interval", "1", "--eval-iters", "0", "--save-interval", "1000000",
-             "--distributed-timeout-minutes", "30", "--run-dir", str(tmp_path / "seed")]
+             "--distributed-timeout-minutes", "30", "--run-dir", str(tmp_path / "reference")]
     cfg = parse_args(flags, world_size=8)
     assert (cfg.parallel.data_parallel_size, cfg.num_microbatches) == (2, 8)
     proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",

@@ -169,8 +169,8 @@ def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None
                issued_as: str | None = None) -> str:
     """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when no
     ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the engine
-    range the collective was issued in, ledger.evidence.trace_groups), else to the first in GROUP_KINDS order, except that
-    under PP2 the pipeline group is also the embedding group, whose only collective is the tied embedding's grad
+    range the collective was issued in, ledger.evidence.trace_groups), else to the first in GROUP_KINDS order, except
+    that under PP2 the pipeline group is also the embedding group, whose only collective is the tied embedding's grad
     all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued outside the embedding's
     range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the pipeline's."""
     if ranks is None:

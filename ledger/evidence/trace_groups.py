@@ -1,8 +1,8 @@
 """The group ranks of traced collectives whose trace does not record them: gloo's annotations name no process group.
 
 NCCL kernels carry "Process Group Ranks"; a gloo collective carries the worker thread it ran on and, through the
-c10d op that issued it (ledger.evidence.traces), the innermost annotation around that op on the issuing thread. From those,
-in this order, each collective without ranks gets the ranks of one of this rank's groups (`groups`, the ledger's
+c10d op that issued it (ledger.evidence.traces), the innermost annotation around that op on the issuing thread. From
+those, in this order, each collective without ranks gets the ranks of one of this rank's groups (`groups`, the ledger's
 own derivation from the manifest) and the group kind the evidence names (`issued_as`, which ledger.reconcile.topology.
 group_kind prefers where one rank set is two groups, the PP2 pipeline and embedding groups):
   1. issuing range: it was issued inside one of the engine's ranges whose category names a group (the rank's timing

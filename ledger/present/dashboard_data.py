@@ -1,5 +1,5 @@
-"""The figures the dashboard shows that ledger.present.loaders does not return as such: a run's headline figures and layout,
-the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a run
+"""The figures the dashboard shows that ledger.present.loaders does not return as such: a run's headline figures and
+layout, the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a
 run's RunView (or of plain values), like ledger.present.loaders, so the dashboard can cache them.
 
 Nothing here is a new estimate: headline figures are picked from the reconciliation rows, the static terms are the
@@ -204,7 +204,8 @@ def ideal_schedule(pp: int, microbatches: int, vpp: int = 1) -> dict[str, Any]:
 
 def rank_timing(view: RunView, rank: int, step: int) -> list[dict[str, Any]]:
     """One rank's timer records in one step (compute, communication, optimizer) on the timers' own clock
-    (`start_s` / `end_s`, the clock ledger.present.loaders.bucket_intervals reports), for drawing buckets over compute."""
+    (`start_s` / `end_s`, the clock ledger.present.loaders.bucket_intervals reports), for drawing buckets over
+    compute."""
     r = view.evidence.ranks.get(rank)
     if r is None:
         return []
@@ -220,8 +221,8 @@ def trace_list(view: RunView) -> list[dict[str, Any]]:
 
 
 def merged_trace(view: RunView, out: str) -> dict[str, Any]:
-    """Merge the run's traces into `out` (ledger.present.trace_export, the code behind `train-ledger export-trace`); what
-    the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
+    """Merge the run's traces into `out` (ledger.present.trace_export, the code behind `train-ledger export-trace`);
+    what the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
     from ledger.present.trace_export import export
 
     result = export(view.evidence, out)

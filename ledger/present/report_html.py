@@ -1,4 +1,5 @@
-"""report.html: the report of ledger.present.report_view as one self-contained page (inline CSS and SVG, no external assets).
+"""report.html: the report of ledger.present.report_view as one self-contained page (inline CSS and SVG, no external
+assets).
 
 Same content as report.md (headline, missing evidence, notes, what is off, one line per figure), plus three
 charts (ledger.present.charts): the memory terms per rank, the pipeline timeline of one step and the DP buckets'

@@ -1,10 +1,10 @@
 """What report.md (ledger.present.report_md) and report.html (ledger.present.report_html) both show, gathered once:
 the reconciliation and the loaders' views, so the report shows nothing the ledger did not compute.
 
-Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the ranks, the
-worst verdict and its rank), caveats that many rows share are numbered notes stated once (ledger.present.caveats), what is
-off comes first with its explanation, and every figure is written by ledger.present.units. The full per-rank table is the
-reconciliation's own CSV / JSON beside the report.
+Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the ranks,
+the worst verdict and its rank), caveats that many rows share are numbered notes stated once (ledger.present.caveats),
+what is off comes first with its explanation, and every figure is written by ledger.present.units. The full per-rank
+table is the reconciliation's own CSV / JSON beside the report.
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ that share collectives; a rank that shares none with the others keeps offset 0 a
 the estimate robust to the few collectives whose kernels end late for local reasons.
 
 Memory: the offsets pass keeps a small index per trace (step windows, collective ends); the write pass streams one
-trace's events at a time (ledger.evidence.traces.TraceStream) into the gzip output, so no trace is ever held whole. The output is
-written to a temporary file and renamed, so a failure never leaves half a trace under the requested name.
+trace's events at a time (ledger.evidence.traces.TraceStream) into the gzip output, so no trace is ever held whole.
+The output is written to a temporary file and renamed, so a failure never leaves half a trace under the requested name.
 """
 from __future__ import annotations
 

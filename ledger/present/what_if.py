@@ -38,8 +38,8 @@ from ledger.reconcile.validation import (
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 SCENARIOS = ("measured run", "predicted, run's layout", "predicted, what-if")
-# One colour per step-time term, the simulator's (ledger.models.time_model.step) and the measured split's (measured_terms);
-# a term the simulator adds later takes the next colour of OTHER_COLORS.
+# One colour per step-time term, the simulator's (ledger.models.time_model.step) and the measured split's
+# (measured_terms); a term the simulator adds later takes the next colour of OTHER_COLORS.
 TERM_COLORS = {"forward/backward compute": "#1e88e5", "pipeline bubble": "#bdbdbd", "optimizer": "#8e24aa",
                "DP grad reduction tail": "#e53935", "exposed DP comm": "#e53935", "P2P transfers": "#fb8c00",
                "param all-gather waits": "#6d4c41", "grad buffer memset": "#00897b",

@@ -2,7 +2,8 @@
 run resumed.
 
 From the probes' "checkpoint" events (engine.checkpointing, one per rank per save and per load):
-- `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.models.formulas.checkpoint (param buffers,
+- `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.models.formulas.checkpoint (param
+buffers,
   fp32 main params, Adam m, v and step, the CPU generator's state), judged with an absolute tolerance that is the
   zip container's and the pickle's overhead (that module says why). Every save of a run writes the same tensors,
   so one save per rank says it all.

@@ -10,8 +10,8 @@ elements are multiplied by the size of the run's params dtype (the activations' 
 row says so.
 CPU (gloo) traces carry no process-group ranks: ledger.evidence.trace_groups names them from the evidence, and an op
 with a collective that nothing names ("unknown" group) is reported as totals per op over all groups, its other ops
-per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.evidence.traces reads each
-through the c10d op that issued it, and only an op with an annotation that no c10d op matched keeps the formula and
+per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.evidence.traces reads
+each through the c10d op that issued it, and only an op with an annotation that no c10d op matched keeps the formula and
 the engine's counters and says why the measured column is empty. The backend is the manifest's (else
 distributedInfo's).
 """
@@ -32,7 +32,8 @@ from ledger.reconcile.rows import Row, row
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
 # What gloo's own annotation cannot measure, and why (torch's ProcessGroupGloo record_function annotations): it
-# matters only for an annotation that no c10d op matched (ledger.evidence.traces), which hides the ops listed in UNMATCHED_HIDES.
+# matters only for an annotation that no c10d op matched (ledger.evidence.traces), which hides the ops listed in
+# UNMATCHED_HIDES.
 GLOO_UNTRACEABLE = {
     "reduce_scatter": "gloo runs a reduce-scatter as an all-reduce and its trace records it as gloo:all_reduce",
     "all_reduce": "gloo's trace records its reduce-scatters as gloo:all_reduce too, so the traced total mixes both",

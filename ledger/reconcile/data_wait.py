@@ -1,7 +1,7 @@
 """time.data_wait_per_step: how long a rank's training loop waited for its next micro-batch, per step.
 
-Expected 0: the engine's loader builds the micro-batches ahead on a background thread (docs/engine.md, "Data
-loading"), so `next()` finds each one ready. Measured from each rank's step records' `data_wait_s` (the seconds
+Expected 0: the engine's loader builds the micro-batches ahead on a background thread (docs/engine.md, "Data"),
+so `next()` finds each one ready. Measured from each rank's step records' `data_wait_s` (the seconds
 `next()` blocked on the loader's queue, summed over the step's micro-batches; only ranks that read data, the first
 and last pipeline stages, carry it). Per rank, the mean over the steady steps (ledger.evidence.steps: the run's
 first step waits for the loader's first batch by design, and the profiler's steps are slowed as a whole), i.e. what

@@ -93,7 +93,8 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = 
     rows.append(row("memory.peak_allocated", "rank", predicted=pred_peak, measured=_step_max(r, PEAK),
                     unit="bytes", tolerance=PEAK_TOL,
                     explanation=f"static + saved activations of the micro-batches in flight on this stage{recompute} "
-                                "(activation estimate with the last stage's logits and loss transient; workspaces are not modelled)"
+                                "(activation estimate with the last stage's logits and loss transient; workspaces "
+                                "are not modelled)"
                                 + ("" if cuda else f"; {NOT_ON_CPU}"), source="events", **where))
     if cuda:
         rows += allocator_rows(r, predicted_outside(cfg, r, device_name))

@@ -8,8 +8,8 @@ Inputs (the issue 19 team sheet's contract): each rank's step records carry `moe
 buffer, nccl-tests' size, the rank's own share included) and `remote_bytes` (what left the rank), and
 "ep all-to-all counts layer{n}" for the per-expert counts (counted apart: they are not tokens).
 
-Which ranks exchange: the ledger's own expert grid (ledger.evidence.layout with ep on Megatron's order and cp folded into
-the expert dp, as Megatron's expert rank generator builds it), EP rank j holding experts j E/EP onwards.
+Which ranks exchange: the ledger's own expert grid (ledger.evidence.layout with ep on Megatron's order and cp folded
+into the expert dp, as Megatron's expert rank generator builds it), EP rank j holding experts j E/EP onwards.
 
 Rows, per rank (docs/formulas.md, "Mixture of experts"):
   moe.all_to_all.bytes_per_step         predicted from the observed routing (ledger/models/formulas/moe.py: 2 (sent +

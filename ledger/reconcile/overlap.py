@@ -26,8 +26,8 @@ Context parallelism's ring exchanges (engine/transformer/ring_attention.py) get 
 `overlap.cp_exchange.hidden_fraction`: the share of the exchanges' time (issue -> wait returned, "cp-comm") during
 compute, over the steady steps. The engine issues every exchange before the attention block it runs beside and waits
 after it, so what is not hidden is exactly the "cp-wait" stalls. The prediction prices both sides from the config
-and this rank's calibration (ledger/models/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time on
-the cp group at its size, a block at the compute sweep's core attention rate (seconds per FLOP) times its FLOPs;
+and this rank's calibration (ledger/models/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time
+on the cp group at its size, a block at the compute sweep's core attention rate (seconds per FLOP) times its FLOPs;
 each exchange hides min(1, block / transfer), the row the byte-weighted mean. Without either sweep it is n/a and says
 which is missing. The measurement weighs each exchange by its span, max(block, transfer) in the model, the
 prediction by its bytes: the two agree when a step's exchanges are alike (C = 2: every message |KV|, every block the
@@ -403,7 +403,8 @@ def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None,
                           f"beside a {transfers[e.message_bytes][0] * 1e6:.3g} us transfer" for e in exchanges)
     sweeps = "; ".join(sorted({how for _, how in transfers.values()}))
     return fraction, ("predicted: each exchange hides min(1, block / transfer), byte-weighted over the step "
-                      f"(ledger/models/formulas/ring_overlap.py): {', '.join(parts)} (each block at the compute sweep's "
+                      f"(ledger/models/formulas/ring_overlap.py): {', '.join(parts)} "
+                      "(each block at the compute sweep's "
                       f"rate for its kind, scaled by FLOPs; {sweeps})")
 
 

@@ -6,7 +6,8 @@ engine: the manifest also records the groups each rank actually joined (`ranks[r
 and `groups_rows` holds the two against each other, so an engine that builds the wrong groups is "off". Every kind
 the engine records is checked: the dense grid's eight (tp, cp, dp, dp_cp, pp, mp, embedding, position) and, for an
 MoE model (the manifest's config names experts), the expert grid's ep, expt_dp and expt_mp (Megatron's second rank
-generator, ledger.evidence.layout.expert_layout); a kind the layout has no group of (expert groups in a dense run) is off.
+generator, ledger.evidence.layout.expert_layout); a kind the layout has no group of (expert groups in a dense run) is
+off.
 """
 from __future__ import annotations
 

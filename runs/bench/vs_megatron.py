@@ -2,8 +2,8 @@
 
 Variants, alternated A B C A B C per sequence length so that drift (clocks, thermals, neighbours) hits all:
   A megatron-core GPTModel (local spec + SDPA core attention, fused AdamW, DistributedOptimizer, fp32 grad buffer)
-    through the anchor harness ../shared/bench/mcore_anchor.py (copied to --anchors, wheel carried);
-  B plain PyTorch + torch.compile through ../shared/bench/torch_anchor.py --compile;
+    through the anchor harness runs/bench/anchors/mcore_anchor.py (the megatron-core wheel installed: its README);
+  B plain PyTorch + torch.compile through runs/bench/anchors/torch_anchor.py --compile;
   C train-ledger's engine: --bf16 --use-distributed-optimizer, every probe on except the profiler window
     (--all-probes), launched through torchrun like a user would; "ours-eager" is the same with
     TRAIN_LEDGER_COMPILE=0 (no compiled pointwise fusions), to show what the fusions buy.
@@ -15,7 +15,7 @@ TFLOP/s per GPU and MFU under Megatron-LM's FLOPs formula against the datasheet 
 bf16 GEMM ceiling measured at start-up, peak allocated / reserved memory, and (ours) bytes per parameter after
 setup and after the first step from the run directory. Writes one JSON with every run and prints a table.
 
-    python runs/bench/vs_megatron.py --anchors .bench --seq 4096 8192 --microbatches 8 --rounds 2 --out result.json
+    python runs/bench/vs_megatron.py --seq 4096 8192 --microbatches 8 --rounds 2 --out result.json
 """
 from __future__ import annotations
 
@@ -90,14 +90,16 @@ def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = T
         run_dir = os.path.join(tmp, "run")
         argv = engine_argv(seq, mb, steps, run_dir)
         _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                       "-m", "engine.train", *argv], timeout=900, env={"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
+                       "-m", "engine.train", *argv], timeout=900,
+                      env={"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
         events = list(iter_events(run_dir, 0))
     steps_ = [e for e in events if e["kind"] == "step"]
     memory = {e["point"]: e for e in events if e["kind"] == "memory" and e["point"] != "step"}
     per_step = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
     inventory = [e for e in events if e["kind"] == "inventory" and e.get("tensor_kind") == "param_buffer"]
     n = sum(e["numel"] for e in inventory) or None
-    return dict(variant="train-ledger" if compile_ else "train-ledger eager", seq=seq, times=[s["step_time_s"] for s in steps_][-timed:],
+    return dict(variant="train-ledger" if compile_ else "train-ledger eager", seq=seq,
+                times=[s["step_time_s"] for s in steps_][-timed:],
                 peak_alloc=max(m["allocated_bytes.all.peak"] for m in per_step),
                 peak_reserved=max(m["reserved_bytes.all.current"] for m in per_step),
                 mem_setup=memory["after_optimizer_init"]["allocated_bytes.all.current"],
@@ -122,7 +124,8 @@ def summarize(r: dict, mb: int, ceiling: float) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--anchors", default=".bench", help="folder holding mcore_anchor.py and torch_anchor.py")
+    p.add_argument("--anchors", default=str(ROOT / "runs" / "bench" / "anchors"),
+                   help="folder holding mcore_anchor.py and torch_anchor.py")
     p.add_argument("--seq", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)

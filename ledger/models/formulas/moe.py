@@ -28,8 +28,6 @@ from common.ops.sizes import uniform_kept_assignments
 COUNT_BYTES = 8  # the per-expert counts exchanged before the rows: int64
 
 
-def ep_rank_of_expert(expert: int, num_experts: int, ep: int) -> int:
-    return expert // (num_experts // ep)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A GPU kind as the simulator sees it: a small, versioned JSON file in ledger/models/hardware/ (one per kind) read into a
-frozen `Hardware`.
+"""A GPU kind as the simulator sees it: a small, versioned JSON file in ledger/models/hardware/ (one per kind) read into
+a frozen `Hardware`.
 
 Every number in a file carries its provenance: a scalar is `{"value": x, "source": "..."}`, a fitted block (a curve,
 a table) has its own "source". For the H200 the sources are our own calibration sweeps (runs/bench/hardware_h200.py

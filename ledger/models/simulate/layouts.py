@@ -84,6 +84,7 @@ def describe(cfg: RunConfig) -> dict[str, object]:
 def label(cfg: RunConfig) -> str:
     """One line: "tp8 pp4 vpp2 dp32 mbs1 sp selective distopt"."""
     d = describe(cfg)
-    return " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}", *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}",
+    return " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}",
+                     *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}",
                      f"mbs{d['mbs']}", *(["sp"] if d["sp"] else []), str(d["recompute"]),
                      *(["distopt"] if d["distributed_optimizer"] else [])])

@@ -4,24 +4,13 @@ ranked by predicted tokens/s, each of the top K after the first with the reason 
     result = search(base, 1024, fits=memory_fit(hw.hbm_bytes), score=lambda c: predict_step(c, cal_of(c)),
                     top=5, gpus_per_node=hw.gpus_per_node, bound=calibrated_bound(cal_of))
 
-(cal_of: the layout's Calibration, e.g. ledger.models.simulate.hardware_calibration(c, hw), best memoised per layout: the
-bound and the score both ask for it.) Measured by runs/bench/search_layouts.py (llama3.1-70b, seq 4096, global
-batch 1024, bf16, overlapped distributed optimizer, 1,024 H200s, 8 a node, on this project's shared 2-core machine):
-2,814 valid layouts enumerated in 0.1 s, the memory of all of them in 1.5 s (1,754 fit), the calibrated bound then
-lets 80 be scored and skips 1,674: 10 s for the whole search, the same top 5 as scoring all 1,754 (132 s).
-tokens_per_s_bound (FLOPs at 0.845 x the peak, the hardware file's best GEMM efficiency) skips only about 400.
-
-Order of work, cheapest first: enumerate and validate (microseconds a layout); `fits` (the memory formulas, about a
-millisecond: buffers are cached per layout-deciding fields); then, where a `bound` is given, layouts in decreasing
-order of their bound, each scored unless its bound cannot beat the K-th best score found so far, at which point every
-later one is skipped too (their bounds are no higher). A bound must never be below a layout's score, or a layout
-of the true top K could be skipped: bound.py's tokens_per_s_bound holds for any score that runs no kernel faster than
-the peak, calibrated_bound for ledger.models.time_model.predict_step on the same calibration. `score` returns what the time
-model predicts (anything with `.tokens_per_s` and `.terms`: seconds per step by named term,
-ledger.models.time_model.StepPrediction); the reason a layout loses names the term that grows most against the first's,
-e.g. "pipeline bubble +0.210 s".
-
-Torch-free, and independent of the hardware: the caller's `fits` and `score` carry it.
+(cal_of: the layout's Calibration, e.g. ledger.models.simulate.hardware_calibration(c, hw), best memoised per
+layout: the bound and the score both ask for it.) Cheapest work first: enumerate and validate, then `fits` (the
+memory formulas), then, given a `bound`, layouts in decreasing order of their bound, each scored unless its bound
+cannot beat the K-th best score so far, when every later one is skipped too (docs/formulas.md, "The search's
+bound"). `score` returns anything with `.tokens_per_s` and `.terms` (seconds per step by named term,
+ledger.models.time_model.StepPrediction); the reason a layout loses names the term that grows most against the
+first's, e.g. "pipeline bubble +0.210 s". Torch-free, and independent of the hardware: `fits` and `score` carry it.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The sweep (probes/bandwidth.py, `bandwidth` events) times each collective of each group at the run's own sizes and
 at a latency size (one element per rank); nccl-tests' conventions: `size_bytes` S is the all-reduce buffer, the
 all-gather output, the reduce-scatter input, the bytes one rank sends. A rank moves x = S x bus factor over its
-busiest link (ledger/models/formulas/nccl_bw.py: 2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter, 1 send/recv),
-so the model is
+busiest link (ledger/models/formulas/nccl_bw.py: 2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter, 1
+send/recv), so the model is
 
     t(S) = alpha + x / busbw,    x = S x bus_factor(collective, n)
 

@@ -10,8 +10,9 @@ tp_comm, cp_comm, ep_comm) names the largest contributor of a stage's time.
 
 Context parallelism's ring messages (ops.py, `cp` collectives with `overlaps`) run on their own stream beside the
 block they overlap: the pass waits only for max(0, transfer - that block's kernel time) before the next block, the
-exposed part (`cp_exposed`; ledger/models/formulas/ring_overlap.py exchange_exposed, the formula the overlap row's hidden
-share is 1 - exposed / transfer of); `cp_transfer` is their whole standalone time, so the hidden part is the difference.
+exposed part (`cp_exposed`; ledger/models/formulas/ring_overlap.py exchange_exposed, the formula the overlap row's
+hidden share is 1 - exposed / transfer of); `cp_transfer` is their whole standalone time, so the hidden part is the
+difference.
 """
 from __future__ import annotations
 
@@ -34,9 +35,6 @@ class PassTime:
     ep_comm: float = 0.0  # of `seconds`, the expert-parallel all-to-alls (on the compute stream: all exposed)
     cp_exposed: float = 0.0  # of `seconds`, the CP ring's messages beyond the blocks they overlap
     cp_transfer: float = 0.0  # the CP ring's messages at standalone speed (not all of it in `seconds`)
-
-    def largest_term(self) -> tuple[str, float]:
-        return max(self.terms.items(), key=lambda kv: kv[1])
 
 
 @dataclass(frozen=True)
