@@ -144,7 +144,7 @@ def test_a_cp2_run_reconciles_its_ring_volume_and_can_be_off(cp2_run, tmp_path):
         (rank, 192 * 1024, 192 * 1024, "ok") for rank in (0, 1)]
     ev = read_run(cp2_run)
     for t in ev.ranks[0].timing:
-        if t.get("category") == "cp-comm":
-            t["bytes"] *= 2  # the engine sending twice what the formula says
+        if t.category == "cp-comm":
+            t.bytes *= 2  # the engine sending twice what the formula says
     (wrong,) = [r for r in volume_rows(ev.config, ev.ranks[0], None) if r.metric == "comm.cp.send_recv.bytes_per_step"]
     assert wrong.verdict == "off"

@@ -147,17 +147,15 @@ def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(cp2_
     for rank_, r in rows.items():
         evidence = ev.ranks[rank_]
         kept, _ = steps.timed({t.step for t in evidence.timing})
-        spans = [t.end_s - t.start_s for t in evidence.timing if t.category == "cp-comm"
-                 and t["step"] in kept]
-        waits = [t.end_s - t.start_s for t in evidence.timing if t.category == "cp-wait"
-                 and t["step"] in kept]
+        spans = [t.end_s - t.start_s for t in evidence.timing if t.category == "cp-comm" and t.step in kept]
+        waits = [t.end_s - t.start_s for t in evidence.timing if t.category == "cp-wait" and t.step in kept]
         assert len(spans) == 24 * len(kept)
         assert r.measured == pytest.approx(1 - sum(waits) / sum(spans))
 
         def rate(op, causal):
             (record,) = [c for c in evidence.compute if c.op == op and c.dims["causal"] == causal]
-            assert record["dims"]["seq"] == 16 and record["dims"]["queries"] == (16 if causal else 8)
-            return record["seconds"] / record["flops"]
+            assert record.dims["seq"] == 16 and record.dims["queries"] == (16 if causal else 8)
+            return record.seconds / record.flops
 
         (link,) = [b for b in evidence.bandwidth if b.group == "cp" and b.size_bytes == KV]
         hidden = lambda flops, op, causal: min(1.0, flops * rate(op, causal) / link["time_s"])  # noqa: E731

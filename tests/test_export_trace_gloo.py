@@ -31,7 +31,7 @@ def test_both_gloo_ranks_are_aligned_on_their_dp_collectives(dp2_run, tmp_path, 
     assert cli(["export-trace", str(dp2_run), "--out", str(tmp_path / "m.json.gz")]) == 0
     lines = capsys.readouterr().out.splitlines()
     (grad_buffer,) = [t for t in iter_events(dp2_run, 0, {"inventory"}) if t.tensor_kind == "grad_buffer"]
-    buckets = len(grad_buffer["buckets"])
+    buckets = len(grad_buffer.buckets)
     # Traced steps 2, 3 and the one more HTA needs; each reduce-scatters and all-gathers every bucket and all-reduces
     # three fp32 scalars (the loss over DP, the grad norm over DP and over the model-parallel group of one).
     n = 3 * buckets

@@ -91,14 +91,14 @@ def test_a_wrong_exchange_time_is_off(ep2_run):
     model, selection = predict_run(ev), run_steps(ev)
     clean = pick(moe_rows(ev, model, selection), "time.ep_all_to_all_per_step", 0)
     calls = sum(1 for t in ev.ranks[0].timing if t.category == "ep-comm" and "counts" not in t.name
-                and t["step"] == 2)
+                and t.step == 2)
     band = WARN_FACTOR * max(TIME_FLOOR_S, TIME_TOL * clean.predicted)
     late = (max(0.0, clean.predicted - clean.measured) + 2 * band) / calls
     for r in ev.ranks.values():
         for t in r.timing:
-            if t.get("category") == "ep-comm":
-                t["t_end"] += late
-                t["duration_s"] += late
+            if t.category == "ep-comm":
+                t.t_end += late
+                t.duration_s += late
     wrong = pick(moe_rows(ev, model, selection), "time.ep_all_to_all_per_step", 0)
     assert wrong.measured == pytest.approx(clean.measured + late * calls, rel=1e-3)
     assert wrong.verdict == "off"

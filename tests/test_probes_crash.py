@@ -46,10 +46,10 @@ def test_sigkill_leaves_completed_steps_readable(tmp_path: Path) -> None:
     stream = EventStream(run_dir, 0)
     events = list(stream)
     assert stream.torn_tail
-    steps = [e["step"] for e in events if e["kind"] == "step"]
+    steps = [e.step for e in events if e.kind == "step"]
     assert len(steps) >= 5 and steps == list(range(1, len(steps) + 1))
     for step in steps:  # every completed step is whole: its timings and its memory record precede it
-        forward = [e for e in events if e["kind"] == "timing" and e["step"] == step and e["category"] == "forward"]
+        forward = [e for e in events if e.kind == "timing" and e.step == step and e.category == "forward"]
         assert len(forward) == MICROBATCHES
-        assert any(e["kind"] == "memory" and e["point"] == "step" and e["step"] == step for e in events)
-    assert not any(e["kind"] == "run_end" for e in events)
+        assert any(e.kind == "memory" and e.point == "step" and e.step == step for e in events)
+    assert not any(e.kind == "run_end" for e in events)

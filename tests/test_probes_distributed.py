@@ -28,14 +28,14 @@ def _check_common(run_dir: Path, world_size: int, steps: int) -> None:
     assert ranks_present(run_dir) == list(range(world_size))
     for rank in range(world_size):
         events = list(iter_events(run_dir, rank))
-        points = [e["point"] for e in events if e["kind"] == "memory"]
+        points = [e.point for e in events if e.kind == "memory"]
         assert [p for p in points if p != "step"] == list(LIFECYCLE)
         assert points.count("step") == steps
-        mem = next(e for e in events if e["kind"] == "memory")
-        assert mem["device"] == "cpu" and mem["rss_bytes"] > 0
-        assert [e["step"] for e in events if e["kind"] == "step"] == list(range(1, steps + 1))
-        assert all(e["tokens_per_s"] > 0 for e in events if e["kind"] == "step")
-        assert events[-1]["kind"] == "run_end" and events[-1]["status"] == "complete"
+        mem = next(e for e in events if e.kind == "memory")
+        assert mem.device == "cpu" and mem.rss_bytes > 0
+        assert [e.step for e in events if e.kind == "step"] == list(range(1, steps + 1))
+        assert all(e.tokens_per_s > 0 for e in events if e.kind == "step")
+        assert events[-1].kind == "run_end" and events[-1].status == "complete"
 
 
 @pytest.mark.slow
@@ -50,13 +50,13 @@ def test_two_ranks_dp_every_cpu_kind(tmp_path: Path) -> None:
         assert {"memory", "inventory", "timing", "bandwidth", "step", "run_end"} <= set(kinds)
         assert "nvml" not in kinds  # no GPU: the sampler is disabled and says so in the manifest
         timings = [e for e in iter_events(run_dir, rank, {"timing"})]
-        assert {t["category"] for t in timings} == {"iteration", "forward", "backward", "optimizer", "dp-comm"}
-        fwd = [t for t in timings if t["category"] == "forward" and t["step"] == 2]
-        assert [t["microbatch"] for t in fwd] == [0, 1] and all(t["stage"] == 0 for t in fwd)
-        it = next(t for t in timings if t["category"] == "iteration" and t["step"] == 2)
-        assert all(it["start_s"] <= t["start_s"] <= t["end_s"] <= it["end_s"] for t in timings if t["step"] == 2)
-        comm = [t for t in timings if t["category"] == "dp-comm"]
-        assert all(t["async_comm"] and t["issue_s"] <= t["wait_return_s"] for t in comm)
+        assert {t.category for t in timings} == {"iteration", "forward", "backward", "optimizer", "dp-comm"}
+        fwd = [t for t in timings if t.category == "forward" and t.step == 2]
+        assert [t.microbatch for t in fwd] == [0, 1] and all(t.stage == 0 for t in fwd)
+        it = next(t for t in timings if t.category == "iteration" and t.step == 2)
+        assert all(it.start_s <= t.start_s <= t.end_s <= it.end_s for t in timings if t.step == 2)
+        comm = [t for t in timings if t.category == "dp-comm"]
+        assert all(t.async_comm and t.issue_s <= t.wait_return_s for t in comm)
         sweep = {(b.group, b.collective) for b in iter_events(run_dir, rank, {"bandwidth"})}
         assert sweep == {("dp", "reduce_scatter"), ("dp", "all_gather"), ("dp", "all_reduce")}
     notes = read_manifest(run_dir)["ranks"][0]["probes"]
