@@ -30,6 +30,7 @@ from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
+from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
 from ledger.reconcile.topology import groups_rows, rank_groups
@@ -77,11 +78,14 @@ def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
     for rank, r in sorted(ev.ranks.items()):
         rows += overlap_rows(ev.config, r, selection, rank in traced, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
+    decomposition = StepDecomposition(ev)
     for rank, _, _, path in ev.traces:
         summary = checked_summary(ev, rank, path)
         r = ev.ranks.get(rank) or RankEvidence(rank=rank, coords=rank_coords(ev.manifest, rank))
         rows += trace_rows(ev, r, summary, selection, model)
+        decomposition.add(r, summary, path)
         cross_check[rank] = hta.cross_check_input(summary)
+    rows += decomposition.rows()
     for rank, r in ev.ranks.items():
         if rank not in traced:
             rows += volume_rows(ev.config, r, None)

@@ -1,0 +1,112 @@
+"""Where each profiled step went: per rank and ProfilerStep window, the terms of docs/formulas.md "Step
+decomposition" (ledger.evidence.step_partition), which add up to the measured step, and the replay of the rank's
+execution graph (ledger.evidence.replay) judged against the step it replays, with the step's critical path named.
+
+Two passes keep memory to one trace at a time: `add` keeps each traced rank's collectives (small records, from the
+summary the reconciliation already made), so that a collective's last member's arrival is known across ranks;
+`rows` then reads each trace's execution graph, partitions and replays its steps, and drops it. Each rank is
+replayed alone (its collectives keep their measured durations); a multi-rank replay is ledger.evidence.replay's.
+
+The time model's twins of these terms are not computed yet: the rows' predicted column is empty and says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ledger.evidence.critical_path import critical_path
+from ledger.evidence.exec_graph import CollectiveId, match_collectives, read_graph
+from ledger.evidence.replay import replay
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.evidence.step_partition import EXPOSED, TERMS, CommSpan, StepPartition, partition_step
+from ledger.evidence.trace_groups import attribute_groups, range_kinds
+from ledger.evidence.traces import P2P_KINDS, TraceSummary
+from ledger.reconcile.overlap import kernel_group
+from ledger.reconcile.rows import Row, row
+from ledger.reconcile.topology import rank_groups
+
+REPLAY_TOLERANCE = 0.03  # docs/formulas.md, "Tolerances"
+TERM_METRIC = "step.decomposition."
+REPLAY_METRIC = "step.replay"
+NOT_PREDICTED = ("not predicted: the time model's twin of this term (its step decomposition) is not computed yet, "
+                 "so the predicted column stays empty rather than hold a figure made up here")
+
+
+@dataclass
+class _Traced:
+    rank: int
+    path: Path
+    comm: list[CommSpan]
+    ids: list[CollectiveId]
+
+
+class StepDecomposition:
+    def __init__(self, ev: RunEvidence):
+        self.ev = ev
+        self.traced: list[_Traced] = []
+
+    def add(self, r: RankEvidence, summary: TraceSummary, path: Path) -> None:
+        """Keep one traced rank's collectives with the group each served (ledger.reconcile.overlap.kernel_group)."""
+        groups = rank_groups(self.ev.manifest, r.rank)
+        named = attribute_groups(summary, groups, self.ev.world_size, range_kinds(r.timing)).summary
+        self.traced.append(_Traced(r.rank, path, [
+            CommSpan(c.start, c.end, kernel_group(groups, c), c.op in P2P_KINDS) for c in named.collectives],
+            [CollectiveId(c.op, c.group, c.seq) for c in named.collectives]))
+
+    def rows(self) -> list[Row]:
+        self._arrivals()
+        out: list[Row] = []
+        for t in self.traced:
+            graph = read_graph(t.path)
+            rp = replay([graph])
+            for s in rp.steps:
+                out += term_rows(t.rank, partition_step(graph, s.step, t.comm))
+                path = critical_path(rp, s.rank, s.step)
+                out.append(row(
+                    REPLAY_METRIC, "rank", predicted=s.replayed / 1e6, measured=s.measured / 1e6, unit="s",
+                    tolerance=REPLAY_TOLERANCE, rank=t.rank, step=s.step, source="trace",
+                    explanation=(f"the ProfilerStep#{s.step} window against the replay of this rank's execution graph "
+                                 f"from its measured durations (docs/formulas.md, \"Replay\"); critical path: "
+                                 f"{path_text(path.by_kind(), path.length)}; longest on it: "
+                                 + "; ".join(f"{name} {t_us / 1e3:.3g} ms" for name, t_us in path.top_ops(3)))))
+        return out
+
+    def _arrivals(self) -> None:
+        """Each matched collective's last member's start, into every member's span (`CommSpan.ready`)."""
+        items = [(t.rank, cid, c.start, c.end, (t, i)) for t in self.traced
+                 for i, (c, cid) in enumerate(zip(t.comm, t.ids))]
+        for members in match_collectives(items):
+            ready = max(t.comm[i].start for t, i in members)
+            for t, i in members:
+                t.comm[i] = replace(t.comm[i], ready=ready)
+
+
+def term_rows(rank: int, part: StepPartition) -> list[Row]:
+    """One row per term of a step's partition, in seconds, with its share of the step."""
+    return [row(TERM_METRIC + slug(term), "rank", measured=t_us / 1e6, unit="s", tolerance=0.0, rank=rank,
+                step=part.step, source="trace",
+                explanation=(f"{term}: {t_us / part.measured:.1%} of step {part.step} "
+                             f"({part.measured / 1e3:.4g} ms; the terms add up to it, docs/formulas.md \"Step "
+                             f"decomposition\"); {NOT_PREDICTED}"))
+            for term, t_us in part.terms]
+
+
+def slug(term: str) -> str:
+    """"exposed communication tp" -> "exposed_communication.tp"; "host-bound idle" -> "host_bound_idle"."""
+    if term.startswith(EXPOSED + " "):
+        return EXPOSED.replace(" ", "_") + "." + term[len(EXPOSED) + 1:]
+    return term.replace(" ", "_").replace("-", "_")
+
+
+def term_of(metric: str) -> str:
+    """The term a row of TERM_METRIC names (the inverse of `slug`)."""
+    name = metric[len(TERM_METRIC):]
+    exposed = EXPOSED.replace(" ", "_") + "."
+    if name.startswith(exposed):
+        return f"{EXPOSED} {name[len(exposed):]}"
+    return next(t for t in TERMS if slug(t) == name)
+
+
+def path_text(by_kind: dict[str, float], total: float) -> str:
+    return ", ".join(f"{kind} {t / 1e3:.3g} ms ({t / total:.0%})"
+                     for kind, t in sorted(by_kind.items(), key=lambda kv: -kv[1]) if t >= 0.01 * total)
