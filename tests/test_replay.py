@@ -17,7 +17,7 @@ import pytest
 from common.intervals import length, union
 from ledger.evidence.critical_path import critical_path
 from ledger.evidence.exec_graph import ExecGraph, HostOp, read_graph
-from ledger.evidence.replay import HOST, RUN, Replay, replay
+from ledger.evidence.replay import HOST, ORIGIN, RUN, Replay, replay
 from tests.support.kineto import host, launch, runtime, step, write_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -91,7 +91,7 @@ def test_doubling_the_steps_gpu_work_grows_it_by_at_least_its_critical_share(tra
 @pytest.mark.parametrize("trace", GLOO)
 def test_doubling_the_gloo_workers_time_grows_a_cpu_step_by_at_least_its_critical_share(trace: str):
     g, rp = graph(trace), base(trace)
-    workers = {t.thread for t in g.threads if any(op.name.startswith("gloo:") for op in t.ops)}
+    workers = {t.thread for t in g.threads if t.comm_worker}
     for s in rp.steps[:1]:
         window = g.steps[s.step]
 
@@ -114,6 +114,7 @@ def test_the_critical_path_tiles_the_replayed_step(trace: str):
         path = critical_path(rp, s.rank, s.step)
         assert path.length == pytest.approx(s.replayed, abs=1e-6)
         assert all(a.end == pytest.approx(b.start, abs=1e-6) for a, b in zip(path.segments, path.segments[1:]))
+        assert not [seg for seg in path.segments if seg.kind == ORIGIN]  # no step is anchored to its measured time
 
 
 def test_the_megatron_step_is_host_work_on_its_critical_path():

@@ -35,6 +35,7 @@ READS = ("aten::item", "aten::_local_scalar_dense")
 # Host ranges that wait for the next batch: the engine's data-wait probe range, torch's DataLoader iteration.
 DATA_WAIT_PREFIXES = ("wait data", "enumerate(DataLoader)#")
 P2P_COLLECTIVES = ("send", "recv", "send_recv")
+GLOO_PREFIX = "gloo:"  # a gloo collective's range
 T = TypeVar("T")
 
 
@@ -99,6 +100,12 @@ class StreamWait:
 class ThreadTimeline:
     thread: Any
     ops: list[HostOp]  # by start, an enclosing op before what it encloses
+
+    @property
+    def comm_worker(self) -> bool:
+        """A gloo process group's worker thread: everything it runs is inside a gloo collective's range. (gloo's
+        point-to-point ranges run on the thread that called them, beside its compute.)"""
+        return bool(self.ops) and all(op.name.startswith(GLOO_PREFIX) for op in self.ops if op.depth == 0)
 
 
 @dataclass

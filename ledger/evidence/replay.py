@@ -9,7 +9,8 @@ The graph becomes a DAG of time points (the start and end of every host op and G
       of another thread ended at most MAX_WAKE_US before the thread resumed (the autograd thread finishing a
       backward, a gloo worker finishing a collective): the thread resumes as long after that end as it measurably
       did (that hand-off is host time, scheduled by the operating system: 20 µs to 1 ms on a busy 2-core host,
-      so it is taken as measured, as the host time between ops is);
+      so it is taken as measured, as the host time between ops is); a thread's first op follows the last thing
+      another thread did before it, in the same way;
   * a GPU op starts at max(its launch call's start + `launch`, the end of the previous op on its stream + `queue`,
     the work its stream was made to wait for), and ends its measured duration later;
   * a collective kernel matched across the replayed ranks (NCCL: group ranks and sequence number; two ranks' P2P
@@ -22,7 +23,7 @@ reproduces its steps exactly, and what it shows is how a change would propagate.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from statistics import median
@@ -257,7 +258,7 @@ def _add_chain(dag: _Dag, walk: list[tuple[float, HostOp, bool]], ids: list[int]
     return after the op of another thread that woke it (`wakers`: None for a thread that only makes runtime
     calls, which waits for no thread here). Its first point is woken from the origin the same way."""
     thread = walk[0][1].thread
-    waker = wakers.find(thread, dag.measured[0], walk[0][0]) if wakers else None
+    waker = wakers.first(thread, walk[0][0]) if wakers else None
     dag.edge(0, ids[0], 0.0 if waker else walk[0][0] - dag.measured[0], ORIGIN)
     if waker:
         dag.edge(waker[1], ids[0], walk[0][0] - waker[0], THREAD)
@@ -288,22 +289,32 @@ def _runs_cpu_ops(t: ThreadTimeline) -> bool:
 
 
 class _Wakers:
-    """The op ends of the threads that run CPU ops, searchable by time. Threads that only make runtime calls
-    (NCCL's watchdog, event pollers) neither wake another thread nor wait for one here."""
+    """The op starts and ends of the threads that run CPU ops, searchable by time. Threads that only make runtime
+    calls (NCCL's watchdog, event pollers) neither wake another thread nor wait for one here."""
 
     def __init__(self, chains: list[tuple[ThreadTimeline, list[tuple[float, HostOp, bool]], list[int]]]):
-        ends = sorted(((at, t.thread, v) for t, walk, ids in chains if _runs_cpu_ops(t)
-                       for (at, _, is_end), v in zip(walk, ids) if is_end), key=lambda e: e[0])
-        self.ends, self.times = ends, [e[0] for e in ends]
+        points = sorted(((at, t.thread, v, is_end) for t, walk, ids in chains if _runs_cpu_ops(t)
+                         for (at, _, is_end), v in zip(walk, ids)), key=lambda p: p[0])
+        self.points, self.times = points, [p[0] for p in points]
 
-    def find(self, thread: object, t0: float, t1: float) -> tuple[float, int, object] | None:
-        """For a gap (t0, t1] of `thread` of at least MIN_WAIT_US: the last op end of another thread in it, if the
-        thread resumed within MAX_WAKE_US of it (what the thread was waiting for), as (time, node, its thread)."""
+    def find(self, thread: object, t0: float, t1: float) -> tuple[float, int] | None:
+        """For a gap (t0, t1) of `thread` of at least MIN_WAIT_US: the last op end of another thread in it, if the
+        thread resumed within MAX_WAKE_US of it (what the thread was waiting for), as (time, node). Strictly before
+        t1, as in `first`: a hand-off takes time, and two threads cannot each be the other's waker."""
         if t1 - t0 < MIN_WAIT_US:
             return None
-        i = bisect_right(self.times, t1) - 1
+        i = bisect_left(self.times, t1) - 1
         while i >= 0 and self.times[i] > max(t0, t1 - MAX_WAKE_US):
-            if self.ends[i][1] != thread:
-                return self.times[i], self.ends[i][2], self.ends[i][1]
+            at, other, v, is_end = self.points[i]
+            if is_end and other != thread:
+                return at, v
             i -= 1
         return None
+
+    def first(self, thread: object, t: float) -> tuple[float, int] | None:
+        """For a thread's first point at `t`: the last thing another thread did before it (an op's start or end),
+        which started it: a thread's first op follows the rest of the process, not the trace's origin."""
+        i = bisect_left(self.times, t) - 1
+        while i >= 0 and self.points[i][1] == thread:
+            i -= 1
+        return (self.times[i], self.points[i][2]) if i >= 0 else None

@@ -2,7 +2,7 @@
 
 docs/formulas.md, "Step decomposition", defines it. In priority order, an instant of the step window is
   1. device compute: the device runs work that is not communication (a GPU kernel, copy or memset on any stream; on
-     a CPU trace, a compute thread inside an op that is neither a c10d call nor a stall range);
+     a CPU trace, a thread that is no gloo worker inside a CPU op, outside c10d calls, gloo ranges and stalls);
   2. exposed communication of a group: otherwise, a collective of that group moves data (after its last member
      arrived, or at any time when the peers were not traced);
   3. pipeline wait: otherwise, a point-to-point transfer waits for its peer stage to arrive;
@@ -14,10 +14,11 @@ Each term is the length of its instants, so the terms sum to the window (to floa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from common.intervals import Interval, length, subtract, union
-from ledger.evidence.exec_graph import ANNOTATION, CPU_OP, ExecGraph
+from ledger.evidence.exec_graph import CPU_OP, GLOO_PREFIX, CollectiveId, ExecGraph, match_collectives
 from ledger.evidence.traces import STALL_PREFIX
 
 COMPUTE, PIPELINE_WAIT, SLOWER_RANK = "device compute", "pipeline wait", "waiting for a slower rank"
@@ -25,7 +26,7 @@ DATA_WAIT, SYNC, HOST_BOUND = "data wait", "synchronisation", "host-bound idle"
 EXPOSED = "exposed communication"
 TERMS = (COMPUTE, PIPELINE_WAIT, SLOWER_RANK, DATA_WAIT, SYNC, HOST_BOUND)  # and EXPOSED per group, after COMPUTE
 GROUP_ORDER = ("tp", "cp", "ep", "dp", "pp", "embedding", "other", "unknown")
-COMM_WORKER_PREFIX = "gloo:"  # a gloo collective's range, on its process group's worker thread
+NOT_COMPUTE = ("c10d::", GLOO_PREFIX, STALL_PREFIX)  # host ranges that communicate or wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +82,35 @@ def partition_step(graph: ExecGraph, step: int, comm: list[CommSpan]) -> StepPar
 
 
 def device_compute(graph: ExecGraph) -> list[Interval]:
-    """When the device computes: GPU work other than NCCL kernels; on a CPU trace, the ops of the threads that run
-    no collective, less c10d calls and the stall ranges ("wait ...") and data waits nested in them."""
+    """When the device computes: GPU work other than NCCL kernels; on a CPU trace, the CPU ops of the threads that
+    are no gloo worker, less what is communication or waiting in them: c10d calls, gloo ranges (point-to-point
+    runs on the calling thread), the stall ranges ("wait ...") and data waits."""
     if graph.on_gpu:
         return union((op.start, op.end) for op in graph.gpu_ops() if op.collective is None)
     busy: list[Interval] = []
     for t in graph.threads:
-        if any(op.kind == ANNOTATION and op.name.startswith(COMM_WORKER_PREFIX) for op in t.ops):
+        if t.comm_worker:
             continue
-        ops = union((op.start, op.end) for op in t.ops if op.kind == CPU_OP and not op.name.startswith("c10d::"))
-        holes = union([(op.start, op.end) for op in t.ops if op.kind == CPU_OP and op.name.startswith("c10d::")]
-                      + [(op.start, op.end) for op in t.ops if op.kind == ANNOTATION
-                         and op.name.startswith(STALL_PREFIX)] + [(op.start, op.end) for op in graph.data_waits])
+        ops = union((op.start, op.end) for op in t.ops if op.kind == CPU_OP)
+        holes = union([(op.start, op.end) for op in t.ops if op.name.startswith(NOT_COMPUTE)]
+                      + [(op.start, op.end) for op in graph.data_waits])
         busy += subtract(ops, holes)
     return union(busy)
+
+
+def with_arrivals(items: list[tuple[int, CollectiveId, CommSpan]]) -> list[CommSpan]:
+    """The (rank, collective, span) items' spans, each with its last member's arrival (the latest start) where
+    ledger.evidence.exec_graph.match_collectives finds its members among the items."""
+    spans = [span for _, _, span in items]
+    for members in match_collectives([(rank, cid, s.start, s.end, i) for i, (rank, cid, s) in enumerate(items)]):
+        ready = max(spans[i].start for i in members)
+        for i in members:
+            spans[i] = replace(spans[i], ready=ready)
+    return spans
+
+
+def nccl_spans(graph: ExecGraph, group_of: Callable[[CollectiveId], str]) -> list[tuple[int, CollectiveId, CommSpan]]:
+    """A GPU trace's NCCL kernels as (rank, collective, span) items, each named by `group_of`."""
+    rank = graph.rank if graph.rank is not None else 0
+    return [(rank, op.collective, CommSpan(op.start, op.end, group_of(op.collective), op.collective.p2p))
+            for op in graph.gpu_ops() if op.collective is not None]

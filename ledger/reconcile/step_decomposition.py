@@ -11,14 +11,14 @@ The time model's twins of these terms are not computed yet: the rows' predicted 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.evidence.critical_path import critical_path
-from ledger.evidence.exec_graph import CollectiveId, match_collectives, read_graph
-from ledger.evidence.replay import replay
+from ledger.evidence.critical_path import CriticalPath, critical_path
+from ledger.evidence.exec_graph import CollectiveId, read_graph
+from ledger.evidence.replay import StepReplay, replay
 from ledger.evidence.run import RankEvidence, RunEvidence
-from ledger.evidence.step_partition import EXPOSED, TERMS, CommSpan, StepPartition, partition_step
+from ledger.evidence.step_partition import EXPOSED, TERMS, CommSpan, StepPartition, partition_step, with_arrivals
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import P2P_KINDS, TraceSummary
 from ledger.reconcile.overlap import kernel_group
@@ -36,8 +36,7 @@ NOT_PREDICTED = ("not predicted: the time model's twin of this term (its step de
 class _Traced:
     rank: int
     path: Path
-    comm: list[CommSpan]
-    ids: list[CollectiveId]
+    comm: list[tuple[int, CollectiveId, CommSpan]]
 
 
 class StepDecomposition:
@@ -50,35 +49,30 @@ class StepDecomposition:
         groups = rank_groups(self.ev.manifest, r.rank)
         named = attribute_groups(summary, groups, self.ev.world_size, range_kinds(r.timing)).summary
         self.traced.append(_Traced(r.rank, path, [
-            CommSpan(c.start, c.end, kernel_group(groups, c), c.op in P2P_KINDS) for c in named.collectives],
-            [CollectiveId(c.op, c.group, c.seq) for c in named.collectives]))
+            (r.rank, CollectiveId(c.op, c.group, c.seq), CommSpan(c.start, c.end, kernel_group(groups, c),
+                                                                  c.op in P2P_KINDS)) for c in named.collectives]))
 
     def rows(self) -> list[Row]:
-        self._arrivals()
+        spans = iter(with_arrivals([item for t in self.traced for item in t.comm]))
+        comm = [[next(spans) for _ in t.comm] for t in self.traced]
         out: list[Row] = []
-        for t in self.traced:
+        for t, spans_of_rank in zip(self.traced, comm):
             graph = read_graph(t.path)
             rp = replay([graph])
             for s in rp.steps:
-                out += term_rows(t.rank, partition_step(graph, s.step, t.comm))
-                path = critical_path(rp, s.rank, s.step)
-                out.append(row(
-                    REPLAY_METRIC, "rank", predicted=s.replayed / 1e6, measured=s.measured / 1e6, unit="s",
-                    tolerance=REPLAY_TOLERANCE, rank=t.rank, step=s.step, source="trace",
-                    explanation=(f"the ProfilerStep#{s.step} window against the replay of this rank's execution graph "
-                                 f"from its measured durations (docs/formulas.md, \"Replay\"); critical path: "
-                                 f"{path_text(path.by_kind(), path.length)}; longest on it: "
-                                 + "; ".join(f"{name} {t_us / 1e3:.3g} ms" for name, t_us in path.top_ops(3)))))
+                out += term_rows(t.rank, partition_step(graph, s.step, spans_of_rank))
+                out.append(replay_row(t.rank, s, critical_path(rp, s.rank, s.step)))
         return out
 
-    def _arrivals(self) -> None:
-        """Each matched collective's last member's start, into every member's span (`CommSpan.ready`)."""
-        items = [(t.rank, cid, c.start, c.end, (t, i)) for t in self.traced
-                 for i, (c, cid) in enumerate(zip(t.comm, t.ids))]
-        for members in match_collectives(items):
-            ready = max(t.comm[i].start for t, i in members)
-            for t, i in members:
-                t.comm[i] = replace(t.comm[i], ready=ready)
+
+def replay_row(rank: int, s: StepReplay, path: CriticalPath) -> Row:
+    """The replayed step judged against its window, with what held its critical path."""
+    return row(REPLAY_METRIC, "rank", predicted=s.replayed / 1e6, measured=s.measured / 1e6, unit="s",
+               tolerance=REPLAY_TOLERANCE, rank=rank, step=s.step, source="trace",
+               explanation=(f"the ProfilerStep#{s.step} window against the replay of this rank's execution graph from "
+                            f"its measured durations (docs/formulas.md, \"Replay\"); critical path: "
+                            f"{path_text(path.by_kind(), path.length)}; longest on it: "
+                            + "; ".join(f"{name} {t_us / 1e3:.3g} ms" for name, t_us in path.top_ops(3))))
 
 
 def term_rows(rank: int, part: StepPartition) -> list[Row]:
