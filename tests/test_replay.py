@@ -22,7 +22,7 @@ from tests.support.kineto import host, launch, runtime, step, write_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOLERANCE = 0.03
-# fixture trace -> {step: (measured ms, replayed ms)}, as this replay gives them (BENCHMARKS.md, 2026-12-02)
+# fixture trace -> {step: (measured ms, replayed ms)}, as this replay gives them (BENCHMARKS.md, Ledger IV)
 STATED = {
     "h200_2layer_profiled/traces/rank0.step4-5.json.gz": {4: (61.098, 61.105), 5: (52.864, 52.872),
                                                           6: (54.219, 54.229)},
