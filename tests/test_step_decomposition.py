@@ -23,9 +23,10 @@ from ledger.evidence.step_partition import (
     partition_step,
     with_arrivals,
 )
+from ledger.evidence.traces import Collective
 from ledger.present import report
 from ledger.reconcile.run import reconcile, write
-from ledger.reconcile.step_decomposition import NOT_PREDICTED, REPLAY_METRIC, TERM_METRIC, term_of
+from ledger.reconcile.step_decomposition import NOT_PREDICTED, REPLAY_METRIC, TERM_METRIC, group_of, term_of
 from tests.support.kineto import gpu, host, launch, runtime, step, write_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -106,6 +107,15 @@ def test_each_instant_goes_to_the_first_term_whose_condition_holds(tmp_path: Pat
     part = partition_step(g, 1, [CommSpan(50, 200, "dp", p2p=False, ready=120)])
     assert dict(part.terms) == {COMPUTE: 100, "exposed communication dp": 80, "pipeline wait": 0, SLOWER_RANK: 20,
                                 DATA_WAIT: 20, SYNC: 50, HOST_BOUND: 30}
+
+
+def test_a_collective_on_the_cp_or_ep_group_is_named_after_it():
+    # Plumbing: kernel_group knows tp, dp, pp and embedding; a CP2 x DP2 rank's cp group is another rank set.
+    groups, extra = {"tp": (0,), "dp": (0, 2), "pp": (0,)}, {"cp": (0, 1), "ep": (0, 3)}
+    assert group_of(Collective("all_gather", 0, 1, None, (0, 1)), groups, extra) == "cp"
+    assert group_of(Collective("all_to_all", 0, 1, None, (3, 0)), groups, extra) == "ep"
+    assert group_of(Collective("all_reduce", 0, 1, None, (0, 2)), groups, extra) == "dp"
+    assert group_of(Collective("all_reduce", 0, 1, None, (0, 5)), groups, extra) == "other"
 
 
 # --- rows and report, on the committed run directories ---------------------------------------------------------

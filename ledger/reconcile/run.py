@@ -2,7 +2,8 @@
 
 Order of work, so that memory stays bounded by one trace: events are gathered per rank (small records), then each
 trace is streamed, summarised, checked against the manifest, turned into rows and dropped before the next (only a
-path and one number per trace are kept, for the HTA cross-check). Everything is computed
+path and one number per trace are kept, for the HTA cross-check, and its collectives' spans, for the step
+decomposition, which then reads each trace's execution graph in turn). Everything is computed
 before anything is written, and each output file is written atomically: bad input leaves nothing half-written.
 """
 from __future__ import annotations

@@ -20,10 +20,10 @@ from ledger.evidence.replay import StepReplay, replay
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.step_partition import EXPOSED, TERMS, CommSpan, StepPartition, partition_step, with_arrivals
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
-from ledger.evidence.traces import P2P_KINDS, TraceSummary
+from ledger.evidence.traces import P2P_KINDS, Collective, TraceSummary
 from ledger.reconcile.overlap import kernel_group
 from ledger.reconcile.rows import Row, row
-from ledger.reconcile.topology import rank_groups
+from ledger.reconcile.topology import expert_lists_of, group_lists_of, rank_groups
 
 REPLAY_TOLERANCE = 0.03  # docs/formulas.md, "Tolerances"
 TERM_METRIC = "step.decomposition."
@@ -45,12 +45,17 @@ class StepDecomposition:
         self.traced: list[_Traced] = []
 
     def add(self, r: RankEvidence, summary: TraceSummary, path: Path) -> None:
-        """Keep one traced rank's collectives with the group each served (ledger.reconcile.overlap.kernel_group)."""
-        groups = rank_groups(self.ev.manifest, r.rank)
-        named = attribute_groups(summary, groups, self.ev.world_size, range_kinds(r.timing)).summary
+        """Keep one traced rank's collectives with the group each served."""
+        groups, extra = rank_groups(self.ev.manifest, r.rank), self._cp_ep_groups(r.rank)
+        named = attribute_groups(summary, {**groups, **extra}, self.ev.world_size, range_kinds(r.timing)).summary
         self.traced.append(_Traced(r.rank, path, [
-            (r.rank, CollectiveId(c.op, c.group, c.seq), CommSpan(c.start, c.end, kernel_group(groups, c),
+            (r.rank, CollectiveId(c.op, c.group, c.seq), CommSpan(c.start, c.end, group_of(c, groups, extra),
                                                                   c.op in P2P_KINDS)) for c in named.collectives]))
+
+    def _cp_ep_groups(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """This rank's context-parallel and expert-parallel groups of more than one rank (ledger.evidence.layout)."""
+        lists = {"cp": group_lists_of(self.ev.manifest)["cp"], "ep": expert_lists_of(self.ev.manifest).get("ep", [])}
+        return {kind: tuple(sorted(g)) for kind, gs in lists.items() for g in gs if rank in g and len(g) > 1}
 
     def rows(self) -> list[Row]:
         spans = iter(with_arrivals([item for t in self.traced for item in t.comm]))
@@ -73,6 +78,18 @@ def replay_row(rank: int, s: StepReplay, path: CriticalPath) -> Row:
                             f"its measured durations (docs/formulas.md, \"Replay\"); critical path: "
                             f"{path_text(path.by_kind(), path.length)}; longest on it: "
                             + "; ".join(f"{name} {t_us / 1e3:.3g} ms" for name, t_us in path.top_ops(3))))
+
+
+def group_of(c: Collective, groups: dict[str, tuple[int, ...]], extra: dict[str, tuple[int, ...]]) -> str:
+    """The group a collective served: ledger.reconcile.overlap.kernel_group's (tp, dp, pp, embedding), else cp or ep
+    when the evidence names it (its issuing range) or its ranks are that group's."""
+    kind = kernel_group(groups, c)
+    if kind not in ("other", "unknown"):
+        return kind
+    if c.issued_as in extra:
+        return c.issued_as
+    ranks = tuple(sorted(c.group)) if c.group is not None else None
+    return next((k for k, g in extra.items() if g == ranks), kind)
 
 
 def term_rows(rank: int, part: StepPartition) -> list[Row]:
