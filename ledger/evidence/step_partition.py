@@ -72,7 +72,8 @@ def partition_step(graph: ExecGraph, step: int, comm: list[CommSpan]) -> StepPar
     take(COMPUTE, device_compute(graph))
     groups = sorted({c.group for c in comm}, key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
     for group in groups:
-        take(f"{EXPOSED} {group}", [(max(c.start, c.ready or c.start), c.end) for c in comm if c.group == group])
+        take(f"{EXPOSED} {group}", [(c.start if c.ready is None else max(c.start, c.ready), c.end)
+                                    for c in comm if c.group == group])
     take(PIPELINE_WAIT, [(c.start, min(c.end, c.ready)) for c in comm if c.p2p and c.ready is not None])
     take(SLOWER_RANK, [(c.start, min(c.end, c.ready)) for c in comm if not c.p2p and c.ready is not None])
     take(DATA_WAIT, [(op.start, op.end) for op in graph.data_waits])
