@@ -8,6 +8,8 @@ Also here: the verdict rules themselves (absolute floors, upper bounds, identity
 from __future__ import annotations
 
 import copy
+import gzip
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,16 +28,9 @@ from ledger.reconcile.hta import CrossCheck, available, hta_rows
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
-from ledger.reconcile.rows import (
-    NO_TIME_MODEL,
-    Row,
-    identity_row,
-    judge,
-    reaches,
-    row,
-    upper_bound_row,
-)
+from ledger.reconcile.rows import NO_TIME_MODEL, Row, identity_row, judge, reaches, row, upper_bound_row
 from ledger.reconcile.run import Reconciliation, run_steps
+from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.topology import groups_rows
 from tests.fixtures.synthetic_run import Spec, make_run
@@ -270,6 +265,39 @@ def data_wait(ev, *_):
     return data_wait_rows(ev, run_steps(ev))
 
 
+def step_replay(ev, summaries, _):
+    decomposition = StepDecomposition(ev)
+    for rank, _, _, path in ev.traces:
+        decomposition.add(ev.ranks[rank], summaries[rank], path)
+    return decomposition.rows()
+
+
+def late_sync(ev: RunEvidence) -> None:
+    """Rank 0 syncs in each step's longest host idle after a launch (the pipeline bubble), for the kernel just
+    launched: in steps 1 and 2 the sync returns 10 µs after that kernel ends, in step 3 just before the next launch
+    (waiting for something the trace does not hold). The replay returns it 10 µs (the median wake-up) after the
+    kernel, so step 3 replays shorter than its window by most of that idle (40 ms of 380)."""
+    rank, a, b, path = next(t for t in ev.traces if t[0] == 0)
+    with gzip.open(path, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    kernels = {e["args"]["correlation"]: e for e in events if e.get("cat") == "kernel"}
+    windows = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("Profiler")),
+                     key=lambda e: e["ts"])
+    for n, window in enumerate(windows, start=1):
+        launches = sorted((e for e in events if e.get("name") == "cudaLaunchKernel"
+                           and window["ts"] <= e["ts"] < window["ts"] + window["dur"]), key=lambda e: e["ts"])
+        ends = [kernels[x["args"]["correlation"]]["ts"] + kernels[x["args"]["correlation"]]["dur"] for x in launches]
+        done, call, after = max(zip(ends, launches, launches[1:]), key=lambda t: t[2]["ts"] - t[0])
+        returns = done + 10 if n < 3 else after["ts"] - 10
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 100, "tid": 1,
+                       "ts": call["ts"] + 2, "dur": returns - call["ts"] - 2, "args": {}})
+    late = path.parent.parent.parent / "rank0.late_sync.json.gz"  # beside the run: its traces/ stays as it was
+    with gzip.open(late, "wt") as f:
+        json.dump(doc, f)
+    ev.traces = [(rank, a, b, late) if t[0] == 0 else t for t in ev.traces]
+
+
 RANK2 = dict(rank=2)
 CASES = {
     "static after optimizer init": Case("memory.static_after_optimizer_init", RANK2, memory,
@@ -318,6 +346,7 @@ CASES = {
                                               slow_steps(1.5, rank=3)),
     "step time spread": Case("throughput.step_time_spread", {}, throughput, slow_steps(1.5, rank=3)),
     "data wait per step": Case("time.data_wait_per_step", dict(rank=0), data_wait, slow_loader),
+    "step replay": Case("step.replay", dict(rank=0, step=3), step_replay, late_sync),
 }
 
 

@@ -287,7 +287,7 @@ def summarize(path: str | Path) -> TraceSummary:
             if m:
                 s.gpu_steps[int(m.group(1))] = (start, end)
     info = distributed_info(stream.meta)
-    s.rank, s.world_size, s.backend = _int(info.get("rank")), _int(info.get("world_size")), info.get("backend")
+    s.rank, s.world_size, s.backend = as_int(info.get("rank")), as_int(info.get("world_size")), info.get("backend")
     s.run_id = _run_id(s.path, stream.meta)
     if not s.on_gpu:
         s.collectives = _link_gloo(gloo, dispatches, annotations)
@@ -316,13 +316,13 @@ def _nccl_collective(e: dict[str, Any], start: float, end: float) -> Collective:
     args = e.get("args") or {}
     op = normalize_op(str(args.get("Collective name", ""))) or normalize_op(e["name"]) or "unknown"
     nbytes = None if op in P2P_KINDS else _nccl_bytes(op, args)  # P2P volume: from the dispatcher ops (`p2p`)
-    return Collective(op=op, start=start, end=end, bytes=nbytes, group=_ranks(args), seq=_int(args.get("Seq")))
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=group_ranks(args), seq=as_int(args.get("Seq")))
 
 
 def _nccl_bytes(op: str, args: dict[str, Any]) -> int | None:
     """The larger of the input and output message: the buffer a collective moves, as nccl-tests count it."""
     size = DTYPE_BYTES.get(str(args.get("dtype")))
-    nin, nout = _int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))
+    nin, nout = as_int(args.get("In msg nelems")), as_int(args.get("Out msg nelems"))
     if size is None or (nin is None and nout is None):
         return None
     return max(nin or 0, nout or 0) * size
@@ -436,7 +436,7 @@ def _run_id(path: Path, meta: dict[str, Any]) -> str | None:
     return run_id
 
 
-def _ranks(args: dict[str, Any]) -> tuple[int, ...] | None:
+def group_ranks(args: dict[str, Any]) -> tuple[int, ...] | None:
     ranks = args.get("Process Group Ranks")
     if isinstance(ranks, str):
         try:
@@ -448,7 +448,7 @@ def _ranks(args: dict[str, Any]) -> tuple[int, ...] | None:
     return None
 
 
-def _int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):

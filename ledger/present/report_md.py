@@ -18,6 +18,7 @@ from ledger.present.report_view import (
     waterfall_text,
 )
 from ledger.present.row_groups import Line
+from ledger.present.step_table import INTRO, step_table
 
 
 def _md(text: str) -> str:
@@ -46,6 +47,7 @@ def render_markdown(view: View) -> str:
                   for line, text in off.items] + [""]
     for section, members in sections(view.lines).items():
         lines += [f"## {section}", ""] + markdown_table(view, members) + [""]
+    lines += step_section(data["rows"])
     lines += ["## Memory waterfall (measured; predicted in brackets)", ""]
     why = unmeasured_memory(view)
     if not view.waterfall:
@@ -71,3 +73,13 @@ def markdown_table(view: View, members: list[Line]) -> list[str]:
         row = [line.metric, line.where(), *(cells[c] for c in shown), line.gap(), f"**{verdicts}**", why]
         out.append("| " + " | ".join(row) + " |")
     return out
+
+
+def step_section(rows: list[dict]) -> list[str]:
+    """## Where the step went: per rank and profiled step, the decomposition's terms, their sum and the replay."""
+    table = step_table(rows)
+    if table is None:
+        return []
+    out = ["## Where the step went", "", INTRO, ""]
+    out += ["| " + " | ".join(cells) + " |" for cells in [table.head, ["---"] * len(table.head), *table.body]]
+    return out + [""] + [f"- {_md(path)}" for path in table.paths] + [""]

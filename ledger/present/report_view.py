@@ -4,7 +4,8 @@ the reconciliation and the loaders' views, so the report shows nothing the ledge
 Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the ranks,
 the worst verdict and its rank), caveats that many rows share are numbered notes stated once (ledger.present.caveats),
 what is off comes first with its explanation, and every figure is written by ledger.present.units. The full per-rank
-table is the reconciliation's own CSV / JSON beside the report.
+table is the reconciliation's own CSV / JSON beside the report; the step decomposition's rows are shown as their own
+table (ledger.present.step_table).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ SECTIONS = {"memory": "Memory", "pipeline": "Pipeline", "time": "Time model", "o
 COLUMN_TITLES = {FORMULA: "formula", TIME_MODEL: "time model", REFERENCE: "reference", "inventory": "inventory",
                  "measured": "measured"}
 OFF_POINTER = "see What is off, above"
+STEP_FAMILY = "step"  # ledger.reconcile.step_decomposition's rows: shown as "Where the step went"
 
 
 @dataclass
@@ -71,9 +73,12 @@ def headline(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], str]
 
 
 def sections(lines: list[Line]) -> dict[str, list[Line]]:
+    """The lines by section; the step decomposition's rows are left to their own table (ledger.present.step_table)."""
     out: dict[str, list[Line]] = {}
     for line in lines:
-        out.setdefault(SECTIONS.get(line.metric.split(".")[0], "Other"), []).append(line)
+        family = line.metric.split(".")[0]
+        if family != STEP_FAMILY:
+            out.setdefault(SECTIONS.get(family, "Other"), []).append(line)
     return out
 
 

@@ -33,6 +33,7 @@ from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
+from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.time_rows import (
     TimeModel,
@@ -78,9 +79,13 @@ def reconcile_evidence(ev: RunEvidence, progress: Callable[[str], None] = lambda
     for rank, r in sorted(ev.ranks.items()):
         rows += overlap_rows(ev.config, r, selection, rank in summaries, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
+    decomposition = StepDecomposition(ev)
     for rank, summary in summaries.items():
-        rows += trace_rows(ev, ev.rank_evidence(rank), summary, selection, model)
+        r = ev.rank_evidence(rank)
+        rows += trace_rows(ev, r, summary, selection, model)
+        decomposition.add(r, summary, next(t.path for t in ev.traces if t.rank == rank))
         cross_check[rank] = hta.cross_check_input(summary)
+    rows += decomposition.rows()
     for rank, r in ev.ranks.items():
         if rank not in summaries:
             rows += volume_rows(ev.config, r, None)
