@@ -82,7 +82,7 @@ def _name(loader: Loader) -> str:
     return f"{loader.__module__}.{loader.__qualname__}"
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False, max_entries=64)
 def _view(path: str, sig: tuple) -> loaders.RunView:
     """The run read once per signature, shared by every loader of every page (a RunView is read-only to them)."""
     return loaders.open_run(path)
@@ -96,7 +96,7 @@ def _cached(name: str, _loader: Loader, path: str, sig: tuple, args: tuple) -> A
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _cached_runs(root: str, sig: tuple) -> list[dict[str, Any]]:
-    return loaders.list_runs(root)
+    return loaders.list_runs(root, lambda path: _view(str(path), signature(path)))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

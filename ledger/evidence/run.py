@@ -234,10 +234,11 @@ def collect_rank(run_dir: Path, rank: int, coords: dict[str, int]) -> RankEviden
     return ev
 
 
-def collect_run(run_dir: str | Path) -> RunEvidence:
-    """The whole run's evidence; a crashed or partial run yields what exists plus a list of what is missing."""
+def collect_run(run_dir: str | Path, manifest: dict[str, Any] | None = None) -> RunEvidence:
+    """The whole run's evidence; a crashed or partial run yields what exists plus a list of what is missing.
+    `manifest`: the run's manifest when the caller has read it already (read_manifest's checks passed)."""
     run_dir = Path(run_dir)
-    manifest = read_manifest(run_dir)
+    manifest = manifest if manifest is not None else read_manifest(run_dir)
     manifest_path = run_dir / MANIFEST
     world = manifest["world_size"]
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
