@@ -106,8 +106,9 @@ def test_a_wrong_exchange_time_is_off(ep2_run):
 
 @pytest.mark.slow
 def test_the_engines_expert_groups_are_megatrons_and_each_holds_a_communicator(ep2_run):
-    manifest = json.loads((ep2_run / "manifest.json").read_text())
-    rows = groups_rows(manifest)
+    ev = read_run(ep2_run)
+    manifest = ev.manifest
+    rows = groups_rows(ev)
     assert [(r.rank, r.measured, r.verdict) for r in rows] == [(0, 0, "ok"), (1, 0, "ok")]
     cfg = parse_args([*EP2_FLAGS, "--world-size", "2"])
     for entry in manifest["ranks"]:
