@@ -158,7 +158,7 @@ def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(cp2_
             return record.seconds / record.flops
 
         (link,) = [b for b in evidence.bandwidth if b.group == "cp" and b.size_bytes == KV]
-        hidden = lambda flops, op, causal: min(1.0, flops * rate(op, causal) / link["time_s"])  # noqa: E731
+        hidden = lambda flops, op, causal: min(1.0, flops * rate(op, causal) / link.time_s)  # noqa: E731
         # CP2 per layer: forward step 0 beside the rank's own causal block; backward step 0 beside the other
         # rank's half block, step 1 back at its own causal block
         forward = hidden(32768, "core_attention.fwd", 1)
