@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import IO, Any, Iterator, NamedTuple
 
 from common.errors import InputError
-from common.events import Event, RecordError, parse_event
+from common.events import Event, parse_event
+from common.typecheck import TypeMismatch
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -224,7 +225,7 @@ class EventStream:
                     continue
                 try:
                     record = parse_event(obj)
-                except RecordError as exc:
+                except TypeMismatch as exc:
                     raise InputError(self.path, f"line {number}: {exc}") from None
                 if record is not None:
                     yield record
@@ -237,7 +238,7 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
         record = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"corrupt JSON ({exc.__class__.__name__})"
-    if not isinstance(record, dict) or "kind" not in record:
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
         return None, "not an event object with a 'kind'"
     return record, None
 

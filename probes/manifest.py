@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.rank_info import DeviceInfo, RankInfo
 from common.run_dir import now_iso, read_manifest, update_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -66,14 +67,15 @@ def rank_info(parallel_state: Any, notes: dict[str, str]) -> dict[str, Any]:
     which the ledger checks against its own derivation of Megatron's rule."""
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
-        device = {"type": "cuda", "index": index, "name": torch.cuda.get_device_name(index),
-                  "total_bytes": torch.cuda.get_device_properties(index).total_memory}
+        device = DeviceInfo(type="cuda", index=index, name=torch.cuda.get_device_name(index),
+                            total_bytes=torch.cuda.get_device_properties(index).total_memory)
     else:
-        device = {"type": "cpu", "name": platform.processor() or platform.machine(), "cores": usable_cores()}
+        device = DeviceInfo(type="cpu", name=platform.processor() or platform.machine(), cores=usable_cores())
     backend = dist.get_backend() if dist.is_initialized() else None
-    return {"rank": parallel_state.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
-            "backend": backend, "coords": dict(parallel_state.coordinates),
-            "groups": {kind: list(ranks) for kind, ranks in parallel_state.ranks.items()}, "probes": notes}
+    return RankInfo(rank=parallel_state.rank, host=socket.gethostname(), pid=os.getpid(), device=device,
+                    backend=backend, coords=dict(parallel_state.coordinates),
+                    groups={kind: list(ranks) for kind, ranks in parallel_state.ranks.items()},
+                    probes=notes).to_json()
 
 
 def usable_cores() -> int | None:

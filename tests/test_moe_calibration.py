@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
+from common.rank_info import parse_rank_infos
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
 from ledger.models.formulas.device_memory import communicators
@@ -171,8 +172,9 @@ def moe_manifest(groups_of_rank1: dict[str, list[int]], experts: int | None = 4)
     flags = ["--model", "tiny", "--global-batch-size", "4", "--world-size", "4"]
     if experts:
         flags += ["--num-experts", str(experts), "--expert-model-parallel-size", "2"]
-    return RunEvidence(run_dir=Path("."), manifest={"world_size": 4, "ranks": [{"rank": 1, "groups": groups_of_rank1}]},
-                       config=parse_args(flags), ranks={}, traces=[])
+    entries = [{"rank": 1, "groups": groups_of_rank1}]
+    return RunEvidence(run_dir=Path("."), manifest={"world_size": 4, "ranks": entries}, config=parse_args(flags),
+                       ranks={}, traces=[], rank_infos=parse_rank_infos(entries))
 
 
 DENSE_RANK1 = {"tp": [1], "cp": [1], "dp": [0, 1, 2, 3], "dp_cp": [0, 1, 2, 3], "pp": [1], "mp": [1],

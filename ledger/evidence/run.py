@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from common.config import RunConfig
+from common.config import RunConfig, validate
 from common.errors import ConfigError, InputError
 from common.events import (
     BandwidthRecord,
@@ -27,6 +27,7 @@ from common.events import (
     StepRecord,
     TimingRecord,
 )
+from common.rank_info import DeviceInfo, RankInfo, parse_rank_infos
 from common.run_dir import (
     MANIFEST,
     EventStream,
@@ -35,6 +36,7 @@ from common.run_dir import (
     read_manifest,
     trace_files,
 )
+from common.typecheck import TypeMismatch
 from ledger.evidence.layout import GROUP_KINDS, Layout, coordinates, group_lists
 from ledger.evidence.traces import TraceSummary, summarize
 
@@ -92,6 +94,7 @@ class RunEvidence:
     missing: list[str] = field(default_factory=list)
     framework: str = "train-ledger"
     layout: Layout | None = None
+    rank_infos: dict[int, RankInfo] = field(default_factory=dict)  # the manifest's per-rank entries
     _summaries: dict[int, TraceSummary] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,14 +110,14 @@ class RunEvidence:
         return self.manifest.get("run_id")
 
     def coords(self, rank: int) -> dict[str, int]:
-        """A rank's (tp, cp, dp, pp) as the manifest records them, else derived from the layout ({} without one)."""
-        coords = rank_entry(self.manifest, rank).get("coords")
-        if isinstance(coords, dict):
-            return {k: int(v) for k, v in coords.items()}
-        if self.layout is None:
-            return {}
-        c = coordinates(self.layout, rank)
-        return {k: c[k] for k in ("tp", "cp", "dp", "pp")}
+        """A rank's (tp, cp, dp, pp) as the manifest records them, each axis it does not record derived from the
+        layout ({} for what neither gives)."""
+        derived = {}
+        if self.layout is not None:
+            c = coordinates(self.layout, rank)
+            derived = {k: c[k] for k in ("tp", "cp", "dp", "pp")}
+        info = self.rank_infos.get(rank)
+        return {**derived, **(info.coords if info is not None and info.coords is not None else {})}
 
     def groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         """The rank's TP, DP and PP groups and, on the first and last stage, its embedding group (sorted rank
@@ -123,6 +126,16 @@ class RunEvidence:
             return {}
         lists = group_lists(self.layout)
         return {kind: tuple(sorted(g)) for kind in GROUP_KINDS for g in lists[kind] if rank in g}
+
+    def backend(self, rank: int, trace_backend: str | None) -> str | None:
+        """The rank's process-group backend as the manifest records it, else as the trace's distributedInfo does
+        (manifests written before the field existed); None when neither says."""
+        info = self.rank_infos.get(rank)
+        return info.backend if info is not None and info.backend else trace_backend
+
+    def device(self, rank: int) -> DeviceInfo | None:
+        info = self.rank_infos.get(rank)
+        return info.device if info is not None else None
 
     def rank_evidence(self, rank: int) -> RankEvidence:
         """The rank's records, or an empty record set for a rank that wrote none (a traced rank without events)."""
@@ -172,35 +185,15 @@ def after_first_step(items: list[T], step_of: Callable[[T], int]) -> list[T]:
     return [i for i in items if step_of(i) != first]
 
 
-def rank_entry(manifest: dict[str, Any], rank: int) -> dict[str, Any]:
-    """A rank's entry in the manifest's `ranks` (a list, or a dict keyed by rank); {} when there is none."""
-    entries = manifest.get("ranks")
-    entry = None
-    if isinstance(entries, dict):
-        entry = entries.get(str(rank))
-    elif isinstance(entries, list):
-        entry = next((e for e in entries if isinstance(e, dict) and e.get("rank") == rank), None)
-    return entry if isinstance(entry, dict) else {}
-
-
-def rank_backend(manifest: dict[str, Any], rank: int, trace_backend: str | None) -> str | None:
-    """The rank's process-group backend as the manifest records it, else as the trace's distributedInfo does
-    (manifests written before the field existed); None when neither says."""
-    backend = rank_entry(manifest, rank).get("backend")
-    return str(backend) if backend else trace_backend
-
-
-def cpu_sharing(manifest: dict[str, Any]) -> str | None:
+def cpu_sharing(ev: RunEvidence) -> str | None:
     """A sentence when CPU ranks outnumber their host's cores (from the manifest's per-rank host and device): then
     every timed range includes time spent waiting for a core, which dominates timing gaps. None otherwise."""
-    per_host: dict[str, list[dict[str, Any]]] = {}
-    for rank in range(int(manifest.get("world_size") or 0)):
-        entry = rank_entry(manifest, rank)
-        device = entry.get("device") or {}
-        if device.get("type") == "cpu" and entry.get("host"):
-            per_host.setdefault(entry["host"], []).append(device)
+    per_host: dict[str, list[DeviceInfo]] = {}
+    for info in ev.rank_infos.values():
+        if info.device.type == "cpu" and info.host:
+            per_host.setdefault(info.host, []).append(info.device)
     for host, devices in per_host.items():
-        cores = devices[0].get("cores")
+        cores = devices[0].cores
         if len(devices) > (cores or 1):
             where = f"{cores} cores" if cores else "its CPU (core count not recorded)"
             return (f"{len(devices)} ranks share host {host}'s {where}: process oversubscription; every timed range "
@@ -217,11 +210,12 @@ def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig | No
         raise InputError(manifest_path, f"config is a {type(raw).__name__}, expected an object")
     try:
         config = RunConfig.from_dict(raw)
+        validate(config)
         layout_of(config)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise InputError(manifest_path, f"config does not match this version's RunConfig ({exc})") from None
     except ConfigError as exc:
         raise InputError(manifest_path, f"config: {exc}") from None
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise InputError(manifest_path, f"config does not match this version's RunConfig ({exc})") from None
     return config
 
 
@@ -259,8 +253,12 @@ def collect_run(run_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
     if manifest["status"] == "complete" and absent:
         raise InputError(run_dir / "ranks", f"missing ranks: the manifest says complete with world size {world} but "
                                             f"rank(s) {span(absent)} wrote no events")
+    try:
+        rank_infos = parse_rank_infos(manifest.get("ranks"))
+    except TypeMismatch as exc:
+        raise InputError(manifest_path, str(exc)) from None
     ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=config, ranks={}, traces=traces,
-                     framework=manifest.get("framework", "train-ledger"))
+                     framework=manifest.get("framework", "train-ledger"), rank_infos=rank_infos)
     ev.ranks = {r: collect_rank(run_dir, r, ev.coords(r)) for r in present}
     ev.missing = missing_items(ev)
     return ev

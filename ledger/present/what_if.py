@@ -135,7 +135,7 @@ def run_basis(view: RunView) -> dict[str, Any]:
     e.g. a Megatron-LM run whose arguments are missing), `device` (as the manifest names it), `hardware` (the known
     GPU kind of that device, None when it is none: the user picks) and `measured` (measured_figures)."""
     ev = view.evidence
-    device = run_device(ev.manifest)
+    device = run_device(ev)
     try:
         hardware: str | None = hardware_for(device, None).name
     except ConfigError:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from common.config import RunConfig
 from common.run_dir import LEDGER_DIR, atomic_write_text
 from ledger.evidence.read import read_run
-from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing, rank_backend
+from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing
 from ledger.evidence.steps import StepSelection, select_steps
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import TraceSummary
@@ -94,7 +94,7 @@ def reconcile_evidence(ev: RunEvidence, progress: Callable[[str], None] = lambda
     rows += time_rows(ev, model, selection)
     rows += moe_rows(ev, model, selection)
     rows += checkpoint_rows(ev)
-    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev.manifest))
+    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev))
     check_rows, skipped = hta.hta_rows(cross_check)
     rows += check_rows
     run = {"run_id": ev.run_id, "framework": ev.framework, "status": ev.manifest.get("status"),
@@ -114,7 +114,7 @@ def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selectio
                model: TimeModel) -> list[Row]:
     groups = ev.groups(r.rank)
     summary = attribute_groups(summary, groups, ev.world_size, range_kinds(r.timing)).summary
-    untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend), summary)
+    untraceable = untraceable_ops(ev.backend(r.rank, summary.backend), summary)
     rows = volume_rows(ev.config, r, trace_volume(summary, groups, p2p_element_bytes(ev.config)), untraceable)
     rows += trace_overlap_rows(ev.config, r, summary, groups, selection,
                                **exposed_predictions(ev.config, model, r))

@@ -12,7 +12,6 @@ known; on CPU the row says so rather than inventing a peak.
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
 
 from common.events import StepRecord
 from ledger.evidence.run import RunEvidence
@@ -42,12 +41,12 @@ def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
     return [r for r in records if r.step_time_s]
 
 
-def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
-    ranks = manifest.get("ranks") or []
-    device = (ranks[0].get("device") or {}) if ranks and isinstance(ranks[0], dict) else {}
-    name = str(device.get("name", ""))
-    if device.get("type") != "cuda":
-        return None, f"no MFU on {device.get('type') or 'an unknown device'}: no GPU peak to divide by"
+def device_peak(ev: RunEvidence) -> tuple[float | None, str]:
+    device = ev.device(min(ev.rank_infos)) if ev.rank_infos else None
+    name = (device.name if device is not None else None) or ""
+    if device is None or device.type != "cuda":
+        kind = device.type if device is not None else "an unknown device"
+        return None, f"no MFU on {kind}: no GPU peak to divide by"
     for fragment, peak in PEAKS.items():
         if fragment in name:
             return peak, f"{name}: dense 16-bit peak {peak / 1e12:.0f} TFLOP/s"
@@ -98,7 +97,7 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
 
 def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     cfg = ev.config
-    peak, peak_note = device_peak(ev.manifest)
+    peak, peak_note = device_peak(ev)
     conventions = {"megatron": megatron_flops_per_step(cfg),
                    "palm_6n": palm_flops_per_token(cfg) * tokens_per_step(cfg)}
     rows = []

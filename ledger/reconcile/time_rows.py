@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
-from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
@@ -61,16 +61,14 @@ class TimeModel:
 
 def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     """(compute scale, note) for CPU ranks that outnumber their host's cores: the sweep ran one rank at a time."""
-    hosts: dict[str, list[dict]] = defaultdict(list)
-    for rank in range(ev.world_size):
-        entry = rank_entry(ev.manifest, rank)
-        device = entry.get("device") or {}
-        if device.get("type") == "cpu" and entry.get("host") and device.get("cores"):
-            hosts[entry["host"]].append(device)
+    hosts: dict[str, list[int]] = defaultdict(list)  # host -> each CPU rank's cores
+    for info in ev.rank_infos.values():
+        if info.device.type == "cpu" and info.host and info.device.cores:
+            hosts[info.host].append(info.device.cores)
     threads = max((r.threads or 1 for e in ev.ranks.values() for r in e.compute), default=1)
     scale, note = 1.0, None
     for host, devices in hosts.items():
-        cores = int(devices[0]["cores"])
+        cores = devices[0]
         factor = oversubscription(len(devices), cores, threads)
         if factor > scale:
             scale = factor

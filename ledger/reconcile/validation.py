@@ -16,6 +16,7 @@ from typing import Any
 
 from common.errors import ConfigError, InputError
 from ledger.evidence.read import read_run
+from ledger.evidence.run import RunEvidence
 from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.reconcile.run import reconcile_evidence
@@ -86,10 +87,9 @@ def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
                     bubble=mean(bubble) if bubble else None, device=device)
 
 
-def run_device(manifest: dict[str, Any]) -> str | None:
+def run_device(ev: RunEvidence) -> str | None:
     """The GPU a run ran on, as its manifest names it ("NVIDIA H200"); None when it does not say."""
-    ranks = manifest.get("ranks") or []
-    names = {((r.get("device") or {}).get("name")) for r in ranks if isinstance(r, dict)} - {None}
+    names = {info.device.name for info in ev.rank_infos.values()} - {None}
     return ", ".join(sorted(names)) or None
 
 
@@ -110,7 +110,7 @@ def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation
     ev = read_run(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
     if ev.config is None:
         raise InputError(str(run_dir), "the run's configuration cannot be read: nothing to simulate")
-    device = run_device(ev.manifest)
+    device = run_device(ev)
     hw = hardware_for(device, hardware)
     rows = [r.to_dict() for r in reconcile_evidence(ev).rows]
     return Validation(run=str(run_dir), framework=ev.framework, sim=simulate(ev.config, hw),
