@@ -114,8 +114,20 @@ def test_reconcile_refuses_with_one_line(tmp_path, capsys, name):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert filename in err and problem in err, err
-    ledger_dir = run / "ledger"
-    assert not ledger_dir.exists() or not any(ledger_dir.iterdir())
+    assert not (run / "ledger").exists()
+
+
+@pytest.mark.parametrize("command", ["reconcile", "report"])
+@pytest.mark.parametrize("name", ["empty run", "truncated gzip trace", "non-event line mid-file",
+                                  "rank beyond world size"])
+def test_a_failed_command_creates_no_folder(tmp_path, capsys, command, name):
+    """Neither RUN/ledger nor a new --out folder exists after a command that refused its run."""
+    run, _ = make_run(tmp_path / "run", Spec(steps=3))
+    CASES[name][0](run)
+    out = tmp_path / "elsewhere" / "ledger"
+    assert cli([command, str(run)]) == 2
+    assert cli([command, str(run), "--out", str(out)]) == 2
+    assert not (run / "ledger").exists() and not (tmp_path / "elsewhere").exists()
 
 
 def test_missing_run_directory(tmp_path, capsys):
