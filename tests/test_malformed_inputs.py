@@ -11,6 +11,7 @@ import pytest
 
 from cli.main import main as cli
 from tests.fixtures.synthetic_run import Spec, make_run
+from tests.support.read_only import read_only_folder
 
 
 def _manifest(run: Path) -> dict:
@@ -157,29 +158,11 @@ REAL_RUN = Path(__file__).parent / "fixtures" / "gpu_h200_llama1b_l2"
 
 @pytest.fixture
 def read_only_run(tmp_path: Path):
-    """A copy of a real run on a file system that refuses writes. Root ignores permission bits, so as root the copy
-    lives on a tmpfs remounted read-only (skipped where mounting is not allowed)."""
-    import os
+    """A copy of a real run on a file system that refuses writes."""
     import shutil
-    import subprocess
 
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    run = mount / "run"
-    if os.geteuid() != 0:
-        shutil.copytree(REAL_RUN, run)
-        for path in [run, *run.rglob("*")]:
-            path.chmod(path.stat().st_mode & ~0o222)
-        yield run
-        return
-    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("as root a read-only file system is needed, and mount is not allowed here")
-    try:
-        shutil.copytree(REAL_RUN, run)
-        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True, capture_output=True)
-        yield run
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+    with read_only_folder(tmp_path, lambda mount: shutil.copytree(REAL_RUN, mount / "run")) as mount:
+        yield mount / "run"
 
 
 @pytest.mark.parametrize("command", ["reconcile", "report"])
