@@ -18,6 +18,7 @@ from typing import Any
 from cli.args import CommandParser
 from common.arguments import parse_args
 from common.errors import ConfigError
+from common.wording import plural
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.present.units import duration, percent, size
@@ -30,7 +31,7 @@ def _layout(d: dict[str, Any]) -> str:
     cp = f" x cp {d['cp']}" if d["cp"] > 1 else ""
     cp += f" (ep {d['ep']})" if d.get("ep", 1) > 1 else ""
     return (f"tp {d['tp']} x pp {d['pp']}{vpp}{cp} x dp {d['dp']}{sp}, micro {d['micro_batch_size']}, global "
-            f"{d['global_batch_size']} ({d['num_microbatches']} micro-batches), seq {d['seq_length']}, recompute "
+            f"{d['global_batch_size']} ({plural(d['num_microbatches'], 'micro-batch')}), seq {d['seq_length']}, recompute "
             f"{d['recompute']}, {d['strategy']}")
 
 
@@ -54,7 +55,7 @@ def render(sim: Simulation) -> str:
                       f"({duration(moe['all_to_all_step_s'])} a step)"]
         lines += [f"  stage {m['stage']}: parameters dense {m['params']['dense']:,}, expert {m['params']['expert']:,}; "
                   f"static dense {size(m['static_bytes']['dense'])}, expert {size(m['static_bytes']['expert'])}; "
-                  f"all-to-all {m['all_to_all_calls']} calls, {size(m['all_to_all_bytes'])} a step "
+                  f"all-to-all {plural(m['all_to_all_calls'], 'call')}, {size(m['all_to_all_bytes'])} a step "
                   f"({size(m['all_to_all_remote_bytes'])} leaving the rank), {duration(m['all_to_all_s'])} on the "
                   f"ep link" for m in moe["per_stage"]]
     lines += ["", f"step {duration(step['step_time_s'])} (critical stage {step['critical_stage']}):"]
