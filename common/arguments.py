@@ -105,7 +105,7 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     t.add_argument("--data-path", nargs="+", help="PREFIX of a Megatron .bin/.idx pair, or a blend: 0.7 A 0.3 B")
     t.add_argument("--split", help="train,valid,test weights over the documents (default 969,30,1)")
     t.add_argument("--data-cache-path", help="directory for the dataset's cached indices and vocabulary scan "
-                                             "(default: PREFIX/cache/ beside the data)")
+                                             "(default: cache/ in the data's folder)")
 
     ck = p.add_argument_group("checkpoints", "docs/engine.md, Checkpoints")
     ck.add_argument("--save", help="save checkpoints into DIR (every --save-interval iterations and at the end)")
