@@ -203,3 +203,32 @@ def test_dashboard_refuses_a_run_that_is_not_there(tmp_path: Path, capsys):
     assert cli(["dashboard", "--runs-root", str(tmp_path), "--run", "nope"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"--run 'nope': no run directory of that name under {tmp_path.resolve()}" in line
+
+
+def _no_server(*_args, **_kwargs):
+    raise AssertionError("the dashboard would have started")
+
+
+@pytest.mark.parametrize("host,problem", [("999.1.1.1", "not an address or a known host name"),
+                                          ("no-such-host.invalid", "not an address or a known host name"),
+                                          ("192.0.2.1", "cannot listen there (Cannot assign requested address)")])
+def test_dashboard_refuses_an_address_it_cannot_listen_on(tmp_path: Path, capsys, monkeypatch, host, problem):
+    """192.0.2.1 is TEST-NET-1 (RFC 5737): a valid address that is no interface of this machine."""
+    monkeypatch.setattr("os.execve", _no_server)
+    assert cli(["dashboard", "--runs-root", str(tmp_path), "--host", host, "--port", "8599"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"train-ledger dashboard: error: --host {host!r}" if "known" in problem else
+                           f"train-ledger dashboard: error: --host {host} --port 8599") and problem in line, line
+
+
+def test_dashboard_refuses_a_port_in_use(tmp_path: Path, capsys, monkeypatch):
+    import socket
+
+    monkeypatch.setattr("os.execve", _no_server)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli(["dashboard", "--runs-root", str(tmp_path), "--port", str(port)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--port {port}: cannot listen there (Address already in use)" in line, line
