@@ -297,6 +297,22 @@ def test_load_of_an_empty_directory_starts_from_scratch_and_says_so(tmp_path, ca
     assert loaded["losses"] == fresh["losses"]
 
 
+def test_a_load_path_that_does_not_exist_is_refused(tmp_path):
+    """A typo in --load must not restart a run from scratch; leaving out --load is how to start fresh."""
+    missing = tmp_path / "ckpt-typo"
+    with pytest.raises(ConfigError, match=f"--load {missing}: does not exist; to start from scratch leave out --load"):
+        parse_args(TINY + ["--load", str(missing)], world_size=1)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="is a file, not a checkpoint directory"):
+        parse_args(TINY + ["--load", str(tmp_path / "afile")], world_size=1)
+
+
+def test_the_save_directory_before_its_first_save_starts_from_scratch(tmp_path):
+    """A job that resumes itself passes one DIR to --save and --load; its first start finds nothing there yet."""
+    first = str(tmp_path / "ckpt")
+    assert parse_args(TINY + ["--save", first, "--load", first], world_size=1).checkpoint.load == first
+
+
 # --- bad input -----------------------------------------------------------------------------------------------------
 
 BAD_FLAGS = {
