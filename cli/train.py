@@ -9,10 +9,12 @@ The flags are validated here, for the whole world, before any process starts: ba
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, TextIO
 
@@ -24,6 +26,9 @@ from common.run_dir import MANIFEST, now_iso, read_manifest, update_manifest
 CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+RANK_ERROR = "train-ledger train: error: "  # engine.train's one line for bad input found by a rank
+RANK_STOPPED = "train-ledger train: stopped by "  # engine.train's line for a rank that SIGTERM or SIGINT stopped
+TORCHRUN_LOG = re.compile(r"[DIWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/")  # its logger: W1201 21:05:42.349 4021 ...
 
 
 def launcher_parser() -> CommandParser:
@@ -90,10 +95,10 @@ def main(argv: list[str]) -> int:
     check_fits(run_config, launch.nproc_per_node)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    status, stopped_by = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
-    if run_dir is not None and status != 0:
-        mark_failed(Path(run_dir), stopped_by or f"the ranks exited with status {status}")
-    return status
+    done = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
+    if run_dir is not None and done.status != 0:
+        mark_failed(Path(run_dir), done.stopped_by or f"the ranks exited with status {done.status}")
+    return 2 if done.status != 0 and done.rank_errors else done.status
 
 
 def check_fits(run_config, ranks_here: int) -> None:
@@ -136,13 +141,21 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"--run-dir {run_dir}: is a file")
 
 
-def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+@dataclass
+class Supervised:
+    status: int  # torchrun's exit status
+    stopped_by: str | None  # the signal that stopped the launcher, if one did
+    rank_errors: list[str] = field(default_factory=list)  # the ranks' one-line errors (bad input found by a rank)
+
+
+def supervise(cmd: list[str], env: dict[str, str]) -> Supervised:
     """Run torchrun as a child that dies with this launcher, forwarding SIGINT and SIGTERM to it (torchrun stops
-    its ranks on either). Returns the child's exit status and the signal that stopped the launcher, if one did."""
+    its ranks on either)."""
     parent = os.getpid()
     child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1,
                              preexec_fn=lambda: die_with_parent(parent))
-    relay = threading.Thread(target=relay_stderr, args=(child.stderr, sys.stderr), daemon=True)
+    rank_errors: list[str] = []
+    relay = threading.Thread(target=relay_stderr, args=(child.stderr, sys.stderr, rank_errors), daemon=True)
     relay.start()
     stopped_by: list[str] = []
 
@@ -157,14 +170,16 @@ def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return status, (stopped_by[0] if stopped_by else None)
+    return Supervised(status, stopped_by[0] if stopped_by else None, rank_errors)
 
 
-def relay_stderr(lines: Iterable[str], out: TextIO) -> None:
+def relay_stderr(lines: Iterable[str], out: TextIO, rank_errors: list[str] | None = None) -> None:
     """Copy torchrun's stderr (the ranks' own lines included) but not torchrun's Python traceback: that is the
-    launcher's plumbing, not the user's problem. The ranks report their own errors (one line each); torchrun's
-    exception becomes one line (the last of a chain of tracebacks), or none when it only says that a rank failed or
-    that it was signalled."""
+    launcher's plumbing, not the user's problem. torchrun's exception becomes one line (the last of a chain of
+    tracebacks), or none when it only says that a rank failed or that it was signalled. A rank reports bad input in
+    one line (RANK_ERROR), collected into `rank_errors`; only the first reaches the user: the other ranks repeat it
+    or fail of it, and torchrun's log of stopping them, or a rank's word that SIGTERM stopped it, follows from it."""
+    rank_errors = [] if rank_errors is None else rank_errors
     state = "copy"  # copy | traceback (inside one) | after (its exception line seen: a chain may follow)
     error = ""
     box_rules = 0  # the failure report after ChildFailedError: a box between two lines of '='; 0 = no box
@@ -186,6 +201,10 @@ def relay_stderr(lines: Iterable[str], out: TextIO) -> None:
             state, box_rules = "copy", _report_error(error, out)
             if box_rules:
                 continue
+        if rank_errors and (line.startswith((RANK_ERROR, RANK_STOPPED)) or TORCHRUN_LOG.match(line)):
+            continue
+        if line.startswith(RANK_ERROR):
+            rank_errors.append(line.strip())
         out.write(line)
         out.flush()
     if state == "after":

@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(run_config, argv, device)
     except UserError as exc:  # found only once the ranks run (an existing --run-dir, say): still one line
-        if dist.get_rank() == 0:
-            print(f"train-ledger train: error: {exc}", file=sys.stderr)
+        print(f"train-ledger train: error: {exc}", file=sys.stderr, flush=True)  # the launcher relays one
         return 2
     except Terminated as exc:
         if dist.get_rank() == 0:

@@ -203,3 +203,21 @@ def test_a_missing_dataset_is_one_line_before_any_rank_starts(tmp_path):
                        "--run-dir", str(tmp_path / "run")])
     _assert_one_line_error(proc, "nope.idx: no such index file")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_ranks_error_reaches_the_user_once_and_what_follows_from_it_not_at_all():
+    """Every rank that found the bad input says it; the others are stopped by torchrun because of it. The user reads
+    the first line, and the launcher knows that bad input stopped the run (exit status 2)."""
+    import io
+
+    from cli.train import relay_stderr
+
+    error = "train-ledger train: error: ck/iter_0000002/rank_00001.pt: is not a whole checkpoint file\n"
+    lines = ["train-ledger: world 2 ...\n", error, error.replace("00001", "00000"),
+             "W1201 21:05:42.349000 4021 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+             "process 4183 closing signal SIGTERM\n",
+             "train-ledger train: stopped by SIGTERM; the run is marked failed\n"]
+    out, rank_errors = io.StringIO(), []
+    relay_stderr(lines, out, rank_errors)
+    assert out.getvalue() == "train-ledger: world 2 ...\n" + error
+    assert rank_errors == [error.strip()]
