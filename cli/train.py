@@ -21,7 +21,7 @@ from typing import Iterable, TextIO
 from cli.args import CommandParser
 from common.errors import ConfigError, InputError
 from common.process import die_with_parent
-from common.run_dir import MANIFEST, now_iso, read_manifest, update_manifest
+from common.run_dir import MANIFEST, check_writable, now_iso, read_manifest, update_manifest
 
 CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
@@ -92,6 +92,8 @@ def main(argv: list[str]) -> int:
     run_dir = run_config.probes.run_dir
     if run_dir is not None:
         check_new_run_dir(Path(run_dir))
+    check_output_dirs({"--run-dir": run_dir, "--save": run_config.checkpoint.save,
+                       "--tensorboard-dir": run_config.probes.tensorboard_dir})
     check_fits(run_config, launch.nproc_per_node)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -139,6 +141,19 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"--run-dir {run_dir}: already holds a run ({MANIFEST}); choose a new directory")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: is a file")
+
+
+def check_output_dirs(folders: dict[str, str | None]) -> None:
+    """Every folder the ranks will write must take a file now: a read-only mount or a path under a file would
+    otherwise fail in every rank at start-up, or (--save) after a step has trained, as a rank's OSError and a lost
+    peer. The check leaves nothing behind (common.run_dir.check_writable)."""
+    for flag, folder in folders.items():
+        if folder is None:
+            continue
+        try:
+            check_writable(Path(folder) / ".write-check")
+        except InputError as exc:
+            raise ConfigError(f"{flag} {folder}: {exc.problem}") from None
 
 
 @dataclass

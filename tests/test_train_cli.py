@@ -221,3 +221,25 @@ def test_a_ranks_error_reaches_the_user_once_and_what_follows_from_it_not_at_all
     relay_stderr(lines, out, rank_errors)
     assert out.getvalue() == "train-ledger: world 2 ...\n" + error
     assert rank_errors == [error.strip()]
+
+
+@pytest.mark.parametrize("flag", ["--run-dir", "--save", "--tensorboard-dir"])
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch,
+                                                                                     flag):
+    """A read-only mount, and a path under a file: one line naming the flag, nothing started, nothing made."""
+    from cli import train
+    from cli.main import main
+    from tests.support.read_only import read_only_folder
+
+    def started(*_args, **_kwargs):
+        raise AssertionError("a rank would have started")
+
+    monkeypatch.setattr(train, "supervise", started)
+    (tmp_path / "afile").write_text("")
+    with read_only_folder(tmp_path) as read_only:
+        for folder, problem in ((read_only / "out", "cannot be written ("),  # read-only, or permission denied
+                                (tmp_path / "afile" / "out", f"cannot be written: {tmp_path / 'afile'} is a file")):
+            assert main(["train", "--model", "tiny", flag, str(folder)]) == 2
+            (line,) = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"train-ledger train: error: {flag} {folder}: {problem}"), line
+        assert list(read_only.iterdir()) == []
