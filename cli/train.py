@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Iterable, TextIO
 from cli.args import CommandParser
 from common.errors import ConfigError, InputError
 from common.process import die_with_parent
-from common.run_dir import MANIFEST, check_writable, now_iso, read_manifest, update_manifest
+from common.run_dir import LEDGER_DIR, MANIFEST, check_writable, now_iso, read_manifest, update_manifest
 
 CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
@@ -97,10 +98,25 @@ def main(argv: list[str]) -> int:
     check_fits(run_config, launch.nproc_per_node)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    if run_dir is None:
+        print("train-ledger train: no --run-dir: nothing is recorded beyond the lines below (add --run-dir DIR to "
+              "reconcile, report and open the run in the dashboard)", flush=True)
     done = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
     if run_dir is not None and done.status != 0:
         mark_failed(Path(run_dir), done.stopped_by or f"the ranks exited with status {done.status}")
+    if run_dir is not None and done.status == 0:
+        print("\n".join(next_steps(Path(run_dir))), flush=True)
     return 2 if done.status != 0 and done.rank_errors else done.status
+
+
+def next_steps(run_dir: Path) -> list[str]:
+    """Where a finished run went and the commands that read it, each runnable as printed."""
+    run = shlex.quote(str(run_dir))
+    return [f"train-ledger train: the run is recorded in {run_dir}; next:",
+            f"  train-ledger reconcile {run}      # formula | inventory | measurement, row by row",
+            f"  train-ledger report {run}         # {run_dir / LEDGER_DIR}/report.md and report.html",
+            f"  train-ledger dashboard --runs-root {shlex.quote(str(run_dir.parent))} "
+            f"--run {shlex.quote(run_dir.name)}"]
 
 
 def check_fits(run_config, ranks_here: int) -> None:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from common.arguments import parse_args
+from cli.train import next_steps
 from ledger.models.formulas.flops import megatron_flops_per_step
 
 CLI = [sys.executable, "-m", "cli.main", "train"]
@@ -95,6 +96,7 @@ def test_issue_command_tp2_sp_dp2_trains(tmp_path):
     for s in steps:
         assert s["tflops"] == pytest.approx(s["tokens_per_s"] * flops_per_token / 4 / 1e12, rel=0.01)
     assert (run_dir / "manifest.json").is_file()
+    assert proc.stdout.splitlines()[-4:] == next_steps(run_dir)  # where the run went, and what reads it
 
 
 @pytest.mark.slow
@@ -243,3 +245,21 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_rank_star
             (line,) = capsys.readouterr().err.splitlines()
             assert line.startswith(f"train-ledger train: error: {flag} {folder}: {problem}"), line
         assert list(read_only.iterdir()) == []
+
+
+def test_the_launcher_says_where_the_run_went_and_what_to_run_next(tmp_path, capsys, monkeypatch):
+    """After the last iteration line: the run directory and the three commands that read it, each as it runs; a run
+    without --run-dir is told up front that nothing is recorded."""
+    from cli import train
+    from cli.main import main
+
+    monkeypatch.setattr(train, "supervise", lambda *_: train.Supervised(status=0, stopped_by=None))
+    run = tmp_path / "my run"
+    assert main(["train", "--model", "tiny", "--run-dir", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"train-ledger train: the run is recorded in {run}; next:",
+        f"  train-ledger reconcile '{run}'      # formula | inventory | measurement, row by row",
+        f"  train-ledger report '{run}'         # {run}/ledger/report.md and report.html",
+        f"  train-ledger dashboard --runs-root {tmp_path} --run 'my run'"]
+    assert main(["train", "--model", "tiny"]) == 0
+    assert capsys.readouterr().out.startswith("train-ledger train: no --run-dir: nothing is recorded")
