@@ -181,12 +181,26 @@ def test_a_read_only_run_directory_is_one_line_offering_out(read_only_run: Path,
     ("/proc/version/merged.json.gz", "Not a directory"),  # a path under a file
     ("/proc/no-such-dir/merged.json.gz", "No such file or directory"),  # a pseudo file system
     ("/sys/merged.json.gz", "Permission denied"),
-    (".", "is a directory")])
+    (".", "name a .json.gz (or .json) file")])
 def test_export_trace_to_an_unwritable_place_is_one_line(capsys, out, problem):
     assert cli(["export-trace", str(REAL_RUN), "--out", out]) == 2
     captured = capsys.readouterr()
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("train-ledger export-trace: error: ") and problem in line, line
+
+
+@pytest.mark.parametrize("out", ["merged.txt", "merged.json.gz.bak", "merged"])
+def test_export_trace_refuses_a_name_that_is_not_json(tmp_path: Path, capsys, out):
+    assert cli(["export-trace", str(REAL_RUN), "--out", str(tmp_path / out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--out {tmp_path / out}: name a .json.gz (or .json) file" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_trace_refuses_a_folder_of_a_json_name(tmp_path: Path, capsys):
+    (tmp_path / "merged.json.gz").mkdir()
+    assert cli(["export-trace", str(REAL_RUN), "--out", str(tmp_path / "merged.json.gz")]) == 2
+    assert "is a directory; name a file" in capsys.readouterr().err
 
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
