@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, TextIO
 
-from cli.args import CommandParser
+from cli.args import CommandParser, help_wanted, print_help
 from common.errors import ConfigError, InputError
 from common.process import die_with_parent
 from common.run_dir import LEDGER_DIR, MANIFEST, check_writable, now_iso, read_manifest, update_manifest
@@ -33,11 +33,12 @@ TORCHRUN_LOG = re.compile(r"[DIWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/")  # i
 
 
 def launcher_parser() -> CommandParser:
-    p = CommandParser("train", add_help=False)
-    p.add_argument("--nproc-per-node", type=int)
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1")
+    p = CommandParser("train", add_help=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc-per-node", type=int, help="ranks on this node (default 1; under torchrun: its own)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes, one launcher on each (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's place among --nnodes (default 0)")
+    p.add_argument("--rdzv-endpoint",
+                   help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1")
     p.add_argument("--rdzv-id", default="train-ledger", help="the job's id, the same on every node")
     p.add_argument("--master-port", type=int, help="a fixed port on this host instead of a free one (one node)")
     return p
@@ -74,9 +75,8 @@ def main(argv: list[str]) -> int:
     from common.arguments import build_parser, parse_args
     from common.config import check_engine_support
 
-    if "-h" in argv or "--help" in argv:
-        launcher_parser().print_help()
-        build_parser().print_help()
+    if help_wanted(argv):
+        print_help(launcher_parser(), build_parser())
         return 0
     launch, engine_argv = launcher_parser().parse_known_args(argv)
     if launch.nproc_per_node is None and "RANK" in os.environ:
