@@ -199,13 +199,17 @@ def _jsonable(value: Any) -> Any:
 
 
 def ranks_present(run_dir: str | os.PathLike) -> list[int]:
+    """The ranks that recorded events. An empty events.jsonl is a rank that recorded nothing, as a missing one is:
+    the readers then say so (or refuse a run that claims to be complete), rather than reconcile the other ranks as
+    if the world were smaller."""
     root = Path(run_dir) / "ranks"
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         m = re.fullmatch(r"rank(\d+)", child.name)
-        if m and (child / "events.jsonl").is_file():
+        events = child / "events.jsonl"
+        if m and events.is_file() and events.stat().st_size > 0:
             found.append(int(m.group(1)))
     return sorted(found)
 

@@ -69,6 +69,10 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "unknown schema": (lambda r: _set_manifest(r, schema_version=99), "manifest.json", "schema_version"),
     "manifest without world size": (lambda r: (r / "manifest.json").write_text(json.dumps(
         {k: v for k, v in _manifest(r).items() if k != "world_size"})), "manifest.json", "world_size"),
+    "manifest without config": (lambda r: (r / "manifest.json").write_text(json.dumps(
+        {k: v for k, v in _manifest(r).items() if k != "config"})), "manifest.json", "lacks 'config'"),
+    "a complete run whose rank 0 recorded nothing": (lambda r: (r / "ranks/rank0/events.jsonl").write_text(""),
+                                                     "ranks", "rank(s) 0 wrote no events"),
     "bad status": (lambda r: _set_manifest(r, status="exploded"), "manifest.json", "status"),
     "config contradicts world size": (lambda r: _set_manifest(r, world_size=8), "manifest.json", "world"),
     "empty run": (lambda r: [p.unlink() for p in sorted(r.rglob("*")) if p.is_file() and p.name != "manifest.json"],
@@ -246,3 +250,11 @@ def test_dashboard_refuses_a_port_in_use(tmp_path: Path, capsys, monkeypatch):
         assert cli(["dashboard", "--runs-root", str(tmp_path), "--port", str(port)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"--port {port}: cannot listen there (Address already in use)" in line, line
+
+
+def test_a_failed_run_whose_rank_0_recorded_nothing_says_so(tmp_path, capsys):
+    """A failed run is reconciled for what it wrote; an empty events file is a rank that wrote nothing."""
+    run, _ = make_run(tmp_path / "run", Spec(steps=3, status="failed"))
+    (run / "ranks/rank0/events.jsonl").write_text("")
+    assert cli(["reconcile", str(run)]) == 0
+    assert "  missing: no events for rank(s) 0 of 4\n" in capsys.readouterr().out

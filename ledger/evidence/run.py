@@ -125,10 +125,12 @@ def derived_coords(manifest: dict[str, Any], rank: int) -> dict[str, int]:
     return {k: c[k] for k in ("tp", "cp", "dp", "pp")}
 
 
-def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig | None:
+def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig:
+    """The run's flags: every prediction is made from them, so a manifest without them cannot be reconciled (judged
+    against a default layout, its rows would be off for no reason of the run's)."""
     raw = manifest.get("config")
     if raw is None:
-        return None
+        raise InputError(manifest_path, "manifest lacks 'config' (the run's flags, which every prediction needs)")
     try:
         return RunConfig.from_dict(raw)
     except (TypeError, KeyError) as exc:
@@ -210,8 +212,6 @@ def missing_items(ev: RunEvidence) -> list[str]:
     torn = [r for r, e in ev.ranks.items() if e.torn_tail]
     if torn:
         out.append(f"events of rank(s) {_span(torn)} end in a torn line (killed mid-write): last record skipped")
-    if ev.config is None:
-        out.append("manifest has no config: no predictions")
     for label, attr in (("timing records (--timers)", "timing"), ("step records", "steps"),
                         ("inventory", "inventory"), ("bandwidth sweep (--bandwidth-sweep)", "bandwidth")):
         if ev.ranks and not any(getattr(e, attr) for e in ev.ranks.values()):
