@@ -90,6 +90,9 @@ def render_validation(results: list[Validation]) -> str:
             f"{size(m.peak_bytes) if m.peak_bytes else '—'} | {percent(e['peak_bytes'], signed=True)} | {bubble} |")
     ok = sum(v.within_goals() for v in results)
     lines.append(f"\n{ok} of {len(results)} run(s) within the goals (step time 5%, peak memory 3%)")
+    lines += [f"{v.run} ran on {v.measured.device}, not on the {v.sim.hardware.name} predicted: its errors hold the "
+              "difference between the two GPUs as well as the simulator's" for v in results
+              if v.on_predicted_hardware is False]
     return "\n".join(lines)
 
 

@@ -131,6 +131,24 @@ def test_validate_prints_one_table_and_refuses_what_is_no_run(tmp_path):
     assert unknown.returncode == 2 and "pass --hardware" in unknown.stderr
 
 
+def test_validate_refuses_a_cpu_run():
+    """A gloo run's step time says nothing of an H200's: one line, exit 2, not '-99.63%' and '0 of 1 within goals'."""
+    out = cli("simulate", "--validate", str(FIXTURES / "gloo_dp2_census"), "--hardware", "H200")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"train-ledger simulate: error: {FIXTURES / 'gloo_dp2_census'}: ran on the CPU (x86_64): "
+                          "simulate predicts GPUs, so this run's step time and memory cannot judge it; validate a GPU "
+                          "run\n")
+
+
+def test_validate_on_another_gpu_kind_says_so():
+    run = FIXTURES / "h200_llama1b" / "s4096"
+    assert validate_run(run).on_predicted_hardware and not validate_run(run, "H100").on_predicted_hardware
+    out = cli("simulate", "--validate", str(run), "--hardware", "H100")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (f"{run} ran on NVIDIA H200, not on the H100 predicted: its errors hold the "
+                                           "difference between the two GPUs as well as the simulator's")
+
+
 # ---- search --------------------------------------------------------------------------------------------------------
 
 def test_search_ranks_fitting_layouts_best_first():
