@@ -164,6 +164,34 @@ def test_search_ranks_fitting_layouts_best_first():
         assert e["tokens_per_s"] == pytest.approx(32 * 4096 / e["step_time_s"])
 
 
+def test_searchs_closing_command_runs_as_printed_and_predicts_its_first_layout():
+    """The hint under the table is a whole command: run as printed, simulate predicts #1's tokens/s (the search's own
+    prediction of it), whatever layout flags the search was given (its --micro-batch-size is the layout's)."""
+    import shlex
+
+    d = as_json("search", "--model", "llama3.2-1b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+                "32", "--seq-length", "4096", "--bf16", "--micro-batch-size", "2", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--use-distributed-optimizer", "--top", "2")
+    command = shlex.split(d["simulate_first"])
+    assert command[:2] == ["train-ledger", "simulate"]
+    sim = as_json(*command[1:])
+    assert sim["throughput"]["tokens_per_s"] == pytest.approx(d["top"][0]["tokens_per_s"], rel=1e-9)
+    assert sim["layout"]["micro_batch_size"] == d["top"][0]["layout"]["mbs"]
+
+
+def test_search_names_each_choice_and_says_sizes_in_one_unit():
+    out = cli("search", "--model", "llama3.1-70b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+              "64", "--seq-length", "4096", "--bf16")
+    assert " GB" not in out.stdout and "GiB" in out.stdout  # the header's HBM and the dropped example alike
+    d = as_json("search", "--model", "llama3.2-1b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+                "32", "--seq-length", "4096", "--bf16", "--top", "5")
+    for e in d["top"]:
+        lay = e["layout"]
+        assert e["label"].startswith(f"tp{lay['tp']} pp{lay['pp']}") and f"recompute {lay['recompute']}" in e["label"]
+        assert ("distributed optimizer" in e["label"]) == lay["distributed_optimizer"]
+    assert d["cpu_seconds"] > 0
+
+
 def test_search_says_when_nothing_fits():
     out = cli("search", "--model", "llama3.1-70b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
               "64", "--seq-length", "4096", "--bf16")
