@@ -71,7 +71,8 @@ def check_launch(launch) -> None:
         raise ConfigError(f"--master-port {launch.master_port}: expected 1..65535")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], say_next: bool = True) -> int:
+    """`say_next`: end by saying where the run went and the commands that read it (the demo runs them itself)."""
     from common.arguments import build_parser, parse_args
     from common.config import check_engine_support
 
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
     done = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
     if run_dir is not None and done.status != 0:
         mark_failed(Path(run_dir), done.stopped_by or f"the ranks exited with status {done.status}")
-    if run_dir is not None and done.status == 0:
+    if run_dir is not None and done.status == 0 and say_next:
         print("\n".join(next_steps(Path(run_dir))), flush=True)
     return 2 if done.status != 0 and done.rank_errors else done.status
 
