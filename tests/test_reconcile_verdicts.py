@@ -379,6 +379,14 @@ def test_an_upper_bound_below_its_prediction_is_off_and_above_it_says_what_it_ca
         assert "the true figure is lower still" in r.explanation
 
 
+def test_an_upper_bounds_caveat_is_one_clause_for_every_gap():
+    """The gap is in the row's columns; the caveat reads the same at 2x and 300x (no "29011% above the prediction"),
+    so a report states it once, as a numbered note."""
+    texts = {upper_bound_row("overlap.x.comm_time", "bucket", predicted=1.0, measured=m, unit="s", tolerance=0.5,
+                             explanation="e", judged_elsewhere="the trace row").explanation for m in (2.0, 291.11)}
+    assert len(texts) == 1 and "%" not in texts.pop()
+
+
 def test_identity_rows_are_never_agreement_nor_failure():
     rows = [identity_row("memory.device_total", "rank", measured=5.0, unit="bytes", explanation="sum of its terms"),
             row("m", "rank", predicted=1.0, measured=1.0, unit="s", tolerance=0.1, explanation="")]

@@ -131,7 +131,7 @@ def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
     parts = []
     for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):
         if seconds > NEGLIGIBLE_S:
-            extra = f" ({params[term] / 1e6:.0f} M params)" if term in params else ""
+            extra = f" ({params[term]:,} params)" if term in params else ""
             parts.append(f"{term} {_ms(seconds)}{extra}")
     return ", ".join(parts)
 
