@@ -111,6 +111,7 @@ def analytic_bubble(rows: list[dict]) -> str:
 
 def headline_line(label: str, rows: list[dict]) -> str:
     from ledger.present.headline import verdict
+    from ledger.present.row_groups import TIME_MODEL, predictor
     from ledger.present.units import span
     from ledger.reconcile.oversubscribed import NOT_JUDGED
     from ledger.reconcile.rows import NOT_ON_CPU
@@ -121,7 +122,8 @@ def headline_line(label: str, rows: list[dict]) -> str:
     predicted = analytic_bubble(rows) if rows[0]["metric"].startswith("pipeline.bubble") else \
         span([r["predicted"] for r in rows], unit)
     census = " (CPU tensor census)" if all(r["source"] == "tensor_census" for r in rows) else ""
-    columns = (f"formula {predicted} | inventory {span([r['inventory'] for r in rows], unit)} | "
+    by = "model" if predictor(rows[0]["metric"]) == TIME_MODEL else "formula"
+    columns = (f"{by} {predicted} | inventory {span([r['inventory'] for r in rows], unit)} | "
                f"measured {span([r['measured'] for r in rows], unit)}{census}")
     ranks = {r["rank"] for r in rows if r["rank"] is not None}
     where = f"over {len(ranks)} rank{'s' if len(ranks) > 1 else ''}" if ranks else rows[0]["scope"]

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.present import loaders, units
-from ledger.present.caveats import Notes
+from ledger.present.caveats import Cited, Notes
 from ledger.present.headline import HEADLINES, figure, rows_of, verdict
 from ledger.present.row_groups import FORMULA, PREDICTORS, REFERENCE, TIME_MODEL, Line, group
-from ledger.reconcile.rows import NOT_ON_CPU
+from ledger.reconcile.rows import NOT_ON_CPU, WARN_FACTOR
 from ledger.reconcile.run import CSV_NAME, JSON_NAME
 
 NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket the profiler window with "
@@ -28,6 +28,12 @@ SECTIONS = {"memory": "Memory", "pipeline": "Pipeline", "time": "Time model", "o
 COLUMN_TITLES = {FORMULA: "formula", TIME_MODEL: "time model", REFERENCE: "reference", "inventory": "inventory",
                  "measured": "measured"}
 OFF_POINTER = "see What is off, above"
+VERDICT_MEANINGS = (
+    f"ok: the measurement lies within its row's tolerance of the prediction; warn: within {WARN_FACTOR:g} times it; "
+    "off: beyond. n/a: "
+    "nothing judges the figure (no prediction or no measurement, or set aside, as its note says). identity: both "
+    "sides are one quantity by construction (the engine counts it from the config fields the formula reads): shown, "
+    "never counted as agreement.")
 
 
 @dataclass
@@ -79,9 +85,9 @@ def columns(lines: list[Line]) -> list[str]:
 
 @dataclass
 class OffList:
-    """The lines that are off, each with its explanation in full: the notes every one of them cites are named once
-    at the head of the list (`shared`, note numbers), any other note they cite is written out in the item, since an
-    off line's caveat is often its reason."""
+    """The lines that are off, each with its explanation: the notes every one of them cites are named once at the
+    head of the list (`shared`, note numbers), any other note they cite by its number, as every line does (a note's
+    text is written once, in the Notes)."""
     shared: list[int]
     items: list[tuple[Line, str]]
 
@@ -97,7 +103,7 @@ def off_list(view: View) -> OffList:
     off = [line for line in view.lines if line.verdict() == "off"]
     cited = [view.notes.cite(line.explanation()) for line in off]
     common = set.intersection(*(set(c.notes) for c in cited)) if len(off) > 1 else set()
-    items = [(line, units.plain("; ".join([c.text] + [view.notes.texts[n - 1] for n in c.notes if n not in common])))
+    items = [(line, units.plain(Cited(c.text, [n for n in c.notes if n not in common]).inline()))
              for line, c in zip(off, cited)]
     return OffList(sorted(common), items)
 
@@ -122,8 +128,8 @@ def summary(data: dict[str, Any], lines: list[Line]) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in data["verdicts"].items())
     return (f"{run['framework']}, status {run['status']}, world size {run['world_size']}. Verdicts: {counts} "
             f"({len(data['rows'])} rows, one per figure and rank, in {CSV_NAME} / {JSON_NAME} beside this report). "
-            f"Below, rows that agree across ranks are one line ({len(lines)} lines): the range over the ranks, the "
-            f"worst verdict and the rank that has it." + resumed(data["rows"]))
+            f"{VERDICT_MEANINGS} Below, rows that agree across ranks are one line ({len(lines)} lines): the range over the "
+            f"ranks, the worst verdict and the rank that has it." + resumed(data["rows"]))
 
 
 def resumed(rows: list[dict[str, Any]]) -> str:

@@ -229,8 +229,8 @@ def _predicted(p: dict[str, Any]) -> dict[str, Any]:
             "HBM per GPU": p["hardware"]["hbm_bytes"],
             "fits in HBM": "yes" if p["memory"]["fits"] else "no",
             "tokens/s": th["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
-            "TFLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
+            "FLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
+            "FLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
             "MFU (megatron)": th["mfu"]["megatron"], "MFU (palm_6n)": th["mfu"]["palm_6n"]}
 
 
@@ -247,7 +247,7 @@ def _measured(basis: dict[str, Any], own: dict[str, Any] | None) -> dict[str, An
             "exposed PP comm per step": m["exposed_comm_s"]["pp"],
             "exposed embedding comm per step": m["exposed_comm_s"]["embedding"],
             "peak allocated (largest stage)": m["peak_bytes"], "tokens/s": m["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": m["tflops_megatron"], "TFLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
+            "FLOP/s per GPU (megatron)": m["tflops_megatron"], "FLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
             "MFU (megatron)": m["mfu_megatron"], "MFU (palm_6n)": m["mfu_palm_6n"]}
 
 
@@ -258,8 +258,8 @@ ROWS = (("hardware", "text"), ("layout", "text"), ("batch", "text"), ("micro-bat
         ("exposed DP comm per step", "s"), ("exposed TP comm per step", "s"), ("exposed PP comm per step", "s"),
         ("exposed embedding comm per step", "s"), ("peak allocated (largest stage)", "bytes"),
         ("memory per GPU with outside PyTorch (largest stage)", "bytes"), ("HBM per GPU", "bytes"),
-        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("TFLOP/s per GPU (megatron)", "TFLOP/s"),
-        ("TFLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
+        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("FLOP/s per GPU (megatron)", "TFLOP/s"),
+        ("FLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
 
 
 def comparison(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[str, Any] | None

@@ -272,7 +272,7 @@ def exposed_comm_rows(r: RankEvidence, per_step: dict[int, dict[str, float]], so
         text = (f"length of the union over time of the {group} group's collectives with no compute beside them, "
                 f"mean of {step_list(per_step)} ({source})" + (f"; {note}" if note else ""))
         if timers:
-            text += f"; {TIMER_BOUND}, so this bounds the exposed time from above"
+            text += f"; {TIMER_BOUND}; this figure is then an upper bound of the exposed time"
         if group == "pp":
             text += ("; a point-to-point transfer runs from its issue until the peer stage is there, so this holds the "
                      "wait for the other stage (the pipeline's bubble) as well as the transfer")
