@@ -1,10 +1,10 @@
 """What report.md (ledger.present.report_md) and report.html (ledger.present.report_html) both show, gathered once:
 the reconciliation and the loaders' views, so the report shows nothing the ledger did not compute.
 
-Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the ranks, the
-worst verdict and its rank), caveats that many rows share are numbered notes stated once (ledger.present.caveats), what is
-off comes first with its explanation, and every figure is written by ledger.present.units. The full per-rank table is the
-reconciliation's own CSV / JSON beside the report.
+Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the
+ranks, the worst verdict and its rank), caveats that many rows share are numbered notes stated once
+(ledger.present.caveats), what is off comes first with its explanation, and every figure is written by
+ledger.present.units. The full per-rank table is the reconciliation's own CSV / JSON beside the report.
 """
 from __future__ import annotations
 
@@ -128,8 +128,8 @@ def summary(data: dict[str, Any], lines: list[Line]) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in data["verdicts"].items())
     return (f"{run['framework']}, status {run['status']}, world size {run['world_size']}. Verdicts: {counts} "
             f"({len(data['rows'])} rows, one per figure and rank, in {CSV_NAME} / {JSON_NAME} beside this report). "
-            f"{VERDICT_MEANINGS} Below, rows that agree across ranks are one line ({len(lines)} lines): the range over the "
-            f"ranks, the worst verdict and the rank that has it." + resumed(data["rows"]))
+            f"{VERDICT_MEANINGS} Below, rows that agree across ranks are one line ({len(lines)} lines): the range over "
+            f"the ranks, the worst verdict and the rank that has it." + resumed(data["rows"]))
 
 
 def resumed(rows: list[dict[str, Any]]) -> str:
