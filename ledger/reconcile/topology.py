@@ -6,7 +6,8 @@ engine: the manifest also records the groups each rank actually joined (`ranks[r
 and `groups_rows` holds the two against each other, so an engine that builds the wrong groups is "off". Every kind
 the engine records is checked: the dense grid's eight (tp, cp, dp, dp_cp, pp, mp, embedding, position) and, for an
 MoE model (the manifest's config names experts), the expert grid's ep, expt_dp and expt_mp (Megatron's second rank
-generator, ledger.evidence.layout.expert_layout); a kind the layout has no group of (expert groups in a dense run) is off.
+generator, ledger.evidence.layout.expert_layout); a kind the layout has no group of (expert groups in a dense run) is
+off.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from ledger.evidence.layout import DEFAULT_ORDER, Layout, expert_group_lists, ex
 from ledger.evidence.run import rank_entry
 from ledger.reconcile.rows import Row, threshold_row
 
-KINDS = ("tp", "dp", "pp", "embedding")
+# The kinds a collective is attributed to, in the order a rank list several of them share resolves to. mp (TP x PP
+# x CP) is the grad norm's group; last, since its ranks are another kind's whenever only one dimension is parallel.
+KINDS = ("tp", "dp", "pp", "embedding", "mp")
 EXPERT_KINDS = ("ep", "expt_dp", "expt_mp")
 
 
@@ -52,20 +55,21 @@ def expert_lists_of(manifest: dict[str, Any]) -> dict[str, list[list[int]]]:
 
 
 def rank_groups(manifest: dict[str, Any], rank: int) -> dict[str, tuple[int, ...]]:
-    """This rank's TP, DP and PP groups, and its embedding group on the first and last pipeline stage, as sorted rank
-    tuples (a middle stage is in no embedding group)."""
+    """This rank's TP, DP, PP and model-parallel groups, and its embedding group on the first and last pipeline stage,
+    as sorted rank tuples (a middle stage is in no embedding group)."""
     lists = group_lists_of(manifest)
     return {kind: tuple(sorted(group)) for kind in KINDS for group in lists[kind] if rank in group}
 
 
 def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None, op: str | None = None,
                issued_as: str | None = None) -> str:
-    """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when no
-    ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the engine
-    range the collective was issued in, ledger.evidence.trace_groups), else to the first in KINDS order, except that
-    under PP2 the pipeline group is also the embedding group, whose only collective is the tied embedding's grad
-    all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued outside the embedding's
-    range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the pipeline's."""
+    """"dp" / "tp" / "pp" / "embedding" / "mp" for a collective's rank list, "other" for any other group, "unknown"
+    when no ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the
+    engine range the collective was issued in, ledger.evidence.trace_groups), else to the first in KINDS order,
+    except that under PP2 the pipeline group is also the embedding group, whose only collective is the tied
+    embedding's grad all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued
+    outside the embedding's range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the
+    pipeline's."""
     if ranks is None:
         return "unknown"
     key = tuple(sorted(ranks))
