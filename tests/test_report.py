@@ -195,3 +195,15 @@ def test_the_report_says_what_each_verdict_means_and_labels_figures_in_their_own
     (flops,) = [line for line in md.splitlines() if line.startswith("| FLOP/s per GPU |")]
     assert re.search(r"\| [\d.]+ [kMGT]?FLOP/s \|", flops), flops
     assert "| mean over 1 row, measured |" in md
+
+
+def test_one_nsys_command_in_the_report_the_readme_and_the_dashboard(tmp_path):
+    """report.md and README give ledger.present.report_view's NSYS_COMMAND (the Traces page imports it)."""
+    from ledger.present.report_view import NSYS_COMMAND
+
+    run, _ = make_run(tmp_path / "run", Spec())
+    md, page = reported(run)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for text in (md, readme, html.unescape(page)):
+        assert " ".join(NSYS_COMMAND.split()) in " ".join(text.split())
+    assert len(re.findall(r"nsys profile", readme)) == 1

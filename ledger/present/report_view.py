@@ -18,10 +18,13 @@ from ledger.present.row_groups import FORMULA, PREDICTORS, REFERENCE, TIME_MODEL
 from ledger.reconcile.rows import NOT_ON_CPU, WARN_FACTOR
 from ledger.reconcile.run import CSV_NAME, JSON_NAME
 
+# The one Nsight Systems command, for the report and the dashboard's Traces page alike: NVTX carries the probes'
+# ranges (and NCCL's own, when NCCL is built with NVTX), the capture range is the profiler window.
+NSYS_COMMAND = ("nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop "
+                "-o RUN/nsys/rank%q{RANK} train-ledger train [Megatron flags] --run-dir RUN --nvtx --nsys-profile "
+                "--profile-step-start A --profile-step-end B")
 NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket the profiler window with "
-             "cudaProfilerStart/Stop (--nsys-profile); capture per rank with `nsys profile --trace=cuda,nvtx,nccl "
-             "--capture-range=cudaProfilerApi --capture-range-end=stop -o RUN/nsys/rank%q{RANK} train-ledger train "
-             "... --nvtx --nsys-profile --profile-step-start A --profile-step-end B`.")
+             f"cudaProfilerStart/Stop (--nsys-profile); capture per rank with `{NSYS_COMMAND}`.")
 SECTIONS = {"memory": "Memory", "pipeline": "Pipeline", "time": "Time model", "overlap": "Communication overlap",
             "comm": "Communication volume", "throughput": "Throughput", "topology": "Rank groups",
             "checkpoint": "Checkpoints"}
