@@ -21,7 +21,8 @@ from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV, app_path
 
 def streamlit_argv(app: Path, host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host, "--server.port", str(port),
-            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.runOnSave", "false"]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.runOnSave", "false",
+            "--client.toolbarMode", "viewer"]  # viewer: no "Deploy" button, no developer menu
 
 
 def checked_root(root: Path) -> Path:

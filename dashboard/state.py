@@ -30,6 +30,7 @@ import streamlit as st
 from common.errors import InputError, UserError
 from common.run_dir import LEDGER_DIR
 from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV
+from ledger.evidence.run import cpu_sharing
 from ledger.present import dashboard_data, loaders
 from ledger.reconcile.run import JSON_NAME
 
@@ -73,7 +74,8 @@ def _dir_signature(root: Path) -> tuple[tuple[str, int], ...]:
     return tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
 
 
-Loader = Callable[..., Any]  # loader(run_dir: str, *args) -> plain values (ledger.present.loaders, ledger.present.dashboard_data)
+# loader(run_dir: str, *args) -> plain values (ledger.present.loaders, ledger.present.dashboard_data)
+Loader = Callable[..., Any]
 
 
 def _name(loader: Loader) -> str:
@@ -206,6 +208,17 @@ def select_run(runs: list[dict[str, Any]]) -> str | None:
     run = st.sidebar.selectbox("Run", names, index=names.index(st.session_state[SELECTED]), format_func=labels.get)
     st.session_state[SELECTED] = run
     return run
+
+
+def timing_caveat(run: str) -> None:
+    """The run's shared-cores caveat above a page's timings, when its CPU ranks outnumber their cores
+    (ledger.evidence.run.cpu_sharing): the report sets those rows aside for the same reason, and a page must not
+    read waits for a core as exposed communication or a bubble."""
+    manifest = guarded(loaders.load_manifest, run)
+    sharing = cpu_sharing(manifest) if manifest is not None else None
+    if sharing:
+        st.warning(f"Timings here are not judged: {sharing}. The report shows them with verdict n/a for the same "
+                   "reason; read them as this machine's, not the layout's.")
 
 
 def current_run() -> str | None:

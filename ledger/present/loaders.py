@@ -18,7 +18,7 @@ from ledger.evidence.run import rank_coords
 from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, gather, reconcile
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, gather, reconcile, run_steps
 from ledger.reconcile.topology import group_lists_of, rank_label
 
 
@@ -150,9 +150,15 @@ def stage_timeline(run_dir: str, step: int | None = None) -> list[dict[str, Any]
 
 def bucket_intervals(run_dir: str) -> list[dict[str, Any]]:
     """Every DP bucket collective from the timers: rank, step, bucket, op, start, end (s from the step start),
-    overlapped and exposed seconds."""
+    overlapped and exposed seconds, and `counted`: whether the reconciliation's overlap rows count its step (the
+    steps StepSelection.timed keeps), so that a page's means are the report's."""
     ev = gather(run_dir)
-    return [dict(asdict(i), exposed=i.exposed) for r in ev.ranks.values() for i in timer_intervals(r)]
+    selection = run_steps(ev)
+    out = []
+    for r in ev.ranks.values():
+        counted, _ = selection.timed({t.get("step") for t in r.timing})
+        out += [dict(asdict(i), exposed=i.exposed, counted=i.step in counted) for i in timer_intervals(r)]
+    return out
 
 
 def topology(run_dir: str) -> dict[str, Any]:
