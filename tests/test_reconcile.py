@@ -338,7 +338,7 @@ def test_embedding_all_reduce_rows_from_counters_and_trace():
     size = 1000 * 64 * 4  # the vocabulary matrix's fp32 grad
     manifest = {"world_size": 2, "config": cfg.to_dict()}
     groups = rank_groups(manifest, 1)
-    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
+    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1), "mp": (0, 1)}
     timing = [{"category": "embd-comm", "name": "all-reduce word embedding grads", "step": s, "bytes": size}
               for s in (1, 2, 3)]
     r = RankEvidence(rank=1, coords={"tp": 0, "cp": 0, "dp": 0, "pp": 1}, timing=timing)
