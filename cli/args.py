@@ -16,6 +16,19 @@ class CommandParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def help_wanted(argv: list[str]) -> bool:
+    return "-h" in argv or "--help" in argv
+
+
+def print_help(command: argparse.ArgumentParser, flags: argparse.ArgumentParser) -> None:
+    """The help of a command that takes Megatron's flags beside its own (train, simulate, search): its own usage and
+    options, then the Megatron flags it passes on, without a second usage block."""
+    command.print_help()
+    groups = flags.format_help().split("\n\n")[1:]  # after the usage block
+    groups = [g for g in groups if not g.startswith("options:")]  # only -h, which the command's help already is
+    print("\nMegatron flags (model, batch, parallelism, ...):\n\n" + "\n\n".join(groups), end="")
+
+
 def ledger_output_dir(run: str, out: str | None) -> Path:
     """The folder `reconcile` / `report` write into: --out, else RUN/ledger; checked before any work so that a
     read-only run directory is one line that offers --out, not a traceback after the reconciliation."""

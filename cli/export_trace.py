@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from cli.args import CommandParser
 from cli.progress import Progress, progress_wanted
+from common.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
@@ -15,6 +16,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", help="A-B: only these ProfilerSteps")
     p.add_argument("--ranks", nargs="+", help="ranks to include: 0 1 4-7 or 0,1,4-7")
     a = p.parse_args(argv)
+    if not a.out.endswith((".json.gz", ".json")):
+        raise ConfigError(f"--out {a.out}: name a .json.gz (or .json) file; the merged trace is JSON, which Perfetto "
+                          "and chrome://tracing open by that name")
     steps, ranks = parse_steps(a.steps), parse_ranks(a.ranks)
     progress = Progress("export-trace", progress_wanted())
     result = export(read_run(a.run), a.out, steps, ranks, progress=progress)

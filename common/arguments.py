@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any, Sequence
 
 from common.config import (
@@ -106,12 +107,14 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     t.add_argument("--data-path", nargs="+", help="PREFIX of a Megatron .bin/.idx pair, or a blend: 0.7 A 0.3 B")
     t.add_argument("--split", help="train,valid,test weights over the documents (default 969,30,1)")
     t.add_argument("--data-cache-path", help="directory for the dataset's cached indices and vocabulary scan "
-                                             "(default: PREFIX/cache/ beside the data)")
+                                             "(default: cache/ in the data's folder)")
 
     ck = p.add_argument_group("checkpoints", "docs/engine.md, Checkpoints")
     ck.add_argument("--save", help="save checkpoints into DIR (every --save-interval iterations and at the end)")
     ck.add_argument("--save-interval", type=int)
-    ck.add_argument("--load", help="resume from DIR's latest checkpoint; none there: start from scratch")
+    ck.add_argument("--load", help="resume from DIR's latest checkpoint. DIR must exist (a mistyped path is refused); "
+                                   "an existing DIR without a checkpoint, or the --save DIR before its first save, "
+                                   "starts from scratch and says so; without --load a run always starts fresh")
     ck.add_argument("--exit-interval", type=int, help="stop after iteration N (a multiple of it), saving first")
     ck.add_argument("--exit-duration-in-mins", type=float,
                     help="stop after the first iteration that ends M minutes or more after start-up, saving first "
@@ -195,6 +198,7 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
                     recompute=recompute, checkpoint=checkpoint)
     validate(cfg)
+    check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)
     return cfg
 
@@ -226,6 +230,19 @@ def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfi
     # Megatron's (there is no flag that ties).
     untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
     return ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
+
+def check_load_path(load: str | None, save: str | None) -> None:
+    """--load names a folder that exists: a mistyped path would otherwise start the run from scratch, silently
+    losing its progress. The one folder that may not exist yet is --save's own (a job that resumes itself after
+    each preemption passes the same DIR to both, and its first start has saved nothing)."""
+    if load is None:
+        return
+    path = Path(load)
+    if path.is_dir() or (save is not None and path.resolve() == Path(save).resolve()):
+        return
+    problem = "is a file, not a checkpoint directory" if path.exists() else "does not exist"
+    raise ConfigError(f"--load {load}: {problem}; to start from scratch leave out --load (or name an existing "
+                      "directory without a checkpoint)")
 
 
 # The flavour the engine implements: ModelConfig's defaults.

@@ -17,11 +17,12 @@ from common.typecheck import TypeMismatch, checked, optional
 
 # Probe range categories and what each means (probes.nvtx_range gives each a colour).
 RANGE_CATEGORIES = ("iteration", "forward", "backward", "optimizer", "dp-comm", "pp-comm", "tp-comm", "dp-wait",
-                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm")
+                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm", "mp-comm")
 COMPUTE_CATEGORIES = ("forward", "backward")
 STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")  # a stall: blocked time nested in compute ("wait ..." names)
 # The group kind each communication category's collectives run on.
-COMM_CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp"}
+COMM_CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp",
+                       "mp-comm": "mp"}  # mp: the model-parallel group (tp x pp x cp) the grad norm is summed over
 
 _CPU_FIGURES = ("rss_bytes", "peak_rss_bytes", "tensor_bytes", "tensor_storages", "held_tensor_bytes",
                 "held_tensor_storages")

@@ -216,6 +216,16 @@ def select_run(runs: list[dict[str, Any]]) -> str | None:
     return run
 
 
+def timing_caveat(run: str) -> None:
+    """The run's shared-cores caveat above a page's timings, when its CPU ranks outnumber their cores
+    (ledger.evidence.run.cpu_sharing): the report sets those rows aside for the same reason, and a page must not
+    read waits for a core as exposed communication or a bubble."""
+    sharing = guarded(loaders.shared_cores, run)
+    if sharing:
+        st.warning(f"Timings here are not judged: {sharing}. The report shows them with verdict n/a for the same "
+                   "reason; read them as this machine's, not the layout's.")
+
+
 def current_run() -> str | None:
     """The run the sidebar selected (pages call this; None with an explanation when there is none)."""
     run = st.session_state.get(SELECTED)

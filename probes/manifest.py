@@ -112,11 +112,13 @@ def shared_run_id() -> str:
 
 
 def finish(run_dir: Path, rank: int, status: str, error: str | None) -> None:
-    """Record the end: rank 0 on success, any rank on failure; a recorded failure is never turned into success."""
+    """Record the end: rank 0 on success, any rank on failure. A recorded failure is never turned into success, nor
+    its error replaced: the first rank to fail recorded the cause; the others fail of it after (a peer's closed
+    connection, the SIGTERM torchrun sends them), and the run must say what stopped it, not what stopped them."""
     if status == "complete" and rank != 0:
         return
     current = read_manifest(run_dir)
-    if current["status"] == "failed" and status == "complete":
+    if current["status"] == "failed":
         update_manifest(run_dir, ended=now_iso())
         return
     fields: dict[str, Any] = {"status": status, "ended": now_iso()}

@@ -49,8 +49,8 @@ class NullProbeSet:
     def compute_sweep(self, run_config: Any, **shapes: Any) -> None:
         pass
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> None:
-        return None
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, None]:
+        return issue(), None
 
     def comm_end(self, token: Any) -> None:
         pass
@@ -183,13 +183,18 @@ class ProbeSet:
             return _NULL
         return _ProbedRange(self, name, category, attrs)
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> Any:
-        """An async collective was issued; NVTX gets a start/end range (it may overlap others), no record_function
-        (the collective's own ops are in the profiler trace)."""
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, Any]:
+        """Issue an async collective (`issue()`, which returns its work handle): NVTX gets a start/end range (it may
+        overlap others) and the timer an interval, both ended by comm_end after the wait; the issue call itself runs
+        inside a record_function of the same name, so that a trace ties the collective to this range, and through
+        it to its group, whichever worker thread of the group then runs it (ledger.evidence.trace_groups).
+        Returns (work, token)."""
         check_category(category)
         handle = self.marker.start(name, category)
         interval = self.timer.comm_begin(name, category, attrs) if self.timer is not None else None
-        return handle, interval
+        with self.marker.annotation(name):
+            work = issue()
+        return work, (handle, interval)
 
     def comm_end(self, token: Any) -> None:
         handle, interval = token

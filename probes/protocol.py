@@ -25,7 +25,8 @@ data loaders and the checkpointer make exactly these; keep them stable):
                                                     # data-wait (a stall: next() waiting on the data loader's queue,
                                                     # "wait data mbN" nested in a forward; engine.data),
                                                     # cp-comm, cp-wait, ep-comm (common.events.RANGE_CATEGORIES)
-    token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
+    work, token = probes.comm_issue("reduce-scatter bucket2", "dp-comm", issue, bucket=2, bytes=n)  # issue(): the
+                                                    # async collective, issued inside a record_function of the range
     probes.comm_end(token)                          # ... and its wait returned
     probes.step_begin(iteration)
     probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
@@ -57,8 +58,8 @@ class ProbeSetProtocol(Protocol):
 
     def range(self, name: str, category: str, **attrs: Any) -> AbstractContextManager[None]: ...
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> Any:
-        """Returns the token that comm_end takes."""
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, Any]:
+        """Runs `issue()` (an async collective) in the range; returns its work handle and the token comm_end takes."""
 
     def comm_end(self, token: Any) -> None: ...
 

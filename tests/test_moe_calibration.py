@@ -209,8 +209,10 @@ def test_an_expert_buckets_comm_time_is_priced_on_expert_dp():
     from ledger.reconcile.overlap import bucket_rows, timer_intervals
 
     nbytes = 8_000_000
-    sweep = [{"group": "dp", "collective": "reduce_scatter", "size_bytes": nbytes, "time_s": nbytes / 1e9},
-             {"group": "expt_dp", "collective": "reduce_scatter", "size_bytes": nbytes, "time_s": nbytes / 4e9}]
+    sweep = [{"group": "dp", "collective": "reduce_scatter", "group_size": 2, "size_bytes": nbytes,
+              "time_s": nbytes / 1e9},
+             {"group": "expt_dp", "collective": "reduce_scatter", "group_size": 2, "size_bytes": nbytes,
+              "time_s": nbytes / 4e9}]
     timing = [{"step": 2, "category": "dp-comm", "name": f"reduce-scatter bucket{b}", "bucket": b, "bytes": nbytes,
                "start_s": 1.0, "end_s": 1.01, "async_comm": True, **({"expert": True} if b == 1 else {})}
               for b in (0, 1)]

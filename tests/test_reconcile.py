@@ -343,7 +343,7 @@ def test_embedding_all_reduce_rows_from_counters_and_trace():
     size = 1000 * 64 * 4  # the vocabulary matrix's fp32 grad
     ev = RunEvidence(run_dir=Path("."), manifest={"world_size": 2}, config=cfg, ranks={}, traces=[])
     groups = ev.groups(1)
-    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
+    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1), "mp": (0, 1)}
     timing = [event("timing", s, category="embd-comm", name="all-reduce word embedding grads", bytes=size,
                     start_s=0.0, end_s=1.0) for s in (1, 2, 3)]
     r = RankEvidence(rank=1, coords={"tp": 0, "cp": 0, "dp": 0, "pp": 1}, timing=timing)

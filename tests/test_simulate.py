@@ -131,6 +131,24 @@ def test_validate_prints_one_table_and_refuses_what_is_no_run(tmp_path):
     assert unknown.returncode == 2 and "pass --hardware" in unknown.stderr
 
 
+def test_validate_refuses_a_cpu_run():
+    """A gloo run's step time says nothing of an H200's: one line, exit 2, not '-99.63%' and '0 of 1 within goals'."""
+    out = cli("simulate", "--validate", str(FIXTURES / "gloo_dp2_census"), "--hardware", "H200")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"train-ledger simulate: error: {FIXTURES / 'gloo_dp2_census'}: ran on the CPU (x86_64): "
+                          "simulate predicts GPUs, so this run's step time and memory cannot judge it; validate a GPU "
+                          "run\n")
+
+
+def test_validate_on_another_gpu_kind_says_so():
+    run = FIXTURES / "h200_llama1b" / "s4096"
+    assert validate_run(run).on_predicted_hardware and not validate_run(run, "H100").on_predicted_hardware
+    out = cli("simulate", "--validate", str(run), "--hardware", "H100")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (f"{run} ran on NVIDIA H200, not on the H100 predicted: its errors hold the "
+                                           "difference between the two GPUs as well as the simulator's")
+
+
 # ---- search --------------------------------------------------------------------------------------------------------
 
 def test_search_ranks_fitting_layouts_best_first():
@@ -144,6 +162,34 @@ def test_search_ranks_fitting_layouts_best_first():
         lay = e["layout"]
         assert lay["tp"] * lay["pp"] * lay["dp"] == 8 and e["peak_bytes"] <= d["hardware"]["hbm_bytes"]
         assert e["tokens_per_s"] == pytest.approx(32 * 4096 / e["step_time_s"])
+
+
+def test_searchs_closing_command_runs_as_printed_and_predicts_its_first_layout():
+    """The hint under the table is a whole command: run as printed, simulate predicts #1's tokens/s (the search's own
+    prediction of it), whatever layout flags the search was given (its --micro-batch-size is the layout's)."""
+    import shlex
+
+    d = as_json("search", "--model", "llama3.2-1b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+                "32", "--seq-length", "4096", "--bf16", "--micro-batch-size", "2", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--use-distributed-optimizer", "--top", "2")
+    command = shlex.split(d["simulate_first"])
+    assert command[:2] == ["train-ledger", "simulate"]
+    sim = as_json(*command[1:])
+    assert sim["throughput"]["tokens_per_s"] == pytest.approx(d["top"][0]["tokens_per_s"], rel=1e-9)
+    assert sim["layout"]["micro_batch_size"] == d["top"][0]["layout"]["mbs"]
+
+
+def test_search_names_each_choice_and_says_sizes_in_one_unit():
+    out = cli("search", "--model", "llama3.1-70b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+              "64", "--seq-length", "4096", "--bf16")
+    assert " GB" not in out.stdout and "GiB" in out.stdout  # the header's HBM and the dropped example alike
+    d = as_json("search", "--model", "llama3.2-1b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+                "32", "--seq-length", "4096", "--bf16", "--top", "5")
+    for e in d["top"]:
+        lay = e["layout"]
+        assert e["label"].startswith(f"tp{lay['tp']} pp{lay['pp']}") and f"recompute {lay['recompute']}" in e["label"]
+        assert ("distributed optimizer" in e["label"]) == lay["distributed_optimizer"]
+    assert d["cpu_seconds"] > 0
 
 
 def test_search_says_when_nothing_fits():

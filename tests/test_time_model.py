@@ -362,3 +362,17 @@ def test_a_missing_rate_or_link_is_named_with_its_probe():
     with pytest.raises(CalibrationMissing) as missing:
         predict_step(single, no_rates)
     assert "optimizer.step (bf16)" in str(missing.value) and "--compute-sweep" in str(missing.value)
+
+
+def test_an_end_stages_term_names_its_parameters_exactly(tmp_path):
+    """gloo_4ranks_2cores (tiny, TP1): the embedding's term carries vocab 1,000 x hidden 64 = 64,000 parameters,
+    written as the count, not rounded to "0 M"."""
+    import shutil
+    from pathlib import Path
+
+    from ledger.reconcile.run import reconcile
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "gloo_4ranks_2cores", tmp_path / "run")
+    forward = [r for r in reconcile(tmp_path / "run").rows if r.metric == "time.forward_per_microbatch"]
+    assert any("embedding" in r.explanation and "(64,000 params)" in r.explanation for r in forward)
+    assert not any(" M params" in r.explanation for r in forward)

@@ -289,3 +289,15 @@ def test_a_run_on_an_unknown_device_lets_the_user_pick_the_hardware(runs_root: P
 def test_a_broken_run_shows_its_error(runs_root: Path, monkeypatch) -> None:
     at = open_what_if(runs_root, monkeypatch, "corrupt-manifest")
     assert "corrupt JSON" in texts(at.error)
+
+
+def test_every_exposed_communication_the_report_measures_is_measured_here_too() -> None:
+    """Plumbing, on hand-made rows: each group's overlap.exposed_<group>_comm_per_step is the comparison's measured
+    figure for that group, the largest rank's (TP's was '—' while the report had a figure)."""
+    rows = [{"metric": f"overlap.exposed_{kind}_comm_per_step", "measured": seconds, "rank": rank}
+            for kind, by_rank in {"dp": [0.1, 0.3], "tp": [0.2, 0.5], "pp": [0.4, 0.0]}.items()
+            for rank, seconds in enumerate(by_rank)]
+    basis = {"measured": what_if.measured_figures(rows, "x86_64", None)}
+    table = {r["figure"]: r["measured"] for r in what_if.comparison(basis, None, None)}
+    assert [table[what_if.exposed_label(k)] for k in what_if.EXPOSED_KINDS] == [0.3, 0.5, 0.4, None]
+    assert what_if.exposed_label("tp") == "exposed TP comm per step"

@@ -2,12 +2,15 @@
 how to capture the same steps with NVTX in Nsight Systems instead."""
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 import streamlit as st
 
 from common.errors import UserError
-from dashboard import state
+from dashboard import state, tables
 from ledger.present import dashboard_data, units
+from ledger.present.report_view import NSYS_COMMAND
 
 state.start_page("Traces")
 run = state.current_run()
@@ -22,7 +25,7 @@ if not files:
 else:
     listing = pd.DataFrame(files)
     listing["size"] = listing.pop("bytes").map(units.size)
-    st.dataframe(listing, hide_index=True)
+    tables.table(listing)
     if st.button("Merge into one Perfetto trace", key="tr_merge"):
         st.session_state["tr_merged"] = run
     if st.session_state.get("tr_merged") == run:
@@ -40,6 +43,13 @@ else:
             st.download_button("Download merged trace (.json.gz)", data, file_name=f"{run.replace('/', '_')}"
                                ".perfetto.json.gz", mime="application/gzip", key="tr_download")
 
+def shell_lines(command: str, width: int = 96) -> str:
+    """`command` wrapped at whole words into shell lines continued with a backslash, so its code block fits the page
+    instead of scrolling sideways."""
+    lines = textwrap.wrap(command, width - 2, break_long_words=False, break_on_hyphens=False)
+    return " \\\n      ".join(lines)
+
+
 st.subheader("Open it")
 st.markdown(f"""
 * **Perfetto**: open <https://ui.perfetto.dev>, *Open trace file*, pick the downloaded `.json.gz` (one process
@@ -49,9 +59,7 @@ st.markdown(f"""
 * **Nsight Systems with NVTX** (the probes' NVTX ranges never reach the PyTorch traces above): the profiler window
   calls cudaProfilerStart/Stop around steps A..B, so capture exactly those steps with
   ```
-  nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --trace=cuda,nvtx,osrt \\
-      -o run-%q{{RANK}} train-ledger train [Megatron flags] --run-dir RUN \\
-      --nsys-profile --profile-step-start A --profile-step-end B --profile-ranks 0
+  {shell_lines(NSYS_COMMAND)}
   ```
   and open the `.nsys-rep` in the Nsight Systems GUI (NVTX rows: forward / backward per micro-batch, dp-comm
   buckets, optimizer).

@@ -81,6 +81,7 @@ def draw(title: str, chart: Chart) -> None:
 draw("Step time, term by term", what_if.step_chart(basis, ran.prediction, changed.prediction))
 draw("Memory per GPU against HBM", what_if.memory_chart(basis, ran.prediction, changed.prediction))
 st.subheader("Measured, predicted for the run's layout, predicted for the what-if")
+state.timing_caveat(run)
 rows = what_if.comparison(basis, ran.prediction, changed.prediction)
 st.table(pd.DataFrame(what_if.formatted(rows)).set_index("figure"))
 st.caption("Measured figures are the run's reconciliation rows (largest rank for memory and times, mean for "

@@ -201,11 +201,13 @@ def cpu_sharing(ev: RunEvidence) -> str | None:
     return None
 
 
-def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig | None:
-    """The manifest's config as a RunConfig, checked (the one place a run's config is read); None without one."""
+def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig:
+    """The run's flags, checked (the one place a run's config is read): every prediction is made from them, so a
+    manifest without them cannot be reconciled (judged against a default layout, its rows would be off for no
+    reason of the run's)."""
     raw = manifest.get("config")
     if raw is None:
-        return None
+        raise InputError(manifest_path, "manifest lacks 'config' (the run's flags, which every prediction needs)")
     if not isinstance(raw, dict):
         raise InputError(manifest_path, f"config is a {type(raw).__name__}, expected an object")
     try:

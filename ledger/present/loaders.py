@@ -16,11 +16,11 @@ from ledger.evidence.layout import group_lists
 from ledger.evidence.megatron import ingest as ingest_megatron
 from ledger.evidence.megatron.tensorboard import EVENTS_GLOB
 from ledger.evidence.read import read_run
-from ledger.evidence.run import RunEvidence, collect_run
+from ledger.evidence.run import RunEvidence, collect_run, cpu_sharing
 from ledger.present.units import rank_label
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, reconcile_evidence
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, reconcile_evidence, run_steps
 
 
 @dataclass
@@ -95,6 +95,12 @@ def list_runs(root: str, view_of: Callable[[Path], RunView] = open_run) -> list[
 
 def manifest(view: RunView) -> dict[str, Any]:
     return view.manifest
+
+
+def shared_cores(view: RunView) -> str:
+    """The sentence saying the run's CPU ranks outnumber their cores ("" when they do not): its timings are not
+    judged (ledger.evidence.run.cpu_sharing)."""
+    return cpu_sharing(view.evidence) or ""
 
 
 def load_reconciliation(view: RunView) -> dict[str, Any]:
@@ -182,8 +188,15 @@ def stage_timeline(view: RunView, step: int | None = None) -> list[dict[str, Any
 
 def bucket_intervals(view: RunView) -> list[dict[str, Any]]:
     """Every DP bucket collective from the timers: rank, step, bucket, op, start, end (s from the step start),
-    overlapped and exposed seconds."""
-    return [dict(asdict(i), exposed=i.exposed) for r in view.evidence.ranks.values() for i in timer_intervals(r)]
+    overlapped and exposed seconds, and `counted`: whether the reconciliation's overlap rows count its step (the
+    steps StepSelection.timed keeps), so that a page's means are the report's."""
+    ev = view.evidence
+    selection = run_steps(ev)
+    out = []
+    for r in ev.ranks.values():
+        counted, _ = selection.timed({t.step for t in r.timing})
+        out += [dict(asdict(i), exposed=i.exposed, counted=i.step in counted) for i in timer_intervals(r)]
+    return out
 
 
 def topology(view: RunView) -> dict[str, Any]:

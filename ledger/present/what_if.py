@@ -38,6 +38,7 @@ from ledger.reconcile.validation import (
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 SCENARIOS = ("measured run", "predicted, run's layout", "predicted, what-if")
+EXPOSED_KINDS = ("dp", "tp", "pp", "embedding")  # the groups whose exposed communication both sides give
 # One colour per step-time term, the simulator's (ledger.models.time_model.step) and the measured split's
 # (measured_terms); a term the simulator adds later takes the next colour of OTHER_COLORS.
 TERM_COLORS = {"forward/backward compute": "#1e88e5", "pipeline bubble": "#bdbdbd", "optimizer": "#8e24aa",
@@ -150,6 +151,11 @@ def _reduce(rows: list[dict[str, Any]], metric: str, how: Any) -> float | None:
     return how(values) if values else None
 
 
+def exposed_label(kind: str) -> str:
+    """"exposed TP comm per step": one row name for the run's measurement and the simulator's prediction."""
+    return f"exposed {kind.upper() if kind != 'embedding' else kind} comm per step"
+
+
 def measured_figures(rows: list[dict[str, Any]], device: str | None, cfg: RunConfig | None) -> dict[str, Any]:
     """The run's measured figures from its reconciliation rows: step time, peak allocated and bubble as
     ledger.reconcile.validation.measured reads them; the slowest stage's forward / backward per micro-batch and
@@ -162,7 +168,7 @@ def measured_figures(rows: list[dict[str, Any]], device: str | None, cfg: RunCon
                         ("optimizer_s", "time.optimizer_step")):
         out[key] = _reduce(rows, metric, max)
     out["exposed_comm_s"] = {kind: _reduce(rows, f"overlap.exposed_{kind}_comm_per_step", max)
-                             for kind in ("dp", "pp", "embedding")}
+                             for kind in EXPOSED_KINDS}
     for key, metric in (("tokens_per_s", "throughput.tokens_per_s"),
                         ("tflops_megatron", "throughput.tflops_per_gpu.megatron"),
                         ("tflops_palm_6n", "throughput.tflops_per_gpu.palm_6n"),
@@ -226,15 +232,14 @@ def _predicted(p: dict[str, Any]) -> dict[str, Any]:
             "backward per micro-batch (slowest stage)": _slowest(p, "backward_s"),
             "optimizer step (slowest stage)": _slowest(p, "optimizer_s"),
             "pipeline bubble (mean over stages)": mean(s["bubble"] for s in stages),
-            **{f"exposed {k.upper() if k != 'embedding' else k} comm per step": max(
-                s["exposed_comm_s"].get(k, 0.0) for s in stages) for k in ("dp", "tp", "pp", "embedding")},
+            **{exposed_label(k): max(s["exposed_comm_s"].get(k, 0.0) for s in stages) for k in EXPOSED_KINDS},
             "peak allocated (largest stage)": max(m["static"] + m["activations"] for m in memory),
             "memory per GPU with outside PyTorch (largest stage)": max(m["total"] for m in memory),
             "HBM per GPU": p["hardware"]["hbm_bytes"],
             "fits in HBM": "yes" if p["memory"]["fits"] else "no",
             "tokens/s": th["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
-            "TFLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
+            "FLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
+            "FLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
             "MFU (megatron)": th["mfu"]["megatron"], "MFU (palm_6n)": th["mfu"]["palm_6n"]}
 
 
@@ -247,11 +252,9 @@ def _measured(basis: dict[str, Any], own: dict[str, Any] | None) -> dict[str, An
             "forward per micro-batch (slowest stage)": m["forward_s"],
             "backward per micro-batch (slowest stage)": m["backward_s"],
             "optimizer step (slowest stage)": m["optimizer_s"], "pipeline bubble (mean over stages)": m["bubble"],
-            "exposed DP comm per step": m["exposed_comm_s"]["dp"],
-            "exposed PP comm per step": m["exposed_comm_s"]["pp"],
-            "exposed embedding comm per step": m["exposed_comm_s"]["embedding"],
+            **{exposed_label(kind): m["exposed_comm_s"][kind] for kind in EXPOSED_KINDS},
             "peak allocated (largest stage)": m["peak_bytes"], "tokens/s": m["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": m["tflops_megatron"], "TFLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
+            "FLOP/s per GPU (megatron)": m["tflops_megatron"], "FLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
             "MFU (megatron)": m["mfu_megatron"], "MFU (palm_6n)": m["mfu_palm_6n"]}
 
 
@@ -262,8 +265,8 @@ ROWS = (("hardware", "text"), ("layout", "text"), ("batch", "text"), ("micro-bat
         ("exposed DP comm per step", "s"), ("exposed TP comm per step", "s"), ("exposed PP comm per step", "s"),
         ("exposed embedding comm per step", "s"), ("peak allocated (largest stage)", "bytes"),
         ("memory per GPU with outside PyTorch (largest stage)", "bytes"), ("HBM per GPU", "bytes"),
-        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("TFLOP/s per GPU (megatron)", "TFLOP/s"),
-        ("TFLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
+        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("FLOP/s per GPU (megatron)", "TFLOP/s"),
+        ("FLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
 
 
 def comparison(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[str, Any] | None

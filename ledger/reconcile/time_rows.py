@@ -26,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
+from common.wording import plural
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
@@ -116,7 +117,7 @@ def _ranges(ranks: list[RankEvidence], category: str, steps: set[int]) -> list[f
 def _steps(ev: RunEvidence, selection: StepSelection) -> tuple[set[int], str]:
     timed = {t.step for r in ev.ranks.values() for t in r.timing}
     kept, note = selection.timed(timed)
-    return set(kept), "; ".join(x for x in (selection.describe(), note) if x)
+    return set(kept), "; ".join(x for x in (selection.counted(kept), note) if x)
 
 
 def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
@@ -128,7 +129,7 @@ def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
     parts = []
     for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):
         if seconds > NEGLIGIBLE_S:
-            extra = f" ({params[term] / 1e6:.0f} M params)" if term in params else ""
+            extra = f" ({params[term]:,} params)" if term in params else ""
             parts.append(f"{term} {_ms(seconds)}{extra}")
     return ", ".join(parts)
 
@@ -192,7 +193,8 @@ def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
             else f"no prediction: {'; '.join(model.missing)}")
     return [row("time.tokens_per_s", "run", predicted=predicted, measured=measured, unit="tokens/s",
                 tolerance=STEP_TOL, explanation=f"{text}; measured: median tokens / median step time over "
-                                                f"{len(kept)} steady rank-step(s), {selection.describe()}",
+                                                f"{plural(len(kept), 'steady rank-step')}, "
+                                                f"{selection.counted(steady)}",
                 source="events")]
 
 

@@ -2,7 +2,6 @@
 ProbeSet exactly as the engine does, in the engine's order: what the probe tests run on gloo ranks."""
 from __future__ import annotations
 
-import tempfile
 import time
 
 import torch
@@ -78,15 +77,9 @@ def _forward_backward(probes, model: torch.nn.Module, ps: ParallelState) -> floa
 
 def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
     for bucket, param in enumerate(model.parameters()):
-        work = dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True)
-        token = probes.comm_begin(f"all-reduce bucket{bucket}", "dp-comm", bucket=bucket,
-                                  bytes=param.grad.numel() * 4)
+        work, token = probes.comm_issue(
+            f"all-reduce bucket{bucket}", "dp-comm",
+            lambda param=param: dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True), bucket=bucket,
+            bytes=param.grad.numel() * 4)
         work.wait()
         probes.comm_end(token)
-
-
-def run_until_killed(run_dir: str) -> None:
-    """Runs in a subprocess: a one-rank gloo run that would go on for ever, killed from outside."""
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-        synthetic_run(0, 1, run_dir, ["--timers"], 1, 1, 100_000, step_sleep_s=0.02)
