@@ -36,7 +36,8 @@ from common.run_dir import atomic_open, check_writable, events_path, read_manife
 from common.run_dir import iter_events as iter_run_events
 from ledger.evidence.run import rank_coords
 from ledger.evidence.trace_groups import NONE, P2P, RECORDED, RULES, attribute_groups, range_kinds
-from ledger.evidence.traces import P2P_KINDS, TraceStream, TraceSummary, summarize
+from ledger.evidence.trace_stream import TraceStream
+from ledger.evidence.traces import P2P_KINDS, TraceSummary, summarize
 from ledger.reconcile.topology import group_kind, rank_groups, rank_label
 
 MEMORY_KEYS = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
