@@ -90,6 +90,8 @@ class TraceStream:
             batch = None
             if b.offset() >= slow_until:
                 batch, slow_until = b.batch(self._decoder)
+                if batch is not None and self.event_type is None:
+                    batch = [e for e in batch if isinstance(e, dict)]  # a non-object is no event
             if batch is None:
                 batch = self._one(b.value())
             if batch:

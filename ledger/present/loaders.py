@@ -18,7 +18,7 @@ from ledger.evidence.run import rank_coords
 from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, gather, reconcile
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, gather, reconcile
 from ledger.reconcile.topology import group_lists_of, rank_label
 
 
@@ -55,15 +55,16 @@ def load_manifest(run_dir: str) -> dict[str, Any]:
     return read_manifest(path)
 
 
-def load_reconciliation(run_dir: str) -> dict[str, Any]:
-    """RUN/ledger/reconciliation.json when `train-ledger reconcile` wrote it, else computed now (not written)."""
+def load_reconciliation(run_dir: str, work: TraceWork = TraceWork()) -> dict[str, Any]:
+    """RUN/ledger/reconciliation.json when `train-ledger reconcile` wrote it, else computed now (not written), its
+    traces read as `work` says."""
     path = Path(run_dir) / LEDGER_DIR / JSON_NAME
     if path.is_file():
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError(path, f"corrupt JSON ({exc.msg}); rerun `train-ledger reconcile`") from None
-    return reconcile(run_dir).to_dict()
+    return reconcile(run_dir, work).to_dict()
 
 
 def load_summary(run_dir: str) -> dict[str, Any]:

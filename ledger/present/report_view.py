@@ -1,10 +1,10 @@
 """What report.md (ledger.present.report_md) and report.html (ledger.present.report_html) both show, gathered once:
 the reconciliation and the loaders' views, so the report shows nothing the ledger did not compute.
 
-Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the ranks, the
-worst verdict and its rank), caveats that many rows share are numbered notes stated once (ledger.present.caveats), what is
-off comes first with its explanation, and every figure is written by ledger.present.units. The full per-rank table is the
-reconciliation's own CSV / JSON beside the report.
+Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the
+ranks, the worst verdict and its rank), caveats that many rows share are numbered notes stated once
+(ledger.present.caveats), what is off comes first with its explanation, and every figure is written by
+ledger.present.units. The full per-rank table is the reconciliation's own CSV / JSON beside the report.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ledger.present.caveats import Notes
 from ledger.present.headline import HEADLINES, figure, rows_of, verdict
 from ledger.present.row_groups import FORMULA, PREDICTORS, REFERENCE, TIME_MODEL, Line, group
 from ledger.reconcile.rows import NOT_ON_CPU
-from ledger.reconcile.run import CSV_NAME, JSON_NAME
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, TraceWork
 
 NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket the profiler window with "
              "cudaProfilerStart/Stop (--nsys-profile); capture per rank with `nsys profile --trace=cuda,nvtx,nccl "
@@ -50,8 +50,8 @@ class View:
         return units.plain(self.notes.cite(line.explanation()).inline())
 
 
-def build(run_dir: str) -> View:
-    data = loaders.load_reconciliation(run_dir)
+def build(run_dir: str, work: TraceWork = TraceWork()) -> View:
+    data = loaders.load_reconciliation(run_dir, work)
     lines = group(data["rows"])
     return View(data=data, lines=lines, notes=Notes.of([line.explanation() for line in lines]),
                 waterfall=loaders.memory_waterfall(run_dir), timeline=loaders.stage_timeline(run_dir),

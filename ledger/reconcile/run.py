@@ -1,9 +1,10 @@
 """A run directory -> reconciliation rows and what is missing; written as RUN/ledger/reconciliation.json and .csv.
 
-Order of work, so that memory stays bounded by one trace: events are gathered per rank (small records), then each
-trace is streamed, summarised, checked against the manifest, turned into rows and dropped before the next (only a
-path and one number per trace are kept, for the HTA cross-check). Everything is computed
-before anything is written, and each output file is written atomically: bad input leaves nothing half-written.
+Order of work: events are gathered per rank (small records), then the traces are summarised in parallel
+(ledger.evidence.trace_pool: worker processes each stream whole traces and send back only a summary), each summary
+is checked against the manifest and turned into rows, and the HTA cross-check runs last on a bounded subset of ranks
+(ledger.reconcile.hta). Everything is computed before anything is written, and each output file is written
+atomically: bad input leaves nothing half-written.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common.config import RunConfig
 from common.errors import InputError
@@ -21,7 +22,8 @@ from ledger.evidence.megatron import ingest as ingest_megatron
 from ledger.evidence.run import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
 from ledger.evidence.steps import StepSelection, select_steps
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
-from ledger.evidence.traces import TraceSummary, summarize
+from ledger.evidence.trace_pool import read_trace_summaries
+from ledger.evidence.traces import TraceSummary
 from ledger.reconcile import hta, oversubscribed
 from ledger.reconcile.checkpoint import checkpoint_rows
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
@@ -64,11 +66,20 @@ def gather(run_dir: str | Path) -> RunEvidence:
     return collect_run(run_dir)
 
 
-def reconcile(run_dir: str | Path) -> Reconciliation:
-    return reconcile_evidence(gather(run_dir))
+@dataclass(frozen=True)
+class TraceWork:
+    """How a reconciliation reads the run's traces: worker processes (None: ledger.evidence.trace_pool decides),
+    the HTA cross-check's ranks and budget, and where progress lines go."""
+    workers: int | None = None
+    hta: hta.HtaChoice = hta.HtaChoice()
+    progress: Callable[[str], None] = lambda _: None
 
 
-def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
+def reconcile(run_dir: str | Path, work: TraceWork = TraceWork()) -> Reconciliation:
+    return reconcile_evidence(gather(run_dir), work)
+
+
+def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconciliation:
     """The rows of evidence already gathered (a caller that also needs the evidence itself reads the run once)."""
     selection = run_steps(ev)
     model = predict_run(ev)
@@ -77,8 +88,9 @@ def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
     for rank, r in sorted(ev.ranks.items()):
         rows += overlap_rows(ev.config, r, selection, rank in traced, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
+    summaries = read_trace_summaries([(rank, path) for rank, _, _, path in ev.traces], work.workers, work.progress)
     for rank, _, _, path in ev.traces:
-        summary = checked_summary(ev, rank, path)
+        summary = checked_summary(ev, rank, summaries.pop(path))
         r = ev.ranks.get(rank) or RankEvidence(rank=rank, coords=rank_coords(ev.manifest, rank))
         rows += trace_rows(ev, r, summary, selection, model)
         cross_check[rank] = hta.cross_check_input(summary)
@@ -91,7 +103,7 @@ def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
     rows += moe_rows(ev, model, selection)
     rows += checkpoint_rows(ev)
     not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev.manifest))
-    check_rows, skipped = hta.hta_rows(cross_check)
+    check_rows, skipped = hta.hta_rows(cross_check, work.hta, work.workers, work.progress)
     rows += check_rows
     run = {"run_id": ev.manifest.get("run_id"), "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
@@ -106,9 +118,9 @@ def run_steps(ev: RunEvidence) -> StepSelection:
                         (t.get("step") for r in ev.ranks.values() for t in r.timing))
 
 
-def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
-    """Summarise one trace and check it belongs to this run: run id (written by our probes), rank, world size."""
-    summary = summarize(path)
+def checked_summary(ev: RunEvidence, rank: int, summary: TraceSummary) -> TraceSummary:
+    """Check that a trace belongs to this run: run id (written by our probes), rank, world size."""
+    path = summary.path
     if summary.run_id is not None and summary.run_id != ev.manifest.get("run_id"):
         raise InputError(path, f"trace from another run: run_id {summary.run_id!r}, manifest says "
                                f"{ev.manifest.get('run_id')!r}")
