@@ -103,8 +103,13 @@ def memory_waterfall(run_dir: str) -> list[dict[str, Any]]:
     """Per rank, the terms that add up to NVML-measured memory, from the reconciliation rows: static, activations and
     transients at the peak, reserved beyond the peak, memory outside PyTorch; each with its predicted value where
     the formulas give one."""
+    return waterfall_of(load_rows(run_dir))
+
+
+def waterfall_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """memory_waterfall of reconciliation rows already loaded (the report's: not reconciled a second time)."""
     by_rank: dict[int, dict[str, dict[str, Any]]] = {}
-    for row in load_rows(run_dir):
+    for row in rows:
         if row["metric"].startswith("memory.") and row["rank"] is not None:
             by_rank.setdefault(row["rank"], {})[row["metric"]] = row
     out = []

@@ -54,7 +54,7 @@ def build(run_dir: str, work: TraceWork = TraceWork()) -> View:
     data = loaders.load_reconciliation(run_dir, work)
     lines = group(data["rows"])
     return View(data=data, lines=lines, notes=Notes.of([line.explanation() for line in lines]),
-                waterfall=loaders.memory_waterfall(run_dir), timeline=loaders.stage_timeline(run_dir),
+                waterfall=loaders.waterfall_of(data["rows"]), timeline=loaders.stage_timeline(run_dir),
                 buckets=loaders.bucket_intervals(run_dir), topology=loaders.topology(run_dir))
 
 

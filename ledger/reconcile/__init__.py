@@ -10,7 +10,8 @@
     intervals.py      interval union / subtraction / coverage
     steps.py          which steps measure steady-state time (not the first, not the profiler's)
     topology.py       which ranks share a group (pure rank arithmetic)
-    hta.py            HolisticTraceAnalysis cross-check (optional)
+    hta.py            HolisticTraceAnalysis cross-check (optional), on a bounded subset of ranks
+    hta_job.py        one rank's HTA run in a process of its own, under a memory cap and a time budget
     ingest_megatron.py  a Megatron-LM run directory as the same evidence (megatron_tensorboard.py reads its event
                       files and traces, megatron_arguments.py its argument text as our flags)
 """
