@@ -71,7 +71,8 @@ def read_trace_summaries(traces: Sequence[tuple[int, Path]], workers: int | None
     """Each (rank, path)'s summary, keyed by path (a rank may have several traces), in the order given."""
     paths = [p for _, p in traces]
     count = pool_size(workers, paths)
-    progress(f"reading {len(traces)} traces" + (f" in {count} processes" if count > 1 else ""))
+    progress(f"reading {len(traces)} trace{'s' if len(traces) > 1 else ''}" +
+             (f" in {count} processes" if count > 1 else ""))
     out: dict[Path, TraceSummary] = {}
     for i, ((rank, path), summary) in enumerate(zip(traces, in_workers(summarize, paths, count)), 1):
         out[path] = summary

@@ -240,7 +240,8 @@ def export(run_dir: str | Path, out: str | Path, steps: tuple[int, int] | None =
             joined.add(part_of(f'{{"displayTimeUnit": "ms", "otherData": {head}, "traceEvents": [\n'.encode(),
                                compress))
             count = pool_size(workers, [p for _, p in files])
-            progress(f"writing {len(jobs)} ranks" + (f" in {count} processes" if count > 1 else ""))
+            progress(f"writing {len(jobs)} rank{'s' if len(jobs) > 1 else ''}" +
+                     (f" in {count} processes" if count > 1 else ""))
             for i, (job, (events, crc, length)) in enumerate(zip(jobs, in_workers(write_part, jobs, count)), 1):
                 joined.add(Part(job.part, crc, length))
                 job.part.unlink()
