@@ -73,16 +73,16 @@ def check_writable(path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike) -> Iterator[IO[str]]:
+def atomic_open(path: str | os.PathLike, raw: bool = False) -> Iterator[IO[Any]]:
     """A text stream into a temp file beside `path` (gzip when the name ends in .gz), fsynced and renamed over `path`
     when the block ends cleanly and removed when it fails, so a reader never sees half a file and a failed write
-    leaves whatever was there before."""
+    leaves whatever was there before. `raw`: a binary stream, written as it is (a caller that compresses itself)."""
     path = check_writable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(tmp, "wt", encoding="utf-8") as f:
+        with (open(tmp, "wb") if raw else opener(tmp, "wt", encoding="utf-8")) as f:
             yield f
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())

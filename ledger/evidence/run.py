@@ -38,7 +38,8 @@ from common.run_dir import (
 )
 from common.typecheck import TypeMismatch
 from ledger.evidence.layout import GROUP_KINDS, Layout, coordinates, group_lists
-from ledger.evidence.traces import TraceSummary, summarize
+from ledger.evidence.trace_pool import read_trace_summaries
+from ledger.evidence.traces import TraceSummary
 
 KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "step", "checkpoint"}
 
@@ -141,14 +142,13 @@ class RunEvidence:
         """The rank's records, or an empty record set for a rank that wrote none (a traced rank without events)."""
         return self.ranks.get(rank) or RankEvidence(rank=rank, coords=self.coords(rank))
 
-    def trace_summaries(self, progress: Callable[[str], None] = lambda _: None) -> dict[int, TraceSummary]:
-        """Each traced rank's summary, every trace read once (on first call) and checked to belong to this run."""
+    def trace_summaries(self, workers: int | None = None,
+                        progress: Callable[[str], None] = lambda _: None) -> dict[int, TraceSummary]:
+        """Each traced rank's summary, every trace read once (on first call; in worker processes, see
+        ledger.evidence.trace_pool) and checked to belong to this run."""
         if self._summaries is None:
-            summaries = {}
-            for i, t in enumerate(self.traces, 1):
-                progress(f"reading trace {i}/{len(self.traces)} (rank {t.rank})")
-                summaries[t.rank] = self.checked(summarize(t.path), t)
-            self._summaries = summaries
+            read = read_trace_summaries([(t.rank, t.path) for t in self.traces], workers, progress)
+            self._summaries = {t.rank: self.checked(read[t.path], t) for t in self.traces}
         return self._summaries
 
     def checked(self, summary: TraceSummary, trace: TraceFile) -> TraceSummary:

@@ -20,20 +20,21 @@ from ledger.evidence.run import RunEvidence, collect_run, cpu_sharing
 from ledger.present.units import rank_label
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, reconcile_evidence, run_steps
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, reconcile_evidence, run_steps
 
 
 @dataclass
 class RunView:
     """Each part read on first use and kept: the manifest alone serves a runs table, the evidence a page."""
     run_dir: Path
+    work: TraceWork = TraceWork()  # how a reconciliation computed here reads the run's traces
     _manifest: dict[str, Any] | None = field(default=None, repr=False)
     _evidence: RunEvidence | None = field(default=None, repr=False)
     _reconciliation: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, evidence: RunEvidence) -> "RunView":
-        return cls(evidence.run_dir, evidence.manifest, evidence)
+        return cls(evidence.run_dir, TraceWork(), evidence.manifest, evidence)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -61,12 +62,12 @@ class RunView:
                 except json.JSONDecodeError as exc:
                     raise InputError(path, f"corrupt JSON ({exc.msg}); rerun `train-ledger reconcile`") from None
             else:
-                self._reconciliation = reconcile_evidence(self.evidence).to_dict()
+                self._reconciliation = reconcile_evidence(self.evidence, self.work).to_dict()
         return self._reconciliation
 
 
-def open_run(run_dir: str | Path) -> RunView:
-    return RunView(Path(run_dir))
+def open_run(run_dir: str | Path, work: TraceWork = TraceWork()) -> RunView:
+    return RunView(Path(run_dir), work)
 
 
 def list_runs(root: str, view_of: Callable[[Path], RunView] = open_run) -> list[dict[str, Any]]:

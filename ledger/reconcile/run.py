@@ -1,8 +1,10 @@
 """A run's evidence -> reconciliation rows and what is missing; written as RUN/ledger/reconciliation.json and .csv.
 
-The evidence is read once (ledger.evidence) and each trace summarised once (RunEvidence.trace_summaries). Everything
-is computed before anything is written, and each output file is written atomically: bad input leaves nothing
-half-written.
+Order of work: events are gathered per rank (small records), then the traces are summarised in parallel
+(ledger.evidence.trace_pool: worker processes each stream whole traces and send back only a summary), each summary
+is checked against the manifest and turned into rows, and the HTA cross-check runs last on a bounded subset of ranks
+(ledger.reconcile.hta). Everything is computed before anything is written, and each output file is written
+atomically: bad input leaves nothing half-written.
 """
 from __future__ import annotations
 
@@ -66,15 +68,24 @@ class Reconciliation:
                 "rows": [r.to_dict() for r in self.rows]}
 
 
-def reconcile(run_dir: str | Path) -> Reconciliation:
-    return reconcile_evidence(read_run(run_dir))
+@dataclass(frozen=True)
+class TraceWork:
+    """How a reconciliation reads the run's traces: worker processes (None: ledger.evidence.trace_pool decides),
+    the HTA cross-check's ranks and budget, and where progress lines go."""
+    workers: int | None = None
+    hta: hta.HtaChoice = hta.HtaChoice()
+    progress: Callable[[str], None] = lambda _: None
 
 
-def reconcile_evidence(ev: RunEvidence, progress: Callable[[str], None] = lambda _: None) -> Reconciliation:
+def reconcile(run_dir: str | Path, work: TraceWork = TraceWork()) -> Reconciliation:
+    return reconcile_evidence(read_run(run_dir), work)
+
+
+def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconciliation:
     """The rows of a run's evidence (a caller that also needs the evidence itself reads the run once)."""
     selection = run_steps(ev)
     model = predict_run(ev)
-    summaries = ev.trace_summaries(progress)
+    summaries = ev.trace_summaries(work.workers, work.progress)
     rows = groups_rows(ev) + memory_rows(ev) + pipeline_rows(ev, model, selection)
     for rank, r in sorted(ev.ranks.items()):
         rows += overlap_rows(ev.config, r, selection, rank in summaries, **exposed_predictions(ev.config, model, r))
@@ -95,7 +106,7 @@ def reconcile_evidence(ev: RunEvidence, progress: Callable[[str], None] = lambda
     rows += moe_rows(ev, model, selection)
     rows += checkpoint_rows(ev)
     not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev))
-    check_rows, skipped = hta.hta_rows(cross_check)
+    check_rows, skipped = hta.hta_rows(cross_check, work.hta, work.workers, work.progress)
     rows += check_rows
     run = {"run_id": ev.run_id, "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),

@@ -59,7 +59,7 @@ from ledger.evidence.megatron.tensorboard import (
     tensorboard_dirs,
 )
 from ledger.evidence.run import RankEvidence, RunEvidence, missing_items
-from ledger.evidence.traces import open_trace_text
+from ledger.evidence.trace_stream import open_trace_text
 
 META = "megatron_run.json"
 MANIFEST = "manifest.json"
