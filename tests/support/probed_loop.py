@@ -2,6 +2,7 @@
 ProbeSet exactly as the engine does, in the engine's order: what the probe tests run on gloo ranks."""
 from __future__ import annotations
 
+import tempfile
 import time
 
 import torch
@@ -83,3 +84,10 @@ def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
             bytes=param.grad.numel() * 4)
         work.wait()
         probes.comm_end(token)
+
+
+def run_until_killed(run_dir: str) -> None:
+    """Runs in a subprocess: a one-rank gloo run that would go on for ever, killed from outside."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        synthetic_run(0, 1, run_dir, ["--timers"], 1, 1, 100_000, step_sleep_s=0.02)
