@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from common.ops.sizes import padded_vocab_size
 from ledger.evidence.read import read_run
 from ledger.reconcile.run import Reconciliation, reconcile, run_steps
 from tests.support.recorded_runs import FIXTURES, only
@@ -111,6 +112,28 @@ def test_recompute_shows_in_the_backward_not_the_forward(large):
             for name in ("s8192", "s8192-selective", "s8192-full")}
     assert pred["s8192"][0] == pred["s8192-selective"][0] == pred["s8192-full"][0]
     assert pred["s8192"][1] < pred["s8192-selective"][1] < pred["s8192-full"][1]
+
+
+def test_backward_over_forward_expects_the_forward_each_recompute_mode_re_runs(large):
+    """docs/formulas.md, "Backward over forward": 2 + rho, rho the forward FLOPs the backward re-runs over the
+    forward's. One stage of L llama3.2-1b layers at seq 8192: a layer's forward is 2 s b (h (q + 2 kv) + q h + 3 h f)
+    GEMM FLOPs plus 2 b a s^2 d of causal attention, the output layer 2 s b h V. Full recompute (uniform 1) re-runs
+    every layer, not the output layer: rho = L layer / (L layer + head); selective re-runs core attention:
+    rho = L attention / (L layer + head); none re-runs nothing. Each row judges its run's measured ratio as ok: the
+    2x rule alone had full recompute's 3.16 warn."""
+    cfg = read_run(FIXTURES / "h200_llama1b" / "s8192").config
+    m, b = cfg.model, cfg.train.micro_batch_size
+    s, h, f, q, kv = m.seq_length, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads * m.head_dim, m.kv_channels
+    attention = 2 * b * m.num_attention_heads * s * s * m.head_dim
+    layer = 2 * s * b * (h * (q + 2 * kv) + q * h + 3 * h * f) + attention
+    head = 2 * s * b * h * padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
+    forward = m.num_layers * layer + head
+    expected = {"s8192": 2.0, "s8192-selective": 2 + m.num_layers * attention / forward,
+                "s8192-full": 2 + m.num_layers * layer / forward}
+    for name, ratio in expected.items():
+        r = only(large[name], "pipeline.backward_over_forward", stage=0)
+        assert r.predicted == pytest.approx(ratio, rel=1e-9) and r.verdict == "ok", (name, r)
+    assert 2 < expected["s8192-selective"] < expected["s8192-full"] < 3
 
 
 # ---- the tiny run the model does not capture ---------------------------------------------------------------------
