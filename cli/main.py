@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("cli.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
     "simulate": ("cli.simulate", "a layout on N GPUs of a kind, predicted (or --validate against real runs)"),
     "search": ("cli.search", "the best layouts of a model on N GPUs of a kind, ranked by predicted tokens/s"),
+    "whatif": ("cli.whatif", "a run's profiled steps replayed with kernels / communication faster, no launch gaps or "
+                             "no straggler"),
     "reconcile": ("cli.reconcile", "formula vs inventory vs measurement for a run directory"),
     "report": ("cli.report", "report.md and report.html for a run directory"),
     "export-trace": ("cli.export_trace", "merge per-rank traces into one Perfetto trace"),

@@ -86,6 +86,22 @@ def test_every_page_renders_in_chromium_within_1400_px_and_offline(page, tmp_pat
     assert page.get_by_text("Deploy", exact=True).count() == 0  # Streamlit's developer toolbar is not shown
 
 
+def test_the_traces_page_draws_each_steps_waterfall_without_the_network(page, tmp_path: Path) -> None:
+    """The complete run's first traced rank and step: the step decomposition's waterfall, inline SVG in an iframe, a
+    bar per term (ledger.present.step_waterfall), and nothing in the frame that loads from anywhere."""
+    choose_run(page, COMPLETE)
+    visit(page, "Traces")
+    assert page.get_by_text("Where each profiled step went").count() == 1
+    chart = page.frame_locator("iframe").first
+    chart.locator("svg rect").first.wait_for()
+    assert chart.locator("svg text", has_text="device compute").count() == 1
+    assert chart.locator("svg text", has_text="step, measured: the sum").count() == 1
+    assert chart.locator("svg rect").count() >= 5
+    # nothing loads from elsewhere (Streamlit's own inline script sizes the frame; the chart carries none)
+    assert chart.locator("link, img, iframe, [src], [href]").count() == 0
+    page.screenshot(path=str(tmp_path / f"{COMPLETE}-traces-waterfall.png"), full_page=True)
+
+
 def test_a_broken_run_shows_its_error_not_a_crash(page, tmp_path: Path) -> None:
     choose_run(page, "corrupt-manifest")
     for title in PAGES[1:]:

@@ -22,7 +22,7 @@ from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
 from ledger.models.formulas.device_memory import communicators
 from ledger.reconcile.moe import TIME_FLOOR_S, TIME_TOL, exchange_seconds, moe_rows
-from ledger.reconcile.rows import WARN_FACTOR
+from ledger.reconcile.rows import WARN_FACTOR, judge
 from ledger.reconcile.run import reconcile, run_steps
 from ledger.reconcile.time_rows import predict_run
 from ledger.reconcile.topology import groups_rows
@@ -68,7 +68,8 @@ def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep2
     """The row is judged (a prediction from the ep sweep's fit beside a measurement), its measurement is the steady
     steps' exchange time read from the ranges, and the rest of the ranges' time is the wait row. On 2 shared CPU
     cores the verdict itself is no evidence either way (a gloo call's latency swings with the scheduler, in the sweep
-    and in the run alike): the test holds what is measured and predicted, not how close they came."""
+    and in the run alike): the test holds what is measured and predicted and that the verdict judges the one against
+    the other at the row's bar (25% or 2 ms), not how close they came."""
     result = reconcile(ep2_run)
     ev = read_run(ep2_run)
     exchange = exchange_seconds(ev.config, ev)
@@ -78,7 +79,7 @@ def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep2
         judged = pick(result.rows, "time.ep_all_to_all_per_step", rank)
         wait = pick(result.rows, "time.ep_all_to_all_wait_per_step", rank)
         assert judged.predicted is not None and "alpha" in judged.explanation  # the ep sweep's fit
-        assert judged.verdict in ("ok", "warn", "off")
+        assert judged.verdict == judge(judged.measured, judged.predicted, TIME_TOL, TIME_FLOOR_S)[2]
         steps = run_steps(ev).timed(set(exchange[rank]))[0]
         assert judged.measured == pytest.approx(sum(exchange[rank][s] for s in steps) / len(steps))
         assert wait.verdict == "n/a" and wait.measured >= 0

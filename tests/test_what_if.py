@@ -215,7 +215,7 @@ def test_the_step_chart_leaves_out_clock_noise() -> None:
 
 # --- the page, headless (skipped, with the reason, where Streamlit is not installed; the tests above still run) ----
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
-H200_RUN, MEGATRON_RUN = "h200-s4096", "megatron-1gpu"
+H200_RUN, MEGATRON_RUN, PROFILED_RUN = "h200-s4096", "megatron-1gpu", "h200-profiled"
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +225,7 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_runs_root(root)
     shutil.copytree(S4096, root / H200_RUN)
     shutil.copytree(MEGATRON, root / MEGATRON_RUN)
+    shutil.copytree(FIXTURES / "h200_2layer_profiled", root / PROFILED_RUN)
     return root
 
 
@@ -301,3 +302,29 @@ def test_every_exposed_communication_the_report_measures_is_measured_here_too() 
     table = {r["figure"]: r["measured"] for r in what_if.comparison(basis, None, None)}
     assert [table[what_if.exposed_label(k)] for k in what_if.EXPOSED_KINDS] == [0.3, 0.5, 0.4, None]
     assert what_if.exposed_label("tp") == "exposed TP comm per step"
+
+
+# --- the section on the run as it ran (dashboard.graph_what_if) ------------------------------------------------------
+def test_the_replay_section_waits_for_a_change(runs_root: Path, monkeypatch) -> None:
+    at = open_what_if(runs_root, monkeypatch, PROFILED_RUN)
+    assert "On the run as it ran: its steps replayed with a change" in texts(at.subheader)
+    assert "Pick a change above to replay the run's profiled steps with it." in texts(at.info)
+
+
+def test_the_replay_section_shows_each_step_measured_replayed_and_changed(runs_root: Path, monkeypatch) -> None:
+    """The profiled H200 run (steps 4-6 on rank 0) without launch gaps: tests/test_graph_what_if.py's figures."""
+    at = open_what_if(runs_root, monkeypatch, PROFILED_RUN)
+    at.checkbox(key=f"graph_what_if:{PROFILED_RUN}:gaps").check().run()
+    assert not at.exception and not at.error, texts(at.error)
+    (table,) = [t.value for t in at.table if "what if" in t.value.columns]
+    assert list(table.index) == [("0", "4"), ("0", "5"), ("0", "6")]
+    assert list(table["measured"]) == ["61.1 ms", "52.9 ms", "54.2 ms"]
+    assert list(table["what if"]) == ["30.4 ms", "30.3 ms", "30.4 ms"]
+    assert "no launch gaps (as CUDA graphs would have it)" in texts(at.markdown)
+
+
+def test_the_replay_section_says_why_a_run_cannot_be_replayed(runs_root: Path, monkeypatch) -> None:
+    at = open_what_if(runs_root, monkeypatch, H200_RUN)
+    at.number_input(key=f"graph_what_if:{H200_RUN}:kernels").set_value(2.0).run()
+    assert not at.exception
+    assert "no profiler traces (--use-pytorch-profiler)" in texts(at.error)

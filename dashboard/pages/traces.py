@@ -1,5 +1,6 @@
-"""Traces: merge the run's per-rank profiler traces into one Perfetto trace and download it; how to open it, and
-how to capture the same steps with NVTX in Nsight Systems instead."""
+"""Traces: merge the run's per-rank profiler traces into one Perfetto trace and download it; where each profiled
+step went, as a waterfall of its decomposition (ledger.present.step_waterfall); how to open the merged trace, and how
+to capture the same steps with NVTX in Nsight Systems instead."""
 from __future__ import annotations
 
 import textwrap
@@ -9,7 +10,8 @@ import streamlit as st
 
 from common.errors import UserError
 from dashboard import state, tables
-from ledger.present import dashboard_data, units
+from ledger.present import dashboard_data, step_waterfall, units
+from ledger.present.charts import STYLE, render
 from ledger.present.report_view import NSYS_COMMAND
 
 state.start_page("Traces")
@@ -43,12 +45,25 @@ else:
             st.download_button("Download merged trace (.json.gz)", data, file_name=f"{run.replace('/', '_')}"
                                ".perfetto.json.gz", mime="application/gzip", key="tr_download")
 
+
 def shell_lines(command: str, width: int = 96) -> str:
     """`command` wrapped at whole words into shell lines continued with a backslash, so its code block fits the page
     instead of scrolling sideways."""
     lines = textwrap.wrap(command, width - 2, break_long_words=False, break_on_hyphens=False)
     return " \\\n      ".join(lines)
 
+
+if files:
+    st.subheader("Where each profiled step went")
+    steps = state.guarded(step_waterfall.step_decompositions, run)
+    if steps == []:
+        st.info("The reconciliation holds no step decomposition (its step.decomposition rows): `train-ledger "
+                "reconcile` writes them from the traces.")
+    elif steps:
+        labels = [f"rank {d['rank']}, step {d['step']}" for d in steps]
+        chosen = st.selectbox("rank and profiled step", range(len(steps)), format_func=labels.__getitem__,
+                              key=f"tr_step:{run}")
+        st.iframe(STYLE + render(step_waterfall.waterfall(steps[chosen])))
 
 st.subheader("Open it")
 st.markdown(f"""
