@@ -14,9 +14,9 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from common.errors import ConfigError, InputError
+from common.errors import InputError
 from ledger.evidence.read import read_run
-from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
+from ledger.models.simulate.hardware import hardware_for, run_device
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.reconcile.run import reconcile_evidence
 
@@ -84,24 +84,6 @@ def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
     bubble = measured_values(rows, "pipeline.bubble_of_wall_time")
     return Measured(step_time=max(step) if step else None, peak_bytes=int(max(peak)) if peak else None,
                     bubble=mean(bubble) if bubble else None, device=device)
-
-
-def run_device(manifest: dict[str, Any]) -> str | None:
-    """The GPU a run ran on, as its manifest names it ("NVIDIA H200"); None when it does not say."""
-    ranks = manifest.get("ranks") or []
-    names = {((r.get("device") or {}).get("name")) for r in ranks if isinstance(r, dict)} - {None}
-    return ", ".join(sorted(names)) or None
-
-
-def hardware_for(device: str | None, spec: str | None) -> Hardware:
-    """--hardware when given; else the known kind the device name contains (the H200 file for "NVIDIA H200")."""
-    if spec is not None:
-        return load_hardware(spec)
-    for name in sorted(known_names(), key=len, reverse=True):
-        if device and name.split("-")[0].lower() in device.lower():
-            return load_hardware(name)
-    raise ConfigError(f"the run's device ({device or 'not recorded'}) is no known hardware kind "
-                      f"({', '.join(known_names())}): pass --hardware")
 
 
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
