@@ -30,9 +30,12 @@ class HostCosts:
     context: float = recipe.CONTEXT  # the engine's Python around the calls (host_recipe.CONTEXT)
 
     def price(self, counts: recipe.Recipe, profiled: bool = False) -> float:
-        """The host's seconds for `counts` of each primitive, in the engine's context."""
-        table = self.profiled if profiled else self.seconds
-        return self.context * sum(n * table[k] for k, n in counts.items())
+        """The host's seconds for `counts` of each primitive, in the engine's context: the calls (under the profiler,
+        at their profiled cost) and the Python around them, (context - 1) x their plain cost, which the profiler
+        (recording ops, not Python calls) leaves as it is."""
+        plain = sum(n * self.seconds[k] for k, n in counts.items())
+        calls = sum(n * self.profiled[k] for k, n in counts.items()) if profiled else plain
+        return calls + (self.context - 1.0) * plain
 
     @property
     def has_profiled(self) -> bool:
