@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
 from common.errors import ConfigError
@@ -97,8 +98,8 @@ def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
         return None, why
     if hw.host is None:
         return None, why
-    return hw.host, (f"host timeline priced by the {hw.name} hardware file's host block ({hw.host.source}): this run "
-                     f"has no host sweep (--host-sweep)")
+    return hw.host, (f"host timeline priced by the {hw.name} hardware file's host block ({Path(hw.path).name}: its "
+                     f"source says where it was measured); this run has no host sweep (--host-sweep)")
 
 
 def calibration(ev: RunEvidence) -> Calibration:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.ops import host as p
+from ledger.evidence.step_partition import COMPUTE, DATA_WAIT, EXPOSED, HOST_BOUND, PIPELINE_WAIT, SLOWER_RANK, SYNC
 from ledger.models.formulas.params import chunk_layers, num_chunks
 from ledger.models.schedule import FORWARD, Item
 from ledger.models.time_model import host_recipe as recipe
@@ -23,6 +24,17 @@ from ledger.models.time_model.compute import entry_seconds
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.host_timeline import Segment, Timeline, run
 from ledger.models.time_model.ops import Collective, chunk_backward, chunk_ends, chunk_forward
+
+
+def decomposition(tl: Timeline, beside: dict[str, float], wait: float) -> dict[str, float]:
+    """The step decomposition's terms (ledger.evidence.step_partition's names) of a window run on two clocks: the
+    device's busy time on compute, the collectives on the compute stream (tp, cp, ep) and those `beside` it (the
+    replay's dp, pp, embedding exposure) by group, the wait for other stages, the reads, and the host-bound rest."""
+    terms = {COMPUTE: tl.busy.get("compute", 0.0)}
+    exposed = {g: tl.busy.get(g, 0.0) for g in ("tp", "cp", "ep")} | beside
+    terms |= {f"{EXPOSED} {g}": t for g, t in exposed.items() if t > 0}
+    return terms | {PIPELINE_WAIT: wait, SLOWER_RANK: 0.0, DATA_WAIT: 0.0, SYNC: tl.reading,
+                    HOST_BOUND: tl.host_bound_idle}
 
 
 @dataclass(frozen=True)

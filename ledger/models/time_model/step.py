@@ -27,9 +27,14 @@ The pipeline bubble is the measurement's convention (ledger/reconcile/pipeline.p
 time over the span from the first forward to the last backward of the pipeline; the same replay with P2P transfers
 and param all-gather waits at zero attributes its gap to the textbook (p-1)/(vm+p-1) to stage imbalance or comm.
 
+With host costs in the calibration (host.py, docs/formulas.md "Host timeline") each item lasts its range's span on
+the device as the host paces it, the step starts with the time before the first range and ends with the optimizer's
+and the loss's reads; the step decomposition's predicted terms come from the same timelines.
+
 Not modelled: contention between an overlapped collective and the compute beside it (both run at their standalone
 speeds, so a prediction of overlapped comm is a lower bound of its slowdown); a send waiting for its receiver to post
-(the exchange is priced as one transfer); host-side launch gaps beyond what the sweep's back-to-back kernels include.
+(the exchange is priced as one transfer); under PP, a stage's host waiting for another stage (each stage's pace is
+its own host timeline's, then the schedule replays the pipeline).
 """
 from __future__ import annotations
 
@@ -37,15 +42,6 @@ from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.intervals import Interval, union
-from ledger.evidence.step_partition import (
-    COMPUTE,
-    DATA_WAIT,
-    EXPOSED,
-    HOST_BOUND,
-    PIPELINE_WAIT,
-    SLOWER_RANK,
-    SYNC,
-)
 from ledger.models.formulas.activations import local_seq_length
 from ledger.models.formulas.buffer_layout import (
     BufferLayout,
@@ -67,7 +63,7 @@ from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate, 
 from ledger.models.time_model import buckets
 from ledger.models.time_model.calibration import Calibration
 from ledger.models.time_model.compute import StageTime, stage_time
-from ledger.models.time_model.host import StageHost, StageWork, stage_host
+from ledger.models.time_model.host import StageHost, StageWork, decomposition, stage_host
 
 CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
 EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
@@ -352,17 +348,10 @@ def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: flo
 
 
 def _decomposition(r: _Replay, s: int, f: _Figures, wait: float) -> dict[str, float]:
-    """The step decomposition's predicted terms for stage s (docs/formulas.md, "Step decomposition"): its host
-    timeline up to the end of a profiler step's window, under the profiled host costs where measured, with the
-    replay's wait for the other stages."""
+    """Stage s's predicted decomposition: its host timeline up to a profiler window's end, under the profiled host
+    costs where measured, with the replay's dp, pp and embedding exposure and its wait for the other stages."""
     tl = r.stage_host(s, r.cal.host.has_profiled, window=True).timeline
-    terms = {COMPUTE: tl.busy.get("compute", 0.0)}
-    exposed = {g: tl.busy.get(g, 0.0) for g in ("tp", "cp", "ep")} | {"dp": f.dp_exposed, "pp": f.sends,
-                                                                       "embedding": f.embedding}
-    terms |= {f"{EXPOSED} {g}": t for g, t in exposed.items() if t > 0}
-    terms |= {PIPELINE_WAIT: wait, SLOWER_RANK: 0.0, DATA_WAIT: 0.0, SYNC: tl.reading,
-              HOST_BOUND: tl.host_bound_idle}
-    return terms
+    return decomposition(tl, {"dp": f.dp_exposed, "pp": f.sends, "embedding": f.embedding}, wait)
 
 
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
