@@ -256,13 +256,18 @@ def judged(term: str, predicted: float, measured: float, step: float = 0.1):
     return r
 
 
-@pytest.mark.parametrize("term", SPEC)
-def test_a_term_is_off_beyond_its_tolerance_and_ok_within_it(term: str):
+CASES = [(term, size) for term, (relative, absolute, _) in SPEC.items()
+         for size in (("relative", "floor") if relative and absolute else ("relative",) if relative else ("floor",))]
+
+
+@pytest.mark.parametrize("term, size", CASES)
+def test_a_term_is_off_beyond_its_tolerance_and_ok_within_it(term: str, size: str):
     # The gap each term's tolerance allows (relative, or its absolute floor: whichever is larger), then 1.5x that gap
     # (not ok: a wider tolerance would pass it; a twin equal to the measurement could not fail it), 3.5x (off) and
-    # 0.5x (ok: a narrower one would fail it). A step of 100 ms.
+    # 0.5x (ok: a narrower one would fail it); for a 50 ms term (the relative part governs) and for a term a tenth of
+    # the floor (the floor governs). A step of 100 ms.
     relative, absolute, of_step = SPEC[term]
-    predicted = 0.0 if relative == 0 else 0.05
+    predicted = 0.05 if size == "relative" else absolute / 10
     allowed = max(relative * predicted, absolute, of_step * 0.1)
     assert judged(term, predicted, predicted + 1.5 * allowed).verdict != "ok"
     assert judged(term, predicted, predicted + 3.5 * allowed).verdict == "off"
