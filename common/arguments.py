@@ -142,6 +142,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                     help="time this run's own kernels at start-up (cached per machine and shape) for the time model")
     pr.add_argument("--no-compute-sweep-cache", dest="compute_sweep_cache", action="store_false",
                     help="measure the compute sweep even when this machine's cache holds its shapes")
+    pr.add_argument("--host-sweep", action="store_true",
+                    help="time the host's dispatch of each kind of call (eager op, compiled region, module call, "
+                         "sync, .item()) at start-up for the time model's host timeline")
     pr.add_argument("--all-probes", action="store_true",
                     help="every probe on except the profiler window and memory history")
 
@@ -303,7 +306,7 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
                      use_pytorch_profiler=ns.use_pytorch_profiler, nsys_profile=ns.nsys_profile,
                      record_memory_history=ns.record_memory_history, nvtx=ns.nvtx, timers=ns.timers,
                      bandwidth_sweep=ns.bandwidth_sweep, compute_sweep=ns.compute_sweep,
-                     compute_sweep_cache=ns.compute_sweep_cache)
+                     compute_sweep_cache=ns.compute_sweep_cache, host_sweep=ns.host_sweep)
     if ns.profile_step_start is not None:
         pc.profile_step_start = ns.profile_step_start
     if ns.profile_step_end is not None:
@@ -313,6 +316,7 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
     if ns.nvml_interval is not None:
         pc.nvml_interval = ns.nvml_interval
     if ns.all_probes:
-        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.log_memory_to_tensorboard = True
+        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.host_sweep = True
+        pc.log_memory_to_tensorboard = True
         pc.nvml_interval = pc.nvml_interval or 0.5
     return pc

@@ -217,6 +217,24 @@ class ComputeRecord(Event):
 
 
 @dataclass(slots=True)
+class HostRecord(Event):
+    """One primitive of the start-up host sweep (common/ops/host.py names them): the host's seconds per call on this
+    CPU and torch, and under torch.profiler where the run profiles. A reader that predates the kind skips it
+    (parse_event: None for an unknown kind); a later writer's fields land in `extra`."""
+    KIND: ClassVar[str] = "host"
+    op: str = ""
+    seconds: float = finite()
+    profiled_seconds: float | None = finite()  # the same call with torch.profiler recording (the run's settings)
+    iters: int | None = None
+    launches: bool | None = None  # the call launches device work (False: a CPU rank, ops on the calling thread)
+    device: str | None = None
+    cpu: str | None = None  # the host's CPU model
+    torch: str | None = None  # torch.__version__
+    threads: int | None = None
+    note: str | None = None
+
+
+@dataclass(slots=True)
 class StepRecord(Event):
     """A step's figures; any other figure the engine passes lands in `extra`."""
     KIND: ClassVar[str] = "step"
@@ -265,7 +283,7 @@ class RunEndRecord(Event):
 
 
 RECORD_TYPES: dict[str, type[Event]] = {t.KIND: t for t in (
-    MemoryRecord, InventoryRecord, TimingRecord, NvmlRecord, BandwidthRecord, ComputeRecord, StepRecord,
+    MemoryRecord, InventoryRecord, TimingRecord, NvmlRecord, BandwidthRecord, ComputeRecord, HostRecord, StepRecord,
     CheckpointRecord, RunEndRecord)}
 KINDS = tuple(RECORD_TYPES)
 

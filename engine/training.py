@@ -200,6 +200,7 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     probes.inventory(inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
+    probes.host_sweep()
     data_iterators = build_data_iterators(run_config, parallel_state, device, probes)
     checkpointer = Checkpointer(run_config, model, optimizer, scheduler, data_iterators, log=log, probes=probes)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,

@@ -15,6 +15,7 @@ data loaders and the checkpointer make exactly these; keep them stable):
                                                     # (probes.bandwidth.SweepSizes)
     probes.compute_sweep(run_config, first_stage=..., last_stage=...,
                          optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
+    probes.host_sweep()                             # optional, start-up: the host's cost per kind of call
     with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
         ...                                         # + a timer when timers are on; categories: iteration, forward,
                                                     # backward, optimizer, dp-comm, pp-comm, tp-comm,
@@ -68,6 +69,8 @@ class ProbeSetProtocol(Protocol):
 
     def compute_sweep(self, run_config: RunConfig, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
                       grad_buffer_numel: int, kernels: EngineKernels) -> None: ...
+
+    def host_sweep(self) -> None: ...
 
     def checkpoint(self, action: str, **fields: Any) -> None: ...
 

@@ -136,7 +136,7 @@ def test_backward_over_forward_expects_the_forward_each_recompute_mode_re_runs(l
     assert 2 < expected["s8192-selective"] < expected["s8192-full"] < 3
 
 
-# ---- the tiny run the model does not capture ---------------------------------------------------------------------
+# ---- the tiny run the host paces --------------------------------------------------------------------------------
 
 def per_step_phases(run: Path, steps: set[int]) -> dict[str, float]:
     """Forward, backward and optimizer timer time per step, averaged over `steps`, straight from the events."""
@@ -148,10 +148,16 @@ def per_step_phases(run: Path, steps: set[int]) -> dict[str, float]:
     return {k: v / len(steps) for k, v in totals.items()}
 
 
-def test_a_host_bound_two_layer_run_is_under_predicted_visibly_and_the_largest_gap_is_named(small):
+def test_the_host_bound_two_layer_run_is_paced_by_the_host_timeline_and_the_largest_gap_is_named(small):
+    # Its kernels are too short for the host to keep ahead: the device-only model predicted 29.0 ms against 36.2 ms.
+    # It is the host timeline's calibration run (host_recipe.CONTEXT is fitted on this step, BENCHMARKS.md "The host
+    # timeline"), so its step within the row's 5% holds that fit in place rather than validating it; without a host
+    # sweep of its own, its host costs are the H200 file's, and the forward rows say the host sets their pace.
     run, result = small
     step = only(result, "throughput.step_time")
-    assert step.verdict != "ok" and step.predicted < step.measured
+    assert step.verdict == "ok" and abs(step.predicted / step.measured - 1) < 0.05
+    forward = only(result, "time.forward_per_microbatch")
+    assert "the host paces the device" in forward.explanation
     # steady steps of its 8: not the first, none the profiler disturbed (window 4-5 and the extra step 6 it records)
     steady = set(run_steps(read_run(run)).steady(range(1, 9)))
     assert steady == {2, 3, 7, 8}

@@ -21,6 +21,7 @@ from common.events import (
     CheckpointRecord,
     ComputeRecord,
     Event,
+    HostRecord,
     InventoryRecord,
     MemoryRecord,
     NvmlRecord,
@@ -41,7 +42,7 @@ from ledger.evidence.layout import GROUP_KINDS, Layout, coordinates, group_lists
 from ledger.evidence.trace_pool import read_trace_summaries
 from ledger.evidence.traces import TraceSummary
 
-KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "step", "checkpoint"}
+KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "host", "step", "checkpoint"}
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RankEvidence:
     nvml: list[NvmlRecord] = field(default_factory=list)
     bandwidth: list[BandwidthRecord] = field(default_factory=list)
     compute: list[ComputeRecord] = field(default_factory=list)  # the compute sweep's kernel times (calibration)
+    host: list[HostRecord] = field(default_factory=list)  # the host sweep's cost per kind of call (calibration)
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)  # saves and loads (engine.checkpointing)
     torn_tail: bool = False
@@ -82,7 +84,8 @@ class RankEvidence:
 
 
 _LISTS: dict[type, str] = {InventoryRecord: "inventory", NvmlRecord: "nvml", BandwidthRecord: "bandwidth",
-                           ComputeRecord: "compute", StepRecord: "steps", CheckpointRecord: "checkpoints"}
+                           ComputeRecord: "compute", HostRecord: "host", StepRecord: "steps",
+                           CheckpointRecord: "checkpoints"}
 
 
 @dataclass

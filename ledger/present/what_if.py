@@ -20,20 +20,15 @@ from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Any
 
-from common.config import ProbeConfig, RecomputeConfig, RunConfig, validate
+from common.config import RecomputeConfig, RunConfig, validate
 from common.errors import ConfigError, UserError
 from ledger.models.formulas.params import num_chunks
-from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.hardware import hardware_for, load_hardware, run_device
 from ledger.models.simulate.simulation import simulate
 from ledger.present import units as fmt
 from ledger.present.charts import Bar, Chart, stacked
 from ledger.present.loaders import RunView, load_rows
-from ledger.reconcile.validation import (
-    hardware_for,
-    measured,
-    measured_values,
-    run_device,
-)
+from ledger.reconcile.validation import measured, measured_values
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -93,8 +88,9 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     """The run's config with the choice applied and validated (common.config.validate, as `train` and `simulate`
     validate); ConfigError with one line when the layout cannot run. Two things follow from a choice rather than
     being chosen: without the distributed optimizer there is no param all-gather to overlap, so
-    --overlap-param-gather goes with it; and the probes are the defaults, since they do not move a prediction and a
-    profiled rank beyond a smaller world would refuse the layout for nothing."""
+    --overlap-param-gather goes with it; and the profiled ranks are those of the new world (a profiled rank beyond a
+    smaller world would refuse the layout for nothing), the other probes the run's (timers' event reads move the host
+    timeline's prediction)."""
     if c.recompute not in RECOMPUTE:
         raise ConfigError(f"recompute {c.recompute!r}: expected one of {', '.join(RECOMPUTE)}")
     full = c.recompute == "full"
@@ -108,7 +104,8 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     recompute = RecomputeConfig(recompute_granularity=None if c.recompute == "none" else c.recompute,
                                 recompute_method=c.recompute_method if full else None,
                                 recompute_num_layers=c.recompute_num_layers if full else None)
-    out = replace(cfg, parallel=parallel, train=train, recompute=recompute, probes=ProbeConfig())
+    probes = replace(cfg.probes, profile_ranks=[r for r in cfg.probes.profile_ranks if r < c.world_size] or [0])
+    out = replace(cfg, parallel=parallel, train=train, recompute=recompute, probes=probes)
     validate(out)
     return out
 
@@ -136,7 +133,7 @@ def run_basis(view: RunView) -> dict[str, Any]:
     e.g. a Megatron-LM run whose arguments are missing), `device` (as the manifest names it), `hardware` (the known
     GPU kind of that device, None when it is none: the user picks) and `measured` (measured_figures)."""
     ev = view.evidence
-    device = run_device(ev)
+    device = run_device(ev.rank_infos.values())
     try:
         hardware: str | None = hardware_for(device, None).name
     except ConfigError:

@@ -90,7 +90,7 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconc
     for rank, r in sorted(ev.ranks.items()):
         rows += overlap_rows(ev.config, r, selection, rank in summaries, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
-    decomposition = StepDecomposition(ev)
+    decomposition = StepDecomposition(ev, model)
     for rank, summary in summaries.items():
         r = ev.rank_evidence(rank)
         rows += trace_rows(ev, r, summary, selection, model)

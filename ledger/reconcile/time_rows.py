@@ -24,14 +24,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
+from common.errors import ConfigError
 from common.wording import plural
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import padded_vocab_size
+from ledger.models.simulate.hardware import hardware_for, run_device
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -41,6 +44,7 @@ from ledger.models.time_model import (
     predict_step,
     stage_time,
 )
+from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.rows import Row, row
 
@@ -78,10 +82,31 @@ def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     return scale, note
 
 
+def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
+    """The host timeline's prices: the run's own host sweep; without one, the host block of the hardware file of
+    the GPU the run names (said in the note: measured on that file's host, not necessarily this run's)."""
+    devices = {info.device.type if (info := ev.rank_infos.get(rank)) else None for rank in range(ev.world_size)}
+    if devices == {"cpu"}:
+        return None, CPU_NOTE
+    own, why = host_costs(r for e in ev.ranks.values() for r in e.host)
+    if own is not None or why == CPU_NOTE:
+        return own, why
+    try:
+        hw = hardware_for(run_device(ev.rank_infos.values()), None)
+    except ConfigError:
+        return None, why
+    if hw.host is None:
+        return None, why
+    return hw.host, (f"host timeline priced by the {hw.name} hardware file's host block ({Path(hw.path).name}: its "
+                     f"source says where it was measured); this run has no host sweep (--host-sweep)")
+
+
 def calibration(ev: RunEvidence) -> Calibration:
     scale, note = host_share(ev)
+    host, host_note = host_calibration(ev)
     return Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
-                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note)
+                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note, host=host,
+                                    host_note=host_note)
 
 
 def predict_run(ev: RunEvidence) -> TimeModel:
@@ -153,6 +178,11 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                 terms = predicted.terms(kind == "forward")
                 text = (f"time model, per {kind} range: {_terms_text(terms, ev)}; {layers} layer(s) per chunk, "
                         f"{_ms(terms.get('layers', 0.0) / layers)} a layer")
+                paced = _paced(model, s, kind)
+                if paced is not None:
+                    text = (f"the host paces the device: the range takes {_ms(paced)} on the host timeline, of which "
+                            f"the device computes {_ms(seconds)}; " + text)
+                    seconds = paced
             else:
                 seconds, text = None, f"no prediction: {'; '.join(model.missing) or 'no config'}"
             if model.calibration is not None and model.calibration.scale_note:
@@ -163,6 +193,14 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                             stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
         rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
     return rows
+
+
+def _paced(model: TimeModel, stage: int, kind: str) -> float | None:
+    """The range's span on the host timeline when the host makes it longer than its device time, else None."""
+    if model.step is None or model.calibration is None or model.calibration.host is None:
+        return None
+    paced = getattr(model.step.stages[stage], kind)
+    return paced if paced > getattr(model.stages[stage], kind) * (1 + 1e-9) else None
 
 
 def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEvidence], steps: set[int],
@@ -217,8 +255,7 @@ def explain_step_time(rows: list[Row], ev: RunEvidence, model: TimeModel, select
     ranks = [r for r in ev.ranks.values() if r.stage == s]
     stage = step.stages[s]
     items = cfg.num_microbatches * len(stage.compute.chunks)
-    predicted = {"forward": items * stage.compute.forward, "backward": items * stage.compute.backward,
-                 "optimizer": stage.optimizer}
+    predicted = {"forward": items * stage.forward, "backward": items * stage.backward, "optimizer": stage.optimizer}
     per_step = {kind: sum(_ranges(ranks, kind, steps)) / (len(steps) * len(ranks)) for kind in predicted
                 if ranks and steps and _ranges(ranks, kind, steps)}
     if per_step:

@@ -14,10 +14,9 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from common.errors import ConfigError, InputError
+from common.errors import InputError
 from ledger.evidence.read import read_run
-from ledger.evidence.run import RunEvidence
-from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
+from ledger.models.simulate.hardware import hardware_for, kind_of, run_device
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.reconcile.run import reconcile_evidence
 
@@ -65,7 +64,7 @@ class Validation:
         H100 run on the H200 file measures the two GPUs' difference as much as the simulator."""
         if self.measured.device is None:
             return None
-        return _kind_of(self.sim.hardware.name) in self.measured.device.lower()
+        return kind_of(self.sim.hardware.name) in self.measured.device.lower()
 
     def within_goals(self) -> bool:
         e = self.errors()
@@ -96,35 +95,13 @@ def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
                     bubble=mean(bubble) if bubble else None, device=device)
 
 
-def run_device(ev: RunEvidence) -> str | None:
-    """The GPU a run ran on, as its manifest names it ("NVIDIA H200"); None when it does not say."""
-    names = {info.device.name for info in ev.rank_infos.values()} - {None}
-    return ", ".join(sorted(names)) or None
-
-
-def _kind_of(hardware_name: str) -> str:
-    """The part of a hardware kind a device name contains: "a100" of "A100-80GB" (in "NVIDIA A100-SXM4-80GB")."""
-    return hardware_name.split("-")[0].lower()
-
-
-def hardware_for(device: str | None, spec: str | None) -> Hardware:
-    """--hardware when given; else the known kind the device name contains (the H200 file for "NVIDIA H200")."""
-    if spec is not None:
-        return load_hardware(spec)
-    for name in sorted(known_names(), key=len, reverse=True):
-        if device and _kind_of(name) in device.lower():
-            return load_hardware(name)
-    raise ConfigError(f"the run's device ({device or 'not recorded'}) is no known hardware kind "
-                      f"({', '.join(known_names())}): pass --hardware")
-
-
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
     if not Path(run_dir).is_dir():
         raise InputError(str(run_dir), "not a run directory")
     ev = read_run(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
     if ev.config is None:
         raise InputError(str(run_dir), "the run's configuration cannot be read: nothing to simulate")
-    device = run_device(ev)
+    device = run_device(ev.rank_infos.values())
     if {info.device.type for info in ev.rank_infos.values()} == {"cpu"}:
         raise InputError(str(run_dir), f"ran on the CPU ({device}): simulate predicts GPUs, so this run's step time "
                                        "and memory cannot judge it; validate a GPU run")
