@@ -4,7 +4,9 @@
     decoder:      TransformerBlock over this stage's global layer numbers (final RMSNorm when post_process)
     post_process: output layer = ColumnParallelLinear over the padded vocabulary, gather_output=False, feeding the
                   vocab-parallel cross entropy; its weight is its own (--untie-embeddings-and-output-weights) or
-                  the embedding's (share_embeddings_and_output_weights, Megatron's default)
+                  the embedding's (share_embeddings_and_output_weights, Megatron's default). With
+                  --cross-entropy-fusion-impl linear the loss multiplies by that weight itself, chunk by chunk
+                  (engine/fusions/fused_linear_cross_entropy.py), and the layer's own forward is not called.
 
 Tied embeddings (Megatron's LanguageModule.setup_embeddings_and_output_layer): on a stage that holds both, the output
 layer multiplies by the embedding's weight, one parameter used twice. Under PP > 1 the last stage's output layer
@@ -29,6 +31,7 @@ import torch.distributed as dist
 
 from common.config import ModelConfig, RecomputeConfig, RunConfig
 from common.errors import ConfigError
+from engine.fusions.fused_linear_cross_entropy import linear_cross_entropy
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
 from engine.tensor_parallel.mappings import TPGroup
@@ -136,6 +139,11 @@ class GPTModel(torch.nn.Module):
         if not self.post_process:
             return hidden_states
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        if labels is not None and self.config.linear_cross_entropy:
+            loss = linear_cross_entropy(hidden_states, self.output_layer.weight if output_weight is None
+                                        else output_weight, labels.t(), self.tp, self.config.vocab_size,
+                                        sequence_parallel=self.output_layer.sequence_parallel)
+            return loss.t().contiguous()
         logits = self.output_layer(hidden_states, weight=output_weight)
         if labels is None:
             return logits
