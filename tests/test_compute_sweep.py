@@ -53,8 +53,10 @@ SINGLE = "--model tiny --num-layers 2 --seq-length 16 --global-batch-size 2 --bf
 
 
 @pytest.mark.parametrize("flags, stage", [(PIPELINED, 0), (PIPELINED, 1), (PIPELINED, 2), (SINGLE, 0),
-                                          (SINGLE.replace("--bf16", "--untie-embeddings-and-output-weights"), 0)],
-                         ids=["first", "middle", "last", "single", "single-untied-fp32"])
+                                          (SINGLE.replace("--bf16", "--untie-embeddings-and-output-weights"), 0),
+                                          (PIPELINED + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl "
+                                                       "linear", 2)],
+                         ids=["first", "middle", "last", "single", "single-untied-fp32", "last-fused-loss"])
 def test_the_sweep_plans_the_time_models_kernels_with_their_dims_and_flops(flags, stage):
     c = parse_args(flags.split())
     planned = compute_sweep.plan(spec(c, stage), CPU, engine_kernels(c.model.vocab_size))

@@ -26,6 +26,11 @@ K/V block it last received (the same size as the local k and v), the output and 
 above at s/C, exactly 1/C of CP1's for every term (all of them are proportional to s), the stage extras too (token
 ids, the final norm, the fp32 softmax of the loss over the rank's s/C tokens).
 
+The loss fused with the output layer over chunks of C_l tokens (--cross-entropy-fusion-impl linear,
+engine/fusions/fused_linear_cross_entropy.py) keeps no [s, b, V/t] tensor: two fp32 figures per token instead of the
+fp32 softmax, and while its backward runs one chunk's logits and their gradient, 2 a C_l V/t (C_l is a constant
+number of tokens, so this term does not shrink with CP once a rank's tokens fill a chunk).
+
 Mixture of experts (docs/formulas.md, "Mixture of experts"): the MLP's three saved tensors give way to what our MoE
 layer (engine/transformer/moe) keeps, per micro-batch with T = the rank's tokens, k = top-k, E experts and R = the
 rows its experts process (uniform routing: the kept assignments, T k or fewer under a capacity factor,
@@ -54,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from common.config import RecomputeConfig, RunConfig
+from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import uniform_kept_assignments
 from ledger.models.formulas.params import num_chunks, padded_vocab_size
@@ -214,21 +219,36 @@ def first_stage_extra_bytes(cfg: RunConfig) -> int:
     return 8 * local_seq_length(cfg) * cfg.train.micro_batch_size * (2 if cfg.model.learned_positions else 1)
 
 
+def loss_chunk_tokens(cfg: RunConfig) -> int:
+    """Tokens of one chunk of the fused output layer and loss (--cross-entropy-fusion-impl linear): the constant
+    chunk, or the micro-batch's s/C b tokens when fewer."""
+    return min(LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, local_seq_length(cfg) * cfg.train.micro_batch_size)
+
+
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
-    """Final norm input + rstd (+ mean), output layer input, and Megatron's vocab-parallel cross-entropy: fp32
-    softmax over the local vocab slice, a bool target mask and int64 masked targets per token."""
+    """Final norm input + rstd (+ mean), output layer input, and the loss: a bool target mask and int64 masked
+    targets per token, and
+    - unfused (Megatron's vocab-parallel cross-entropy): the fp32 softmax over the local vocab slice;
+    - fused over chunks of tokens (linear): two fp32 figures per token (the max and the sum of exponentials), and one
+      chunk's logits and their gradient, which the loss's backward holds at once while every activation is still
+      saved (counted here, not as the logits transient)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     s, b = local_seq_length(cfg), cfg.train.micro_batch_size
     a, sp = activation_bytes(cfg), _sp_div(cfg)
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    loss = (8 * s * b + 2 * a * loss_chunk_tokens(cfg) * vocab // t if m.linear_cross_entropy
+            else 4 * s * b * vocab // t)
     return (sum(_norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
-            + 4 * s * b * vocab // t + s * b * (1 + 8))
+            + loss + s * b * (1 + 8))
 
 
 def logits_transient_bytes(cfg: RunConfig) -> int:
     """The 16/32-bit logits (forward) or their gradient (backward) beside the saved fp32 softmax on the last stage:
-    live only around the loss, so counted in the peak but not in the saved activations."""
+    live only around the loss, so counted in the peak but not in the saved activations. None with the loss fused
+    over chunks: the micro-batch's logits never exist (the chunk's are in last_stage_extra_bytes)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    if m.linear_cross_entropy:
+        return 0
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * vocab // t
 

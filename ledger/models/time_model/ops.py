@@ -14,7 +14,7 @@ input gradient backward; with SP an all-gather before linear_qkv / linear_fc1 an
 linear_proj / linear_fc2 forward, and backward their conjugates plus the re-gather of each saved input shard; the
 embedding all-reduces (SP: reduce-scatters) its output, the output layer all-reduces its input gradient (SP: gathers
 its input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32
-[s, b] tensors. Per step these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
+[s, b] tensors (fused with the output layer over chunks of tokens too: the chunks' figures are combined once). Per step these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
 
 The GPT style (ModelConfig; formulas only, the engine runs the Llama style): linear_fc1 is f wide and a
 gelu.fwd / gelu.bwd kernel (Megatron's bias_gelu: the bias add fused in) replaces swiglu's; learned positions run no
@@ -145,6 +145,7 @@ class Shapes:
     sequence_parallel: bool
     cp: int = 1
     moe: "ExpertShapes | None" = None  # None for a dense MLP
+    linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -158,7 +159,8 @@ class Shapes:
                    query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t, fc1=fc1_width(m) // t,
                    swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
-                   sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg))
+                   sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
+                   linear_cross_entropy=m.linear_cross_entropy)
 
     @property
     def activation_bytes(self) -> int:
@@ -424,9 +426,19 @@ def head_forward(sh: Shapes, weight: str | None) -> list[Work]:
 
 
 def head_backward(sh: Shapes, weight: str | None) -> list[Work]:
-    return [Work(kernel("cross_entropy.bwd", tokens=sh.tokens, vocab=sh.vocab), "cross_entropy"),
-            *_linear_backward(sh, "output_layer", sh.vocab, sh.hidden, weight, True, "output_layer"),
-            Work(_norm(sh, "bwd"), "final_norm", FINAL_NORM)]
+    """The loss's and the output layer's backward; with the loss fused over chunks of tokens the logits are first
+    recomputed (the output layer's fprop once more: the engine interleaves it chunk by chunk with the rest, which
+    sums to the whole micro-batch's kernels), the input re-gathered before it under SP and its gradient
+    reduce-scattered (or all-reduced) after the chunks."""
+    loss = Work(kernel("cross_entropy.bwd", tokens=sh.tokens, vocab=sh.vocab), "cross_entropy")
+    norm = Work(_norm(sh, "bwd"), "final_norm", FINAL_NORM)
+    if not sh.linear_cross_entropy:
+        return [loss, *_linear_backward(sh, "output_layer", sh.vocab, sh.hidden, weight, True, "output_layer"), norm]
+    gemms = _linear_backward(sh, "output_layer", sh.vocab, sh.hidden, weight, False, "output_layer")
+    gather, reduce = ((_tp(sh, "all_gather"), _tp(sh, "reduce_scatter")) if sh.sequence_parallel
+                      else ([], _tp(sh, "all_reduce")))
+    return [*gather, _fprop(sh, "output_layer", sh.vocab, sh.hidden, None, "output_layer"), loss, *gemms, *reduce,
+            norm]
 
 
 def output_param(cfg: RunConfig, pp_rank: int, chunk: int) -> str | None:
