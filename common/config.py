@@ -112,6 +112,10 @@ class ParallelConfig:
     virtual_pipeline_model_parallel_size: int | None = None
     sequence_parallel: bool = False
     order: str = "tp-cp-ep-dp-pp"
+    # Not a flag: what the engine that wrote a manifest did. Today's builds an NCCL communicator only for a process
+    # group of more than one rank; manifests from before this field were written by an engine that built one for
+    # every group, one rank or more (from_dict), which the ledger's device-memory formula counts.
+    communicators_for_groups_of_one: bool = False
 
     @property
     def data_parallel_size(self) -> int:
@@ -236,8 +240,10 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
         # Manifests written before the flag existed lack it: that engine always untied. Before the layer's flavour
         # fields (swiglu, biases, norm, positions) they lack those too: the dataclass defaults, the Llama style.
+        # Before communicators_for_groups_of_one, the engine built a communicator for every group.
         model = {"untie_embeddings_and_output_weights": True, **d["model"]}
-        return cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
+        parallel = {"communicators_for_groups_of_one": True, **d["parallel"]}
+        return cls(model=ModelConfig(**model), parallel=ParallelConfig(**parallel),
                    train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
                    model_preset=d.get("model_preset"),
                    recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it

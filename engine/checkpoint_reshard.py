@@ -45,7 +45,14 @@ import torch.distributed as dist
 
 from common.config import LAYOUT_DEFAULTS, RunConfig
 from engine.model_builder import get_model
-from engine.parallel_state import AXES, ParallelState, RankGenerator, expert_rank_generator_for, rank_generator_for
+from engine.parallel_state import (
+    AXES,
+    LayoutGroup,
+    ParallelState,
+    RankGenerator,
+    expert_rank_generator_for,
+    rank_generator_for,
+)
 from engine.tensor_parallel.random import partition
 from probes.probe_set import NullProbeSet
 
@@ -84,20 +91,6 @@ class RankLayout:
     pieces: list[_Piece]  # in the order of optimizer.main_params (and of main_param_storage)
     adam_order: list[int]  # the piece of each index of torch's optimizer state_dict
     split: dict[str, tuple[int, int] | None]  # (partition_dim, partition_stride); None: TP-replicated
-
-
-@dataclass(frozen=True)
-class _LayoutGroup:
-    """A process group as the buffer layout and the optimizer's shards read it: its size and this rank's index. A
-    model built on the meta device never communicates through it."""
-    members: int
-    index: int
-
-    def size(self) -> int:
-        return self.members
-
-    def rank(self) -> int:
-        return self.index
 
 
 def global_name(chunk: Any, param: torch.nn.Parameter) -> str:
@@ -164,9 +157,9 @@ def _expert_grid(cfg: RunConfig) -> RankGenerator:
                                      p.expert_model_parallel_size, p.order)
 
 
-def _layout_group(grid: RankGenerator, token: str, rank: int) -> _LayoutGroup:
+def _layout_group(grid: RankGenerator, token: str, rank: int) -> LayoutGroup:
     (group,) = [g for g in grid.get_ranks(token) if rank in g]
-    return _LayoutGroup(len(group), group.index(rank))
+    return LayoutGroup(len(group), group.index(rank))
 
 
 def _layout_parallel_state(cfg: RunConfig, rank: int) -> ParallelState:

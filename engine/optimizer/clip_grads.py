@@ -36,7 +36,8 @@ def grad_norm_squared(grads_for_norm: list[torch.Tensor], groups: list[Any], dev
     else:
         total = torch.zeros((), dtype=torch.float32, device=device)
     for group in groups:
-        dist.all_reduce(total, group=group)
+        if group.size() > 1:  # over one rank the sum is the rank's own (and such a group has no communicator)
+            dist.all_reduce(total, group=group)
     return total
 
 
