@@ -28,8 +28,10 @@ a test holds the two lists equal):
                load-balancing loss and capacity drops where configured), moe.permute and moe.unpermute .fwd / .bwd
                (the engine's dispatcher at EP 1 on uniform routing: the rows sorted by expert and split per expert;
                the experts' outputs concatenated and combined per token), and the experts' linear_fc1 / swiglu /
-               linear_fc2 at each of the rank's expert row counts (uniform routing: ExpertSpec); the all-to-alls
-               are the bandwidth sweep's
+               linear_fc2 at each of the rank's expert row counts (uniform routing: ExpertSpec), or under
+               --moe-grouped-gemm experts.linear_fc1 / .linear_fc2 .fprop / .dgrad / .wgrad through the engine's
+               grouped GEMM (MoEKernels.grouped_linear; fprop with the weights' stacking) and one swiglu over all
+               the grouped rows; the all-to-alls are the bandwidth sweep's
   first stage  embedding.fwd / .bwd (the dense embedding gradient added into a main_grad, as DDP's hook does)
   per element  optimizer.step (grad norm, clip, fused AdamW, fp32 -> param copy) and grad_buffer.zero, at up to
                RATE_NUMEL_CAP elements; the time model scales them to the run's element counts
@@ -94,6 +96,9 @@ class MoEKernels:
     permute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[int], Any]]
     unpermute: Callable[[torch.Tensor, Any], torch.Tensor]  # (expert rows, plan) -> [T, h]
     swiglu: Callable[[torch.Tensor], torch.Tensor]  # the experts' (compiled for any row count)
+    # --moe-grouped-gemm: (rows [N, k] grouped by expert, the experts' weights [n, k] each, counts [E] on the device)
+    # -> [N, n], the weights stacked and multiplied as the engine's GroupedMLP does; None for SequentialMLP
+    grouped_linear: Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ class ExpertSpec:
     local_experts: int
     ffn: int  # f_moe / t
     aux_loss: bool
+    grouped: bool = False  # --moe-grouped-gemm
 
     @classmethod
     def from_run(cls, run_config: Any, tp_size: int) -> "ExpertSpec":
@@ -191,7 +197,20 @@ class ExpertSpec:
         return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens,
                    capacity=math.ceil(tokens * m.moe_router_topk / m.num_experts * cf) if cf is not None else None,
                    local_experts=m.num_experts // p.expert_model_parallel_size,
-                   ffn=m.expert_ffn_hidden_size // tp_size, aux_loss=m.moe_aux_loss_coeff > 0)
+                   ffn=m.expert_ffn_hidden_size // tp_size, aux_loss=m.moe_aux_loss_coeff > 0,
+                   grouped=m.moe_grouped_gemm)
+
+    @property
+    def grouped_rows(self) -> int:
+        """A grouped GEMM's rows: at EP 1 every assignment (the engine keeps the counts on the device and carries
+        the dropped rows), under EP > 1 the kept ones."""
+        return self.tokens * self.topk if self.local_experts == self.experts else self.routed
+
+    @property
+    def counts(self) -> list[int]:
+        """Each local expert's kept rows under uniform routing, as evenly as they split."""
+        each, extra = divmod(self.routed, self.local_experts)
+        return [each + (i < extra) for i in range(self.local_experts)]
 
     @property
     def routed(self) -> int:
@@ -302,7 +321,7 @@ def _gemms(spec: SweepSpec, t: _Tensors, grad_dtype: torch.dtype, accumulate: Ca
         linears += [("linear_fc1", spec.fc1, h, spec.tokens), ("linear_fc2", h, f, spec.tokens)]
     else:
         linears.append(("router", x.experts, h, x.tokens))
-        for rows in x.rows:
+        for rows in x.rows if not x.grouped else []:  # grouped GEMMs: _grouped_gemms
             linears += [("linear_fc1", 2 * x.ffn, h, rows), ("linear_fc2", h, x.ffn, rows)]
     if spec.last_stage:
         linears.append(("output_layer", spec.vocab, h, spec.tokens))
@@ -478,6 +497,41 @@ def _uniform_routing(x: ExpertSpec, t: _Tensors, grad: bool) -> tuple[torch.Tens
     return experts, t.randn(x.tokens, x.topk, dtype=torch.float32, grad=grad), kept.view(x.tokens, x.topk)
 
 
+def _grouped_gemms(spec: SweepSpec, t: _Tensors, kernels: MoEKernels) -> list[Planned]:
+    """--moe-grouped-gemm: each expert linear's fprop (stacking the weights, as the engine does per forward), dgrad
+    and wgrad through the engine's grouped GEMM, over the grouped rows split as uniform routing splits them."""
+    if kernels.grouped_linear is None:
+        raise ValueError("a sweep of grouped expert GEMMs needs the engine's (MoEKernels.grouped_linear)")
+    x, h = spec.moe, spec.hidden
+    return (_grouped_linear(spec, t, kernels, "linear_fc1", 2 * x.ffn, h)
+            + _grouped_linear(spec, t, kernels, "linear_fc2", h, x.ffn))
+
+
+def _grouped_linear(spec: SweepSpec, t: _Tensors, kernels: MoEKernels, name: str, n_out: int,
+                    n_in: int) -> list[Planned]:
+    x, rows = spec.moe, spec.moe.grouped_rows
+    counts = torch.tensor(x.counts, device=t.device)
+
+    def operands(grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return t.randn(rows, n_in, grad=grad), [t.randn(n_out, n_in, grad=grad) for _ in range(x.local_experts)]
+
+    def fprop() -> _Op:
+        a, weights = operands(False)
+        return _Call(lambda: kernels.grouped_linear(a, weights, counts))
+
+    def backward(wgrad: bool) -> _Op:
+        a, weights = operands(True)
+        return _Backward(lambda: kernels.grouped_linear(a, weights, counts), tuple(weights) if wgrad else (a,),
+                         (t.randn(rows, n_out),))
+
+    flops, dims = 2.0 * rows * n_out * n_in, dict(experts=x.local_experts)
+    return [Planned(f"experts.{name}.fprop", dict(dims, m=rows, n=n_out, k=n_in), spec.dtype, flops, fprop),
+            Planned(f"experts.{name}.dgrad", dict(dims, m=rows, n=n_in, k=n_out), spec.dtype, flops,
+                    lambda: backward(False)),
+            Planned(f"experts.{name}.wgrad", dict(dims, m=n_out, n=n_in, k=rows), spec.dtype, flops,
+                    lambda: backward(True))]
+
+
 def _moe(spec: SweepSpec, t: _Tensors, kernels: MoEKernels) -> list[Planned]:
     """An MoE layer's ops beside its GEMMs: the router's top-k, permute and unpermute through the engine's own
     functions at uniform routing, and the experts' SwiGLU at each row count."""
@@ -535,8 +589,9 @@ def _moe(spec: SweepSpec, t: _Tensors, kernels: MoEKernels) -> list[Planned]:
                 Planned(f"moe.unpermute.{p}", {**x.copy_dims, "hidden": h}, spec.dtype, 0.0,
                         lambda b=backward: unpermute(b))]
         out += [Planned(f"swiglu.{p}", dict(tokens=rows, width=2 * x.ffn), spec.dtype, 0.0,
-                        lambda rows=rows, b=backward: gated(rows, b)) for rows in x.rows]
-    return out
+                        lambda rows=rows, b=backward: gated(rows, b))
+                for rows in ([x.grouped_rows] if x.grouped else x.rows)]
+    return out + (_grouped_gemms(spec, t, kernels) if x.grouped else [])
 
 
 def _ends(spec: SweepSpec, t: _Tensors, kernels: EngineKernels, grad_dtype: torch.dtype) -> list[Planned]:

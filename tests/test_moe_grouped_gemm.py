@@ -97,6 +97,38 @@ def test_at_ep1_the_grouped_layer_reads_nothing_from_the_device(monkeypatch, imp
                     layer(x).sum().backward()
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
+@pytest.mark.parametrize("capacity", ["", "--moe-expert-capacity-factor 0.5"], ids=["no-capacity", "dropping"])
+def test_what_the_layer_saves_is_the_ledgers_moe_formula(monkeypatch, grouped, capacity):
+    """Every distinct storage autograd saves in one MoE layer's forward (fp32, CPU, torch._grouped_mm as on a GPU),
+    parameters aside, against ledger/models/formulas/activations.moe_saved_tensors: grouped, the stacked weights
+    and offsets, and at EP 1 all T k = 128 rows carried (the kept 64 under the capacity). The ledger counts a fused
+    SwiGLU (GPU); eager, SwiGLU also keeps silu(gate) (rows x f), and the load-balancing loss a scalar and its [E]
+    assignment fractions."""
+    monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", {"cpu"})
+    from ledger.models.formulas import activations
+
+    flags = (f"--model tiny --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01 --seq-length 32 "
+             f"--micro-batch-size 2 {capacity}" + (" --moe-grouped-gemm" if grouped else ""))
+    cfg = parse_args(flags.split())
+    layer = MoELayer(cfg.model, 0, moe=EP1, tp=TPGroup(None, 1, 0), params_dtype=torch.float32, device="cpu", seed=3)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(torch.randn(32, 2, 64, requires_grad=True))
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    measured = sum(n for ptr, n in saved.items() if ptr not in params)
+    formula = activations.moe_saved_tensors(cfg)
+    rows = formula["dispatch.row_index[int64]"] // 8
+    assert rows == (128 if grouped or not capacity else 64)
+    assert ("experts.stacked_weights" in formula) == grouped
+    assert measured == sum(formula.values()) + 4 * rows * 176 + 4 + 4 * 4
+
+
 def test_a_training_run_with_grouped_gemms_is_the_sequential_run():
     """Four steps of the tiny MoE model on a world of one (capacity drops, a load-balancing loss, clipping): the same
     losses, grad norms and weights (the padded-bmm fallback: CPU)."""

@@ -17,7 +17,7 @@ import torch
 from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.mlp import MLP, swiglu, swiglu_any_rows
-from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_gemm
+from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_linear
 from engine.transformer.moe.router import expert_capacity
 
 
@@ -67,14 +67,17 @@ class GroupedMLP(SequentialMLP):
     def forward(self, tokens: torch.Tensor, tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
         """tokens [N, h] grouped by local expert; tokens_per_expert [E/EP]: a device tensor (EP 1: the dispatcher
         keeps the counts there, N = T k rows, the dropped ones last) or the host's list (EP > 1, all N rows kept)."""
-        on_host = isinstance(tokens_per_expert, list)
-        counts = torch.as_tensor(tokens_per_expert, dtype=torch.long, device=tokens.device)
-        groups = ExpertGroups.of(counts, tokens.shape[0], self._max_rows(tokens.shape[0], tokens_per_expert),
-                                 may_drop=not on_host and self.capacity_factor is not None)
+        groups = self.groups(tokens.shape[0], tokens_per_expert)
         experts = list(self.children())
-        fc1 = torch.stack([e.linear_fc1.weight for e in experts])
-        fc2 = torch.stack([e.linear_fc2.weight for e in experts])
-        return grouped_gemm(self.activation(grouped_gemm(tokens, fc1, groups)), fc2, groups)
+        hidden = grouped_linear(tokens, [e.linear_fc1.weight for e in experts], groups)
+        return grouped_linear(self.activation(hidden), [e.linear_fc2.weight for e in experts], groups)
+
+    def groups(self, rows: int, tokens_per_expert: torch.Tensor | list[int]) -> ExpertGroups:
+        """Where each of the `rows` rows goes (grouped_gemm_util.ExpertGroups), on the device."""
+        on_host = isinstance(tokens_per_expert, list)
+        counts = torch.as_tensor(tokens_per_expert, dtype=torch.long, device=next(self.parameters()).device)
+        return ExpertGroups.of(counts, rows, self._max_rows(rows, tokens_per_expert),
+                               may_drop=not on_host and self.capacity_factor is not None)
 
     def _max_rows(self, rows: int, tokens_per_expert: torch.Tensor | list[int]) -> int:
         """A bound on every expert's rows that the host knows without reading the device (the fallback's padded

@@ -78,3 +78,9 @@ def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, groups: ExpertGroups) ->
     else:
         y = _padded_bmm(x, weight, groups)
     return groups.masked(y)
+
+
+def grouped_linear(x: torch.Tensor, weights: list[torch.Tensor], groups: ExpertGroups) -> torch.Tensor:
+    """x [N, k] through each expert's linear weight [n, k] (GroupedMLP's experts, in order), stacked for the call:
+    a copy of the weights that the GEMM keeps for backward; stack's backward hands each weight its slice."""
+    return grouped_gemm(x, torch.stack(weights), groups)

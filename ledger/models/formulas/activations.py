@@ -38,7 +38,11 @@ ledger/models/formulas/moe.py): the router's input a T h (the pre-MLP norm's out
 indices (int64) and softmax over the k chosen (fp32), T k each, and with a load-balancing loss its fp32 softmax over
 all E experts (T E); the dispatch's row index (int64, R); the experts' fc1 input a R h, SwiGLU input a R 2f_moe/t
 and fc2 input a R f_moe/t; the combine's slot index (int64, T k) and its fp32 copy of the expert rows it weights by
-the probabilities, 4 T k h (the product's gradient w.r.t. the probabilities needs them).
+the probabilities, 4 T k h (the product's gradient w.r.t. the probabilities needs them). With grouped expert GEMMs
+(--moe-grouped-gemm, on a GPU's torch._grouped_mm) the two GEMMs also keep the local experts' weights as stacked for
+them, a E/EP 3 f_moe h / t, and the int32 group offsets; at EP 1 the rows are every assignment's, R = T k (the counts
+never reach the host, so the dropped rows travel along, zeroed), with a bool mask of the kept ones under a capacity
+factor. (The padded-bmm fallback of CPUs and fp32 keeps more: not modelled.)
 
 In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
 min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is
@@ -136,12 +140,19 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
 
 def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     """What an MoE layer's MLP part saves for one micro-batch on one rank (module docstring), with the rows its
-    experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP)."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP). Grouped GEMMs
+    (--moe-grouped-gemm) also keep the experts' stacked weights and the groups' int32 offsets, and at EP 1 carry
+    every assignment's row (T k: the counts stay on the device), with a bool mask of the kept ones under a
+    capacity factor."""
+    m, t, ep = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.parallel.expert_model_parallel_size
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size // _sp_div(cfg)
     a, h, f, k = activation_bytes(cfg), m.hidden_size, m.expert_ffn_hidden_size, m.moe_router_topk
-    rows = uniform_kept_assignments(tokens, m)
+    rows = tokens * k if m.moe_grouped_gemm and ep == 1 else uniform_kept_assignments(tokens, m)
     aux = {"router.softmax_all_experts[fp32]": 4 * tokens * m.num_experts} if m.moe_aux_loss_coeff > 0 else {}
+    local = m.num_experts // ep
+    grouped = {"experts.stacked_weights": a * local * 3 * f // t * h, "experts.group_offsets[int32]": 4 * local,
+               **({"experts.kept_rows[bool]": rows} if ep == 1 and m.moe_expert_capacity_factor is not None else {})
+               } if m.moe_grouped_gemm else {}
     return {
         "router.input=pre_mlp_layernorm.output": a * tokens * h,
         "router.topk_indices[int64]": 8 * tokens * k,
@@ -151,6 +162,7 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "experts.linear_fc1.input": a * rows * h,
         "experts.swiglu.input=linear_fc1.output": a * rows * 2 * f // t,
         "experts.linear_fc2.input": a * rows * f // t,
+        **grouped,
         "combine.slot_index[int64]": 8 * tokens * k,
         "combine.expert_rows[fp32]": 4 * tokens * k * h,
     }

@@ -52,6 +52,11 @@ token's probability-weighted sum over its k slots, in fp32). Row counts come fro
 routing alike, a rank's experts receive what it sends, split as evenly as the count allows over its E/EP experts).
 Backward runs each in reverse: unpermute, the combine's all-to-all the other way, the experts' dgrad / wgrad at their
 rows, the dispatch's, permute's (the rows' gradients added back per token), top-k's and the router's dgrad / wgrad.
+Under --moe-grouped-gemm the experts' GEMMs are one grouped kernel per linear and pass (`experts.linear_fc1.fprop`,
+..., keyed by the local expert count beside m, n, k) over all the rows, with one SwiGLU over them: at EP 1 every
+assignment's row (T k: the counts stay on the device, so dropped rows are carried, zeroed), under EP > 1 the kept
+ones received. Each fprop includes stacking the experts' weights (the engine's copy per forward). The permute and
+unpermute copies stay priced at the kept rows (the same as T k without a capacity factor).
 
 Recompute (the run's mode, ledger/models/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
 forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
@@ -187,6 +192,7 @@ class ExpertShapes:
     ep: int
     aux_loss: int  # 1 with a load-balancing loss (its softmax over all E), else 0
     dropping: int  # 1 with a capacity factor (the drop policy's sorts), else 0
+    grouped: bool = False  # --moe-grouped-gemm: each expert linear one grouped GEMM over `grouped_rows`
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "ExpertShapes | None":
@@ -200,11 +206,22 @@ class ExpertShapes:
         return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens, routed=routed,
                    rows=tuple(each + (i < extra) for i in range(m.num_experts // ep)),
                    ffn=m.expert_ffn_hidden_size // cfg.parallel.tensor_model_parallel_size, ep=ep,
-                   aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None))
+                   aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None),
+                   grouped=m.moe_grouped_gemm)
 
     @property
     def fc1(self) -> int:
         return 2 * self.ffn  # SwiGLU experts: gate and up
+
+    @property
+    def local_experts(self) -> int:
+        return len(self.rows)
+
+    @property
+    def grouped_rows(self) -> int:
+        """The rows a grouped GEMM runs over: at EP 1 every assignment (the counts stay on the device, so the
+        dropped rows are carried, zeroed), under EP > 1 the kept ones received."""
+        return self.tokens * self.topk if self.ep == 1 else self.routed
 
 
 def _gemm(name: str, m: int, n: int, k: int) -> Kernel:
@@ -336,17 +353,52 @@ def _experts(sh: Shapes, prefix: str) -> list[tuple[int, str]]:
     return [(rows, f"{prefix}mlp.experts.{i}.") for i, rows in enumerate(sh.moe.rows) if rows > 0]
 
 
+def grouped_gemm(name: str, x: ExpertShapes, m: int, n: int, k: int) -> Kernel:
+    """One grouped GEMM over the rank's experts (--moe-grouped-gemm): `m` x `n` outputs from `k` inputs in all,
+    split over the experts' groups of rows; keyed apart from a dense GEMM by `experts`."""
+    return kernel(name, 2.0 * m * n * k, experts=x.local_experts, m=m, n=n, k=k)
+
+
+def _grouped_forward(sh: Shapes, prefix: str) -> list[Work]:
+    """fc1, SwiGLU over all the rows, fc2; each fprop stacks the experts' weights first (timed with it)."""
+    x, h, rows = sh.moe, sh.hidden, sh.moe.grouped_rows
+    fc1, fc2 = (_expert_params(sh, prefix, linear) for linear in ("linear_fc1", "linear_fc2"))
+    return [Work(grouped_gemm("experts.linear_fc1.fprop", x, rows, x.fc1, h), LAYERS, fc1[0], fc1[1:]),
+            Work(kernel("swiglu.fwd", tokens=rows, width=x.fc1), LAYERS),
+            Work(grouped_gemm("experts.linear_fc2.fprop", x, rows, h, x.ffn), LAYERS, fc2[0], fc2[1:])]
+
+
+def _grouped_backward(sh: Shapes, prefix: str) -> list[Work]:
+    x, h, rows = sh.moe, sh.hidden, sh.moe.grouped_rows
+    work = []
+    for linear, out, inp in (("linear_fc2", h, x.ffn), ("linear_fc1", x.fc1, h)):
+        params = _expert_params(sh, prefix, linear)
+        work += [Work(grouped_gemm(f"experts.{linear}.dgrad", x, rows, inp, out), LAYERS),
+                 Work(grouped_gemm(f"experts.{linear}.wgrad", x, out, inp, rows), LAYERS, params[0], params[1:])]
+        if linear == "linear_fc2":
+            work.append(Work(kernel("swiglu.bwd", tokens=rows, width=x.fc1), LAYERS))
+    return work
+
+
+def _expert_params(sh: Shapes, prefix: str, linear: str) -> tuple[str, ...]:
+    """Every local expert's weight of one linear (EP rank 0's global names), all used, and final, together."""
+    return tuple(f"{prefix}mlp.experts.{i}.{linear}.weight" for i in range(sh.moe.local_experts))
+
+
 def moe_forward(sh: Shapes, prefix: str) -> list[Work]:
-    """Router, permute, dispatch, each local expert's SwiGLU MLP at its rows, combine, unpermute (module
-    docstring)."""
+    """Router, permute, dispatch, each local expert's SwiGLU MLP at its rows (or the grouped GEMMs over all of
+    them), combine, unpermute (module docstring)."""
     x, h = sh.moe, sh.hidden
     work = [Work(_gemm("router.fprop", x.tokens, x.experts, h), LAYERS, prefix + "mlp.router.weight"),
             Work(_router_topk(x, "fwd"), LAYERS), Work(_moe_copy(sh, "moe.permute.fwd"), LAYERS),
             *_ep(sh, counts=True), *_ep(sh)]
-    for rows, e in _experts(sh, prefix):
-        work += [Work(_gemm("linear_fc1.fprop", rows, x.fc1, h), LAYERS, e + "linear_fc1.weight"),
-                 Work(kernel("swiglu.fwd", tokens=rows, width=x.fc1), LAYERS),
-                 Work(_gemm("linear_fc2.fprop", rows, h, x.ffn), LAYERS, e + "linear_fc2.weight")]
+    if x.grouped:
+        work += _grouped_forward(sh, prefix)
+    else:
+        for rows, e in _experts(sh, prefix):
+            work += [Work(_gemm("linear_fc1.fprop", rows, x.fc1, h), LAYERS, e + "linear_fc1.weight"),
+                     Work(kernel("swiglu.fwd", tokens=rows, width=x.fc1), LAYERS),
+                     Work(_gemm("linear_fc2.fprop", rows, h, x.ffn), LAYERS, e + "linear_fc2.weight")]
     return work + [*_ep(sh), Work(_moe_copy(sh, "moe.unpermute.fwd"), LAYERS)]
 
 
@@ -354,10 +406,13 @@ def moe_backward(sh: Shapes, prefix: str) -> list[Work]:
     """The MoE layer's forward in reverse: each all-to-all's backward is one of the same size the other way."""
     x, h = sh.moe, sh.hidden
     work = [Work(_moe_copy(sh, "moe.unpermute.bwd"), LAYERS), *_ep(sh)]
-    for rows, e in reversed(_experts(sh, prefix)):
-        work += [*_linear_backward(sh, "linear_fc2", h, x.ffn, e + "linear_fc2.weight", False, rows=rows),
-                 Work(kernel("swiglu.bwd", tokens=rows, width=x.fc1), LAYERS),
-                 *_linear_backward(sh, "linear_fc1", x.fc1, h, e + "linear_fc1.weight", False, rows=rows)]
+    if x.grouped:
+        work += _grouped_backward(sh, prefix)
+    else:
+        for rows, e in reversed(_experts(sh, prefix)):
+            work += [*_linear_backward(sh, "linear_fc2", h, x.ffn, e + "linear_fc2.weight", False, rows=rows),
+                     Work(kernel("swiglu.bwd", tokens=rows, width=x.fc1), LAYERS),
+                     *_linear_backward(sh, "linear_fc1", x.fc1, h, e + "linear_fc1.weight", False, rows=rows)]
     return work + [*_ep(sh), Work(_moe_copy(sh, "moe.permute.bwd"), LAYERS),
                    Work(_router_topk(x, "bwd"), LAYERS),
                    *_linear_backward(sh, "router", x.experts, h, prefix + "mlp.router.weight", False,
