@@ -1,8 +1,8 @@
 """Start-up compute sweep: the model's own per-layer work, timed at the run's dtype and TP-local shapes on this device,
 so the ledger's time model can predict a step without reading the step times it judges.
 
-What is timed, one micro-batch at this rank's shapes (names and dims are the time model's, ledger/models/time_model/ops.py;
-a test holds the two lists equal):
+What is timed, one micro-batch at this rank's shapes (names and dims are the time model's,
+ledger/models/time_model/ops.py; a test holds the two lists equal):
   GEMMs        linear_qkv, linear_proj, linear_fc1 (2f wide: SwiGLU's gate and up; f for GeLU), linear_fc2, and on
                the last stage output_layer: .fprop (x W^T), .dgrad (dY W), .wgrad (dY^T X accumulated into a grad-dtype
                main_grad in one GEMM where the device can, as the engine's gradient-accumulation fusion does, else a

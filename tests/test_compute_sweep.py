@@ -2,8 +2,8 @@
 calibration reads, and caches them per machine and shape.
 
 CPU, tiny shapes: these test plumbing (which ops, which fields, which cache entry), not timings. The sweep's ops are
-derived from its SweepSpec, the time model's from the RunConfig (ledger/models/time_model/ops.py), independently: a kernel
-one side has and the other lacks is a prediction that cannot be made, or a measurement nobody uses.
+derived from its SweepSpec, the time model's from the RunConfig (ledger/models/time_model/ops.py), independently: a
+kernel one side has and the other lacks is a prediction that cannot be made, or a measurement nobody uses.
 """
 from __future__ import annotations
 

@@ -84,8 +84,9 @@ def reference_adamw(dp_size: int, train: TrainConfig) -> dict:
 
 
 def train_ranks(rank: int, world_size: int, configs: list[dict], tp: int = 1, build=build_dense) -> list[dict]:
-    """Each config: TrainConfig overrides (distributed optimizer, overlaps, bf16); returns per config the global losses, grad norms, final params,
-    the collective log, and the optimizer's inventory before and after its first step."""
+    """Each config: TrainConfig overrides (distributed optimizer, overlaps, bf16); returns per config the global
+    losses, grad norms, final params, the collective log, and the optimizer's inventory before and after its first
+    step."""
     from engine.parallel_state import ParallelState
 
     ps = ParallelState.initialize(tp=tp)
@@ -132,7 +133,8 @@ def _train_one(ps, cfg: dict, build) -> dict:
         loss_total.zero_()
         forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=data, model=ddp,
                                        num_microbatches=MICROBATCHES, config=schedule)
-        torch.distributed.all_reduce(loss_total, group=ps.groups["dp_cp"])
+        if ps.groups["dp_cp"].size() > 1:  # a group of one has no communicator: its sum is the rank's own
+            torch.distributed.all_reduce(loss_total, group=ps.groups["dp_cp"])
         probes.phase = ("step",)
         _, norm = optimizer.step()
         if step == 0:

@@ -1,6 +1,7 @@
-"""The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's SwiGLU MLP
-at its row count under uniform routing, unpermute, and the expert-parallel all-to-alls on the compute stream; the
-compute sweep (probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
+"""The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's
+SwiGLU MLP at its row count under uniform routing (or, under --moe-grouped-gemm, one grouped GEMM per linear over
+all the rows), unpermute, and the expert-parallel all-to-alls on the compute stream; the compute sweep
+(probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
 
 The hand-derived layer time is plumbing on a synthetic calibration (every GEMM 1 ns a FLOP, every memory-bound kernel
 1 us, an all-to-all fit of 10 us + 1 ns a bus byte): it checks which ops are priced at which shapes and how they add
@@ -97,7 +98,8 @@ def test_grouped_gemms_price_one_kernel_per_linear_over_every_assignment_at_ep1(
     router, fc1, fc2 = 2 * 32 * 4 * 64, 2 * rows * 352 * 64, 2 * rows * 64 * 176
     forward = price(ops.moe_forward(sh, PREFIX), c, cal, forward=True)
     backward = price(ops.moe_backward(sh, PREFIX), c, cal, forward=False)
-    assert forward.seconds == pytest.approx((router + fc1 + fc2) * NS + 4 * MEMORY_S)  # top-k, permute, swiglu, unpermute
+    # the memory-bound kernels: top-k, permute, the one SwiGLU, unpermute
+    assert forward.seconds == pytest.approx((router + fc1 + fc2) * NS + 4 * MEMORY_S)
     assert backward.seconds == pytest.approx(2 * (router + fc1 + fc2) * NS + 4 * MEMORY_S)
     names = [w.op.name for w in ops.moe_forward(sh, PREFIX) if isinstance(w.op, ops.Kernel)]
     assert names.count("swiglu.fwd") == 1 and "experts.linear_fc1.fprop" in names and "linear_fc1.fprop" not in names

@@ -86,10 +86,13 @@ def _forward_backward(probes, model: torch.nn.Module, ps: ParallelState) -> floa
 
 def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
     for bucket, param in enumerate(model.parameters()):
-        work = dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True)
+        # a DP group of one has no communicator (engine/parallel_state.py): the reduction is the identity
+        group = ps.groups["dp_cp"]
+        work = dist.all_reduce(param.grad, group=group, async_op=True) if group.size() > 1 else None
         token = probes.comm_begin(f"all-reduce bucket{bucket}", "dp-comm", bucket=bucket,
                                   bytes=param.grad.numel() * 4)
-        work.wait()
+        if work is not None:
+            work.wait()
         probes.comm_end(token)
 
 

@@ -3,8 +3,8 @@
 Every calibration here is a synthetic plumbing/arithmetic fixture, not a device: each kernel costs a round figure
 chosen by its name (PRICE_MS, dims ignored), rates and link fits are set by hand, so each expectation is a sum a
 reader can redo. The op lists a pass must add up are written here from Megatron Core's TransformerLayer and GPT head
-(LAYER_FORWARD, ...), not read from ledger/models/time_model/ops.py. What the model predicts for a real device is tested on
-recorded H200 runs (tests/test_h200_claims.py).
+(LAYER_FORWARD, ...), not read from ledger/models/time_model/ops.py. What the model predicts for a real device is
+tested on recorded H200 runs (tests/test_h200_claims.py).
 """
 from __future__ import annotations
 

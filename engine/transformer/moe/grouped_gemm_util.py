@@ -31,7 +31,9 @@ def uses_grouped_mm(x: torch.Tensor) -> bool:
     device of compute capability 9.0 or later (its only CUDA kernels)."""
     if not hasattr(torch, "_grouped_mm") or x.device.type not in GROUPED_MM_DEVICE_TYPES:
         return False
-    return x.device.type != "cuda" or (x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    if x.device.type != "cuda":
+        return True
+    return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
 
 
 @dataclass(frozen=True)

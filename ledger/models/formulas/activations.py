@@ -34,15 +34,15 @@ number of tokens, so this term does not shrink with CP once a rank's tokens fill
 Mixture of experts (docs/formulas.md, "Mixture of experts"): the MLP's three saved tensors give way to what our MoE
 layer (engine/transformer/moe) keeps, per micro-batch with T = the rank's tokens, k = top-k, E experts and R = the
 rows its experts process (uniform routing: the kept assignments, T k or fewer under a capacity factor,
-ledger/models/formulas/moe.py): the router's input a T h (the pre-MLP norm's output, as linear_fc1's input was), the top-k
-indices (int64) and softmax over the k chosen (fp32), T k each, and with a load-balancing loss its fp32 softmax over
-all E experts (T E); the dispatch's row index (int64, R); the experts' fc1 input a R h, SwiGLU input a R 2f_moe/t
-and fc2 input a R f_moe/t; the combine's slot index (int64, T k) and its fp32 copy of the expert rows it weights by
-the probabilities, 4 T k h (the product's gradient w.r.t. the probabilities needs them). With grouped expert GEMMs
-(--moe-grouped-gemm, on a GPU's torch._grouped_mm) the two GEMMs also keep the local experts' weights as stacked for
-them, a E/EP 3 f_moe h / t, and the int32 group offsets; at EP 1 the rows are every assignment's, R = T k (the counts
-never reach the host, so the dropped rows travel along, zeroed), with a bool mask of the kept ones under a capacity
-factor. (The padded-bmm fallback of CPUs and fp32 keeps more: not modelled.)
+ledger/models/formulas/moe.py): the router's input a T h (the pre-MLP norm's output, as linear_fc1's input was), the
+top-k indices (int64) and softmax over the k chosen (fp32), T k each, and with a load-balancing loss its fp32
+softmax over all E experts (T E); the dispatch's row index (int64, R); the experts' fc1 input a R h, SwiGLU input a
+R 2f_moe/t and fc2 input a R f_moe/t; the combine's slot index (int64, T k) and its fp32 copy of the expert rows it
+weights by the probabilities, 4 T k h (the product's gradient w.r.t. the probabilities needs them). With grouped
+expert GEMMs (--moe-grouped-gemm, on a GPU's torch._grouped_mm) the two GEMMs also keep the local experts' weights
+as stacked for them, a E/EP 3 f_moe h / t, and the int32 group offsets; at EP 1 the rows are every assignment's, R =
+T k (the counts never reach the host, so the dropped rows travel along, zeroed), with a bool mask of the kept ones
+under a capacity factor. (The padded-bmm fallback of CPUs and fp32 keeps more: not modelled.)
 
 In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
 min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is

@@ -10,11 +10,12 @@ DP bucket can be issued).
 
 TP collectives run on the compute stream (synchronous), so they are entries of the same lists, with Megatron's
 placement: without SP an all-reduce after linear_proj and linear_fc2 forward and of linear_qkv's and linear_fc1's
-input gradient backward; with SP an all-gather before linear_qkv / linear_fc1 and a reduce-scatter after
-linear_proj / linear_fc2 forward, and backward their conjugates plus the re-gather of each saved input shard; the
-embedding all-reduces (SP: reduce-scatters) its output, the output layer all-reduces its input gradient (SP: gathers
-its input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32
-[s, b] tensors (fused with the output layer over chunks of tokens too: the chunks' figures are combined once). Per step these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
+input gradient backward; with SP an all-gather before linear_qkv / linear_fc1 and a reduce-scatter after linear_proj
+/ linear_fc2 forward, and backward their conjugates plus the re-gather of each saved input shard; the embedding
+all-reduces (SP: reduce-scatters) its output, the output layer all-reduces its input gradient (SP: gathers its
+input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32 [s, b]
+tensors (fused with the output layer over chunks of tokens too: the chunks' figures are combined once). Per step
+these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
 
 The GPT style (ModelConfig; formulas only, the engine runs the Llama style): linear_fc1 is f wide and a
 gelu.fwd / gelu.bwd kernel (Megatron's bias_gelu: the bias add fused in) replaces swiglu's; learned positions run no
@@ -24,15 +25,15 @@ Not priced apart: the position table's lookup and add (first stage, one [s, b, h
 LayerNorm runs layer_norm.fwd / .bwd where RMSNorm runs rms_norm's, at the same dims.
 
 Context parallelism (C > 1; ledger/models/formulas/comm.py has the derivation of the ring's messages,
-ledger/models/formulas/ring_overlap.py the blocks and the overlap): every op runs at the CP rank's L = s/C tokens, and core
-attention becomes the engine's ring (engine/transformer/ring_attention.py, Transformer Engine's
+ledger/models/formulas/ring_overlap.py the blocks and the overlap): every op runs at the CP rank's L = s/C tokens,
+and core attention becomes the engine's ring (engine/transformer/ring_attention.py, Transformer Engine's
 AttnFuncWithCPAndKVP2P): C steps, each one block kernel on the local queries, keyed apart from the dense kernel by
 `queries` and `causal` (seq: L, every block's keys). With Megatron's load balancing each step's block is either the
-causal diagonal (the rank's own K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced as
-L/2 queries against L keys (rank i's steps with a later rank's block; with an earlier rank's block it runs L queries
-against L/2 keys, the same L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward, 2.5x
-backward. Beside the steps the ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`: the
-block computed meanwhile); only the part of a transfer longer than that block's compute is exposed on the pass,
+causal diagonal (the rank's own K/V, L x L: forward step 0, backward step C - 1) or an unmasked half block, priced
+as L/2 queries against L keys (rank i's steps with a later rank's block; with an earlier rank's block it runs L
+queries against L/2 keys, the same L^2/2 query-key pairs, timed as the former); both are 2 b h L^2 d FLOPs forward,
+2.5x backward. Beside the steps the ring's P2P messages run on their own stream (a `cp` Collective with `overlaps`:
+the block computed meanwhile); only the part of a transfer longer than that block's compute is exposed on the pass,
 ring_overlap.exchange_exposed: max(0, transfer - block). Forward: a message beside each of the first C - 1 blocks;
 backward: one beside each block. A re-run forward (recompute) repeats the forward's ring. The online-softmax merge
 of each later block's output into the running one (forward) and the dQ / dK-dV accumulations (backward) are one
@@ -58,9 +59,10 @@ assignment's row (T k: the counts stay on the device, so dropped rows are carrie
 ones received. Each fprop includes stacking the experts' weights (the engine's copy per forward). The permute and
 unpermute copies stay priced at the kept rows (the same as T k without a capacity factor).
 
-Recompute (the run's mode, ledger/models/formulas/activations.py checkpoint_groups): full re-runs each checkpointed group's
-forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last layer's
-fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its backward.
+Recompute (the run's mode, ledger/models/formulas/activations.py checkpoint_groups): full re-runs each checkpointed
+group's forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last
+layer's fc2 output collective and residual add are not repeated); selective re-runs core_attention.fwd before its
+backward.
 """
 from __future__ import annotations
 
