@@ -12,7 +12,7 @@ import torch
 from common.arguments import parse_args
 from common.config import PRESETS, ModelConfig
 from engine.fusions import fused_linear_cross_entropy as fused
-from engine.fusions.fused_linear_cross_entropy import linear_cross_entropy
+from engine.fusions.fused_linear_cross_entropy import LinearCrossEntropyModule, linear_cross_entropy
 from engine.models.gpt_model import GPTModel
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -125,6 +125,22 @@ def test_the_model_with_the_fusion_has_the_unfused_models_loss_and_gradients(mon
     _assert_same_model_gradients(ModelConfig(**PRESETS["tiny"], untie_embeddings_and_output_weights=untie), _state())
 
 
+def test_the_fused_loss_runs_inside_the_output_layer_module():
+    """What hooks the output layer (DDP's wait for its all-gathered weight under --overlap-param-gather) must see it
+    run: the loss is the output layer module's forward, once per micro-batch."""
+    config = ModelConfig(**PRESETS["tiny"], cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="linear")
+    model = GPTModel(config, _state(), pre_process=True, post_process=True, layer_numbers=[0, 1],
+                     sequence_parallel=False, params_dtype=torch.float32, device="cpu")
+    assert isinstance(model.output_layer, LinearCrossEntropyModule)
+    calls = []
+    model.output_layer.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs.keys()),
+                                                 with_kwargs=True)
+    ids = torch.randint(0, config.vocab_size, (B, S + 1), generator=torch.Generator().manual_seed(0))
+    assert model(ids[:, :-1], ids[:, 1:]).shape == (B, S)
+    assert len(calls) == 1 and "labels" in calls[0]
+    assert model(ids[:, :-1]).shape == (S, B, model.padded_vocab_size)  # without labels: the logits, as unfused
+
+
 def test_a_training_run_with_the_fusion_is_the_unfused_run(monkeypatch):
     """Three steps of the whole loop on a world of one (DDP's fused main_grad accumulation, the optimizer, clipping):
     the same losses, grad norms and weights."""
@@ -158,6 +174,29 @@ def test_compiled_as_on_gpu_it_gives_the_eager_numbers(monkeypatch):
         results.append((loss.detach(), x.grad, w.grad))
     for compiled, eager in zip(results[1], results[0]):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def _training_rank(rank: int, world_size: int, argv: list[str]) -> dict:
+    fused.CHUNK_TOKENS = 9
+    return train_and_collect(parse_args(argv, world_size=world_size))
+
+
+@pytest.mark.slow
+def test_tp2_dp2_with_overlapped_param_gather_trains_the_unfused_single_process_model():
+    """World 4 (TP2 x DP2, SP, distributed optimizer, overlapped grad reduce and param gather: the output layer waits
+    for its all-gathered weight in its module's pre-hook) with the fusion, against the unfused model on one process:
+    tests/test_training_parity.py's bar (losses and grad norms to 1e-5)."""
+    from tests.support.parity import assert_rank_matches, reference
+
+    base = ("--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "8",
+            "--train-iters", "4", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--clip-grad",
+            "0.05", "--mock-data")
+    flags = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
+             "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "20000", *LINEAR]
+    results = run_distributed(_training_rank, 4, [*base, *flags])
+    ref = reference(base, 2)
+    for rank, res in enumerate(results):
+        assert_rank_matches(res, ref, rank)
 
 
 def _tp2_rank(rank: int, world_size: int, sequence_parallel: bool) -> None:

@@ -24,13 +24,20 @@ with it the input is all-gathered along the sequence and its gradient reduce-sca
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS
 from engine.tensor_parallel.cross_entropy import _local_max, _softmax_minus_onehot, _sum_exp_and_target_logit
-from engine.tensor_parallel.layers import addmm_into, fused_weight_grad_placeholder, fuses_weight_grad
+from engine.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    addmm_into,
+    fused_weight_grad_placeholder,
+    fuses_weight_grad,
+)
 from engine.tensor_parallel.mappings import (
     TPGroup,
     _all_gather,
@@ -103,6 +110,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if ctx.sequence_parallel:
                 grad_input = _reduce_scatter_dim0(grad_input, tp, "sp reduce-scatter (linear bwd)")
         return grad_input, grad_weight, None, None, None, None, None
+
+
+class LinearCrossEntropyModule(ColumnParallelLinear):
+    """The output layer of a model whose loss is fused with it (Megatron's LinearCrossEntropyModule): a
+    ColumnParallelLinear (the same weight, name and shard) whose forward, given labels, returns the per-token loss
+    [b, s] through linear_cross_entropy instead of the logits. Called as a module, so that what hooks the output
+    layer (DDP's wait for its parameters' all-gather under --overlap-param-gather) sees it run. vocab_size is the
+    unpadded vocabulary (the padding columns take no probability)."""
+
+    def __init__(self, input_size: int, output_size: int, *, vocab_size: int, **kwargs: Any):
+        super().__init__(input_size, output_size, **kwargs)
+        self.vocab_size = vocab_size
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        if labels is None:
+            return super().forward(x, weight)
+        weight = self.weight if weight is None else weight
+        return linear_cross_entropy(x, weight, labels.t(), self.tp, self.vocab_size,
+                                    sequence_parallel=self.sequence_parallel).t().contiguous()
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, tp: TPGroup,
