@@ -129,6 +129,31 @@ def test_what_the_layer_saves_is_the_ledgers_moe_formula(monkeypatch, grouped, c
     assert measured == sum(formula.values()) + 4 * rows * 176 + 4 + 4 * 4
 
 
+@pytest.mark.parametrize("flags", [["--moe-grouped-gemm"], []], ids=["grouped", "sequential"])
+def test_every_parameter_the_forward_reads_is_waited_for_by_a_module_that_runs(flags):
+    """Under --overlap-param-gather DDP waits for a parameter's all-gather in the forward pre-hook of the module
+    that reads it (params_used_by_forward). GroupedMLP reads its experts' weights without calling their linears:
+    its own hook must cover them, or a forward could use a weight still being gathered. Also the fused loss (the
+    output layer module runs it)."""
+    from engine.distributed.distributed_data_parallel import params_used_by_forward
+    from engine.models.gpt_model import GPTModel
+    from engine.parallel_state import ParallelState
+
+    cfg = parse_args(["--model", "tiny", "--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2",
+                      "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "linear", *flags])
+    state = ParallelState(rank=0, world_size=1, tp_size=1, pp_size=1, dp_size=1, cp_size=1, tp_rank=0, pp_rank=0,
+                          dp_rank=0, cp_rank=0)
+    model = GPTModel(cfg.model, state, pre_process=True, post_process=True, layer_numbers=[0, 1],
+                     sequence_parallel=False, params_dtype=torch.float32, device="cpu")
+    ran: list[torch.nn.Module] = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda m, args: ran.append(m))
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
+    model(ids[:, :-1], ids[:, 1:])
+    waited = {id(p) for m in ran for p in params_used_by_forward(m)}
+    assert {name for name, p in model.named_parameters() if id(p) not in waited} == set()
+
+
 def test_a_training_run_with_grouped_gemms_is_the_sequential_run():
     """Four steps of the tiny MoE model on a world of one (capacity drops, a load-balancing loss, clipping): the same
     losses, grad norms and weights (the padded-bmm fallback: CPU)."""

@@ -55,6 +55,9 @@ class GroupedMLP(SequentialMLP):
     expert its slice of the stacked gradient), a copy of the rank's expert weights that the GEMMs save for backward.
     Rows past the counts (assignments dropped over capacity, at EP 1) come out as zeros.
     """
+    # Its forward reads the experts' weights without calling their modules: DDP's forward pre-hook, which waits for
+    # parameters' all-gather under --overlap-param-gather, must wait for them here (distributed_data_parallel.py).
+    uses_submodule_weights = True
 
     def __init__(self, config: ModelConfig, prefix: str, *, ep_size: int, ep_rank: int, tp: TPGroup,
                  params_dtype: torch.dtype, device: torch.device | str, seed: int):
