@@ -4,10 +4,10 @@ figure beside the exact command that made it.
 Sections, in priority order, each with a share of --budget-s (ENDS): a run that would end past its section's share is
 skipped, and says so:
   dense   llama3.2-1b at seq 4096, 8 micro-batches of 1, bf16, distributed optimizer, every probe on (vs_megatron.py's
-          shape and flags): our engine with the fused linear cross-entropy off ("ours") and on ("ours-linear-ce")
-          and megatron-core, alternated over --rounds: tokens/s, TFLOP/s, MFU against the 989 TFLOP/s datasheet,
-          peak allocated, NVML's used bytes and what lay outside PyTorch (a one-GPU run now builds no communicator
-          beyond the default group's), ratios to megatron-core;
+          shape and flags): our engine ("ours") and megatron-core alternated over --rounds, and in the first
+          --lever-rounds our engine with the fused linear cross-entropy ("ours-linear-ce"): tokens/s, TFLOP/s, MFU
+          against the 989 TFLOP/s datasheet, peak allocated, NVML's used bytes and what lay outside PyTorch (a
+          one-GPU run now builds no communicator beyond the default group's), ratios to megatron-core;
   moe     mixtral-8x7b-2l on the one GPU (runs/bench/moe_cp_h200.sh's flags) with SequentialMLP and with
           --moe-grouped-gemm: step time, tokens/s, and from one profiled step's trace the forward passes' GPU idle
           (1 - kernel busy time / the forward's GPU window: first to last kernel it launched);
@@ -17,7 +17,7 @@ skipped, and says so:
           a communicator for every group, beside the dense runs' NVML figure.
 The JSON (--out) is rewritten after every run, so a section cut short keeps what it measured.
 
-    python runs/bench/engine_vii.py --anchors .bench --out OUT/engine_vii.json [--budget-s 510]
+    python runs/bench/engine_vii.py --anchors .bench --out OUT/engine_vii.json [--budget-s 470]
     python runs/bench/engine_vii.py --cpu-smoke --out /tmp/engine_vii.json   # the same code paths, tiny, on CPU
 """
 from __future__ import annotations
@@ -56,8 +56,8 @@ SMOKE_SMALL = ["--model", "tiny", "--micro-batch-size", "2", "--global-batch-siz
 # Seconds one run of a section is expected to take once the compile and sweep caches are warm (estimates: a run
 # starts torchrun, builds the model, sweeps, compiles, trains), and the share of the budget by whose end a section's
 # last run must be done, so that a slow dense section leaves the later ones their time.
-RUN_S = {"dense": 60, "moe": 90, "small": 35, "outside": 0}
-ENDS = {"dense": 0.5, "moe": 0.85, "small": 1.0, "outside": 1.0}
+RUN_S = {"dense": 45, "moe": 75, "small": 30, "outside": 0}
+ENDS = {"dense": 0.55, "moe": 0.88, "small": 1.0, "outside": 1.0}
 SECTIONS = tuple(RUN_S)
 
 
@@ -123,13 +123,13 @@ def trained(argv: list[str], timed: int, env: dict[str, str] | None = None) -> d
 
 def dense(a, budget: Budget, out: dict, save) -> None:
     makers = variant_makers(Path(a.anchors), 8, a.steps, a.timed)
-    variants = ["ours"] + ([] if a.cpu_smoke else ["mcore"]) + ["ours-linear-ce"]
+    pair = ["ours"] + ([] if a.cpu_smoke else ["mcore"])
     if a.cpu_smoke:
-        makers = {v: (lambda seq, v=v: smoke_variant(v, a)) for v in variants}
+        makers = {v: (lambda seq, v=v: smoke_variant(v, a)) for v in [*pair, "ours-linear-ce"]}
     raw, seq = [], 32 if a.cpu_smoke else 4096
     out["dense"] = {"runs": raw, "failures": []}
-    for round_ in range(a.rounds):
-        for v in variants:
+    for round_ in range(a.rounds):  # the lever's runs in the first --lever-rounds rounds only
+        for v in pair + (["ours-linear-ce"] if round_ < a.lever_rounds else []):
             if not budget.may_start("dense", f"{v} round {round_ + 1}"):
                 continue
             try:
@@ -205,8 +205,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--anchors", default=".bench", help="folder holding mcore_anchor.py")
     p.add_argument("--out", default="engine_vii.json")
-    p.add_argument("--budget-s", type=float, default=510.0, help="stop starting runs past this many seconds")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=470.0, help="stop starting runs past this many seconds")
+    p.add_argument("--rounds", type=int, default=2, help="dense rounds of ours and megatron-core, alternated")
+    p.add_argument("--lever-rounds", type=int, default=1, help="of them, the rounds that also run ours-linear-ce")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timed", type=int, default=6)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
