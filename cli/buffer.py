@@ -1,4 +1,5 @@
-"""`train-ledger buffer`: the seed's 2-rank buffer / distributed-optimizer toy, on the engine's real classes."""
+"""`train-ledger buffer`: the 2-rank buffer / distributed-optimizer toy (docs/buffer_layout.md, "The toy"), on the
+engine's real classes."""
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = CommandParser("buffer", description="the seed's buffer / ZeRO-1 toy: 2 gloo ranks on CPU")
+    p = CommandParser("buffer", description="the buffer / ZeRO-1 toy: 2 gloo ranks on CPU")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a = p.parse_args(argv)
     result = run_toy(Progress("buffer", progress_wanted(a.json)))

@@ -9,6 +9,7 @@ from typing import Any
 
 from cli.args import CommandParser
 from common.arguments import parse_args
+from common.wording import plural
 from ledger.models.plan import build_plan
 from ledger.present.units import si, size
 
@@ -18,10 +19,11 @@ def _coords(coords: dict[str, int]) -> str:
 
 
 def _embeddings(params: dict[str, Any]) -> str:
+    reason = params["embeddings_reason"]
     if params["embeddings"] == "untied":
-        return "untied embedding and output layer"
+        return f"untied embedding and output layer {reason}"
     copy = "; the last stage holds a copy" if params["embedding_copy_on_last_stage"] else ""
-    return f"tied embedding and output layer{copy}"
+    return f"tied embedding and output layer {reason}{copy}"
 
 
 def _other_recompute_modes(memory: dict[str, Any], stage: int) -> str:
@@ -48,7 +50,7 @@ def _moe_lines(moe: dict[str, Any]) -> list[str]:
                      f"{size(sb['dense']['total'])}, expert {size(sb['expert']['total'])} (padding "
                      f"{size(sb['expert']['padding'])})")
         for name, c in stage["all_to_all"].items():
-            lines.append(f"    {name}: {c['calls']} all-to-alls, size {size(c['size_bytes'])} a step, "
+            lines.append(f"    {name}: {plural(c['calls'], 'all-to-all')}, size {size(c['size_bytes'])} a step, "
                          f"{size(c['remote_bytes'])} leaving the rank")
     return lines
 
@@ -67,7 +69,7 @@ def render(plan: dict[str, Any]) -> str:
         f"{pa['vocab']['rule']})",
         f"bytes per parameter: {me['bytes_per_param']:g} ({me['bytes_per_param_after_optimizer_init']:g} after "
         f"optimizer init, before Adam's first step)",
-        f"pipeline: {pi['schedule']}, m = {pi['num_microbatches']} micro-batches per DP replica; bubble "
+        f"pipeline: {pi['schedule']}, m = {plural(pi['num_microbatches'], 'micro-batch')} per DP replica; bubble "
         f"{pi['bubble_fraction']:.2%} [{pi['bubble_convention']}], {pi['bubble_relative_to_compute']:.2%} "
         f"[{pi['bubble_relative_to_compute_convention']}]",
         f"activation recompute: {me['recompute']} [{me['recompute_convention']}]",
@@ -88,7 +90,7 @@ def render(plan: dict[str, Any]) -> str:
             f"    other recompute modes: {_other_recompute_modes(me, i)}",
         ]
         for name, col in co["per_stage"][i].items():
-            lines.append(f"    comm {name}: {col['calls']} calls, {size(col['bytes_per_rank'])} per rank")
+            lines.append(f"    comm {name}: {plural(col['calls'], 'call')}, {size(col['bytes_per_rank'])} per rank")
     lines += [
         "",
         f"static per rank, max: {size(me['static_bytes_per_rank_max'])} at {_coords(me['static_rank_max'])} "

@@ -1,29 +1,35 @@
-"""`train-ledger reconcile RUN [--json] [--fail-on off|warn] [--out DIR]`: formula vs inventory vs measurement.
+"""`train-ledger reconcile RUN [--json] [--fail-on off|warn] [--out DIR] [--workers N] [--hta-ranks RANKS]`:
+formula vs inventory vs measurement.
 
 Writes reconciliation.json and .csv into RUN/ledger (or --out DIR), atomically, after everything is computed.
 --json prints the same object on stdout and nothing else. --fail-on warn|off makes the exit status 1 when any row
-reaches that verdict, so a CI job can gate on the ledger; stderr then says which rows.
+reaches that verdict, so a CI job can gate on the ledger; stderr then says which rows. Traces are read by --workers
+processes; the HTA cross-check runs on --hta-ranks (ledger.reconcile.hta). Progress goes to stderr on a terminal.
 """
 from __future__ import annotations
 
 import json
 import sys
 
-from cli.args import CommandParser, ledger_output_dir
+from cli.args import CommandParser, add_trace_flags, ledger_output_dir
+from cli.progress import Progress, progress_wanted
 
 
 def main(argv: list[str]) -> int:
+    from ledger.reconcile.hta import HtaChoice
     from ledger.reconcile.rows import reaches
-    from ledger.reconcile.run import reconcile, write
+    from ledger.reconcile.run import TraceWork, reconcile, write
 
     p = CommandParser("reconcile")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true")
     p.add_argument("--fail-on", choices=("off", "warn"))
     p.add_argument("--out", metavar="DIR", help="write the reconciliation here instead of RUN/ledger")
+    add_trace_flags(p)
     a = p.parse_args(argv)
+    work = TraceWork(a.workers, HtaChoice.parse(a.hta_ranks), Progress("reconcile", progress_wanted(a.json)))
     out = ledger_output_dir(a.run, a.out)
-    result = reconcile(a.run)
+    result = reconcile(a.run, work)
     json_path, csv_path = write(result, out)
     if a.json:
         print(json.dumps(result.to_dict(), default=str))

@@ -1,7 +1,7 @@
 """`train-ledger schedule`: a pipeline schedule's per-stage event order, its global-clock chart and its bubble.
 
-The order is the ledger's own derivation of Megatron's schedules (ledger/models/schedule.py; tests hold it equal to the plan
-the engine executes); the chart replays it with every forward and backward taking one cell and starting as soon as
+The order is the ledger's own derivation of Megatron's schedules (ledger/models/schedule.py; tests hold it equal to the
+plan the engine executes); the chart replays it with every forward and backward taking one cell and starting as soon as
 its stage is free and its inputs exist. The bubble is read off the chart and set beside the closed form.
 """
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any, Sequence
 
 from common.config import (
@@ -43,7 +44,7 @@ _FIXED_CHOICES: dict[str, tuple[str, ...]] = {
     "--moe-token-dispatcher-type": ("alltoall",),
     "--moe-token-drop-policy": ("probs",),
 }
-# Under megatron_model the flavour flags take the values the ledger's formulas model (common/config.py ModelConfig).
+# Under megatron_model the flavour flags take the values the ledger's formulas model (common.config.ModelConfig).
 _MEGATRON_MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "--normalization": ("LayerNorm", "RMSNorm"),
     "--position-embedding-type": ("learned_absolute", "rope"),
@@ -71,7 +72,8 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     m.add_argument("--norm-epsilon", type=float)
     m.add_argument("--init-method-std", type=float)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="a separate output layer; without it the output layer multiplies by the input embedding")
+                   help="a separate output layer; without it the output layer multiplies by the input embedding "
+                        "(a --model preset is tied or not as its published config)")
     moe = p.add_argument_group("mixture of experts", "docs/engine.md, Mixture of experts")
     moe.add_argument("--num-experts", type=int, help="experts per MoE layer (every layer); absent: dense MLP")
     moe.add_argument("--moe-router-topk", type=int, help="experts each token is routed to (default 2)")
@@ -115,12 +117,14 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     t.add_argument("--data-path", nargs="+", help="PREFIX of a Megatron .bin/.idx pair, or a blend: 0.7 A 0.3 B")
     t.add_argument("--split", help="train,valid,test weights over the documents (default 969,30,1)")
     t.add_argument("--data-cache-path", help="directory for the dataset's cached indices and vocabulary scan "
-                                             "(default: PREFIX/cache/ beside the data)")
+                                             "(default: cache/ in the data's folder)")
 
     ck = p.add_argument_group("checkpoints", "docs/engine.md, Checkpoints")
     ck.add_argument("--save", help="save checkpoints into DIR (every --save-interval iterations and at the end)")
     ck.add_argument("--save-interval", type=int)
-    ck.add_argument("--load", help="resume from DIR's latest checkpoint; none there: start from scratch")
+    ck.add_argument("--load", help="resume from DIR's latest checkpoint. DIR must exist (a mistyped path is refused); "
+                                   "an existing DIR without a checkpoint, or the --save DIR before its first save, "
+                                   "starts from scratch and says so; without --load a run always starts fresh")
     ck.add_argument("--exit-interval", type=int, help="stop after iteration N (a multiple of it), saving first")
     ck.add_argument("--exit-duration-in-mins", type=float,
                     help="stop after the first iteration that ends M minutes or more after start-up, saving first "
@@ -148,6 +152,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                     help="time this run's own kernels at start-up (cached per machine and shape) for the time model")
     pr.add_argument("--no-compute-sweep-cache", dest="compute_sweep_cache", action="store_false",
                     help="measure the compute sweep even when this machine's cache holds its shapes")
+    pr.add_argument("--host-sweep", action="store_true",
+                    help="time the host's dispatch of each kind of call (eager op, compiled region, module call, "
+                         "sync, .item()) at start-up for the time model's host timeline")
     pr.add_argument("--all-probes", action="store_true",
                     help="every probe on except the profiler window and memory history")
 
@@ -179,32 +186,7 @@ def parse_args(argv: Sequence[str], *, world_size: int | None = None, prog: str 
 
 
 def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: bool = False) -> RunConfig:
-    shape: dict[str, Any] = dict(PRESETS[ns.model]) if ns.model else {}
-    explicit_shape = not ns.model and any(getattr(ns, k) is not None for k in _SHAPE_FLAGS)
-    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "vocab_size", "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by",
-                "rotary_base", "norm_epsilon", "init_method_std"):
-        if getattr(ns, key) is not None:
-            shape[key] = getattr(ns, key)
-    if ns.model is None and not shape:
-        shape = dict(PRESETS["tiny"])
-    _flavour(ns, shape, explicit_shape=explicit_shape, megatron_model=megatron_model)
-    if "num_query_groups" not in shape and "num_attention_heads" in shape:
-        shape["num_query_groups"] = shape["num_attention_heads"]
-    if "max_position_embeddings" not in shape and "seq_length" in shape:
-        shape["max_position_embeddings"] = shape["seq_length"]
-    missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
-                           "seq_length") if k not in shape]
-    if missing:
-        raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
-    for key in (*_MOE_FLAGS, "cross_entropy_fusion_impl"):
-        if getattr(ns, key) is not None:
-            shape[key] = getattr(ns, key)
-    # A preset may be untied (Mixtral); the flag unties any shape, as Megatron's (there is no flag that ties).
-    untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
-    model = ModelConfig(**shape, untie_embeddings_and_output_weights=untie, moe_grouped_gemm=ns.moe_grouped_gemm,
-                        cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion)
-
+    model = _model_config(ns, megatron_model=megatron_model)
     ws = world_size if world_size is not None else (ns.world_size if ns.world_size is not None else 1)
     parallel = ParallelConfig(world_size=ws, tensor_model_parallel_size=ns.tensor_model_parallel_size,
                               pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
@@ -229,8 +211,53 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
                     recompute=recompute, checkpoint=checkpoint)
     validate(cfg)
+    check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)
     return cfg
+
+
+def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfig:
+    """The preset's fields (or tiny's, without --model and shape flags), then each shape flag given over it."""
+    shape: dict[str, Any] = dict(PRESETS[ns.model]) if ns.model else {}
+    explicit_shape = not ns.model and any(getattr(ns, k) is not None for k in _SHAPE_FLAGS)
+    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "vocab_size", "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by",
+                "rotary_base", "norm_epsilon", "init_method_std"):
+        if getattr(ns, key) is not None:
+            shape[key] = getattr(ns, key)
+    if ns.model is None and not shape:
+        shape = dict(PRESETS["tiny"])
+    _flavour(ns, shape, explicit_shape=explicit_shape, megatron_model=megatron_model)
+    if "num_query_groups" not in shape and "num_attention_heads" in shape:
+        shape["num_query_groups"] = shape["num_attention_heads"]
+    if "max_position_embeddings" not in shape and "seq_length" in shape:
+        shape["max_position_embeddings"] = shape["seq_length"]
+    missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+                           "seq_length") if k not in shape]
+    if missing:
+        raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
+    for key in (*_MOE_FLAGS, "cross_entropy_fusion_impl"):
+        if getattr(ns, key) is not None:
+            shape[key] = getattr(ns, key)
+    # A preset is untied where its published config is (Llama 3.1, Mixtral); the flag unties any shape, as
+    # Megatron's (there is no flag that ties).
+    untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
+    return ModelConfig(**shape, untie_embeddings_and_output_weights=untie, moe_grouped_gemm=ns.moe_grouped_gemm,
+                       cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion)
+
+
+def check_load_path(load: str | None, save: str | None) -> None:
+    """--load names a folder that exists: a mistyped path would otherwise start the run from scratch, silently
+    losing its progress. The one folder that may not exist yet is --save's own (a job that resumes itself after
+    each preemption passes the same DIR to both, and its first start has saved nothing)."""
+    if load is None:
+        return
+    path = Path(load)
+    if path.is_dir() or (save is not None and path.resolve() == Path(save).resolve()):
+        return
+    problem = "is a file, not a checkpoint directory" if path.exists() else "does not exist"
+    raise ConfigError(f"--load {load}: {problem}; to start from scratch leave out --load (or name an existing "
+                      "directory without a checkpoint)")
 
 
 # The flavour the engine implements: ModelConfig's defaults.
@@ -291,7 +318,7 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
                      use_pytorch_profiler=ns.use_pytorch_profiler, nsys_profile=ns.nsys_profile,
                      record_memory_history=ns.record_memory_history, nvtx=ns.nvtx, timers=ns.timers,
                      bandwidth_sweep=ns.bandwidth_sweep, compute_sweep=ns.compute_sweep,
-                     compute_sweep_cache=ns.compute_sweep_cache)
+                     compute_sweep_cache=ns.compute_sweep_cache, host_sweep=ns.host_sweep)
     if ns.profile_step_start is not None:
         pc.profile_step_start = ns.profile_step_start
     if ns.profile_step_end is not None:
@@ -301,6 +328,7 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
     if ns.nvml_interval is not None:
         pc.nvml_interval = ns.nvml_interval
     if ns.all_probes:
-        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.log_memory_to_tensorboard = True
+        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.host_sweep = True
+        pc.log_memory_to_tensorboard = True
         pc.nvml_interval = pc.nvml_interval or 0.5
     return pc

@@ -1,21 +1,14 @@
 """The run directory, contract v1: every reader and writer goes through this module (torch-free).
 
-    RUN/manifest.json                      schema_version, run_id, framework, argv, config, world_size, ranks
-                                           (host, device, coords), versions, git_sha, started, ended, status, error
-    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line; kinds: memory,
-                                           inventory, timing, nvml, step, run_end, checkpoint (a save: iteration,
-                                           bytes on disk, blocking and background seconds, loaded_iteration; or a
-                                           load: iteration, finetune, seconds; step None), and the start-up calibration
-                                           sweeps: bandwidth (a collective at a size), compute (a kernel of the
-                                           run's own shapes: op, dims, dtype, seconds), both step None
+    RUN/manifest.json                      who ran what, where, with which versions, and whether it finished
+    RUN/ranks/rank{R}/events.jsonl         append-only, one {"kind", "step", "t", ...} object a line
     RUN/traces/rank{R}.step{A}-{B}.json.gz torch.profiler Chrome traces
     RUN/tb/                                TensorBoard event files
     RUN/ledger/                            written by `train-ledger reconcile` / `report`
 
-Crash safety: the manifest is replaced atomically (temp file + rename) and says "running" until the run ends; events
-are flushed at every step end (fsynced then or, with sync(wait=False), by a background thread right after), so a
-killed rank leaves every completed step readable. A reader skips a torn last line (the write that was cut off) and
-reports it; a bad line anywhere else is corruption.
+Crash safety: the manifest is replaced atomically and says "running" until the run ends; events are flushed at every
+step end, so a killed rank leaves every completed step readable; a reader skips a torn last line and reports it, a
+bad line anywhere else is corruption. Every field and kind: docs/run_directory.md.
 """
 from __future__ import annotations
 
@@ -28,9 +21,11 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, NamedTuple
 
 from common.errors import InputError
+from common.events import Event, parse_event
+from common.typecheck import TypeMismatch
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -52,35 +47,42 @@ def trace_path(run_dir: str | os.PathLike, rank: int, start: int, end: int) -> P
 
 
 def check_writable(path: str | os.PathLike) -> Path:
-    """`path` if a file can be written there (its folder is created when missing), else InputError naming the path
-    and the operating system's reason. Called before long work, so that a read-only run directory, a path under a
-    file or a pseudo file system is refused at once rather than after minutes of merging or reconciling."""
+    """`path` if a file can be written there, else InputError naming the path and the operating system's reason.
+    Called before long work, so that a read-only run directory, a path under a file or a pseudo file system is
+    refused at once rather than after minutes of merging or reconciling. The check leaves nothing behind: folders it
+    had to create to try are removed again, so a command that fails later leaves no empty output folder."""
     path = Path(path)
     if path.is_dir():
         raise InputError(path, "is a directory; name a file")
     existing = next(p for p in path.parents if p.exists())
     if not existing.is_dir():
         raise InputError(path, f"cannot be written: {existing} is a file, not a folder (Not a directory)")
+    created = [p for p in path.parents if not p.exists()]  # deepest first
     probe = path.with_name(f".{path.name}.probe{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         probe.open("w").close()
+        probe.unlink()
     except OSError as exc:
         raise InputError(path, f"cannot be written ({exc.strerror or exc})") from None
-    probe.unlink()
+    finally:
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return path
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike) -> Iterator[IO[str]]:
+def atomic_open(path: str | os.PathLike, raw: bool = False) -> Iterator[IO[Any]]:
     """A text stream into a temp file beside `path` (gzip when the name ends in .gz), fsynced and renamed over `path`
     when the block ends cleanly and removed when it fails, so a reader never sees half a file and a failed write
-    leaves whatever was there before."""
+    leaves whatever was there before. `raw`: a binary stream, written as it is (a caller that compresses itself)."""
     path = check_writable(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(tmp, "wt", encoding="utf-8") as f:
+        with (open(tmp, "wb") if raw else opener(tmp, "wt", encoding="utf-8")) as f:
             yield f
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
@@ -151,9 +153,10 @@ class EventWriter:
         self._fsync_thread: threading.Thread | None = None
         self._closing = False
 
-    def write(self, kind: str, step: int | None = None, **fields: Any) -> None:
-        record = {"kind": kind, "step": step, "t": time.time(), **fields}
-        self._f.write(json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n")
+    def write(self, record: Event) -> None:
+        """One typed record (common.events) as a v1 line, stamped with the wall time of the write."""
+        line = {**record.to_json(), "t": time.time()}
+        self._f.write(json.dumps(line, separators=(",", ":"), default=_jsonable) + "\n")
 
     def sync(self, wait: bool = True) -> None:
         self._f.flush()
@@ -192,26 +195,32 @@ def _jsonable(value: Any) -> Any:
 
 
 def ranks_present(run_dir: str | os.PathLike) -> list[int]:
+    """The ranks that recorded events. An empty events.jsonl is a rank that recorded nothing, as a missing one is:
+    the readers then say so (or refuse a run that claims to be complete), rather than reconcile the other ranks as
+    if the world were smaller."""
     root = Path(run_dir) / "ranks"
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         m = re.fullmatch(r"rank(\d+)", child.name)
-        if m and (child / "events.jsonl").is_file():
+        events = child / "events.jsonl"
+        if m and events.is_file() and events.stat().st_size > 0:
             found.append(int(m.group(1)))
     return sorted(found)
 
 
 class EventStream:
-    """Iterate one rank's events lazily; `torn_tail` tells afterwards whether the last line was cut off."""
+    """Iterate one rank's events lazily as typed records (common.events); `torn_tail` tells afterwards whether the
+    last line was cut off. A line of a known kind with a field of the wrong type is an InputError naming the file,
+    the line and the field; a kind this version does not know is skipped (a later writer's)."""
 
     def __init__(self, run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None):
         self.path = events_path(run_dir, rank)
         self.kinds = kinds
         self.torn_tail = False
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Event]:
         if not self.path.is_file():
             raise InputError(self.path, "missing events file")
         pending: tuple[int, str] | None = None
@@ -219,11 +228,17 @@ class EventStream:
             for number, raw in enumerate(f, start=1):
                 if pending is not None:  # a bad line followed by more lines is corruption, not a torn write
                     raise InputError(self.path, f"line {pending[0]}: {pending[1]}")
-                record, problem = _parse_line(raw)
+                obj, problem = _parse_line(raw)
                 if problem:
                     pending = (number, problem)
                     continue
-                if self.kinds is None or record["kind"] in self.kinds:
+                if self.kinds is not None and obj["kind"] not in self.kinds:
+                    continue
+                try:
+                    record = parse_event(obj)
+                except TypeMismatch as exc:
+                    raise InputError(self.path, f"line {number}: {exc}") from None
+                if record is not None:
                     yield record
         if pending is not None:
             self.torn_tail = True
@@ -234,17 +249,25 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
         record = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"corrupt JSON ({exc.__class__.__name__})"
-    if not isinstance(record, dict) or "kind" not in record:
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
         return None, "not an event object with a 'kind'"
     return record, None
 
 
-def iter_events(run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
+def iter_events(run_dir: str | os.PathLike, rank: int, kinds: set[str] | None = None) -> Iterator[Event]:
     return iter(EventStream(run_dir, rank, kinds))
 
 
-def trace_files(run_dir: str | os.PathLike) -> list[tuple[int, int, int, Path]]:
-    """(rank, step_start, step_end, path) for every trace in RUN/traces, sorted by rank then step."""
+class TraceFile(NamedTuple):
+    """A rank's profiler trace and the steps its file name says it holds."""
+    rank: int
+    start: int
+    end: int
+    path: Path
+
+
+def trace_files(run_dir: str | os.PathLike) -> list[TraceFile]:
+    """Every trace in RUN/traces, sorted by rank then step."""
     root = Path(run_dir) / "traces"
     if not root.is_dir():
         return []
@@ -252,5 +275,5 @@ def trace_files(run_dir: str | os.PathLike) -> list[tuple[int, int, int, Path]]:
     for child in root.iterdir():
         m = TRACE_RE.match(child.name)
         if m:
-            out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), child))
+            out.append(TraceFile(int(m.group(1)), int(m.group(2)), int(m.group(3)), child))
     return sorted(out)

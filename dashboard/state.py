@@ -1,8 +1,10 @@
 """What every page shares: the runs root, the selected run, path safety, and the ledger's loaders behind one cache.
 
 Pages name the ledger function that computes their data (`state.open_page("Memory", loaders.memory_timeline)`), so a
-reader can follow a page to its data. Caching: st.cache_data keys on (the function's qualified name, run path, the
-run's file signature, arguments). The signature is the count,
+reader can follow a page to its data. Each function takes the run's RunView (ledger.present.loaders): the run is read
+once per file signature and every page's loaders share that one reading (st.cache_resource). Their results are
+cached by st.cache_data on (the function's qualified name, run path, the run's file signature, arguments). The
+signature is the count,
 total size and newest modification time of the run's files, so a run that is still writing (a new step, a rank's
 manifest renamed into place) or a fresh `train-ledger reconcile` is read again, and an unchanged one never is.
 
@@ -73,22 +75,28 @@ def _dir_signature(root: Path) -> tuple[tuple[str, int], ...]:
     return tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
 
 
-Loader = Callable[..., Any]  # loader(run_dir: str, *args) -> plain values (ledger.present.loaders, ledger.present.dashboard_data)
+Loader = Callable[..., Any]  # loader(RunView, *args) -> plain values (ledger.present.loaders, .dashboard_data)
 
 
 def _name(loader: Loader) -> str:
     return f"{loader.__module__}.{loader.__qualname__}"
 
 
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _view(path: str, sig: tuple) -> loaders.RunView:
+    """The run read once per signature, shared by every loader of every page (a RunView is read-only to them)."""
+    return loaders.open_run(path)
+
+
 @st.cache_data(show_spinner=False, max_entries=512)
 def _cached(name: str, _loader: Loader, path: str, sig: tuple, args: tuple) -> Any:
     """`name` is the cache key for the function; `_loader` (unhashed, by Streamlit's underscore rule) is called."""
-    return _loader(path, *args)
+    return _loader(_view(path, sig), *args)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _cached_runs(root: str, sig: tuple) -> list[dict[str, Any]]:
-    return loaders.list_runs(root)
+    return loaders.list_runs(root, lambda path: _view(str(path), signature(path)))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -101,7 +109,7 @@ def ideal_schedule(pp: int, microbatches: int, vpp: int) -> dict[str, Any]:
 def _merged_trace(path: str, sig: tuple) -> tuple[dict[str, Any], bytes]:
     with tempfile.TemporaryDirectory() as tmp:  # never written under the runs root: the dashboard only reads there
         out = Path(tmp) / "merged.json.gz"
-        info = dashboard_data.merged_trace(path, str(out))
+        info = dashboard_data.merged_trace(_view(path, sig), str(out))
         return info, out.read_bytes()
 
 
@@ -206,6 +214,16 @@ def select_run(runs: list[dict[str, Any]]) -> str | None:
     run = st.sidebar.selectbox("Run", names, index=names.index(st.session_state[SELECTED]), format_func=labels.get)
     st.session_state[SELECTED] = run
     return run
+
+
+def timing_caveat(run: str) -> None:
+    """The run's shared-cores caveat above a page's timings, when its CPU ranks outnumber their cores
+    (ledger.evidence.run.cpu_sharing): the report sets those rows aside for the same reason, and a page must not
+    read waits for a core as exposed communication or a bubble."""
+    sharing = guarded(loaders.shared_cores, run)
+    if sharing:
+        st.warning(f"Timings here are not judged: {sharing}. The report shows them with verdict n/a for the same "
+                   "reason; read them as this machine's, not the layout's.")
 
 
 def current_run() -> str | None:

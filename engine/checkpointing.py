@@ -1,53 +1,6 @@
 """Checkpoints: --save / --save-interval / --load / --exit-interval, and resume that continues bit for bit.
 
-Format: one `torch.save` file per rank, DIR/iter_0000005/rank_00003.pt, not torch.distributed.checkpoint. What a
-rank holds is flat: its model chunks' DDP param buffers, and its optimizer pieces (main params, Adam's m and v), which
-the distributed optimizer cuts at byte ranges of buckets, across parameter edges. DCP's value is resharding, and that
-needs each tensor described as a slice of a global one (DTensor / ShardedTensor metadata) that these flat shards do
-not have; saved under rank-unique keys DCP would reshard nothing and add a planning collective to every save and load.
-So a rank's save is one sequential write with no collective but the barriers below (and the parameter all-gather
-that --overlap-param-gather still owes), and resharding is ours: a checkpoint saved at another parallel layout is
-rebuilt parameter by parameter from the saving ranks' files and cut for this rank (engine/checkpoint_reshard.py);
-common.config.check_load_layout refuses, before any rank starts, what cannot be resharded (model shape, dtypes,
-optimizer kind, global batch size, the number and width of experts).
-
-A rank's file holds: the param buffers (padding included, so the bytes are exactly the run's; in an MoE model the
-expert buffers after the dense ones, as DDP lists them, and the optimizer's pieces of both), the optimizer's fp32
-main-param copy when the params are 16-bit (fp32 main params are the param buffer itself) and torch's AdamW state
-(m, v, step, the param groups' lr), the scheduler's step count, the RNG states (torch CPU, CUDA, Python's random;
-not numpy's global one, which nothing draws from: the datasets seed their own RandomState), the data iterators'
-positions and the iteration.
-
-Atomic, as Megatron's protocol: every rank writes into DIR/iter_X.tmp, each rank's file under a temporary name
-renamed into place when whole (so a rank file's presence means it is complete); rank 0, once all world-size rank
-files are there, writes layout.json (its presence marks a whole save), renames the directory to iter_X and only then
-rewrites latest_checkpointed_iteration.txt (through a temporary file and os.replace). A kill at any point leaves the
-pointer naming the previous complete checkpoint; a stale .tmp is removed by the next save. DIR must be one file
-system seen by every rank, as Megatron's --save.
-
---async-save (Megatron's flag): the blocking part is the parameter sync, rank 0's fresh .tmp directory (then a
-barrier) and a copy of this rank's state into host memory (pinned on CUDA, allocated at the first save and reused);
-a background thread then writes that copy, and on rank 0 waits for every rank's file and finalises as above. Why
-rank 0 watches the files rather than a collective finalising at the next save, as Megatron's async queue does: a
-checkpoint becomes loadable as soon as its last byte is written, not only when training reaches the next save or
-its end (a job preempted in between would lose it), and the background thread issues no collective, which could
-interleave with the training loop's on the same process group. One save is in flight at a time: a save first
-finishes the previous one, and training finishes the pending one before it returns (a killed run's daemon thread
-dies with it, leaving the previous checkpoint as the latest). Without --async-save the same steps run inline.
-
---exit-duration-in-mins M (Megatron's): after each iteration every rank asks whether M minutes have passed since
-it started (this module's import, as Megatron's _TRAIN_START_TIME) and the answers are all-reduced with MAX, so
-every rank stops after the same iteration even when their clocks disagree; it saves first under --save, as
---exit-interval.
-
-Probes (the run's probe set, which the engine hands every DDP chunk): a "checkpoint" range around each save's
-blocking part and each load, and a "checkpoint" event per rank (probes.probe_set), written once the save is
-finished on this rank: a save's iteration, this rank's file size on disk, the seconds the training loop waited
-(blocking_seconds: all of it without --async-save), the seconds the background part took (background_seconds: 0.0
-without --async-save; on rank 0 it includes waiting for the other ranks' files and the rename), this rank's
-torch.save alone, and the iteration this run resumed from; a load's iteration, seconds and the run directory that
-saved the checkpoint (layout.json's saved_by_run_dir), which lets the dashboard join the two runs' loss curves.
-The ledger predicts the size (ledger.models.formulas.checkpoint).
+The details: docs/engine.md, "The format and the save protocol".
 """
 from __future__ import annotations
 
@@ -59,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -75,9 +28,11 @@ from common.config import (
     layout_differences,
 )
 from common.errors import UserError
-from engine.checkpoint_reshard import resharded_state, resharding_note
+from common.wording import plural
+from engine.checkpoint_reshard import load_rank_file, resharded_state, resharding_note
 from engine.optimizer.optimizer import _copy_pieces
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 SAVED_BY_RUN_DIR = "saved_by_run_dir"  # layout.json's key for the run directory that saved the checkpoint
 POLL_SECONDS = 0.01  # how often rank 0's finaliser looks for the other ranks' files
@@ -100,6 +55,25 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _agreed(read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`read()` on every rank, and every rank stops if any rank's read failed, with that rank's message (the lowest
+    such rank's): a rank whose own file is fine would otherwise train on and die later of the lost peer, and the run
+    would record that instead of the file that stopped it."""
+    try:
+        state, problem = read(), None
+    except UserError as exc:
+        state, problem = None, str(exc)
+    problems = [problem]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    failed = [text for text in problems if text is not None]
+    if failed:
+        others = f" (the files of {plural(len(failed) - 1, 'other rank')} fail too)" if len(failed) > 1 else ""
+        raise UserError(failed[0] + others)
+    return state
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -224,7 +198,7 @@ class Checkpointer:
     scheduler: Any  # OptimizerParamScheduler
     data_iterators: list[Any]  # MockDataIterator, one per chunk
     log: bool  # rank 0 prints what it saved and loaded
-    probes: Any = field(default_factory=NullProbeSet)  # times each save / load and records what it wrote
+    probes: ProbeSetProtocol = field(default_factory=NullProbeSet)  # times each save / load and records what it wrote
     loaded_iteration: int | None = None  # the checkpoint load() restored (None: the run started fresh)
     started: float = PROCESS_STARTED  # time.monotonic() at start-up, which --exit-duration-in-mins counts from
     host_copy: HostCopy = field(default_factory=HostCopy)
@@ -327,7 +301,7 @@ class Checkpointer:
         c = self.run_config.checkpoint
         self.loaded_iteration = iteration
         directory = Path(c.load) / checkpoint_dir_name(iteration)
-        state = self._read_state(directory, with_optimizer=not (c.finetune or c.no_load_optim))
+        state = _agreed(lambda: self._read_state(directory, with_optimizer=not (c.finetune or c.no_load_optim)))
         self._load_params(state["param_buffers"], directory)
         if c.finetune or c.no_load_optim:
             _copy_pieces(self.optimizer.main_params, self.optimizer.model_params)  # a fresh optimizer's start
@@ -355,7 +329,7 @@ class Checkpointer:
         differ), the state this rank would have saved, resharded (engine.checkpoint_reshard)."""
         saved_layout = json.loads((directory / CHECKPOINT_LAYOUT_FILE).read_text())
         if not layout_differences(self.run_config, saved_layout):
-            return torch.load(_rank_file(directory), map_location="cpu", weights_only=True)
+            return load_rank_file(_rank_file(directory))
         if self.log:
             print(resharding_note(self.run_config, saved_layout, directory.name), flush=True)
         return resharded_state(self.run_config, saved_layout, lambda rank: _rank_file(directory, rank), self.model,

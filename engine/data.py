@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 
@@ -29,6 +29,7 @@ from engine.context_parallel import get_batch_on_this_cp_rank
 from engine.data_loader import Prefetcher
 from engine.datasets.builder import build_train_dataset
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 _MIX = 0x9E3779B97F4A7C15  # Weyl constant: spreads (seed, index) over the generator's 63-bit seed space
 PREFETCH_MIN = 2  # micro-batches built ahead at least; else two iterations', refilled one iteration at a time
@@ -104,8 +105,8 @@ class MicroBatchIterator(Iterator[MicroBatch]):
     tokens and labels (engine.context_parallel), after the copy to the device, as Megatron cuts its batch."""
 
     def __init__(self, dataset: MockGPTDataset | TokenSamples, run_config: RunConfig, dp_rank: int, dp_size: int,
-                 device: torch.device, *, needs_tokens: bool, needs_labels: bool, probes: Any = None,
-                 cp_size: int = 1, cp_rank: int = 0):
+                 device: torch.device, *, needs_tokens: bool, needs_labels: bool,
+                 probes: ProbeSetProtocol | None = None, cp_size: int = 1, cp_rank: int = 0):
         self.device, self.probes = device, probes if probes is not None else NullProbeSet()
         self.cp_size, self.cp_rank = cp_size, cp_rank
         self.batches = HostBatches(dataset, run_config, dp_rank, dp_size, pin=device.type == "cuda")
@@ -177,7 +178,7 @@ def data_wait_figures(iterators: list[MicroBatchIterator]) -> dict[str, float]:
 
 
 def build_data_iterators(run_config: RunConfig, parallel_state, device: torch.device,
-                         probes: Any = None) -> list[MicroBatchIterator]:
+                         probes: ProbeSetProtocol | None = None) -> list[MicroBatchIterator]:
     """One iterator per model chunk (virtual stage); a chunk reads tokens only as the first stage, labels as the last.
     Only global rank 0 writes the dataset's index caches (the others read them, or build in memory)."""
     model = run_config.model

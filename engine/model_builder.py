@@ -11,10 +11,11 @@ from common.config import RunConfig
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from engine.models.gpt_model import build_model_chunks
 from engine.parallel_state import ParallelState
+from probes.protocol import ProbeSetProtocol
 
 
 def get_model(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
-              probes: Any) -> list[DistributedDataParallel]:
+              probes: ProbeSetProtocol) -> list[DistributedDataParallel]:
     chunks = build_model_chunks(run_config, parallel_state, device, probes)
     probes.memory_point("after_model_build", lambda: held_tensors(chunks))
     ddp_config = DistributedDataParallelConfig.from_train_config(run_config.train, parallel_state.dp_size)

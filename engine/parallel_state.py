@@ -19,6 +19,7 @@ from typing import Any
 
 from common.errors import ConfigError
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -142,10 +143,10 @@ class GroupView:
     group: Any
     size: int
     rank: int
-    probes: Any = NullProbeSet()
+    probes: ProbeSetProtocol = NullProbeSet()
 
     @classmethod
-    def of(cls, parallel_state: Any, kind: str, probes: Any = None) -> "GroupView":
+    def of(cls, parallel_state: Any, kind: str, probes: ProbeSetProtocol | None = None) -> "GroupView":
         """The `kind` group ("tp", "ep", ...) of a ParallelState: its handle (None where the engine built none) and
         the state's `{kind}_size` / `{kind}_rank`."""
         return cls(group=parallel_state.groups.get(kind), size=getattr(parallel_state, f"{kind}_size"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -22,26 +22,16 @@ from common.config import RunConfig
 from engine.checkpointing import Checkpointer
 from engine.data import MicroBatch, build_data_iterators, data_wait_figures
 from engine.distributed import DistributedDataParallel, finalize_model_grads
-from engine.jit import COMPILE_DEVICE_TYPES
 from engine.model_builder import get_model, held_tensors
 from engine.optimizer import get_megatron_optimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
 from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
-from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from engine.probe_adapters import collective_sweep, compute_sweep, inventory
 from engine.tensor_parallel.layers import pad_vocab_size
-from engine.tensor_parallel.mappings import TPGroup
-from engine.transformer.attention import split_qkv_and_rotate
-from engine.transformer.mlp import swiglu, swiglu_any_rows
-from engine.transformer.moe.expert_parallel import EPGroup
-from engine.transformer.moe.experts import GroupedMLP
-from engine.transformer.moe.grouped_gemm_util import grouped_linear as moe_grouped_linear
-from engine.transformer.moe.moe_layer import MoELayer, moe_step_figures
-from engine.transformer.moe.router import Routing
-from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
-from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward
-from probes.compute_sweep import EngineKernels, MoEKernels, RingKernels
+from engine.transformer.moe.moe_layer import moe_step_figures
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 @dataclass
@@ -59,14 +49,6 @@ class StepLog:
 class TrainResult:
     steps: list[StepLog] = field(default_factory=list)
     model: list[torch.nn.Module] = field(default_factory=list)
-
-    @property
-    def losses(self) -> list[float]:
-        return [s.loss for s in self.steps]
-
-    @property
-    def grad_norms(self) -> list[float]:
-        return [s.grad_norm for s in self.steps]
 
 
 def num_floating_point_operations(run_config: RunConfig, batch_size: int) -> float:
@@ -92,7 +74,7 @@ def _one_or_list(items: list):
 
 
 def build_schedule_config(run_config: RunConfig, model: list[DistributedDataParallel],
-                          parallel_state: ParallelState, probes: Any) -> ScheduleConfig:
+                          parallel_state: ParallelState, probes: ProbeSetProtocol) -> ScheduleConfig:
     train = run_config.train
     return ScheduleConfig(
         pipeline_model_parallel_size=parallel_state.pp_size,
@@ -120,7 +102,7 @@ def forward_step(data_iterator, model: torch.nn.Module):
 
 
 def reduce_loss(losses: list[dict[str, torch.Tensor]], parallel_state: ParallelState,
-                device: torch.device) -> torch.Tensor:
+                device: torch.device, probes: ProbeSetProtocol = NullProbeSet()) -> torch.Tensor:
     """The global batch's mean loss on every rank, without leaving the device: micro-batches have equal token
     counts, and so have the CP ranks' shares of a sequence, so the mean of the micro-batch means, averaged over
     dp x cp (Megatron's dp_cp group), is the mean over the global batch."""
@@ -128,12 +110,14 @@ def reduce_loss(losses: list[dict[str, torch.Tensor]], parallel_state: ParallelS
     if ps.is_pipeline_last_stage:
         loss = torch.stack([d["lm loss"] for d in losses]).mean()
         if ps.dp_size * ps.cp_size > 1:
-            dist.all_reduce(loss, group=ps.groups["dp_cp"])
+            with probes.range("all-reduce loss", "dp-comm"):  # over dp x cp, as the grads; no bytes: not theirs
+                dist.all_reduce(loss, group=ps.groups["dp_cp"])
             loss = loss / (ps.dp_size * ps.cp_size)
     else:
         loss = torch.zeros((), device=device)
     if ps.pp_size > 1:
-        dist.broadcast(loss, src=ps.ranks["pp"][-1], group=ps.groups["pp"])
+        with probes.range("broadcast loss", "pp-comm"):  # no bytes: not the pipeline's point-to-point volume
+            dist.broadcast(loss, src=ps.ranks["pp"][-1], group=ps.groups["pp"])
     return loss
 
 
@@ -153,7 +137,7 @@ def train_step(forward_step_func: Callable, data_iterators: list, model: list[Di
     with config.probes.range("optimizer", "optimizer"):
         update_successful, grad_norm = optimizer.step()
     scheduler.step()
-    return reduce_loss(losses, parallel_state, device), update_successful, grad_norm
+    return reduce_loss(losses, parallel_state, device, config.probes), update_successful, grad_norm
 
 
 def training_log(step: StepLog, train_iters: int) -> None:
@@ -165,7 +149,7 @@ def training_log(step: StepLog, train_iters: int) -> None:
 
 def train(forward_step_func: Callable, model: list[DistributedDataParallel], optimizer,
           scheduler: OptimizerParamScheduler, data_iterators: list, run_config: RunConfig,
-          parallel_state: ParallelState, device: torch.device, probes: Any, checkpointer: Checkpointer, *,
+          parallel_state: ParallelState, device: torch.device, probes: ProbeSetProtocol, checkpointer: Checkpointer, *,
           log: bool) -> list[StepLog]:
     """Iterations after the checkpoint loaded (if any) up to --train-iters; the checkpointer saves when due and
     stops the loop at --exit-interval or --exit-duration-in-mins."""
@@ -205,94 +189,18 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
     return steps
 
 
-def _inventory(model: list[DistributedDataParallel], optimizer) -> list[dict[str, Any]]:
-    return [record for chunk in model for record in chunk.inventory()] + list(optimizer.inventory())
-
-
-def collective_sweep(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
-                     probes: Any) -> None:
-    """The start-up bandwidth sweep (a no-op unless --bandwidth-sweep) at the sizes this run communicates: its dense
-    and expert DP buckets; the [s/cp(/tp), b, h] activation that TP collectives and pipeline sends carry (a CP rank
-    holds s/cp tokens); an MoE layer's dispatch of those tokens, k rows each (uniform routing: the size, not the
-    split); the CP ring's messages, the [2, b, n_kv/tp, s/cp, d] K/V block and, in backward, that block with the
-    previous block's dK/dV (engine/transformer/ring_attention.py)."""
-    buffers = [buffer for chunk in model for buffer in chunk.buffers]
-    m, mbs, p = run_config.model, run_config.train.micro_batch_size, parallel_state
-    tokens = m.seq_length // p.cp_size // (p.tp_size if run_config.parallel.sequence_parallel else 1) * mbs
-    kv_block = 2 * mbs * (m.num_query_groups // p.tp_size) * (m.seq_length // p.cp_size) * m.head_dim
-    probes.collective_sweep(parallel_state,
-                            dp_bucket_numels=[b.grad_data.numel() for buffer in buffers if not buffer.expert
-                                              for b in buffer.buckets],
-                            expert_bucket_numels=[b.grad_data.numel() for buffer in buffers if buffer.expert
-                                                  for b in buffer.buckets],
-                            dp_grad_dtype=buffers[0].grad_dtype, dp_param_dtype=buffers[0].param_dtype,
-                            activation_numel=tokens * m.hidden_size, activation_dtype=buffers[0].param_dtype,
-                            ep_dispatch_numel=tokens * m.moe_router_topk * m.hidden_size if m.is_moe else 0,
-                            cp_message_numels=[kv_block, 2 * kv_block] if p.cp_size > 1 else [])
-
-
-def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
-    """The sweep's handles on this rank's first MoE layer (None for a dense model): its router after the GEMM, a
-    dispatcher of the same experts at EP 1 (permute and combine without the all-to-alls), the experts' SwiGLU and,
-    under --moe-grouped-gemm, their grouped GEMM."""
-    layer = next((m for chunk in model for m in chunk.modules() if isinstance(m, MoELayer)), None)
-    if layer is None:
-        return None
-    local = MoEAlltoAllTokenDispatcher(layer.token_dispatcher.num_experts, EPGroup(group=None, size=1, rank=0),
-                                       layer.layer_number)
-
-    def route(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        routing = layer.router.route(logits)
-        return routing.experts, routing.probs
-
-    def permute(tokens: torch.Tensor, experts: torch.Tensor, probs: torch.Tensor, kept: torch.Tensor):
-        none = torch.zeros(local.num_experts, dtype=torch.long, device=tokens.device)
-        return local.dispatch(tokens, Routing(experts=experts, probs=probs, kept=kept, tokens_per_expert=none,
-                                              dropped_per_expert=none, aux_loss=probs.new_zeros(())))
-
-    def grouped_linear(rows: torch.Tensor, weights: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
-        return moe_grouped_linear(rows, weights, layer.experts.groups(rows.shape[0], counts))
-
-    return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows,
-                      grouped_linear=grouped_linear if isinstance(layer.experts, GroupedMLP) else None)
-
-
-def engine_kernels(model: list[torch.nn.Module], run_config: RunConfig, device: torch.device) -> EngineKernels:
-    """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), the MoE
-    layer's ops and, under CP, ring attention's blocks and loops (on a ring with no process group: no exchange); the
-    loss on a TP group of one, so it issues no collective."""
-    return EngineKernels(
-        split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
-        cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
-                                        vocab_size=run_config.model.vocab_size),
-        variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
-        ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
-                         group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
-
-
-def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
-                  parallel_state: ParallelState, device: torch.device, probes: Any) -> None:
-    """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes (engine_kernels)."""
-    m, tp = run_config.model, parallel_state.tp_size
-    kernels = engine_kernels(model, run_config, device)
-    probes.compute_sweep(run_config, tp_size=tp,
-                         padded_vocab_size=pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp),
-                         first_stage=parallel_state.is_pipeline_first_stage,
-                         last_stage=parallel_state.is_pipeline_last_stage,
-                         optimizer_numel=sum(p.numel() for p in optimizer.main_params),
-                         grad_buffer_numel=sum(b.numel for chunk in model for b in chunk.buffers), kernels=kernels)
-
-
-def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device, probes: Any = None, *,
-             forward_step_func: Callable = forward_step, log: bool = False) -> TrainResult:
+def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
+             probes: ProbeSetProtocol | None = None, *, forward_step_func: Callable = forward_step,
+             log: bool = False) -> TrainResult:
     probes = probes if probes is not None else NullProbeSet()
     model = get_model(run_config, parallel_state, device, probes)
     optimizer = get_megatron_optimizer(run_config.train, model, parallel_state)
     scheduler = OptimizerParamScheduler.from_train_config(optimizer, run_config.train)
     probes.memory_point("after_optimizer_init", lambda: held_tensors(model, optimizer))
-    probes.inventory(_inventory(model, optimizer))
+    probes.inventory(inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
+    probes.host_sweep()
     data_iterators = build_data_iterators(run_config, parallel_state, device, probes)
     checkpointer = Checkpointer(run_config, model, optimizer, scheduler, data_iterators, log=log, probes=probes)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,

@@ -1,4 +1,4 @@
-"""Device memory at named lifecycle points and per step (the seeds' probe_memory role), memory history, OOM dump.
+"""Device memory at named lifecycle points and per step, memory history, OOM dump.
 
 The keys are torch.cuda.memory_stats() names, verbatim, so the ledger maps them 1:1 to Megatron's TensorBoard
 keys (mem-reserved-bytes = reserved_bytes.all.current, mem-allocated-bytes = allocated_bytes.all.current,

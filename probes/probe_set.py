@@ -1,69 +1,8 @@
-"""The one object the engine calls at its lifecycle points.
+"""The one object the engine calls at its lifecycle points: `ProbeSet` writes the run directory, `NullProbeSet`
+(probes off) does nothing at the cost of one call.
 
-Contract with the engine (engine/training.py, the DDP buckets, the P2P communicator and the schedules call exactly
-these; keep them stable):
-
-    probes = create_probe_set(run_config, parallel_state, argv)  # collective: every rank calls it at the same point
-    probes.memory_point("after_model_build", held)  # also "after_ddp_buffers", "after_optimizer_init",
-                                                    # "after_first_step"; held: () -> the engine's tensors (params,
-                                                    # grad buffers, optimizer state), sized by storage on CPU
-                                                    # (probes.memory.tensor_census)
-    probes.inventory(records)                       # list of dicts: name, kind, dtype, numel, bytes, padding, ... (once)
-    probes.collective_sweep(parallel_state, dp_bucket_numels=[...], dp_grad_dtype=..., dp_param_dtype=...,
-                            activation_numel=..., activation_dtype=..., expert_bucket_numels=[...],
-                            ep_dispatch_numel=..., cp_message_numels=[...])  # collective; optional start-up sweep
-                                                    # (probes.bandwidth.SweepSizes)
-    probes.compute_sweep(run_config, tp_size=..., padded_vocab_size=..., first_stage=..., last_stage=...,
-                         optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
-    with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
-        ...                                         # + a timer when timers are on; categories: iteration, forward,
-                                                    # backward, optimizer, dp-comm, pp-comm, tp-comm,
-                                                    # embd-comm (tied embeddings' grad all-reduce),
-                                                    # dp-wait (a stall: "wait ..." names, e.g. the DDP
-                                                    # pre-hook's all-gather wait nested in a forward),
-                                                    # checkpoint (a save or load, between steps),
-                                                    # data-wait (a stall: next() waiting on the data loader's queue,
-                                                    # "wait data mbN" nested in a forward; engine.data)
-    token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
-    probes.comm_end(token)                          # ... and its wait returned
-    probes.step_begin(iteration)
-    probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
-    probes.checkpoint("save", iteration=n, path=..., bytes=..., blocking_seconds=..., background_seconds=...,
-                      write_seconds=..., async_save=..., loaded_iteration=...)          # and the blocking parts
-    probes.checkpoint("load", iteration=n, path=..., finetune=..., seconds=...)   # engine.checkpointing, per rank
-    probes.close(status="complete" | "failed", error=None)
-
-`NullProbeSet` is the disabled implementation: every method does nothing and `range` returns a shared
-nullcontext, so the hot path pays one attribute lookup and one call when probes are off.
-
-`ProbeSet` is the live one (a run directory is set). Hot-path rule: a range costs an NVTX push/pop, a
-record_function only inside the profiler window, and two timer marks (CUDA events or perf_counter); no host sync
-and no file write. Records are buffered and written at step_end, which then flushes once, so a killed rank leaves
-every completed step readable; the fsync runs on the writer's thread. What is written, by kind (each also has
-"kind", "step", "t"):
-  memory     point ("after_model_build" ... | "step" | "oom" | "failure"), device, memory_stats keys or RSS
-             (+ at the lifecycle points on CPU: tensor_bytes, tensor_storages, held_tensor_bytes,
-             held_tensor_storages: probes.memory.tensor_census)
-  inventory  the engine's dicts as given, except that their "kind" is stored as "tensor_kind"
-  timing     name, category, start_s, end_s, duration_s, t_start, t_end, clock, the range's attrs [, async_comm,
-             issue_s, wait_return_s]  (see probes.timers); a range started outside step_begin..step_end has step
-             None (start-up work, the final param sync after the last step)
-  nvml       t_sample, used_bytes, total_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
-  bandwidth  group, collective, group_size, ranks, dtype, numel, size_bytes, time_s, algbw_GBps, busbw_GBps, ...
-             (the run's own sizes, and one element per rank: the latency point of the time model's fit)
-  compute    op, dims, dtype, seconds, flops, iters, device, threads, variant, cached  (see probes.compute_sweep)
-  step       loss, lr, grad_norm, tokens, step_time_s, tokens_per_s and any other figure the engine passes
-             (data_wait_s: the seconds the loop blocked on its data loaders, on ranks that read data);
-             profiled (this rank's profiler recorded the step: its time includes the profiler's cost) and
-             after_trace_export (the step after the window's traces were written: it waits for the slowest export)
-  checkpoint action ("save" | "load"), iteration (saved, or loaded), path (this rank's file); a save also bytes
-             (the file's size on disk), blocking_seconds (what the training loop waited: of it
-             waited_for_previous_seconds, host_alloc_seconds, host_copy_seconds), background_seconds (--async-save's
-             write and finalisation, 0 without), write_seconds (this rank's torch.save alone), async_save and
-             loaded_iteration (the checkpoint this run resumed from, None: it started fresh); a load seconds and
-             finetune.
-             Step None: both happen outside step_begin..step_end; written and fsynced at once
-  run_end    status, error (this rank's close)
+The calls the engine makes are probes.protocol.ProbeSetProtocol, which both classes here provide; the hot-path rule
+and what each event kind holds: docs/architecture.md ("The engine and the probes") and docs/run_directory.md.
 """
 from __future__ import annotations
 
@@ -75,8 +14,10 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError
+from common.events import event
 from common.run_dir import MANIFEST, EventWriter, write_manifest
 from probes import compute_sweep as compute_sweep_mod
+from probes import host_sweep as host_sweep_mod
 from probes import manifest as manifest_mod
 from probes.bandwidth import Sweep, SweepSizes
 from probes.memory import MemoryHistory, MemoryProbe, attach_oom_observer
@@ -100,7 +41,7 @@ class NullProbeSet:
     def inventory(self, records: list[dict[str, Any]]) -> None:
         pass
 
-    def range(self, name: str, category: str, **attrs: Any):
+    def range(self, name: str, category: str, **attrs: Any) -> contextlib.AbstractContextManager[None]:
         return _NULL
 
     def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
@@ -109,8 +50,11 @@ class NullProbeSet:
     def compute_sweep(self, run_config: Any, **shapes: Any) -> None:
         pass
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> None:
-        return None
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, None]:
+        return issue(), None
+
+    def host_sweep(self) -> None:
+        pass
 
     def comm_end(self, token: Any) -> None:
         pass
@@ -163,6 +107,7 @@ class ProbeSet:
         self.timer = StepTimer(use_cuda) if pc.timers else None
         self.bandwidth_sweep = pc.bandwidth_sweep
         self.compute_sweep_on, self.compute_sweep_cache = pc.compute_sweep, pc.compute_sweep_cache
+        self.host_sweep_on = pc.host_sweep
         self.nvml = NvmlSampler(pc.nvml_interval)
         self.run_id = manifest_mod.shared_run_id()
         self.window = None
@@ -197,12 +142,12 @@ class ProbeSet:
 
     # --- lifecycle points -------------------------------------------------------------------------------------
     def memory_point(self, name: str, held: Callable[[], Iterable[torch.Tensor]] | None = None) -> None:
-        self.writer.write("memory", self._step, point=name, **self.memory.read_point(held))
+        self.writer.write(event("memory", self._step, point=name, **self.memory.read_point(held)))
         self.writer.sync()
 
     def inventory(self, records: list[dict[str, Any]]) -> None:
         for record in records:
-            self.writer.write("inventory", None, **{_ENVELOPE_RENAMES.get(k, k): v for k, v in record.items()})
+            self.writer.write(event("inventory", None, **{_ENVELOPE_RENAMES.get(k, k): v for k, v in record.items()}))
         self.writer.sync()
 
     def collective_sweep(self, parallel_state: Any, **sizes: Any) -> None:
@@ -214,43 +159,60 @@ class ProbeSet:
         warmup, iters = (5, 20) if self.memory.use_cuda else (1, 3)
         sweep, at = Sweep(parallel_state, device, warmup=warmup, iters=iters), SweepSizes(**sizes)
         for record in sweep.run(at) + sweep.run(at.latency()):
-            self.writer.write("bandwidth", None, **record)
+            self.writer.write(event("bandwidth", None, **record))
         self.writer.sync()
 
-    def compute_sweep(self, run_config: Any, *, tp_size: int, padded_vocab_size: int, first_stage: bool,
-                      last_stage: bool, optimizer_numel: int, grad_buffer_numel: int,
-                      kernels: compute_sweep_mod.EngineKernels) -> None:
-        """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (a barrier each),
-        so that no measurement shares the cores with another rank's: the time model scales for that sharing."""
+    def compute_sweep(self, run_config: Any, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
+                      grad_buffer_numel: int, kernels: compute_sweep_mod.EngineKernels) -> None:
+        """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (_in_turns)."""
         if not self.compute_sweep_on:
             return
-        spec = compute_sweep_mod.SweepSpec.from_run(
-            run_config, tp_size=tp_size, padded_vocab_size=padded_vocab_size, first_stage=first_stage,
-            last_stage=last_stage, optimizer_numel=optimizer_numel, grad_buffer_numel=grad_buffer_numel)
+        spec = compute_sweep_mod.SweepSpec.from_run(run_config, first_stage=first_stage, last_stage=last_stage,
+                                                    optimizer_numel=optimizer_numel,
+                                                    grad_buffer_numel=grad_buffer_numel)
+        self._in_turns("compute", lambda device: compute_sweep_mod.run(spec, device, kernels,
+                                                                       use_cache=self.compute_sweep_cache))
+
+    def host_sweep(self) -> None:
+        """A no-op unless --host-sweep: the host's cost of each primitive call (probes.host_sweep), under the
+        profiler too when this rank has a profiler window. CPU ranks take turns (_in_turns)."""
+        if not self.host_sweep_on:
+            return
+        profiled = self.window is not None and self.window.use_torch_profiler
+        self._in_turns("host", lambda device: host_sweep_mod.run(device, profiled))
+
+    def _in_turns(self, kind: str, measure: Callable[[torch.device], list[dict[str, Any]]]) -> None:
+        """Write `measure`'s records on this rank's device. CPU ranks take turns (a barrier each), so that no
+        measurement shares the cores with another rank's: the time model scales for that sharing."""
         device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
         turns = range(self.world_size) if device.type == "cpu" and dist.is_initialized() else [self.rank]
         for turn in turns:
             if turn == self.rank:
-                for record in compute_sweep_mod.run(spec, device, kernels, use_cache=self.compute_sweep_cache):
-                    self.writer.write("compute", None, **record)
+                for record in measure(device):
+                    self.writer.write(event(kind, None, **record))
                 self.writer.sync()
             if len(turns) > 1:
                 dist.barrier()
 
     # --- hot path -----------------------------------------------------------------------------------------------
-    def range(self, name: str, category: str, **attrs: Any):
+    def range(self, name: str, category: str, **attrs: Any) -> contextlib.AbstractContextManager[None]:
         check_category(category)
         if self.timer is None and not self.marker.nvtx_active and not profiler_active():
             return _NULL
         return _ProbedRange(self, name, category, attrs)
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> Any:
-        """An async collective was issued; NVTX gets a start/end range (it may overlap others), no record_function
-        (the collective's own ops are in the profiler trace)."""
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, Any]:
+        """Issue an async collective (`issue()`, which returns its work handle): NVTX gets a start/end range (it may
+        overlap others) and the timer an interval, both ended by comm_end after the wait; the issue call itself runs
+        inside a record_function of the same name, so that a trace ties the collective to this range, and through
+        it to its group, whichever worker thread of the group then runs it (ledger.evidence.trace_groups).
+        Returns (work, token)."""
         check_category(category)
         handle = self.marker.start(name, category)
         interval = self.timer.comm_begin(name, category, attrs) if self.timer is not None else None
-        return handle, interval
+        with self.marker.annotation(name):
+            work = issue()
+        return work, (handle, interval)
 
     def comm_end(self, token: Any) -> None:
         handle, interval = token
@@ -260,7 +222,7 @@ class ProbeSet:
 
     def checkpoint(self, action: str, **fields: Any) -> None:
         """A checkpoint saved or loaded (engine.checkpointing): rare and already a slow file write, so fsynced now."""
-        self.writer.write("checkpoint", None, action=action, **fields)
+        self.writer.write(event("checkpoint", None, action=action, **fields))
         self.writer.sync()
 
     def step_begin(self, iteration: int) -> None:
@@ -274,14 +236,14 @@ class ProbeSet:
         """Write the step's buffered records, then the step record last, then flush once."""
         self._write_timings()
         memory = self.memory.read_step()
-        self.writer.write("memory", iteration, point="step", **memory)
+        self.writer.write(event("memory", iteration, point="step", **memory))
         self._write_nvml()
         tokens, step_time = figures.get("tokens"), figures.get("step_time_s")
         if tokens is not None and step_time:
             figures.setdefault("tokens_per_s", tokens / step_time)
         figures["profiled"] = self.window is not None and self.window.recording
         figures["after_trace_export"] = self.window is not None and self.window.follows_export(iteration)
-        self.writer.write("step", iteration, **figures)
+        self.writer.write(event("step", iteration, **figures))
         self.writer.sync(wait=False)  # flushed now (SIGKILL-safe); fsynced by the writer's thread
         if self.tb is not None:
             self.tb.log_step(iteration, figures, memory)
@@ -293,15 +255,15 @@ class ProbeSet:
     def _write_timings(self) -> None:
         if self.timer is not None:
             for record in self.timer.collect():
-                self.writer.write("timing", record.pop("step"), **record)
+                self.writer.write(event("timing", record.pop("step"), **record))
 
     def _write_nvml(self) -> None:
         for sample in self.nvml.drain():
-            self.writer.write("nvml", self._step, **sample)
+            self.writer.write(event("nvml", self._step, **sample))
 
     def _on_oom(self, details: dict[str, Any]) -> None:
         """Called by the CUDA allocator before it raises OutOfMemoryError: leave this rank's evidence on disk."""
-        self.writer.write("memory", self._step, point="oom", **self.memory.read(), **details)
+        self.writer.write(event("memory", self._step, point="oom", **self.memory.read(), **details))
         self.writer.sync()
         if self.history is not None:
             self.history.dump()
@@ -318,12 +280,12 @@ class ProbeSet:
             self._write_timings()
             self._write_nvml()
             if status == "failed":
-                self.writer.write("memory", self._step, point="failure", **self.memory.read())
+                self.writer.write(event("memory", self._step, point="failure", **self.memory.read()))
             if self.history is not None:
                 self.history.stop()
             if self.tb is not None:
                 self.tb.close()
-            self.writer.write("run_end", self._step, status=status, error=error)
+            self.writer.write(event("run_end", self._step, status=status, error=error))
         finally:
             self.writer.close()
             manifest_mod.finish(self.run_dir, self.rank, status, error)

@@ -6,26 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.training_runs import train, train_and_resume
+
 
 @pytest.fixture(scope="session")
 def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """tests/test_resume_dashboard.py's two gloo runs, the second resuming the first's checkpoint (first, second),
+    """Two gloo runs (tests/support/training_runs.py), the second resuming the first's checkpoint (first, second),
     side by side under a runs root of their own. Tests must not write into them: they copy what they change."""
-    from tests.test_resume_dashboard import train_and_resume
-
     return train_and_resume(tmp_path_factory.mktemp("resumed_runs"))
-
-
-def _train(run: Path, *flags: str, env: dict[str, str] | None = None) -> Path:
-    """`train-ledger train FLAGS --run-dir RUN` as a user runs it (a subprocess), asserting it succeeded."""
-    import os
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "cli.main", "train", *flags, "--run-dir", str(run)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +22,7 @@ def cp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep runs rather than reading this machine's), read by tests/test_context_parallel.py (ring volume) and
     tests/test_cp_overlap.py (hidden fraction, time predictions). Tests must not write into it."""
     root = tmp_path_factory.mktemp("cp2")
-    return _train(root / "run", "--nproc-per-node", "2", "--model", "tiny", "--context-parallel-size", "2",
+    return train(root / "run", "--nproc-per-node", "2", "--model", "tiny", "--context-parallel-size", "2",
                   "--global-batch-size", "2", "--micro-batch-size", "1", "--train-iters", "3", "--timers",
                   "--bandwidth-sweep", "--compute-sweep", env={"XDG_CACHE_HOME": str(root / "cache")})
 
@@ -49,5 +37,5 @@ def ep2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     read by tests/test_moe_calibration.py (all-to-all sweep and time, expert groups) and tests/test_moe_time_model.py
     (the step replay). Tests must not write into it."""
     root = tmp_path_factory.mktemp("ep2")
-    return _train(root / "run", "--nproc-per-node", "2", *EP2_FLAGS, "--train-iters", "4", "--timers",
+    return train(root / "run", "--nproc-per-node", "2", *EP2_FLAGS, "--train-iters", "4", "--timers",
                   "--bandwidth-sweep", "--compute-sweep", env={"XDG_CACHE_HOME": str(root / "cache")})

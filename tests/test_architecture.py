@@ -1,8 +1,9 @@
-"""The layers of DESIGN.md hold: import-linter's contracts (pyproject.toml) pass on the code, a forbidden import makes
-them fail, and the ledger, the bottom layer and the dashboard's data loaders import without torch."""
+"""The layers of docs/architecture.md hold: import-linter's contracts (pyproject.toml) pass on the code, a forbidden
+import makes them fail, and the ledger, the bottom layer and the dashboard's data loaders import without torch."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def test_the_contracts_pass():
     ("ledger/models/plan.py", "import engine.parallel_state", "the ledger reads run directories"),
     ("ledger/models/plan.py", "import torch", "the ledger reads run directories"),
     ("engine/training.py", "import ledger.models.plan", "cli > dashboard > engine | ledger"),
-    ("common/config.py", "import probes.run_dir", "cli > dashboard > engine | ledger"),
+    ("common/config/run_config.py", "import probes.run_dir", "cli > dashboard > engine | ledger"),
     ("dashboard/state.py", "import cli.main", "the dashboard uses the ledger"),
     ("ledger/evidence/run.py", "import ledger.reconcile.rows", "ledger, by job"),
     ("ledger/models/plan.py", "import ledger.present.units", "ledger, by job"),
@@ -64,3 +65,15 @@ def test_the_ledger_and_the_bottom_layer_import_without_torch():
             "print(len(sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_no_test_module_imports_another():
+    """A helper more than one test module needs lives in tests/support/ (named for what it is), not in a test module
+    that others import: running one test file must not collect another's fixtures and tests."""
+    found = {}
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        hits = re.findall(r"(?:from|import)\s+tests\.(test_\w+)", text)
+        if hits:
+            found[path.name] = hits
+    assert found == {}

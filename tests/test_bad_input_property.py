@@ -10,17 +10,15 @@ for them when a command would start on it.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cli.main as cli
 from cli import demo, train
 from cli.train import launcher_parser
 from common.arguments import build_parser
+from tests.support.cli import run
 
 # Values that are never a valid count, size, rate or port.
 ZERO = st.just("0")
@@ -31,7 +29,7 @@ BAD = st.one_of(ZERO, NEGATIVE, HUGE, NON_NUMERIC)
 UNBOUNDED_COUNTS = {"--train-iters", "--global-batch-size", "--lr-decay-iters", "--log-interval", "--seed",
                     "--profile-step-start", "--profile-step-end", "--lr-warmup-iters", "--ddp-bucket-size",
                     "--recompute-num-layers",
-                    "--save-interval"}  # longer than the run: never saves, as the seed's run.sh uses it (Megatron)
+                    "--save-interval"}  # longer than the run: never saves, as runs/megatron/run.sh uses it (Megatron)
 BOUNDED_RATES = {"--adam-beta1", "--adam-beta2", "--attention-dropout", "--hidden-dropout"}
 # Flags where 0 is a meaning, not an error: no warm-up, no weight decay, no clipping, no NVML sampling, a zero init
 # for the tests' toys, seed 0, the first rank, no dropout (the only dropout accepted), no load-balancing loss.
@@ -58,13 +56,6 @@ def nothing_starts(monkeypatch):
     monkeypatch.setattr(train, "supervise", tripwire)
     monkeypatch.setattr(demo, "train_phase", tripwire)
     monkeypatch.setattr("os.execve", tripwire)
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = cli.main(argv)
-    return status, out.getvalue(), err.getvalue()
 
 
 def assert_refused(argv: list[str]) -> None:

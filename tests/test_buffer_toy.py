@@ -11,7 +11,7 @@ import cli.main as cli
 
 
 @pytest.mark.slow
-def test_buffer_prints_the_seed_layout_boundary_and_match():
+def test_buffer_prints_the_toy_layout_boundary_and_match():
     done = subprocess.run([sys.executable, "-m", "cli.main", "buffer"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -25,7 +25,7 @@ def test_buffer_prints_the_seed_layout_boundary_and_match():
 
 
 @pytest.mark.slow
-def test_buffer_json_is_one_object_with_the_seed_figures(capsys):
+def test_buffer_json_is_one_object_with_the_toy_figures(capsys):
     assert cli.main(["buffer", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert (r["numel"], r["pad"], r["boundary"]) == (22, 0, 11)

@@ -32,7 +32,12 @@ from engine.parallel_state import ParallelState
 from engine.tensor_parallel.random import partition
 from engine.training import pretrain
 from tests.support.gloo import run_distributed, world_of_one
-from tests.support.parity import TIED_EMBEDDING, _global_name, assert_close_rel, full_parameters
+from tests.support.parity import (
+    TIED_EMBEDDING,
+    _global_name,
+    assert_close_rel,
+    full_parameters,
+)
 
 TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "4",
         "--lr", "3e-3", "--lr-warmup-iters", "1", "--mock-data", "--train-iters", "6"]
@@ -115,7 +120,7 @@ def run_and_capture(rank: int, world_size: int, argv: list[str]) -> dict[str, An
     with mock.patch.object(checkpointing.Checkpointer, "load", load), \
             mock.patch.object(checkpointing.Checkpointer, "save", save):
         result = pretrain(cfg, ps, torch.device("cpu"))
-    return {**captured, "losses": result.losses}
+    return {**captured, "losses": [s.loss for s in result.steps]}
 
 
 def _run(world_size: int, argv: list[str]) -> dict[str, Any]:

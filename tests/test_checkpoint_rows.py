@@ -19,10 +19,14 @@ import pytest
 
 from common.arguments import parse_args
 from ledger.evidence.run import RankEvidence, RunEvidence
-from ledger.models.formulas.checkpoint import TORCH_CPU_RNG_STATE_BYTES, checkpoint_bytes
+from ledger.models.formulas.checkpoint import (
+    TORCH_CPU_RNG_STATE_BYTES,
+    checkpoint_bytes,
+)
 from ledger.present.report_view import resumed
 from ledger.reconcile.checkpoint import checkpoint_rows
 from ledger.reconcile.run import reconcile
+from tests.support.records import typed
 
 TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--mock-data"]
 DP2_DISTOPT_BF16 = TINY + ["--global-batch-size", "4", "--use-distributed-optimizer", "--bf16"]
@@ -62,7 +66,7 @@ def test_dp1_fp32_file_has_no_main_param_copy():
 def _evidence(saves: dict[int, list[dict]], load: dict | None = None) -> RunEvidence:
     """A DP2 run's evidence holding only checkpoint events (synthetic)."""
     ranks = {rank: RankEvidence(rank=rank, coords={"tp": 0, "cp": 0, "dp": rank, "pp": 0},
-                                checkpoints=([load] if load else []) + events)
+                                checkpoints=typed("checkpoint", ([load] if load else []) + events))
              for rank, events in saves.items()}
     return RunEvidence(run_dir=Path("run"), manifest={"world_size": 2}, config=parse_args(DP2_DISTOPT_BF16,
                                                                                           world_size=2),

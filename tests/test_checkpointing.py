@@ -9,6 +9,7 @@ with == and torch.equal, not a tolerance.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,20 +21,14 @@ import torch
 
 from common.arguments import parse_args
 from common.config import LATEST_CHECKPOINT_FILE, checkpoint_layout
-from common.errors import ConfigError
+from common.errors import ConfigError, InputError
 from engine import checkpointing
 from probes.probe_set import NullProbeSet
-from tests.support.gloo import run_distributed, world_of_one
-from tests.support.parity import train_and_collect, train_rank
+from tests.support.gloo import run_distributed
+from tests.support.parity import train_alone, train_rank
 
 TINY = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "2",
         "--lr", "3e-3", "--lr-warmup-iters", "1", "--mock-data"]
-
-
-def _train(argv: list[str], probes=None) -> dict:
-    """pretrain on a world of one with these flags: losses, lrs and the final parameters."""
-    with world_of_one():
-        return train_and_collect(parse_args(argv, world_size=1), probes=probes)
 
 
 def _assert_params_equal(actual: dict, expected: dict) -> None:
@@ -111,13 +106,13 @@ def test_a_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(kill
     """Under --async-save the kill strikes the background thread; its error reaches the training loop when the
     loop finishes the save (a real kill takes the daemon thread with the process, leaving the same files)."""
     argv = TINY + ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path), *save_mode]
-    straight = _train(TINY + ["--train-iters", "4"])
+    straight = train_alone(TINY + ["--train-iters", "4"])
     with monkeypatch.context() as patch:
         kill(patch, 4)
         with pytest.raises(Killed):
-            _train(argv)
+            train_alone(argv)
     assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "2"
-    resumed = _train(argv + ["--load", str(tmp_path)])
+    resumed = train_alone(argv + ["--load", str(tmp_path)])
     assert resumed["losses"] == straight["losses"][2:]
     _assert_params_equal(resumed["params"], straight["params"])
     assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "4"
@@ -154,8 +149,8 @@ def test_an_async_save_is_written_while_training_goes_on_and_resumes_bit_for_bit
     monkeypatch.setattr(checkpointing.torch, "save", save_after_step_3)
     recorder = Recorder(lambda iteration: iteration == 3 and step_3_done.set())
     argv = TINY + ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path), "--async-save"]
-    straight = _train(TINY + ["--train-iters", "4"])
-    assert _train(argv, probes=recorder)["losses"] == straight["losses"]
+    straight = train_alone(TINY + ["--train-iters", "4"])
+    assert train_alone(argv, probes=recorder)["losses"] == straight["losses"]
     saves = [e for e in recorder.events if e["action"] == "save"]
     assert [e["iteration"] for e in saves] == [2, 4]
     for event in saves:
@@ -166,7 +161,7 @@ def test_an_async_save_is_written_while_training_goes_on_and_resumes_bit_for_bit
     monkeypatch.undo()
     shutil.rmtree(tmp_path / "iter_0000004")
     (tmp_path / LATEST_CHECKPOINT_FILE).write_text("2\n")
-    resumed = _train(argv + ["--load", str(tmp_path)])
+    resumed = train_alone(argv + ["--load", str(tmp_path)])
     assert resumed["losses"] == straight["losses"][2:]
     _assert_params_equal(resumed["params"], straight["params"])
 
@@ -175,7 +170,7 @@ KILLED_IN_THE_BACKGROUND = """
 import os, signal, sys
 import torch
 from engine import checkpointing
-from tests.test_checkpointing import _train
+from tests.support.parity import train_alone
 real_save = torch.save
 def save(obj, path, *args, **kwargs):
     if "iter_0000004" in str(path):
@@ -183,7 +178,7 @@ def save(obj, path, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     real_save(obj, path, *args, **kwargs)
 checkpointing.torch.save = save
-_train(sys.argv[1:])
+train_alone(sys.argv[1:])
 """
 
 
@@ -196,8 +191,8 @@ def test_a_process_killed_during_a_background_write_leaves_the_previous_checkpoi
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "2"
     assert (tmp_path / "iter_0000004.tmp" / "rank_00000.pt.part").read_bytes() == b"half a file"
-    straight = _train(TINY + ["--train-iters", "6"])
-    resumed = _train(argv + ["--load", str(tmp_path)])
+    straight = train_alone(TINY + ["--train-iters", "6"])
+    resumed = train_alone(argv + ["--load", str(tmp_path)])
     assert resumed["losses"] == straight["losses"][2:]
     _assert_params_equal(resumed["params"], straight["params"])
     assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "6"
@@ -205,7 +200,7 @@ def test_a_process_killed_during_a_background_write_leaves_the_previous_checkpoi
 
 def test_a_blocking_save_has_no_background_part(tmp_path):
     recorder = Recorder()
-    _train(TINY + ["--train-iters", "2", "--save", str(tmp_path)], probes=recorder)
+    train_alone(TINY + ["--train-iters", "2", "--save", str(tmp_path)], probes=recorder)
     (save,) = [e for e in recorder.events if e["action"] == "save"]
     assert not save["async_save"] and save["background_seconds"] == 0.0
     assert save["blocking_seconds"] >= save["write_seconds"] > 0
@@ -218,14 +213,15 @@ def test_exit_duration_stops_after_the_first_iteration_past_it_saving_first(tmp_
     and a resumed run continues bit for bit. A million minutes have not passed: the run goes on to
     --train-iters."""
     argv = TINY + ["--train-iters", "4", "--save", str(tmp_path)]
-    straight = _train(TINY + ["--train-iters", "4"])
-    stopped = _train(argv + ["--exit-duration-in-mins", "1e-8"])
+    straight = train_alone(TINY + ["--train-iters", "4"])
+    stopped = train_alone(argv + ["--exit-duration-in-mins", "1e-8"])
     assert stopped["losses"] == straight["losses"][:1]
     assert (tmp_path / LATEST_CHECKPOINT_FILE).read_text().strip() == "1"
-    resumed = _train(argv + ["--load", str(tmp_path)])
+    resumed = train_alone(argv + ["--load", str(tmp_path)])
     assert resumed["losses"] == straight["losses"][1:]
     _assert_params_equal(resumed["params"], straight["params"])
-    assert _train(TINY + ["--train-iters", "2", "--exit-duration-in-mins", "1e6"])["losses"] == straight["losses"][:2]
+    unlimited = train_alone(TINY + ["--train-iters", "2", "--exit-duration-in-mins", "1e6"])
+    assert unlimited["losses"] == straight["losses"][:2]
 
 
 def train_with_a_late_clock_on_rank_1(rank: int, world_size: int, argv: list[str]) -> dict:
@@ -259,28 +255,28 @@ def test_load_options_take_what_they_say(tmp_path):
     global RNG as it was (training draws nothing from it, so with the RNG loaded the state at the end is the
     saved one whatever the seed before)."""
     save = str(tmp_path)
-    straight = _train(TINY + ["--train-iters", "4"])
-    assert _train(TINY + ["--train-iters", "4", "--exit-interval", "2", "--save", save])["losses"] == \
+    straight = train_alone(TINY + ["--train-iters", "4"])
+    assert train_alone(TINY + ["--train-iters", "4", "--exit-interval", "2", "--save", save])["losses"] == \
         straight["losses"][:2]
     torch.manual_seed(0)
-    full = _train(TINY + ["--train-iters", "4", "--load", save])
+    full = train_alone(TINY + ["--train-iters", "4", "--load", save])
     after_full_load = torch.get_rng_state()
     assert full["losses"] == straight["losses"][2:]
 
-    no_optim = _train(TINY + ["--train-iters", "4", "--load", save, "--no-load-optim"])
+    no_optim = train_alone(TINY + ["--train-iters", "4", "--load", save, "--no-load-optim"])
     assert no_optim["losses"][0] == straight["losses"][2]
     assert no_optim["losses"][1] != straight["losses"][3]
     assert no_optim["lrs"][0] == 0.0  # warm-up starts again from init_lr
 
-    fresh = _train(TINY + ["--train-iters", "4"])
-    finetune = _train(TINY + ["--train-iters", "4", "--load", save, "--finetune"])
+    fresh = train_alone(TINY + ["--train-iters", "4"])
+    finetune = train_alone(TINY + ["--train-iters", "4", "--load", save, "--finetune"])
     assert len(finetune["losses"]) == 4 and finetune["losses"][0] != fresh["losses"][0]
 
     torch.manual_seed(0)
-    _train(TINY + ["--train-iters", "4", "--load", save, "--no-load-rng"])
+    train_alone(TINY + ["--train-iters", "4", "--load", save, "--no-load-rng"])
     assert not torch.equal(torch.get_rng_state(), after_full_load)
     torch.manual_seed(0)
-    _train(TINY + ["--train-iters", "4", "--load", save])
+    train_alone(TINY + ["--train-iters", "4", "--load", save])
     assert torch.equal(torch.get_rng_state(), after_full_load)
 
 
@@ -292,12 +288,65 @@ def test_load_of_an_empty_directory_starts_from_scratch_and_says_so(tmp_path, ca
     assert checkpointer.load() == 0
     assert capsys.readouterr().out == (f"train-ledger: --load {tmp_path} holds no checkpoint "
                                        f"({LATEST_CHECKPOINT_FILE}): training from scratch\n")
-    fresh = _train(TINY + ["--train-iters", "2"])
-    loaded = _train(TINY + ["--train-iters", "2", "--load", str(tmp_path)])
+    fresh = train_alone(TINY + ["--train-iters", "2"])
+    loaded = train_alone(TINY + ["--train-iters", "2", "--load", str(tmp_path)])
     assert loaded["losses"] == fresh["losses"]
 
 
+def test_a_load_path_that_does_not_exist_is_refused(tmp_path):
+    """A typo in --load must not restart a run from scratch; leaving out --load is how to start fresh."""
+    missing = tmp_path / "ckpt-typo"
+    with pytest.raises(ConfigError, match=f"--load {missing}: does not exist; to start from scratch leave out --load"):
+        parse_args(TINY + ["--load", str(missing)], world_size=1)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="is a file, not a checkpoint directory"):
+        parse_args(TINY + ["--load", str(tmp_path / "afile")], world_size=1)
+
+
+def test_the_save_directory_before_its_first_save_starts_from_scratch(tmp_path):
+    """A job that resumes itself passes one DIR to --save and --load; its first start finds nothing there yet."""
+    first = str(tmp_path / "ckpt")
+    assert parse_args(TINY + ["--save", first, "--load", first], world_size=1).checkpoint.load == first
+
+
 # --- bad input -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated"])
+def test_a_damaged_rank_file_is_an_input_error_naming_it(tmp_path, damage):
+    """torch.load's own message would suggest weights_only=False (which runs arbitrary code) or quote a zip reader."""
+    from engine.checkpoint_reshard import load_rank_file
+
+    whole = tmp_path / "whole.pt"
+    torch.save({"param_buffers": [torch.zeros(1000)]}, whole)
+    path = tmp_path / "rank_00000.pt"
+    path.write_bytes(bytes(range(256)) * 8 if damage == "random bytes" else whole.read_bytes()[:500])
+    with pytest.raises(InputError) as raised:
+        load_rank_file(path)
+    assert str(raised.value) == f"{path}: is not a whole checkpoint file (truncated or corrupt; it loads only as " \
+                                "torch.save wrote it)"
+    assert load_rank_file(whole)["param_buffers"][0].shape == (1000,)
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_stops_every_rank_at_load_with_its_cause(tmp_path):
+    """2 gloo ranks resume from a checkpoint whose rank 1 file is cut short: one line naming that file, exit 2, no
+    step trained, and the manifest (which reconcile repeats) records that file, not a lost peer or a SIGTERM."""
+    cli = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", *TINY]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    save = subprocess.run(cli + ["--train-iters", "2", "--save", str(tmp_path / "ck")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert save.returncode == 0, save.stderr
+    damaged = tmp_path / "ck" / "iter_0000002" / "rank_00001.pt"
+    damaged.write_bytes(damaged.read_bytes()[:500])
+    run = tmp_path / "run"
+    resume = subprocess.run(cli + ["--train-iters", "4", "--load", str(tmp_path / "ck"), "--run-dir", str(run)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    expected = f"{damaged}: is not a whole checkpoint file (truncated or corrupt; it loads only as torch.save wrote it)"
+    assert resume.returncode == 2
+    assert resume.stderr.splitlines() == [f"train-ledger train: error: {expected}"]
+    assert "iteration" not in resume.stdout
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and expected in manifest["error"]
 
 BAD_FLAGS = {
     "zero save interval": (["--save", "ckpt", "--save-interval", "0"], "--save-interval must be >= 1, got 0"),

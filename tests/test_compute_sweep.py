@@ -1,75 +1,74 @@
-"""probes/compute_sweep.py: the start-up sweep times exactly the ops the time model adds up, writes records the
-calibration reads, and caches them per machine and shape.
+"""probes/compute_sweep/: the start-up sweep times exactly the catalogue's entries for the rank's stage (common/ops,
+which the time model prices too), through the engine's own functions, writes records the calibration reads, and
+caches them per machine and shape.
 
-CPU, tiny shapes: these test plumbing (which ops, which fields, which cache entry), not timings. The sweep's ops are
-derived from its SweepSpec, the time model's from the RunConfig (ledger/models/time_model/ops.py), independently: a
-kernel one side has and the other lacks is a prediction that cannot be made, or a measurement nobody uses.
+CPU, tiny shapes: these test plumbing (which ops, which fields, which cache entry), not timings.
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import pytest
 import torch
 
 from common.arguments import parse_args
 from common.config import RunConfig
-from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import pad_vocab_size
-from engine.tensor_parallel.mappings import TPGroup
-from engine.transformer.attention import split_qkv_and_rotate
-from engine.transformer.mlp import swiglu
+from common.ops import RATE_OPS
+from engine.tensor_parallel import layers
 from ledger.models.formulas.params import params_total
-from ledger.models.time_model import Calibration, ops, predict_step, stage_time
+from ledger.models.time_model import Calibration, predict_step, stage_time
 from probes import compute_sweep
-from probes.compute_sweep import EngineKernels, SweepSpec
+from tests.support.records import typed
+from tests.support.sweep_inputs import kernels, spec
 
 CPU = torch.device("cpu")
-# What a record carries (the module's docstring; the calibration reads op, dims, dtype, seconds).
+# What a record carries (the package's docstring; the calibration reads op, dims, dtype, seconds).
 FIELDS = {"op", "dims", "dtype", "seconds", "flops", "iters", "device", "threads", "variant", "cached"}
-
-
-def engine_kernels(vocab_size: int) -> EngineKernels:
-    """The engine's own fused functions, as engine/training.py hands them to the sweep (eager on CPU)."""
-    return EngineKernels(split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
-                         cross_entropy=functools.partial(vocab_parallel_cross_entropy,
-                                                         tp=TPGroup(group=None, size=1, rank=0),
-                                                         vocab_size=vocab_size),
-                         variant="eager")
-
-
-def spec(c: RunConfig, stage: int) -> SweepSpec:
-    tp, p, m = c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size, c.model
-    numel = params_total(c)
-    return SweepSpec.from_run(c, tp_size=tp, padded_vocab_size=pad_vocab_size(m.vocab_size,
-                                                                              m.make_vocab_size_divisible_by, tp),
-                              first_stage=stage == 0, last_stage=stage == p - 1, optimizer_numel=numel,
-                              grad_buffer_numel=numel)
 
 
 PIPELINED = ("--model tiny --num-layers 6 --world-size 6 --tensor-model-parallel-size 2 --sequence-parallel "
              "--pipeline-model-parallel-size 3 --global-batch-size 6 --bf16 --recompute-granularity selective")
 SINGLE = "--model tiny --num-layers 2 --seq-length 16 --global-batch-size 2 --bf16"
+# The GPT style (simulate's semantics: formulas only, the engine runs none), TP2 with SP: gelu, layer_norm, no rope.
+GPT = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 1000 --seq-length 64 --bf16 "
+       "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel --global-batch-size 2")
+CASES = {"first": (PIPELINED, 0), "middle": (PIPELINED, 1), "last": (PIPELINED, 2), "single": (SINGLE, 0),
+         "single-untied-fp32": (SINGLE.replace("--bf16", "--untie-embeddings-and-output-weights"), 0),
+         "cp2": (SINGLE + " --context-parallel-size 2 --world-size 2", 0), "gpt-tp2-sp": (GPT, 0),
+         "last-fused-loss": (PIPELINED + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl linear", 2)}
 
 
-@pytest.mark.parametrize("flags, stage", [(PIPELINED, 0), (PIPELINED, 1), (PIPELINED, 2), (SINGLE, 0),
-                                          (SINGLE.replace("--bf16", "--untie-embeddings-and-output-weights"), 0),
-                                          (PIPELINED + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-                                                       "linear", 2)],
-                         ids=["first", "middle", "last", "single", "single-untied-fp32", "last-fused-loss"])
-def test_the_sweep_plans_the_time_models_kernels_with_their_dims_and_flops(flags, stage):
-    c = parse_args(flags.split())
-    planned = compute_sweep.plan(spec(c, stage), CPU, engine_kernels(c.model.vocab_size))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
-    modelled = {(k.name, k.dims, k.flops) for k in ops.kernels(c, stage)}
-    assert swept == modelled
-    assert {p.dtype for p in planned if p.op not in ops.RATE_OPS} == {c.train.params_dtype}
-    # the per-element rates, at the dtypes the step looks them up with
-    assert {(p.op, p.dtype) for p in planned if p.op in ops.RATE_OPS} == {
-        ("optimizer.step", c.train.params_dtype), ("grad_buffer.zero", c.train.grad_dtype)}
-    ends = {p.op.split(".")[0] for p in planned} & {"embedding", "output_layer", "cross_entropy"}
-    assert ends == ({"embedding"} if stage == 0 else set()) | (
-        {"output_layer", "cross_entropy"} if stage == c.parallel.pipeline_model_parallel_size - 1 else set())
+@pytest.mark.parametrize("case", CASES)
+def test_the_sweep_times_exactly_the_catalogues_entries(case, cache):
+    """Each record is one catalogue entry, in the catalogue's order, at its dims (in the catalogue's declared order:
+    what the committed records hold), dtype and FLOPs, timed; then the per-element work at its own dtype."""
+    flags, stage = CASES[case]
+    c = parse_args(flags.split(), megatron_model=case.startswith("gpt"))
+    s = spec(c, stage)
+    records = compute_sweep.run(s, CPU, kernels(c), warmup=0, iters=1)
+    entries = [(k.name, list(k.record_dims().items()), c.train.params_dtype, k.flops) for k in s.ops.kernels()]
+    numel = params_total(c)
+    rates = [("optimizer.step", [("numel", numel)], c.train.params_dtype, 0.0),
+             ("grad_buffer.zero", [("numel", numel)], c.train.grad_dtype, 0.0)]
+    assert [(r["op"], list(r["dims"].items()), r["dtype"], r["flops"]) for r in records] == entries + rates
+    assert all(r["seconds"] > 0 for r in records)
+
+
+def test_a_linears_wgrad_is_timed_through_the_engines_weight_gradient_accumulation():
+    """The sweep has no GEMM of its own for the wgrad: it calls EngineKernels.wgrad, the engine's
+    accumulate_weight_grad, main_grad [out, inp] += dY^T X."""
+    calls = []
+
+    def spy(main_grad, grad_output, total_input):
+        calls.append((tuple(main_grad.shape), main_grad.dtype, tuple(grad_output.shape), tuple(total_input.shape)))
+        layers.accumulate_weight_grad(main_grad, grad_output, total_input)
+
+    c = parse_args(SINGLE.split())
+    planned = compute_sweep.plan(spec(c, 0), CPU, dataclasses.replace(kernels(c), wgrad=spy))
+    (qkv,) = [p for p in planned if p.op == "linear_qkv.wgrad"]
+    qkv.build().run()
+    m, n, k = qkv.dims["m"], qkv.dims["n"], qkv.dims["k"]
+    assert calls == [((m, n), torch.float32, (k, m), (k, n))]  # bf16 params, fp32 main grads
 
 
 @pytest.fixture
@@ -79,8 +78,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def sweep(c: RunConfig, use_cache: bool = True) -> list[dict]:
-    return compute_sweep.run(spec(c, 0), CPU, engine_kernels(c.model.vocab_size), use_cache=use_cache, warmup=1,
-                             iters=2)
+    return compute_sweep.run(spec(c, 0), CPU, kernels(c), use_cache=use_cache, warmup=1, iters=2)
 
 
 def test_records_carry_the_documented_fields_and_calibrate_a_whole_step(cache):
@@ -88,8 +86,8 @@ def test_records_carry_the_documented_fields_and_calibrate_a_whole_step(cache):
     records = sweep(c)
     assert all(set(r) == FIELDS for r in records)
     assert all(r["seconds"] > 0 and r["iters"] == 2 and r["variant"] == "eager" and not r["cached"] for r in records)
-    assert {r["op"] for r in records} >= set(ops.RATE_OPS)
-    cal = Calibration.from_records(records, [])
+    assert {r["op"] for r in records} >= set(RATE_OPS)
+    cal = Calibration.from_records(typed("compute", records), [])
     assert cal.sustained == 1.0  # the power-limit record is GPU only
     assert stage_time(c, cal, 0).forward > 0
     assert predict_step(c, cal).step_time > 0  # one rank: no link needed

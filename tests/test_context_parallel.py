@@ -11,7 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.context_parallel import cp_chunk_ids, cp_positions, get_batch_on_this_cp_rank
+from engine.context_parallel import (
+    cp_chunk_ids,
+    cp_positions,
+    get_batch_on_this_cp_rank,
+)
 from ledger.models.formulas.comm import ring_messages
 from tests.support.ring import simulate_ring
 
@@ -92,7 +96,12 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_context_parallel_run_equals_single_process(layout):
     from tests.support.gloo import run_distributed
-    from tests.support.parity import assert_rank_matches, flag_value, reference, train_rank
+    from tests.support.parity import (
+        assert_rank_matches,
+        flag_value,
+        reference,
+        train_rank,
+    )
 
     world, flags = LAYOUTS[layout]
     results = run_distributed(train_rank, world, BASE + flags)
@@ -125,16 +134,17 @@ def test_a_cp2_run_reconciles_its_ring_volume_and_can_be_off(cp2_run, tmp_path):
     fp32) at s/C = 16: |KV| = 2 x 16 x 4 x 8 x 4 B = 4 KiB; per layer per micro-batch 1 forward and 2 backward
     messages, each counted sent + received: 3 x 2 x 4 KiB x 4 layers x 2 micro-batches = 192 KiB."""
     from cli.main import main as cli
+    from ledger.evidence.read import read_run
     from ledger.reconcile.comm import volume_rows
-    from ledger.reconcile.run import gather, reconcile
+    from ledger.reconcile.run import reconcile
 
     assert cli(["reconcile", str(cp2_run), "--out", str(tmp_path)]) == 0
     rows = [r for r in reconcile(cp2_run).rows if r.metric == "comm.cp.send_recv.bytes_per_step"]
     assert [(r.rank, r.predicted, r.inventory, r.verdict) for r in rows] == [
         (rank, 192 * 1024, 192 * 1024, "ok") for rank in (0, 1)]
-    ev = gather(cp2_run)
+    ev = read_run(cp2_run)
     for t in ev.ranks[0].timing:
-        if t.get("category") == "cp-comm":
-            t["bytes"] *= 2  # the engine sending twice what the formula says
+        if t.category == "cp-comm":
+            t.bytes *= 2  # the engine sending twice what the formula says
     (wrong,) = [r for r in volume_rows(ev.config, ev.ranks[0], None) if r.metric == "comm.cp.send_recv.bytes_per_step"]
     assert wrong.verdict == "off"

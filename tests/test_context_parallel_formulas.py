@@ -21,7 +21,15 @@ from common.errors import ConfigError
 from ledger.models.formulas import activations, comm
 from ledger.models.formulas.bytes_per_param import run_bytes_per_param
 from ledger.models.formulas.static_memory import static_bytes_per_stage
-from ledger.models.time_model import Calibration, CommModel, LinkFit, ops, predict_step, stage_time
+from ledger.models.time_model import (
+    Calibration,
+    CommModel,
+    LinkFit,
+    ops,
+    predict_step,
+    stage_time,
+)
+from tests.support.records import typed
 
 MS = 1e-3
 
@@ -143,7 +151,7 @@ def calibration(c: RunConfig, fits: dict) -> Calibration:
                for s in range(c.parallel.pipeline_model_parallel_size) for k in ops.kernels(c, s)]
     records += [{"op": op, "dims": {"numel": 1000}, "dtype": dtype, "seconds": 1e-6}
                 for op, dtype in (("optimizer.step", c.train.params_dtype), ("grad_buffer.zero", c.train.grad_dtype))]
-    return dataclasses.replace(Calibration.from_records(records, []), comm=CommModel(fits))
+    return dataclasses.replace(Calibration.from_records(typed("compute", records), []), comm=CommModel(fits))
 
 
 def ring(alpha: float) -> dict:
@@ -195,7 +203,7 @@ def test_grad_buckets_are_reduced_over_dp_x_cp():
     assert grads.end - grads.start == pytest.approx(alpha + beta * grads.size_bytes * 3 / 4)  # over 4 ranks
 
 
-# ---- the commands -----------------------------------------------------------------------------------------------------
+# ---- the commands ----------------------------------------------------------------------------------------------------
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = cli_main(list(argv))

@@ -1,7 +1,8 @@
-"""Context parallelism in the time model: the compute sweep times a CP rank's own work (every per-token op at s/C
-tokens, core attention as ring attention's block kernels), the time model adds a layer's attention up as C blocks
-(step 0 causal, C - 1 unmasked half blocks) beside the ring's exchanges, exposed by max(0, transfer - block) each
-(ledger/models/formulas/ring_overlap.py exchange_exposed), and simulate prices the same kernels from the hardware file.
+"""Context parallelism in the time model: the compute sweep times a CP rank's own work (the catalogue's entries,
+common/ops: every per-token op at s/C tokens, core attention as ring attention's block kernels), the time model adds
+a layer's attention up as C blocks (step 0 causal, C - 1 unmasked half blocks) beside the ring's exchanges, exposed
+by max(0, transfer - block) each (ledger/models/formulas/ring_overlap.py exchange_exposed), and simulate prices the
+same kernels from the hardware file.
 
 The tiny preset (4 layers, 8 query heads, 4 KV heads, head dim 8, seq 32, fp32) at CP2, micro-batch 1: a rank holds
 L = 16 tokens, |KV| = 2 x 4 B x 16 x 4 x 8 = 4,096 B, a block's attention 2 b h L^2 d = 32,768 FLOPs forward.
@@ -9,19 +10,25 @@ L = 16 tokens, |KV| = 2 x 4 B x 16 x 4 x 8 = 4,096 B, a block's attention 2 b h 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
 
 from common.arguments import parse_args
-from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward
 from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import load_hardware
-from ledger.models.time_model import Calibration, CalibrationMissing, CommModel, ops, predict_step, stage_time
+from ledger.models.time_model import (
+    Calibration,
+    CalibrationMissing,
+    CommModel,
+    ops,
+    predict_step,
+    stage_time,
+)
 from probes import compute_sweep
+from tests.support.records import typed
 from tests.support.ring_calibration import cp_send_recv_record
-from tests.test_compute_sweep import engine_kernels, spec
+from tests.support.sweep_inputs import kernels, spec
 
 CPU = torch.device("cpu")
 
@@ -34,33 +41,14 @@ def tiny(*flags: str, world: int = 2):
 CP2 = tiny("--context-parallel-size", "2")
 
 
-def cp_kernels(vocab_size: int) -> compute_sweep.EngineKernels:
-    """The engine's kernels as engine/training.py hands them to a CP rank's sweep: the ring's blocks and loops too."""
-    return dataclasses.replace(engine_kernels(vocab_size), ring=compute_sweep.RingKernels(
-        blocks=block_kernels, forward=ring_forward, backward=ring_backward,
-        group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
-
-
-# --- the sweep plans what the time model prices ----------------------------------------------------------------------
-@pytest.mark.parametrize("flags, world", [
-    (("--context-parallel-size", "2"), 2),
-    (("--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"), 4),
-    (("--context-parallel-size", "4", "--recompute-granularity", "selective", "--bf16"), 4),
-], ids=["cp2", "cp2-tp2-sp", "cp4-selective-bf16"])
-def test_a_cp_sweep_plans_the_time_models_kernels_with_their_dims_and_flops(flags, world):
-    c = tiny(*flags, world=world)
-    planned = compute_sweep.plan(spec(c, 0), CPU, cp_kernels(c.model.vocab_size))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
-    assert swept == {(k.name, k.dims, k.flops) for k in ops.kernels(c, 0)}
-
-
+# --- the sweep times a CP rank's ops ---------------------------------------------------------------------------------
 def test_every_per_token_op_runs_at_the_cp_ranks_tokens_and_attention_at_the_rings_two_blocks():
     """CP2: 16 of the 32 tokens a rank; the causal diagonal 16 x 16, the half block 8 queries x 16 keys, both 32,768
     FLOPs forward (the diagonal's mask halves its 256 pairs, the half block has 128 unmasked), 2.5x backward."""
-    planned = {p.op: p for p in compute_sweep.plan(spec(CP2, 0), CPU, cp_kernels(CP2.model.vocab_size))}
+    planned = {p.op: p for p in compute_sweep.plan(spec(CP2, 0), CPU, kernels(CP2))}
     assert planned["embedding.fwd"].dims["tokens"] == planned["linear_qkv.fprop"].dims["m"] == 16
     assert planned["rope.fwd"].dims["seq"] == 16
-    attention = [p for p in compute_sweep.plan(spec(CP2, 0), CPU, cp_kernels(CP2.model.vocab_size))
+    attention = [p for p in compute_sweep.plan(spec(CP2, 0), CPU, kernels(CP2))
                  if p.op.startswith("core_attention")]
     assert {(p.op, p.dims["queries"], p.dims["seq"], p.dims["causal"], p.flops) for p in attention} == {
         ("core_attention.fwd", 16, 16, 1, 32768.0), ("core_attention.bwd", 16, 16, 1, 81920.0),
@@ -69,7 +57,7 @@ def test_every_per_token_op_runs_at_the_cp_ranks_tokens_and_attention_at_the_rin
 
 def test_a_cp_sweep_without_the_engines_block_kernels_is_refused():
     with pytest.raises(ValueError, match="EngineKernels.ring"):
-        compute_sweep.plan(spec(CP2, 0), CPU, engine_kernels(CP2.model.vocab_size))
+        compute_sweep.plan(spec(CP2, 0), CPU, dataclasses.replace(kernels(CP2), ring=None))
 
 
 @pytest.mark.parametrize("cfg", [CP2, tiny("--context-parallel-size", "4", "--bf16", world=4)], ids=["cp2", "cp4-bf16"])
@@ -79,9 +67,10 @@ def test_a_cp_sweep_calibrates_a_stages_passes(cfg, tmp_path, monkeypatch):
     missing, the ring's transfer included (4 layers' C - 1 forward messages of 100 us); a whole step also needs the
     DP collectives, which run over dp_cp."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    records = compute_sweep.run(spec(cfg, 0), CPU, cp_kernels(cfg.model.vocab_size), warmup=0, iters=1)
+    records = compute_sweep.run(spec(cfg, 0), CPU, kernels(cfg), warmup=0, iters=1)
     assert all(r["seconds"] > 0 for r in records)
-    cal = Calibration.from_records(records, [cp_send_recv_record(cfg, 100e-6, units) for units in (1, 2)])
+    cal = Calibration.from_records(typed("compute", records),
+                                   [cp_send_recv_record(cfg, 100e-6, units) for units in (1, 2)])
     chunk = stage_time(cfg, cal, 0).chunks[0]
     assert chunk.forward.seconds > 0 and chunk.backward.seconds > 0
     assert chunk.forward.cp_transfer == pytest.approx(4 * (cfg.parallel.context_parallel_size - 1) * 100e-6)

@@ -30,10 +30,10 @@ def test_a_rank_holds_the_default_communicator_and_one_per_group_of_more_than_on
     # Megatron's kinds: tp, cp, dp, dp_cp, pp, mp (tp-pp), embedding (both pipeline ends), position (first stage).
     # One GPU: every group is the rank alone, none has a communicator (engine/parallel_state.py).
     assert communicators(cfg("--model tiny"), 0) == 1
-    seed = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
     # rank 0: tp [0 1], dp [0 2], dp_cp [0 2], pp [0 4], mp [0 1 4 5], embedding [0 4]; cp [0] and position [0] alone
-    assert communicators(seed, 0) == 1 + 6
-    assert communicators(seed, 7) == 1 + 6  # the last stage: in an embedding group, in no position group
+    assert communicators(reference, 0) == 1 + 6
+    assert communicators(reference, 7) == 1 + 6  # the last stage: in an embedding group, in no position group
 
 
 def test_a_run_recorded_before_groups_of_one_lost_their_communicators_is_counted_as_it_ran():
@@ -42,8 +42,8 @@ def test_a_run_recorded_before_groups_of_one_lost_their_communicators_is_counted
     one = cfg("--model tiny").to_dict()
     del one["parallel"]["communicators_for_groups_of_one"]
     assert communicators(RunConfig.from_dict(one), 0) == 1 + 8
-    seed = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
-    recorded = seed.to_dict()
+    reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    recorded = reference.to_dict()
     del recorded["parallel"]["communicators_for_groups_of_one"]
     assert [communicators(RunConfig.from_dict(recorded), r) for r in (0, 7)] == [1 + 8, 1 + 7]
 
@@ -51,8 +51,8 @@ def test_a_run_recorded_before_groups_of_one_lost_their_communicators_is_counted
 def test_the_h200_terms_add_up_to_what_the_calibration_measured():
     h200 = DeviceOverheads.known("NVIDIA H200")
     assert h200 is not None and DeviceOverheads.known("Imaginary GPU") is None
-    seed = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
-    outside = outside_pytorch(seed, 0, h200)
+    reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    outside = outside_pytorch(reference, 0, h200)
     # 615 MiB driver reserve (NVML total - CUDA total), 518 MiB context, 650 MiB first and 389 MiB per further
     # communicator, 84 MiB of cuBLAS / attention modules, as measured on 2026-12-01.
     assert [round(b / MiB) for b in outside.terms.values()] == [615, 518, 650, 6 * 389, 84]

@@ -16,8 +16,7 @@ from engine.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
 )
-from tests.support.gloo import run_distributed
-from tests.test_distributed_data_parallel import (
+from tests.support.ddp_toy import (
     MICROBATCHES,
     STEPS,
     TRAIN,
@@ -26,6 +25,8 @@ from tests.test_distributed_data_parallel import (
     reference_adamw,
     train_ranks,
 )
+from tests.support.gloo import run_distributed
+from tests.support.records import typed
 
 DIST_CONFIGS = [dict(use_distributed_optimizer=True),
                 dict(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)]
@@ -242,7 +243,8 @@ def test_optimizer_allocations_equal_the_static_memory_formula_to_the_byte(flags
     cfg = parse_args(["--model", "tiny", "--global-batch-size", "2", *flags], world_size=1)
     coords = {"tp": 0, "pp": 0, "dp": 0, "cp": 0}
     for inventory in (init, stepped):  # the inventory's allocated_at, not the moment it was taken, sorts it
-        rows = {r.metric: r for r in rank_rows(cfg, RankEvidence(rank=0, coords=coords, inventory=inventory))}
+        evidence = RankEvidence(rank=0, coords=coords, inventory=typed("inventory", inventory))
+        rows = {r.metric: r for r in rank_rows(cfg, evidence)}
         for metric in STATIC_ROWS:
             assert rows[metric].inventory == rows[metric].predicted, metric
 

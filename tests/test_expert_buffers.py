@@ -22,10 +22,15 @@ import pytest
 import torch
 
 from common.arguments import parse_args
-from common.config import LATEST_CHECKPOINT_FILE, TrainConfig, check_load_layout, checkpoint_layout
+from common.config import (
+    LATEST_CHECKPOINT_FILE,
+    TrainConfig,
+    check_load_layout,
+    checkpoint_layout,
+)
 from common.errors import ConfigError
+from tests.support.ddp_toy import BUCKET_SIZE, MICROBATCHES, STEPS, TRAIN, microbatch
 from tests.support.gloo import run_distributed
-from tests.test_distributed_data_parallel import BUCKET_SIZE, MICROBATCHES, STEPS, TRAIN, microbatch
 
 WORLD, EP = 4, 2
 CONFIGS = [dict(), dict(overlap_grad_reduce=True), dict(use_distributed_optimizer=True),
@@ -78,7 +83,10 @@ def reference(train: TrainConfig) -> dict:
 
 
 def _build(ps, cfg: dict):
-    from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from engine.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+    )
     from engine.optimizer import get_megatron_optimizer
 
     train = TrainConfig(ddp_bucket_size=BUCKET_SIZE, **cfg, **TRAIN)
@@ -225,7 +233,10 @@ def test_checkpoint_round_trip_of_expert_buffers_is_bit_exact(runs):
 
 def test_a_model_without_expert_parameters_builds_what_it_built_before():
     """No expert buffer, record or probe attribute; expert parameters without the expert groups are refused."""
-    from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from engine.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+    )
     from engine.parallel_state import ParallelState
     from tests.support.gloo import world_of_one
 
@@ -273,7 +284,7 @@ def moe_run(rank: int, world_size: int, argv: list[str]) -> dict:
     with mock.patch.object(checkpointing.Checkpointer, "load", load), \
             mock.patch.object(checkpointing.Checkpointer, "save", save):
         result = pretrain(cfg, ps, torch.device("cpu"))
-    return {**captured, "losses": result.losses}
+    return {**captured, "losses": [s.loss for s in result.steps]}
 
 
 def _moe_run(world_size: int, argv: list[str]) -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main as cli
+from ledger.evidence.read import read_run
 from ledger.present.trace_export import alignment_lines, export
 from tests.fixtures.synthetic_run import Spec, make_run
 
@@ -24,7 +25,7 @@ def skewed(tmp_path_factory):
 def test_each_aligned_rank_names_the_rank_and_the_collectives_it_was_aligned_on(skewed, tmp_path):
     # Spec: TP1 x DP2 x PP2, so rank 0 shares its DP group with rank 1 (the buckets' reduce-scatters and the
     # all-gather) and its PP group with rank 2 (the grad norm's all-reduce); rank 3 is reached through rank 1.
-    result = export(skewed, tmp_path / "m.json.gz")
+    result = export(read_run(skewed), tmp_path / "m.json.gz")
     lines = alignment_lines(result)
     assert lines[0] == "clock alignment: rank 0 is the reference (offset 0)"
     rank1, rank2, rank3 = lines[1:4]
@@ -35,7 +36,7 @@ def test_each_aligned_rank_names_the_rank_and_the_collectives_it_was_aligned_on(
 
 
 def test_ranks_that_share_no_group_say_so(skewed, tmp_path):
-    result = export(skewed, tmp_path / "two.json.gz", ranks={0, 3})
+    result = export(read_run(skewed), tmp_path / "two.json.gz", ranks={0, 3})
     assert result.uncorrected == [0, 3]
     (line,) = [x for x in alignment_lines(result) if x.startswith("rank 3")]
     # rank 3 (dp1 pp1) is in PP group [1, 3] and DP group [2, 3]
@@ -64,7 +65,7 @@ def test_a_rank_whose_collectives_nothing_names_says_why(tmp_path):
     later = run / "traces" / "rank1.step30-31.json.gz"
     shutil.copy(trace, later)
     _shift_steps(later, 27)
-    result = export(run, tmp_path / "m.json.gz")
+    result = export(read_run(run), tmp_path / "m.json.gz")
     (line,) = [x for x in alignment_lines(result) if x.startswith("rank 1: not aligned")]
     assert line == ("rank 1: not aligned (offset 0): it shares groups with rank 0 but no collective matched on "
                     "(group, op, ProfilerStep, order): its steps 30-32, theirs 3-5")

@@ -224,21 +224,6 @@ def test_every_gpt_parameter_has_its_forward_and_backward_marks():
             assert names <= {name for w in work for name in w.params}
 
 
-def test_the_sweep_plans_the_gpt_kernels_the_time_model_prices():
-    """probes/compute_sweep.py derives its list on its own (tests/test_compute_sweep.py holds the Llama style)."""
-    pytest.importorskip("torch")
-    import torch
-
-    from probes import compute_sweep
-    from tests.test_compute_sweep import engine_kernels, spec
-
-    cfg = simulated(GPT_FLAGS + " --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel "
-                                "--global-batch-size 2")
-    planned = compute_sweep.plan(spec(cfg, 0), torch.device("cpu"), engine_kernels(cfg.model.vocab_size))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
-    assert swept == {(k.name, k.dims, k.flops) for k in ops.kernels(cfg, 0)}
-
-
 @pytest.mark.parametrize("sp", ["", " --sequence-parallel"], ids=["tp", "tp-sp"])
 def test_the_time_models_tp_collectives_are_comms_counts_for_the_gpt_layer(sp):
     """ops.py's passes and comm.py's per-step counts are two derivations of one thing: every [s, b, h] collective of

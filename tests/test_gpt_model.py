@@ -1,5 +1,5 @@
 """GPTModel: TP and PP splits reproduce the single-process model; layer assignment; tied and untied output layers; the
-seeds' parameter count."""
+reference run's parameter count (docs/formulas.md)."""
 from __future__ import annotations
 
 import pytest
@@ -171,7 +171,8 @@ def test_get_layer_numbers_contiguous_without_vpp():
 def test_get_layer_numbers_interleaves_chunks_with_vpp():
     assert [get_layer_numbers(8, 2, 0, 2, c) for c in (0, 1)] == [[0, 1], [4, 5]]
     assert [get_layer_numbers(8, 2, 1, 2, c) for c in (0, 1)] == [[2, 3], [6, 7]]
-    # The seed's example (1-based there): 16 layers, PP=4, VPP=2 -> GPU0 holds layers 1,2 and 9,10.
+    # 16 layers, PP=4, VPP=2: chunk c of PP rank 0 is virtual stage 4c and holds layers [2 x 4c, 2 x 4c + 2)
+    # (docs/formulas.md, "Stages"), so PP rank 0 holds layers 0, 1 and 8, 9.
     assert get_layer_numbers(16, 4, 0, 2, 0) + get_layer_numbers(16, 4, 0, 2, 1) == [0, 1, 8, 9]
     every = sorted(n for stage in range(4) for chunk in range(2) for n in get_layer_numbers(16, 4, stage, 2, chunk))
     assert every == list(range(16))
@@ -186,7 +187,7 @@ def test_get_layer_numbers_rejects_uneven_or_out_of_range(args):
 @pytest.mark.parametrize("flags, vocab_matrices, expected", [([], 1, 1_235_814_400),
                                                              (["--untie-embeddings-and-output-weights"], 2,
                                                               1_498_482_688)], ids=["tied", "untied"])
-def test_llama32_1b_parameter_count_matches_the_seed(flags, vocab_matrices, expected):
+def test_llama32_1b_parameter_count_matches_the_reference_run(flags, vocab_matrices, expected):
     run_config = parse_args(["--model", "llama3.2-1b", *flags], world_size=1)
     (model,) = build_model_chunks(run_config, _single_process_state(), "meta")
     m = run_config.model
@@ -195,7 +196,7 @@ def test_llama32_1b_parameter_count_matches_the_seed(flags, vocab_matrices, expe
     assert per_layer == 60_821_504
     assert sum(p.numel() for p in model.decoder.layers[0].parameters()) == per_layer
     total = m.num_layers * per_layer + vocab_matrices * v * h + h  # + embedding (and output layer), + final norm
-    assert total == expected  # tied: the real Llama-3.2-1B; untied: as the seeds' scripts run it
+    assert total == expected  # tied: the real Llama-3.2-1B; untied: as the reference run runs it
     assert sum(p.numel() for p in model.parameters()) == total
 
 

@@ -42,8 +42,8 @@ def run_dir(tmp_path_factory):
 
 
 def _num_grad_buckets(run_dir, rank: int) -> int:
-    (buffer,) = [e for e in iter_events(run_dir, rank, {"inventory"}) if e["tensor_kind"] == "grad_buffer"]
-    return len(buffer["buckets"])
+    (buffer,) = [e for e in iter_events(run_dir, rank, {"inventory"}) if e.tensor_kind == "grad_buffer"]
+    return len(buffer.buckets)
 
 
 def _steps(run_dir, rank: int) -> dict[int, tuple[dict, list[dict]]]:
@@ -51,23 +51,23 @@ def _steps(run_dir, rank: int) -> dict[int, tuple[dict, list[dict]]]:
     backwards: dict[int, list[dict]] = {}
     reductions: dict[int, list[dict]] = {}
     for e in iter_events(run_dir, rank, {"timing"}):
-        assert e["clock"] == "perf_counter"
-        if e["step"] is None:
+        assert e.clock == "perf_counter"
+        if e.step is None:
             continue
-        if e["category"] == "backward":
-            backwards.setdefault(e["step"], []).append(e)
-        elif e["category"] == "dp-comm" and e["name"].startswith("reduce-scatter"):
-            reductions.setdefault(e["step"], []).append(e)
+        if e.category == "backward":
+            backwards.setdefault(e.step, []).append(e)
+        elif e.category == "dp-comm" and e.name.startswith("reduce-scatter"):
+            reductions.setdefault(e.step, []).append(e)
     assert sorted(backwards) == sorted(reductions) == [1, 2]
     steps = {}
     for step, ranges in backwards.items():
-        (last,) = [r for r in ranges if r["microbatch"] == MICROBATCHES - 1]
-        steps[step] = last, sorted(reductions[step], key=lambda r: r["issue_s"])
+        (last,) = [r for r in ranges if r.microbatch == MICROBATCHES - 1]
+        steps[step] = last, sorted(reductions[step], key=lambda r: r.issue_s)
     return steps
 
 
 def _ranks_of_stage(run_dir, stage: int) -> list[int]:
-    stages = {rank: {e["stage"] for e in iter_events(run_dir, rank, {"timing"}) if e["category"] == "backward"}
+    stages = {rank: {e.stage for e in iter_events(run_dir, rank, {"timing"}) if e.category == "backward"}
               for rank in range(WORLD)}
     return [rank for rank, seen in stages.items() if seen == {stage}]
 
@@ -79,11 +79,11 @@ def test_stage0_issues_its_buckets_in_order_during_the_last_backward(run_dir):
         buckets = _num_grad_buckets(run_dir, rank)
         assert buckets >= 3, "the bucket size must split stage 0's buffer into several buckets"
         for step, (last_backward, issued) in _steps(run_dir, rank).items():
-            assert [r["bucket"] for r in issued] == list(range(buckets)), f"rank {rank} step {step}"
+            assert [r.bucket for r in issued] == list(range(buckets)), f"rank {rank} step {step}"
             for r in issued:
-                assert last_backward["start_s"] < r["issue_s"] < last_backward["end_s"], (
-                    f"rank {rank} step {step}: bucket {r['bucket']} issued at {r['issue_s']:.6f} s, outside the last "
-                    f"backward [{last_backward['start_s']:.6f}, {last_backward['end_s']:.6f}] s")
+                assert last_backward.start_s < r.issue_s < last_backward.end_s, (
+                    f"rank {rank} step {step}: bucket {r.bucket} issued at {r.issue_s:.6f} s, outside the last "
+                    f"backward [{last_backward.start_s:.6f}, {last_backward.end_s:.6f}] s")
 
 
 def test_stage1_issues_its_buckets_after_its_last_backward(run_dir):
@@ -92,5 +92,5 @@ def test_stage1_issues_its_buckets_after_its_last_backward(run_dir):
     for rank in ranks:
         buckets = _num_grad_buckets(run_dir, rank)
         for step, (last_backward, issued) in _steps(run_dir, rank).items():
-            assert [r["bucket"] for r in issued] == list(range(buckets)), f"rank {rank} step {step}"
-            assert all(r["issue_s"] > last_backward["end_s"] for r in issued), f"rank {rank} step {step}"
+            assert [r.bucket for r in issued] == list(range(buckets)), f"rank {rank} step {step}"
+            assert all(r.issue_s > last_backward.end_s for r in issued), f"rank {rank} step {step}"

@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from common.errors import InputError
-from engine.datasets.indexed_dataset import IndexedDataset, IndexedDatasetWriter, optimal_dtype
+from engine.datasets.indexed_dataset import (
+    IndexedDataset,
+    IndexedDatasetWriter,
+    optimal_dtype,
+)
 from tests.support.megatron import megatron_datasets
 
 DOCS = [[5, 6, 7], [], [65000, 1], [42] * 9]

@@ -2,11 +2,13 @@
 
 Specification: with sizes ordered by the order string (first axis fastest), rank = sum(coordinate x prefix product);
 the group of a set of axes is every rank reached by moving along those axes, groups enumerated with the first fixed
-axis fastest (Megatron's generate_masked_orthogonal_rank_groups). The seed's 8-GPU example is the oracle.
+axis fastest (Megatron's generate_masked_orthogonal_rank_groups). docs/engine.md's 8-GPU
+example (TP2 x PP2 x DP2) is the oracle.
 """
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,7 @@ from ledger.evidence.layout import (
 )
 
 
-def test_seed_eight_gpu_layout():
+def test_reference_eight_gpu_layout():
     lists = group_lists(Layout.of(8, tp=2, pp=2))
     assert lists["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert lists["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
@@ -37,7 +39,7 @@ def test_seed_eight_gpu_layout():
     assert lists["dp_cp"] == lists["dp"]
 
 
-def test_seed_rank3():
+def test_reference_rank3():
     layout = Layout.of(8, tp=2, pp=2)
     assert coordinates(layout, 3) == {"tp": 1, "cp": 0, "ep": 0, "dp": 1, "pp": 0}
     mine = rank_groups_of(layout, 3)
@@ -95,18 +97,19 @@ def test_layout_of_divisibility_and_sizes():
     assert Layout.of(16, tp=2, ep=2).sizes == {"tp": 2, "cp": 1, "ep": 2, "dp": 4, "pp": 1}
 
 
-def test_layout_from_manifest():
-    assert Layout.from_manifest({"world_size": 4}) == Layout(4, tp=1, cp=1, ep=1, dp=4, pp=1)
-    manifest = {"world_size": 16, "config": {"parallel": {
-        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": 2,
-        "virtual_pipeline_model_parallel_size": None, "order": "tp-cp-dp-pp"}}}
-    layout = Layout.from_manifest(manifest)
+def test_a_runs_layout_comes_from_its_config():
+    """The evidence derives one Layout from the run's RunConfig (the manifest's config, read once), and none
+    without a config: no groups are guessed for a run that does not say its layout."""
+    from common.arguments import parse_args
+    from ledger.evidence.run import RunEvidence, layout_of
+
+    cfg = parse_args("--model tiny --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                     "--context-parallel-size 2 --global-batch-size 4".split(), world_size=16)
+    layout = layout_of(cfg)
     assert (layout.tp, layout.pp, layout.cp, layout.dp, layout.vpp) == (2, 2, 2, 2, 1)
-    assert layout.order == "tp-cp-dp-pp-ep"
-    manifest["config"]["parallel"]["virtual_pipeline_model_parallel_size"] = 3
-    assert Layout.from_manifest(manifest).vpp == 3
-    with pytest.raises(ConfigError, match="no world_size"):
-        Layout.from_manifest({"config": {}})
+    assert layout.order == "tp-cp-ep-dp-pp"
+    bare = RunEvidence(run_dir=Path("."), manifest={"world_size": 4}, config=None, ranks={}, traces=[])
+    assert bare.layout is None and bare.groups(0) == {} and bare.coords(0) == {}
 
 
 def test_coordinates_range():
@@ -224,7 +227,7 @@ def test_expert_layout_refuses_what_does_not_divide():
 
 
 def _groups_cli(argv: list[str]) -> tuple[int, str, str]:
-    from tests.test_bad_input_property import run
+    from tests.support.cli import run
 
     return run(["groups", *argv])
 

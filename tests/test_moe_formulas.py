@@ -14,10 +14,11 @@ from cli.main import main as cli_main
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.ops.sizes import expert_capacity, uniform_kept_assignments
 from ledger.models.formulas import activations, comm, flops, params
 from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
 from ledger.models.formulas.device_memory import communicators
-from ledger.models.formulas.moe import RankExchange, exchanges, expert_capacity, layer_volume, uniform_kept_assignments
+from ledger.models.formulas.moe import RankExchange, exchanges, layer_volume
 from ledger.models.formulas.static_memory import static_bytes, static_bytes_split
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import simulate

@@ -13,7 +13,11 @@ from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
-from engine.transformer.moe.router import TopKRouter, expert_capacity, load_balancing_loss
+from engine.transformer.moe.router import (
+    TopKRouter,
+    expert_capacity,
+    load_balancing_loss,
+)
 from probes.probe_set import NullProbeSet
 from tests.support.gloo import world_of_one
 from tests.support.parity import train_and_collect

@@ -1,7 +1,8 @@
 """The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's
 SwiGLU MLP at its row count under uniform routing (or, under --moe-grouped-gemm, one grouped GEMM per linear over
 all the rows), unpermute, and the expert-parallel all-to-alls on the compute stream; the compute sweep
-(probes/compute_sweep.py) times exactly those kernels; reconcile replays an MoE run's step.
+(probes/compute_sweep/) times those catalogue entries (common/ops/moe.py) through the engine's own router,
+dispatcher and grouped GEMM; reconcile replays an MoE run's step.
 
 The hand-derived layer time is plumbing on a synthetic calibration (every GEMM 1 ns a FLOP, every memory-bound kernel
 1 us, an all-to-all fit of 10 us + 1 ns a bus byte): it checks which ops are priced at which shapes and how they add
@@ -12,19 +13,15 @@ shared host are not a claim).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
 
 from common.arguments import parse_args
 from common.config import RunConfig
-from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import pad_vocab_size
+from common.ops import ExpertShapes, Shapes
+from engine import probe_adapters
 from engine.tensor_parallel.mappings import TPGroup
-from engine.training import moe_kernels
-from engine.transformer.attention import split_qkv_and_rotate
-from engine.transformer.mlp import swiglu
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
 from ledger.models.formulas.params import params_total
@@ -37,6 +34,7 @@ from probes.compute_sweep import EngineKernels, SweepSpec
 
 NS = 1e-9
 MEMORY_S, ALPHA, BETA = 1e-6, 10e-6, 1e-9
+CPU = torch.device("cpu")
 PREFIX = "decoder.layers.0."
 
 
@@ -54,20 +52,20 @@ def synthetic(c: RunConfig) -> Calibration:
 def test_uniform_routing_sets_each_local_experts_rows():
     # T = 32 tokens x top-2 = 64 assignments; 4 experts on one rank: 16 rows each; EP 2: a rank's 2 experts receive
     # its 64 rows' worth (every rank routes alike): 32 each
-    assert ops.ExpertShapes.of(cfg()).rows == (16,) * 4
-    assert ops.ExpertShapes.of(cfg("--expert-model-parallel-size", "2", "--world-size", "2")).rows == (32, 32)
+    assert ExpertShapes.of(cfg()).rows == (16,) * 4
+    assert ExpertShapes.of(cfg("--expert-model-parallel-size", "2", "--world-size", "2")).rows == (32, 32)
     # capacity factor 0.5: each expert keeps ceil(64 / 4 x 0.5) = 8 of them, 32 rows in all
-    capped = ops.ExpertShapes.of(cfg("--moe-expert-capacity-factor", "0.5"))
+    capped = ExpertShapes.of(cfg("--moe-expert-capacity-factor", "0.5"))
     assert (capped.routed, capped.rows) == (32, (8,) * 4)
     # 20 tokens x top-3 over 8 experts: 60 rows, as even as they go: 4 experts of 8, 4 of 7
-    odd = ops.ExpertShapes.of(cfg("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20"))
+    odd = ExpertShapes.of(cfg("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20"))
     assert sorted(odd.rows) == [7] * 4 + [8] * 4
-    assert ops.ExpertShapes.of(parse_args(["--model", "tiny"])) is None
+    assert ExpertShapes.of(parse_args(["--model", "tiny"])) is None
 
 
 def test_an_moe_layer_costs_its_router_experts_copies_and_all_to_alls_by_hand():
     c = cfg("--expert-model-parallel-size", "2", "--world-size", "2")  # fp32, T 32, h 64, f_moe 176, 2 experts here
-    sh, cal = ops.Shapes.of(c), synthetic(c)
+    sh, cal = Shapes.of(c), synthetic(c)
     router = 2 * 32 * 4 * 64  # [32, 64] x [64, 4]
     fc1, fc2 = 2 * 32 * 352 * 64, 2 * 32 * 64 * 176  # an expert's 32 rows: gate and up (2 x 176) then down
     rows_bytes = 64 * 64 * 4  # the rank's 64 routed rows of h fp32, either way
@@ -127,22 +125,17 @@ def test_the_replay_prices_an_moe_step_with_the_all_to_alls_exposed():
 
 
 def engine_kernels(c: RunConfig) -> EngineKernels:
-    """As engine/training.py hands them to the sweep, its MoE handles from an MoE layer built here (EP 1, eager)."""
+    """As engine/probe_adapters.py hands them to the sweep, its MoE handles from an MoE layer built here (EP 1,
+    eager)."""
     layer = MoELayer(c.model, 0, moe=MoEContext(ep=EPGroup(group=None, size=1, rank=0)),
                      tp=TPGroup(group=None, size=1, rank=0), params_dtype=to_dtype(c.train.params_dtype),
                      device="cpu", seed=1)
-    return EngineKernels(split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
-                         cross_entropy=functools.partial(vocab_parallel_cross_entropy,
-                                                         tp=TPGroup(group=None, size=1, rank=0),
-                                                         vocab_size=c.model.vocab_size),
-                         variant="eager", moe=moe_kernels([layer]))
+    return probe_adapters.engine_kernels([layer], c.model.vocab_size, CPU)
 
 
 def spec(c: RunConfig) -> SweepSpec:
-    m, numel = c.model, params_total(c)
-    return SweepSpec.from_run(c, tp_size=1, padded_vocab_size=pad_vocab_size(m.vocab_size,
-                                                                             m.make_vocab_size_divisible_by, 1),
-                              first_stage=True, last_stage=True, optimizer_numel=numel, grad_buffer_numel=numel)
+    numel = params_total(c)
+    return SweepSpec.from_run(c, first_stage=True, last_stage=True, optimizer_numel=numel, grad_buffer_numel=numel)
 
 
 @pytest.mark.parametrize("flags", [(), ("--moe-aux-loss-coeff", "0.01", "--moe-expert-capacity-factor", "0.7",
@@ -153,37 +146,43 @@ def spec(c: RunConfig) -> SweepSpec:
                                    ("--moe-grouped-gemm", "--expert-model-parallel-size", "2", "--world-size", "2")],
                          ids=["plain", "aux-loss-capacity-bf16", "uneven-rows-ep2", "grouped-capacity-bf16",
                               "grouped-ep2"])
-def test_the_sweep_plans_the_time_models_moe_kernels(flags):
-    c = cfg(*flags)
-    planned = compute_sweep.plan(spec(c), torch.device("cpu"), engine_kernels(c))
-    swept = {(p.op, tuple(sorted(p.dims.items())), p.flops) for p in planned if p.op not in ops.RATE_OPS}
-    assert swept == {(k.name, k.dims, k.flops) for k in ops.kernels(c, 0)}
-
-
-def test_the_sweep_times_the_moe_ops_through_the_engines_functions(tmp_path, monkeypatch):
+def test_the_sweep_times_the_moe_ops_through_the_engines_functions(flags, tmp_path, monkeypatch):
+    """Every catalogue entry of the MoE layer is timed (router, top-k, permute, unpermute, each expert row count's
+    MLP or the grouped GEMMs), through the engine's router, dispatcher and grouped GEMM."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    c = cfg("--moe-aux-loss-coeff", "0.01")
-    records = compute_sweep.run(spec(c), torch.device("cpu"), engine_kernels(c), warmup=1, iters=1)
-    timed = {r["op"] for r in records if r["seconds"] > 0}
+    c = cfg(*flags)
+    records = compute_sweep.run(spec(c), CPU, engine_kernels(c), warmup=0, iters=1)
+    timed = {(r["op"], tuple(sorted(r["dims"].items()))) for r in records if r["seconds"] > 0}
+    assert timed >= {(k.name, k.dims) for k in spec(c).ops.kernels()}
     assert {"router.fprop", "router.topk.fwd", "router.topk.bwd", "moe.permute.fwd", "moe.permute.bwd",
-            "moe.unpermute.fwd", "moe.unpermute.bwd"} <= timed
-    # a dense model's sweep has none of them and needs no MoE handles
+            "moe.unpermute.fwd", "moe.unpermute.bwd"} <= {op for op, _ in timed}
+
+
+def test_a_dense_models_sweep_has_no_moe_ops_and_needs_no_moe_handles():
     dense = parse_args(["--model", "tiny"])
-    planned = compute_sweep.plan(spec(dense), torch.device("cpu"),
-                                 dataclasses.replace(engine_kernels(c), moe=None))
+    planned = compute_sweep.plan(spec(dense), CPU, dataclasses.replace(engine_kernels(cfg()), moe=None))
     assert not {p.op for p in planned} & {"router.fprop", "moe.permute.fwd"}
 
 
-def test_the_sweep_times_grouped_gemms_through_the_engines_and_needs_them(tmp_path, monkeypatch):
+def test_grouped_gemms_are_timed_through_the_engines_and_need_them(tmp_path, monkeypatch):
+    """Under --moe-grouped-gemm the experts' GEMMs are the grouped kernels (keyed by the local expert count), timed
+    through MoEKernels.grouped_linear; SequentialMLP's handles have none, and the sweep refuses to time them."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     c = cfg("--moe-grouped-gemm")
-    records = compute_sweep.run(spec(c), torch.device("cpu"), engine_kernels(c), warmup=1, iters=1)
-    timed = {r["op"] for r in records if r["seconds"] > 0}
+    records = compute_sweep.run(spec(c), CPU, engine_kernels(c), warmup=0, iters=1)
+    timed = {r["op"]: r["dims"] for r in records if r["seconds"] > 0}
     assert {f"experts.{linear}.{gemm}" for linear in ("linear_fc1", "linear_fc2")
-            for gemm in ("fprop", "dgrad", "wgrad")} <= timed
-    sequential = engine_kernels(cfg())  # SequentialMLP's handles have no grouped GEMM to time
+            for gemm in ("fprop", "dgrad", "wgrad")} <= set(timed)
+    assert timed["experts.linear_fc1.fprop"]["experts"] == 4
+    assert not {"linear_fc1.fprop", "linear_fc2.fprop"} & set(timed)  # no per-expert GEMM beside them
+    sequential = engine_kernels(cfg())
     with pytest.raises(ValueError, match="grouped_linear"):
-        compute_sweep.plan(spec(c), torch.device("cpu"), sequential)
+        compute_sweep.plan(spec(c), CPU, sequential)
+
+
+def test_an_moe_sweep_without_the_engines_moe_handles_is_refused():
+    with pytest.raises(ValueError, match="EngineKernels.moe"):
+        compute_sweep.plan(spec(cfg()), CPU, dataclasses.replace(engine_kernels(cfg()), moe=None))
 
 
 @pytest.mark.slow

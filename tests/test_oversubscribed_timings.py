@@ -40,8 +40,9 @@ def test_the_rule_sets_timings_aside_and_nothing_else() -> None:
                  tolerance=0.01, explanation="static", rank=0)
     assert (bubble.verdict, memory.verdict) == ("off", "off")
     line = set_aside([bubble, tokens, memory], "4 ranks share host vm's 2 cores")
-    assert line == ("timings not judged: 4 ranks share host vm's 2 cores; the 2 time, pipeline, overlap and "
-                    "throughput rows show prediction and measurement with verdict n/a (1 would have been judged)")
+    assert line == ("timings not judged: 4 ranks share host vm's 2 cores; the 2 time, pipeline, overlap, "
+                    "throughput and step rows show prediction and measurement with verdict n/a (1 would have been "
+                    "judged)")
     assert (bubble.verdict, bubble.predicted, bubble.measured) == ("n/a", 0.1, 0.4)
     assert bubble.explanation == f"idle / span; {NOT_JUDGED}"
     assert tokens.verdict == "identity"  # agrees by construction: never judged, so nothing to set aside

@@ -9,7 +9,7 @@ from common.errors import ConfigError
 from engine.parallel_state import RankGenerator, group_lists, rank_generator_for
 
 
-def test_seed_eight_gpu_example():
+def test_reference_run_eight_gpu_example():
     # rank = tp + 2*dp + 4*pp for TP2 x DP2 x PP2 (docs/engine.md)
     lists = group_lists(rank_generator_for(8, tp=2, pp=2))
     assert lists["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -19,7 +19,7 @@ def test_seed_eight_gpu_example():
     assert lists["embedding"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
-def test_seed_self_test_rank3():
+def test_reference_run_rank3():
     gen = rank_generator_for(8, tp=2, pp=2)
     coords = gen.coordinates(3)
     assert (coords["tp"], coords["dp"], coords["pp"]) == (1, 1, 0)

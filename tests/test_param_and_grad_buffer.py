@@ -12,10 +12,10 @@ from engine.distributed.param_and_grad_buffer import build_buffer_layout, paddin
 from engine.optimizer.optimizer import shard_param_ranges
 from tests.support.gloo import run_distributed
 
-W1, W2, WL = 6, 4, 12  # the seed's toy, in module order
+W1, W2, WL = 6, 4, 12  # docs/buffer_layout.md's toy, in module order
 
 
-def test_seed_toy_layout_is_reversed_and_unpadded():
+def test_buffer_toy_layout_is_reversed_and_unpadded():
     layout = build_buffer_layout([W1, W2, WL], None, dp_size=2, use_distributed_optimizer=True,
                                  alignment_padding=False)
     assert layout.param_ranges == ((16, 22), (12, 16), (0, 12))
@@ -30,7 +30,7 @@ def test_without_distributed_optimizer_nothing_is_padded():
     assert (layout.numel, layout.padding) == (15, 0)
 
 
-def test_megatron_alignment_of_the_seed_toy():
+def test_megatron_alignment_of_the_buffer_toy():
     # WL at 0; W2 starts at ceil(12/64)*64 = 64; W1 at ceil(68/64)*64 = 128, ends 134;
     # the bucket ends at ceil(134/lcm(2,128))*128 = 256.
     layout = build_buffer_layout([W1, W2, WL], None, dp_size=2, use_distributed_optimizer=True)
@@ -102,7 +102,7 @@ def test_shards_tile_every_bucket(dp_size, aligned):
         assert start % padding_rule(dp_size, True, aligned)[0] == 0
 
 
-def test_the_seed_shard_boundary_cuts_wl_at_element_11():
+def test_the_toy_shard_boundary_cuts_wl_at_element_11():
     ranges = [(16, 22), (12, 16), (0, 12)]  # W1, W2, WL
     assert shard_param_ranges(ranges, 0, 11) == [None, None, (0, 11, 0, 11)]
     assert shard_param_ranges(ranges, 11, 22) == [(5, 11, 0, 6), (1, 5, 0, 4), (0, 1, 11, 12)]

@@ -19,7 +19,13 @@ import pytest
 import torch
 
 from tests.support.gloo import run_distributed
-from tests.support.parity import TIED_EMBEDDING, assert_close_rel, flag_value, reference, train_rank
+from tests.support.parity import (
+    TIED_EMBEDDING,
+    assert_close_rel,
+    flag_value,
+    reference,
+    train_rank,
+)
 
 BASE = ["--model", "tiny", "--num-layers", "4", "--micro-batch-size", "1", "--global-batch-size", "8",
         "--train-iters", "5", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--mock-data"]
@@ -36,7 +42,7 @@ LAYOUTS = {
     "pp2-vpp2-interleaved": (2, UNTIE, PP2 + VPP2),
     # Interleaving with per-chunk DDP callbacks: each chunk's reduce-scatter and all-gather launched by the schedule.
     "pp2-vpp2-dp2-distopt-overlap": (4, UNTIE, PP2 + VPP2 + DISTOPT_OVERLAP),
-    # The seed's layout: rank = tp + 2 dp + 4 pp, sequence parallel, ZeRO-1 with overlapped reduce and gather.
+    # The reference run's layout: rank = tp + 2 dp + 4 pp, sequence parallel, ZeRO-1 with overlapped reduce and gather.
     "tp2-pp2-dp2-sp-distopt": (8, UNTIE, ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel",
                                           *DISTOPT_OVERLAP]),
     # Tied: the copy on the last stage, its grad all-reduced with the first stage's after the DP reduction.

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-# The seed's scripts run the llama3.2-1b shape untied.
-SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
+# The reference run (docs/engine.md) runs the llama3.2-1b shape untied.
+REFERENCE = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
         "--pipeline-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
         "--seq-length", "8192", "--max-position-embeddings", "8192", "--micro-batch-size", "1",
         "--global-batch-size", "16", "--bf16", "--untie-embeddings-and-output-weights"]
@@ -25,8 +25,8 @@ def plan_json(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_seed_plan_json():
-    p = plan_json(*SEED)
+def test_reference_plan_json():
+    p = plan_json(*REFERENCE)
     assert p["params"]["total"] == 1_498_482_688
     assert p["params"]["per_layer"] == 60_821_504
     assert [round(n / 1e6, 1) for n in p["params"]["per_stage"]] == [749.2, 749.2]
@@ -57,9 +57,28 @@ def test_embeddings_are_tied_unless_untied_as_in_megatron():
     pp2 = plan_json("--model", "llama3.2-1b", "--world-size", "2", "--pipeline-model-parallel-size", "2")["params"]
     assert pp2["embedding_copy_on_last_stage"]
     assert pp2["per_stage"] == [8 * per_layer + v * h, 8 * per_layer + h + v * h]
-    lines = [plan(*args).stdout.splitlines()[1] for args in (("--model", "llama3.2-1b"), SEED)]
-    assert lines[0].startswith("parameters: 1,235,814,400 total (tied embedding and output layer)")
-    assert lines[1].startswith("parameters: 1,498,482,688 total (untied embedding and output layer)")
+    lines = [plan(*args).stdout.splitlines()[1] for args in (("--model", "llama3.2-1b"), REFERENCE)]
+    assert lines[0].startswith("parameters: 1,235,814,400 total (tied embedding and output layer as Llama-3.2-1B's "
+                               "published config: tie_word_embeddings true)")
+    assert lines[1].startswith("parameters: 1,498,482,688 total (untied embedding and output layer by "
+                               "--untie-embeddings-and-output-weights)")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "llama3.1-8b"], "8,030,261,248 total (untied embedding and output layer as Llama-3.1-8B's published "
+                                 "config: tie_word_embeddings false)"),
+    (["--model", "llama3.1-8b", "--untie-embeddings-and-output-weights"],
+     "8,030,261,248 total (untied embedding and output layer as Llama-3.1-8B's published config"),
+    (["--model", "tiny"], "(tied embedding and output layer as the tiny preset: Megatron's default)"),
+    (["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+      "--vocab-size", "100", "--seq-length", "16"],
+     "(tied embedding and output layer by Megatron's default: no --untie-embeddings-and-output-weights)"),
+], ids=["published-untied", "flag-restates-the-preset", "tiny", "custom-shape"])
+def test_the_plan_says_whether_the_output_layer_is_tied_and_why(args, says):
+    out = plan(*args)
+    assert out.returncode == 0, out.stderr
+    assert says in out.stdout.splitlines()[1]
+    assert plan_json(*args)["params"]["embeddings_reason"] in out.stdout.splitlines()[1]
 
 
 def test_precision_follows_megatron():
@@ -74,7 +93,7 @@ def test_vocab_padding_is_reported():
 
 
 def test_text_breakdown_per_stage():
-    out = plan(*SEED)
+    out = plan(*REFERENCE)
     assert out.returncode == 0, out.stderr
     assert "stage 0:" in out.stdout and "stage 1:" in out.stdout
     assert "1,498,482,688" in out.stdout and "static 4.19 GiB" in out.stdout
@@ -96,7 +115,7 @@ def test_bad_config_is_one_line_and_status_2(args, needle):
 def test_plan_does_not_import_torch():
     code = ("import sys, contextlib, io; from cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    rc = main(['plan', *{SEED!r}, '--json'])\n"
+            f"    rc = main(['plan', *{REFERENCE!r}, '--json'])\n"
             "assert rc == 0\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'engine'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -5,24 +5,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
 from common.run_dir import EventStream, events_path, read_manifest
-from tests.test_probes_distributed import MICROBATCHES, synthetic_run
+from tests.support.probed_loop import MICROBATCHES
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def crash_child(run_dir: str) -> None:
-    """Runs in a subprocess: a one-rank gloo run that would go on for ever, killed from outside."""
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-        synthetic_run(0, 1, run_dir, ["--timers"], 1, 1, 100_000, step_sleep_s=0.02)
 
 
 def _completed_steps(path: Path) -> int:
@@ -34,8 +25,8 @@ def _completed_steps(path: Path) -> int:
 @pytest.mark.slow
 def test_sigkill_leaves_completed_steps_readable(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    child = subprocess.Popen([sys.executable, "-c", f"from tests.test_probes_crash import crash_child; "
-                              f"crash_child({str(run_dir)!r})"], cwd=REPO, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", f"from tests.support.probed_loop import run_until_killed; "
+                              f"run_until_killed({str(run_dir)!r})"], cwd=REPO, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     try:
         while _completed_steps(events_path(run_dir, 0)) < 5:
@@ -55,10 +46,10 @@ def test_sigkill_leaves_completed_steps_readable(tmp_path: Path) -> None:
     stream = EventStream(run_dir, 0)
     events = list(stream)
     assert stream.torn_tail
-    steps = [e["step"] for e in events if e["kind"] == "step"]
+    steps = [e.step for e in events if e.kind == "step"]
     assert len(steps) >= 5 and steps == list(range(1, len(steps) + 1))
     for step in steps:  # every completed step is whole: its timings and its memory record precede it
-        forward = [e for e in events if e["kind"] == "timing" and e["step"] == step and e["category"] == "forward"]
+        forward = [e for e in events if e.kind == "timing" and e.step == step and e.category == "forward"]
         assert len(forward) == MICROBATCHES
-        assert any(e["kind"] == "memory" and e["point"] == "step" and e["step"] == step for e in events)
-    assert not any(e["kind"] == "run_end" for e in events)
+        assert any(e.kind == "memory" and e.point == "step" and e.step == step for e in events)
+    assert not any(e.kind == "run_end" for e in events)

@@ -5,99 +5,19 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed as dist
 
-from common.arguments import parse_args
 from common.run_dir import iter_events, ranks_present, read_manifest, trace_files
-from engine.parallel_state import ParallelState
-from probes.probe_set import create_probe_set
 from tests.support.gloo import run_distributed
+from tests.support.probed_loop import synthetic_run
 
-MICROBATCHES = 2
-WIDTH = 16
 LIFECYCLE = ("after_model_build", "after_ddp_buffers", "after_optimizer_init", "after_first_step")
 
-
-def synthetic_run(rank: int, world_size: int, run_dir: str | None, flags: list[str], tp: int, pp: int, steps: int,
-                  step_sleep_s: float = 0.0) -> str:
-    """Every facade call the engine makes, in the engine's order; returns the probe set's class name."""
-    argv = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-            "--train-iters", str(steps), *flags] + (["--run-dir", run_dir] if run_dir else [])
-    cfg = parse_args(argv, world_size=world_size)
-    ps = ParallelState.initialize(tp=tp, pp=pp)
-    probes = create_probe_set(cfg, ps, argv)
-    torch.manual_seed(rank)
-    model = torch.nn.Linear(WIDTH, WIDTH)
-    probes.memory_point("after_model_build")
-    probes.inventory([{"name": "weight", "kind": "param", "dtype": "fp32", "numel": WIDTH * WIDTH,
-                       "bytes": 4 * WIDTH * WIDTH, "padding": 0}])
-    probes.memory_point("after_ddp_buffers")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probes.memory_point("after_optimizer_init")
-    probes.collective_sweep(ps, dp_bucket_numels=[WIDTH * WIDTH, 1000], dp_grad_dtype="fp32",
-                            dp_param_dtype="fp32", activation_numel=4 * WIDTH, activation_dtype="fp32")
-    for it in range(1, steps + 1):
-        t0 = time.perf_counter()
-        probes.step_begin(it)
-        with probes.range("iteration", "iteration"):
-            loss = _forward_backward(probes, model, ps)
-            _grad_sync(probes, model, ps)
-            with probes.range("optimizer", "optimizer"):
-                optimizer.step()
-                optimizer.zero_grad()
-        time.sleep(step_sleep_s)
-        probes.step_end(it, loss=loss, lr=0.1, grad_norm=1.0, tokens=MICROBATCHES * 4,
-                        step_time_s=time.perf_counter() - t0)
-        if it == 1:
-            probes.memory_point("after_first_step")
-    probes.close("complete")
-    return type(probes).__name__
-
-
-def _forward_backward(probes, model: torch.nn.Module, ps: ParallelState) -> float:
-    total = 0.0
-    for mb in range(MICROBATCHES):
-        x = torch.randn(4, WIDTH)
-        with probes.range(f"forward stage{ps.pp_rank} mb{mb}", "forward", stage=ps.pp_rank, microbatch=mb, chunk=0):
-            y = model(x)
-            if ps.tp_size > 1:
-                with probes.range("tp all-reduce", "tp-comm", stage=ps.pp_rank, microbatch=mb):
-                    dist.all_reduce(y, group=ps.groups["tp"])
-            loss = y.pow(2).mean()
-        if ps.pp_size > 1:
-            with probes.range(f"send-recv stage{ps.pp_rank} mb{mb}", "pp-comm", stage=ps.pp_rank, microbatch=mb):
-                recv = torch.empty_like(y)
-                ops = [dist.P2POp(dist.isend, y.detach(), ps.pipeline_next_rank, ps.groups["pp"]),
-                       dist.P2POp(dist.irecv, recv, ps.pipeline_prev_rank, ps.groups["pp"])]
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait()
-        with probes.range(f"backward stage{ps.pp_rank} mb{mb}", "backward", stage=ps.pp_rank, microbatch=mb,
-                          chunk=0):
-            loss.backward()
-        total += loss.item()
-    return total / MICROBATCHES
-
-
-def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
-    for bucket, param in enumerate(model.parameters()):
-        # a DP group of one has no communicator (engine/parallel_state.py): the reduction is the identity
-        group = ps.groups["dp_cp"]
-        work = dist.all_reduce(param.grad, group=group, async_op=True) if group.size() > 1 else None
-        token = probes.comm_begin(f"all-reduce bucket{bucket}", "dp-comm", bucket=bucket,
-                                  bytes=param.grad.numel() * 4)
-        if work is not None:
-            work.wait()
-        probes.comm_end(token)
-
-
 def _kinds(run_dir: Path, rank: int) -> Counter:
-    return Counter(e["kind"] for e in iter_events(run_dir, rank))
+    return Counter(e.kind for e in iter_events(run_dir, rank))
 
 
 def _check_common(run_dir: Path, world_size: int, steps: int) -> None:
@@ -108,14 +28,14 @@ def _check_common(run_dir: Path, world_size: int, steps: int) -> None:
     assert ranks_present(run_dir) == list(range(world_size))
     for rank in range(world_size):
         events = list(iter_events(run_dir, rank))
-        points = [e["point"] for e in events if e["kind"] == "memory"]
+        points = [e.point for e in events if e.kind == "memory"]
         assert [p for p in points if p != "step"] == list(LIFECYCLE)
         assert points.count("step") == steps
-        mem = next(e for e in events if e["kind"] == "memory")
-        assert mem["device"] == "cpu" and mem["rss_bytes"] > 0
-        assert [e["step"] for e in events if e["kind"] == "step"] == list(range(1, steps + 1))
-        assert all(e["tokens_per_s"] > 0 for e in events if e["kind"] == "step")
-        assert events[-1]["kind"] == "run_end" and events[-1]["status"] == "complete"
+        mem = next(e for e in events if e.kind == "memory")
+        assert mem.device == "cpu" and mem.rss_bytes > 0
+        assert [e.step for e in events if e.kind == "step"] == list(range(1, steps + 1))
+        assert all(e.tokens_per_s > 0 for e in events if e.kind == "step")
+        assert events[-1].kind == "run_end" and events[-1].status == "complete"
 
 
 @pytest.mark.slow
@@ -130,14 +50,14 @@ def test_two_ranks_dp_every_cpu_kind(tmp_path: Path) -> None:
         assert {"memory", "inventory", "timing", "bandwidth", "step", "run_end"} <= set(kinds)
         assert "nvml" not in kinds  # no GPU: the sampler is disabled and says so in the manifest
         timings = [e for e in iter_events(run_dir, rank, {"timing"})]
-        assert {t["category"] for t in timings} == {"iteration", "forward", "backward", "optimizer", "dp-comm"}
-        fwd = [t for t in timings if t["category"] == "forward" and t["step"] == 2]
-        assert [t["microbatch"] for t in fwd] == [0, 1] and all(t["stage"] == 0 for t in fwd)
-        it = next(t for t in timings if t["category"] == "iteration" and t["step"] == 2)
-        assert all(it["start_s"] <= t["start_s"] <= t["end_s"] <= it["end_s"] for t in timings if t["step"] == 2)
-        comm = [t for t in timings if t["category"] == "dp-comm"]
-        assert all(t["async_comm"] and t["issue_s"] <= t["wait_return_s"] for t in comm)
-        sweep = {(b["group"], b["collective"]) for b in iter_events(run_dir, rank, {"bandwidth"})}
+        assert {t.category for t in timings} == {"iteration", "forward", "backward", "optimizer", "dp-comm"}
+        fwd = [t for t in timings if t.category == "forward" and t.step == 2]
+        assert [t.microbatch for t in fwd] == [0, 1] and all(t.stage == 0 for t in fwd)
+        it = next(t for t in timings if t.category == "iteration" and t.step == 2)
+        assert all(it.start_s <= t.start_s <= t.end_s <= it.end_s for t in timings if t.step == 2)
+        comm = [t for t in timings if t.category == "dp-comm"]
+        assert all(t.async_comm and t.issue_s <= t.wait_return_s for t in comm)
+        sweep = {(b.group, b.collective) for b in iter_events(run_dir, rank, {"bandwidth"})}
         assert sweep == {("dp", "reduce_scatter"), ("dp", "all_gather"), ("dp", "all_reduce")}
     notes = read_manifest(run_dir)["ranks"][0]["probes"]
     assert notes["nvml"].startswith("disabled") and notes["timers"] == "perf_counter"
@@ -165,9 +85,9 @@ def test_four_ranks_tp_pp(tmp_path: Path) -> None:
     assert [r["coords"] for r in manifest["ranks"]][3] == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}
     for rank in range(4):
         timings = list(iter_events(run_dir, rank, {"timing"}))
-        assert {"tp-comm", "pp-comm"} <= {t["category"] for t in timings}
-        assert {t["stage"] for t in timings if t["category"] == "forward"} == {rank // 2}
-        sweep = {(b["group"], b["collective"], b["group_size"]) for b in iter_events(run_dir, rank, {"bandwidth"})}
+        assert {"tp-comm", "pp-comm"} <= {t.category for t in timings}
+        assert {t.stage for t in timings if t.category == "forward"} == {rank // 2}
+        sweep = {(b.group, b.collective, b.group_size) for b in iter_events(run_dir, rank, {"bandwidth"})}
         assert sweep == {("tp", "all_reduce", 2), ("tp", "all_gather", 2), ("tp", "reduce_scatter", 2),
                          ("pp", "send_recv", 2)}
     assert trace_files(run_dir) == []

@@ -13,6 +13,7 @@ import torch
 from cli.main import main as cli_main
 from common.arguments import parse_args
 from common.errors import ConfigError, InputError
+from common.events import event
 from common.run_dir import (
     EventStream,
     EventWriter,
@@ -42,13 +43,13 @@ def test_run_dir_round_trip(tmp_path: Path) -> None:
     assert m["schema_version"] == 1 and m["status"] == "running" and m["world_size"] == 2
     assert type(cfg).from_dict(m["config"]) == cfg
     writer = EventWriter(tmp_path, 1)
-    writer.write("step", 3, loss=1.5, lr=0.1)
-    writer.write("memory", None, point="after_model_build", **{"allocated_bytes.all.current": 7})
+    writer.write(event("step", 3, loss=1.5, lr=0.1))
+    writer.write(event("memory", None, point="after_model_build", **{"allocated_bytes.all.current": 7}))
     writer.close()
     events = list(iter_events(tmp_path, 1))
-    assert [(e["kind"], e["step"]) for e in events] == [("step", 3), ("memory", None)]
-    assert events[0]["loss"] == 1.5 and events[1]["allocated_bytes.all.current"] == 7
-    assert [e["kind"] for e in iter_events(tmp_path, 1, {"memory"})] == ["memory"]
+    assert [(e.kind, e.step) for e in events] == [("step", 3), ("memory", None)]
+    assert events[0].loss == 1.5 and events[1].allocated == 7
+    assert [e.kind for e in iter_events(tmp_path, 1, {"memory"})] == ["memory"]
     trace_path(tmp_path, 1, 4, 6).parent.mkdir()
     trace_path(tmp_path, 1, 4, 6).write_bytes(b"")
     assert trace_files(tmp_path) == [(1, 4, 6, trace_path(tmp_path, 1, 4, 6))]
@@ -56,12 +57,12 @@ def test_run_dir_round_trip(tmp_path: Path) -> None:
 
 def test_torn_tail_tolerated_but_corruption_is_an_error(tmp_path: Path) -> None:
     writer = EventWriter(tmp_path, 0)
-    writer.write("step", 1)
+    writer.write(event("step", 1))
     writer.close()
     with open(events_path(tmp_path, 0), "ab") as f:
         f.write(b'{"kind":"st')
     stream = EventStream(tmp_path, 0)
-    assert [e["step"] for e in stream] == [1] and stream.torn_tail
+    assert [e.step for e in stream] == [1] and stream.torn_tail
     with open(events_path(tmp_path, 0), "ab") as f:
         f.write(b'\n{"kind":"step","step":2,"t":0}\n')
     with pytest.raises(InputError, match="line 2"):
@@ -79,6 +80,17 @@ def test_manifest_failure_is_never_overwritten_by_complete(tmp_path: Path) -> No
     update_manifest(tmp_path, status="bogus")
     with pytest.raises(InputError, match="status"):
         read_manifest(tmp_path)
+
+
+def test_the_first_failure_is_the_one_recorded(tmp_path: Path) -> None:
+    """Rank 1 fails of a bad file; rank 0 fails after, of the peer it lost (or torchrun's SIGTERM): the run's error
+    stays the cause."""
+    write_manifest(tmp_path, {"run_id": "r", "world_size": 2, "status": "running", "ended": None})
+    manifest_mod.finish(tmp_path, 1, "failed", "InputError: rank_00001.pt: is not a whole checkpoint file")
+    manifest_mod.finish(tmp_path, 0, "failed", "RuntimeError: Connection closed by peer")
+    manifest_mod.finish(tmp_path, 0, "failed", "Terminated: stopped by SIGTERM")
+    m = read_manifest(tmp_path)
+    assert (m["error"], m["failed_rank"]) == ("InputError: rank_00001.pt: is not a whole checkpoint file", 1)
 
 
 @pytest.mark.parametrize("flags, problem", [
@@ -197,12 +209,12 @@ def test_real_gpu_run_directory_reads_back() -> None:
     assert m["status"] == "complete" and m["ranks"][0]["device"]["type"] == "cuda"
     assert m["ranks"][0]["probes"]["timers"] == "cuda_event" and m["ranks"][0]["probes"]["nvml"].startswith("sampling")
     events = list(iter_events(GPU_FIXTURE, 0))
-    points = [e["point"] for e in events if e["kind"] == "memory" and e["point"] != "step"]
+    points = [e.point for e in events if e.kind == "memory" and e.point != "step"]
     assert points == ["after_model_build", "after_ddp_buffers", "after_optimizer_init", "after_first_step"]
-    step_mem = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
-    assert all(e["reserved_bytes.all.current"] >= e["allocated_bytes.all.peak"] > 0 for e in step_mem)
-    assert {e["clock"] for e in events if e["kind"] == "timing"} == {"cuda_event"}
-    assert all(e["used_bytes"] > 0 for e in events if e["kind"] == "nvml")
+    step_mem = [e for e in events if e.kind == "memory" and e.point == "step"]
+    assert all(e.reserved >= e.peak > 0 for e in step_mem)
+    assert {e.clock for e in events if e.kind == "timing"} == {"cuda_event"}
+    assert all(e.used_bytes > 0 for e in events if e.kind == "nvml")
     ((rank, start, end, path),) = trace_files(GPU_FIXTURE)
     text = gzip.decompress(path.read_bytes()).decode()
     assert (rank, start, end) == (0, 3, 4) and re.search(r'"rank": (\d+)', text).group(1) == "0"

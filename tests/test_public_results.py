@@ -1,6 +1,6 @@
-"""Published results through the simulator (ledger/models/simulate/published.py): how each published step time is implied,
-what is assumed where a paper is silent, and what is skipped and why. The accuracy itself (predicted vs published
-per entry) is a measurement and lives in BENCHMARKS.md (runs/bench/public_results.py); these tests hold the
+"""Published results through the simulator (ledger/models/simulate/published.py): how each published step time is
+implied, what is assumed where a paper is silent, and what is skipped and why. The accuracy itself (predicted vs
+published per entry) is a measurement and lives in BENCHMARKS.md (runs/bench/public_results.py); these tests hold the
 plumbing that produces it."""
 from __future__ import annotations
 

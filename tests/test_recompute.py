@@ -2,8 +2,8 @@
 rules, what autograd really keeps under each mode against the ledger's formula, parity with the run without
 recompute, the TP collectives recompute repeats against the ledger's count, and the peak row's mode.
 
-The bytes test is the independent check of ledger/models/formulas/activations.py: on CPU in fp32 it counts every distinct
-storage autograd saves while one model chunk of 4 tiny layers runs forward (saved_tensors_hooks also see what a
+The bytes test is the independent check of ledger/models/formulas/activations.py: on CPU in fp32 it counts every
+distinct storage autograd saves while one model chunk of 4 tiny layers runs forward (saved_tensors_hooks also see what a
 non-reentrant checkpoint keeps: its inputs), parameters and the shared RoPE tables left out.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from cli.plan import render
 from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
+from common.events import ALLOCATED, PEAK
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.rotary import RotaryEmbedding
 from engine.transformer.transformer_block import TransformerBlock, recompute_segments
@@ -28,10 +29,16 @@ from ledger.models.formulas import activations
 from ledger.models.formulas.comm import tp_collectives
 from ledger.models.formulas.static_memory import static_bytes
 from ledger.models.plan import build_plan
-from ledger.reconcile.memory import PEAK, rank_rows
+from ledger.reconcile.memory import rank_rows
 from probes.probe_set import NullProbeSet
 from tests.support.gloo import run_distributed
-from tests.support.parity import assert_close_rel, flag_value, reference, train_and_collect
+from tests.support.parity import (
+    assert_close_rel,
+    flag_value,
+    reference,
+    train_and_collect,
+)
+from tests.support.records import typed
 
 
 def _recompute(granularity: str, method: str | None = None, layers: int | None = None) -> list[str]:
@@ -194,11 +201,12 @@ def train_counting_tp_comm(rank: int, world_size: int, argv: list[str]) -> dict:
 
 
 def _ledger_layer_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, tuple[int, int]]:
-    """The ledger's per-step TP collectives of the layers, embedding and output layer, recompute's included
-    (calls, bytes by op); the cross-entropy and norm-grad all-reduces carry no byte count in the engine's ranges."""
+    """The ledger's per-step TP collectives of the layers, embedding and output layer, recompute's included, and the
+    sequence-parallel norm grads' all-reduce (calls, bytes by op); the cross-entropy's all-reduces carry no byte count
+    in the engine's ranges."""
     out: dict[str, tuple[int, int]] = {}
     for name, c in tp_collectives(cfg, pp_rank).items():
-        if ".activations[" in name or ".recompute[" in name:
+        if ".activations[" in name or ".recompute[" in name or ".norm_grads[" in name:
             calls, size = out.get(c.kind, (0, 0))
             out[c.kind] = (calls + c.calls, size + c.size_bytes)
     return out
@@ -224,7 +232,7 @@ def test_training_with_recompute_equals_training_without(layout):
 
 # ---- plan and the reconciliation's peak row ------------------------------------------------------------------------
 
-SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
+REFERENCE = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-size", "2",
         "--pipeline-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
         "--seq-length", "8192", "--max-position-embeddings", "8192", "--global-batch-size", "16", "--bf16"]
 
@@ -235,7 +243,7 @@ SEED = ["--model", "llama3.2-1b", "--world-size", "8", "--tensor-model-parallel-
     ([], ["none", "selective", "full uniform 1"]),
 ])
 def test_plan_shows_the_runs_mode_with_the_others_beside_it(flags, modes):
-    cfg = parse_args(SEED + flags)
+    cfg = parse_args(REFERENCE + flags)
     memory = build_plan(cfg)["memory"]
     assert memory["recompute"] == modes[0] and "logsumexp" in memory["recompute_convention"]
     by_mode, peaks = memory["activation_bytes_per_stage_by_recompute"], memory["peak_bytes_per_stage_by_recompute"]
@@ -262,7 +270,7 @@ def test_peak_row_predicts_the_runs_recompute_mode():
 
     def peak_row(measured: int):
         evidence = RankEvidence(rank=0, coords={"tp": 0, "pp": 0, "dp": 0},
-                                memory_steps=[{PEAK: measured, "allocated_bytes.all.current": measured}])
+                                memory_steps=typed("memory", [{PEAK: measured, ALLOCATED: measured}]))
         (found,) = [r for r in rank_rows(cfg, evidence) if r.metric == "memory.peak_allocated"]
         return found
 

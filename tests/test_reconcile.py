@@ -309,16 +309,20 @@ def test_the_real_h200_run_reconciles_static_memory_to_the_byte(tmp_path):
 def test_the_engines_groups_are_checked_against_megatrons_rule():
     """The manifest records the groups each rank joined; the ledger derives its own and a wrong group is off, named.
     (A manifest built here: the rule itself is tested on the engine's real groups in test_reconcile_gloo.)"""
+    from common.rank_info import parse_rank_infos
+    from ledger.evidence.layout import Layout
+    from ledger.evidence.run import RunEvidence
     from ledger.reconcile.topology import groups_rows
 
     rank3 = {"tp": [2, 3], "dp": [1, 3], "pp": [3, 7], "dp_cp": [1, 3], "cp": [3], "mp": [2, 3, 6, 7],
              "embedding": [3, 7], "position": [3]}  # rank = tp + 2 dp + 4 pp
-    manifest = {"world_size": 8, "config": {"parallel": {"tensor_model_parallel_size": 2,
-                                                         "pipeline_model_parallel_size": 2}},
+    manifest = {"world_size": 8,
                 "ranks": [{"rank": 1, "groups": {**rank3, "tp": [0, 1], "pp": [1, 5], "cp": [1], "mp": [0, 1, 4, 5],
                                                  "embedding": [1, 5], "position": [1]}},
                           {"rank": 3, "groups": {**rank3, "dp": [2, 3]}}]}
-    ok, wrong = groups_rows(manifest)
+    ev = RunEvidence(run_dir=Path("."), manifest=manifest, config=None, ranks={}, traces=[],
+                     layout=Layout.of(8, tp=2, pp=2), rank_infos=parse_rank_infos(manifest["ranks"]))
+    ok, wrong = groups_rows(ev)
     assert (ok.rank, ok.measured, ok.verdict) == (1, 0, "ok")
     assert (wrong.rank, wrong.measured, wrong.verdict) == (3, 1, "off")
     assert wrong.explanation.endswith("dp [2, 3] (Megatron's rule: [1, 3])")
@@ -329,18 +333,19 @@ def test_embedding_all_reduce_rows_from_counters_and_trace():
     ranks are also the pipeline group's. The engine's embd-comm range and the trace's all-reduce on those ranks land
     in comm.embedding.all_reduce; the send / recv on the same ranks stays the pipeline's; a wrong figure is off."""
     from common.arguments import parse_args
-    from ledger.evidence.run import RankEvidence
+    from common.events import event
+    from ledger.evidence.layout import Layout
+    from ledger.evidence.run import RankEvidence, RunEvidence
     from ledger.evidence.traces import Collective, TraceSummary
     from ledger.reconcile.comm import trace_volume, volume_rows
-    from ledger.reconcile.topology import rank_groups
 
     cfg = parse_args("--model tiny --world-size 2 --pipeline-model-parallel-size 2 --global-batch-size 2".split())
     size = 1000 * 64 * 4  # the vocabulary matrix's fp32 grad
-    manifest = {"world_size": 2, "config": cfg.to_dict()}
-    groups = rank_groups(manifest, 1)
-    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
-    timing = [{"category": "embd-comm", "name": "all-reduce word embedding grads", "step": s, "bytes": size}
-              for s in (1, 2, 3)]
+    ev = RunEvidence(run_dir=Path("."), manifest={"world_size": 2}, config=cfg, ranks={}, traces=[])
+    groups = ev.groups(1)
+    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1), "mp": (0, 1)}
+    timing = [event("timing", s, category="embd-comm", name="all-reduce word embedding grads", bytes=size,
+                    start_s=0.0, end_s=1.0) for s in (1, 2, 3)]
     r = RankEvidence(rank=1, coords={"tp": 0, "cp": 0, "dp": 0, "pp": 1}, timing=timing)
     trace = TraceSummary(path=Path("rank1.json"), rank=1, world_size=2, backend="nccl",
                          steps={2: (0.0, 10.0), 3: (10.0, 20.0)},
@@ -356,5 +361,6 @@ def test_embedding_all_reduce_rows_from_counters_and_trace():
                 if x.metric == "comm.embedding.all_reduce.bytes_per_step"]
     assert wrong.verdict == "off"
     # A middle stage is in no embedding group; PP4's ends pair ranks 0 and 3.
-    pp4 = {"world_size": 4, "config": {"parallel": {"pipeline_model_parallel_size": 4}}}
-    assert "embedding" not in rank_groups(pp4, 1) and rank_groups(pp4, 3)["embedding"] == (0, 3)
+    pp4 = RunEvidence(run_dir=Path("."), manifest={"world_size": 4}, config=None, ranks={}, traces=[],
+                      layout=Layout.of(4, pp=4))
+    assert "embedding" not in pp4.groups(1) and pp4.groups(3)["embedding"] == (0, 3)

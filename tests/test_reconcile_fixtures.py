@@ -22,20 +22,19 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-from pathlib import Path
 from statistics import median
 
 import pytest
 
 from common.config import RunConfig
 from common.intervals import covered
+from ledger.evidence.read import read_run
 from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS
 from ledger.evidence.traces import summarize
 from ledger.reconcile.comm import predicted_volume, trace_volume
 from ledger.reconcile.overlap import timer_exposed, timer_intervals
-from ledger.reconcile.run import gather, reconcile, run_steps
-
-FIXTURES = Path(__file__).parent / "fixtures"
+from ledger.reconcile.run import reconcile, run_steps
+from tests.support.recorded_runs import FIXTURES, only
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +58,6 @@ def reconciled(factory, name: str):
     return run, reconcile(run)
 
 
-def only(result, metric, **where):
-    found = [r for r in result.rows if r.metric == metric and all(getattr(r, k) == v for k, v in where.items())]
-    assert len(found) == 1, (metric, where, found)
-    return found[0]
-
-
 def test_a_step_stalled_by_another_ranks_trace_export_is_left_out_of_the_pipeline_rows(tmp_path):
     # Rank 1 waited ~986 ms in step 7's first forward for rank 0, which was writing its trace: with that step in,
     # rank 1's mean forward is ~140 ms and its backward/forward ratio reads 0.05 (seen before the fix).
@@ -73,7 +66,7 @@ def test_a_step_stalled_by_another_ranks_trace_export_is_left_out_of_the_pipelin
     result = reconcile(run)
     ratio = only(result, "pipeline.backward_over_forward", rank=1)
     assert 0.3 < ratio.measured < 4, ratio
-    assert 7 not in run_steps(gather(run)).steady(range(1, 8))
+    assert 7 not in run_steps(read_run(run)).steady(range(1, 8))
 
 
 def test_p2p_bytes_from_the_gloo_trace_equal_the_formula_and_the_engines_counters(pp2):
@@ -104,8 +97,8 @@ def test_p2p_bytes_of_the_real_h200_pp2_trace_are_the_formulas(tmp_path):
 
 def test_the_probes_flag_profiled_steps_and_the_step_after_the_trace_export(dp2):
     run, _ = dp2
-    ev = gather(run)
-    flags = {rank: {s["step"]: (s["profiled"], s["after_trace_export"]) for s in r.steps}
+    ev = read_run(run)
+    flags = {rank: {s.step: (s.profiled, s.after_trace_export) for s in r.steps}
              for rank, r in ev.ranks.items()}
     # rank 0 profiled steps 3-4 plus the extra step HTA drops (5); rank 1 was not profiled
     assert [s for s, (p, _) in flags[0].items() if p] == [3, 4, 5] and not any(p for p, _ in flags[1].values())
@@ -117,8 +110,8 @@ def test_the_probes_flag_profiled_steps_and_the_step_after_the_trace_export(dp2)
 
 def test_throughput_judges_only_steady_steps_and_reports_the_profilers_cost(dp2):
     run, result = dp2
-    ev = gather(run)
-    times = {(rank, s["step"]): s["step_time_s"] for rank, r in ev.ranks.items() for s in r.steps}
+    ev = read_run(run)
+    times = {(rank, s.step): s.step_time_s for rank, r in ev.ranks.items() for s in r.steps}
     spread = only(result, "throughput.step_time_spread")
     assert spread.step in (2, 7, 8, 9)
     # the trace export (rank 0) made rank 1 wait in step 6: the widest spread of the run, reported, not judged
@@ -135,26 +128,26 @@ def test_a_stall_on_the_param_all_gather_is_not_counted_as_its_overlap(dp2):
     # The DDP pre-hook's wait is a "dp-wait" range nested in the forward range; compute excludes it, so the part of
     # an all-gather that the forward spent waiting for is exposed, never overlapped.
     run, _ = dp2
-    for r in gather(run).ranks.values():
-        forwards = [t for t in r.timing if t["category"] == "forward"]
-        waits = [t for t in r.timing if t["category"] == "dp-wait"]
-        assert waits and all(any(f["step"] == w["step"] and f["start_s"] <= w["start_s"] <= w["end_s"] <= f["end_s"]
+    for r in read_run(run).ranks.values():
+        forwards = [t for t in r.timing if t.category == "forward"]
+        waits = [t for t in r.timing if t.category == "dp-wait"]
+        assert waits and all(any(f.step == w.step and f.start_s <= w.start_s <= w.end_s <= f.end_s
                                  for f in forwards) for w in waits)
-        gathers = {(t["step"], t["bucket"]): (t["t_start"], t["t_end"]) for t in r.timing
-                   if t["category"] == "dp-comm" and t["name"].startswith("all-gather")}
+        gathers = {(t.step, t.bucket): (t.t_start, t.t_end) for t in r.timing
+                   if t.category == "dp-comm" and t.name.startswith("all-gather")}
         for i in timer_intervals(r):
             if i.op != "all_gather":
                 continue
             span = gathers[(i.step, i.bucket)]
-            stalled = sum(covered(span, [(w["t_start"], w["t_end"])]) for w in waits if w["bucket"] == i.bucket)
+            stalled = sum(covered(span, [(w.t_start, w.t_end)]) for w in waits if w.bucket == i.bucket)
             assert i.overlapped <= i.duration - stalled + 1e-6
 
 
 def test_exposed_dp_comm_is_a_union_no_larger_than_the_buckets_tails(dp2):
     run, result = dp2
-    ev = gather(run)
+    ev = read_run(run)
     r = ev.ranks[1]  # no trace on rank 1: its per-step figure comes from the timers
-    steps = run_steps(ev).steady({t["step"] for t in r.timing})
+    steps = run_steps(ev).steady({t.step for t in r.timing})
     union = timer_exposed(r, steps)
     intervals = timer_intervals(r)
     tails = {step: sum(i.exposed for i in intervals if i.step == step) for step in steps}
@@ -169,12 +162,12 @@ def test_exposed_dp_comm_is_a_union_no_larger_than_the_buckets_tails(dp2):
 
 def test_the_real_h200_run_leaves_the_profiled_steps_out_from_its_config(h200):
     run, result = h200
-    ev = gather(run)
+    ev = read_run(run)
     selection = run_steps(ev)
     assert selection.source == FROM_CONFIG  # recorded before the probes flagged profiled steps
     # torch.profiler on steps 3-4 and one more for HTA; a world of one waits for nobody's trace export
     assert selection.profiled == {3, 4, 5} and not selection.after_export
-    times = {s["step"]: s["step_time_s"] for s in ev.ranks[0].steps}
+    times = {s.step: s.step_time_s for s in ev.ranks[0].steps}
     overhead = only(result, "throughput.profiler_overhead")
     assert overhead.measured == pytest.approx(median([times[3], times[4], times[5]]) / median([times[2], times[6]])
                                               - 1)

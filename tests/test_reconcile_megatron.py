@@ -14,9 +14,10 @@ import pytest
 from cli.main import main as cli
 from common.arguments import build_parser, parse_args
 from ledger.evidence.megatron.arguments import flags_from_arguments
+from ledger.evidence.read import read_run
 from ledger.evidence.traces import summarize
 from ledger.present.loaders import list_runs
-from ledger.reconcile.run import gather, reconcile, run_steps
+from ledger.reconcile.run import reconcile, run_steps
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -226,7 +227,7 @@ def test_own_layout_reconciles(tmp_path):
 def test_steps_the_profiler_disturbed_are_flagged_from_megatron_schedule(tmp_path):
     """--profile-step-start 5 --profile-step-end 8: torch.profiler warms up in iteration 4, records 5-7, and exports
     the trace at the top of iteration 8."""
-    selection = run_steps(gather(own_layout_run(tmp_path)))
+    selection = run_steps(read_run(own_layout_run(tmp_path)))
     assert (selection.profiled, selection.after_export) == ({4, 5, 6, 7}, {8})
     assert selection.steady(range(2, 13)) == [3, 9, 10, 11, 12]  # 2 is the first iteration with a time
 
@@ -241,9 +242,9 @@ def test_a_resumed_run_takes_the_last_launch_configuration(tmp_path):
     run = own_layout_run(tmp_path, last=6, arguments={**REAL_ARGUMENTS, "train_iters": "6"})
     later = {tag: {s: v for s, v in values.items() if s > 6} for tag, values in device_run_scalars(12).items()}
     write_event_file(run / "tensorboard", REAL_ARGUMENTS, later, start_iteration=6)
-    ev = gather(run)
+    ev = read_run(run)
     assert ev.config.train.train_iters == 12 and ev.manifest["status"] == "complete"
-    assert [m["step"] for m in ev.ranks[0].memory_steps] == list(range(1, 13))
+    assert [m.step for m in ev.ranks[0].memory_steps] == list(range(1, 13))
     (note,) = [m for m in ev.missing if "launches" in m]
     assert "2 launches" in note and "from iteration 6" in note and "--train-iters" in note
 
@@ -300,8 +301,9 @@ def test_a_record_cut_short_at_the_end_is_skipped_and_said(tmp_path):
     run = own_layout_run(tmp_path)
     event_file = next((run / "tensorboard").iterdir())
     event_file.write_bytes(event_file.read_bytes()[:-5])
-    ev = gather(run)
-    assert [m["step"] for m in ev.ranks[0].memory_steps] == list(range(1, 13))  # the last record: "learning-rate vs samples"
+    ev = read_run(run)
+    # the last record: "learning-rate vs samples"
+    assert [m.step for m in ev.ranks[0].memory_steps] == list(range(1, 13))
     assert any(event_file.name in m and "torn record" in m for m in ev.missing)
 
 
@@ -328,7 +330,7 @@ needs_real_run = pytest.mark.skipif(not (REAL_RUN / "tensorboard").is_dir(),
 
 @needs_real_run
 def test_real_run_configuration_comes_from_megatron_argument_summaries():
-    ev = gather(REAL_RUN)
+    ev = read_run(REAL_RUN)
     m, t, p = ev.config.model, ev.config.train, ev.config.probes
     assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups,
             m.seq_length, m.vocab_size) == (2, 256, 1024, 4, 2, 512, 8064)
@@ -341,16 +343,16 @@ def test_real_run_configuration_comes_from_megatron_argument_summaries():
 
 @needs_real_run
 def test_real_run_scalars_and_trace_are_where_megatron_writes_them():
-    ev = gather(REAL_RUN)
+    ev = read_run(REAL_RUN)
     assert [(r, a, b, p.relative_to(REAL_RUN).as_posix()) for r, a, b, p in ev.traces] == \
         [(0, 5, 7, "torch_profile/rank-0.json.gz")]
     assert set(summarize(ev.traces[0][3]).steps) == {5, 6, 7}  # ProfilerStep#N is iteration N
     rank = ev.ranks[0]
-    assert [m["step"] for m in rank.memory_steps] == list(range(1, 13))  # mem-* every iteration
-    assert [s["step"] for s in rank.steps] == list(range(2, 13))  # iteration-time skips the first iteration
-    peaks = [m["allocated_bytes.all.peak"] for m in rank.memory_steps]
+    assert [m.step for m in rank.memory_steps] == list(range(1, 13))  # mem-* every iteration
+    assert [s.step for s in rank.steps] == list(range(2, 13))  # iteration-time skips the first iteration
+    peaks = [m.peak for m in rank.memory_steps]
     assert peaks == sorted(peaks)  # Megatron never resets the peak
-    assert all(m["allocated_bytes.all.current"] <= m["allocated_bytes.all.peak"] <= m["reserved_bytes.all.current"]
+    assert all(m.allocated <= m.peak <= m.reserved
                for m in rank.memory_steps)
 
 

@@ -1,5 +1,5 @@
-"""The Runs page of a resumed run in headless Chromium (tests/test_dashboard_browser.py's server and browser
-set-up): the loss curve is drawn over iterations 1..6 with the marker "resumed from iteration 3". The runs are
+"""The Runs page of a resumed run in headless Chromium (tests/support/browser.py's server and browser): the loss
+curve is drawn over iterations 1..6 with the marker "resumed from iteration 3". The runs are
 tests/test_resume_dashboard.py's, made once per session (the fixture `resumed`, tests/conftest.py)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, dashboard_server, playwright, settle
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, dashboard_server, playwright, settle
 
 
 @pytest.mark.slow

@@ -16,8 +16,13 @@ import pytest
 import torch
 
 from engine.parallel_state import ParallelState
-from engine.pipeline_parallel.schedules import ScheduleConfig, forward_backward_no_pipelining, get_forward_backward_func
+from engine.pipeline_parallel.schedules import (
+    ScheduleConfig,
+    forward_backward_no_pipelining,
+    get_forward_backward_func,
+)
 from tests.support.gloo import run_distributed
+from tests.support.recording_probes import RangeLog
 
 HIDDEN, SEQ, MBS, LAYERS = 8, 4, 2, 8
 
@@ -261,35 +266,28 @@ def test_get_forward_backward_func_chooses_by_pipeline_and_virtual_size():
     assert get_forward_backward_func(2, 2) is schedules.forward_backward_pipelining_with_interleaving
 
 
-class RecordingProbes:
-    def __init__(self):
-        self.ranges: list[tuple[str, str]] = []
-
-    def range(self, name: str, category: str, **attrs):
-        self.ranges.append((name, category))
-        return contextlib.nullcontext()
-
 
 def _p2p_worker(rank: int, world_size: int) -> dict:
     from engine.pipeline_parallel.p2p_communication import P2PCommunicator
     ps = ParallelState.initialize(tp=1, pp=2)
-    probes = RecordingProbes()
+    probes = RangeLog()
     p2p = P2PCommunicator(ps, (SEQ, MBS, HIDDEN), torch.float32, "cpu", probes)
     value = lambda k: torch.full((SEQ, MBS, HIDDEN), float(10 * k + rank))  # noqa: E731
+    exchange = p2p.send_forward_backward_recv_forward_backward
     got = []
     if rank == 0:
-        p2p.send_forward(value(1))
-        got.append(p2p.recv_backward())
-        got.append(p2p.send_forward_recv_backward(value(3)))
+        exchange(value(1), None, recv_prev=False, recv_next=False)
+        got.append(exchange(None, None, recv_prev=False, recv_next=True)[1])
+        got.append(exchange(value(3), None, recv_prev=False, recv_next=True)[1])
     else:
-        got.append(p2p.recv_forward())
-        p2p.send_backward(value(2))
-        got.append(p2p.send_backward_recv_forward(value(4)))
+        got.append(exchange(None, None, recv_prev=True, recv_next=False)[0])
+        exchange(None, value(2), recv_prev=False, recv_next=False)
+        got.append(exchange(None, value(4), recv_prev=True, recv_next=False)[0])
     return {"got": [(t[0, 0, 0].item(), t.requires_grad) for t in got], "ranges": probes.ranges}
 
 
 @pytest.mark.slow
-def test_p2p_named_calls_pair_up_and_each_is_one_pp_comm_range():
+def test_p2p_exchanges_pair_up_and_each_is_one_pp_comm_range_named_for_what_moves():
     rank0, rank1 = run_distributed(_p2p_worker, 2)
     assert rank1["got"] == [(10.0, True), (30.0, True)]  # activations arrive ready to collect their gradient
     assert rank0["got"] == [(21.0, False), (41.0, False)]

@@ -16,10 +16,13 @@ from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from ledger.models.formulas.peak_memory import peak_bytes_per_stage, stage_peaks
-from ledger.models.formulas.static_memory import largest_dp_rank, static_bytes, static_bytes_max
+from ledger.models.formulas.static_memory import (
+    largest_dp_rank,
+    static_bytes,
+    static_bytes_max,
+)
 from ledger.models.plan import build_plan
-from ledger.models.simulate.bound import min_step_seconds, tokens_per_s_bound
-from ledger.models.simulate.layouts import describe, enumerate_layouts, label
+from ledger.models.simulate.layouts import describe, enumerate_layouts, label, with_layout
 from ledger.models.simulate.search import loses_because, memory_fit, search
 
 # 4 layers, 8 heads in 4 query groups; the global batch 8.
@@ -84,13 +87,13 @@ def test_options_narrow_the_enumeration():
 
 # ---- peak memory ---------------------------------------------------------------------------------------------------
 
-SEED = ("--model llama3.2-1b --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+REFERENCE = ("--model llama3.2-1b --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
         "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --seq-length 8192 "
         "--max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 16 --bf16")
 
 
 def test_plan_reports_the_shared_peak_function():
-    cfg = base(SEED)
+    cfg = base(REFERENCE)
     memory = build_plan(cfg)["memory"]
     peaks = stage_peaks(cfg)
     assert memory["peak_bytes_per_stage"] == peak_bytes_per_stage(cfg) == [p.total for p in peaks]
@@ -118,31 +121,33 @@ def test_the_largest_dp_rank_is_the_one_the_definition_finds(world, dp_flags):
     assert static_bytes_max(cfg) == max(whole, key=lambda item: item[0])
 
 
+def test_a_layouts_flags_replace_the_bases_and_parse_back_to_it():
+    """Every enumerated layout, written as flags over the base's own (which hold layout flags too), parses back to
+    the same layout: the command `search` prints for its first layout is that layout."""
+    argv = SMALL.split() + ["--micro-batch-size=2", "--sequence-parallel"]
+    for cfg in enumerate_layouts(base(), 8, gpus_per_node=8):
+        flags = with_layout(argv, cfg)
+        again = parse_args(flags, world_size=8)
+        assert describe(again) == describe(cfg), flags
+        assert again.train.overlap_param_gather == cfg.train.overlap_param_gather
+
+
+def test_a_label_names_every_choice():
+    cfg = next(c for c in enumerate_layouts(base(), 8, gpus_per_node=8) if c.parallel.sequence_parallel
+               and c.recompute.recompute_granularity == "selective" and c.train.use_distributed_optimizer
+               and c.parallel.virtual_pipeline_model_parallel_size)
+    d = describe(cfg)
+    assert label(cfg) == (f"tp{d['tp']} pp{d['pp']} vpp{d['vpp']} dp{d['dp']} mbs{d['mbs']}, SP, recompute selective, "
+                          "distributed optimizer")
+
+
 def test_memory_fit_names_the_stage_that_does_not_fit():
-    cfg = base(SEED)
+    cfg = base(REFERENCE)
     peaks = peak_bytes_per_stage(cfg)
     assert memory_fit(max(peaks))(cfg) is True
     assert memory_fit(max(peaks), outside_bytes=1)(cfg) == (
-        f"out of memory: stage {peaks.index(max(peaks))} needs {(max(peaks) + 1) / 1e9:.1f} GB of "
-        f"{max(peaks) / 1e9:.1f} GB")
-
-
-# ---- the bound -----------------------------------------------------------------------------------------------------
-
-def test_the_bound_is_the_pipeline_chain_at_peak():
-    """One layer a stage, w seconds of forward + backward per micro-batch at the peak; the last stage adds the logit
-    GEMM. The chain: the first micro-batch's forward through stages 0..2 and the last one's backward back, (p - 1) w,
-    and between them all of the last stage's m micro-batches: the textbook (m + p - 1) w, plus m logit GEMMs."""
-    cfg = base(SMALL.replace("--global-batch-size 8", "--global-batch-size 16") +
-               " --world-size 4 --pipeline-model-parallel-size 4")
-    peak = 1e12
-    m, p = cfg.num_microbatches, 4
-    # a layer's forward: SwiGLU's 3 f x h GEMMs, QKV (q 64 + 2 kv 32 wide) and projection, causal attention
-    layer = 2 * 32 * (3 * 64 * 128 + 64 * (64 + 2 * 32) + 64 * 64) + 2 * 32 * 32 * 64
-    w = 3 * layer / peak  # forward + backward (twice the forward)
-    logits = 3 * 2 * 32 * 1024 * 64 / peak  # the vocabulary padded to a multiple of 128
-    assert min_step_seconds(cfg, peak) == pytest.approx((p - 1) * w + m * (w + logits))
-    assert tokens_per_s_bound(peak)(cfg) == pytest.approx(16 * 32 / ((p - 1) * w + m * (w + logits)))
+        f"out of memory: stage {peaks.index(max(peaks))} needs {(max(peaks) + 1) / 2**30:,.1f} GiB of "
+        f"{max(peaks) / 2**30:,.1f} GiB")  # GiB, as every other size the search prints
 
 
 # ---- the search, on a dummy score (plumbing) -----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The time model's Calibration from a hardware file (ledger/models/simulate/calibration.py, kernel_cost.py, topology.py).
+"""The time model's Calibration from a hardware file (ledger/models/simulate/calibration.py, kernel_cost.py,
+topology.py).
 
 Kernel times are derived by hand from the file's cost forms; group placement from Megatron's rank order
 (tp-cp-ep-dp-pp: rank = tp + t (cp + c (dp + d pp)), nodes of 8 filled in rank order); one real-run check: the H200
@@ -13,6 +14,7 @@ from statistics import median
 import pytest
 
 from common.arguments import parse_args
+from common.ops import kernel
 from ledger.evidence.layout import Layout, group_lists
 from ledger.evidence.run import collect_run
 from ledger.evidence.steps import select_steps
@@ -21,8 +23,8 @@ from ledger.models.simulate import group_spans, hardware_calibration, load_hardw
 from ledger.models.simulate.calibration import stage_kernels
 from ledger.models.simulate.topology import NETWORK, NVLINK
 from ledger.models.time_model import predict_step
-from ledger.models.time_model.ops import kernel, kernels
-from tests.test_reconcile_fixtures import FIXTURES
+from ledger.models.time_model.ops import kernels
+from tests.support.recorded_runs import FIXTURES
 
 S4096 = FIXTURES / "h200_llama1b" / "s4096"
 
@@ -199,9 +201,9 @@ def test_ring_latency_grows_with_the_group_and_a_tree_caps_it_across_many_nodes(
 
 def measured_step_time(run) -> float:
     ev = collect_run(run)
-    steps = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s")]
-    steady = set(select_steps(ev.config, ev.world_size, steps).steady(s["step"] for s in steps))
-    return median(s["step_time_s"] for s in steps if s["step"] in steady)
+    steps = [s for r in ev.ranks.values() for s in r.steps if s.step_time_s]
+    steady = set(select_steps(ev.config, ev.world_size, steps).steady(s.step for s in steps))
+    return median(s.step_time_s for s in steps if s.step in steady)
 
 
 def test_the_h200_file_predicts_the_real_llama1b_seq4096_step_within_5_percent():

@@ -7,8 +7,10 @@ import json
 import pytest
 
 from cli.main import main as cli
+from ledger.evidence.rank_sets import parse_ranks
+from ledger.evidence.read import read_run
 from ledger.evidence.traces import summarize
-from ledger.present.trace_export import clock_offsets, export, index, parse_ranks
+from ledger.present.trace_export import clock_offsets, export, index
 from tests.fixtures.synthetic_run import Spec, make_run
 
 SKEW = {1: 250.0, 2: -1000.0, 3: 40.0}
@@ -56,7 +58,7 @@ def test_merged_trace_layout(skewed, tmp_path):
 
 def test_steps_and_ranks_select(skewed, tmp_path):
     out = tmp_path / "part.json.gz"
-    result = export(skewed, out, steps=(2, 2), ranks=parse_ranks(["0,2"]))
+    result = export(read_run(skewed), out, steps=(2, 2), ranks=parse_ranks(["0,2"]))
     events = load(out)["traceEvents"]
     assert result.ranks == [0, 2] and {e["pid"] for e in events} == {0, 2}
     steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep")}
@@ -64,7 +66,7 @@ def test_steps_and_ranks_select(skewed, tmp_path):
 
 
 def test_rank_without_shared_collectives_is_reported(skewed, tmp_path):
-    result = export(skewed, tmp_path / "two.json", ranks={0, 3})
+    result = export(read_run(skewed), tmp_path / "two.json", ranks={0, 3})
     assert result.uncorrected == [0, 3]
     assert json.loads((tmp_path / "two.json").read_text())["traceEvents"]
 

@@ -5,25 +5,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from common.config import RunConfig
-from common.run_dir import iter_events, read_manifest
+from ledger.evidence.layout import group_kind
+from ledger.evidence.read import read_run
 from ledger.evidence.run import RankEvidence
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import Collective, TraceSummary, summarize
 from ledger.reconcile.comm import predicted_volume, trace_volume, volume_rows
-from ledger.reconcile.topology import group_kind, rank_groups
+from tests.support.records import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
+RANGE = {"name": "tp all-reduce", "category": "tp-comm", "start_s": 0.0, "end_s": 1.0}  # one timing record
 PP2_GROUPS = {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
 
 
 def attributed(name: str, rank: int = 0):
     run = FIXTURES / name
-    manifest = read_manifest(run)
-    groups = rank_groups(manifest, rank)
-    timing = list(iter_events(run, rank, {"timing"}))
+    ev = read_run(run)
+    groups = ev.groups(rank)
     trace = next((run / "traces").glob(f"rank{rank}.*"))
-    return manifest, groups, attribute_groups(summarize(trace), groups, manifest["world_size"], range_kinds(timing))
+    return ev.manifest, groups, attribute_groups(summarize(trace), groups, ev.world_size,
+                                                 range_kinds(ev.ranks[rank].timing))
 
 
 def test_under_pp2_the_shared_group_is_the_embeddings_only_for_its_grad_all_reduce():
@@ -45,7 +49,7 @@ def test_the_recorded_pp2_run_names_every_collectives_group():
     over the embedding group, and takes part in the grad norm's all-reduce and the loss broadcast (one fp32 each) on
     the pipeline's ranks."""
     manifest, groups, result = attributed("gloo_pp2")
-    assert groups == {"tp": (0,), "dp": (0,), "pp": (0, 1), "embedding": (0, 1)}
+    assert groups == {"tp": (0,), "dp": (0,), "pp": (0, 1), "embedding": (0, 1), "mp": (0, 1)}  # mp: tp x pp
     volume = trace_volume(result.summary, groups, 2)
     assert volume == {("pp", "send_recv"): 8 * 32 * 64 * 2, ("embedding", "all_reduce"): 1000 * 64 * 4,
                       ("pp", "all_reduce"): 4, ("pp", "broadcast"): 4}
@@ -80,7 +84,7 @@ def test_a_rank_in_several_groups_names_only_what_the_evidence_names(tmp_path):
         Collective("all_reduce", 2, 3, 64, None, thread=7, issued_in="optimizer"),
         Collective("all_reduce", 4, 5, 4, None, thread=9, issued_in="optimizer"),
         Collective("send", 6, 7, None, None, thread=1, issued_in="send_forward")])
-    result = attribute_groups(summary, groups, 4, range_kinds([{"name": "tp all-reduce", "category": "tp-comm"}]))
+    result = attribute_groups(summary, groups, 4, range_kinds(typed("timing", [RANGE])))
     assert [c.group for c in result.summary.collectives] == [(0, 1), (0, 1), None, None]
     assert [group_kind(groups, c.group, c.op, c.issued_as) for c in result.summary.collectives[:3]] == \
         ["tp", "tp", "unknown"]
@@ -93,3 +97,43 @@ def test_volume_rows_fall_back_to_totals_per_op_only_for_ops_with_unnamed_collec
     rows = volume_rows(None, r, {("dp", "reduce_scatter"): 100.0, ("unknown", "all_reduce"): 4.0})
     assert sorted(x.metric for x in rows) == ["comm.dp.reduce_scatter.bytes_per_step",
                                               "comm.unknown.all_reduce.bytes_per_step"]
+
+
+def _gloo_run(run: Path) -> Path:
+    """TP2 x DP2 of the tiny model, SP, the distributed optimizer with both overlaps and small buckets (several
+    per rank, each run by whichever of its group's two gloo worker threads is free), timers and the profiler."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "4", "--model", "tiny",
+         "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
+         "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "10000", "--micro-batch-size", "1",
+         "--global-batch-size", "4", "--train-iters", "4", "--timers", "--use-pytorch-profiler",
+         "--profile-step-start", "2", "--profile-step-end", "3", "--profile-ranks", "0", "1", "2", "3",
+         "--run-dir", str(run)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_two_identical_gloo_runs_name_every_collective_by_its_issuing_range_and_give_one_row_set(tmp_path):
+    """The engine issues every collective inside a range that names its group (an async one included: its issue
+    runs inside a record_function of its range), so no collective waits on which worker thread ran it: the same
+    flags give the same row set, and no row is an "unknown" group's."""
+    from ledger.reconcile.run import reconcile
+
+    keys = []
+    for name in ("first", "second"):
+        run = _gloo_run(tmp_path / name)
+        ev = read_run(run)
+        for rank in range(4):
+            trace = next((run / "traces").glob(f"rank{rank}.*"))
+            named = attribute_groups(summarize(trace), ev.groups(rank), 4, range_kinds(ev.ranks[rank].timing)).named_by
+            assert set(named) <= {"issuing range", "point-to-point"}, (name, rank, named)
+        rows = reconcile(run).rows
+        assert not [r.metric for r in rows if ".unknown" in r.metric or "_unknown_" in r.metric]
+        keys.append(sorted({(r.metric, r.rank, r.bucket, r.source) for r in rows}, key=str))
+    assert keys[0] == keys[1]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from common.arguments import parse_args
 from common.intervals import length, subtract, union
-from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS, select_steps
+from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS, PROFILED_COUNTED, select_steps
 from ledger.evidence.traces import summarize
+from tests.support.records import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -56,18 +57,18 @@ def test_subtract_cuts_holes_out_of_disjoint_intervals():
 def test_a_step_one_rank_profiled_is_disturbed_on_every_rank():
     records = [{"step": s, "profiled": s in (3, 4, 5) and rank == 0, "after_trace_export": s == 6}
                for rank in (0, 1) for s in range(1, 9)]
-    sel = select_steps(None, 2, records)
+    sel = select_steps(None, 2, typed("step", records))
     assert sel.source == FROM_RECORDS and sel.first == 1
     assert sel.steady(range(1, 9)) == [2, 7, 8]
     kept, note = sel.timed([3, 4])  # nothing steady among them: kept, and the figure says what is in it
-    assert kept == [3, 4] and "profiled steps included" in note
+    assert kept == [3, 4] and note == PROFILED_COUNTED
 
 
 def test_runs_without_flags_take_the_profiler_window_from_their_config():
     cfg = parse_args(["--model", "tiny", "--use-pytorch-profiler", "--profile-step-start", "3", "--profile-step-end",
                       "4", "--profile-ranks", "0", "--train-iters", "8", "--global-batch-size", "2",
                       "--tensor-model-parallel-size", "2"], world_size=4)
-    records = [{"step": s} for s in range(1, 9)]
+    records = typed("step", [{"step": s} for s in range(1, 9)])
     sel = select_steps(cfg, 4, records)
     # torch.profiler: steps 3-4 plus the one HTA drops (5), then the export every rank waits for in step 6
     assert sel.source == FROM_CONFIG and sel.profiled == {3, 4, 5} and sel.after_export == {6}

@@ -19,9 +19,16 @@ from typing import Any, Iterator
 
 import torch
 
-from engine.distributed.distributed_data_parallel_config import DistributedDataParallelConfig, default_bucket_size
-from engine.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup, _ParamAndGradBuffer
+from engine.distributed.distributed_data_parallel_config import (
+    DistributedDataParallelConfig,
+    default_bucket_size,
+)
+from engine.distributed.param_and_grad_buffer import (
+    _ParamAndGradBucketGroup,
+    _ParamAndGradBuffer,
+)
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 def params_used_by_forward(module: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
@@ -33,7 +40,7 @@ def params_used_by_forward(module: torch.nn.Module) -> Iterator[torch.nn.Paramet
 
 class DistributedDataParallel(torch.nn.Module):
     def __init__(self, config: DistributedDataParallelConfig, module: torch.nn.Module, parallel_state: Any,
-                 probes: Any = None, disable_bucketing: bool = False):
+                 probes: ProbeSetProtocol | None = None, disable_bucketing: bool = False):
         """disable_bucketing: one bucket per buffer, as Megatron does for model chunks after the first."""
         super().__init__()
         self.ddp_config = config

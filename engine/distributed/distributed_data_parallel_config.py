@@ -19,7 +19,8 @@ class DistributedDataParallelConfig:
     use_distributed_optimizer: bool = False
     bucket_size: int | None = None  # elements; None -> default_bucket_size(dp_size)
     # Megatron always aligns under the distributed optimizer (param starts to 64 elements, bucket ends to
-    # lcm(dp, 128)). Off keeps only what even sharding needs (bucket ends to a multiple of dp): the seed's toy.
+    # lcm(dp, 128)). Off keeps only what even sharding needs (bucket ends to a multiple of dp): the toy of
+    # docs/buffer_layout.md.
     alignment_padding: bool = True
 
     def __post_init__(self) -> None:

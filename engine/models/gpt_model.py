@@ -34,7 +34,11 @@ from common.config import ModelConfig, RecomputeConfig, RunConfig
 from common.errors import ConfigError
 from engine.fusions.fused_linear_cross_entropy import LinearCrossEntropyModule
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding, pad_vocab_size
+from engine.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    VocabParallelEmbedding,
+    pad_vocab_size,
+)
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
 from engine.transformer.attention import SelfAttention
@@ -43,12 +47,13 @@ from engine.transformer.ring_attention import CPGroup
 from engine.transformer.rotary import RotaryEmbedding
 from engine.transformer.transformer_block import TransformerBlock, get_layer_numbers
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 class GPTModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, parallel_state: Any, *, pre_process: bool, post_process: bool,
                  layer_numbers: list[int], sequence_parallel: bool, params_dtype: torch.dtype,
-                 device: torch.device | str, probes: Any = NullProbeSet(), seed: int = 1234,
+                 device: torch.device | str, probes: ProbeSetProtocol = NullProbeSet(), seed: int = 1234,
                  recompute: RecomputeConfig = RecomputeConfig(), num_microbatches: int = 1):
         """parallel_state needs tp_size, tp_rank and (when tp_size > 1) groups["tp"], and for tied embeddings split
         over pipeline stages pp_size and groups["embedding"], for experts split over EP ep_size, ep_rank and
@@ -153,7 +158,7 @@ class GPTModel(torch.nn.Module):
 
 
 def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch.device | str,
-                       probes: Any = NullProbeSet()) -> list[GPTModel]:
+                       probes: ProbeSetProtocol = NullProbeSet()) -> list[GPTModel]:
     """This rank's model: one GPTModel per virtual pipeline chunk (one without VPP)."""
     parallel, model_config = run_config.parallel, run_config.model
     vpp = parallel.virtual_pipeline_model_parallel_size or 1

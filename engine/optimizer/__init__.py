@@ -6,7 +6,11 @@ from typing import Any
 from common.config import TrainConfig
 from common.errors import ConfigError
 from engine.optimizer.distrib_optimizer import DistributedOptimizer
-from engine.optimizer.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer, MegatronOptimizer
+from engine.optimizer.optimizer import (
+    Float16OptimizerWithFloat16Params,
+    FP32Optimizer,
+    MegatronOptimizer,
+)
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 
 __all__ = ["DistributedOptimizer", "Float16OptimizerWithFloat16Params", "FP32Optimizer", "MegatronOptimizer",

@@ -1,7 +1,7 @@
 """Point-to-point between pipeline stages, as Megatron Core's P2PCommunicator.
 
-Every public method is one torch.distributed.batch_isend_irecv call: a stage in the 1F1B steady state sends its
-activation and receives the next gradient in a single exchange, so neighbours meet once per step instead of twice
+An exchange is one torch.distributed.batch_isend_irecv call: a stage in the 1F1B steady state sends its activation
+and receives the next gradient in a single exchange, so neighbours meet once per step instead of twice
 (docs/engine.md, "Schedules"). Peers are global ranks (the next / previous rank of this rank's pipeline group, wrapping
 around so that, interleaved, the last stage's chunk c feeds the first stage's chunk c + 1).
 
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 def p2p_tensor_shape(seq_length: int, micro_batch_size: int, hidden_size: int, *, tensor_model_parallel_size: int = 1,
@@ -33,7 +34,7 @@ def p2p_tensor_shape(seq_length: int, micro_batch_size: int, hidden_size: int, *
 
 class P2PCommunicator:
     def __init__(self, parallel_state: Any, tensor_shape: Sequence[int], dtype: torch.dtype,
-                 device: torch.device | str, probes: Any = None):
+                 device: torch.device | str, probes: ProbeSetProtocol | None = None):
         self.group = parallel_state.groups["pp"]
         self.next_rank = parallel_state.pipeline_next_rank
         self.prev_rank = parallel_state.pipeline_prev_rank
@@ -74,29 +75,11 @@ class P2PCommunicator:
             raise ValueError(f"P2P send of shape {tuple(tensor.shape)}, the pipeline exchanges {self.tensor_shape}")
         return tensor.detach().contiguous()
 
-    def recv_forward(self) -> torch.Tensor:
-        return self._communicate("recv_forward", recv_prev=True)[0]
-
-    def recv_backward(self) -> torch.Tensor:
-        return self._communicate("recv_backward", recv_next=True)[1]
-
-    def send_forward(self, output_tensor: torch.Tensor) -> None:
-        self._communicate("send_forward", send_next=output_tensor)
-
-    def send_backward(self, input_tensor_grad: torch.Tensor) -> None:
-        self._communicate("send_backward", send_prev=input_tensor_grad)
-
-    def send_forward_recv_backward(self, output_tensor: torch.Tensor) -> torch.Tensor:
-        return self._communicate("send_forward_recv_backward", send_next=output_tensor, recv_next=True)[1]
-
-    def send_backward_recv_forward(self, input_tensor_grad: torch.Tensor) -> torch.Tensor:
-        return self._communicate("send_backward_recv_forward", send_prev=input_tensor_grad, recv_prev=True)[0]
-
     def send_forward_backward_recv_forward_backward(
             self, output_tensor: torch.Tensor | None, input_tensor_grad: torch.Tensor | None, recv_prev: bool,
             recv_next: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Any combination in one call, what the schedules execute for a plan's exchange; the probe range is
-        named after what actually moves (send_forward_recv_backward, ...), as the named methods name theirs."""
+        """Any combination of sends and receives in one call, what the schedules execute for a plan's exchange; the
+        probe range is named after what actually moves, in Megatron's names (send_forward_recv_backward, ...)."""
         sends = [kind for kind, t in (("forward", output_tensor), ("backward", input_tensor_grad)) if t is not None]
         recvs = [kind for kind, flag in (("forward", recv_prev), ("backward", recv_next)) if flag]
         name = "_".join(part for part in ("send_" + "_".join(sends) if sends else "",

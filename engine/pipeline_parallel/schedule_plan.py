@@ -2,8 +2,8 @@
 
 A stage's plan is its ordered work items (forward or backward of one micro-batch on one model chunk), grouped into
 steps, each step followed by the one P2P exchange that sends its results and receives what the next step needs. The real
-schedules (schedules.py) execute exactly this plan. The ledger derives the same order on its own (ledger/models/schedule.py,
-for charts and the time model) and a test holds the two equal.
+schedules (schedules.py) execute exactly this plan. The ledger derives the same order on its own
+(ledger/models/schedule.py, for charts and the time model) and a test holds the two equal.
 
 The order is Megatron Core's (schedules.py; docs/engine.md, "Schedules"):
   1F1B:        stage i runs min(p - i - 1, m) warmup forwards, then alternates one forward / one backward, then
@@ -161,10 +161,3 @@ def stage_plan(pipeline_size: int, stage: int, num_microbatches: int, virtual_si
                                            needs(following, FORWARD), needs(following, BACKWARD))))
     first = Exchange(recv_forward=needs(steps[0], FORWARD), recv_backward=needs(steps[0], BACKWARD))
     return StagePlan(stage, first, planned, warmup)
-
-
-def schedule_plan(pipeline_size: int, num_microbatches: int, virtual_size: int = 1,
-                  forward_only: bool = False) -> list[StagePlan]:
-    check_plan_arguments(pipeline_size, num_microbatches, virtual_size)
-    return [stage_plan(pipeline_size, s, num_microbatches, virtual_size, forward_only)
-            for s in range(pipeline_size)]

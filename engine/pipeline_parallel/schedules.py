@@ -32,6 +32,7 @@ from engine.pipeline_parallel.schedule_plan import (
     stage_plan,
 )
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 @dataclass
@@ -47,7 +48,7 @@ class ScheduleConfig:
     grad_sync_func: Callable[..., None] | list[Callable[..., None]] | None = None
     param_sync_func: Callable[..., None] | list[Callable[..., None]] | None = None
     finalize_model_grads_func: Callable[[list[torch.nn.Module]], None] | None = None
-    probes: Any = field(default_factory=NullProbeSet)
+    probes: ProbeSetProtocol = field(default_factory=NullProbeSet)
     parallel_state: Any = None
     hidden_size: int | None = None
     sequence_parallel: bool = False

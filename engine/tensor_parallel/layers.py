@@ -84,13 +84,28 @@ def _mixed_addmm_works(device: torch.device, in_dtype: torch.dtype, out_dtype: t
     return c.item() == 1.0
 
 
+def _fusion_works(device: torch.device, dtype: torch.dtype, main_grad_dtype: torch.dtype) -> bool:
+    """Whether gradient-accumulation fusion is on and the weight-gradient GEMM can accumulate `dtype` products in a
+    `main_grad_dtype` main_grad on this device."""
+    return GRADIENT_ACCUMULATION_FUSION and (main_grad_dtype == dtype
+                                             or _mixed_addmm_works(device, dtype, main_grad_dtype))
+
+
 def fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
     """DDP marks the weights whose gradient it accumulates in main_grad with `grad_added_to_main_grad` (its promise
     to skip its own add while the flag is set); the GEMM must also be able to accumulate in main_grad's dtype."""
-    if not (GRADIENT_ACCUMULATION_FUSION and hasattr(weight, "grad_added_to_main_grad")):
-        return False
-    main_grad = weight.main_grad
-    return main_grad.dtype == weight.dtype or _mixed_addmm_works(weight.device, weight.dtype, main_grad.dtype)
+    return hasattr(weight, "grad_added_to_main_grad") and _fusion_works(weight.device, weight.dtype,
+                                                                         weight.main_grad.dtype)
+
+
+def accumulate_weight_grad(main_grad: torch.Tensor, grad_output: torch.Tensor, total_input: torch.Tensor) -> None:
+    """main_grad += grad_output^T total_input ([out, rows] x [rows, inp]), as a backward leaves a DDP-owned weight's
+    gradient: in the weight-gradient GEMM itself where fusion works, else that GEMM in the weight's dtype and DDP's
+    hook's add. What the compute sweep times as a linear's `.wgrad` (EngineKernels.wgrad)."""
+    if _fusion_works(main_grad.device, total_input.dtype, main_grad.dtype):
+        addmm_into(main_grad, grad_output.t(), total_input)
+    else:
+        main_grad.add_(grad_output.t().matmul(total_input))
 
 
 def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:

@@ -6,8 +6,6 @@ Each forward collective has a conjugate backward, so that autograd moves gradien
     reduce_from_tensor_model_parallel_region     all-reduce        | identity
     scatter_to_tensor_model_parallel_region      split last dim   | all-gather last dim
     gather_from_tensor_model_parallel_region     all-gather last  | split last dim
-    scatter_to_sequence_parallel_region          split dim 0      | all-gather dim 0
-    gather_from_sequence_parallel_region         all-gather dim 0 | reduce-scatter dim 0 (or split, see below)
     reduce_scatter_to_sequence_parallel_region   reduce-scatter 0 | all-gather dim 0
 
 Activations are [s, b, h] (sequence first), so the sequence-parallel collectives work on dim 0, which keeps every
@@ -23,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from engine.parallel_state import GroupView
+from probes.protocol import ProbeSetProtocol
 
 # torch 2.13 renamed the single-tensor collectives; older builds (a GPU box may have one) only know the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -34,7 +33,7 @@ class TPGroup(GroupView):
     """The tensor-parallel group as the layers need it (a GroupView of "tp")."""
 
     @classmethod
-    def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "TPGroup":
+    def from_parallel_state(cls, parallel_state: Any, probes: ProbeSetProtocol | None = None) -> "TPGroup":
         return cls.of(parallel_state, "tp", probes)
 
 
@@ -115,30 +114,6 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split(grad, ctx.tp, -1), None
 
 
-class _ScatterToSequenceParallelRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _split(x, tp, 0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.tp, 0, "sp all-gather (scatter bwd)"), None
-
-
-class _GatherFromSequenceParallelRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp, tensor_parallel_output_grad):
-        ctx.tp, ctx.reduce_grad = tp, tensor_parallel_output_grad
-        return _all_gather(x, tp, 0, "sp all-gather")
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.reduce_grad:
-            return _reduce_scatter_dim0(grad, ctx.tp, "sp reduce-scatter (gather bwd)"), None, None
-        return _split(grad, ctx.tp, 0), None, None
-
-
 class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, tp):
@@ -164,17 +139,6 @@ def scatter_to_tensor_model_parallel_region(x: torch.Tensor, tp: TPGroup) -> tor
 
 def gather_from_tensor_model_parallel_region(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x if tp.size == 1 else _GatherFromModelParallelRegion.apply(x, tp)
-
-
-def scatter_to_sequence_parallel_region(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    return x if tp.size == 1 else _ScatterToSequenceParallelRegion.apply(x, tp)
-
-
-def gather_from_sequence_parallel_region(x: torch.Tensor, tp: TPGroup,
-                                         tensor_parallel_output_grad: bool = True) -> torch.Tensor:
-    """All-gather the sequence. The backward reduce-scatters when the consumer is tensor-parallel (each rank holds
-    a partial gradient of the full sequence) and only splits when the consumer is replicated across TP."""
-    return x if tp.size == 1 else _GatherFromSequenceParallelRegion.apply(x, tp, tensor_parallel_output_grad)
 
 
 def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:

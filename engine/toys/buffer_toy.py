@@ -49,7 +49,11 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 
 def _rank() -> dict[str, Any]:
-    from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from engine.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from engine.optimizer import get_megatron_optimizer
     from engine.optimizer.optimizer import shard_param_ranges
     from engine.parallel_state import ParallelState

@@ -6,34 +6,7 @@ Why a ring: gathering every rank's K/V would hold the whole sequence's K and V o
 cut; in a ring a rank holds two blocks at a time (the one it computes on and the one arriving), and each transfer runs
 beside a block's attention, so it costs time only when it is slower than that block.
 
-Forward, C steps. CP rank i holds sequence chunks i and 2C-1-i (engine.context_parallel). At step j it holds the
-K/V block of rank src = i - j (mod C); before computing on it, it posts one batched isend/irecv that sends the block
-to rank i + 1 and receives rank i - 1's (the last step sends none), and waits for it after the block's attention.
-Which queries see which keys follows from the chunk numbers alone, so no step needs an element-wise mask except the
-first:
-  - src = i: this rank's own keys, causal over the two local chunks (in order, so the plain causal mask);
-  - src < i: the source's first chunk (src < i) precedes both local chunks and its second (2C-1-src > 2C-1-i)
-    follows them: every local query against the first half of the block, unmasked;
-  - src > i: both source chunks (src and 2C-1-src) lie between the local chunks: the local second chunk against the
-    whole block, unmasked; the local first chunk sees none of it.
-Each step yields a block output and its log-sum-exp per query; they combine by online softmax,
-lse = logaddexp(lse, lse_b), out = out e^(lse_old - lse) + out_b e^(lse_b - lse), in fp32.
-
-Backward, C messages, the ring run the other way (send to i - 1, receive from i + 1). The forward keeps the last block
-it received (rank i + 1's), so the backward starts there: at step j it holds block b = i + 1 + j and adds this rank's
-share of dK/dV for it to the partial sum that ranks b - 1 ... i + 1 built, so that block b's sum is complete at rank b
-itself after C steps, with no final send. Message j carries what the previous rank needs at its step j + 1: step 0
-the K/V block alone, middle steps the K/V block and the previous block's dK/dV in one buffer, the last step dK/dV
-alone: 2 (C - 1) blocks in all, which is ledger/models/formulas/comm.py's cp_collectives. Each block's gradient uses the
-final output and log-sum-exp (P = exp(s - lse) is then the true softmax): flash attention's backward given them.
-
-Block kernel: on CUDA in fp16/bf16, torch's flash attention ops that return the log-sum-exp
-(aten._scaled_dot_product_flash_attention and its backward), so no s x s matrix is stored; elsewhere (CPU, fp32,
-tests) the same maths written out (q k^T, exp(s - lse)). GQA: K/V heads are repeated for the kernel and their
-gradients summed back, only inside the kernel; the ring carries the n_kv heads.
-
-Probes: each exchange is a "cp-comm" range from issue to wait returned (bytes = sent + received), and the wait itself a
-"cp-wait" range: the ledger measures the ring volume from the first and how much of it was hidden from the second.
+The details: docs/engine.md, "The ring".
 """
 from __future__ import annotations
 
@@ -45,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -58,10 +32,10 @@ class CPGroup:
     rank: int
     next_rank: int | None
     prev_rank: int | None
-    probes: Any = NullProbeSet()
+    probes: ProbeSetProtocol = NullProbeSet()
 
     @classmethod
-    def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "CPGroup":
+    def from_parallel_state(cls, parallel_state: Any, probes: ProbeSetProtocol | None = None) -> "CPGroup":
         """No group or neighbours for a layout-only state (checkpoint resharding builds models on the meta device,
         which never run a forward)."""
         ranks, r = parallel_state.ranks.get("cp"), parallel_state.cp_rank
@@ -78,10 +52,10 @@ class _Exchange:
         self.cp, self.name = cp, name
         self.received = torch.empty_like(send)
         nbytes = 2 * send.numel() * send.element_size()
-        self.token = cp.probes.comm_begin(name, "cp-comm", bytes=nbytes, dst_rank=dst, src_rank=src,
-                                          **attrs)
-        self.requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, cp.group),
-                                                dist.P2POp(dist.irecv, self.received, src, cp.group)])
+        self.requests, self.token = cp.probes.comm_issue(
+            name, "cp-comm", lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, cp.group),
+                                                             dist.P2POp(dist.irecv, self.received, src, cp.group)]),
+            bytes=nbytes, dst_rank=dst, src_rank=src, **attrs)
 
     def wait(self) -> torch.Tensor:
         with self.cp.probes.range(f"wait {self.name}", "cp-wait"):

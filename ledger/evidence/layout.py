@@ -85,19 +85,6 @@ class Layout:
             raise ConfigError(f"world size {world_size} is not divisible by {parts} = {tp * pp * cp * ep}")
         return cls(world_size, tp=tp, cp=cp, ep=ep, dp=world_size // (tp * pp * cp * ep), pp=pp, order=order, vpp=vpp)
 
-    @classmethod
-    def from_manifest(cls, manifest: dict) -> "Layout":
-        """From a run manifest: world_size and config.parallel, every parallel key optional (absent or None: 1)."""
-        if "world_size" not in manifest:
-            raise ConfigError("the manifest has no world_size")
-        par = (manifest.get("config") or {}).get("parallel") or {}
-        size = {k: 1 if par.get(k) is None else int(par[k]) for k in (
-            "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-            "virtual_pipeline_model_parallel_size")}
-        return cls.of(int(manifest["world_size"]), tp=size["tensor_model_parallel_size"],
-                      pp=size["pipeline_model_parallel_size"], cp=size["context_parallel_size"],
-                      order=par.get("order") or DEFAULT_ORDER, vpp=size["virtual_pipeline_model_parallel_size"])
-
     @property
     def sizes(self) -> dict[str, int]:
         return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
@@ -173,3 +160,28 @@ def expert_coordinates(layout: Layout, rank: int) -> dict[str, int]:
     """`rank`'s place on an expert_layout: its ep and expert-dp coordinates."""
     coords = coordinates(layout, rank)
     return {"ep": coords["ep"], "expt_dp": coords["dp"]}
+
+
+# The kinds a collective is named by, in the order a rank list several of them share resolves to. mp (TP x PP x CP)
+# is the grad norm's group; last, since its ranks are another kind's whenever only one dimension is parallel.
+GROUP_KINDS = ("tp", "dp", "pp", "embedding", "mp")
+
+
+def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None, op: str | None = None,
+               issued_as: str | None = None) -> str:
+    """"dp" / "tp" / "pp" / "embedding" / "mp" for a collective's rank list, "other" for any other group, "unknown"
+    when no ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the
+    engine range the collective was issued in, ledger.evidence.trace_groups), else to the first in GROUP_KINDS order,
+    except that under PP2 the pipeline group is also the embedding group, whose only collective is the tied
+    embedding's grad all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued
+    outside the embedding's range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the
+    pipeline's."""
+    if ranks is None:
+        return "unknown"
+    key = tuple(sorted(ranks))
+    kinds = [kind for kind in GROUP_KINDS if groups.get(kind) == key]
+    if issued_as in kinds:
+        return issued_as
+    if "pp" in kinds and "embedding" in kinds:
+        kinds.remove("pp" if op == "all_reduce" and issued_as is None else "embedding")
+    return kinds[0] if kinds else "other"

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.config import RunConfig
+from common.config import RunConfig, tying_reason
+from common.ops.sizes import expert_capacity, uniform_kept_assignments
 from ledger.models.formulas import activations, bubble, comm, flops, params
 from ledger.models.formulas.buffer_layout import expert_dp_size
-from ledger.models.formulas.bytes_per_param import bytes_per_param, run_bytes_per_param, run_strategy
-from ledger.models.formulas.moe import expert_capacity, uniform_kept_assignments
+from ledger.models.formulas.bytes_per_param import (
+    bytes_per_param,
+    run_bytes_per_param,
+    run_strategy,
+)
 from ledger.models.formulas.peak_memory import stage_peaks
 from ledger.models.formulas.static_memory import (
     largest_dp_rank,
@@ -25,8 +29,8 @@ BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp
                               "activations, padding or temporaries")
 PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + saved activations at the "
                    "schedule's peak; the last stage's logits transient is shown apart, not added (the measured peaks "
-                   "of real runs do not include it: ledger/models/formulas/peak_memory.py); no CUDA context, NCCL buffers "
-                   "or allocator fragmentation")
+                   "of real runs do not include it: ledger/models/formulas/peak_memory.py); no CUDA context, NCCL "
+                   "buffers or allocator fragmentation")
 RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_by_recompute: the same run under each "
                         "mode. selective checkpoints the core attention (SDPA) call, which with flash attention frees "
                         "only its fp32 logsumexp (q, k, v stay as the checkpoint's inputs, the output as linear_proj's "
@@ -88,6 +92,7 @@ def _params(cfg: RunConfig) -> dict[str, Any]:
     padded = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
     return {"total": params.params_total(cfg), "per_layer": params.params_per_layer(m),
             "embeddings": "untied" if m.untie_embeddings_and_output_weights else "tied",
+            "embeddings_reason": tying_reason(cfg.model_preset, m.untie_embeddings_and_output_weights),
             "embedding_copy_on_last_stage": params.embedding_copy_on_last_stage(cfg),
             "per_component": params.component_counts(m, tp), "per_stage": params.params_per_stage(cfg),
             "per_rank": per_rank, "per_rank_max": max(per_rank),

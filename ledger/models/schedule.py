@@ -101,12 +101,6 @@ class Timeline:
     def busy(self, stage: int) -> float:
         return sum(end - start for start, end, _ in self.stages[stage])
 
-    def idle_fractions(self) -> list[float]:
-        """Per stage, the share of the makespan it spends idle."""
-        if not self.makespan:
-            return [0.0] * self.p
-        return [1 - self.busy(s) / self.makespan for s in range(self.p)]
-
     def bubble_fraction(self) -> float:
         """Idle time over all stage time (stages x makespan): the wall-time convention."""
         if not self.makespan:

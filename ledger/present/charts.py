@@ -3,8 +3,8 @@ for, and an empty chart replaced by a sentence saying why it is empty.
 
 One shape serves every chart of the report (memory waterfall, pipeline timeline, bucket overlap): a bar per row
 label, made of segments placed on an x axis in the chart's unit (bytes or seconds), scaled and labelled by
-ledger.present.units (`axis_scale`), plus optional tick marks (NVML's device total). Every chart has an x-axis title with
-its unit, a y-axis title and a legend; each segment carries a hover title with its exact figure.
+ledger.present.units (`axis_scale`), plus optional tick marks (NVML's device total). Every chart has an x-axis title
+with its unit, a y-axis title and a legend; each segment carries a hover title with its exact figure.
 """
 from __future__ import annotations
 

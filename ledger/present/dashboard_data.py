@@ -1,6 +1,6 @@
-"""The figures the dashboard shows that ledger.present.loaders does not return as such: a run's headline figures and layout,
-the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a run
-directory (or of plain values), like ledger.present.loaders, so the dashboard can cache them on path and modification time.
+"""The figures the dashboard shows that ledger.present.loaders does not return as such: a run's headline figures and
+layout, the static-memory terms of the waterfall, and the ideal pipeline schedule. Torch-free pure functions of a
+run's RunView (or of plain values), like ledger.present.loaders, so the dashboard can cache them.
 
 Nothing here is a new estimate: headline figures are picked from the reconciliation rows, the static terms are the
 formulas' StaticBytes and the engine's inventory records, the ideal schedule is the ledger's own schedule replayed on
@@ -13,18 +13,16 @@ from typing import Any
 
 from common.config import RunConfig
 from common.errors import UserError
-from common.run_dir import trace_files
-from ledger.evidence.layout import Layout
-from ledger.evidence.run import RunEvidence, load_config
+from common.events import InventoryRecord
+from ledger.evidence.run import RunEvidence
 from ledger.models.formulas.bubble import bubble
 from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.static_memory import StaticBytes, static_bytes_split
 from ledger.models.schedule import FORWARD, simulate
 from ledger.present.headline import figures
-from ledger.present.loaders import load_manifest, load_rows
+from ledger.present.loaders import RunView, load_rows, open_run
 from ledger.reconcile.checkpoint import resumed_from
-from ledger.reconcile.run import gather
 
 # Waterfall terms in the order memory fills up, and the inventory kinds (the engine's `tensor_kind`) behind each.
 STATIC_TERMS: dict[str, tuple[str, ...]] = {
@@ -37,53 +35,54 @@ STATIC_TERMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def run_config(run_dir: str) -> RunConfig | None:
-    manifest = load_manifest(run_dir)
-    return load_config(manifest, Path(run_dir) / "manifest.json")
+def run_config(view: RunView) -> RunConfig | None:
+    return view.evidence.config
 
 
-def layout_text(manifest: dict[str, Any]) -> str:
-    """World size and TP / CP / DP / PP (/ VPP) sizes as the manifest's config states them."""
-    s = Layout.from_manifest(manifest)
+def layout_text(view: RunView) -> str:
+    """World size and TP / CP / DP / PP (/ VPP) sizes as the run's config states them."""
+    s = view.evidence.layout
+    if s is None:
+        return f"{view.evidence.world_size} ranks (no config: layout unknown)"
     text = f"{s.world_size} = TP{s.tp} x CP{s.cp} x DP{s.dp} x PP{s.pp}"
     return text + (f" (VPP{s.vpp})" if s.vpp > 1 else "")
 
 
-def config_text(manifest: dict[str, Any]) -> str:
+def config_text(view: RunView) -> str:
     """The model shape and the training flags that move the ledger's figures, on one line."""
-    cfg = manifest.get("config") or {}
-    model, train = cfg.get("model") or {}, cfg.get("train") or {}
-    if not model:
+    cfg = view.evidence.config
+    if cfg is None:
         return "no config"
-    shape = (f"{cfg.get('model_preset') or 'custom'}: L{model.get('num_layers')} h{model.get('hidden_size')} "
-             f"f{model.get('ffn_hidden_size')} s{model.get('seq_length')} v{model.get('vocab_size')}")
-    dtype = "bf16" if train.get("bf16") else "fp16" if train.get("fp16") else "fp32"
-    flags = [name for key, name in (("use_distributed_optimizer", "dist-opt"), ("overlap_grad_reduce", "overlap-grad"),
-                                    ("overlap_param_gather", "overlap-param")) if train.get(key)]
-    if (cfg.get("parallel") or {}).get("sequence_parallel"):
-        flags.append("SP")
-    return f"{shape}; {dtype}; mbs {train.get('micro_batch_size')} gbs {train.get('global_batch_size')}" + \
+    model, train = cfg.model, cfg.train
+    shape = (f"{cfg.model_preset or 'custom'}: L{model.num_layers} h{model.hidden_size} f{model.ffn_hidden_size} "
+             f"s{model.seq_length} v{model.vocab_size}")
+    dtype = "bf16" if train.bf16 else "fp16" if train.fp16 else "fp32"
+    flags = [name for on, name in ((train.use_distributed_optimizer, "dist-opt"),
+                                   (train.overlap_grad_reduce, "overlap-grad"),
+                                   (train.overlap_param_gather, "overlap-param"),
+                                   (cfg.parallel.sequence_parallel, "SP")) if on]
+    return f"{shape}; {dtype}; mbs {train.micro_batch_size} gbs {train.global_batch_size}" + \
         (f"; {' '.join(flags)}" if flags else "")
 
 
-def headline(run_dir: str) -> dict[str, dict[str, Any]]:
+def headline(view: RunView) -> dict[str, dict[str, Any]]:
     """The run's headline figures (ledger.present.headline), each {value, unit, source}."""
-    return figures(load_rows(run_dir))
+    return figures(load_rows(view))
 
 
-def static_breakdown(run_dir: str) -> list[dict[str, Any]]:
+def static_breakdown(view: RunView) -> list[dict[str, Any]]:
     """Per rank, the static terms after the first step: predicted (formulas) and inventory (engine records) bytes,
     and for an MoE model the part of each in the expert buffers and their optimizer state (`expert_predicted`; the
     engine's expert buffers are inventory records of their own, `expert_inventory`; its optimizer records cover
     dense and expert elements together, so those terms have no inventory split). Padding is shown apart from params
     and grads (the formulas count it inside both buffers)."""
-    ev = gather(run_dir)
+    ev = view.evidence
     moe = ev.config is not None and ev.config.model.is_moe
     out = []
     for rank, r in sorted(ev.ranks.items()):
         predicted, expert = _predicted_terms(ev.config, r.coords) if ev.config is not None else ({}, {})
         inventory = _inventory_terms(r.inventory)
-        expert_inventory = _inventory_terms([rec for rec in r.inventory if rec.get("expert")])
+        expert_inventory = _inventory_terms([rec for rec in r.inventory if rec.expert])
         rows = []
         for term in STATIC_TERMS:
             row = {"term": term, "predicted": predicted.get(term), "inventory": inventory.get(term)}
@@ -110,17 +109,17 @@ def _terms(cfg: RunConfig, s: StaticBytes, buffers: list) -> dict[str, int]:
             "master weights": s.master_params, "fp32 grad copy": s.grad_fp32_copy, "Adam states": s.adam_m + s.adam_v}
 
 
-def _inventory_terms(records: list[dict[str, Any]]) -> dict[str, int]:
+def _inventory_terms(records: list[InventoryRecord]) -> dict[str, int]:
     """Inventory bytes by waterfall term; empty when no record carries a kind the waterfall knows."""
     terms = {term: 0 for term in STATIC_TERMS}
     matched = False
     for rec in records:
-        term = next((t for t, kinds in STATIC_TERMS.items() if rec.get("tensor_kind") in kinds), None)
+        term = next((t for t, kinds in STATIC_TERMS.items() if rec.tensor_kind in kinds), None)
         if term is None:
             continue
         matched = True
-        pad = int(rec.get("padding_bytes", 0))
-        terms[term] += int(rec.get("bytes", 0)) - pad
+        pad = rec.padding_bytes or 0
+        terms[term] += (rec.bytes or 0) - pad
         terms["padding"] += pad
     return terms if matched else {}
 
@@ -129,7 +128,7 @@ def _losses(ev: RunEvidence) -> list[tuple[int, float]]:
     """(iteration, loss) of every step of the run, from the first rank that logged steps (every rank logs the
     global batch's loss: the engine reduces it over DP and broadcasts it from the last pipeline stage)."""
     for _, r in sorted(ev.ranks.items()):
-        steps = [(int(s["step"]), float(s["loss"])) for s in r.steps if s.get("loss") is not None]
+        steps = [(s.step, s.loss) for s in r.steps if s.loss is not None and s.step is not None]
         if steps:
             return sorted(steps)
     return []
@@ -144,7 +143,7 @@ def _earlier_run(run_dir: Path, saved_by: str) -> Path | None:
     return None
 
 
-def loss_curve(run_dir: str) -> dict[str, Any]:
+def loss_curve(view: RunView) -> dict[str, Any]:
     """The loss per iteration across resumes: a run that resumed from a checkpoint (not --finetune) continues the
     run that saved it (the load event's `saved_by_run_dir`, written by engine.checkpointing into the checkpoint's
     layout.json), so its curve is that run's steps up to the iteration it resumed from (recursively: that run may
@@ -152,18 +151,18 @@ def loss_curve(run_dir: str) -> dict[str, Any]:
     `resumes` [{iteration, run, from_run, joined}] (where a vertical marker goes; joined: from_run's steps are on
     the curve) and `notes` (an earlier run that could not
     be found or read: its steps are missing from the curve)."""
-    return _joined(Path(run_dir), frozenset())
+    return _joined(view.evidence, frozenset())
 
 
-def _joined(path: Path, seen: frozenset[str]) -> dict[str, Any]:
-    """loss_curve of `path`, `seen` the runs already on the curve (a loop of runs naming each other ends)."""
-    ev = gather(path)
+def _joined(ev: RunEvidence, seen: frozenset[str]) -> dict[str, Any]:
+    """loss_curve of a run, `seen` the runs already on the curve (a loop of runs naming each other ends)."""
+    path = ev.run_dir
     own = [{"iteration": i, "loss": loss, "run": str(path)} for i, loss in _losses(ev)]
     found = resumed_from(ev)
-    if found is None or found[1].get("finetune"):
+    if found is None or found[1].finetune:
         return {"steps": own, "resumes": [], "notes": []}
     iteration, load = found
-    resume = {"iteration": iteration, "run": str(path), "from_run": load.get("saved_by_run_dir"), "joined": False}
+    resume = {"iteration": iteration, "run": str(path), "from_run": load.saved_by_run_dir, "joined": False}
     earlier = _earlier_run(path, resume["from_run"]) if resume["from_run"] else None
     if earlier is None or str(earlier.resolve()) in seen:
         why = ("its checkpoint does not record one" if not resume["from_run"] else
@@ -172,7 +171,7 @@ def _joined(path: Path, seen: frozenset[str]) -> dict[str, Any]:
                 "notes": [f"resumed from iteration {iteration}; the run that saved it is not shown ({why})"]}
     resume["from_run"] = str(earlier)
     try:
-        before = _joined(earlier, seen | {str(path.resolve())})
+        before = _joined(open_run(earlier).evidence, seen | {str(path.resolve())})
     except UserError as exc:
         return {"steps": own, "resumes": [resume], "notes": [f"resumed from iteration {iteration} of {earlier}, "
                                                              f"which cannot be read: {exc}"]}
@@ -182,9 +181,9 @@ def _joined(path: Path, seen: frozenset[str]) -> dict[str, Any]:
             "notes": before["notes"]}
 
 
-def pipeline_shape(run_dir: str) -> dict[str, int] | None:
+def pipeline_shape(view: RunView) -> dict[str, int] | None:
     """(p, m, v) of the run's schedule, None when the config does not say."""
-    cfg = run_config(run_dir)
+    cfg = view.evidence.config
     if cfg is None:
         return None
     return {"pp": cfg.parallel.pipeline_model_parallel_size, "microbatches": cfg.num_microbatches,
@@ -203,29 +202,29 @@ def ideal_schedule(pp: int, microbatches: int, vpp: int = 1) -> dict[str, Any]:
             "analytic_bubble_fraction": bubble(pp, microbatches, vpp).of_wall_time}
 
 
-def rank_timing(run_dir: str, rank: int, step: int) -> list[dict[str, Any]]:
+def rank_timing(view: RunView, rank: int, step: int) -> list[dict[str, Any]]:
     """One rank's timer records in one step (compute, communication, optimizer) on the timers' own clock
-    (`start_s` / `end_s`, the clock ledger.present.loaders.bucket_intervals reports), for drawing buckets over compute."""
-    ev = gather(run_dir)
-    r = ev.ranks.get(rank)
+    (`start_s` / `end_s`, the clock ledger.present.loaders.bucket_intervals reports), for drawing buckets over
+    compute."""
+    r = view.evidence.ranks.get(rank)
     if r is None:
         return []
-    return [{"name": t.get("name"), "category": t.get("category"), "start": t["start_s"], "end": t["end_s"],
-             "bucket": t.get("bucket"), "microbatch": t.get("microbatch")}
-            for t in r.timing if t.get("step") == step and t.get("category") != "iteration"]
+    return [{"name": t.name, "category": t.category, "start": t.start_s, "end": t.end_s, "bucket": t.bucket,
+             "microbatch": t.microbatch}
+            for t in r.timing if t.step == step and t.category != "iteration"]
 
 
-def trace_list(run_dir: str) -> list[dict[str, Any]]:
+def trace_list(view: RunView) -> list[dict[str, Any]]:
     """The run's per-rank profiler traces: rank, step range, file name relative to the run, size in bytes."""
-    return [{"rank": rank, "steps": f"{a}-{b}", "file": str(path.relative_to(run_dir)), "bytes": path.stat().st_size}
-            for rank, a, b, path in trace_files(run_dir)]
+    return [{"rank": t.rank, "steps": f"{t.start}-{t.end}", "file": str(t.path.relative_to(view.run_dir)),
+             "bytes": t.path.stat().st_size} for t in view.evidence.traces]
 
 
-def merged_trace(run_dir: str, out: str) -> dict[str, Any]:
-    """Merge the run's traces into `out` (ledger.present.trace_export, the code behind `train-ledger export-trace`); what
-    the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
+def merged_trace(view: RunView, out: str) -> dict[str, Any]:
+    """Merge the run's traces into `out` (ledger.present.trace_export, the code behind `train-ledger export-trace`);
+    what the export says about itself: ranks, events, clock offsets and the ranks it could not align."""
     from ledger.present.trace_export import export
 
-    result = export(run_dir, out)
+    result = export(view.evidence, out)
     return {"out": str(result.out), "ranks": result.ranks, "events": result.events,
             "offsets_us": result.offsets_us, "uncorrected": result.uncorrected}

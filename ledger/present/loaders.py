@@ -1,31 +1,80 @@
-"""Pure functions over run directories for the dashboard (each is safe to wrap in st.cache_data: arguments are
-paths and plain values, results are lists / dicts of plain values). The dashboard computes nothing the ledger
-cannot: every figure here comes from the reconciliation or from the same evidence it reads.
+"""A run as the report, what-if and the dashboard read it: `RunView`, the run's evidence read once and its
+reconciliation (the written RUN/ledger/reconciliation.json, else computed once from the same evidence), and the
+figures pages show, as functions of a RunView returning plain values (lists and dicts, safe to cache). Nothing here is
+a new estimate: every figure comes from the reconciliation or from the evidence it reads.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common.errors import InputError
-from common.run_dir import MANIFEST
-from ledger.evidence.layout import Layout
+from common.run_dir import MANIFEST, read_manifest
+from ledger.evidence.layout import group_lists
 from ledger.evidence.megatron import ingest as ingest_megatron
 from ledger.evidence.megatron.tensorboard import EVENTS_GLOB
-from ledger.evidence.run import rank_coords
-from ledger.reconcile.memory import ALLOCATED, PEAK, RESERVED
+from ledger.evidence.read import read_run
+from ledger.evidence.run import RunEvidence, collect_run, cpu_sharing
+from ledger.present.units import rank_label
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, gather, reconcile
-from ledger.reconcile.topology import group_lists_of, rank_label
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, reconcile_evidence, run_steps
 
 
-def list_runs(root: str) -> list[dict[str, Any]]:
+@dataclass
+class RunView:
+    """Each part read on first use and kept: the manifest alone serves a runs table, the evidence a page."""
+    run_dir: Path
+    work: TraceWork = TraceWork()  # how a reconciliation computed here reads the run's traces
+    _manifest: dict[str, Any] | None = field(default=None, repr=False)
+    _evidence: RunEvidence | None = field(default=None, repr=False)
+    _reconciliation: dict[str, Any] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, evidence: RunEvidence) -> "RunView":
+        return cls(evidence.run_dir, TraceWork(), evidence.manifest, evidence)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """Ours read alone; a Megatron-LM run's is built by its reader from its files (so that reads them all)."""
+        if self._manifest is None:
+            self._manifest = (self.evidence.manifest if ingest_megatron.is_megatron_run(self.run_dir)
+                              else read_manifest(self.run_dir))
+        return self._manifest
+
+    @property
+    def evidence(self) -> RunEvidence:
+        if self._evidence is None:
+            self._evidence = (read_run(self.run_dir) if ingest_megatron.is_megatron_run(self.run_dir)
+                              else collect_run(self.run_dir, self.manifest))
+        return self._evidence
+
+    @property
+    def reconciliation(self) -> dict[str, Any]:
+        """RUN/ledger/reconciliation.json when `train-ledger reconcile` wrote it, else computed now (not written)."""
+        if self._reconciliation is None:
+            path = self.run_dir / LEDGER_DIR / JSON_NAME
+            if path.is_file():
+                try:
+                    self._reconciliation = json.loads(path.read_text(encoding="utf-8"))
+                except json.JSONDecodeError as exc:
+                    raise InputError(path, f"corrupt JSON ({exc.msg}); rerun `train-ledger reconcile`") from None
+            else:
+                self._reconciliation = reconcile_evidence(self.evidence, self.work).to_dict()
+        return self._reconciliation
+
+
+def open_run(run_dir: str | Path, work: TraceWork = TraceWork()) -> RunView:
+    return RunView(Path(run_dir), work)
+
+
+def list_runs(root: str, view_of: Callable[[Path], RunView] = open_run) -> list[dict[str, Any]]:
     """Every run directory up to two levels under root (ours: manifest.json; Megatron-LM's: run.sh's
     megatron_run.json, or the folder holding the TensorBoard directory Megatron-LM wrote), newest first, with what
-    the run table shows. A directory that fails to read is listed with its error."""
+    the run table shows, from each run's manifest as `view_of` reads it (the dashboard passes its cached views, so
+    a page lists runs without reading a manifest twice). A directory that fails to read is listed with its error."""
     root_path = Path(root)
     depths = ("", "*/", "*/*/")
     candidates = [p.parent for pattern in (MANIFEST, ingest_megatron.META) for depth in depths
@@ -36,7 +85,7 @@ def list_runs(root: str) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"path": str(run), "name": run.name,
                                  "reconciled": (run / LEDGER_DIR / JSON_NAME).is_file()}
         try:
-            m = load_manifest(str(run))
+            m = view_of(run).manifest
             entry.update(run_id=m.get("run_id"), framework=m.get("framework"), status=m.get("status"),
                          world_size=m.get("world_size"), started=m.get("started"))
         except InputError as exc:
@@ -45,65 +94,56 @@ def list_runs(root: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: str(e.get("started") or ""), reverse=True)
 
 
-def load_manifest(run_dir: str) -> dict[str, Any]:
-    """The run's manifest (for a Megatron-LM run, the one the ingest builds from its files)."""
-    path = Path(run_dir)
-    if ingest_megatron.is_megatron_run(path):
-        return ingest_megatron.collect(path).manifest
-    from common.run_dir import read_manifest
-
-    return read_manifest(path)
+def manifest(view: RunView) -> dict[str, Any]:
+    return view.manifest
 
 
-def load_reconciliation(run_dir: str) -> dict[str, Any]:
-    """RUN/ledger/reconciliation.json when `train-ledger reconcile` wrote it, else computed now (not written)."""
-    path = Path(run_dir) / LEDGER_DIR / JSON_NAME
-    if path.is_file():
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"corrupt JSON ({exc.msg}); rerun `train-ledger reconcile`") from None
-    return reconcile(run_dir).to_dict()
+def shared_cores(view: RunView) -> str:
+    """The sentence saying the run's CPU ranks outnumber their cores ("" when they do not): its timings are not
+    judged (ledger.evidence.run.cpu_sharing)."""
+    return cpu_sharing(view.evidence) or ""
 
 
-def load_summary(run_dir: str) -> dict[str, Any]:
+def load_reconciliation(view: RunView) -> dict[str, Any]:
+    return view.reconciliation
+
+
+def load_summary(view: RunView) -> dict[str, Any]:
     """Run identity, verdict counts and what is missing: the header of a run's page."""
-    data = load_reconciliation(run_dir)
+    data = view.reconciliation
     return {"run": data["run"], "verdicts": data["verdicts"], "missing": data["missing"]}
 
 
-def load_rows(run_dir: str) -> list[dict[str, Any]]:
-    return load_reconciliation(run_dir)["rows"]
+def load_rows(view: RunView) -> list[dict[str, Any]]:
+    return view.reconciliation["rows"]
 
 
-def csv_path(run_dir: str) -> str | None:
-    path = Path(run_dir) / LEDGER_DIR / CSV_NAME
+def csv_path(view: RunView) -> str | None:
+    path = view.run_dir / LEDGER_DIR / CSV_NAME
     return str(path) if path.is_file() else None
 
 
-def memory_timeline(run_dir: str) -> list[dict[str, Any]]:
+def memory_timeline(view: RunView) -> list[dict[str, Any]]:
     """Per rank and step: allocated, peak allocated, reserved (memory_stats) and NVML used, in bytes (None where
     not measured, e.g. CPU runs, which carry RSS instead)."""
-    ev = gather(run_dir)
     out = []
-    for rank, r in sorted(ev.ranks.items()):
-        nvml: dict[int, int] = {}
+    for rank, r in sorted(view.evidence.ranks.items()):
+        nvml: dict[int | None, int] = {}
         for n in r.nvml:
-            if "used_bytes" in n:
-                nvml[n.get("step")] = max(nvml.get(n.get("step"), 0), int(n["used_bytes"]))
+            if n.used_bytes is not None:
+                nvml[n.step] = max(nvml.get(n.step, 0), n.used_bytes)
         for m in r.memory_steps:
-            out.append({"rank": rank, "stage": r.stage, "step": m.get("step"), "allocated": m.get(ALLOCATED),
-                        "peak": m.get(PEAK), "reserved": m.get(RESERVED), "nvml_used": nvml.get(m.get("step")),
-                        "rss": m.get("rss_bytes")})
+            out.append({"rank": rank, "stage": r.stage, "step": m.step, "allocated": m.allocated, "peak": m.peak,
+                        "reserved": m.reserved, "nvml_used": nvml.get(m.step), "rss": m.rss_bytes})
     return out
 
 
-def memory_waterfall(run_dir: str) -> list[dict[str, Any]]:
+def memory_waterfall(view: RunView) -> list[dict[str, Any]]:
     """Per rank, the terms that add up to NVML-measured memory, from the reconciliation rows: static, activations and
     transients at the peak, reserved beyond the peak, memory outside PyTorch; each with its predicted value where
     the formulas give one."""
     by_rank: dict[int, dict[str, dict[str, Any]]] = {}
-    for row in load_rows(run_dir):
+    for row in load_rows(view):
         if row["metric"].startswith("memory.") and row["rank"] is not None:
             by_rank.setdefault(row["rank"], {})[row["metric"]] = row
     out = []
@@ -129,12 +169,11 @@ def _gap(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
 
 
-def stage_timeline(run_dir: str, step: int | None = None) -> list[dict[str, Any]]:
+def stage_timeline(view: RunView, step: int | None = None) -> list[dict[str, Any]]:
     """Forward / backward bars of every rank for one step (default: the last step with timers), times in seconds
     from the start of that step's pipeline (earliest forward of the rank's pipeline column)."""
-    ev = gather(run_dir)
     out = []
-    for column in pipeline_columns(ev).values():
+    for column in pipeline_columns(view.evidence).values():
         slots = [s for r in column for s in stage_slots(r)]
         steps = sorted({s.step for s in slots})
         if not steps:
@@ -148,21 +187,28 @@ def stage_timeline(run_dir: str, step: int | None = None) -> list[dict[str, Any]
     return sorted(out, key=lambda s: (s["rank"], s["start"]))
 
 
-def bucket_intervals(run_dir: str) -> list[dict[str, Any]]:
+def bucket_intervals(view: RunView) -> list[dict[str, Any]]:
     """Every DP bucket collective from the timers: rank, step, bucket, op, start, end (s from the step start),
-    overlapped and exposed seconds."""
-    ev = gather(run_dir)
-    return [dict(asdict(i), exposed=i.exposed) for r in ev.ranks.values() for i in timer_intervals(r)]
+    overlapped and exposed seconds, and `counted`: whether the reconciliation's overlap rows count its step (the
+    steps StepSelection.timed keeps), so that a page's means are the report's."""
+    ev = view.evidence
+    selection = run_steps(ev)
+    out = []
+    for r in ev.ranks.values():
+        counted, _ = selection.timed({t.step for t in r.timing})
+        out += [dict(asdict(i), exposed=i.exposed, counted=i.step in counted) for i in timer_intervals(r)]
+    return out
 
 
-def topology(run_dir: str) -> dict[str, Any]:
-    """World size, parallel sizes, each rank's coordinates and label, and the TP / DP / PP group lists."""
-    manifest = load_manifest(run_dir)
-    layout = Layout.from_manifest(manifest)
-    lists = group_lists_of(manifest)
-    ranks = []
-    for rank in range(layout.world_size):
-        coords = rank_coords(manifest, rank)
-        ranks.append({"rank": rank, "coords": coords, "label": rank_label(rank, coords)})
-    return {"world_size": layout.world_size, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ranks": ranks,
-            "groups": {k: lists[k] for k in ("tp", "dp", "pp")}}
+def topology(view: RunView) -> dict[str, Any]:
+    """World size, parallel sizes, each rank's coordinates and label, and the TP / DP / PP group lists (empty
+    without a config: no layout to derive them from)."""
+    ev = view.evidence
+    layout = ev.layout
+    lists = group_lists(layout) if layout is not None else {}
+    ranks = [{"rank": rank, "coords": ev.coords(rank), "label": rank_label(rank, ev.coords(rank))}
+             for rank in range(ev.world_size)]
+    sizes = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp} if layout is not None else \
+        {"tp": None, "pp": None, "dp": None}
+    return {"world_size": ev.world_size, **sizes, "ranks": ranks,
+            "groups": {k: lists.get(k, []) for k in ("tp", "dp", "pp")}}

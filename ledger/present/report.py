@@ -5,15 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.run_dir import LEDGER_DIR, atomic_write_text
+from ledger.present.loaders import RunView, open_run
 from ledger.present.report_html import render_html
 from ledger.present.report_md import render_markdown
 from ledger.present.report_view import build
+from ledger.reconcile.run import TraceWork
 
 
-def write(run_dir: str, out: Path | None = None) -> tuple[Path, Path]:
-    """report.md and report.html into `out` (default RUN/ledger)."""
-    view = build(run_dir)
-    out = out if out is not None else Path(run_dir) / LEDGER_DIR
+def write(run: str | Path | RunView, out: Path | None = None, work: TraceWork = TraceWork()) -> tuple[Path, Path]:
+    """report.md and report.html into `out` (default RUN/ledger), from the run read once; `work`: how the
+    reconciliation reads traces when `reconcile` has not written one."""
+    run = run if isinstance(run, RunView) else open_run(run, work)
+    view = build(run)
+    out = out if out is not None else run.run_dir / LEDGER_DIR
     md, page = out / "report.md", out / "report.html"
     markdown, html_text = render_markdown(view), render_html(view)
     atomic_write_text(md, markdown)

@@ -1,4 +1,5 @@
-"""report.html: the report of ledger.present.report_view as one self-contained page (inline CSS and SVG, no external assets).
+"""report.html: the report of ledger.present.report_view as one self-contained page (inline CSS and SVG, no external
+assets).
 
 Same content as report.md (headline, missing evidence, notes, what is off, one line per figure), plus three
 charts (ledger.present.charts): the memory terms per rank, the pipeline timeline of one step and the DP buckets'
@@ -26,6 +27,7 @@ from ledger.present.report_view import (
     unmeasured_memory,
 )
 from ledger.present.row_groups import Line
+from ledger.present.step_table import INTRO, step_table
 
 COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "off": "#c62828", "n/a": "#757575", "identity": "#5c6bc0",
           "forward": "#1e88e5", "backward": "#8e24aa", "overlapped": "#43a047", "exposed": "#e53935"}
@@ -82,6 +84,7 @@ def render_html(view: View) -> str:
     parts.append("<h2>DP bucket overlap</h2>" + buckets_chart(view.buckets))
     for section, members in sections(view.lines).items():
         parts.append(f"<h2>{e(section)}</h2>" + lines_table(view, members))
+    parts.append(step_section(data["rows"]))
     parts.append(f"<h2>Traces</h2><p><code>train-ledger export-trace RUN --out merged.json.gz</code> merges the "
                  f"per-rank traces for Perfetto or chrome://tracing.</p><p>{e(NSYS_NOTE)}</p></body></html>")
     return "\n".join(parts)
@@ -103,6 +106,17 @@ def lines_table(view: View, members: list[Line]) -> str:
                     + "".join(cell(values[c], line.unit, cells[c]) for c in shown)
                     + f"<td>{e(line.gap())}</td><td class='l'>{verdicts}</td><td class='l'>{e(why)}</td></tr>")
     return head + "".join(body) + "</table>"
+
+
+def step_section(rows: list[dict[str, Any]]) -> str:
+    """Where the step went: per rank and profiled step, the decomposition's terms, their sum and the replay."""
+    table = step_table(rows)
+    if table is None:
+        return ""
+    head = "".join(f"<th>{e(h)}</th>" for h in table.head)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in table.body)
+    return (f"<h2>Where the step went</h2><p>{e(INTRO)}</p><table><tr>{head}</tr>{body}</table><ul>"
+            + "".join(f"<li>{e(p)}</li>" for p in table.paths) + "</ul>")
 
 
 # --- charts ---------------------------------------------------------------------------------------------------

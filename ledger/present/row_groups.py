@@ -3,15 +3,15 @@
 The reconciliation has a row per metric and rank (and bucket, and measurement source); on an 8-rank run most of them
 say the same thing eight times. A reader wants each figure once, with the range it takes over the ranks, the worst
 verdict and the rank that has it. So rows are grouped by (metric family, bucket, source): the ranks of a line are
-the ranks whose row it stands for, every column is the range over them (ledger.present.units.span), and the explanation is
-the worst row's (the one a reader must act on). The full per-rank table stays in reconciliation.csv / .json.
+the ranks whose row it stands for, every column is the range over them (ledger.present.units.span), and the explanation
+is the worst row's (the one a reader must act on). The full per-rank table stays in reconciliation.csv / .json.
 
 A metric and its time-model twin (`X` and `X.model`, e.g. the textbook bubble and the imbalance-aware one) share one
 line: the textbook formula, the time model and the measurement side by side, each prediction with its own verdict.
 
 Which column a prediction belongs in follows from what made it (`predictor`): the closed-form formulas of
-ledger.models.formulas, the calibrated time model (ledger.models.time_model and the bandwidth sweep), or another measurement used
-as a reference (the other ranks' step time, the ledger's own trace reading that HTA checks).
+ledger.models.formulas, the calibrated time model (ledger.models.time_model and the bandwidth sweep), or another
+measurement used as a reference (the other ranks' step time, the ledger's own trace reading that HTA checks).
 """
 from __future__ import annotations
 

@@ -192,3 +192,8 @@ def ranks(numbers: Iterable[int]) -> str:
         out.append(str(ordered[i]) if i == j else f"{ordered[i]}{EN_DASH}{ordered[j]}")
         i = j + 1
     return ", ".join(out)
+
+
+def rank_label(rank: int, coords: dict[str, int]) -> str:
+    """'rank 5 (tp1 dp0 pp1)': a rank and its place in the layout."""
+    return f"rank {rank} (tp{coords.get('tp', 0)} dp{coords.get('dp', 0)} pp{coords.get('pp', 0)})"

@@ -20,22 +20,22 @@ from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Any
 
-from common.config import ProbeConfig, RecomputeConfig, RunConfig, validate
+from common.config import RecomputeConfig, RunConfig, validate
 from common.errors import ConfigError, UserError
 from ledger.models.formulas.params import num_chunks
-from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.hardware import hardware_for, load_hardware, run_device
 from ledger.models.simulate.simulation import simulate
 from ledger.present import units as fmt
 from ledger.present.charts import Bar, Chart, stacked
-from ledger.present.loaders import load_rows
-from ledger.reconcile.run import gather
-from ledger.reconcile.validation import hardware_for, measured, measured_values, run_device
+from ledger.present.loaders import RunView, load_rows
+from ledger.reconcile.validation import measured, measured_values
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 SCENARIOS = ("measured run", "predicted, run's layout", "predicted, what-if")
-# One colour per step-time term, the simulator's (ledger.models.time_model.step) and the measured split's (measured_terms);
-# a term the simulator adds later takes the next colour of OTHER_COLORS.
+EXPOSED_KINDS = ("dp", "tp", "pp", "embedding")  # the groups whose exposed communication both sides give
+# One colour per step-time term, the simulator's (ledger.models.time_model.step) and the measured split's
+# (measured_terms); a term the simulator adds later takes the next colour of OTHER_COLORS.
 TERM_COLORS = {"forward/backward compute": "#1e88e5", "pipeline bubble": "#bdbdbd", "optimizer": "#8e24aa",
                "DP grad reduction tail": "#e53935", "exposed DP comm": "#e53935", "P2P transfers": "#fb8c00",
                "param all-gather waits": "#6d4c41", "grad buffer memset": "#00897b",
@@ -88,8 +88,9 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     """The run's config with the choice applied and validated (common.config.validate, as `train` and `simulate`
     validate); ConfigError with one line when the layout cannot run. Two things follow from a choice rather than
     being chosen: without the distributed optimizer there is no param all-gather to overlap, so
-    --overlap-param-gather goes with it; and the probes are the defaults, since they do not move a prediction and a
-    profiled rank beyond a smaller world would refuse the layout for nothing."""
+    --overlap-param-gather goes with it; and the profiled ranks are those of the new world (a profiled rank beyond a
+    smaller world would refuse the layout for nothing), the other probes the run's (timers' event reads move the host
+    timeline's prediction)."""
     if c.recompute not in RECOMPUTE:
         raise ConfigError(f"recompute {c.recompute!r}: expected one of {', '.join(RECOMPUTE)}")
     full = c.recompute == "full"
@@ -103,7 +104,8 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     recompute = RecomputeConfig(recompute_granularity=None if c.recompute == "none" else c.recompute,
                                 recompute_method=c.recompute_method if full else None,
                                 recompute_num_layers=c.recompute_num_layers if full else None)
-    out = replace(cfg, parallel=parallel, train=train, recompute=recompute, probes=ProbeConfig())
+    probes = replace(cfg.probes, profile_ranks=[r for r in cfg.probes.profile_ranks if r < c.world_size] or [0])
+    out = replace(cfg, parallel=parallel, train=train, recompute=recompute, probes=probes)
     validate(out)
     return out
 
@@ -126,24 +128,29 @@ def predict_choice(cfg: RunConfig, c: Choice, hardware: str) -> Outcome:
     return predict(changed, hardware)
 
 
-def run_basis(run_dir: str) -> dict[str, Any]:
+def run_basis(view: RunView) -> dict[str, Any]:
     """What the page needs of a run, as plain values: `config` (RunConfig.to_dict(), None when it cannot be read,
     e.g. a Megatron-LM run whose arguments are missing), `device` (as the manifest names it), `hardware` (the known
     GPU kind of that device, None when it is none: the user picks) and `measured` (measured_figures)."""
-    ev = gather(run_dir)
-    device = run_device(ev.manifest)
+    ev = view.evidence
+    device = run_device(ev.rank_infos.values())
     try:
         hardware: str | None = hardware_for(device, None).name
     except ConfigError:
         hardware = None
     return {"config": ev.config.to_dict() if ev.config is not None else None, "framework": ev.framework,
             "device": device, "hardware": hardware,
-            "measured": measured_figures(load_rows(run_dir), device, ev.config)}
+            "measured": measured_figures(load_rows(view), device, ev.config)}
 
 
 def _reduce(rows: list[dict[str, Any]], metric: str, how: Any) -> float | None:
     values = measured_values(rows, metric)
     return how(values) if values else None
+
+
+def exposed_label(kind: str) -> str:
+    """"exposed TP comm per step": one row name for the run's measurement and the simulator's prediction."""
+    return f"exposed {kind.upper() if kind != 'embedding' else kind} comm per step"
 
 
 def measured_figures(rows: list[dict[str, Any]], device: str | None, cfg: RunConfig | None) -> dict[str, Any]:
@@ -158,7 +165,7 @@ def measured_figures(rows: list[dict[str, Any]], device: str | None, cfg: RunCon
                         ("optimizer_s", "time.optimizer_step")):
         out[key] = _reduce(rows, metric, max)
     out["exposed_comm_s"] = {kind: _reduce(rows, f"overlap.exposed_{kind}_comm_per_step", max)
-                             for kind in ("dp", "pp", "embedding")}
+                             for kind in EXPOSED_KINDS}
     for key, metric in (("tokens_per_s", "throughput.tokens_per_s"),
                         ("tflops_megatron", "throughput.tflops_per_gpu.megatron"),
                         ("tflops_palm_6n", "throughput.tflops_per_gpu.palm_6n"),
@@ -222,15 +229,14 @@ def _predicted(p: dict[str, Any]) -> dict[str, Any]:
             "backward per micro-batch (slowest stage)": _slowest(p, "backward_s"),
             "optimizer step (slowest stage)": _slowest(p, "optimizer_s"),
             "pipeline bubble (mean over stages)": mean(s["bubble"] for s in stages),
-            **{f"exposed {k.upper() if k != 'embedding' else k} comm per step": max(
-                s["exposed_comm_s"].get(k, 0.0) for s in stages) for k in ("dp", "tp", "pp", "embedding")},
+            **{exposed_label(k): max(s["exposed_comm_s"].get(k, 0.0) for s in stages) for k in EXPOSED_KINDS},
             "peak allocated (largest stage)": max(m["static"] + m["activations"] for m in memory),
             "memory per GPU with outside PyTorch (largest stage)": max(m["total"] for m in memory),
             "HBM per GPU": p["hardware"]["hbm_bytes"],
             "fits in HBM": "yes" if p["memory"]["fits"] else "no",
             "tokens/s": th["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
-            "TFLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
+            "FLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
+            "FLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
             "MFU (megatron)": th["mfu"]["megatron"], "MFU (palm_6n)": th["mfu"]["palm_6n"]}
 
 
@@ -243,11 +249,9 @@ def _measured(basis: dict[str, Any], own: dict[str, Any] | None) -> dict[str, An
             "forward per micro-batch (slowest stage)": m["forward_s"],
             "backward per micro-batch (slowest stage)": m["backward_s"],
             "optimizer step (slowest stage)": m["optimizer_s"], "pipeline bubble (mean over stages)": m["bubble"],
-            "exposed DP comm per step": m["exposed_comm_s"]["dp"],
-            "exposed PP comm per step": m["exposed_comm_s"]["pp"],
-            "exposed embedding comm per step": m["exposed_comm_s"]["embedding"],
+            **{exposed_label(kind): m["exposed_comm_s"][kind] for kind in EXPOSED_KINDS},
             "peak allocated (largest stage)": m["peak_bytes"], "tokens/s": m["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": m["tflops_megatron"], "TFLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
+            "FLOP/s per GPU (megatron)": m["tflops_megatron"], "FLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
             "MFU (megatron)": m["mfu_megatron"], "MFU (palm_6n)": m["mfu_palm_6n"]}
 
 
@@ -258,8 +262,8 @@ ROWS = (("hardware", "text"), ("layout", "text"), ("batch", "text"), ("micro-bat
         ("exposed DP comm per step", "s"), ("exposed TP comm per step", "s"), ("exposed PP comm per step", "s"),
         ("exposed embedding comm per step", "s"), ("peak allocated (largest stage)", "bytes"),
         ("memory per GPU with outside PyTorch (largest stage)", "bytes"), ("HBM per GPU", "bytes"),
-        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("TFLOP/s per GPU (megatron)", "TFLOP/s"),
-        ("TFLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
+        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("FLOP/s per GPU (megatron)", "TFLOP/s"),
+        ("FLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
 
 
 def comparison(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[str, Any] | None

@@ -1,16 +1,6 @@
 """Reconciliation: every figure of a run as formula / inventory / measurement, with a verdict and an explanation.
 
-    run.py            a run directory -> rows + what is missing; writes RUN/ledger/reconciliation.{json,csv}
-    evidence.py       the run's events gathered per rank (through common.run_dir)
-    rows.py           the Row and its verdict
-    memory.py overlap.py pipeline.py comm.py throughput.py time_rows.py    the rows of each concern
-    oversubscribed.py timings of CPU ranks that outnumber their cores: shown, not judged
-    trace_groups.py   which group a traced collective ran on, where the trace does not say (gloo)
-    bandwidth.py      predicted collective time from the run's bandwidth sweep
-    intervals.py      interval union / subtraction / coverage
-    steps.py          which steps measure steady-state time (not the first, not the profiler's)
-    topology.py       which ranks share a group (pure rank arithmetic)
-    hta.py            HolisticTraceAnalysis cross-check (optional)
-    ingest_megatron.py  a Megatron-LM run directory as the same evidence (megatron_tensorboard.py reads its event
-                      files and traces, megatron_arguments.py its argument text as our flags)
+`run.py` turns a run's evidence into rows (`rows.py`) and writes RUN/ledger/reconciliation.{json,csv}; each other
+module builds the rows of one concern (memory, overlap, pipeline, comm, throughput, time, checkpoint, MoE, ...).
+Where it sits among the ledger's folders: docs/architecture.md.
 """

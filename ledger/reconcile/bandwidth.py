@@ -9,17 +9,17 @@ reduce-scatters on the DP group at X GB/s".
 from __future__ import annotations
 
 import math
-from typing import Any
 
+from common.events import BandwidthRecord
 from ledger.evidence.traces import normalize_op
 
 
-def predicted_time(sweep: list[dict[str, Any]], op: str, group: str, nbytes: float) -> tuple[float, str] | None:
+def predicted_time(sweep: list[BandwidthRecord], op: str, group: str, nbytes: float) -> tuple[float, str] | None:
     """(seconds, how) for `nbytes` of `op` on `group`, or None when the sweep has no such point."""
-    points = [s for s in sweep if normalize_op(str(s.get("collective", ""))) == op and s.get("group") == group
-              and s.get("size_bytes") and s.get("time_s")]
+    points = [s for s in sweep if normalize_op(s.collective) == op and s.group == group
+              and s.size_bytes and s.time_s]
     if not points or nbytes <= 0:
         return None
-    best = min(points, key=lambda s: abs(math.log(s["size_bytes"]) - math.log(nbytes)))
-    algbw = best["size_bytes"] / best["time_s"]
-    return nbytes / algbw, f"sweep: {op} on {group} at {best['size_bytes']:,} B ran at {algbw / 1e9:.2f} GB/s algbw"
+    best = min(points, key=lambda s: abs(math.log(s.size_bytes) - math.log(nbytes)))
+    algbw = best.size_bytes / best.time_s
+    return nbytes / algbw, f"sweep: {op} on {group} at {best.size_bytes:,} B ran at {algbw / 1e9:.2f} GB/s algbw"

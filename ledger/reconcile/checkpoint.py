@@ -2,7 +2,8 @@
 run resumed.
 
 From the probes' "checkpoint" events (engine.checkpointing, one per rank per save and per load):
-- `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.models.formulas.checkpoint (param buffers,
+- `checkpoint.bytes_per_rank`: the last save's file size on disk against ledger.models.formulas.checkpoint (param
+buffers,
   fp32 main params, Adam m, v and step, the CPU generator's state), judged with an absolute tolerance that is the
   zip container's and the pickle's overhead (that module says why). Every save of a run writes the same tensors,
   so one save per rank says it all.
@@ -21,8 +22,8 @@ From the probes' "checkpoint" events (engine.checkpointing, one per rank per sav
 from __future__ import annotations
 
 import os
-from typing import Any
 
+from common.events import CheckpointRecord
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.models.formulas.checkpoint import checkpoint_bytes
 from ledger.reconcile.rows import Row, identity_row, row
@@ -31,18 +32,18 @@ BYTES_TOLERANCE = 0.0  # relative: none; the absolute tolerance is the container
 NO_PREDICTION = "no prediction: it would need the file system's write bandwidth, which no probe measures"
 
 
-def _saves(r: RankEvidence) -> list[dict[str, Any]]:
-    return [c for c in r.checkpoints if c.get("action") == "save"]
+def _saves(r: RankEvidence) -> list[CheckpointRecord]:
+    return [c for c in r.checkpoints if c.action == "save"]
 
 
-def bytes_row(ev: RunEvidence, r: RankEvidence, save: dict[str, Any]) -> Row:
-    where = dict(rank=r.rank, stage=r.stage, step=save.get("iteration"), source="events")
+def bytes_row(ev: RunEvidence, r: RankEvidence, save: CheckpointRecord) -> Row:
+    where = dict(rank=r.rank, stage=r.stage, step=save.iteration, source="events")
     if ev.config is None:
-        return row("checkpoint.bytes_per_rank", "rank", measured=save.get("bytes"), unit="bytes", tolerance=0.0,
+        return row("checkpoint.bytes_per_rank", "rank", measured=save.bytes, unit="bytes", tolerance=0.0,
                    explanation="this rank's checkpoint file on disk; no prediction: the manifest has no config",
                    **where)
     predicted = checkpoint_bytes(ev.config, r.coords.get("tp", 0), r.stage, r.coords.get("dp", 0))
-    return row("checkpoint.bytes_per_rank", "rank", predicted=predicted.total, measured=save.get("bytes"),
+    return row("checkpoint.bytes_per_rank", "rank", predicted=predicted.total, measured=save.bytes,
                unit="bytes", tolerance=BYTES_TOLERANCE, abs_tolerance=predicted.container_tolerance,
                explanation=(f"this rank's checkpoint file on disk against its tensors (param buffers, fp32 main "
                             f"params, Adam m, v and step, RNG state: {predicted.tensors} tensors); torch.save's zip "
@@ -50,52 +51,52 @@ def bytes_row(ev: RunEvidence, r: RankEvidence, save: dict[str, Any]) -> Row:
                             f"{predicted.container_tolerance:,} bytes"), **where)
 
 
-def _blocking_seconds(save: dict[str, Any]) -> float | None:
+def _blocking_seconds(save: CheckpointRecord) -> float | None:
     """Events written before --async-save existed name the blocking time (then the whole save) "seconds"."""
-    return save.get("blocking_seconds", save.get("seconds"))
+    return save.blocking_seconds if save.blocking_seconds is not None else save.seconds
 
 
-def blocking_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
+def blocking_row(r: RankEvidence, saves: list[CheckpointRecord]) -> Row:
     slowest = max(saves, key=lambda s: _blocking_seconds(s) or 0.0)
     what = ("the param sync, a barrier and the copy of the state into host memory, after any wait for the previous "
-            "save's background part (--async-save: the write runs in the background)" if slowest.get("async_save")
+            "save's background part (--async-save: the write runs in the background)" if slowest.async_save
             else "the whole save: param sync, torch.save, rank 0's wait for every rank's file, its rename and pointer")
     return row("checkpoint.save_blocking_seconds", "rank", measured=_blocking_seconds(slowest), unit="s",
-               tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
+               tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.iteration, source="events",
                explanation=(f"the slowest of {len(saves)} save(s): the time the training loop waited, {what}"
                             f"{_blocking_parts(slowest)}; {NO_PREDICTION}"))
 
 
-def _blocking_parts(save: dict[str, Any]) -> str:
+def _blocking_parts(save: CheckpointRecord) -> str:
     """What the blocking time was spent on, where the event says (events before these fields: nothing)."""
-    parts = [(label, save.get(key)) for label, key in (
-        ("waiting for the previous save's background part", "waited_for_previous_seconds"),
-        ("pinning the host buffers", "host_alloc_seconds"), ("the device-to-host copy", "host_copy_seconds"))]
+    parts = [("waiting for the previous save's background part", save.waited_for_previous_seconds),
+             ("pinning the host buffers", save.host_alloc_seconds),
+             ("the device-to-host copy", save.host_copy_seconds)]
     shown = [f"{label} {seconds:.3g} s" for label, seconds in parts if seconds]
     return f" (of it: {', '.join(shown)})" if shown else ""
 
 
-def background_row(r: RankEvidence, saves: list[dict[str, Any]]) -> Row:
+def background_row(r: RankEvidence, saves: list[CheckpointRecord]) -> Row:
     slowest = max(saves, key=lambda s: s.get("background_seconds") or 0.0)
-    if not slowest.get("async_save"):
+    if not slowest.async_save:
         return row("checkpoint.save_background_seconds", "rank", measured=0.0, unit="s", tolerance=0.0,
-                   rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
+                   rank=r.rank, stage=r.stage, step=slowest.iteration, source="events",
                    explanation="nothing ran in the background: without --async-save the whole save blocks (see "
                                "checkpoint.save_blocking_seconds)")
     on_rank_0 = "; on rank 0 also the wait for every rank's file, the rename and the pointer" if r.rank == 0 else ""
-    return row("checkpoint.save_background_seconds", "rank", measured=slowest.get("background_seconds"), unit="s",
-               tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.get("iteration"), source="events",
+    return row("checkpoint.save_background_seconds", "rank", measured=slowest.background_seconds, unit="s",
+               tolerance=0.0, rank=r.rank, stage=r.stage, step=slowest.iteration, source="events",
                explanation=(f"the slowest background part of {len(saves)} save(s) (--async-save), run while "
                             f"training went on: this rank's torch.save of the host copy "
-                            f"({slowest.get('write_seconds', 0.0):.3g} s){on_rank_0}; {NO_PREDICTION}"))
+                            f"({slowest.write_seconds or 0.0:.3g} s){on_rank_0}; {NO_PREDICTION}"))
 
 
-def resumed_from(ev: RunEvidence) -> tuple[int, dict[str, Any]] | None:
+def resumed_from(ev: RunEvidence) -> tuple[int, CheckpointRecord] | None:
     """(iteration, the load event) of the checkpoint the run loaded at start, from the first rank that says."""
     for _, r in sorted(ev.ranks.items()):
         for c in r.checkpoints:
-            if c.get("action") == "load" and c.get("iteration") is not None:
-                return int(c["iteration"]), c
+            if c.action == "load" and c.iteration is not None:
+                return int(c.iteration), c
     return None
 
 
@@ -104,10 +105,10 @@ def resumed_row(ev: RunEvidence) -> list[Row]:
     if found is None:
         return []
     iteration, load = found
-    what = ("took only its parameters (--finetune) and trained from iteration 0" if load.get("finetune")
+    what = ("took only its parameters (--finetune) and trained from iteration 0" if load.finetune
             else "continued after it")
-    directory = os.path.dirname(load.get("path") or "")
-    saved_by = load.get("saved_by_run_dir")
+    directory = os.path.dirname(load.path or "")
+    saved_by = load.saved_by_run_dir
     by = f"saved by run {saved_by}" if saved_by else "saved by a run whose directory it does not record"
     return [identity_row("checkpoint.resumed_from_iteration", "run", measured=iteration, unit="count",
                          source="events", explanation=f"this run loaded {directory} ({by}) at start and {what}")]

@@ -10,8 +10,8 @@ elements are multiplied by the size of the run's params dtype (the activations' 
 row says so.
 CPU (gloo) traces carry no process-group ranks: ledger.evidence.trace_groups names them from the evidence, and an op
 with a collective that nothing names ("unknown" group) is reported as totals per op over all groups, its other ops
-per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.evidence.traces reads each
-through the c10d op that issued it, and only an op with an annotation that no c10d op matched keeps the formula and
+per group. gloo's own annotation is no measurement of three collectives (GLOO_UNTRACEABLE); ledger.evidence.traces reads
+each through the c10d op that issued it, and only an op with an annotation that no c10d op matched keeps the formula and
 the engine's counters and says why the measured column is empty. The backend is the manifest's (else
 distributedInfo's).
 """
@@ -22,17 +22,18 @@ from statistics import mean
 
 from common.config import RunConfig
 from common.events import COMM_CATEGORY_GROUP
+from ledger.evidence.layout import group_kind
 from ledger.evidence.run import RankEvidence, after_first_step
 from ledger.evidence.traces import TraceSummary, normalize_op
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.comm import grad_group, step_collectives
 from ledger.reconcile.rows import Row, row
-from ledger.reconcile.topology import group_kind
 
 VOLUME_TOL = 0.02
 Key = tuple[str, str]  # (group kind, op)
 # What gloo's own annotation cannot measure, and why (torch's ProcessGroupGloo record_function annotations): it
-# matters only for an annotation that no c10d op matched (ledger.evidence.traces), which hides the ops listed in UNMATCHED_HIDES.
+# matters only for an annotation that no c10d op matched (ledger.evidence.traces), which hides the ops listed in
+# UNMATCHED_HIDES.
 GLOO_UNTRACEABLE = {
     "reduce_scatter": "gloo runs a reduce-scatter as an all-reduce and its trace records it as gloo:all_reduce",
     "all_reduce": "gloo's trace records its reduce-scatters as gloo:all_reduce too, so the traced total mixes both",
@@ -68,11 +69,11 @@ def counter_volume(r: RankEvidence) -> dict[Key, float]:
     run's first when there are others: under --overlap-param-gather a step's param all-gather runs at the start of
     the next step's forward, so the first step has none (no earlier update) while the formula's steady step has one."""
     per_step: dict[int, dict[Key, int]] = defaultdict(lambda: defaultdict(int))
-    counted = [t for t in r.timing if COMM_CATEGORY_GROUP.get(t.get("category")) and t.get("bytes") is not None]
-    for t in after_first_step(counted, lambda t: t.get("step")):
-        group = COMM_CATEGORY_GROUP[t["category"]]
-        op = "send_recv" if group == "pp" else normalize_op(t.get("name", "")) or "unknown"
-        per_step[t.get("step")][(group, op)] += int(t["bytes"])
+    counted = [t for t in r.timing if COMM_CATEGORY_GROUP.get(t.category) and t.bytes is not None]
+    for t in after_first_step(counted, lambda t: t.step):
+        group = COMM_CATEGORY_GROUP[t.category]
+        op = "send_recv" if group == "pp" else normalize_op(t.name) or "unknown"
+        per_step[t.step][(group, op)] += int(t.bytes)
     return _mean_over_steps(per_step)
 
 

@@ -1,7 +1,7 @@
 """time.data_wait_per_step: how long a rank's training loop waited for its next micro-batch, per step.
 
-Expected 0: the engine's loader builds the micro-batches ahead on a background thread (docs/engine.md, "Data
-loading"), so `next()` finds each one ready. Measured from each rank's step records' `data_wait_s` (the seconds
+Expected 0: the engine's loader builds the micro-batches ahead on a background thread (docs/engine.md, "Data"),
+so `next()` finds each one ready. Measured from each rank's step records' `data_wait_s` (the seconds
 `next()` blocked on the loader's queue, summed over the step's micro-batches; only ranks that read data, the first
 and last pipeline stages, carry it). Per rank, the mean over the steady steps (ledger.evidence.steps: the run's
 first step waits for the loader's first batch by design, and the profiler's steps are slowed as a whole), i.e. what
@@ -29,20 +29,20 @@ def tolerance_s(step_time_s: float) -> float:
 
 
 def rank_row(r: RankEvidence, selection: StepSelection) -> Row | None:
-    records = [s for s in r.steps if s.get("data_wait_s") is not None]
-    steady = set(selection.steady(s["step"] for s in records))
-    kept = [s for s in records if s["step"] in steady]
+    records = [s for s in r.steps if s.data_wait_s is not None and s.step is not None]
+    steady = set(selection.steady(s.step for s in records))
+    kept = [s for s in records if s.step in steady]
     if not kept:
         return None
-    waits = [float(s["data_wait_s"]) for s in kept]
-    step_time = median(float(s.get("step_time_s") or 0.0) for s in kept)
-    worst = max(kept, key=lambda s: s["data_wait_s"])
+    waits = [s.data_wait_s or 0.0 for s in kept]
+    step_time = median(s.step_time_s or 0.0 for s in kept)
+    worst = max(kept, key=lambda s: s.data_wait_s or 0.0)
     floor = tolerance_s(step_time)
     return row("time.data_wait_per_step", "rank", predicted=0.0, measured=mean(waits), unit="s", tolerance=0.0,
                abs_tolerance=floor, rank=r.rank, stage=r.stage, source="events",
-               explanation=(f"the seconds next() blocked on the background data loader per step, mean of "
-                            f"{len(kept)} steady step(s) ({selection.describe()}); worst step {worst['step']}: "
-                            f"{worst['data_wait_s'] * 1e3:.3g} ms; expected 0 (the loader builds ahead), allowed "
+               explanation=(f"the seconds next() blocked on the background data loader per step, mean over "
+                            f"{selection.counted(s.step for s in kept)}; worst step {worst.step}: "
+                            f"{(worst.data_wait_s or 0.0) * 1e3:.3g} ms; expected 0 (the loader builds ahead), allowed "
                             f"{floor * 1e3:.3g} ms: max(1 ms, 1% of the median step {step_time * 1e3:.3g} ms)"))
 
 

@@ -17,18 +17,19 @@ the census existed keeps an empty measured column and says so (NOT_ON_CPU).
 from __future__ import annotations
 
 from common.config import RunConfig
-from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from common.events import ALLOCATED, PEAK
+from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.models.formulas.activations import recompute_label, stage_activation_bytes
-from ledger.models.formulas.device_memory import DeviceOverheads, OutsidePyTorch, outside_pytorch
+from ledger.models.formulas.device_memory import (
+    DeviceOverheads,
+    OutsidePyTorch,
+    outside_pytorch,
+)
 from ledger.models.formulas.params import params_per_rank
 from ledger.models.formulas.static_memory import static_bytes
 from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_row
 
-ALLOCATED = "allocated_bytes.all.current"
-PEAK = "allocated_bytes.all.peak"
-RESERVED = "reserved_bytes.all.current"
 HELD = "held_tensor_bytes"
-LIVE = "tensor_bytes"
 STATIC_TOL = 0.01
 WORKSPACES = ("; on CUDA the first step's GEMMs also allocate cuBLAS / cuBLASLt workspaces through the caching "
               "allocator (tens of MiB per stream), which this measurement includes and the formula does not")
@@ -42,8 +43,8 @@ CENSUS_NOTE = ("; measured on CPU (no CUDA allocator): the storages behind the t
 def memory_rows(ev: RunEvidence) -> list[Row]:
     rows: list[Row] = []
     for rank_ev in ev.ranks.values():
-        device = rank_entry(ev.manifest, rank_ev.rank).get("device") or {}
-        rows += rank_rows(ev.config, rank_ev, device.get("name"))
+        device = ev.device(rank_ev.rank)
+        rows += rank_rows(ev.config, rank_ev, device.name if device is not None else None)
     return rows
 
 
@@ -56,8 +57,8 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = 
         pred_step = static_bytes(cfg, c["tp"], c["pp"], c["dp"], "after_first_step").total
         pred_peak = pred_step + stage_activation_bytes(cfg, c["pp"])
         params = params_per_rank(cfg, c["pp"])
-    inv_step = sum(int(t.get("bytes", 0)) for t in r.inventory) if r.inventory else None
-    inv_init = (sum(int(t.get("bytes", 0)) for t in r.inventory if t.get("allocated_at") != "after_first_step")
+    inv_step = sum(t.bytes or 0 for t in r.inventory) if r.inventory else None
+    inv_init = (sum(t.bytes or 0 for t in r.inventory if t.allocated_at != "after_first_step")
                 if r.inventory else None)
     cuda = r.on_cuda
     key, source, why_missing = static_measurement(r)
@@ -92,7 +93,8 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = 
     rows.append(row("memory.peak_allocated", "rank", predicted=pred_peak, measured=_step_max(r, PEAK),
                     unit="bytes", tolerance=PEAK_TOL,
                     explanation=f"static + saved activations of the micro-batches in flight on this stage{recompute} "
-                                "(activation estimate with the last stage's logits and loss transient; workspaces are not modelled)"
+                                "(activation estimate with the last stage's logits and loss transient; workspaces "
+                                "are not modelled)"
                                 + ("" if cuda else f"; {NOT_ON_CPU}"), source="events", **where))
     if cuda:
         rows += allocator_rows(r, predicted_outside(cfg, r, device_name))
@@ -104,11 +106,12 @@ def static_measurement(r: RankEvidence) -> tuple[str, str, str]:
     allocated bytes on CUDA, the tensor census on CPU, nothing on a CPU run recorded before the census."""
     if r.on_cuda:
         return ALLOCATED, "events", ""
-    census = r.memory_points.get("after_first_step") or r.memory_points.get("after_optimizer_init") or {}
-    if HELD not in census:
+    census = r.memory_points.get("after_first_step") or r.memory_points.get("after_optimizer_init")
+    if census is None or census.held_tensor_bytes is None:
         return HELD, "events", f"; {NOT_ON_CPU}"
-    other = census.get(LIVE, census[HELD]) - census[HELD]
-    return HELD, "tensor_census", (f"{CENSUS_NOTE}; at {census['point']} the process held {other:,} B more in "
+    held = census.held_tensor_bytes
+    other = (census.tensor_bytes if census.tensor_bytes is not None else held) - held
+    return HELD, "tensor_census", (f"{CENSUS_NOTE}; at {census.point} the process held {other:,} B more in "
                                    "other live tensors (mock data, RoPE cache, the last micro-batch)")
 
 
@@ -128,19 +131,20 @@ def allocator_rows(r: RankEvidence, outside: tuple[OutsidePyTorch | None, str] =
     """Fragmentation, memory outside PyTorch, retries and OOMs: figures only a CUDA run has."""
     where = dict(rank=r.rank, stage=r.stage)
     rows: list[Row] = []
-    records = [m for m in r.memory_steps or list(r.memory_points.values()) if RESERVED in m and PEAK in m]
+    records = [m for m in r.memory_steps or list(r.memory_points.values())
+               if m.reserved is not None and m.peak is not None]
     if not records:
         return rows
-    top = max(records, key=lambda m: m[RESERVED])
-    reserved = top[RESERVED]
-    frag = reserved - top[PEAK]
+    top = max(records, key=lambda m: m.reserved or 0)
+    reserved = top.reserved or 0
+    frag = reserved - (top.peak or 0)
     rows.append(threshold_row("memory.fragmentation", "rank", measured=frag, warn_at=0.15 * reserved,
                               off_at=0.35 * reserved, unit="bytes",
                               explanation="reserved - peak allocated in the step where reserved peaked: cache the "
                                           "allocator holds beyond the step's own peak demand, fragmentation included "
                                           "(try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); warn above 15% of "
                                           "reserved, off above 35%", source="events", **where))
-    nvml_used = max((int(n["used_bytes"]) for n in r.nvml if "used_bytes" in n), default=None)
+    nvml_used = max((n.used_bytes for n in r.nvml if n.used_bytes is not None), default=None)
     non_torch = nvml_used - reserved if nvml_used is not None else None
     predicted, provenance = outside
     terms = ", ".join(f"{name} {b / 2**20:,.0f} MiB" for name, b in predicted.terms.items()) if predicted else ""
@@ -171,11 +175,11 @@ def allocator_rows(r: RankEvidence, outside: tuple[OutsidePyTorch | None, str] =
 
 def _point(r: RankEvidence, point: str, key: str) -> int | None:
     record = r.memory_points.get(point)
-    return record.get(key) if record is not None else None
+    return record.figure(key) if record is not None else None
 
 
 def _step_max(r: RankEvidence, key: str) -> int | None:
-    values = [m[key] for m in list(r.memory_points.values()) + r.memory_steps if key in m]
+    values = [v for m in [*r.memory_points.values(), *r.memory_steps] if (v := m.figure(key)) is not None]
     return max(values) if values else None
 
 

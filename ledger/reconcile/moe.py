@@ -8,8 +8,8 @@ Inputs (the issue 19 team sheet's contract): each rank's step records carry `moe
 buffer, nccl-tests' size, the rank's own share included) and `remote_bytes` (what left the rank), and
 "ep all-to-all counts layer{n}" for the per-expert counts (counted apart: they are not tokens).
 
-Which ranks exchange: the ledger's own expert grid (ledger.evidence.layout with ep on Megatron's order and cp folded into
-the expert dp, as Megatron's expert rank generator builds it), EP rank j holding experts j E/EP onwards.
+Which ranks exchange: the ledger's own expert grid (ledger.evidence.layout with ep on Megatron's order and cp folded
+into the expert dp, as Megatron's expert rank generator builds it), EP rank j holding experts j E/EP onwards.
 
 Rows, per rank (docs/formulas.md, "Mixture of experts"):
   moe.all_to_all.bytes_per_step         predicted from the observed routing (ledger/models/formulas/moe.py: 2 (sent +
@@ -46,12 +46,19 @@ from statistics import mean
 
 from common.config import RunConfig
 from common.errors import InputError
+from common.events import StepRecord, TimingRecord
 from common.run_dir import events_path
 from ledger.evidence.layout import expert_group_lists, expert_layout
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import activation_bytes, checkpoint_groups
-from ledger.models.formulas.moe import NO_VOLUME, AllToAllVolume, exchanges, layer_volume, passes
+from ledger.models.formulas.moe import (
+    NO_VOLUME,
+    AllToAllVolume,
+    exchanges,
+    layer_volume,
+    passes,
+)
 from ledger.models.formulas.params import chunk_layers, num_chunks
 from ledger.models.time_model import CalibrationMissing
 from ledger.reconcile.rows import Row, predicted_row, row
@@ -72,10 +79,10 @@ class StepExchange:
     link_bytes: int
 
 
-def routing(record: dict, key: str, num_experts: int | None = None, where: Path | None = None) -> Routing | None:
+def routing(record: StepRecord, key: str, num_experts: int | None = None, where: Path | None = None) -> Routing | None:
     """A step record's {layer: counts per expert} under `key`, None when absent; counts that are not E non-negative
     integers a layer are bad input (InputError naming the file and step)."""
-    counts = record.get(key)
+    counts = getattr(record, key)
     if counts is None:
         return None
     try:
@@ -84,12 +91,12 @@ def routing(record: dict, key: str, num_experts: int | None = None, where: Path 
         out = None
     if out is None or any(min(c, default=0) < 0 or (num_experts is not None and len(c) != num_experts)
                           for c in out.values()):
-        raise InputError(where or Path("."), f"step {record.get('step')}: {key} is not {{layer: [{num_experts or 'E'} "
+        raise InputError(where or Path("."), f"step {record.step}: {key} is not {{layer: [{num_experts or 'E'} "
                                              "non-negative counts]}")
     return out
 
 
-def kept_of(record: dict, num_experts: int, where: Path) -> Routing | None:
+def kept_of(record: StepRecord, num_experts: int, where: Path) -> Routing | None:
     """Assignments kept per layer and expert: tokens per expert minus those dropped over capacity."""
     tokens = routing(record, TOKENS, num_experts, where)
     dropped = routing(record, DROPPED, num_experts, where) or {}
@@ -98,7 +105,7 @@ def kept_of(record: dict, num_experts: int, where: Path) -> Routing | None:
     kept = {layer: [t - d for t, d in zip(counts, dropped.get(layer, [0] * num_experts))]
             for layer, counts in tokens.items()}
     if any(min(k) < 0 for k in kept.values()) or set(dropped) - set(kept):
-        raise InputError(where, f"step {record.get('step')}: {DROPPED} exceeds {TOKENS} or names other layers")
+        raise InputError(where, f"step {record.step}: {DROPPED} exceeds {TOKENS} or names other layers")
     return kept
 
 
@@ -127,7 +134,7 @@ def predicted_exchanges(cfg: RunConfig, ev: RunEvidence) -> dict[int, dict[int, 
     routing."""
     ep = cfg.parallel.expert_model_parallel_size
     row_bytes = activation_bytes(cfg) * cfg.model.hidden_size
-    kept = {rank: {s["step"]: k for s in r.steps
+    kept = {rank: {s.step: k for s in r.steps
                    if (k := kept_of(s, cfg.model.num_experts, events_path(ev.run_dir, rank))) is not None}
             for rank, r in ev.ranks.items()}
     out: dict[int, dict[int, StepExchange]] = defaultdict(dict)
@@ -153,21 +160,22 @@ def predicted_exchanges(cfg: RunConfig, ev: RunEvidence) -> dict[int, dict[int, 
     return out
 
 
-def is_tokens(t: dict) -> bool:
+def is_tokens(t: TimingRecord) -> bool:
     """A dispatch or combine range (not the counts exchange)."""
-    return t.get("category") == CATEGORY and "counts" not in str(t.get("name", ""))
+    return t.category == CATEGORY and "counts" not in t.name
 
 
 def measured_per_step(r: RankEvidence, field: str) -> dict[int, float]:
     per_step: dict[int, float] = defaultdict(float)
     for t in r.timing:
-        if is_tokens(t) and t.get(field) is not None:
-            per_step[t["step"]] += float(t[field])
+        value = getattr(t, field)
+        if is_tokens(t) and value is not None and t.step is not None:
+            per_step[t.step] += float(value)
     return dict(per_step)
 
 
-def range_seconds(t: dict) -> float:
-    return float(t.get("duration_s", t["end_s"] - t["start_s"]))
+def range_seconds(t: TimingRecord) -> float:
+    return t.duration_s if t.duration_s is not None else t.end_s - t.start_s
 
 
 def volume_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange]) -> list[Row]:
@@ -193,12 +201,12 @@ def volume_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchan
     return rows
 
 
-def calls_per_step(r: RankEvidence) -> dict[int, list[dict]]:
+def calls_per_step(r: RankEvidence) -> dict[int, list[TimingRecord]]:
     """A rank's dispatch and combine ranges per step, in the order it ran them."""
-    out: dict[int, list[dict]] = defaultdict(list)
+    out: dict[int, list[TimingRecord]] = defaultdict(list)
     for t in r.timing:
-        if is_tokens(t):
-            out[t["step"]].append(t)
+        if is_tokens(t) and t.step is not None:
+            out[t.step].append(t)
     return dict(out)
 
 
@@ -214,11 +222,11 @@ def exchange_seconds(cfg: RunConfig, ev: RunEvidence) -> dict[int, dict[int, flo
         for step in set.intersection(*(set(calls[rank]) for rank in group)):
             sequences = [calls[rank][step] for rank in group]
             paired = all(len(seq) == len(sequences[0]) for seq in sequences) and all(
-                len({(t["name"], t.get("phase")) for t in call}) == 1 and all("t_start" in t for t in call)
+                len({(t.name, t.phase) for t in call}) == 1 and all(t.t_start is not None for t in call)
                 for call in zip(*sequences))
             if not paired:
                 continue
-            seconds = sum(max(0.0, min(t["t_end"] for t in call) - max(t["t_start"] for t in call))
+            seconds = sum(max(0.0, min(t.t_end or 0.0 for t in call) - max(t.t_start or 0.0 for t in call))
                           for call in zip(*sequences))
             for rank in group:
                 out[rank][step] = seconds
@@ -241,7 +249,7 @@ def time_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange
     ranges_s = mean(per_step[s] for s in steps)
     paired = all(s in exchange for s in steps)
     measured = mean(exchange[s] for s in steps) if paired else ranges_s
-    selected = f"mean over {len(steps)} step(s) ({selection.describe()}{'; ' + note if note else ''})"
+    selected = f"mean over {selection.counted(steps)}" + (f"; {note}" if note else "")
     text = ("the expert-parallel dispatch and combine all-to-alls, each blocking the compute stream: all "
             f"{ranges_s * 1e3:.3g} ms a step of their ranges is exposed; " + (
                 f"measured: each call's exchange, from the EP group's last arrival to its first return (the ranges' "

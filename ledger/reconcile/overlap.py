@@ -26,8 +26,8 @@ Context parallelism's ring exchanges (engine/transformer/ring_attention.py) get 
 `overlap.cp_exchange.hidden_fraction`: the share of the exchanges' time (issue -> wait returned, "cp-comm") during
 compute, over the steady steps. The engine issues every exchange before the attention block it runs beside and waits
 after it, so what is not hidden is exactly the "cp-wait" stalls. The prediction prices both sides from the config
-and this rank's calibration (ledger/models/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time on
-the cp group at its size, a block at the compute sweep's core attention rate (seconds per FLOP) times its FLOPs;
+and this rank's calibration (ledger/models/formulas/ring_overlap.py): a message at the bandwidth sweep's send_recv time
+on the cp group at its size, a block at the compute sweep's core attention rate (seconds per FLOP) times its FLOPs;
 each exchange hides min(1, block / transfer), the row the byte-weighted mean. Without either sweep it is n/a and says
 which is missing. The measurement weighs each exchange by its span, max(block, transfer) in the model, the
 prediction by its bytes: the two agree when a step's exchanges are alike (C = 2: every message |KV|, every block the
@@ -39,21 +39,39 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from common.config import RunConfig
-from common.events import COMM_CATEGORY_GROUP, COMPUTE_CATEGORIES, STALL_CATEGORIES
+from common.events import (
+    COMM_CATEGORY_GROUP,
+    COMPUTE_CATEGORIES,
+    STALL_CATEGORIES,
+    ComputeRecord,
+    InventoryRecord,
+    TimingRecord,
+)
 from common.intervals import Interval, covered, length, subtract, union
+from ledger.evidence.layout import group_kind
 from ledger.evidence.run import RankEvidence
-from ledger.evidence.steps import StepSelection, steps_text
+from ledger.evidence.steps import StepSelection, step_list
 from ledger.evidence.traces import Collective, TraceSummary, normalize_op
 from ledger.models.formulas.activations import local_seq_length
-from ledger.models.formulas.ring_overlap import BACKWARD, FORWARD, hidden_fraction, ring_exchanges
+from ledger.models.formulas.ring_overlap import (
+    BACKWARD,
+    FORWARD,
+    hidden_fraction,
+    ring_exchanges,
+)
 from ledger.models.time_model import Calibration
 from ledger.reconcile.bandwidth import predicted_time
 from ledger.reconcile.comm import p2p_group, step_of, volume_op
-from ledger.reconcile.rows import NO_TIME_MODEL, Row, predicted_row, row, upper_bound_row
-from ledger.reconcile.topology import group_kind
+from ledger.reconcile.rows import (
+    NO_TIME_MODEL,
+    Row,
+    predicted_row,
+    row,
+    upper_bound_row,
+)
 
 GRAD_OPS = ("reduce_scatter", "all_reduce")
 BUCKET_OPS = GRAD_OPS + ("all_gather",)
@@ -88,19 +106,19 @@ class BucketInterval:
 
 
 # --- timers -------------------------------------------------------------------------------------------------------
-def _by_step(records: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+def _by_step(records: Iterable[TimingRecord]) -> dict[int, list[TimingRecord]]:
+    out: dict[int, list[TimingRecord]] = defaultdict(list)
     for t in records:
-        out[t.get("step")].append(t)
+        out[t.step].append(t)
     return out
 
 
-def timer_compute(records: list[dict[str, Any]]) -> list[Interval]:
+def timer_compute(records: list[TimingRecord]) -> list[Interval]:
     """Forward / backward time of one step without the blocking ranges nested in it (stalls, and synchronous
     communication: any comm range that is not an async collective)."""
-    busy = union((t["start_s"], t["end_s"]) for t in records if t.get("category") in COMPUTE_CATEGORIES)
-    blocked = union((t["start_s"], t["end_s"]) for t in records
-                    if t.get("category") in STALL_CATEGORIES + tuple(COMM_CATEGORY_GROUP) and not t.get("async_comm"))
+    busy = union((t.start_s, t.end_s) for t in records if t.category in COMPUTE_CATEGORIES)
+    blocked = union((t.start_s, t.end_s) for t in records
+                    if t.category in STALL_CATEGORIES + tuple(COMM_CATEGORY_GROUP) and not t.async_comm)
     return subtract(busy, blocked)
 
 
@@ -110,12 +128,12 @@ def timer_intervals(r: RankEvidence) -> list[BucketInterval]:
     for step, records in _by_step(r.timing).items():
         busy = timer_compute(records)
         for t in records:
-            if t.get("category") == "dp-comm" and t.get("bucket") is not None:
-                span = (t["start_s"], t["end_s"])
-                out.append(BucketInterval(rank=r.rank, step=step, bucket=int(t["bucket"]),
-                                          op=normalize_op(t.get("name", "")) or "unknown", start=span[0], end=span[1],
-                                          overlapped=covered(span, busy), bytes=t.get("bytes"),
-                                          expert=bool(t.get("expert"))))
+            if t.category == "dp-comm" and t.bucket is not None:
+                span = (t.start_s, t.end_s)
+                out.append(BucketInterval(rank=r.rank, step=step, bucket=int(t.bucket),
+                                          op=normalize_op(t.name) or "unknown", start=span[0], end=span[1],
+                                          overlapped=covered(span, busy), bytes=t.bytes,
+                                          expert=bool(t.expert)))
     return out
 
 
@@ -127,22 +145,22 @@ def timer_exposed(r: RankEvidence, steps: list[int]) -> dict[int, dict[str, floa
         records = by_step.get(step, [])
         spans: dict[str, list[Interval]] = defaultdict(list)
         for t in records:
-            if t.get("category") in COMM_CATEGORY_GROUP:
-                spans[COMM_CATEGORY_GROUP[t["category"]]].append((t["start_s"], t["end_s"]))
+            if t.category in COMM_CATEGORY_GROUP:
+                spans[COMM_CATEGORY_GROUP[t.category]].append((t.start_s, t.end_s))
         out[step] = exposed_by_group(spans, timer_compute(records))
     return out
 
 
 # --- traces -------------------------------------------------------------------------------------------------------
-def bucket_bytes(inventory: list[dict[str, Any]]) -> dict[str, list[int]]:
+def bucket_bytes(inventory: list[InventoryRecord]) -> dict[str, list[int]]:
     """Each DP bucket's bytes in the grad ("grad_buffer") and param ("param_buffer") buffers, numbered as the engine
     numbers its bucket groups: buffer after buffer, bucket after bucket (the inventory's order)."""
     out: dict[str, list[int]] = {"grad_buffer": [], "param_buffer": []}
     for t in inventory:
-        kind = t.get("tensor_kind")
-        if kind in out and t.get("numel"):
-            element = int(t["bytes"]) // int(t["numel"])
-            out[kind] += [int(b["numel"]) * element for b in t.get("buckets") or []]
+        kind = t.tensor_kind
+        if kind in out and t.numel:
+            element = int(t.bytes) // int(t.numel)
+            out[kind] += [int(b["numel"]) * element for b in t.buckets or []]
     return out
 
 
@@ -226,7 +244,7 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
         if i.step in steps:
             groups[(i.op, i.bucket)].append(i)
     timers = source == "timers"
-    suffix = (f" ({source}; {note})" if note else f" ({source})") + (f"; {TIMER_BOUND}" if timers else "")
+    suffix = f" ({source})" + (f"; {note}" if note else "") + (f"; {TIMER_BOUND}" if timers else "")
     rows: list[Row] = []
     for (op, bucket), items in sorted(groups.items()):
         last = bucket == max(b for o, b in groups if o == op)
@@ -236,7 +254,7 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
         rows.append(row(f"overlap.{op}.overlapped_fraction", "bucket", predicted=_expected_fraction(op, last, cfg),
                         measured=fraction, unit="fraction", tolerance=FRACTION_TOL,
                         explanation=f"share of the bucket's {op} interval during compute on this rank, mean of "
-                                    f"{len(items)} step(s){suffix}; " + _why(op, last, cfg), **where))
+                                    f"{step_list(i.step for i in items)}{suffix}; " + _why(op, last, cfg), **where))
         judged = upper_bound_row if timers else predicted_row
         exposed = (predicted_exposed or {}).get((op, bucket))
         extra = dict(judged_elsewhere=judged_elsewhere) if timers else {}
@@ -270,9 +288,9 @@ def exposed_comm_rows(r: RankEvidence, per_step: dict[int, dict[str, float]], so
         measured = mean(by_group.get(group, 0.0) for by_group in per_step.values())
         pred = (predicted or {}).get(group)
         text = (f"length of the union over time of the {group} group's collectives with no compute beside them, "
-                f"mean of {len(per_step)} step(s) {steps_text(per_step)} ({source}{'; ' + note if note else ''})")
+                f"mean of {step_list(per_step)} ({source})" + (f"; {note}" if note else ""))
         if timers:
-            text += f"; {TIMER_BOUND}, so this bounds the exposed time from above"
+            text += f"; {TIMER_BOUND}; this figure is then an upper bound of the exposed time"
         if group == "pp":
             text += ("; a point-to-point transfer runs from its issue until the peer stage is there, so this holds the "
                      "wait for the other stage (the pipeline's bubble) as well as the transfer")
@@ -292,7 +310,7 @@ def overlap_rows(cfg: RunConfig | None, r: RankEvidence, selection: StepSelectio
                  predicted_per_step: Mapping[str, float] | None = None) -> list[Row]:
     """Timer rows of one rank: per bucket always, per group per step only when the rank has no trace (the trace's
     kernels are the better measurement of the same figure)."""
-    steps, note = selection.timed({t.get("step") for t in r.timing})
+    steps, note = selection.timed({t.step for t in r.timing})
     intervals = timer_intervals(r)
     rows = bucket_rows(cfg, r, intervals, "timers", steps=steps, note=note,
                        judged_elsewhere="the trace row (source trace)" if traced else None,
@@ -326,14 +344,14 @@ def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], no
         records = by_step.get(step, [])
         busy = timer_compute(records)
         for t in records:
-            if t.get("category") == "cp-comm":
-                span = (t["start_s"], t["end_s"])
+            if t.category == "cp-comm":
+                span = (t.start_s, t.end_s)
                 hidden, total, exchanges = hidden + covered(span, busy), total + length([span]), exchanges + 1
     if not exchanges:
         return []
     predicted, how = cp_prediction(cfg, r)
     text = (f"share of the ring attention exchanges' time (issue -> wait returned) during compute, {exchanges} "
-            f"exchanges in {len(steps)} step(s) {steps_text(steps)} (timers{'; ' + note if note else ''}); the rest "
+            f"exchanges in {step_list(steps)} (timers)" + (f"; {note}" if note else "") + "; the rest "
             f"is the cp-wait stalls; {how}; an exchange is a rendezvous, so a wait also holds the time until the "
             "neighbouring CP ranks reach the same ring step (skew between them shows here)")
     return [row("overlap.cp_exchange.hidden_fraction", "rank", predicted=predicted,
@@ -341,7 +359,7 @@ def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], no
                 explanation=text, rank=r.rank, stage=r.stage, source="timers")]
 
 
-def attention_rate(cfg: RunConfig, records: list[dict[str, Any]], op: str, causal: bool) -> float | None:
+def attention_rate(cfg: RunConfig, records: list[ComputeRecord], op: str, causal: bool) -> float | None:
     """Seconds per FLOP of the compute sweep's `op` (core_attention.fwd / .bwd) at this rank's dtype, micro-batch
     and TP-local heads, for the ring block of that kind (the sweep times the causal diagonal and the unmasked half
     block apart: dims `causal`), slowed by the sweep's sustained factor as the time model slows attention; the rate
@@ -350,14 +368,14 @@ def attention_rate(cfg: RunConfig, records: list[dict[str, Any]], op: str, causa
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     want = dict(batch=cfg.train.micro_batch_size, heads=m.num_attention_heads // t,
                 kv_heads=m.num_query_groups // t, head_dim=m.head_dim)
-    found = [x for x in records if x.get("op") == op and x.get("dtype") == cfg.train.params_dtype
-             and x.get("flops") and x.get("seconds") and (x.get("dims") or {}).get("seq")
-             and all(x["dims"].get(k) == v for k, v in want.items())]
-    blocks = [x for x in found if x["dims"].get("causal") == int(causal)]
+    found = [x for x in records if x.op == op and x.dtype == cfg.train.params_dtype
+             and x.flops and x.seconds and (x.dims or {}).get("seq")
+             and all(x.dims.get(k) == v for k, v in want.items())]
+    blocks = [x for x in found if x.dims.get("causal") == int(causal)]
     if not found:
         return None
-    nearest = min(blocks or found, key=lambda x: abs(math.log(x["dims"]["seq"] / local_seq_length(cfg))))
-    return float(nearest["seconds"]) / float(nearest["flops"]) * Calibration.from_records(records, []).sustained
+    nearest = min(blocks or found, key=lambda x: abs(math.log(x.dims["seq"] / local_seq_length(cfg))))
+    return float(nearest.seconds) / float(nearest.flops) * Calibration.from_records(records, []).sustained
 
 
 def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None, str]:
@@ -385,7 +403,8 @@ def cp_prediction(cfg: RunConfig | None, r: RankEvidence) -> tuple[float | None,
                           f"beside a {transfers[e.message_bytes][0] * 1e6:.3g} us transfer" for e in exchanges)
     sweeps = "; ".join(sorted({how for _, how in transfers.values()}))
     return fraction, ("predicted: each exchange hides min(1, block / transfer), byte-weighted over the step "
-                      f"(ledger/models/formulas/ring_overlap.py): {', '.join(parts)} (each block at the compute sweep's "
+                      f"(ledger/models/formulas/ring_overlap.py): {', '.join(parts)} "
+                      "(each block at the compute sweep's "
                       f"rate for its kind, scaled by FLOPs; {sweeps})")
 
 

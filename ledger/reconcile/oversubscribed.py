@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ledger.reconcile.rows import Row
 
-TIMED_FAMILIES = ("time", "pipeline", "overlap", "throughput")
+TIMED_FAMILIES = ("time", "pipeline", "overlap", "throughput", "step")
 NOT_JUDGED = "not judged: CPU ranks outnumber their cores"
 
 
@@ -33,5 +33,5 @@ def set_aside(rows: list[Row], sharing: str | None) -> str | None:
         if r.verdict != "identity":
             r.verdict = "n/a"
         r.explanation += f"; {NOT_JUDGED}"
-    return (f"timings not judged: {sharing}; the {len(timed)} time, pipeline, overlap and throughput rows show "
+    return (f"timings not judged: {sharing}; the {len(timed)} time, pipeline, overlap, throughput and step rows show "
             f"prediction and measurement with verdict n/a ({judged} would have been judged)")

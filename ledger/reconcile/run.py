@@ -1,9 +1,10 @@
-"""A run directory -> reconciliation rows and what is missing; written as RUN/ledger/reconciliation.json and .csv.
+"""A run's evidence -> reconciliation rows and what is missing; written as RUN/ledger/reconciliation.json and .csv.
 
-Order of work, so that memory stays bounded by one trace: events are gathered per rank (small records), then each
-trace is streamed, summarised, checked against the manifest, turned into rows and dropped before the next (only a
-path and one number per trace are kept, for the HTA cross-check). Everything is computed
-before anything is written, and each output file is written atomically: bad input leaves nothing half-written.
+Order of work: events are gathered per rank (small records), then the traces are summarised in parallel
+(ledger.evidence.trace_pool: worker processes each stream whole traces and send back only a summary), each summary
+is checked against the manifest and turned into rows, and the HTA cross-check runs last on a bounded subset of ranks
+(ledger.reconcile.hta). Everything is computed before anything is written, and each output file is written
+atomically: bad input leaves nothing half-written.
 """
 from __future__ import annotations
 
@@ -12,27 +13,37 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common.config import RunConfig
-from common.errors import InputError
 from common.run_dir import LEDGER_DIR, atomic_write_text
-from ledger.evidence.megatron import ingest as ingest_megatron
-from ledger.evidence.run import RankEvidence, RunEvidence, collect_run, cpu_sharing, rank_backend, rank_coords
+from ledger.evidence.read import read_run
+from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing
 from ledger.evidence.steps import StepSelection, select_steps
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
-from ledger.evidence.traces import TraceSummary, summarize
+from ledger.evidence.traces import TraceSummary
 from ledger.reconcile import hta, oversubscribed
 from ledger.reconcile.checkpoint import checkpoint_rows
-from ledger.reconcile.comm import p2p_element_bytes, trace_volume, untraceable_ops, volume_rows
+from ledger.reconcile.comm import (
+    p2p_element_bytes,
+    trace_volume,
+    untraceable_ops,
+    volume_rows,
+)
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
+from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
-from ledger.reconcile.time_rows import TimeModel, explain_step_time, predict_run, time_rows
-from ledger.reconcile.topology import groups_rows, rank_groups
+from ledger.reconcile.time_rows import (
+    TimeModel,
+    explain_step_time,
+    predict_run,
+    time_rows,
+)
+from ledger.reconcile.topology import groups_rows
 
 JSON_NAME = "reconciliation.json"
 CSV_NAME = "reconciliation.csv"
@@ -57,45 +68,49 @@ class Reconciliation:
                 "rows": [r.to_dict() for r in self.rows]}
 
 
-def gather(run_dir: str | Path) -> RunEvidence:
-    run_dir = Path(run_dir)
-    if ingest_megatron.is_megatron_run(run_dir):
-        return ingest_megatron.collect(run_dir)
-    return collect_run(run_dir)
+@dataclass(frozen=True)
+class TraceWork:
+    """How a reconciliation reads the run's traces: worker processes (None: ledger.evidence.trace_pool decides),
+    the HTA cross-check's ranks and budget, and where progress lines go."""
+    workers: int | None = None
+    hta: hta.HtaChoice = hta.HtaChoice()
+    progress: Callable[[str], None] = lambda _: None
 
 
-def reconcile(run_dir: str | Path) -> Reconciliation:
-    return reconcile_evidence(gather(run_dir))
+def reconcile(run_dir: str | Path, work: TraceWork = TraceWork()) -> Reconciliation:
+    return reconcile_evidence(read_run(run_dir), work)
 
 
-def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
-    """The rows of evidence already gathered (a caller that also needs the evidence itself reads the run once)."""
+def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconciliation:
+    """The rows of a run's evidence (a caller that also needs the evidence itself reads the run once)."""
     selection = run_steps(ev)
     model = predict_run(ev)
-    traced = {rank for rank, _, _, _ in ev.traces}
-    rows = groups_rows(ev.manifest) + memory_rows(ev) + pipeline_rows(ev, model, selection)
+    summaries = ev.trace_summaries(work.workers, work.progress)
+    rows = groups_rows(ev) + memory_rows(ev) + pipeline_rows(ev, model, selection)
     for rank, r in sorted(ev.ranks.items()):
-        rows += overlap_rows(ev.config, r, selection, rank in traced, **exposed_predictions(ev.config, model, r))
+        rows += overlap_rows(ev.config, r, selection, rank in summaries, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
-    for rank, _, _, path in ev.traces:
-        summary = checked_summary(ev, rank, path)
-        r = ev.ranks.get(rank) or RankEvidence(rank=rank, coords=rank_coords(ev.manifest, rank))
+    decomposition = StepDecomposition(ev, model)
+    for rank, summary in summaries.items():
+        r = ev.rank_evidence(rank)
         rows += trace_rows(ev, r, summary, selection, model)
+        decomposition.add(r, summary, next(t.path for t in ev.traces if t.rank == rank))
         cross_check[rank] = hta.cross_check_input(summary)
+    rows += decomposition.rows()
     for rank, r in ev.ranks.items():
-        if rank not in traced:
+        if rank not in summaries:
             rows += volume_rows(ev.config, r, None)
     rows += throughput_rows(ev, selection, predicted_step_time=model.step.step_time if model.step else None)
     explain_step_time(rows, ev, model, selection)
     rows += time_rows(ev, model, selection)
     rows += moe_rows(ev, model, selection)
     rows += checkpoint_rows(ev)
-    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev.manifest))
-    check_rows, skipped = hta.hta_rows(cross_check)
+    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev))
+    check_rows, skipped = hta.hta_rows(cross_check, work.hta, work.workers, work.progress)
     rows += check_rows
-    run = {"run_id": ev.manifest.get("run_id"), "framework": ev.framework, "status": ev.manifest.get("status"),
+    run = {"run_id": ev.run_id, "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
-           "traces": [str(p.relative_to(ev.run_dir)) for _, _, _, p in ev.traces]}
+           "traces": [str(t.path.relative_to(ev.run_dir)) for t in ev.traces]}
     missing = ([not_judged] if not_judged else []) + ev.missing + skipped + list(model.missing)
     return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=missing)
 
@@ -103,28 +118,14 @@ def reconcile_evidence(ev: RunEvidence) -> Reconciliation:
 def run_steps(ev: RunEvidence) -> StepSelection:
     """Which steps measure steady-state time (ledger.evidence.steps), from every rank's step and timing records."""
     return select_steps(ev.config, ev.world_size, (s for r in ev.ranks.values() for s in r.steps),
-                        (t.get("step") for r in ev.ranks.values() for t in r.timing))
-
-
-def checked_summary(ev: RunEvidence, rank: int, path: Path) -> TraceSummary:
-    """Summarise one trace and check it belongs to this run: run id (written by our probes), rank, world size."""
-    summary = summarize(path)
-    if summary.run_id is not None and summary.run_id != ev.manifest.get("run_id"):
-        raise InputError(path, f"trace from another run: run_id {summary.run_id!r}, manifest says "
-                               f"{ev.manifest.get('run_id')!r}")
-    if summary.rank is not None and summary.rank != rank:
-        raise InputError(path, f"distributedInfo says rank {summary.rank}, the file name rank {rank}")
-    if summary.world_size is not None and summary.world_size != ev.world_size:
-        raise InputError(path, f"trace from another run: world size {summary.world_size}, this run's is "
-                               f"{ev.world_size}")
-    return summary
+                        (t.step for r in ev.ranks.values() for t in r.timing))
 
 
 def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selection: StepSelection,
                model: TimeModel) -> list[Row]:
-    groups = rank_groups(ev.manifest, r.rank)
+    groups = ev.groups(r.rank)
     summary = attribute_groups(summary, groups, ev.world_size, range_kinds(r.timing)).summary
-    untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend), summary)
+    untraceable = untraceable_ops(ev.backend(r.rank, summary.backend), summary)
     rows = volume_rows(ev.config, r, trace_volume(summary, groups, p2p_element_bytes(ev.config)), untraceable)
     rows += trace_overlap_rows(ev.config, r, summary, groups, selection,
                                **exposed_predictions(ev.config, model, r))

@@ -12,8 +12,9 @@ known; on CPU the row says so rather than inventing a peak.
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
 
+from common.events import StepRecord
+from common.wording import plural
 from ledger.evidence.run import RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.flops import (
@@ -22,7 +23,14 @@ from ledger.models.formulas.flops import (
     palm_flops_per_token,
     tokens_per_step,
 )
-from ledger.reconcile.rows import Row, at_most_row, identity_row, predicted_row, row, threshold_row
+from ledger.reconcile.rows import (
+    Row,
+    at_most_row,
+    identity_row,
+    predicted_row,
+    row,
+    threshold_row,
+)
 
 # Dense 16-bit peaks (FLOP/s) by device name fragment; MFU needs the device's own peak, never a guess.
 PEAKS = {"H200": H200_BF16_DENSE_PEAK, "H100": 989e12, "A100": 312e12}
@@ -30,16 +38,16 @@ STRAGGLER_TOL = 0.05
 STEP_TIME_TOL = 0.05
 
 
-def timed_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("step_time_s")]
+def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
+    return [r for r in records if r.step_time_s]
 
 
-def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
-    ranks = manifest.get("ranks") or []
-    device = (ranks[0].get("device") or {}) if ranks and isinstance(ranks[0], dict) else {}
-    name = str(device.get("name", ""))
-    if device.get("type") != "cuda":
-        return None, f"no MFU on {device.get('type') or 'an unknown device'}: no GPU peak to divide by"
+def device_peak(ev: RunEvidence) -> tuple[float | None, str]:
+    device = ev.device(min(ev.rank_infos)) if ev.rank_infos else None
+    name = (device.name if device is not None else None) or ""
+    if device is None or device.type != "cuda":
+        kind = device.type if device is not None else "an unknown device"
+        return None, f"no MFU on {kind}: no GPU peak to divide by"
     for fragment, peak in PEAKS.items():
         if fragment in name:
             return peak, f"{name}: dense 16-bit peak {peak / 1e12:.0f} TFLOP/s"
@@ -53,16 +61,16 @@ def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
     records = {rank: s for rank, s in records.items() if s}
     if not records:
         return []
-    steps = {s["step"] for steps in records.values() for s in steps}
+    steps = {s.step for steps in records.values() for s in steps}
     steady = set(selection.steady(steps))
-    per_rank = {rank: [s for s in steps if s["step"] in steady] for rank, steps in records.items()}
+    per_rank = {rank: [s for s in steps if s.step in steady] for rank, steps in records.items()}
     per_rank = {rank: s for rank, s in per_rank.items() if s}
     kept, note = selection.timed(steps)
-    figures = [s for steps in records.values() for s in steps if s["step"] in kept]
-    step_time = median(s["step_time_s"] for s in figures)
-    tokens = [s["tokens"] for s in figures if s.get("tokens") is not None]
-    where = f"median step time {step_time * 1e3:.1f} ms over {len(figures)} rank-step(s): {selection.describe()}" \
-            + (f"; {note}" if note else "")
+    figures = [s for steps in records.values() for s in steps if s.step in kept]
+    step_time = median(s.step_time_s for s in figures)
+    tokens = [s.tokens for s in figures if s.tokens is not None]
+    where = f"median step time {step_time * 1e3:.1f} ms over {plural(len(figures), 'rank-step')}, " \
+            f"{selection.counted(kept)}" + (f"; {note}" if note else "")
     cfg = ev.config
     rows = [identity_row("throughput.tokens_per_step", "run", measured=median(tokens) if tokens else None,
                          unit="tokens", explanation="global batch x sequence length: the engine counts it from the "
@@ -77,11 +85,12 @@ def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
     return rows
 
 
-def step_time_row(per_rank: dict[int, list[dict[str, Any]]], selection: StepSelection,
+def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelection,
                   predicted: float | None) -> Row:
-    times = [s["step_time_s"] for steps in per_rank.values() for s in steps]
+    times = [s.step_time_s for steps in per_rank.values() for s in steps]
     measured = median(times) if times else None
-    text = (f"median over {len(times)} steady rank-step(s) ({selection.describe()})" if times else
+    text = (f"median over {plural(len(times), 'steady rank-step')}, {selection.counted(_steps_of(per_rank))}" if times
+            else
             f"no steady step to judge: every step after the first was disturbed by the profiler "
             f"({selection.describe()})")
     return predicted_row("throughput.step_time", "run", predicted=predicted, measured=measured, unit="s",
@@ -90,7 +99,7 @@ def step_time_row(per_rank: dict[int, list[dict[str, Any]]], selection: StepSele
 
 def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     cfg = ev.config
-    peak, peak_note = device_peak(ev.manifest)
+    peak, peak_note = device_peak(ev)
     conventions = {"megatron": megatron_flops_per_step(cfg),
                    "palm_6n": palm_flops_per_token(cfg) * tokens_per_step(cfg)}
     rows = []
@@ -104,16 +113,16 @@ def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     return rows
 
 
-def profiler_rows(records: dict[int, list[dict[str, Any]]], steady: set[int], selection: StepSelection) -> list[Row]:
+def profiler_rows(records: dict[int, list[StepRecord]], steady: set[int], selection: StepSelection) -> list[Row]:
     """The profiler's cost as a measured figure: median profiled step time / median steady step time - 1."""
-    profiled = [s["step_time_s"] for steps in records.values() for s in steps if s["step"] in selection.profiled]
-    normal = [s["step_time_s"] for steps in records.values() for s in steps if s["step"] in steady]
+    profiled = [s.step_time_s for steps in records.values() for s in steps if s.step in selection.profiled]
+    normal = [s.step_time_s for steps in records.values() for s in steps if s.step in steady]
     if not profiled or not normal:
         return []
     rows = [row("throughput.profiler_overhead", "run", measured=median(profiled) / median(normal) - 1,
                 unit="fraction", tolerance=0.0,
                 explanation=f"median profiled step {median(profiled) * 1e3:.1f} ms against median steady step "
-                            f"{median(normal) * 1e3:.1f} ms ({selection.describe()}): the profiler's own cost, "
+                            f"{median(normal) * 1e3:.1f} ms ({selection.counted(steady)}): the profiler's own cost, "
                             "which is why profiled steps are not judged as normal ones", source="events")]
     spreads = _spreads(records, selection.disturbed)
     if spreads:
@@ -126,18 +135,19 @@ def profiler_rows(records: dict[int, list[dict[str, Any]]], steady: set[int], se
     return rows
 
 
-def straggler_rows(per_rank: dict[int, list[dict[str, Any]]], selection: StepSelection) -> list[Row]:
+def straggler_rows(per_rank: dict[int, list[StepRecord]], selection: StepSelection) -> list[Row]:
     """Per rank: its median steady step time against the other ranks' median (a faster rank is no straggler); per
     run: the worst per-step spread (max - min) / median on steady steps."""
     rows = []
-    medians = {rank: median(s["step_time_s"] for s in steps) for rank, steps in per_rank.items()}
+    medians = {rank: median(s.step_time_s for s in steps) for rank, steps in per_rank.items()}
     for rank, mine in sorted(medians.items()):
         others = [m for other, m in medians.items() if other != rank]
         if others:
             rows.append(at_most_row("throughput.step_time_vs_other_ranks", "rank", reference=median(others),
                                     measured=mine, unit="s", tolerance=STRAGGLER_TOL,
                                     explanation="this rank's median steady step time against the other ranks' "
-                                                f"median ({selection.describe()}); above it: a straggler",
+                                                f"median ({selection.counted(_steps_of(per_rank))}); above it: "
+                                                "a straggler",
                                     rank=rank, source="events"))
     spreads = _spreads(per_rank)
     if spreads:
@@ -145,16 +155,20 @@ def straggler_rows(per_rank: dict[int, list[dict[str, Any]]], selection: StepSel
         rows.append(threshold_row("throughput.step_time_spread", "run", measured=spreads[worst],
                                   warn_at=STRAGGLER_TOL, off_at=4 * STRAGGLER_TOL, unit="fraction",
                                   explanation=f"(max - min) / median step time across ranks on steady steps, worst "
-                                              f"step {worst} ({selection.describe()})",
+                                              f"step {worst} ({selection.counted(_steps_of(per_rank))})",
                                   step=worst, source="events"))
     return rows
 
 
-def _spreads(per_rank: dict[int, list[dict[str, Any]]], only: frozenset[int] | None = None) -> dict[int, float]:
+def _steps_of(per_rank: dict[int, list[StepRecord]]) -> set[int]:
+    return {s.step for steps in per_rank.values() for s in steps}
+
+
+def _spreads(per_rank: dict[int, list[StepRecord]], only: frozenset[int] | None = None) -> dict[int, float]:
     """(max - min) / median across ranks of each step seen on more than one rank (of `only`, when given)."""
     by_step: dict[int, list[float]] = {}
     for steps in per_rank.values():
         for s in steps:
-            if only is None or s["step"] in only:
-                by_step.setdefault(s["step"], []).append(s["step_time_s"])
+            if only is None or s.step in only:
+                by_step.setdefault(s.step, []).append(s.step_time_s)
     return {step: (max(t) - min(t)) / median(t) for step, t in by_step.items() if len(t) > 1}

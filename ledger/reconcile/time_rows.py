@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
-from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from common.errors import ConfigError
+from common.wording import plural
+from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import padded_vocab_size
+from ledger.models.simulate.hardware import hardware_for, run_device
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -40,6 +44,7 @@ from ledger.models.time_model import (
     predict_step,
     stage_time,
 )
+from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.rows import Row, row
 
@@ -61,16 +66,14 @@ class TimeModel:
 
 def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     """(compute scale, note) for CPU ranks that outnumber their host's cores: the sweep ran one rank at a time."""
-    hosts: dict[str, list[dict]] = defaultdict(list)
-    for rank in range(ev.world_size):
-        entry = rank_entry(ev.manifest, rank)
-        device = entry.get("device") or {}
-        if device.get("type") == "cpu" and entry.get("host") and device.get("cores"):
-            hosts[entry["host"]].append(device)
-    threads = max((int(r.get("threads") or 1) for e in ev.ranks.values() for r in e.compute), default=1)
+    hosts: dict[str, list[int]] = defaultdict(list)  # host -> each CPU rank's cores
+    for info in ev.rank_infos.values():
+        if info.device.type == "cpu" and info.host and info.device.cores:
+            hosts[info.host].append(info.device.cores)
+    threads = max((r.threads or 1 for e in ev.ranks.values() for r in e.compute), default=1)
     scale, note = 1.0, None
     for host, devices in hosts.items():
-        cores = int(devices[0]["cores"])
+        cores = devices[0]
         factor = oversubscription(len(devices), cores, threads)
         if factor > scale:
             scale = factor
@@ -79,10 +82,31 @@ def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     return scale, note
 
 
+def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
+    """The host timeline's prices: the run's own host sweep; without one, the host block of the hardware file of
+    the GPU the run names (said in the note: measured on that file's host, not necessarily this run's)."""
+    devices = {info.device.type if (info := ev.rank_infos.get(rank)) else None for rank in range(ev.world_size)}
+    if devices == {"cpu"}:
+        return None, CPU_NOTE
+    own, why = host_costs(r for e in ev.ranks.values() for r in e.host)
+    if own is not None or why == CPU_NOTE:
+        return own, why
+    try:
+        hw = hardware_for(run_device(ev.rank_infos.values()), None)
+    except ConfigError:
+        return None, why
+    if hw.host is None:
+        return None, why
+    return hw.host, (f"host timeline priced by the {hw.name} hardware file's host block ({Path(hw.path).name}: its "
+                     f"source says where it was measured); this run has no host sweep (--host-sweep)")
+
+
 def calibration(ev: RunEvidence) -> Calibration:
     scale, note = host_share(ev)
+    host, host_note = host_calibration(ev)
     return Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
-                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note)
+                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note, host=host,
+                                    host_note=host_note)
 
 
 def predict_run(ev: RunEvidence) -> TimeModel:
@@ -111,14 +135,14 @@ def _ms(seconds: float) -> str:
 
 
 def _ranges(ranks: list[RankEvidence], category: str, steps: set[int]) -> list[float]:
-    return [t["duration_s"] for r in ranks for t in r.timing
-            if t.get("category") == category and t.get("step") in steps and "duration_s" in t]
+    return [t.duration_s for r in ranks for t in r.timing
+            if t.category == category and t.step in steps and t.duration_s is not None]
 
 
 def _steps(ev: RunEvidence, selection: StepSelection) -> tuple[set[int], str]:
-    timed = {t.get("step") for r in ev.ranks.values() for t in r.timing}
+    timed = {t.step for r in ev.ranks.values() for t in r.timing}
     kept, note = selection.timed(timed)
-    return set(kept), "; ".join(x for x in (selection.describe(), note) if x)
+    return set(kept), "; ".join(x for x in (selection.counted(kept), note) if x)
 
 
 def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
@@ -130,7 +154,7 @@ def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
     parts = []
     for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):
         if seconds > NEGLIGIBLE_S:
-            extra = f" ({params[term] / 1e6:.0f} M params)" if term in params else ""
+            extra = f" ({params[term]:,} params)" if term in params else ""
             parts.append(f"{term} {_ms(seconds)}{extra}")
     return ", ".join(parts)
 
@@ -154,6 +178,11 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                 terms = predicted.terms(kind == "forward")
                 text = (f"time model, per {kind} range: {_terms_text(terms, ev)}; {layers} layer(s) per chunk, "
                         f"{_ms(terms.get('layers', 0.0) / layers)} a layer")
+                paced = _paced(model, s, kind)
+                if paced is not None:
+                    text = (f"the host paces the device: the range takes {_ms(paced)} on the host timeline, of which "
+                            f"the device computes {_ms(seconds)}; " + text)
+                    seconds = paced
             else:
                 seconds, text = None, f"no prediction: {'; '.join(model.missing) or 'no config'}"
             if model.calibration is not None and model.calibration.scale_note:
@@ -164,6 +193,14 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                             stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
         rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
     return rows
+
+
+def _paced(model: TimeModel, stage: int, kind: str) -> float | None:
+    """The range's span on the host timeline when the host makes it longer than its device time, else None."""
+    if model.step is None or model.calibration is None or model.calibration.host is None:
+        return None
+    paced = getattr(model.step.stages[stage], kind)
+    return paced if paced > getattr(model.stages[stage], kind) * (1 + 1e-9) else None
 
 
 def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEvidence], steps: set[int],
@@ -182,19 +219,20 @@ def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEv
 
 
 def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:
-    records = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s") and s.get("tokens")]
-    steady = set(selection.steady(s["step"] for s in records))
-    kept = [s for s in records if s["step"] in steady]
+    records = [s for r in ev.ranks.values() for s in r.steps if s.step_time_s and s.tokens]
+    steady = set(selection.steady(s.step for s in records))
+    kept = [s for s in records if s.step in steady]
     if ev.config is None or not kept:
         return []
-    measured = median(s["tokens"] for s in kept) / median(s["step_time_s"] for s in kept)
+    measured = median(s.tokens for s in kept) / median(s.step_time_s for s in kept)
     predicted = model.step.tokens_per_s if model.step is not None else None
     text = (f"time model: {tokens_per_step(ev.config):,} tokens per step / predicted step "
             f"{_ms(model.step.step_time)}" if model.step is not None
             else f"no prediction: {'; '.join(model.missing)}")
     return [row("time.tokens_per_s", "run", predicted=predicted, measured=measured, unit="tokens/s",
                 tolerance=STEP_TOL, explanation=f"{text}; measured: median tokens / median step time over "
-                                                f"{len(kept)} steady rank-step(s), {selection.describe()}",
+                                                f"{plural(len(kept), 'steady rank-step')}, "
+                                                f"{selection.counted(steady)}",
                 source="events")]
 
 
@@ -217,8 +255,7 @@ def explain_step_time(rows: list[Row], ev: RunEvidence, model: TimeModel, select
     ranks = [r for r in ev.ranks.values() if r.stage == s]
     stage = step.stages[s]
     items = cfg.num_microbatches * len(stage.compute.chunks)
-    predicted = {"forward": items * stage.compute.forward, "backward": items * stage.compute.backward,
-                 "optimizer": stage.optimizer}
+    predicted = {"forward": items * stage.forward, "backward": items * stage.backward, "optimizer": stage.optimizer}
     per_step = {kind: sum(_ranges(ranks, kind, steps)) / (len(steps) * len(ranks)) for kind in predicted
                 if ranks and steps and _ranges(ranks, kind, steps)}
     if per_step:

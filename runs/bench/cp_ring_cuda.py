@@ -19,8 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.arguments import parse_args  # noqa: E402
-from engine.tensor_parallel.layers import pad_vocab_size  # noqa: E402
-from engine.training import engine_kernels  # noqa: E402
+from engine.probe_adapters import engine_kernels  # noqa: E402
 from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 
@@ -40,11 +39,9 @@ def cuda_median(fn, iters: int = 10, warmup: int = 3) -> float:
 
 
 def sweep_records(cfg, device) -> list[dict]:
-    m = cfg.model
-    spec = compute_sweep.SweepSpec.from_run(
-        cfg, tp_size=1, padded_vocab_size=pad_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1),
-        first_stage=True, last_stage=True, optimizer_numel=1, grad_buffer_numel=1)
-    return compute_sweep.run(spec, device, engine_kernels([], cfg, device), use_cache=False)
+    spec = compute_sweep.SweepSpec.from_run(cfg, first_stage=True, last_stage=True, optimizer_numel=1,
+                                            grad_buffer_numel=1)
+    return compute_sweep.run(spec, device, engine_kernels([], cfg.model.vocab_size, device), use_cache=False)
 
 
 def predicted_layer(records: list[dict], cp: int) -> dict[str, float]:

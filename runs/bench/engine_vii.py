@@ -17,7 +17,7 @@ skipped, and says so:
           a communicator for every group, beside the dense runs' NVML figure.
 The JSON (--out) is rewritten after every run, so a section cut short keeps what it measured.
 
-    python runs/bench/engine_vii.py --anchors .bench --out OUT/engine_vii.json [--budget-s 470]
+    python runs/bench/engine_vii.py --out OUT/engine_vii.json [--budget-s 470]
     python runs/bench/engine_vii.py --cpu-smoke --out /tmp/engine_vii.json   # the same code paths, tiny, on CPU
 """
 from __future__ import annotations
@@ -36,11 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "runs" / "bench"))
 
+from vs_megatron import engine_run, gemm_ceiling_tflops, merged_table, print_table, summarize, variant_makers  # noqa: E402,E501
+
 from common.arguments import parse_args  # noqa: E402
 from common.intervals import union  # noqa: E402
 from common.run_dir import trace_files  # noqa: E402
 from ledger.models.formulas.device_memory import DeviceOverheads, outside_pytorch  # noqa: E402
-from vs_megatron import engine_run, gemm_ceiling_tflops, merged_table, print_table, summarize, variant_makers  # noqa: E402,E501
 
 MOE = ["--model", "mixtral-8x7b-2l", "--bf16", "--micro-batch-size", "1", "--global-batch-size", "8",
        "--moe-aux-loss-coeff", "0.02", "--all-probes", "--use-pytorch-profiler"]
@@ -203,7 +204,7 @@ def outside(out: dict, save) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--anchors", default=".bench", help="folder holding mcore_anchor.py")
+    p.add_argument("--anchors", default=str(ROOT / "runs" / "bench" / "anchors"), help="folder holding mcore_anchor.py")
     p.add_argument("--out", default="engine_vii.json")
     p.add_argument("--budget-s", type=float, default=470.0, help="stop starting runs past this many seconds")
     p.add_argument("--rounds", type=int, default=2, help="dense rounds of ours and megatron-core, alternated")

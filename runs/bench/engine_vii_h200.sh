@@ -4,7 +4,7 @@
 # SequentialMLP and with --moe-grouped-gemm (forward GPU idle from a profiled step's trace), a launch-bound small
 # shape eager and compiled, and memory outside PyTorch on one GPU. runs/bench/engine_vii.py says what each section
 # measures; every run's exact command is printed before it starts. Prepare once, as runs/bench/vs_megatron.sh says:
-# .bench/ holds mcore_anchor.py, .whl/ the megatron-core wheel and its dependencies. Then, on the GPU machine:
+# .whl/ holds the megatron-core wheel and its dependencies (runs/bench/anchors/README.md). Then, on the GPU machine:
 #     OUT=dir bash runs/bench/engine_vii_h200.sh        # BUDGET_S=seconds to stop starting runs (default 470)
 # Results: OUT/engine_vii.json (rewritten after every run) and OUT/engine_vii.log.
 set -euo pipefail
@@ -16,5 +16,5 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.csv"
-python3 runs/bench/engine_vii.py --anchors .bench --out "$OUT/engine_vii.json" --budget-s "${BUDGET_S:-470}" 2>&1 \
+python3 runs/bench/engine_vii.py --out "$OUT/engine_vii.json" --budget-s "${BUDGET_S:-470}" 2>&1 \
   | tee "$OUT/engine_vii.log"

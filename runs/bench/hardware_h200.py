@@ -3,13 +3,15 @@ against those runs' measured step times.
 
     python3 runs/bench/hardware_h200.py [--write] [--runs RUN ...] [--sweeps SWEEP.json.gz ...]
 
-1. Fit (ledger/models/simulate/fit.py): the `compute` events of the committed real H200 runs (tests/fixtures/h200_llama1b/*
+1. Fit (ledger/models/simulate/fit.py): the `compute` events of the committed real H200 runs
+(tests/fixtures/h200_llama1b/*
    and tests/fixtures/h200_2layer_profiled: one H200, torch 2.11.0+cu130, 2026-12-01) give the GEMM cost form
    (fixed + FLOPs / (peak e_c) + output bytes / (HBM bw e_epilogue)), flash attention's efficiency by pass, head dim
    and sequence length, each memory-bound kernel's fraction of HBM bandwidth and the sustained-clock line; --sweeps
    adds grid sweeps (runs/bench/hardware_sweep.py) of shapes no run had. Only kernel records: no step time is an
    input. Printed with every record's residual.
-2. --write stores the fitted blocks, with their sources and this command, in ledger/models/hardware/h200.json, and the same
+2. --write stores the fitted blocks, with their sources and this command, in ledger/models/hardware/h200.json, and the
+same
    values, labelled as an assumption, in the H100 and A100 files (their datasheet figures untouched).
 3. Check: for each run, predict_step(cfg, hardware_calibration(cfg, load_hardware("H200"))) against the run's
    measured step time (median of its steady steps, as reconcile's throughput.step_time) and against the time
@@ -102,7 +104,8 @@ def write(fit: HardwareFit, command: str, fitted_from: str) -> None:
     for name in DERIVED:
         other_path = HARDWARE_DIR / name
         other = json.loads(other_path.read_text())
-        assumption = (f"assumption: the H200 fit (ledger/models/hardware/h200.json, version {h200['version']}) unchanged, "
+        assumption = (f"assumption: the H200 fit (ledger/models/hardware/h200.json, version {h200['version']}) "
+                      "unchanged, "
                       f"as fractions of this GPU's own peak and HBM bandwidth (every kernel time scales with them); "
                       f"no compute sweep of the {other['name']}. The H200 fit")
         other.update(blocks(fit, assumption))
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     hw_file = json.loads((HARDWARE_DIR / "h200.json").read_text())
     if args.sweeps_only and not args.sweeps:
         ap.error("--sweeps-only needs --sweeps")
-    fit = fit_hardware(compute_records([] if args.sweeps_only else args.runs, args.sweeps), peak=hw_file["peak_flops"]["bf16"]["value"],
+    fit = fit_hardware(compute_records([] if args.sweeps_only else args.runs, args.sweeps),
+                       peak=hw_file["peak_flops"]["bf16"]["value"],
                        hbm_bandwidth=hw_file["hbm_bandwidth"]["value"])
     print_fit(fit)
     if args.write:

@@ -4,18 +4,16 @@
 
 A run's own `--compute-sweep` times its kernels at its own shapes only; `simulate` prices shapes no run of ours has
 had (70B's h 8192, TP-local widths of TP 8, seq 2048 to 16384). This times the same kernels, through the same code
-(probes.compute_sweep with the engine's fused functions), at a grid of TP-local shapes of public models: GEMMs from
-under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 1024 to 16384, and the memory-bound
-kernels from a few MB to GBs. No training run is involved, so the hardware file fitted from it (runs/bench/
-hardware_h200.py) never sees a step time it is later judged against.
+(probes.compute_sweep with the engine's own functions, engine/probe_adapters.py), at a grid of TP-local shapes of
+public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 1024 to
+16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted
+from it (runs/bench/hardware_h200.py) never sees a step time it is later judged against.
 
 Output: {"device", "torch", "records": [compute records, each with its grid point's "shape" label], "not_measured"}.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import gzip
 import json
 import math
@@ -28,11 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.jit import COMPILE_DEVICE_TYPES  # noqa: E402
-from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy  # noqa: E402
-from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
-from engine.transformer.attention import split_qkv_and_rotate  # noqa: E402
-from engine.transformer.mlp import swiglu  # noqa: E402
+from common.ops import Shapes  # noqa: E402
+from common.ops.sizes import padded_vocab_size  # noqa: E402
+from engine.probe_adapters import engine_kernels  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 
 # (label, hidden, ffn, heads, kv heads, vocab, tp): public shapes (Llama 3 1B / 8B / 70B, GPT-3 XL / 13B / 175B
@@ -48,20 +44,16 @@ SEQS = (8192, 2048, 16384, 4096)
 QUICK_SEQS = (4096,)
 
 
-def engine_kernels(device: torch.device, vocab_size: int) -> compute_sweep.EngineKernels:
-    return compute_sweep.EngineKernels(
-        split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu,
-        cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
-                                        vocab_size=vocab_size),
-        variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager")
-
-
-def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int) -> compute_sweep.SweepSpec:
-    padded = -(-vocab // (128 * tp)) * 128 * tp
-    return compute_sweep.SweepSpec(dtype="bf16", grad_dtype="fp32", seq=seq, micro_batch=1, hidden=h,
-                                   heads=heads // tp, kv_heads=max(1, kv // tp), head_dim=h // heads, ffn=f // tp,
-                                   vocab=padded // tp, norm_tokens=seq, first_stage=True, last_stage=True,
-                                   optimizer_numel=1 << 26, grad_buffer_numel=1 << 26)
+def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int,
+          mbs: int = 1) -> compute_sweep.SweepSpec:
+    """A grid point's TP-local shapes (no SP, no CP: every op at seq x mbs tokens), as the catalogue's Shapes."""
+    d, heads, kv = h // heads, heads // tp, max(1, kv // tp)
+    shapes = Shapes(dtype="bf16", grad_dtype="fp32", seq=seq, micro_batch=mbs, hidden=h, tokens=seq * mbs,
+                    norm_tokens=seq * mbs, heads=heads, kv_heads=kv, head_dim=d, qkv=(heads + 2 * kv) * d,
+                    query=heads * d, ffn=f // tp, fc1=2 * (f // tp), swiglu=True, rope=True, norm="rms_norm",
+                    vocab=padded_vocab_size(vocab, 128, tp) // tp, tp=tp, sequence_parallel=False)
+    return compute_sweep.SweepSpec(shapes, first_stage=True, last_stage=True, optimizer_numel=1 << 26,
+                                   grad_buffer_numel=1 << 26)
 
 
 def batch_specs(micro_batches: list[int]):
@@ -70,9 +62,7 @@ def batch_specs(micro_batches: list[int]):
     for mbs in micro_batches:
         for label, h, f, heads, kv, vocab, tps in MODELS:
             for seq in (2048, 4096, 8192):
-                spec = dataclasses.replace(_spec(h, f, heads, kv, vocab, tps[0], seq), micro_batch=mbs,
-                                           norm_tokens=seq * mbs)
-                yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, spec
+                yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, _spec(h, f, heads, kv, vocab, tps[0], seq, mbs)
 
 
 def specs(quick: bool):
@@ -101,7 +91,7 @@ def main() -> int:
             skipped.append(label)
             continue
         t0 = time.perf_counter()
-        found = compute_sweep.run(spec, device, engine_kernels(device, vocab), use_cache=False)
+        found = compute_sweep.run(spec, device, engine_kernels([], vocab, device), use_cache=False)
         records += [{**r, "shape": label} for r in found]
         write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
         print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -30,7 +30,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for r in results:
         if isinstance(r, Comparison):
-            print(f"| {r.id} | {r.hardware} x {r.gpus:,} | {r.predicted_s:.2f} | {r.published_s:.2f} | {r.error:+.1%} | "
+            print(f"| {r.id} | {r.hardware} x {r.gpus:,} | {r.predicted_s:.2f} | {r.published_s:.2f} | "
+                  f"{r.error:+.1%} | "
                   f"{r.published_from} | {', '.join(r.assumptions) or '—'} |")
         else:
             print(f"| {r.id} | — | — | — | skipped | {r.reason} | — |")

@@ -24,7 +24,7 @@ def peak_rss_mib() -> float:
     """This process's high-water RSS. Not getrusage's ru_maxrss: Linux carries that over fork + exec, so a child of
     a big parent would report the parent's peak."""
     with open("/proc/self/status", encoding="ascii") as f:
-        line = next(l for l in f if l.startswith("VmHWM:"))
+        line = next(row for row in f if row.startswith("VmHWM:"))
     return int(line.split()[1]) / 1024
 
 

@@ -6,8 +6,8 @@
 Prints: the valid layouts enumerated and the seconds it took; the memory filter's seconds and how many fit
 (ledger.models.simulate.memory_fit: each stage's peak plus rank 0's outside-PyTorch estimate, ledger/models/formulas/
 device_memory.py with the hardware file's overheads, against its HBM);
-then the search with the calibrated bound (ledger/models/simulate/bound.py): layouts scored and skipped, its seconds, and
-the top K with the reason each loses to the first. --exhaustive scores every fitting layout as well and says whether
+then the search with the calibrated bound (ledger/models/simulate/bound.py): layouts scored and skipped, its seconds,
+and the top K with the reason each loses to the first. --exhaustive scores every fitting layout as well and says whether
 the top K is the same (it must be: the bound never exceeds the time model's prediction).
 """
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The simulator against every real run we have (issue 18, item 3): predicted vs measured step time, peak memory and
 bubble, per run, with the error.
 
-    python runs/bench/simulator_validation.py [--evidence ../shared/evidence/2gpu-2026-12-01]
+    python runs/bench/simulator_validation.py [--evidence runs/bench/evidence/2gpu-2026-12-01]
 
 1. Every run directory committed in the repository (tests/fixtures: our H200 runs, and Megatron-LM's own 1-GPU run,
    whose event files do not name the GPU: simulated on the H200 file, on which it ran), through
    `train-ledger simulate --validate` (ledger/reconcile/validation.py).
-2. The real 2-GPU runs (2 H200s, NVLink) kept outside the repository as reconciliation outputs (rec_<name>.json.gz)
-   and their flags (README.md there): each layout rebuilt from those flags (the engine of that day untied the
-   embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured figures
-   of its reconciliation, as `--validate` judges a run directory.
+2. The real 2-GPU runs (2 H200s, NVLink) committed as reconciliation outputs (runs/bench/evidence/2gpu-2026-12-01:
+   rec_<name>.json.gz) and their flags (README.md there): each layout rebuilt from those flags (the engine of that day
+   untied the embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured
+   figures of its reconciliation, as `--validate` judges a run directory.
 Prints one markdown table and the command.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ from ledger.reconcile.validation import Validation, measured, validate_run  # no
 
 FIXTURES = ROOT / "tests" / "fixtures"
 OURS = sorted(p for p in (FIXTURES / "h200_llama1b").iterdir() if p.is_dir()) + [
-    FIXTURES / "h200_2layer_profiled", FIXTURES / "gpu_h200_llama1b_l2"]
+    FIXTURES / "h200_2layer_profiled", FIXTURES / "gpu_h200_llama1b_l2", FIXTURES / "h200_moe" / "mixtral-8x7b-2l",
+    FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"]
 MEGATRON = [FIXTURES / "megatron_lm_1gpu"]
 # The 2-GPU evidence's flags (its README): common to every run, then each run's layout and world size.
 EVIDENCE_COMMON = ["--model", "llama3.2-1b", "--seq-length", "4096", "--bf16", "--use-distributed-optimizer",
@@ -55,7 +56,7 @@ def evidence_run(folder: Path, name: str) -> Validation:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--evidence", type=Path, default=ROOT.parent / "shared" / "evidence" / "2gpu-2026-12-01")
+    ap.add_argument("--evidence", type=Path, default=ROOT / "runs" / "bench" / "evidence" / "2gpu-2026-12-01")
     args = ap.parse_args()
     results = [validate_run(run) for run in OURS] + [validate_run(run, "H200") for run in MEGATRON]
     if args.evidence.is_dir():
@@ -64,7 +65,8 @@ def main() -> int:
         print(f"(no 2-GPU evidence at {args.evidence}: those rows are left out)")
     table = render_validation(results)
     print(table.replace(str(ROOT) + "/", ""))
-    print(f"command: python3 runs/bench/simulator_validation.py --evidence {args.evidence}")
+    evidence = str(args.evidence.resolve()).replace(str(ROOT) + "/", "")
+    print(f"command: python3 runs/bench/simulator_validation.py --evidence {evidence}")
     return 0
 
 

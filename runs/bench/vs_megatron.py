@@ -2,8 +2,8 @@
 
 Variants, alternated A B C A B C per sequence length so that drift (clocks, thermals, neighbours) hits all:
   A megatron-core GPTModel (local spec + SDPA core attention, fused AdamW, DistributedOptimizer, fp32 grad buffer)
-    through the anchor harness ../shared/bench/mcore_anchor.py (copied to --anchors, wheel carried);
-  B plain PyTorch + torch.compile through ../shared/bench/torch_anchor.py --compile;
+    through the anchor harness runs/bench/anchors/mcore_anchor.py (the megatron-core wheel installed: its README);
+  B plain PyTorch + torch.compile through runs/bench/anchors/torch_anchor.py --compile;
   C train-ledger's engine: --bf16 --use-distributed-optimizer, every probe on except the profiler window
     (--all-probes), launched through torchrun like a user would; "ours-eager" is the same with
     TRAIN_LEDGER_COMPILE=0 (no compiled pointwise fusions), to show what the fusions buy.
@@ -15,7 +15,7 @@ TFLOP/s per GPU and MFU under Megatron-LM's FLOPs formula against the datasheet 
 bf16 GEMM ceiling measured at start-up, peak allocated / reserved memory, and (ours) bytes per parameter after
 setup and after the first step from the run directory. Writes one JSON with every run and prints a table.
 
-    python runs/bench/vs_megatron.py --anchors .bench --seq 4096 8192 --microbatches 8 --rounds 2 --out result.json
+    python runs/bench/vs_megatron.py --seq 4096 8192 --microbatches 8 --rounds 2 --out result.json
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from common.arguments import parse_args  # noqa: E402
+from common.events import InventoryRecord, MemoryRecord, NvmlRecord, StepRecord  # noqa: E402
 from common.run_dir import iter_events  # noqa: E402
 from ledger.models.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step  # noqa: E402
 
@@ -106,26 +107,27 @@ def engine_run(argv: list[str], timed: int, env: dict[str, str] | None = None) -
     _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                    "-m", "engine.train", *argv], timeout=900, env=env)
     events = list(iter_events(run_dir, 0))
-    steps_ = [e for e in events if e["kind"] == "step"]
-    memory = {e["point"]: e for e in events if e["kind"] == "memory" and e["point"] != "step"}
-    per_step = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
-    inventory = [e for e in events if e["kind"] == "inventory" and e.get("tensor_kind") == "param_buffer"]
-    nvml = [e["used_bytes"] for e in events if e["kind"] == "nvml" and "used_bytes" in e]
-    peak_reserved = _largest(per_step, "reserved_bytes.all.current")
-    return dict(times=[s["step_time_s"] for s in steps_][-timed:], tokens_per_step=steps_[-1]["tokens"],
-                peak_alloc=_largest(per_step, "allocated_bytes.all.peak"), peak_reserved=peak_reserved,
+    steps_ = [e for e in events if isinstance(e, StepRecord)]
+    memory = {e.point: e for e in events if isinstance(e, MemoryRecord) and e.point != "step"}
+    per_step = [e for e in events if isinstance(e, MemoryRecord) and e.point == "step"]
+    inventory = [e for e in events if isinstance(e, InventoryRecord) and e.tensor_kind == "param_buffer"]
+    nvml = [e.used_bytes for e in events if isinstance(e, NvmlRecord) and e.used_bytes is not None]
+    peak_reserved = _largest([m.reserved for m in per_step])
+    return dict(times=[s.step_time_s for s in steps_][-timed:], tokens_per_step=steps_[-1].tokens,
+                peak_alloc=_largest([m.peak for m in per_step]), peak_reserved=peak_reserved,
                 nvml_used_max=max(nvml) if nvml else None,
                 outside_pytorch=max(nvml) - peak_reserved if nvml and peak_reserved is not None else None,
-                mem_setup=memory["after_optimizer_init"].get("allocated_bytes.all.current"),
-                mem_after_step1=memory["after_first_step"].get("allocated_bytes.all.current"),
-                n_params=sum(e["numel"] for e in inventory) or None,
-                lifecycle_allocated={point: m.get("allocated_bytes.all.current") for point, m in memory.items()},
+                mem_setup=memory["after_optimizer_init"].allocated,
+                mem_after_step1=memory["after_first_step"].allocated,
+                n_params=sum(e.numel for e in inventory) or None,
+                lifecycle_allocated={point: m.allocated for point, m in memory.items()},
                 wall_s=wall, argv=["torchrun", "--nproc-per-node", "1", "-m", "engine.train", *argv])
 
 
-def _largest(records: list[dict], key: str) -> int | None:
-    values = [r[key] for r in records if key in r]
-    return max(values) if values else None
+def _largest(values: list[int | None]) -> int | None:
+    """The largest of the figures a record has (None where none has it: the allocator keeps none on CPU)."""
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 def summarize(r: dict, mb: int, ceiling: float) -> dict:
@@ -192,7 +194,8 @@ def print_table(table: list[dict], ratios: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--anchors", default=".bench", help="folder holding mcore_anchor.py and torch_anchor.py")
+    p.add_argument("--anchors", default=str(ROOT / "runs" / "bench" / "anchors"),
+                   help="folder holding mcore_anchor.py and torch_anchor.py")
     p.add_argument("--seq", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The issue-9 benchmark on one GPU machine, as run for BENCHMARKS.md: megatron-core vs torch.compile vs our engine,
-# alternated A B C A B C at seq 4096 and 8192. Prepare once, in the project root, on a machine with network:
-#   mkdir -p .bench && cp ../shared/bench/*.py .bench/ && ../shared/device/wheels.sh megatron-core==0.19.2
-# then run this script on the GPU machine (with .bench/ and .whl/ beside the project). Results: $OUT or ./bench-out.
+# alternated A B C A B C at seq 4096 and 8192 (the harnesses: runs/bench/anchors). Prepare once, in the project root,
+# on a machine with network, the megatron-core wheel in .whl/ (git-ignored; the command: runs/bench/anchors/README.md),
+# then run this script on the GPU machine (with .whl/ beside the project). Results: $OUT or ./bench-out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-bench-out}"
@@ -10,6 +10,6 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 for seq in 4096 8192; do
-  python3 runs/bench/vs_megatron.py --anchors .bench --seq "$seq" --rounds 2 --variants ours mcore compile \
+  python3 runs/bench/vs_megatron.py --seq "$seq" --rounds 2 --variants ours mcore compile \
     --steps 10 --timed 6 --out "$out/vs_megatron_$seq.json"
 done

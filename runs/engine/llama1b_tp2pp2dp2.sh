@@ -1,5 +1,5 @@
 #!/bin/bash
-# train-ledger / runs/engine/llama1b_tp2pp2dp2.sh -- the seed's runs/megatron/run.sh on our engine: Llama-3.2-1B
+# train-ledger / runs/engine/llama1b_tp2pp2dp2.sh -- runs/megatron/run.sh on our engine: Llama-3.2-1B
 # shape, 8 GPUs: TP2 x PP2 x DP2, sequence parallel, ZeRO-1 (distributed optimizer). Only the entry point changes
 # (pretrain_gpt.py -> -m engine.train) and a run directory is added for the probes.
 #   usage: runs/engine/llama1b_tp2pp2dp2.sh [RUN_DIR] [extra flags...]

@@ -11,8 +11,9 @@
 #        NPROC (default 8) sets GPUs per node; extra Megatron flags may follow in MEGATRON_EXTRA_ARGS.
 # then:  train-ledger reconcile RUN_DIR && train-ledger report RUN_DIR
 #
-# Differences from the seed's listing, each because the ledger needs it: --profile (Megatron only starts the torch
-# profiler with it), --log-timers-to-tensorboard (iteration-time), --log-throughput, and every output under RUN_DIR.
+# Beyond the reference run's flags (docs/engine.md, "The reference run"), each because the ledger needs it:
+# --profile (Megatron only starts the torch profiler with it), --log-timers-to-tensorboard (iteration-time),
+# --log-throughput, and every output under RUN_DIR.
 set -euo pipefail
 
 if [ $# -ge 1 ] && [ -f "$1/pretrain_gpt.py" ]; then MEGATRON_LM="$1"; shift; fi

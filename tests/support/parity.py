@@ -64,7 +64,8 @@ def train_and_collect(run_config: RunConfig, device: torch.device | None = None,
     device = device or torch.device("cpu")
     parallel_state = ParallelState.from_run_config(run_config)
     result = pretrain(run_config, parallel_state, device, probes)
-    return {"losses": result.losses, "grad_norms": result.grad_norms, "lrs": [s.lr for s in result.steps],
+    steps = result.steps
+    return {"losses": [s.loss for s in steps], "grad_norms": [s.grad_norm for s in steps], "lrs": [s.lr for s in steps],
             "params": full_parameters(result.model, parallel_state), "coordinates": parallel_state.coordinates}
 
 
@@ -90,6 +91,12 @@ def reference_run(run_config: RunConfig) -> dict[str, Any]:
         return train_and_collect(reference)
     with world_of_one():
         return train_and_collect(reference)
+
+
+def train_alone(argv: list[str], probes: Any = None) -> dict[str, Any]:
+    """`train_and_collect` of these flags on a world of one, in this process (its own gloo group)."""
+    with world_of_one():
+        return train_and_collect(parse_args(argv, world_size=1), probes=probes)
 
 
 def train_rank(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from engine.parallel_state import GroupView
+from probes.protocol import ProbeSetProtocol
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class EPGroup(GroupView):
     """The expert-parallel group as the MoE layer needs it (a GroupView of "ep"); built once per model."""
 
     @classmethod
-    def from_parallel_state(cls, parallel_state: Any, probes: Any = None) -> "EPGroup":
+    def from_parallel_state(cls, parallel_state: Any, probes: ProbeSetProtocol | None = None) -> "EPGroup":
         return cls.of(parallel_state, "ep", probes)
 
 

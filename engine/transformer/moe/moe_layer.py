@@ -21,6 +21,7 @@ from engine.transformer.moe.experts import GroupedMLP, SequentialMLP
 from engine.transformer.moe.router import TopKRouter
 from engine.transformer.moe.routing_record import RoutingRecord
 from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+from probes.protocol import ProbeSetProtocol
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class MoEContext:
     num_microbatches: int = 1
 
     @classmethod
-    def from_parallel_state(cls, parallel_state: Any, probes: Any = None, num_microbatches: int = 1) -> "MoEContext":
+    def from_parallel_state(cls, parallel_state: Any, probes: ProbeSetProtocol | None = None,
+                            num_microbatches: int = 1) -> "MoEContext":
         return cls(ep=EPGroup.from_parallel_state(parallel_state, probes), num_microbatches=num_microbatches)
 
 

@@ -46,6 +46,8 @@ from typing import Any
 from common.arguments import build_parser, resolve
 from common.config import RunConfig, validate
 from common.errors import ConfigError, InputError
+from common.events import MemoryRecord, StepRecord
+from common.run_dir import TraceFile
 from ledger.evidence.megatron.arguments import flags_from_arguments
 from ledger.evidence.megatron.tensorboard import (
     PROFILE_DIR,
@@ -56,8 +58,8 @@ from ledger.evidence.megatron.tensorboard import (
     read_event_files,
     tensorboard_dirs,
 )
-from ledger.evidence.run import RankEvidence, RunEvidence, derived_coords, missing_items
-from ledger.evidence.traces import open_trace_text
+from ledger.evidence.run import RankEvidence, RunEvidence, missing_items
+from ledger.evidence.trace_stream import open_trace_text
 
 META = "megatron_run.json"
 MANIFEST = "manifest.json"
@@ -139,7 +141,7 @@ def profiled_window(cfg: RunConfig) -> tuple[int, int]:
     return cfg.probes.profile_step_start, cfg.probes.profile_step_end - 1
 
 
-def megatron_traces(run_dir: Path, tb_dir: Path, cfg: RunConfig) -> list[tuple[int, int, int, Path]]:
+def megatron_traces(run_dir: Path, tb_dir: Path, cfg: RunConfig) -> list[TraceFile]:
     """(rank, first, last profiled iteration, path) of every trace: RUN/torch_profile/rank-<R>.json.gz (the rank from
     the name; the reconciliation checks it against distributedInfo) and the older *.pt.trace.json in the
     TensorBoard directory (the rank from distributedInfo). One trace per rank."""
@@ -153,7 +155,7 @@ def megatron_traces(run_dir: Path, tb_dir: Path, cfg: RunConfig) -> list[tuple[i
             raise InputError(path, f"second trace for rank {rank} (also {seen[rank].name}): one profiled window "
                                    "per run directory")
         seen[rank] = path
-    return sorted((rank, first, last, path) for rank, path in seen.items())
+    return sorted(TraceFile(rank, first, last, path) for rank, path in seen.items())
 
 
 def disturbed_steps(cfg: RunConfig, profile: bool) -> tuple[set[int], set[int]]:
@@ -170,35 +172,31 @@ def disturbed_steps(cfg: RunConfig, profile: bool) -> tuple[set[int], set[int]]:
     return set(range(max(start - 1, 1), end)), {end}
 
 
-def last_rank_evidence(manifest: dict[str, Any], scalars: dict[str, dict[int, float]], tokens: int,
+def last_rank_evidence(rank: int, coords: dict[str, int], scalars: dict[str, dict[int, float]], tokens: int,
                        disturbed: tuple[set[int], set[int]]) -> RankEvidence:
-    rank = manifest["world_size"] - 1
-    ev = RankEvidence(rank=rank, coords=derived_coords(manifest, rank))
+    ev = RankEvidence(rank=rank, coords=coords)
     steps = sorted({s for tag in MEMORY_TAGS if tag in scalars for s in scalars[tag]})
     for step in steps:
-        record = {"kind": "memory", "point": "step", "step": step, "device": "cuda"}
-        for tag, key in MEMORY_TAGS.items():
-            if step in scalars.get(tag, {}):
-                record[key] = int(scalars[tag][step])
-        ev.memory_steps.append(record)
+        stats = {key: int(scalars[tag][step]) for tag, key in MEMORY_TAGS.items() if step in scalars.get(tag, {})}
+        ev.memory_steps.append(MemoryRecord(step=step, point="step", device="cuda", stats=stats))
     profiled, after_export = disturbed
     for step, seconds in sorted(scalars.get("iteration-time", {}).items()):
-        ev.steps.append({"kind": "step", "step": step, "step_time_s": seconds, "tokens": tokens,
-                         "loss": scalars.get("lm loss", {}).get(step), "profiled": step in profiled,
-                         "after_trace_export": step in after_export})
+        ev.steps.append(StepRecord(step=step, step_time_s=seconds, tokens=tokens,
+                                   loss=scalars.get("lm loss", {}).get(step), profiled=step in profiled,
+                                   after_trace_export=step in after_export))
     return ev
 
 
 def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: dict[str, dict[int, float]],
-             traces: list[tuple[int, int, int, Path]], profile: bool) -> RunEvidence:
+             traces: list[TraceFile], profile: bool) -> RunEvidence:
     """Both layouts' evidence from their configuration, scalars and traces, with what Megatron does not write."""
-    ranks = {}
-    if scalars:
-        last = last_rank_evidence(manifest, scalars, cfg.train.global_batch_size * cfg.model.seq_length,
-                                  disturbed_steps(cfg, profile))
-        ranks[last.rank] = last
-    ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=cfg, ranks=ranks, traces=traces,
+    ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=cfg, ranks={}, traces=traces,
                      framework="megatron-lm")
+    if scalars:
+        rank = ev.world_size - 1
+        ev.ranks[rank] = last_rank_evidence(rank, ev.coords(rank), scalars,
+                                            cfg.train.global_batch_size * cfg.model.seq_length,
+                                            disturbed_steps(cfg, profile))
     ev.missing = [SCALARS_ONLY] + [m for m in missing_items(ev) if not m.startswith("no events for rank")]
     if "mem-allocated-bytes" not in scalars:
         ev.missing.append("no mem-* TensorBoard scalars (--log-memory-to-tensorboard)")

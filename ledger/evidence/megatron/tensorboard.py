@@ -95,7 +95,9 @@ def events(path: Path, out: EventFile) -> Iterator[Any]:
     only a record cut short at the end (the writer killed mid-write) is tolerated, as `out.torn_tail`."""
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # what tensorboard's writer uses
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (
+        masked_crc32c,  # what tensorboard's writer uses
+    )
 
     size = path.stat().st_size
     with open(path, "rb") as f:

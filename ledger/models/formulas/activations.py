@@ -1,62 +1,7 @@
 """Activation memory: the tensors our layer saves for backward, per layer, per micro-batch, per stage, under the
 run's activation-recompute mode.
 
-Derivation in docs/formulas.md ("Activations"). Sequence-first [s, b, h] layout, activations in the params' dtype
-(2 bytes under --bf16, 4 in fp32), no dropout (so no masks), flash / SDPA attention (saves q, k, v, the output and
-an fp32 logsumexp; no s^2 term), fused SwiGLU (saves the fc1 output only), fused RMSNorm (saves its input and an
-fp32 rstd per token), RoPE saving nothing per layer, the attention output doubling as linear_proj's input. Under
-sequence parallelism Megatron saves the sequence-sharded input of linear_qkv / linear_fc1 and re-gathers it in
-backward, so every [s, b, h] tensor is divided by t; without it those are replicated on each TP rank.
-
-Per layer, t = 1, a = activation bytes, r = n_kv / n_q:  a*sbh(6 + 2r) + 3a*sbf + 8sb + 4*b*n_q*s,
-37 sbh (+ small) for the llama3.2-1b shape in bf16, against Korthikanti et al. 2022's sbh(34 + 5as/h).
-
-The GPT style (ModelConfig, formulas only) as Megatron Core's MLP and layers save it: the GeLU MLP saves 2a*sbf
-instead of 3a*sbf: fc1's output [s, b, f/t] (bias_gelu_impl's GeLUFunction saves its input and the bias, a
-parameter; without biases F.gelu saves the same input) and the GeLU output as linear_fc2's input. Biases save
-nothing more (column-parallel biases are fused into the GeLU, row-parallel ones added in bias_dropout_add, which at
-dropout 0 keeps no mask). LayerNorm saves an fp32 mean per token beside rstd (4sb more per norm). Learned positions:
-the first stage saves the int64 position ids the table lookup indexes with (8sb), and no RoPE.
-
-Context parallelism (C = --context-parallel-size; Megatron's causal load balancing gives each CP rank chunks i and
-2C-1-i of 2C, so s/C tokens): every saved tensor above has its sequence dim at s/C, the attention's included.
-Transformer Engine's ring attention (AttnFuncWithCPAndKVP2P, Megatron's default cp_comm_type p2p) saves q, the
-K/V block it last received (the same size as the local k and v), the output and the merged fp32 logsumexp
-[b, n_q/t, s/C]; the blocks received on the way are freed step by step. So a CP rank's saved bytes are the formulas
-above at s/C, exactly 1/C of CP1's for every term (all of them are proportional to s), the stage extras too (token
-ids, the final norm, the fp32 softmax of the loss over the rank's s/C tokens).
-
-The loss fused with the output layer over chunks of C_l tokens (--cross-entropy-fusion-impl linear,
-engine/fusions/fused_linear_cross_entropy.py) keeps no [s, b, V/t] tensor: two fp32 figures per token instead of the
-fp32 softmax, and while its backward runs one chunk's logits and their gradient, 2 a C_l V/t (C_l is a constant
-number of tokens, so this term does not shrink with CP once a rank's tokens fill a chunk).
-
-Mixture of experts (docs/formulas.md, "Mixture of experts"): the MLP's three saved tensors give way to what our MoE
-layer (engine/transformer/moe) keeps, per micro-batch with T = the rank's tokens, k = top-k, E experts and R = the
-rows its experts process (uniform routing: the kept assignments, T k or fewer under a capacity factor,
-ledger/models/formulas/moe.py): the router's input a T h (the pre-MLP norm's output, as linear_fc1's input was), the
-top-k indices (int64) and softmax over the k chosen (fp32), T k each, and with a load-balancing loss its fp32
-softmax over all E experts (T E); the dispatch's row index (int64, R); the experts' fc1 input a R h, SwiGLU input a
-R 2f_moe/t and fc2 input a R f_moe/t; the combine's slot index (int64, T k) and its fp32 copy of the expert rows it
-weights by the probabilities, 4 T k h (the product's gradient w.r.t. the probabilities needs them). With grouped
-expert GEMMs (--moe-grouped-gemm, on a GPU's torch._grouped_mm) the two GEMMs also keep the local experts' weights
-as stacked for them, a E/EP 3 f_moe h / t, and the int32 group offsets; at EP 1 the rows are every assignment's, R =
-T k (the counts never reach the host, so the dropped rows travel along, zeroed), with a bool mask of the kept ones
-under a capacity factor. (The padded-bmm fallback of CPUs and fp32 keeps more: not modelled.)
-
-In flight (Megatron's schedules): 1F1B stage i holds min(p - i, m) micro-batches; interleaved stage i holds
-min(2(p - i - 1) + (v - 1)p + 1, m v) chunk-micro-batches of L / (p v) layers each, which for stage 0 is
-Megatron's (1 + (p - 1)/(p v)) x p micro-batches' worth of its layers (theoretical_memory_usage.py).
-
-Recompute, per model chunk of n layers and one micro-batch, B = one layer's saved bytes, I = a layer's input
-(a sbh, /t under SP):
-- none: n B after the forward.
-- selective (Megatron's core-attention checkpoint): n (B - logsumexp). The checkpointed SDPA call's q, k, v stay
-  alive as the checkpoint's inputs and its output as linear_proj's saved input; only the fp32 logsumexp goes.
-- full: the chunk is cut into groups (uniform N: N consecutive layers each, the last shorter; block N: each of the
-  first min(N, n) layers alone, the rest plain); a checkpointed group of g layers keeps I, a plain one g B.
-  Its backward first recomputes the group's whole saved set (g B, its input among it) while the groups before it
-  still hold theirs, so the micro-batch being back-propagated peaks at the largest (earlier groups' bytes + g B).
+The details: docs/formulas.md, "The saved set by layer style, parallelism and recompute".
 """
 from __future__ import annotations
 
@@ -64,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
+from common.ops.sizes import local_seq_length
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import uniform_kept_assignments
 from ledger.models.formulas.params import num_chunks, padded_vocab_size
@@ -95,11 +41,6 @@ def comparison_modes(cfg: RunConfig) -> dict[str, RecomputeConfig]:
 
 def activation_bytes(cfg: RunConfig) -> int:
     return DTYPE_BYTES[cfg.train.params_dtype]
-
-
-def local_seq_length(cfg: RunConfig) -> int:
-    """Tokens of one sequence on one CP rank: s / C (validate: s divisible by 2C, Megatron's load-balancing rule)."""
-    return cfg.model.seq_length // cfg.parallel.context_parallel_size
 
 
 def _sp_div(cfg: RunConfig) -> int:
@@ -286,12 +227,3 @@ def stage_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
     after_forward = held * chunk.saved + first + last
     in_backward = (held - 1) * chunk.saved + chunk.backward_peak + first
     return max(after_forward, in_backward)
-
-
-def korthikanti_layer_bytes(s: int, b: int, h: int, heads: int, tp: int = 1, sequence_parallel: bool = False) -> float:
-    """Korthikanti et al. 2022 (Table 2), 16-bit activations with dropout and unfused softmax attention:
-    sbh(34 + 5as/h); TP: sbh(10 + 24/t + 5as/(ht)); TP + SP: sbh(34/t + 5as/(ht))."""
-    quadratic = 5 * heads * s / (h * tp)
-    if sequence_parallel:
-        return s * b * h * (34 / tp + quadratic)
-    return s * b * h * (10 + 24 / tp + quadratic)

@@ -3,7 +3,7 @@
 With p stages, m micro-batches per DP replica per step, v model chunks per stage (1 = plain 1F1B) and equal forward
 + backward time per micro-batch per chunk, each stage idles for (p - 1) chunk-slots of 1/v micro-batch time while
 computing for m micro-batches (Narayanan et al. 2021, sec. 2.2):
-- "of_wall_time":        bubble / (bubble + compute) = (p - 1) / (v m + p - 1)   (the seed's (p - 1)/(m + p - 1))
+- "of_wall_time":        bubble / (bubble + compute) = (p - 1) / (v m + p - 1)   (1/9 for the reference run: p 2, m 8)
 - "relative_to_compute": bubble / compute            = (p - 1) / (v m)           (Megatron's paper convention)
 """
 from __future__ import annotations

@@ -1,41 +1,6 @@
 """Megatron Core's contiguous param/grad buffer layout, element by element.
 
-Rule (Megatron Core `_ParamAndGradBuffer` with `DistributedOptimizer._compute_per_buffer_param_layout` and
-`optimizer/param_layout.py`; without the distributed optimizer `_compute_default_per_buffer_param_layout`):
-
-1. One buffer per model chunk and (param dtype, grad dtype); our model has a single dtype pair, so one per chunk.
-2. Parameters are laid out in reverse registration order (backprop order), one contiguous range each.
-3. Distributed optimizer only: each parameter's start is rounded up to a multiple of 64 elements.
-4. Buckets: a bucket closes right after the parameter whose end makes the bucket's running size
-   (param end - bucket start) reach `bucket_size`; a parameter never splits. `bucket_size is None` is one bucket.
-5. Distributed optimizer only: each bucket's end is rounded up to a multiple of lcm(dp, 128) (older Megatron: dp),
-   and the next bucket starts there, so every bucket splits evenly into dp shards.
-6. Distributed optimizer only: a shared embedding (tied embeddings under PP > 1, params.py) gets a bucket of its own:
-   the open bucket closes where it would start, and its bucket closes right after it (Megatron's
-   `_does_param_require_new_bucket`). Its bucket is then laid out alike on the first and the last stage, so each DP
-   rank owns the same elements of both copies and the embedding all-reduce after the reduce-scatter adds matching
-   shards.
-7. Without the distributed optimizer nothing is padded.
-
-`bucket_size` follows Megatron's DistributedDataParallel: --ddp-bucket-size or max(40,000,000, 1,000,000 x dp); None
-(one bucket) when --overlap-grad-reduce is off, on pipeline ranks > 0, and for model chunks after the first.
-
-Under context parallelism "dp" above is the size of the group the buffers are reduced over, Megatron's dp_cp group
-(`get_data_parallel_group(with_context_parallel=True)`: the dp x cp ranks that hold the same parameters, each CP rank
-having computed gradients over its own part of the sequence): the buffers' padding, the bucket size and the
-distributed optimizer's shards all use dp x cp (DistributedDataParallel's intra_dp_cp_group; training.py's
-bucket_size default). `dp_cp_size` is that size; at cp 1 it is dp.
-
-Mixture of experts (Megatron's expert_parallel_buffers): the expert weights (params.ParamTensor.expert) of a model
-chunk go into a buffer of their own, laid out by the same rule over the chunk's expert parameters alone, with "dp"
-the expert-data-parallel size (world / (tp x ep x pp): the ranks holding the same experts, over which their gradients
-are reduced and the distributed optimizer shards them): param starts at 64, bucket ends at lcm(expert dp, 128). The
-bucket size is the dense one (Megatron's DistributedDataParallel passes one bucket_size, from dp x cp, to both kinds
-of buffer). `rank_buffers` are the dense buffers, `expert_rank_buffers` the expert ones (none for a dense model).
-
-Speed (a layout search evaluates thousands of configs, each with up to hundreds of DP ranks): a rank's buffers are
-cached per the fields they depend on, and a layout's distributed-optimizer shards are counted for all DP ranks in one
-walk over its parameters.
+The details: docs/buffer_layout.md, "The ledger's derivation".
 """
 from __future__ import annotations
 
@@ -44,7 +9,13 @@ import functools
 import math
 from dataclasses import dataclass
 
-from common.config import ModelConfig, ParallelConfig, ProbeConfig, RunConfig, TrainConfig
+from common.config import (
+    ModelConfig,
+    ParallelConfig,
+    ProbeConfig,
+    RunConfig,
+    TrainConfig,
+)
 from ledger.models.formulas.params import ParamTensor, chunk_tensors
 
 PARAM_ALIGNMENT = 64

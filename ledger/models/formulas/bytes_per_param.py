@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.ops.sizes import DTYPE_BYTES
 from ledger.models.formulas.buffer_layout import dp_cp_size
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 PHASES = ("after_optimizer_init", "after_first_step")
 

@@ -1,61 +1,33 @@
 """Communication volume per training step on one rank of a pipeline stage, by collective.
 
-Each entry gives the collective's buffer size summed over its calls in one step (`size_bytes`: nccl-tests' "size")
-and `bytes_per_rank` = size x the ring bus factor (nccl_bw.py): what each rank sends, which is what busbw divides.
-Sources: Megatron Core's mappings (each collective an autograd.Function, backward its conjugate), DDP / distributed
-optimizer (param_and_grad_buffer.py), vocab-parallel cross-entropy, the p2p schedule. Per layer per micro-batch:
-- TP without SP: all-reduce after linear_proj and linear_fc2 (forward) and of the input grads of linear_qkv and
-  linear_fc1 (backward): 4 all-reduces of [s, b, h].
-- TP with SP: forward all-gather before linear_qkv / linear_fc1 and reduce-scatter after linear_proj / linear_fc2;
-  backward the conjugates (2 reduce-scatters, 2 all-gathers) plus a re-gather of each saved sharded input for the
-  weight gradient: 6 all-gathers and 4 reduce-scatters of [s, b, h] (full size).
-- Embedding (first stage): forward all-reduce (SP: reduce-scatter, backward all-gather; SP with learned positions:
-  all-reduce, add the positions, split, backward all-gather). Output layer (last stage):
-  backward all-reduce of its input grad (SP: forward all-gather, backward reduce-scatter + re-gather).
-- Vocab-parallel cross-entropy: 3 fp32 all-reduces of [s, b] (max logit, target logit, sum of exps).
-- PP: each model chunk sends its output forward (unless it is the last virtual stage) and its input grad backward
-  (unless the first): [s, b, h], [s/t, b, h] under SP; receives mirror the sends.
-Per step: DP grad all-reduce (DDP) or grad reduce-scatter + param all-gather (distributed optimizer) of the whole
-buffers, padding included; under SP an all-reduce over TP of the grads of the parameters Megatron marks
-`sequence_parallel` (the norms' weights, and in the GPT style their biases and the row-parallel linears' biases:
-params.py), named norm_grads; with tied embeddings
-under PP > 1 an all-reduce of the shared word embedding's grad (this TP rank's vocab shard, grad dtype) over the
-embedding group (the first and last rank of the pipeline group), on those two stages (Megatron's
-finalize_model_grads, after the DP reduction).
-Context parallelism (C = --context-parallel-size > 1): every per-token figure above is at the CP rank's s/C tokens
-(activations.local_seq_length); the DP collectives run over Megatron's dp_cp group of dp x C ranks (named
-`dp_cp.*`: buffer_layout.dp_cp_size); and the CP group carries ring attention's K/V exchange (cp_collectives), as
-Transformer Engine's AttnFuncWithCPAndKVP2P (Megatron's default --cp-comm-type p2p) runs it. Per layer per
-micro-batch, with |KV| = the local K and V blocks = 2 x a (s/C) b (n_kv/t) d bytes, each rank sends to the next
-rank of the ring and receives from the previous one:
-- forward: C - 1 messages of |KV| (step i sends the block it holds while computing on it; the last step sends none);
-- backward: C messages, 2 (C - 1) |KV| in all: the first the K/V block alone, the middle ones the K/V block and the
-  dK/dV partial sums together (one buffer of 2 |KV|), the last the dK/dV alone (which ends at its owner), so
-  C - 1 |KV| of K/V blocks and C - 1 |KV| of dK/dV, in the params' dtype;
-- recompute: a re-run forward (selective: core attention; full: the checkpointed groups' layers) repeats its
-  C - 1 forward messages.
-Counted per direction as the pipeline's are (`cp.send.*`, `cp.recv.*`, kind send_recv, bus factor 1). Not counted:
-the loss's CP reduction (Megatron reduces the loss and token counts once per step over dp_cp, a few bytes).
-Mixture of experts: the expert buffers (buffer_layout.expert_rank_buffers) are reduced (and under the distributed
-optimizer gathered) over the expert-data-parallel group, world / (tp x ep x pp) ranks; the engine reports them among
-its DP communication ("dp-comm" ranges), so they are named `dp.*.expert_*` and keyed by group kind "dp" with the
-expert-dp group's size. The expert-parallel all-to-alls (ledger/models/formulas/moe.py) are `ep_collectives`, predicted
-under uniform routing for `plan` and `simulate`; they stay out of `step_collectives`, whose figures the
-reconciliation judges as exact, because a run's volume follows its routing: ledger/reconcile/moe.py predicts it
-from the routing each step observed.
-Groups of one move nothing and are left out.
+The details: docs/formulas.md, "What `comm.py` counts, call by call".
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
-from ledger.models.formulas.activations import activation_bytes, checkpoint_groups, local_seq_length
-from ledger.models.formulas.buffer_layout import dp_cp_size, expert_dp_size, expert_rank_buffers, rank_buffers
+from common.ops.sizes import routed_tokens
+from ledger.models.formulas.activations import (
+    activation_bytes,
+    checkpoint_groups,
+    local_seq_length,
+)
+from ledger.models.formulas.buffer_layout import (
+    dp_cp_size,
+    expert_dp_size,
+    expert_rank_buffers,
+    rank_buffers,
+)
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import COUNT_BYTES, layer_volume, uniform_exchange
 from ledger.models.formulas.nccl_bw import bus_factor
-from ledger.models.formulas.params import chunk_layers, chunk_tensors, embedding_copy_on_last_stage, num_chunks
+from ledger.models.formulas.params import (
+    chunk_layers,
+    chunk_tensors,
+    embedding_copy_on_last_stage,
+    num_chunks,
+)
 
 CONVENTION = ("per rank per step: size_bytes = nccl-tests size summed over calls; "
               "bytes_per_rank = size x ring bus factor")
@@ -225,18 +197,11 @@ def embedding_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]
     return out
 
 
-def routed_tokens(cfg: RunConfig) -> int:
-    """Tokens one rank routes per micro-batch: its s/C x b, split over TP under sequence parallelism (which Megatron
-    requires for MoE at tp > 1)."""
-    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
-    return local_seq_length(cfg) * cfg.train.micro_batch_size // sp
-
-
 def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
-    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and combine
-    rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's re-run,
-    and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over TP
-    that Megatron adds around the experts at tp > 1."""
+    """The expert-parallel all-to-alls of a step under uniform routing (ledger/models/formulas/moe.py): dispatch and
+    combine rows (h values in the activations' dtype per kept assignment), forward, backward and full recompute's
+    re-run, and the per-expert counts before each forward's dispatch. Not counted: the all-gather / reduce-scatter over
+    TP that Megatron adds around the experts at tp > 1."""
     m, ep = cfg.model, cfg.parallel.expert_model_parallel_size
     if not m.is_moe:
         return {}

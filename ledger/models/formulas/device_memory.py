@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import RunConfig
-from ledger.evidence.layout import Layout, expert_group_lists, expert_layout, rank_groups_of
+from ledger.evidence.layout import (
+    Layout,
+    expert_group_lists,
+    expert_layout,
+    rank_groups_of,
+)
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "calibration"
 

@@ -26,7 +26,11 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.models.formulas.params import active_params, component_counts, padded_vocab_size
+from ledger.models.formulas.params import (
+    active_params,
+    component_counts,
+    padded_vocab_size,
+)
 
 H200_BF16_DENSE_PEAK = 989e12
 MEGATRON = ("megatron: num_floating_point_operations (GQA, SwiGLU 3 or GeLU 2 MLP GEMMs, causal-halved attention; "

@@ -20,35 +20,14 @@ per forward: the split sizes), counted apart.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from common.config import ModelConfig
+from common.ops.sizes import uniform_kept_assignments
 
 COUNT_BYTES = 8  # the per-expert counts exchanged before the rows: int64
 
 
-def expert_capacity(tokens: int, model: ModelConfig) -> int | None:
-    """Assignments each expert keeps of one rank's micro-batch of `tokens` tokens: Megatron's get_capacity over the
-    T k assignments; None without a capacity factor."""
-    cf = model.moe_expert_capacity_factor
-    if cf is None:
-        return None
-    return math.ceil(tokens * model.moe_router_topk / model.num_experts * cf)
-
-
-def uniform_kept_assignments(tokens: int, model: ModelConfig) -> int:
-    """Kept assignments of one rank's micro-batch under uniform routing (each expert gets T k / E, capped at its
-    capacity): what the rank sends, and, every rank routing alike, what its experts receive."""
-    assignments = tokens * model.moe_router_topk
-    capacity = expert_capacity(tokens, model)
-    if capacity is None:
-        return assignments
-    return min(assignments, model.num_experts * capacity)
-
-
-def ep_rank_of_expert(expert: int, num_experts: int, ep: int) -> int:
-    return expert // (num_experts // ep)
 
 
 @dataclass(frozen=True)

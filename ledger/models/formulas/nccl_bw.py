@@ -33,10 +33,3 @@ def algbw(size_bytes: float, seconds: float) -> float:
 
 def busbw(size_bytes: float, seconds: float, kind: str, n: int) -> float:
     return algbw(size_bytes, seconds) * bus_factor(kind, n)
-
-
-def algbw_from_busbw(bus_bandwidth: float, kind: str, n: int) -> float:
-    factor = bus_factor(kind, n)
-    if factor == 0:
-        raise ConfigError(f"{kind} in a group of {n} moves no data: algbw is undefined")
-    return bus_bandwidth / factor

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from common.config import ModelConfig, RunConfig
+from common.ops.sizes import fc1_width, padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -50,18 +51,6 @@ class ParamTensor:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: int) -> int:
-    """Megatron's `_vocab_size_with_padding`: round up to a multiple of divisible_by x tp so each TP rank holds an
-    equal, aligned slice of the vocab. The padded rows are real parameters (they count in every figure)."""
-    multiple = make_vocab_size_divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
-
-
-def fc1_width(model: ModelConfig) -> int:
-    """linear_fc1's output width: 2f under SwiGLU (gate and up fused), f for the GeLU MLP."""
-    return 2 * model.ffn_hidden_size if model.swiglu else model.ffn_hidden_size
 
 
 def norm_tensors(model: ModelConfig, name: str) -> list[ParamTensor]:

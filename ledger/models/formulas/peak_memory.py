@@ -19,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config import RunConfig
-from ledger.models.formulas.activations import logits_transient_bytes, stage_activation_bytes
+from ledger.models.formulas.activations import (
+    logits_transient_bytes,
+    stage_activation_bytes,
+)
 from ledger.models.formulas.static_memory import StaticBytes, static_bytes_per_stage
 
 

@@ -17,7 +17,7 @@ A block's attention FLOPs (QK^T and PV, 2 FLOPs per multiply-add, each 2 d per q
   - another rank's: the local queries against the first half of its keys, or the second half of the queries
     against all its keys (the causal load balancing makes every such step one of the two), unmasked, L x L / 2
     pairs: 2 b h L^2 d as well;
-  - backward 2.5x the forward, flash attention's (the compute sweep's core_attention.bwd counts the same).
+  - backward 2.5x the forward, flash attention's: the catalogue's ring blocks (common/ops/attention.py).
 Which block a step computes (`ring_blocks`): the rank's own, causal over its s/C x s/C, at forward step 0 and at
 backward step C - 1; at every other step another rank's, an unmasked half block.
 Exposed part of one exchange: max(0, transfer seconds - block seconds), what the pass waits for after the block
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from common.config import RunConfig
-from ledger.models.formulas.activations import local_seq_length
+from common.ops import Shapes
+from common.ops.attention import ring_block
 from ledger.models.formulas.comm import kv_block_bytes, ring_messages, ring_passes
 
 FORWARD, BACKWARD = "forward", "backward"
-BACKWARD_OVER_FORWARD = 2.5
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,7 @@ class RingExchange:
 def block_flops(cfg: RunConfig, backward: bool) -> float:
     """Attention FLOPs of one ring step on one rank (module docstring): L x L / 2 query-key pairs on the diagonal
     (causal) and off it (half a block, unmasked) alike, 4 d FLOPs each: 2 b h L^2 d, x 2.5 backward."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    length, heads = local_seq_length(cfg), m.num_attention_heads // t
-    forward = 4.0 * cfg.train.micro_batch_size * heads * (length * length / 2) * m.head_dim
-    return forward * (BACKWARD_OVER_FORWARD if backward else 1.0)
+    return ring_block(Shapes.of(cfg), causal=True).of("bwd" if backward else "fwd").flops
 
 
 def ring_exchanges(cfg: RunConfig, pp_rank: int) -> list[RingExchange]:

@@ -31,7 +31,12 @@ from ledger.models.formulas.buffer_layout import (
     expert_rank_buffers,
     rank_buffers,
 )
-from ledger.models.formulas.bytes_per_param import DTYPE_BYTES, PHASES, grad_copy_bytes, master_param_bytes
+from ledger.models.formulas.bytes_per_param import (
+    DTYPE_BYTES,
+    PHASES,
+    grad_copy_bytes,
+    master_param_bytes,
+)
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,10 @@
-"""The most tokens/s a layout can reach: cheap upper bounds that let the layout search skip the full step replay of
-layouts that cannot reach its top K. Two, from the same chain (below): `tokens_per_s_bound` from FLOPs at a given
-peak (needs nothing but the peak; loose, as no kernel runs at it), `calibrated_bound` from the time model's own
-prices of the same ops (tight: the compute alone, at the kernel times the replay uses).
+"""The most tokens/s a layout can reach: a cheap upper bound that lets the layout search skip the full step replay
+of layouts that cannot reach its top K.
 
-Only the GEMMs and core attention count, at the GPU's peak (no kernel runs faster than the peak; everything else a
-step does only adds time), per micro-batch on one TP rank of each stage, Megatron's convention (ledger/models/formulas/
-flops.py) split by stage: a layer's forward 2 s b [g h f + h (q + 2 kv) + q h] / t + 2 s^2 b q / t (g = 3 SwiGLU, 2
-GeLU; causal attention halved), its backward twice that (the time model's attention backward is 2.5x: more, so still
-a bound), recompute adding the core attention's forward (selective) or the whole layer's forward (full), and the last
-stage the logit GEMM, 2 s b V h / t forward and twice that backward.
-
-The step then takes at least (any schedule, ledger/models/schedule.py):
-- every stage's own work, m micro-batches of its forward and backward (f_s + b_s), and
-- the dependency chain through the pipeline: the first micro-batch's forward of model chunk 0 through stages 0 .. p-2
-  (a chunk being 1/v of a stage's layers), all of the last stage's work, then the last micro-batch's backward of
-  chunk 0 back through stages p-2 .. 0:  sum_{s < p-1} (f_s + b_s) / v (layers only)  +  m (f_{p-1} + b_{p-1}).
-tokens/s <= global batch x seq / that time.
-
-`calibrated_bound` prices each model chunk's forward and backward as ledger.models.time_model.compute does, but from one
-layer's ops (ledger/models/time_model/ops.py) times the chunk's layers plus its ends, so an 80-layer model costs no more than
-a 1-layer one: the same seconds each item of the replay (ledger.models.time_model.step) lasts before any wait, P2P transfer
-or gather is added. With the schedule's last item on every stage the backward of micro-batch m, chunk 0
-(ledger/models/schedule.py), the chain above is one of the replay's dependency paths; the step then adds at least the
-optimizer step of the stage that owns the most parameter elements.
+`calibrated_bound` prices each model chunk from one layer's ops times the chunk's layers plus its ends, at the kernel
+times the replay uses, so an 80-layer model costs no more than a 1-layer one; the step then takes at least the busiest
+stage's work or the dependency chain through the pipeline, plus the largest optimizer step. The derivation, and why
+it never falls below the replay's prediction: docs/formulas.md, "The search's bound".
 """
 from __future__ import annotations
 
@@ -31,43 +13,11 @@ from collections.abc import Callable
 from common.config import RunConfig
 from ledger.models.formulas.activations import checkpoint_groups, layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
-from ledger.models.formulas.params import num_chunks, padded_vocab_size
+from ledger.models.formulas.params import num_chunks
 from ledger.models.formulas.static_memory import owned_per_dp_rank
 from ledger.models.time_model import ops
 from ledger.models.time_model.calibration import Calibration
 from ledger.models.time_model.compute import price
-
-
-def _layer_flops(cfg: RunConfig) -> tuple[float, float]:
-    """(forward, backward with recompute) FLOPs of one layer, one micro-batch, one TP rank."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    s, b, h, f = m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
-    q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
-    gemms = 2 * s * b * ((3 if m.swiglu else 2) * h * f + h * (q + 2 * kv) + q * h) / t
-    attention = 2 * s * s * b * q / t
-    recompute = {"selective": attention, "full": gemms + attention}.get(cfg.recompute.recompute_granularity, 0.0)
-    return gemms + attention, 2 * (gemms + attention) + recompute
-
-
-def min_step_seconds(cfg: RunConfig, peak_flops: float) -> float:
-    """The least time a step can take at `peak_flops` per GPU (module docstring)."""
-    p, v, m = cfg.parallel.pipeline_model_parallel_size, num_chunks(cfg), cfg.num_microbatches
-    forward, backward = _layer_flops(cfg)
-    layers = cfg.model.num_layers // p
-    per_stage = [layers * (forward + backward) / peak_flops] * p
-    vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by,
-                              cfg.parallel.tensor_model_parallel_size)
-    logits = 2 * cfg.model.seq_length * cfg.train.micro_batch_size * vocab * cfg.model.hidden_size
-    per_stage[-1] += 3 * logits / cfg.parallel.tensor_model_parallel_size / peak_flops
-    chain = sum(per_stage[:-1]) / v + m * per_stage[-1]
-    return max(chain, m * max(per_stage))
-
-
-def tokens_per_s_bound(peak_flops: float) -> Callable[[RunConfig], float]:
-    """A `bound` for search(): tokens/s no layout can beat on GPUs of this dense peak (of the run's dtype)."""
-    def bound(cfg: RunConfig) -> float:
-        return tokens_per_step(cfg) / min_step_seconds(cfg, peak_flops)
-    return bound
 
 
 def chunk_seconds(cfg: RunConfig, cal: Calibration) -> list[list[tuple[float, float]]]:

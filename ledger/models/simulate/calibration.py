@@ -8,7 +8,8 @@ Every kernel of every pipeline stage of cfg (ledger.models.time_model.ops.kernel
 kernel_cost.py; the per-element rates of the optimizer step and the grad-buffer memset likewise; `sustained` is the
 hardware's slowdown at its power limit for this model's layer (the mean isolated efficiency of one decoder layer's
 GEMMs and core attention forward, the kernels the sweep's sustained.layer record runs back to back); the CommModel
-prices every group kind by its span over nodes (topology.py).
+prices every group kind by its span over nodes (topology.py); the file's `host` block, where it has one, prices the
+host timeline (ledger/models/time_model/host.py), else the step is the device's alone and a note says so.
 
 Fast by memoisation: a kernel's seconds depend only on (hardware, kernel, dtypes), the kernel set of a layout only on
 its TP-local shapes (stage_kernels), and a search over thousands of layouts of one model meets the same few hundred
@@ -19,17 +20,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from common.config import RunConfig
+from common.ops import Kernel, Shapes, layer_ops
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
 from ledger.models.simulate.topology import comm_model
 from ledger.models.time_model.calibration import Calibration, KernelKey
-from ledger.models.time_model.ops import Kernel, Shapes, kernels
-
-# The kernels of the sweep's sustained.layer record that count FLOPs (probes/compute_sweep.py SUSTAINED_KERNELS).
-LAYER_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-LAYER_COMPUTE = tuple(f"{linear}.{p}" for linear in LAYER_LINEARS for p in ("fprop", "dgrad", "wgrad")) + (
-    "core_attention.fwd",)
-
+from ledger.models.time_model.ops import kernels
 
 _KERNEL_SETS: dict[Shapes, frozenset[Kernel]] = {}
 
@@ -52,25 +48,22 @@ def stage_kernels(cfg: RunConfig) -> frozenset[Kernel]:
     return found
 
 
-def layer_efficiency(hw: Hardware, found: dict[KernelKey, float], flops: dict[KernelKey, float], dtype: str) -> float:
-    """Isolated efficiency of one decoder layer's compute-bound kernels: their FLOPs over peak x their seconds."""
-    layer = [key for key in found if key[0] in LAYER_COMPUTE]
-    seconds = sum(found[key] for key in layer)
-    return sum(flops[key] for key in layer) / (hw.peak(dtype) * seconds) if seconds > 0 else 0.0
+def layer_efficiency(hw: Hardware, cfg: RunConfig, found: dict[KernelKey, float], dtype: str) -> float:
+    """Isolated efficiency of one decoder layer's compute-bound kernels (those of the sweep's sustained.layer record
+    that count FLOPs): their FLOPs over peak x their seconds."""
+    layer = [k for k in layer_ops(Shapes.of(cfg)).sustained() if k.flops > 0]
+    seconds = sum(found[(k.name, k.dims, dtype)] for k in layer)
+    return sum(k.flops for k in layer) / (hw.peak(dtype) * seconds) if seconds > 0 else 0.0
 
 
 def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
     """The Calibration of cfg's kernels, rates and groups on hardware `hw` (ConfigError for a dtype it has no peak
     of; CalibrationMissing for a kernel it cannot price)."""
     dtype, grad_dtype = cfg.train.params_dtype, cfg.train.grad_dtype
-    found: dict[KernelKey, float] = {}
-    flops: dict[KernelKey, float] = {}
-    for k in stage_kernels(cfg):
-        key = (k.name, k.dims, dtype)
-        found[key] = _seconds(hw, k, dtype, grad_dtype)
-        flops[key] = k.flops
+    found = {(k.name, k.dims, dtype): _seconds(hw, k, dtype, grad_dtype) for k in stage_kernels(cfg)}
     rates = {("optimizer.step", dtype): rate_seconds_per_element(hw, "optimizer.step", dtype, grad_dtype),
              ("grad_buffer.zero", grad_dtype): rate_seconds_per_element(hw, "grad_buffer.zero", dtype, grad_dtype)}
     return Calibration(kernels=found, rates=rates, comm=comm_model(cfg, hw),
                        device=f"{hw.name} (hardware file {hw.version})",
-                       sustained=hw.sustained.factor(layer_efficiency(hw, found, flops, dtype)))
+                       sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)), host=hw.host,
+                       host_note=None if hw.host is not None else f"host timeline off: {hw.path} has no host block")

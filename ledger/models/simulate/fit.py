@@ -1,5 +1,5 @@
 """The efficiency curves of a hardware file fitted from compute-sweep records (`compute` events, probes/
-compute_sweep.py), and from nothing else: no step time enters, so a step-time check of the file against the runs the
+compute_sweep/), and from nothing else: no step time enters, so a step-time check of the file against the runs the
 records came from is a prediction, not a replay. runs/bench/hardware_h200.py runs it on the committed H200 grid sweeps
 and writes ledger/models/hardware/h200.json's fitted blocks; tests hold the file equal to this fit.
 
@@ -21,15 +21,17 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Iterable
 
-from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
-from ledger.models.simulate.kernel_cost import (
-    ATTENTION,
+from common.ops import (
     GEMM_PASSES,
+    RATE_OPS,
+    SUSTAINED,
     bytes_moved,
-    gemm_output_bytes,
-    optimizer_bytes_per_element,
+    bytes_per_element,
+    kernel,
 )
-from ledger.models.time_model.ops import RATE_OPS, SUSTAINED, kernel
+from common.ops.sizes import DTYPE_BYTES
+from common.ops.traffic import gemm_output_bytes
+from ledger.models.simulate.kernel_cost import ATTENTION
 
 Point = tuple[str, dict[str, int], float, float]  # op, dims, flops, seconds
 
@@ -131,9 +133,7 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
                  for (op, d, _, t), r in zip(bound, rows)]
     for op, d, _, t in points:
         if op in RATE_OPS:
-            per_element = optimizer_bytes_per_element(params_dtype, grad_dtype) if op == "optimizer.step" \
-                else DTYPE_BYTES[grad_dtype]
-            by_kernel[op] = per_element * d["numel"] / (bw * t)
+            by_kernel[op] = bytes_per_element(op, params_dtype, grad_dtype) * d["numel"] / (bw * t)
     block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names),
              "efficiency_by_kernel": by_kernel}
     return block, residuals

@@ -7,7 +7,8 @@ The comparison is made on step (iteration) time, the one figure free of FLOP-cou
   * where it gives TFLOP/s per GPU counted as Narayanan et al. 2021 count them (Eq. 3: the GEMMs and the logit layer
     with activation recomputation, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per iteration), that count over
     TFLOP/s x GPUs;
-  * where it gives an MFU in PaLM's convention (Llama 3), our palm_6n FLOPs per step (ledger/models/formulas/flops.py) over
+  * where it gives an MFU in PaLM's convention (Llama 3), our palm_6n FLOPs per step (ledger/models/formulas/flops.py)
+  over
     MFU x the hardware file's peak x GPUs.
 What a paper leaves unstated is filled with a stated assumption (micro-batch 1, no interleaving, no distributed
 optimizer, no sequence parallelism: Megatron-LM's defaults of the time; recompute: the least that fits the device)
@@ -77,7 +78,8 @@ def entry_flags(entry: dict[str, Any]) -> tuple[list[str], list[str]]:
     if m.get("num_query_groups"):
         flags += ["--group-query-attention", "--num-query-groups", m["num_query_groups"]]
     if m.get("swiglu"):
-        flags += ["--swiglu", "--disable-bias-linear", "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
+        flags += ["--swiglu", "--disable-bias-linear", "--normalization", "RMSNorm",
+                  "--position-embedding-type", "rope"]
     if m.get("untie_embeddings_and_output_weights"):
         flags.append("--untie-embeddings-and-output-weights")
     mbs = lay.get("micro_batch_size")

@@ -4,12 +4,13 @@ tokens/s, TFLOP/s and MFU under both conventions, and the textbook figures besid
     sim = simulate(cfg, load_hardware("H200"))      # cfg: Megatron flags resolved with --world-size N
     sim.fits, sim.step.step_time, sim.to_dict()
 
-Memory is the ledger's own (ledger/models/formulas/peak_memory.py: static of the largest DP rank + saved activations at the
-schedule's peak; the logits transient is shown, not added) plus the outside-PyTorch estimate of the hardware file's overheads
-(ledger/models/formulas/device_memory.py: driver, CUDA context, one NCCL communicator per group the rank joins, library
-modules), against the file's HBM. Time is ledger.models.time_model.predict_step on the Calibration the hardware file gives
-(ledger/models/simulate/calibration.py): the same replay that reconciles our runs, priced from a datasheet and our sweeps
-instead of the run's own sweep, so its error is the one `simulate --validate` measures on every real run.
+Memory is the ledger's own (ledger/models/formulas/peak_memory.py: static of the largest DP rank + saved activations at
+the schedule's peak; the logits transient is shown, not added) plus the outside-PyTorch estimate of the hardware file's
+overheads (ledger/models/formulas/device_memory.py: driver, CUDA context, one NCCL communicator per group the rank
+joins, library modules), against the file's HBM. Time is ledger.models.time_model.predict_step on the Calibration the
+hardware file gives (ledger/models/simulate/calibration.py): the same replay that reconciles our runs, priced from a
+datasheet and our sweeps instead of the run's own sweep, so its error is the one `simulate --validate` measures on every
+real run.
 """
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ from ledger.models.formulas.activations import recompute_label
 from ledger.models.formulas.bytes_per_param import run_strategy
 from ledger.models.formulas.comm import ep_collectives
 from ledger.models.formulas.device_memory import outside_pytorch
-from ledger.models.formulas.params import active_params, num_chunks, params_per_rank_split, params_total
+from ledger.models.formulas.params import (
+    active_params,
+    num_chunks,
+    params_per_rank_split,
+    params_total,
+)
 from ledger.models.formulas.peak_memory import StagePeak, stage_peaks
 from ledger.models.formulas.static_memory import largest_dp_rank, static_bytes_split
 from ledger.models.simulate.calibration import hardware_calibration

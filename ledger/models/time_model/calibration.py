@@ -1,7 +1,7 @@
 """What the time model knows about the machine: measured kernel times, per-element rates and the link fits.
 
-Built from a run directory's `compute` events (probes/compute_sweep.py: one record per kernel of the run's own
-shapes, `{"op", "dims", "dtype", "seconds", ...}`) and `bandwidth` events (the collective sweep), never from the
+Built from a run directory's `compute` events (probes/compute_sweep/: one record per catalogue kernel of the run's
+own shapes, `{"op", "dims", "dtype", "seconds", ...}`) and `bandwidth` events (the collective sweep), never from the
 step times of a run being judged. Several ranks' records of one kernel give their median. A later `simulate` builds
 the same object from a hardware file instead.
 
@@ -9,7 +9,9 @@ A GPU computes slower in a training step than in the sweep's isolated timings: u
 power limit, at lower clocks, which slows compute-bound kernels (GEMMs, attention: the kernels that count FLOPs)
 and not memory-bound ones. The sweep's "sustained.layer" record times a layer's kernels back to back at that limit;
 `sustained` = (that time - the memory-bound kernels' isolated time) / the compute-bound kernels' isolated time, and
-multiplies every compute-bound kernel (1 when the record is absent: a CPU sweep).
+multiplies every compute-bound kernel (1 when the record is absent: a CPU sweep). A layer so small that the host
+cannot keep the sweep's back-to-back kernels fed times the host instead: a "slowdown" beyond MAX_SUSTAINED, more
+than any clock drop at the power limit explains, is read as that and taken as 1 (the calibration's note says so).
 
 CPU ranks that outnumber their host's cores compute slower than the sweep measured them (it runs one rank at a time
 per host): `compute_scale` multiplies every kernel and rate by how much, from the cores, the ranks per host and the
@@ -20,13 +22,20 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
 
+from common.events import BandwidthRecord, ComputeRecord
+from common.ops import RATE_OPS, SUSTAINED, Kernel
 from ledger.models.time_model.comm import CommModel
+from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.missing import CalibrationMissing
-from ledger.models.time_model.ops import RATE_OPS, SUSTAINED, Kernel
 
 KernelKey = tuple[str, tuple[tuple[str, int], ...], str]
+# An H200's boost clock over its clock at the power limit in training (1,980 / ~1,470 MHz: probes/compute_sweep/
+# sustained.py): no compute-bound kernel slows more than this under sustained load.
+MAX_SUSTAINED = 1.35
+HOST_PACED = ("the compute sweep's sustained.layer record is host-paced (a slowdown of x{:.2f}, beyond any clock "
+              "drop): compute-bound kernels taken at their isolated speed")
 
 
 def oversubscription(ranks: int, cores: int, threads: int) -> float:
@@ -48,29 +57,39 @@ class Calibration:
     sustained: float = 1.0  # slowdown of compute-bound kernels at the power limit
     compute_scale: float = 1.0
     scale_note: str | None = None
+    host: HostCosts | None = None  # the host timeline's prices (None: off, `host_note` says why)
+    host_note: str | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.scale_note, self.host_note) if n)
 
     @classmethod
-    def from_records(cls, compute: Iterable[dict[str, Any]], bandwidth: Iterable[dict[str, Any]],
-                     compute_scale: float = 1.0, scale_note: str | None = None) -> "Calibration":
+    def from_records(cls, compute: Iterable[ComputeRecord], bandwidth: Iterable[BandwidthRecord],
+                     compute_scale: float = 1.0, scale_note: str | None = None, host: HostCosts | None = None,
+                     host_note: str | None = None) -> "Calibration":
         seconds: dict[KernelKey, list[float]] = defaultdict(list)
         per_element: dict[tuple[str, str], list[float]] = defaultdict(list)
         sustained: list[float] = []
         devices = set()
         for r in compute:
-            devices.add(str(r.get("device", "unknown device")))
-            if r["op"] == SUSTAINED:
-                compute_bound = float(r["compute_bound_s"])
-                sustained.append((float(r["seconds"]) - float(r["memory_bound_s"])) / compute_bound
-                                 if compute_bound > 0 else 1.0)
-            elif r["op"] in RATE_OPS:
-                per_element[(r["op"], r["dtype"])].append(float(r["seconds"]) / int(r["dims"]["numel"]))
+            devices.add(r.device or "unknown device")
+            dtype = r.dtype or ""
+            if r.op == SUSTAINED:
+                compute_bound = r.compute_bound_s or 0.0
+                sustained.append((r.seconds - (r.memory_bound_s or 0.0)) / compute_bound if compute_bound > 0 else 1.0)
+            elif r.op in RATE_OPS:
+                per_element[(r.op, dtype)].append(r.seconds / int(r.dims["numel"]))
             else:
-                seconds[_key(r["op"], r["dims"], r["dtype"])].append(float(r["seconds"]))
+                seconds[_key(r.op, r.dims, dtype)].append(r.seconds)
+        factor = max(1.0, median(sustained)) if sustained else 1.0
+        if factor > MAX_SUSTAINED:
+            host_note = "; ".join(n for n in (host_note, HOST_PACED.format(factor)) if n)
+            factor = 1.0
         return cls(kernels={k: median(v) for k, v in seconds.items()},
                    rates={k: median(v) for k, v in per_element.items()}, comm=CommModel.from_sweep(bandwidth),
-                   device=", ".join(sorted(devices)) or "unknown device",
-                   sustained=max(1.0, median(sustained)) if sustained else 1.0, compute_scale=compute_scale,
-                   scale_note=scale_note)
+                   device=", ".join(sorted(devices)) or "unknown device", sustained=factor,
+                   compute_scale=compute_scale, scale_note=scale_note, host=host, host_note=host_note)
 
     def kernel_seconds(self, kernel: Kernel, dtype: str) -> float:
         found = self.kernels.get((kernel.name, kernel.dims, dtype))

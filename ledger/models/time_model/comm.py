@@ -3,8 +3,8 @@
 The sweep (probes/bandwidth.py, `bandwidth` events) times each collective of each group at the run's own sizes and
 at a latency size (one element per rank); nccl-tests' conventions: `size_bytes` S is the all-reduce buffer, the
 all-gather output, the reduce-scatter input, the bytes one rank sends. A rank moves x = S x bus factor over its
-busiest link (ledger/models/formulas/nccl_bw.py: 2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter, 1 send/recv),
-so the model is
+busiest link (ledger/models/formulas/nccl_bw.py: 2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter, 1
+send/recv), so the model is
 
     t(S) = alpha + x / busbw,    x = S x bus_factor(collective, n)
 
@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
+from common.events import BandwidthRecord
 from ledger.models.formulas.nccl_bw import bus_factor
 from ledger.models.time_model.missing import CalibrationMissing
 
@@ -78,16 +79,15 @@ class CommModel:
     fits: dict[tuple[str, str], LinkFit]
 
     @classmethod
-    def from_sweep(cls, records: Iterable[dict[str, Any]]) -> "CommModel":
+    def from_sweep(cls, records: Iterable[BandwidthRecord]) -> "CommModel":
         """One fit per (group label, collective) over every rank's `bandwidth` records: the slowest rank at each
         (group instance, size), then every size of every instance of that label."""
         slowest: dict[tuple[str, str, int, tuple[int, ...], int], float] = {}
         for r in records:
-            if not r.get("time_s") or not r.get("size_bytes"):
+            if not r.time_s or not r.size_bytes:
                 continue
-            key = (r["group"], r["collective"], int(r["group_size"]), tuple(r.get("ranks") or ()),
-                   int(r["size_bytes"]))
-            slowest[key] = max(slowest.get(key, 0.0), float(r["time_s"]))
+            key = (r.group, r.collective, r.group_size, tuple(r.ranks or ()), r.size_bytes)
+            slowest[key] = max(slowest.get(key, 0.0), r.time_s)
         points: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
         for (group, kind, n, _, size), seconds in slowest.items():
             points[(group, kind)].append((size * bus_factor(kind, n), seconds, size))

@@ -1,0 +1,142 @@
+"""The whole run's configuration: one of each config, the manifest's dict form, and the checks that span configs
+(a shape against its layout)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config.checkpoint_config import CheckpointConfig
+from common.config.model_config import ModelConfig
+from common.config.parallel_config import ParallelConfig
+from common.config.probe_config import ProbeConfig
+from common.config.recompute_config import RecomputeConfig
+from common.config.train_config import TrainConfig
+from common.errors import ConfigError
+from common.typecheck import check_fields
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig
+    parallel: ParallelConfig
+    train: TrainConfig
+    probes: ProbeConfig
+    model_preset: str | None = None
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.train.global_batch_size // (self.train.micro_batch_size * self.parallel.data_parallel_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        # Manifests written before the flag existed lack it: that engine always untied. Before the layer's flavour
+        # fields (swiglu, biases, norm, positions) they lack those too: the dataclass defaults, the Llama style.
+        # Before communicators_for_groups_of_one, the engine built a communicator for every group.
+        model = {"untie_embeddings_and_output_weights": True, **d["model"]}
+        parallel = {"communicators_for_groups_of_one": True, **d["parallel"]}
+        cfg = cls(model=ModelConfig(**model), parallel=ParallelConfig(**parallel),
+                  train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
+                  model_preset=d.get("model_preset"),
+                  recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
+                  checkpoint=CheckpointConfig(**d.get("checkpoint", {})))  # nor before checkpoints
+        for name in ("model", "parallel", "train", "probes", "recompute", "checkpoint"):
+            check_fields(getattr(cfg, name), name)  # a stored config is JSON: its types are not Python's to trust
+        return cfg
+
+
+def check_context_parallel(cfg: RunConfig) -> None:
+    """Megatron's validate_args: 2 cp chunks of the sequence for causal load balancing."""
+    m, cp = cfg.model, cfg.parallel.context_parallel_size
+    if cp > 1 and m.seq_length % (2 * cp):
+        raise ConfigError(f"--seq-length {m.seq_length} is not divisible by 2 x --context-parallel-size {cp} "
+                          "(context parallelism splits the sequence into 2 x cp chunks)")
+
+
+def check_tensor_parallel(cfg: RunConfig) -> None:
+    """Heads, query groups and the MLP's width split over tp."""
+    m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
+    if m.num_attention_heads % tp:
+        raise ConfigError(f"--num-attention-heads {m.num_attention_heads} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if m.num_query_groups % tp:
+        raise ConfigError(f"--num-query-groups {m.num_query_groups} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if m.ffn_hidden_size % tp:
+        raise ConfigError(f"--ffn-hidden-size {m.ffn_hidden_size} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+
+
+def check_sequence_parallel(cfg: RunConfig) -> None:
+    """Each cp rank's s / cp tokens split over tp; with tp 1 there is nothing to shard over, and Megatron's
+    validate_args turns --sequence-parallel off, as this does (the one check that changes the config)."""
+    m, p = cfg.model, cfg.parallel
+    tp, cp = p.tensor_model_parallel_size, p.context_parallel_size
+    if not p.sequence_parallel:
+        return
+    if m.seq_length % tp:
+        raise ConfigError(f"--seq-length {m.seq_length} is not divisible by --tensor-model-parallel-size {tp} "
+                          "(needed by --sequence-parallel)")
+    if (m.seq_length // cp) % tp:
+        raise ConfigError(f"--seq-length {m.seq_length} / --context-parallel-size {cp} is not divisible by "
+                          f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
+    if tp == 1:
+        p.sequence_parallel = False
+
+
+def check_pipeline(cfg: RunConfig) -> None:
+    """Even stages, and micro-batches that fill the data-parallel replicas (and the interleaved schedule's rounds)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    pp, vpp = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
+    if m.num_layers % (pp * vpp):
+        raise ConfigError(f"--num-layers {m.num_layers} is not divisible by pipeline size {pp} x virtual size {vpp}"
+                          " (uneven stages are not supported)")
+    dp = p.data_parallel_size
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ConfigError(f"--global-batch-size {t.global_batch_size} is not divisible by --micro-batch-size "
+                          f"{t.micro_batch_size} x data-parallel size {dp}")
+    if vpp > 1 and cfg.num_microbatches % pp:
+        raise ConfigError(f"interleaved schedule needs the number of micro-batches ({cfg.num_microbatches}) to "
+                          f"be a multiple of the pipeline size {pp}")
+
+
+def check_moe(cfg: RunConfig) -> None:
+    """Megatron's validate_args for the MoE flags."""
+    m, p = cfg.model, cfg.parallel
+    ep = p.expert_model_parallel_size
+    cf = m.moe_expert_capacity_factor
+    if cf is not None and not (math.isfinite(cf) and cf > 0):
+        raise ConfigError(f"--moe-expert-capacity-factor must be a finite number > 0, got {cf}")
+    if not m.is_moe:
+        if ep > 1:
+            raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
+        if m.moe_grouped_gemm:
+            raise ConfigError("--moe-grouped-gemm needs --num-experts")
+        return
+    if m.moe_router_topk > m.num_experts:
+        raise ConfigError(f"--moe-router-topk {m.moe_router_topk} exceeds --num-experts {m.num_experts}")
+    if m.num_experts % ep:
+        raise ConfigError(f"--num-experts {m.num_experts} is not divisible by --expert-model-parallel-size {ep}")
+    expert_parallel = p.tensor_model_parallel_size * ep * p.pipeline_model_parallel_size
+    if p.world_size % expert_parallel:
+        raise ConfigError(f"world size {p.world_size} is not divisible by tp {p.tensor_model_parallel_size} x "
+                          f"ep {ep} x pp {p.pipeline_model_parallel_size} = {expert_parallel} (the expert grid)")
+    if m.moe_ffn_hidden_size is not None and m.moe_ffn_hidden_size % p.tensor_model_parallel_size:
+        raise ConfigError(f"--moe-ffn-hidden-size {m.moe_ffn_hidden_size} is not divisible by "
+                          f"--tensor-model-parallel-size {p.tensor_model_parallel_size}")
+
+
+def check_engine_support(cfg: RunConfig) -> None:
+    """What the ledger's formulas model (validate accepts it: plan, simulate, search) but the engine does not build.
+    `train` calls this before any rank starts; the model refuses the same (engine.models)."""
+    p = cfg.parallel
+    if cfg.model.is_moe and (p.tensor_model_parallel_size > 1 or p.context_parallel_size > 1):
+        raise ConfigError("--num-experts: this engine's MoE layer runs without tensor or context parallelism "
+                          f"(tp {p.tensor_model_parallel_size}, cp {p.context_parallel_size}); plan, simulate and "
+                          "search model those layouts")

@@ -1,0 +1,60 @@
+"""Everything one pipeline rank computes, as catalogue entries: its layers' kernels (every layer alike), the
+embedding on the first stage, the output layer and the vocab-parallel cross-entropy on the last (the final norm is
+the layers' norm kernel), and the work priced per element: the optimizer step over the rank's main params and the
+zeroing of its grad buffers (RATE_OPS: measured at one size, scaled to the run's element counts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.ops.kernel import OpGroup, Passes, passes
+from common.ops.layer import LayerOps, layer_ops
+from common.ops.linear import Linear, linear
+from common.ops.shapes import Shapes
+
+OPTIMIZER_STEP, GRAD_BUFFER_ZERO = "optimizer.step", "grad_buffer.zero"
+RATE_OPS = (OPTIMIZER_STEP, GRAD_BUFFER_ZERO)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Work priced per element, in its elements' dtype: the optimizer's (the params'), the grad buffer's (the main
+    grads')."""
+    name: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class HeadOps(OpGroup):
+    output_layer: Linear
+    cross_entropy: Passes
+
+
+@dataclass(frozen=True)
+class RankOps(OpGroup):
+    shapes: Shapes
+    layer: LayerOps
+    embedding: Passes | None  # first stage
+    head: HeadOps | None  # last stage
+    optimizer: Rate
+    grad_buffer: Rate
+
+    @property
+    def rates(self) -> tuple[Rate, Rate]:
+        return self.optimizer, self.grad_buffer
+
+
+def embedding(sh: Shapes) -> Passes:
+    """The word embedding's lookup and its dense gradient added into main_grad (as DDP's hook does)."""
+    return passes("embedding", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden)
+
+
+def head(sh: Shapes) -> HeadOps:
+    return HeadOps(output_layer=linear("output_layer", sh.tokens, sh.vocab, sh.hidden),
+                   cross_entropy=passes("cross_entropy", tokens=sh.tokens, vocab=sh.vocab))
+
+
+def rank_ops(sh: Shapes, first_stage: bool, last_stage: bool) -> RankOps:
+    return RankOps(shapes=sh, layer=layer_ops(sh), embedding=embedding(sh) if first_stage else None,
+                   head=head(sh) if last_stage else None, optimizer=Rate(OPTIMIZER_STEP, sh.dtype),
+                   grad_buffer=Rate(GRAD_BUFFER_ZERO, sh.grad_dtype))

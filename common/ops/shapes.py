@@ -1,0 +1,126 @@
+"""One rank's shapes of one micro-batch, from the run's config: what every catalogue entry's dims are made of.
+
+Widths are local to the TP rank, tokens to the CP rank (seq = s / C); `tokens` = seq b are the GEMMs' rows
+(all-gathered under SP), `norm_tokens` = seq b / t under SP the norms' and residual adds' rows. An MoE layer's
+ExpertShapes: its T routed tokens, the R kept assignments under uniform routing and each local expert's rows (or,
+under --moe-grouped-gemm, the rows the grouped GEMMs run over).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.config import RunConfig
+from common.ops.sizes import (
+    DTYPE_BYTES,
+    expert_capacity,
+    fc1_width,
+    local_seq_length,
+    padded_vocab_size,
+    routed_tokens,
+    uniform_kept_assignments,
+)
+
+
+@dataclass(frozen=True)
+class ExpertShapes:
+    """One micro-batch's MoE layer on one rank under uniform routing: `tokens` routed (T), `routed` kept assignments
+    (R: permuted rows, sent and, every rank alike, received), `rows` per local expert (split as evenly as they go),
+    widths local to the TP rank; the router's options that change its kernels."""
+    experts: int  # E, global
+    topk: int
+    tokens: int
+    routed: int
+    rows: tuple[int, ...]
+    ffn: int  # f_moe / t
+    ep: int
+    aux_loss: int  # 1 with a load-balancing loss (its softmax over all E), else 0
+    dropping: int  # 1 with a capacity factor (the drop policy's sorts), else 0
+    capacity: int | None = None  # assignments an expert keeps of the rank's micro-batch (None: all)
+    grouped: bool = False  # --moe-grouped-gemm: each expert linear one grouped GEMM over `grouped_rows`
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "ExpertShapes | None":
+        m = cfg.model
+        if not m.is_moe:
+            return None
+        ep = cfg.parallel.expert_model_parallel_size
+        tokens = routed_tokens(cfg)
+        routed = uniform_kept_assignments(tokens, m)
+        each, extra = divmod(routed, m.num_experts // ep)
+        return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens, routed=routed,
+                   rows=tuple(each + (i < extra) for i in range(m.num_experts // ep)),
+                   ffn=m.expert_ffn_hidden_size // cfg.parallel.tensor_model_parallel_size, ep=ep,
+                   aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None),
+                   capacity=expert_capacity(tokens, m), grouped=m.moe_grouped_gemm)
+
+    @property
+    def fc1(self) -> int:
+        return 2 * self.ffn  # SwiGLU experts: gate and up
+
+    @property
+    def local_experts(self) -> int:
+        return len(self.rows)
+
+    @property
+    def grouped_rows(self) -> int:
+        """The rows a grouped GEMM runs over: at EP 1 every assignment (the counts stay on the device, so the
+        dropped rows are carried, zeroed), under EP > 1 the kept ones received."""
+        return self.tokens * self.topk if self.ep == 1 else self.routed
+
+    @property
+    def row_counts(self) -> tuple[int, ...]:
+        """The distinct row counts of the rank's experts (one or two), none empty."""
+        return tuple(sorted({r for r in self.rows if r > 0}))
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """One micro-batch's TP-local dims on one CP rank (module docstring)."""
+    dtype: str
+    seq: int
+    micro_batch: int
+    hidden: int
+    tokens: int
+    norm_tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv: int
+    query: int
+    ffn: int
+    fc1: int  # linear_fc1's width: 2 ffn under SwiGLU, ffn for GeLU
+    swiglu: bool
+    rope: bool
+    norm: str  # the norm kernels' name: rms_norm | layer_norm
+    vocab: int
+    tp: int
+    sequence_parallel: bool
+    cp: int = 1
+    moe: ExpertShapes | None = None  # None for a dense MLP
+    grad_dtype: str = "fp32"  # the main grads' (DDP's grad buffers)
+    linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "Shapes":
+        m, p = cfg.model, cfg.parallel
+        t, b, s = p.tensor_model_parallel_size, cfg.train.micro_batch_size, local_seq_length(cfg)
+        d = m.head_dim
+        return cls(dtype=cfg.train.params_dtype, seq=s, micro_batch=b, hidden=m.hidden_size, tokens=s * b,
+                   norm_tokens=s * b // (t if p.sequence_parallel else 1), heads=m.num_attention_heads // t,
+                   kv_heads=m.num_query_groups // t, head_dim=d,
+                   qkv=(m.num_attention_heads + 2 * m.num_query_groups) * d // t,
+                   query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t, fc1=fc1_width(m) // t,
+                   swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
+                   vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
+                   sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
+                   grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy)
+
+    @property
+    def activation_bytes(self) -> int:
+        """The full [s, b, h] activation: every TP collective's nccl-tests size."""
+        return DTYPE_BYTES[self.dtype] * self.tokens * self.hidden
+
+    @property
+    def kv_block_bytes(self) -> int:
+        """|KV|: this rank's K and V blocks, [s/C, b, n_kv/t, d] each (comm.kv_block_bytes)."""
+        return 2 * DTYPE_BYTES[self.dtype] * self.tokens * self.kv_heads * self.head_dim

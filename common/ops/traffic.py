@@ -1,0 +1,87 @@
+"""The bytes a kernel moves: the least it must read and write once, its inputs and outputs at their dtypes (a = the
+compute dtype's bytes, g = the main grads'), by name and dims, so that a compute record read back gets them as the
+catalogue's entry does. A kernel that makes several passes, upcasts to fp32 or scatters moves more: the hardware
+model's fitted efficiencies absorb that (ledger/models/simulate/kernel_cost.py).
+
+GEMMs count their output only (their inputs are re-read from cache, their cost is their FLOPs): fprop and dgrad
+write m x n in the compute dtype; wgrad accumulates into the grad-dtype main_grad, reading and writing m x n.
+The per-element work (rank.RATE_OPS): `optimizer.step` is one element's update: the grad copied into the fp32 main
+grad when the grads are 16-bit, its norm (read), its clip (read, write), fused AdamW (grad read; main param,
+exp_avg, exp_avg_sq read and written) and the 16-bit model param written from the main param; `grad_buffer.zero`
+writes one grad-dtype element.
+"""
+from __future__ import annotations
+
+from common.ops.kernel import Kernel
+from common.ops.rank import OPTIMIZER_STEP
+from common.ops.sizes import DTYPE_BYTES
+
+FP32 = 4
+
+
+def gemm_output_bytes(m: int, n: int, wgrad: bool, dtype_bytes: int, grad_bytes: int) -> float:
+    return m * n * (2 * grad_bytes if wgrad else dtype_bytes)
+
+
+def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
+    """The bytes a kernel other than a GEMM or core attention moves (module docstring); LookupError for a name this
+    table lacks."""
+    d, a, name = dict(kernel.dims), dtype_bytes, kernel.name
+    if name in ("rms_norm.fwd", "layer_norm.fwd"):  # read x, write y
+        return 2 * a * d["tokens"] * d["hidden"]
+    if name in ("rms_norm.bwd", "layer_norm.bwd"):  # read x and dy, write dx
+        return 3 * a * d["tokens"] * d["hidden"]
+    if name == "residual_add":  # read two, write one
+        return 3 * a * d["numel"]
+    if name == "attention_output.copy":  # [b, heads, s, d] -> [s, b, heads d]
+        return 2 * a * d["numel"]
+    if name in ("rope.fwd", "rope.bwd"):  # the fused QKV in, q k v out (and back)
+        return 2 * a * d["seq"] * d["batch"] * d["groups"] * d["width"] * d["head_dim"]
+    if name == "swiglu.fwd":  # read [t, 2f], write [t, f]
+        return 1.5 * a * d["tokens"] * d["width"]
+    if name == "swiglu.bwd":  # read [t, 2f] and dy [t, f], write dx [t, 2f]
+        return 2.5 * a * d["tokens"] * d["width"]
+    if name == "gelu.fwd":  # read [t, f], write [t, f]
+        return 2 * a * d["tokens"] * d["width"]
+    if name == "gelu.bwd":  # read x and dy, write dx
+        return 3 * a * d["tokens"] * d["width"]
+    if name == "embedding.fwd":  # gather t rows, write them
+        return 2 * a * d["tokens"] * d["hidden"]
+    if name == "embedding.bwd":  # a dense [V, h] grad zeroed and scattered into, then added into main_grad
+        return d["vocab"] * d["hidden"] * (2 * a + 2 * grad_bytes) + 3 * a * d["tokens"] * d["hidden"]
+    if name == "cross_entropy.fwd":  # read the logits
+        return a * d["tokens"] * d["vocab"]
+    if name == "cross_entropy.bwd":  # read the logits (softmax), write their grad
+        return 2 * a * d["tokens"] * d["vocab"]
+    if name == "router.topk.fwd":  # read the logits (twice with the loss's softmax over all E), write k ids, probs
+        return a * d["tokens"] * d["experts"] * (1 + d["aux_loss"]) + (8 + FP32) * d["tokens"] * d["topk"]
+    if name == "router.topk.bwd":  # read the k probs' grads (and the logits with the loss), write the logits' grad
+        return a * d["tokens"] * d["experts"] * (1 + d["aux_loss"]) + FP32 * d["tokens"] * d["topk"]
+    if name == "moe.permute.fwd":  # gather the R routed rows
+        return 2 * a * d["rows"] * d["hidden"]
+    if name == "moe.permute.bwd":  # read the R rows' grads, write the tokens' [T, h] grad
+        return a * (d["rows"] + d["tokens"]) * d["hidden"]
+    if name == "moe.unpermute.fwd":  # read the R expert rows, write the tokens' weighted sums
+        return a * (d["rows"] + d["tokens"]) * d["hidden"]
+    if name == "moe.unpermute.bwd":  # read the output grad and the rows (the probabilities' grad), write the rows'
+        return a * (d["tokens"] + 2 * d["rows"]) * d["hidden"]
+    if name == "ring_attention.merge.fwd":  # C - 1 merges over L/2 rows: the fp32 out read and written, a block read
+        return (d["cp"] - 1) * d["batch"] * d["heads"] * d["seq"] // 2 * d["head_dim"] * (2 * FP32 + a)
+    if name == "ring_attention.merge.bwd":  # per step dK/dV zeroed, filled and cast; dQ's rows accumulated in fp32
+        kv_block = 2 * d["batch"] * d["kv_heads"] * d["seq"] * d["head_dim"]
+        dq_rows = d["batch"] * d["heads"] * d["head_dim"] * ((d["cp"] - 1) * d["seq"] // 2 + d["seq"])
+        return d["cp"] * kv_block * (3 * FP32 + a) + 3 * FP32 * dq_rows
+    raise LookupError(f"no bytes-moved estimate for {kernel.describe()} (common/ops/traffic.py)")
+
+
+def bytes_per_element(rate: str, params_dtype: str, grad_dtype: str) -> float:
+    """What one element of a per-element op moves (module docstring): the optimizer's per main param, the grad
+    buffer's zeroing per grad element."""
+    g, a = DTYPE_BYTES[grad_dtype], DTYPE_BYTES[params_dtype]
+    if rate != OPTIMIZER_STEP:
+        return g
+    copy_in = g + FP32 if g != FP32 else 0  # grads into the fp32 main grad
+    norm_and_clip = FP32 + 2 * FP32
+    adamw = FP32 + 3 * 2 * FP32  # grad read; main param, exp_avg, exp_avg_sq read and written
+    copy_out = FP32 + a if a != FP32 else 0  # main param to the 16-bit model param
+    return copy_in + norm_and_clip + adamw + copy_out

@@ -1,0 +1,189 @@
+"""Where each profiled step went: per rank and ProfilerStep window, the terms of docs/formulas.md "Step
+decomposition" (ledger.evidence.step_partition), which add up to the measured step, and the replay of the rank's
+execution graph (ledger.evidence.replay) judged against the step it replays, with the step's critical path named.
+
+Two passes keep memory to one trace at a time: `add` keeps each traced rank's collectives (small records, from the
+summary the reconciliation already made), so that a collective's last member's arrival is known across ranks;
+`rows` then reads each trace's execution graph, partitions and replays its steps, and drops it. Each rank is
+replayed alone (its collectives keep their measured durations); a multi-rank replay is ledger.evidence.replay's.
+
+Each term's row carries the time model's twin (ledger.models.time_model: the rank's stage on the host's and the
+device's clocks, priced with the host costs measured under the profiler) and is judged against it with the term's
+tolerance (TOLERANCES; docs/formulas.md "Tolerances" says why each). Where the twin would price an unprofiled step
+against a profiled window (host costs without a profiled figure), or there is no host timeline (a CPU rank, no host
+costs), the predicted column stays empty and the explanation says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ledger.evidence.critical_path import CriticalPath, critical_path
+from ledger.evidence.exec_graph import CollectiveId, read_graph
+from ledger.evidence.layout import group_lists
+from ledger.evidence.replay import StepReplay, replay
+from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.evidence.step_partition import (
+    COMPUTE,
+    DATA_WAIT,
+    EXPOSED,
+    HOST_BOUND,
+    PIPELINE_WAIT,
+    SLOWER_RANK,
+    SYNC,
+    TERMS,
+    CommSpan,
+    StepPartition,
+    partition_step,
+    with_arrivals,
+)
+from ledger.evidence.trace_groups import attribute_groups, range_kinds
+from ledger.evidence.traces import P2P_KINDS, Collective, TraceSummary
+from ledger.reconcile.overlap import kernel_group
+from ledger.reconcile.rows import Row, row
+from ledger.reconcile.time_rows import TimeModel
+from ledger.reconcile.topology import expert_lists
+
+REPLAY_TOLERANCE = 0.03  # docs/formulas.md, "Tolerances"
+TERM_METRIC = "step.decomposition."
+REPLAY_METRIC = "step.replay"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    relative: float
+    absolute: float  # seconds
+    of_step: float = 0.0  # an absolute floor as a fraction of the step (data wait: the time row's max(1 ms, 1%))
+
+
+# docs/formulas.md, "Tolerances": device compute is the compute sweep's kernels (the time rows' 10%); host-bound
+# idle is the host's pace, whose profiled steps themselves spread by 15-30% on the committed traces; a read's
+# round trip is tens of µs; data wait and a slower rank are predicted zero; communication as its per-step row.
+TOLERANCES = {COMPUTE: Tolerance(0.10, 0.0), HOST_BOUND: Tolerance(0.25, 1e-3), SYNC: Tolerance(0.5, 0.2e-3),
+              DATA_WAIT: Tolerance(0.0, 1e-3, 0.01), SLOWER_RANK: Tolerance(0.0, 1e-3, 0.01),
+              PIPELINE_WAIT: Tolerance(0.25, 2e-3), EXPOSED: Tolerance(0.25, 2e-3)}
+NO_HOST_TIMELINE = "not predicted: the time model has no host timeline for this rank ({why})"
+UNPROFILED = ("not predicted: the host costs were not measured under the profiler, so the time model's twin ({value}) "
+              "would price an unprofiled step against this profiled window")
+
+
+@dataclass
+class _Traced:
+    rank: int
+    path: Path
+    comm: list[tuple[int, CollectiveId, CommSpan]]
+
+
+class StepDecomposition:
+    def __init__(self, ev: RunEvidence, model: TimeModel | None = None):
+        """model: the time model applied to the run (its step's per-stage decompositions are the rows' twins)."""
+        self.ev, self.model = ev, model
+        self.traced: list[_Traced] = []
+
+    def add(self, r: RankEvidence, summary: TraceSummary, path: Path) -> None:
+        """Keep one traced rank's collectives with the group each served."""
+        groups, extra = self.ev.groups(r.rank), self._cp_ep_groups(r.rank)
+        named = attribute_groups(summary, {**groups, **extra}, self.ev.world_size, range_kinds(r.timing)).summary
+        self.traced.append(_Traced(r.rank, path, [
+            (r.rank, CollectiveId(c.op, c.group, c.seq), CommSpan(c.start, c.end, group_of(c, groups, extra),
+                                                                  c.op in P2P_KINDS)) for c in named.collectives]))
+
+    def _cp_ep_groups(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """This rank's context-parallel and expert-parallel groups of more than one rank (ledger.evidence.layout)."""
+        layout = self.ev.layout
+        lists = {"cp": group_lists(layout)["cp"] if layout is not None else [],
+                 "ep": expert_lists(self.ev).get("ep", [])}
+        return {kind: tuple(sorted(g)) for kind, gs in lists.items() for g in gs if rank in g and len(g) > 1}
+
+    def rows(self) -> list[Row]:
+        spans = iter(with_arrivals([item for t in self.traced for item in t.comm]))
+        comm = [[next(spans) for _ in t.comm] for t in self.traced]
+        out: list[Row] = []
+        for t, spans_of_rank in zip(self.traced, comm):
+            graph = read_graph(t.path)
+            rp = replay([graph])
+            twin = self._twin(t.rank)
+            for s in rp.steps:
+                out += term_rows(t.rank, partition_step(graph, s.step, spans_of_rank), *twin)
+                out.append(replay_row(t.rank, s, critical_path(rp, s.rank, s.step)))
+        return out
+
+
+    def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
+        """The rank's stage's predicted terms, or None and the reason its rows carry instead."""
+        step = self.model.step if self.model is not None else None
+        stage = self.ev.rank_evidence(rank).stage
+        if step is None or stage not in step.decompositions:
+            return None, NO_HOST_TIMELINE.format(why=self._why())
+        twin = step.decompositions[stage]
+        if not step.decomposition_profiled:
+            return None, UNPROFILED.format(value=", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in twin.items() if v))
+        return twin, ("predicted: the time model's host and device timelines of stage "
+                      f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")")
+
+
+    def _why(self) -> str:
+        m = self.model
+        if m is None or m.calibration is None:
+            return "no config"
+        return "; ".join(m.missing) or m.calibration.host_note or "no host costs"
+
+
+def replay_row(rank: int, s: StepReplay, path: CriticalPath) -> Row:
+    """The replayed step judged against its window, with what held its critical path."""
+    return row(REPLAY_METRIC, "rank", predicted=s.replayed / 1e6, measured=s.measured / 1e6, unit="s",
+               tolerance=REPLAY_TOLERANCE, rank=rank, step=s.step, source="trace",
+               explanation=(f"the ProfilerStep#{s.step} window against the replay of this rank's execution graph from "
+                            f"its measured durations (docs/formulas.md, \"Replay\"); critical path: "
+                            f"{path_text(path.by_kind(), path.length)}; longest on it: "
+                            + "; ".join(f"{name} {t_us / 1e3:.3g} ms" for name, t_us in path.top_ops(3))))
+
+
+def group_of(c: Collective, groups: dict[str, tuple[int, ...]], extra: dict[str, tuple[int, ...]]) -> str:
+    """The group a collective served: ledger.reconcile.overlap.kernel_group's (tp, dp, pp, embedding), else cp or ep
+    when the evidence names it (its issuing range) or its ranks are that group's."""
+    kind = kernel_group(groups, c)
+    if kind not in ("other", "unknown"):
+        return kind
+    if c.issued_as in extra:
+        return c.issued_as
+    ranks = tuple(sorted(c.group)) if c.group is not None else None
+    return next((k for k, g in extra.items() if g == ranks), kind)
+
+
+def term_rows(rank: int, part: StepPartition, twin: dict[str, float] | None = None, why: str = "") -> list[Row]:
+    """One row per term of a step's partition, in seconds, with its share of the step; judged against `twin` (the
+    time model's terms; a group's exposed communication it does not name is predicted zero) with the term's
+    tolerance, else unjudged and `why` says so."""
+    rows = []
+    for term, t_us in part.terms:
+        tol = TOLERANCES[EXPOSED if term.startswith(EXPOSED + " ") else term]
+        predicted = None if twin is None else twin.get(term, 0.0)
+        rows.append(row(TERM_METRIC + slug(term), "rank", measured=t_us / 1e6, predicted=predicted, unit="s",
+                        tolerance=tol.relative, abs_tolerance=max(tol.absolute, tol.of_step * part.measured / 1e6),
+                        rank=rank, step=part.step, source="trace",
+                        explanation=(f"{term}: {t_us / part.measured:.1%} of step {part.step} "
+                                     f"({part.measured / 1e3:.4g} ms; the terms add up to it, docs/formulas.md \"Step "
+                                     f"decomposition\"); {why}")))
+    return rows
+
+
+def slug(term: str) -> str:
+    """"exposed communication tp" -> "exposed_communication.tp"; "host-bound idle" -> "host_bound_idle"."""
+    if term.startswith(EXPOSED + " "):
+        return EXPOSED.replace(" ", "_") + "." + term[len(EXPOSED) + 1:]
+    return term.replace(" ", "_").replace("-", "_")
+
+
+def term_of(metric: str) -> str:
+    """The term a row of TERM_METRIC names (the inverse of `slug`)."""
+    name = metric[len(TERM_METRIC):]
+    exposed = EXPOSED.replace(" ", "_") + "."
+    if name.startswith(exposed):
+        return f"{EXPOSED} {name[len(exposed):]}"
+    return next(t for t in TERMS if slug(t) == name)
+
+
+def path_text(by_kind: dict[str, float], total: float) -> str:
+    return ", ".join(f"{kind} {t / 1e3:.3g} ms ({t / total:.0%})"
+                     for kind, t in sorted(by_kind.items(), key=lambda kv: -kv[1]) if t >= 0.01 * total)

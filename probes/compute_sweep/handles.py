@@ -1,0 +1,47 @@
+"""The engine's own functions, handed to the sweep so that it times what a step runs (engine/probe_adapters.py
+builds them from the model): the fused functions, the weight-gradient accumulation, the MoE layer's pieces and ring
+attention's."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class MoEKernels:
+    """The engine's MoE layer pieces, as one rank runs them apart from the all-to-alls (its dispatcher at EP 1)."""
+    route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # logits [T, E] -> (experts, probs) [T, k]
+    # (tokens [T, h], experts [T, k], probs [T, k] fp32, kept [T, k] bool) -> (rows by expert, rows per expert, plan)
+    permute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[int], Any]]
+    unpermute: Callable[[torch.Tensor, Any], torch.Tensor]  # (expert rows, plan) -> [T, h]
+    swiglu: Callable[[torch.Tensor], torch.Tensor]  # the experts' (compiled for any row count)
+    # --moe-grouped-gemm: (rows [N, k] grouped by expert, the experts' weights [n, k] each, counts [E] on the device)
+    # -> [N, n], the weights stacked and multiplied as the engine's GroupedMLP does; None for SequentialMLP
+    grouped_linear: Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class RingKernels:
+    """The engine's ring attention (engine/transformer/ring_attention.py) as the sweep times it, apart from its
+    exchanges."""
+    blocks: Callable[[torch.Tensor], tuple[Callable, Callable]]  # q -> (block forward, block backward) it runs
+    forward: Callable[..., tuple[torch.Tensor, ...]]  # ring_forward(q, kv, cp, scale, attend)
+    backward: Callable[..., tuple[torch.Tensor, ...]]  # ring_backward(dout, q, kv, out, lse, cp, scale, attend_bwd)
+    group: Callable[[int], Any]  # C -> a ring of C (rank 0) with no process group: the loops then exchange nothing
+
+
+@dataclass(frozen=True)
+class EngineKernels:
+    """The engine's own functions for the work it fuses, so the sweep times what runs; `variant` says how they run
+    (compiled or eager) and keys the cache; `moe` for a model with experts, `ring` under context parallelism."""
+    split_qkv_and_rotate: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    swiglu: Callable[[torch.Tensor], torch.Tensor]
+    cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [s, b, v], target [s, b])
+    # (main_grad [out, inp], grad_output [rows, out], input [rows, inp]): main_grad += grad_output^T input, as a
+    # linear's backward leaves a weight's gradient (tensor_parallel.layers.accumulate_weight_grad)
+    wgrad: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+    variant: str
+    moe: MoEKernels | None = None
+    ring: RingKernels | None = None

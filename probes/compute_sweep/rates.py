@@ -1,0 +1,40 @@
+"""The per-element work (common/ops RATE_OPS), at up to RATE_NUMEL_CAP elements (the time model scales the
+seconds to the run's counts): optimizer.step, one update as the engine's optimizer runs it (the grad copied into
+the fp32 main grad when the grads are 16-bit, the grad norm, the clip, fused AdamW on CUDA (foreach elsewhere), the
+fp32 -> param copy), and grad_buffer.zero, a grad buffer's memset."""
+from __future__ import annotations
+
+import torch
+
+from common.ops.rank import GRAD_BUFFER_ZERO, OPTIMIZER_STEP
+from probes.compute_sweep.calls import Bench, Builder, Call, Op
+
+RATE_NUMEL_CAP = 1 << 26
+
+
+def builders(b: Bench) -> dict[str, Builder]:
+    t, dtype, grad_dtype = b.tensors, b.tensors.dtype, b.grad_dtype
+
+    def step(d: dict[str, int]) -> Op:
+        main = t.randn(d["numel"], dtype=torch.float32)
+        model = main if dtype == torch.float32 else main.to(dtype)
+        grads = t.randn(d["numel"], dtype=grad_dtype)
+        main.grad = grads if grad_dtype == torch.float32 else torch.empty_like(main)
+        fused = {"fused": True} if t.device.type == "cuda" else {"foreach": True}
+        optimizer = torch.optim.AdamW([main], lr=1e-4, weight_decay=0.01, **fused)
+
+        @torch.no_grad()
+        def update() -> None:
+            if main.grad is not grads:
+                main.grad.copy_(grads)
+            norm = torch.stack(torch._foreach_norm([main.grad])).square().sum().sqrt()
+            torch._foreach_mul_([main.grad], (1.0 / (norm + 1e-6)).clamp(max=1.0))
+            optimizer.step()
+            if model is not main:
+                model.copy_(main)
+        return Call(update)
+
+    def zero(d: dict[str, int]) -> Op:
+        return Call(torch.empty(d["numel"], device=t.device, dtype=grad_dtype).zero_)
+
+    return {OPTIMIZER_STEP: step, GRAD_BUFFER_ZERO: zero}

@@ -1,0 +1,60 @@
+"""The clock a GPU computes at in a step: under continuous load it sits at its power limit, at lower clocks than the
+isolated timings see (an H200: ~1.98 GHz alone, ~1.5-1.7 GHz at 690 W in training), which slows compute-bound
+kernels and not memory-bound ones. The sweep measures it on the model's own mix (the catalogue's
+LayerOps.sustained: a layer's directly callable kernels) back to back for SUSTAINED_WARMUP_S, then timed for
+SUSTAINED_TIMED_S: the "sustained.layer" record (`seconds` per pass), beside the same kernels' isolated sums split
+into compute-bound (the kernels that count FLOPs: `compute_bound_s`) and memory-bound (`memory_bound_s`); the time
+model scales the first by it."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from common.ops import SUSTAINED
+from probes.compute_sweep.planned import Planned
+
+SUSTAINED_WARMUP_S, SUSTAINED_TIMED_S = 0.75, 1.0
+
+
+def _back_to_back(one_pass: Callable[[], None], seconds: float) -> int:
+    """Enqueue passes for `seconds` of host time, the host kept at most two blocks of ten ahead of the device (an
+    event per block) so that the device never idles and the queue stays short; returns the passes enqueued."""
+    passes, previous = 0, None
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            one_pass()
+        passes += 10
+        mark = torch.cuda.Event()
+        mark.record()
+        if previous is not None:
+            previous.synchronize()
+        previous = mark
+    return passes
+
+
+def sustained_layer(planned: list[Planned], isolated: list[float]) -> dict[str, Any]:
+    """A layer's directly callable kernels (no autograd setup between them; an MoE layer's experts once per row
+    count) back to back on the GPU until it sits at its power limit, then timed: seconds per pass, beside the same
+    kernels' isolated sums by kind (`isolated`: each planned op's seconds, in order)."""
+    chosen = [(p, seconds) for p, seconds in zip(planned, isolated) if p.sustained]
+    layer = [p for p, _ in chosen]
+    ops = [p.build() for p in layer]
+
+    def one_pass() -> None:
+        for op in ops:
+            op.run()
+
+    _back_to_back(one_pass, SUSTAINED_WARMUP_S)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    passes = _back_to_back(one_pass, SUSTAINED_TIMED_S)
+    end.record()
+    end.synchronize()
+    compute = sum(seconds for p, seconds in chosen if p.flops > 0)
+    return {"op": SUSTAINED, "dims": {"kernels": len(layer)}, "dtype": layer[0].dtype,
+            "seconds": start.elapsed_time(end) / 1e3 / passes, "flops": sum(p.flops for p in layer),
+            "compute_bound_s": compute, "memory_bound_s": sum(seconds for _, seconds in chosen) - compute,
+            "iters": passes}
