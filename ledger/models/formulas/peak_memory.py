@@ -8,7 +8,9 @@ a few elements between DP ranks), after the first step:
 The logits transient (activations.logits_transient_bytes: the 16-bit logits or their gradient beside the saved fp32
 softmax) is reported beside it, not added: on every real H200 run we have (tests/fixtures/h200_llama1b: seq 4096 and
 8192, each recompute mode, the 8B shape) the allocator's measured peak equals static + activations within 0.3%, and
-adding the transient (1 to 2 GB there) overestimates each by that much (tests/test_h200_claims.py).
+adding the transient (1 to 2 GB there) overestimates each by that much (tests/test_h200_claims.py). With the loss
+fused over chunks (--cross-entropy-fusion-impl linear) there is no such transient: the chunk's logits are in the
+last stage's activations (activations.last_stage_extra_bytes).
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation (device_memory.py estimates what lies outside
 PyTorch; the caller adds it where it judges a device's capacity).
 """
