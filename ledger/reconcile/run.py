@@ -96,7 +96,7 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconc
         rows += trace_rows(ev, r, summary, selection, model)
         decomposition.add(r, summary, next(t.path for t in ev.traces if t.rank == rank))
         cross_check[rank] = hta.cross_check_input(summary)
-    rows += decomposition.rows()
+    rows += decomposition.rows(work.workers)
     for rank, r in ev.ranks.items():
         if rank not in summaries:
             rows += volume_rows(ev.config, r, None)

@@ -38,6 +38,7 @@ from ledger.evidence.step_partition import (
     with_arrivals,
 )
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
+from ledger.evidence.trace_pool import in_workers, pool_size
 from ledger.evidence.traces import P2P_KINDS, Collective, TraceSummary
 from ledger.reconcile.overlap import kernel_group
 from ledger.reconcile.rows import Row, row
@@ -95,18 +96,15 @@ class StepDecomposition:
                  "ep": expert_lists(self.ev).get("ep", [])}
         return {kind: tuple(sorted(g)) for kind, gs in lists.items() for g in gs if rank in g and len(g) > 1}
 
-    def rows(self) -> list[Row]:
+    def rows(self, workers: int | None = None) -> list[Row]:
+        """Every traced rank's rows, the ranks' graphs read and replayed in worker processes (trace_pool: one per
+        core unless `workers` says otherwise), each sending back only its rows."""
         spans = iter(with_arrivals([item for t in self.traced for item in t.comm]))
         comm = [[next(spans) for _ in t.comm] for t in self.traced]
-        out: list[Row] = []
-        for t, spans_of_rank in zip(self.traced, comm):
-            graph = read_graph(t.path)
-            rp = replay([graph])
-            twin = self._twin(t.rank)
-            for s in rp.steps:
-                out += term_rows(t.rank, partition_step(graph, s.step, spans_of_rank), *twin)
-                out.append(replay_row(t.rank, s, critical_path(rp, s.rank, s.step)))
-        return out
+        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank))
+                for t, spans_of_rank in zip(self.traced, comm)]
+        count = pool_size(workers, [t.path for t in self.traced])
+        return [r for rows in in_workers(_rank_rows, jobs, count) for r in rows]
 
 
     def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
@@ -127,6 +125,27 @@ class StepDecomposition:
         if m is None or m.calibration is None:
             return "no config"
         return "; ".join(m.missing) or m.calibration.host_note or "no host costs"
+
+
+@dataclass(frozen=True)
+class _RankJob:
+    rank: int
+    path: Path
+    spans: list[CommSpan]
+    twin: dict[str, float] | None
+    why: str
+
+
+def _rank_rows(job: _RankJob) -> list[Row]:
+    """One rank's rows: its execution graph read and replayed, each profiled step partitioned into terms (beside the
+    twin) and its replay judged with the critical path."""
+    graph = read_graph(job.path)
+    rp = replay([graph])
+    out: list[Row] = []
+    for s in rp.steps:
+        out += term_rows(job.rank, partition_step(graph, s.step, job.spans), job.twin, job.why)
+        out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
+    return out
 
 
 def replay_row(rank: int, s: StepReplay, path: CriticalPath) -> Row:

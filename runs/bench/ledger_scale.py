@@ -88,13 +88,14 @@ def inflate(doc: dict[str, Any], target: int) -> dict[str, Any]:
 class GroupMap:
     """A source group's ranks as seen by copy `c` of the source run in the N-rank run."""
 
-    def __init__(self, source_manifest: dict[str, Any], world: int):
+    def __init__(self, source: Path, world: int):
         sys.path.insert(0, str(REPO))
-        from ledger.reconcile.topology import rank_groups
+        from ledger.evidence.read import read_run
 
-        self.source_world = int(source_manifest["world_size"])
+        ev = read_run(source)
+        self.source_world = ev.world_size
         self.copies = world // self.source_world
-        self.dp = {tuple(rank_groups(source_manifest, r).get("dp", (r,))) for r in range(self.source_world)}
+        self.dp = {tuple(ev.groups(r).get("dp", (r,))) for r in range(self.source_world)}
 
     def __call__(self, ranks: list[int], copy: int) -> list[int]:
         if tuple(sorted(ranks)) in self.dp:
@@ -145,7 +146,7 @@ def build(source: Path, out: Path, world: int, inflate_to: int) -> None:
     parallel = manifest["config"]["parallel"]
     if parallel.get("pipeline_model_parallel_size", 1) != 1 or world % w0:
         raise SystemExit(f"{source}: needs a source without pipeline parallelism and a world size dividing {world}")
-    mapping = GroupMap(manifest, world)
+    mapping = GroupMap(source, world)
     trace = source_trace(source)
     doc = json.load(gzip.open(trace, "rt") if trace.name.endswith(".gz") else open(trace))
     if inflate_to:
