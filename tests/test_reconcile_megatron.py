@@ -77,7 +77,8 @@ def test_megatron_run_reconciles(megatron_run):
     assert frag.measured == pytest.approx(10e9, rel=1e-6)  # reserved - peak of step 3, where reserved peaked
     assert any(r.metric == "throughput.tokens_per_step" and r.measured == 16 * 8192 for r in result.rows)
     assert any("Megatron-LM run" in m for m in result.missing)
-    assert any("--profile" in m for m in result.missing)  # flags the formulas do not model are named
+    assert not any("--profile" in m for m in result.missing)  # a flag that changes no prediction is not named
+    assert read_run(megatron_run).config.implementation.attention_backend == "flash"  # Transformer Engine's
     assert len(result.run["traces"]) == 8
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config.checkpoint_config import CheckpointConfig
+from common.config.implementation_config import ImplementationConfig
 from common.config.model_config import ModelConfig
 from common.config.parallel_config import ParallelConfig
 from common.config.probe_config import ProbeConfig
@@ -25,6 +26,7 @@ class RunConfig:
     model_preset: str | None = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    implementation: ImplementationConfig = field(default_factory=ImplementationConfig)
 
     @property
     def num_microbatches(self) -> int:
@@ -42,7 +44,8 @@ class RunConfig:
                    train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
                    model_preset=d.get("model_preset"),
                    recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
-                   checkpoint=CheckpointConfig(**d.get("checkpoint", {})))  # nor before checkpoints
+                   checkpoint=CheckpointConfig(**d.get("checkpoint", {})),  # nor before checkpoints
+                   implementation=ImplementationConfig(**d.get("implementation", {})))  # nor before Megatron-LM's
 
 
 def check_context_parallel(cfg: RunConfig) -> None:

@@ -43,12 +43,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from common.arguments import build_parser, resolve
-from common.config import RunConfig, validate
+from common.arguments import build_parser
+from common.config import RunConfig
 from common.errors import ConfigError, InputError
 from common.events import MemoryRecord, StepRecord
+from common.megatron.flag_effects import classify
+from common.megatron.options import parse_command_line
 from common.run_dir import TraceFile
-from ledger.evidence.megatron.arguments import flags_from_arguments
+from ledger.evidence.megatron.arguments import flags_from_arguments, run_config_of
 from ledger.evidence.megatron.tensorboard import (
     PROFILE_DIR,
     EventFile,
@@ -99,19 +101,6 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not isinstance(world, int) or world < 1:
         raise InputError(path, f"world_size {world!r} is not a positive integer")
     return meta
-
-
-def parse_megatron_argv(argv: list[str], world_size: int, path: Path,
-                        source: str = "argv") -> tuple[RunConfig, list[str]]:
-    """Our RunConfig from Megatron's flags, and the flags we do not model (reported, never silently used)."""
-    ns, unknown = build_parser("megatron-lm", megatron_model=True).parse_known_args([str(a) for a in argv])
-    ns.run_dir = None
-    try:
-        cfg = resolve(ns, world_size=world_size, megatron_model=True)  # its layer flavour, as Megatron reads it
-        validate(cfg)
-    except ConfigError as exc:
-        raise InputError(path, f"{source}: {exc}") from None
-    return cfg, [a for a in unknown if a.startswith("--")]
 
 
 def status_of(meta: dict[str, Any]) -> tuple[str, str | None]:
@@ -212,7 +201,11 @@ def torn_tails(files: list[EventFile], run_dir: Path) -> list[str]:
 
 def collect_run_sh(run_dir: Path) -> RunEvidence:
     meta = read_meta(run_dir)
-    cfg, unmodelled = parse_megatron_argv(meta["argv"], meta["world_size"], run_dir / META)
+    try:
+        line = parse_command_line([str(a) for a in meta["argv"]], strict=False)
+    except ConfigError as exc:
+        raise InputError(run_dir / META, f"argv: {exc}") from None
+    cfg, unmodelled, assumed = run_config_of(line.arguments, meta["world_size"], run_dir / META, source="argv")
     status, error = status_of(meta)
     manifest = {"schema_version": 1, "run_id": meta.get("run_id") or run_dir.name, "framework": "megatron-lm",
                 "argv": meta["argv"], "config": cfg.to_dict(), "world_size": meta["world_size"], "status": status,
@@ -225,8 +218,16 @@ def collect_run_sh(run_dir: Path) -> RunEvidence:
         raise InputError(run_dir, f"empty Megatron run: no TensorBoard scalars or traces under {TB_DIR}/")
     ev = evidence(run_dir, manifest, cfg, scalars, traces, profile="--profile" in meta["argv"])
     ev.missing += torn_tails(files, run_dir)
+    if line.unknown:
+        ev.missing.append(f"flags Megatron-LM {line.megatron_sha[:10]} does not know (skipped): "
+                          + " ".join(line.unknown))
+    if not_modelled := classify(line).not_modelled:
+        ev.missing.append("Megatron flags the formulas do not model (their defaults assumed): "
+                          + " ".join(not_modelled))
     if unmodelled:
-        ev.missing.append("Megatron flags not modelled by the formulas: " + " ".join(unmodelled))
+        ev.missing.append("Megatron arguments not modelled by the formulas (predictions assume otherwise): "
+                          + ", ".join(unmodelled))
+    ev.missing += [f"assumed: {note}" for note in assumed]
     return ev
 
 
@@ -240,8 +241,8 @@ def collect_own_layout(run_dir: Path) -> RunEvidence:
                                  "a Megatron-LM TensorBoard directory")
     last = launches[-1]
     world = world_size_of(last)
-    argv, unmodelled = flags_from_arguments(last.arguments, build_parser("megatron-lm", megatron_model=True))
-    cfg, _ = parse_megatron_argv(argv, world, last.path, source="arguments")
+    argv, _ = flags_from_arguments(last.arguments, build_parser("megatron-lm", megatron_model=True))
+    cfg, unmodelled, assumed = run_config_of(last.arguments, world, last.path)
     scalars = merged_scalars(files)
     status, error = own_status(scalars, cfg.train.train_iters)
     manifest = {"schema_version": 1, "run_id": run_dir.name, "framework": "megatron-lm", "argv": argv,
@@ -257,6 +258,7 @@ def collect_own_layout(run_dir: Path) -> RunEvidence:
     if unmodelled:
         ev.missing.append("Megatron arguments not modelled by the formulas (predictions assume otherwise): "
                           + ", ".join(unmodelled))
+    ev.missing += [f"assumed: {note}" for note in assumed]
     return ev
 
 
