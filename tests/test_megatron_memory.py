@@ -77,3 +77,20 @@ def test_real_run_peak_is_the_loss_forward():
     assert phase.total == pytest.approx(measured.pop(), rel=2e-3)
     names = {p.name for p in stage_phases(cfg, 0)}
     assert names >= {"core attention forward (last layer)", "core attention backward (last layer)", "optimizer step"}
+
+
+def test_real_run_memory_rows_name_their_side_of_the_peak():
+    """reconcile on the H200 Megatron-LM run: the peak within 5%, split into what is held between steps (static,
+    the H200's 64 MiB of cuBLAS workspaces, Megatron's 4 MiB score buffer; within 8 MiB) and the step's peak above
+    it (within 1%), each term a row of its own."""
+    from ledger.reconcile.run import reconcile
+
+    rows = {r.metric: r for r in reconcile(FIXTURES / "megatron_lm_1gpu").rows if r.metric.startswith("memory.")}
+    assert abs(rows["memory.peak_allocated"].rel_diff) < 0.05 and rows["memory.peak_allocated"].verdict == "ok"
+    between = rows["memory.allocated_after_step"]
+    assert abs(between.diff) < 8 * MIB and between.verdict == "ok"
+    above = rows["memory.peak_above_allocated"]
+    assert abs(above.rel_diff) < 0.01 and "loss forward" in above.explanation
+    assert rows["memory.peak_term.cublas_cublaslt_workspaces"].predicted == 64 * MIB
+    assert rows["memory.peak_term.megatrons_global_memory_buffer"].predicted == 2 * 2 * 4 * 512 * 512  # b heads s s
+    assert rows["memory.peak_term.output_layer_logits"].predicted == 2 * 1024 * 8064  # 16-bit, tokens x vocab

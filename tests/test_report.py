@@ -40,7 +40,7 @@ def figures(page: str) -> list[str]:
 
 
 def test_report_files(tmp_path):
-    run, _ = make_run(tmp_path / "run", Spec(peak_error=0.3))
+    run, _ = make_run(tmp_path / "run", Spec(peak_error=0.1))
     md, page = reported(run)
     (peak,) = table_lines(md, "memory.peak_allocated")  # 4 ranks, one line
     assert "| ranks 0–3 · events |" in peak and "**warn" in peak
@@ -84,7 +84,7 @@ def test_what_is_off_comes_first_with_its_explanation(tmp_path):
     off = md.split("## What is off")[1].split("\n## ")[0]
     assert md.index("## What is off") < md.index("## Memory")
     (item,) = [line for line in off.splitlines() if line.startswith("- **memory.peak_allocated**")]
-    assert "ranks 0–3" in item and "worst +100%" in item and "static + saved activations" in item
+    assert "ranks 0–3" in item and "worst +100%" in item and "static (params, grads, optimizer state)" in item
     assert "see What is off" in table_lines(md, "memory.peak_allocated")[0]
     assert "<div class='off'><b>memory.peak_allocated</b>" in page
 

@@ -68,6 +68,7 @@ MANIFEST = "manifest.json"
 TB_DIR = "tb"
 TRACE_RE = re.compile(r".*\.pt\.trace\.json(\.gz)?$")
 RANK_RE = re.compile(r'"distributedInfo"\s*:\s*\{[^}]*?"rank"\s*:\s*(\d+)')
+DEVICE_RE = re.compile(r'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"([^"]+)"')
 HEAD_BYTES = 1 << 20
 MEMORY_TAGS = {"mem-reserved-bytes": "reserved_bytes.all.current",
                "mem-allocated-bytes": "allocated_bytes.all.current",
@@ -110,14 +111,24 @@ def status_of(meta: dict[str, Any]) -> tuple[str, str | None]:
     return ("complete", None) if code == 0 else ("failed", f"exit code {code}")
 
 
-def trace_rank(path: Path) -> int:
-    """The rank in a trace's distributedInfo, read from the file's head (Kineto writes it before the events)."""
+def trace_head(path: Path) -> str:
+    """The first MiB of a trace: Kineto writes deviceProperties and distributedInfo before the events."""
     try:
         with open_trace_text(path) as f:
-            head = f.read(HEAD_BYTES)
+            return f.read(HEAD_BYTES)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise InputError(path, f"corrupt or truncated gzip ({exc.__class__.__name__})") from None
-    m = RANK_RE.search(head)
+
+
+def trace_device(path: Path) -> str | None:
+    """The GPU a trace was recorded on, as its deviceProperties name it ("NVIDIA H200"); None for a CPU trace."""
+    m = DEVICE_RE.search(trace_head(path))
+    return m.group(1) if m else None
+
+
+def trace_rank(path: Path) -> int:
+    """The rank in a trace's distributedInfo."""
+    m = RANK_RE.search(trace_head(path))
     if m is None:
         raise InputError(path, "no distributedInfo rank in the trace's head: cannot tell whose trace it is")
     return int(m.group(1))
@@ -179,6 +190,10 @@ def last_rank_evidence(rank: int, coords: dict[str, int], scalars: dict[str, dic
 def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: dict[str, dict[int, float]],
              traces: list[TraceFile], profile: bool) -> RunEvidence:
     """Both layouts' evidence from their configuration, scalars and traces, with what Megatron does not write."""
+    device = trace_device(traces[0].path) if traces else None
+    if device is not None:  # one kind of GPU per run: the traced ranks' name stands for every rank's
+        manifest["ranks"] = [{"rank": r, "device": {"type": "cuda", "name": device}}
+                             for r in range(cfg.parallel.world_size)]
     ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=cfg, ranks={}, traces=traces,
                      framework="megatron-lm")
     if scalars:
