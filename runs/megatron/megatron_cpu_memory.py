@@ -87,8 +87,9 @@ def fused_rms_norm(x, normalized_shape, weight=None, eps=None):
     return FusedRMSNorm.apply(x, weight)
 
 
-def build(megatron: Path, flags: list[str]):
-    """Megatron's model for `flags`, on CPU, in training mode."""
+def parsed(megatron: Path, flags: list[str]):
+    """Megatron's arguments for `flags` after its own parse_args and validate_args (a layer spec named by --spec
+    imported too), as pretrain_gpt.py would have them on one rank."""
     sys.path[:0] = [str(megatron), str(Path(__file__).resolve().parent)]
     import torch.distributed as dist
 
@@ -110,6 +111,16 @@ def build(megatron: Path, flags: list[str]):
     multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
     args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple  # what the tokenizer's setup would set
     global_vars.set_args(args)
+    if args.spec:
+        from megatron.core.transformer.spec_utils import import_module
+
+        assert import_module(args.spec) is not None, f"--spec {args.spec} does not import"
+    return args
+
+
+def build(megatron: Path, flags: list[str]):
+    """Megatron's model for `flags`, on CPU, in training mode."""
+    args = parsed(megatron, flags)
     from gpt_builders import gpt_builder
 
     model = gpt_builder(args, True, True)
@@ -179,13 +190,23 @@ def peak(step) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
+    p.add_argument("--parse-only", action="store_true",
+                   help="only Megatron's parse_args and validate_args (and --spec's import): a command line's dry run")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then pretrain_gpt.py's flags")
     a = p.parse_args()
     flags = a.flags[1:] if a.flags[:1] == ["--"] else a.flags
     megatron = Path(os.environ.get("MEGATRON_LM", ".mlm")).resolve()
     stand_ins()
     import torch
+
+    if a.parse_only:
+        args = parsed(megatron, flags)
+        print(f"Megatron-LM parses and validates the flags: {args.num_layers} layers, micro-batch "
+              f"{args.micro_batch_size}, transformer_impl {args.transformer_impl}, spec {args.spec}")
+        return
+    if a.out is None:
+        p.error("--out is required")
 
     model, args = build(megatron, flags)
     inputs = batch(args)

@@ -5,13 +5,13 @@ Why: without Transformer Engine, Megatron-LM's only core attention is DotProduct
 [b, heads, s, s] scores; its flash path (--attention-backend flash / fused) is Transformer Engine's. This module
 keeps every other submodule of Megatron's local spec (get_gpt_layer_local_spec: ColumnParallelLinear,
 RowParallelLinear, torch norms, unfused RoPE, the MLP) and swaps DotProductAttention for `SDPAttention`, which takes
-the same arguments and calls flash attention through torch (SDPBackend.FLASH_ATTENTION, is_causal, GQA by
-enable_gqa, so K and V are never repeated). What it keeps for backward is what flash attention keeps: q, k, v, the
-output and the fp32 logsumexp (docs/formulas.md, "Megatron-LM's saved set"); the ledger recognises this spec by its
-module name (ledger/evidence/megatron/arguments.py). Causal masking is the kernel's: the dataloader's attention mask
-is not read.
+the same arguments and calls torch's scaled_dot_product_attention exactly as this repository's engine does
+(is_causal, GQA by enable_gqa, so K and V are never repeated; on an H200 in bf16 torch picks flash attention). What
+it keeps for backward is what flash attention keeps: q, k, v, the output and the fp32 logsumexp (docs/formulas.md,
+"Megatron-LM's saved set"); the ledger recognises this spec by its module name (common/megatron/implementation.py).
+Causal masking is the kernel's: the dataloader's attention mask is not read.
 
-Run from runs/megatron/lm_tensorboard_run.sh with this folder on PYTHONPATH; it imports Megatron-LM and torch, so it
+Run by runs/megatron/lm_h200_cases.sh with this folder on PYTHONPATH; it imports Megatron-LM and torch, so it
 is not part of the train-ledger packages.
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.training import get_args
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class SDPAttention(MegatronModule):
@@ -41,10 +40,8 @@ class SDPAttention(MegatronModule):
         assert packed_seq_params is None and attention_bias is None, "SDPAttention: no packed sequences or bias"
         sq, b, heads, d = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                                 is_causal=True, scale=self.scale,
-                                                 enable_gqa=key.shape[2] != heads)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True,
+                                             scale=self.scale, enable_gqa=key.shape[2] != heads)
         return out.permute(2, 0, 1, 3).reshape(sq, b, heads * d)
 
 
