@@ -364,3 +364,41 @@ def test_real_run_reconciles(tmp_path):
     assert peak.measured is not None and peak.predicted is not None
     assert any(r.metric == "throughput.tokens_per_step" and r.measured == 8 * 512 for r in result.rows)
     assert cli(["reconcile", str(REAL_RUN), "--out", str(tmp_path)]) == 0
+
+
+def test_megatrons_timers_are_judged_against_the_time_model(tmp_path):
+    """--timing-log-level 2 --log-timers-to-tensorboard: "<timer>-time" scalars, seconds per iteration. Priced from
+    the H200 hardware file (no sweep in a Megatron-LM run), forward-compute is m forward passes, backward-compute m
+    backward passes, optimizer the optimizer range, forward-backward the step without the optimizer and memset;
+    a timer the model does not price apart is shown measured only. Synthetic plumbing: the values are the
+    prediction x 1.02 (ok) and x 2 (off)."""
+    from ledger.models.simulate.hardware import load_hardware
+    from ledger.reconcile.time_rows import TimeSources, predict_run
+
+    sources = TimeSources(hardware=load_hardware("H200"))
+    ev = read_run(own_layout_run(tmp_path / "probe"))
+    model = predict_run(ev, sources)
+    stage, m = model.step.stages[0], ev.config.num_microbatches
+    timers = {"forward-compute": 1.02 * m * stage.compute.forward, "backward-compute": 2 * m * stage.compute.backward,
+              "optimizer": 1.02 * stage.optimizer, "optimizer-inner-step": 0.01}
+    run = tmp_path / "timed" / "megatron_lm_1gpu"
+    (run / "tensorboard").mkdir(parents=True)
+    scalars = {**device_run_scalars(12), **{f"{k}-time": dict.fromkeys(range(2, 13), v) for k, v in timers.items()},
+               "throughput": dict.fromkeys(range(2, 13), 1.0)}
+    write_event_file(run / "tensorboard", REAL_ARGUMENTS, scalars)
+    write_profile_trace(run, 0, range(5, 8))
+    rows = {r.metric: r for r in reconcile(run, sources).rows if r.metric.startswith("megatron.")}
+    assert rows["megatron.timer.forward-compute"].verdict == "ok"
+    assert rows["megatron.timer.forward-compute"].predicted == pytest.approx(m * stage.compute.forward)
+    assert rows["megatron.timer.backward-compute"].verdict == "off"
+    assert rows["megatron.timer.optimizer"].verdict == "ok"
+    assert rows["megatron.timer.optimizer-inner-step"].predicted is None  # measured only
+    assert rows["megatron.throughput"].predicted is not None and "megatron.flops_per_step" in rows
+
+
+def test_megatrons_flop_count_is_the_ledgers():
+    """The H200 run's throughput scalar x iteration time is Megatron's num_floating_point_operations for a step:
+    the ledger's count of the same convention agrees to the float32 the scalar was stored in."""
+    result = reconcile(REPO / "tests/fixtures/megatron_lm_1gpu")
+    (flops,) = [r for r in result.rows if r.metric == "megatron.flops_per_step"]
+    assert abs(flops.rel_diff) < 1e-6 and flops.verdict == "ok"

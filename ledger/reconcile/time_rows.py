@@ -26,11 +26,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
+from ledger.evidence.calibration_file import CalibrationFile
 from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import padded_vocab_size
+from ledger.models.simulate.calibration import hardware_calibration
+from ledger.models.simulate.hardware import Hardware
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -79,18 +82,38 @@ def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     return scale, note
 
 
-def calibration(ev: RunEvidence) -> Calibration:
+@dataclass(frozen=True)
+class TimeSources:
+    """Where the time model's calibration comes from beyond the run's own sweeps, which come first:
+    `calibration` a file `train-ledger calibrate` wrote on the run's machine, then `hardware` a hardware file
+    (`reconcile --calibration FILE --hardware H200`)."""
+    hardware: Hardware | None = None
+    calibration: CalibrationFile | None = None
+
+    def describe(self) -> str:
+        found = ([self.calibration.describe()] if self.calibration else []) + (
+            [f"hardware file {self.hardware.name} {self.hardware.version}"] if self.hardware else [])
+        return "; ".join(found)
+
+
+def calibration(ev: RunEvidence, sources: TimeSources = TimeSources()) -> Calibration:
+    """The run's own sweeps, over the calibration file's, over the hardware file's prices of its kernels."""
     scale, note = host_share(ev)
-    return Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
-                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note)
+    cal = Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
+                                   [r for e in ev.ranks.values() for r in e.bandwidth], scale, note)
+    if sources.calibration is not None:
+        cal = cal.over(Calibration.from_records(sources.calibration.compute, sources.calibration.bandwidth))
+    if sources.hardware is not None and ev.config is not None:
+        cal = cal.over(hardware_calibration(ev.config, sources.hardware))
+    return cal
 
 
-def predict_run(ev: RunEvidence) -> TimeModel:
+def predict_run(ev: RunEvidence, sources: TimeSources = TimeSources()) -> TimeModel:
     """The time model applied to the run; a CalibrationMissing becomes a line of `missing`."""
     cfg = ev.config
     if cfg is None:
         return TimeModel(calibration=None)
-    cal = calibration(ev)
+    cal = calibration(ev, sources)
     missing: list[str] = []
     stages: dict[int, StageTime] = {}
     try:

@@ -32,7 +32,10 @@ become the last rank's per-step memory_stats (reserved_bytes.all.current, alloca
 allocated_bytes.all.peak; Megatron never resets the peak, so every step's peak is the running maximum; TensorBoard
 keeps scalars as float32, so byte counts carry about 7 significant digits); iteration-time becomes the step time,
 each step flagged as the probes flag theirs (profiled / after the trace export) from Megatron's profiler schedule.
-Megatron writes no inventory, timers, NVML or bandwidth sweep: those rows say so.
+Megatron's own timers (--log-timers-to-tensorboard with --timing-log-level 1 or 2: "<timer>-time" scalars, seconds
+per iteration, the max over ranks) and its throughput scalar (TFLOP/s per GPU by its FLOP count) are kept in the
+manifest under TIMERS and THROUGHPUT for ledger/reconcile/megatron_timers.py. Megatron writes no inventory, NVML or
+bandwidth sweep: those rows say so.
 """
 from __future__ import annotations
 
@@ -74,8 +77,11 @@ MEMORY_TAGS = {"mem-reserved-bytes": "reserved_bytes.all.current",
                "mem-allocated-bytes": "allocated_bytes.all.current",
                "mem-max-allocated-bytes": "allocated_bytes.all.peak"}
 BY_SAMPLES = " vs samples"
-SCALARS_ONLY = ("Megatron-LM run: memory and step time come from the last rank's TensorBoard scalars only; "
-                "no inventory, timers, NVML or bandwidth sweep")
+TIMER_SUFFIX = "-time"  # Megatron's timers.write: "<timer>-time", the max over ranks, seconds per iteration
+TIMERS = "megatron_timers"  # manifest keys of the timers' and the throughput scalar's {step: value}
+THROUGHPUT = "megatron_throughput"
+SCALARS_ONLY = ("Megatron-LM run: memory, step time and Megatron's timers come from the last rank's TensorBoard "
+                "scalars only; no inventory, per-range timers, NVML or bandwidth sweep")
 
 
 def is_megatron_run(run_dir: Path) -> bool:
@@ -194,6 +200,9 @@ def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: d
     if device is not None:  # one kind of GPU per run: the traced ranks' name stands for every rank's
         manifest["ranks"] = [{"rank": r, "device": {"type": "cuda", "name": device}}
                              for r in range(cfg.parallel.world_size)]
+    manifest[TIMERS] = {tag.removesuffix(TIMER_SUFFIX): values for tag, values in scalars.items()
+                        if tag.endswith(TIMER_SUFFIX) and tag != "iteration-time"}
+    manifest[THROUGHPUT] = scalars.get("throughput", {})
     ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=cfg, ranks={}, traces=traces,
                      framework="megatron-lm")
     if scalars:

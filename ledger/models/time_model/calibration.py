@@ -73,6 +73,17 @@ class Calibration:
                    sustained=max(1.0, median(sustained)) if sustained else 1.0, compute_scale=compute_scale,
                    scale_note=scale_note)
 
+    def over(self, fallback: "Calibration") -> "Calibration":
+        """This calibration, with what it lacks taken from `fallback` (a hardware file's, for the kernels a sweep
+        never timed): its kernels and rates first, its link fits where it has any, its sustained factor where it
+        measured one."""
+        measured = bool(self.kernels or self.rates)
+        return Calibration(kernels={**fallback.kernels, **self.kernels}, rates={**fallback.rates, **self.rates},
+                           comm=self.comm if self.comm.fits else fallback.comm,
+                           device=f"{self.device}, else {fallback.device}",
+                           sustained=self.sustained if measured and self.sustained > 1.0 else fallback.sustained,
+                           compute_scale=self.compute_scale, scale_note=self.scale_note)
+
     def kernel_seconds(self, kernel: Kernel, dtype: str) -> float:
         found = self.kernels.get((kernel.name, kernel.dims, dtype))
         if found is None:
