@@ -13,6 +13,7 @@ import pytest
 
 from cli.main import main as cli
 from common.arguments import build_parser, parse_args
+from common.errors import InputError
 from ledger.evidence.megatron.arguments import flags_from_arguments
 from ledger.evidence.read import read_run
 from ledger.evidence.traces import summarize
@@ -402,3 +403,34 @@ def test_megatrons_flop_count_is_the_ledgers():
     result = reconcile(REPO / "tests/fixtures/megatron_lm_1gpu")
     (flops,) = [r for r in result.rows if r.metric == "megatron.flops_per_step"]
     assert abs(flops.rel_diff) < 1e-6 and flops.verdict == "ok"
+
+
+def test_export_trace_merges_the_h200_megatron_run(tmp_path):
+    """Megatron-LM writes no manifest: export-trace takes the rank from the trace's distributedInfo and names the
+    process by its coordinates; the memory scalars become counter tracks."""
+    out = tmp_path / "merged.json.gz"
+    assert cli(["export-trace", str(REPO / "tests/fixtures/megatron_lm_1gpu"), "--out", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
+    assert names == ["rank 0 (tp0 dp0 pp0)"]
+    steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    assert steps == {"ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"}
+    counters = [e for e in events if e.get("ph") == "C" and e.get("name") == "memory (bytes)"]
+    assert len(counters) == 3 and all(c["args"]["peak"] == 274_331_136 for c in counters)  # one per step
+
+
+def test_export_trace_merges_every_rank_of_a_megatron_run(megatron_run, tmp_path):
+    """run.sh's layout: eight traces in the TensorBoard directory, each rank from its distributedInfo (synthetic
+    plumbing: the stand-in pretrain_gpt.py's traces)."""
+    out = tmp_path / "merged.json.gz"
+    assert cli(["export-trace", str(megatron_run), "--out", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
+    assert len(names) == 8 and names[0].startswith("rank 0 (") and names[-1].startswith("rank 7 (")
+
+
+def test_a_trace_named_for_another_rank_is_refused(tmp_path):
+    run = own_layout_run(tmp_path)
+    (run / "torch_profile/rank-0.json.gz").rename(run / "torch_profile/rank-3.json.gz")
+    with pytest.raises(InputError, match="distributedInfo says rank 0"):
+        read_run(run)

@@ -148,11 +148,16 @@ def profiled_window(cfg: RunConfig) -> tuple[int, int]:
 
 
 def megatron_traces(run_dir: Path, tb_dir: Path, cfg: RunConfig) -> list[TraceFile]:
-    """(rank, first, last profiled iteration, path) of every trace: RUN/torch_profile/rank-<R>.json.gz (the rank from
-    the name; the reconciliation checks it against distributedInfo) and the older *.pt.trace.json in the
-    TensorBoard directory (the rank from distributedInfo). One trace per rank."""
+    """(rank, first, last profiled iteration, path) of every trace: RUN/torch_profile/rank-<R>.json.gz and the older
+    *.pt.trace.json in the TensorBoard directory, each rank read from the trace's distributedInfo (a file named for
+    another rank is refused). One trace per rank: what export-trace merges, no manifest needed."""
     first, last = profiled_window(cfg)
-    found = list(profile_traces(run_dir))
+    found = []
+    for named, path in profile_traces(run_dir):
+        rank = trace_rank(path)
+        if rank != named:
+            raise InputError(path, f"named for rank {named}, but its distributedInfo says rank {rank}")
+        found.append((rank, path))
     if tb_dir.is_dir():
         found += [(trace_rank(p), p) for p in sorted(tb_dir.rglob("*")) if TRACE_RE.match(p.name)]
     seen: dict[int, Path] = {}
