@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("cli.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
     "simulate": ("cli.simulate", "a layout on N GPUs of a kind, predicted (or --validate against real runs)"),
     "search": ("cli.search", "the best layouts of a model on N GPUs of a kind, ranked by predicted tokens/s"),
+    "calibrate": ("cli.calibrate", "this machine's compute sweep alone, as a file reconcile --calibration reads"),
     "reconcile": ("cli.reconcile", "formula vs inventory vs measurement for a run directory"),
     "report": ("cli.report", "report.md and report.html for a run directory"),
     "export-trace": ("cli.export_trace", "merge per-rank traces into one Perfetto trace"),

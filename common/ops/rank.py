@@ -15,7 +15,8 @@ from common.ops.megatron import OPTIMIZER_STEP_FOREACH, fp32_cross_entropy
 from common.ops.shapes import Shapes
 
 OPTIMIZER_STEP, GRAD_BUFFER_ZERO = "optimizer.step", "grad_buffer.zero"
-RATE_OPS = (OPTIMIZER_STEP, GRAD_BUFFER_ZERO)  # what the compute sweep measures (OPTIMIZER_STEP_FOREACH is priced)
+RATE_OPS = (OPTIMIZER_STEP, GRAD_BUFFER_ZERO)  # every rank's per-element work (its sweep times both)
+PER_ELEMENT = (*RATE_OPS, OPTIMIZER_STEP_FOREACH)  # every op priced per element (Megatron-LM's foreach AdamW too)
 
 
 @dataclass(frozen=True)

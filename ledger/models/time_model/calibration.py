@@ -23,7 +23,8 @@ from statistics import median
 from typing import Iterable
 
 from common.events import BandwidthRecord, ComputeRecord
-from common.ops import RATE_OPS, SUSTAINED, Kernel
+from common.ops import SUSTAINED, Kernel
+from common.ops.rank import PER_ELEMENT
 from ledger.models.time_model.comm import CommModel
 from ledger.models.time_model.missing import CalibrationMissing
 
@@ -63,7 +64,7 @@ class Calibration:
             if r.op == SUSTAINED:
                 compute_bound = r.compute_bound_s or 0.0
                 sustained.append((r.seconds - (r.memory_bound_s or 0.0)) / compute_bound if compute_bound > 0 else 1.0)
-            elif r.op in RATE_OPS:
+            elif r.op in PER_ELEMENT:
                 per_element[(r.op, dtype)].append(r.seconds / int(r.dims["numel"]))
             else:
                 seconds[_key(r.op, r.dims, dtype)].append(r.seconds)
