@@ -17,9 +17,10 @@
 #                             --record-memory-history: Megatron's pickled torch.cuda.memory snapshot of the last
 #                             iteration (a plain-types pickle; read only with a restricted unpickler)
 # Each case's run directory (tensorboard/, torch_profile/, logs/torchrun.log, logs/provenance.txt) becomes
-# $OUT/<case>.tgz; $OUT/summary.txt holds each case's exit code and wall time and `train-ledger reconcile`'s summary of
-# it (on a copy: the run directories stay as Megatron wrote them). A case starts only while DEADLINE_S (default 450)
-# seconds have not passed since the script began; each is limited to CASE_TIMEOUT_S (default 110).
+# $OUT/<case>.tgz (without the memory snapshot if the archive would pass 15 MB); $OUT/summary.txt holds each case's
+# exit code and wall time and then, while time is left (RECONCILE_DEADLINE_S, default 450), `train-ledger reconcile
+# --hardware H200`'s summary of each (on a copy). A case starts only while DEADLINE_S (default 420) seconds have not
+# passed since the script began; each is limited to CASE_TIMEOUT_S (default 110).
 #
 # Offline: the Megatron-LM source in MEGATRON_LM (default .mlm), the wheels in WHEELS (default .whl); lm_setup.sh
 # makes them runnable. usage (from the repository root): OUT=DIR runs/megatron/lm_h200_cases.sh [CASE ...]
@@ -96,7 +97,7 @@ log "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=
 
 for name in "${CASES[@]}"; do
   elapsed=$((SECONDS - STARTED))
-  if [ "$elapsed" -ge "${DEADLINE_S:-450}" ]; then
+  if [ "$elapsed" -ge "${DEADLINE_S:-420}" ]; then
     echo "$name: not run ($elapsed s gone, past DEADLINE_S)" | tee -a "$SUMMARY"
     continue
   fi
@@ -115,11 +116,25 @@ for name in "${CASES[@]}"; do
   set -e
   echo "pretrain_gpt.py exit code $code$([ "$code" = 124 ] && echo ' (timed out)')" >>"$run/logs/provenance.txt"
   echo "$name: exit code $code in $((SECONDS - began)) s" | tee -a "$SUMMARY"
-  tail -n 3 "$run/logs/torchrun.log" >>"$SUMMARY"
+  grep -E "iteration +12/|iteration +3/|Error|error" "$run/logs/torchrun.log" | tail -n 3 >>"$SUMMARY" || true
   tar -czf "$OUT/$name.tgz" -C "$WORK" "$name"
+  if [ "$(stat -c %s "$OUT/$name.tgz")" -gt 15000000 ]; then  # over what comes back: the run without its snapshot
+    tar -czf "$OUT/$name.tgz" --exclude='*.pickle' -C "$WORK" "$name"
+    echo "  the memory snapshot left out: the archive was over 15 MB with it" >>"$SUMMARY"
+  fi
   echo "  $OUT/$name.tgz: $(stat -c %s "$OUT/$name.tgz") bytes" >>"$SUMMARY"
-  mkdir -p "$WORK/check" && rm -rf "${WORK:?}/check/$name" && cp -r "$run" "$WORK/check/"
-  (cd "$REPO" && PYTHONPATH="$REPO:$SITE" timeout 120 "$PY" -m cli.main reconcile "$WORK/check/$name" \
+done
+
+# a first look, while time is left: the ledger on a copy of each run (the run directories stay as Megatron wrote them)
+for name in "${CASES[@]}"; do
+  [ -d "$WORK/$name/tensorboard" ] || continue
+  if [ $((SECONDS - STARTED)) -ge "${RECONCILE_DEADLINE_S:-450}" ]; then
+    echo "$name: not reconciled here (time)" >>"$SUMMARY"
+    continue
+  fi
+  mkdir -p "$WORK/check" && rm -rf "${WORK:?}/check/$name" && cp -r "$WORK/$name" "$WORK/check/"
+  echo "== train-ledger reconcile $name --hardware H200" >>"$SUMMARY"
+  (cd "$REPO" && PYTHONPATH="$REPO:$SITE" timeout 60 "$PY" -m cli.main reconcile "$WORK/check/$name" \
     --hardware H200 --out "$WORK/check/$name.ledger" 2>&1 | grep -v -E "^(Parsed|Overall|leaving|Rounding)" \
     | tail -n 40) >>"$SUMMARY" || echo "  reconcile exited $?" >>"$SUMMARY"
 done
