@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from dashboard.launch import DEFAULT_ROOT, RUN_ENV, RUNS_ROOT_ENV, app_path
 
 def streamlit_argv(app: Path, host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host, "--server.port", str(port),
-            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.runOnSave", "false"]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.runOnSave", "false",
+            "--client.toolbarMode", "viewer"]  # viewer: no "Deploy" button, no developer menu
 
 
 def checked_root(root: Path) -> Path:
@@ -44,6 +46,22 @@ def check_run(root: Path, name: str) -> None:
         raise ConfigError(f"--run {name!r}: no run directory of that name under {root} (runs there: {known})")
 
 
+def check_address(host: str, port: int) -> None:
+    """--host and --port must be an address this machine can listen on, now, in this process: after the exec a bad
+    one is Streamlit's traceback. Bound once with the server's own SO_REUSEADDR and released at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(f"--host {host!r}: not an address or a known host name ({exc})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+
+
 def main(argv: list[str]) -> int:
     p = CommandParser("dashboard", description=__doc__.splitlines()[0])
     p.add_argument("--runs-root", type=Path, default=DEFAULT_ROOT, help=f"default: {DEFAULT_ROOT}")
@@ -58,6 +76,7 @@ def main(argv: list[str]) -> int:
         check_run(root, a.run)
     if importlib.util.find_spec("streamlit") is None:
         raise ConfigError("streamlit is not installed: pip install -e '.[dashboard]'")
+    check_address(a.host, a.port)
     cmd = streamlit_argv(app_path(), a.host, a.port)
     env = {**os.environ, RUNS_ROOT_ENV: str(root)}
     if a.run is not None:

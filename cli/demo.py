@@ -19,9 +19,12 @@ lifecycle point (probes.memory.tensor_census). When the ranks outnumber the mach
 waiting for a core: the demo says so once, up front, and the ledger shows the timing rows without judging them
 (ledger.reconcile.oversubscribed), stating the reason once among the run's notes.
 
-Every probe is on (--all-probes) and the profiler window covers steps 2-3 on every rank. The phases, each announced
-on a line: training under torchrun (the engine logs each step), reconciliation and report (in this process, through
-ledger.reconcile.run and ledger.present.report), the headline rows, and the command that opens the run in the dashboard.
+Every probe is on (--all-probes) and the profiler window covers steps 2-3 on every rank; torch.profiler records one
+step more (4) and every rank waits for the slowest trace export in the step after (5), so the default 6 steps leave
+step 6 steady on every device: the step time is measured outside the profiler (ledger/evidence/steps.py). The phases,
+each announced on a line: training under torchrun (the engine logs each step), reconciliation and report (in this
+process, through ledger.reconcile.run and ledger.present.report), the headline rows, and the command that opens the
+run in the dashboard.
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ MICROBATCHES = 8  # per pipeline per step: the reference run's global batch 16 o
 CPU_BUCKET_SIZE = 10_000
 MAX_DEMO_ITERS = 1000
 PROFILE_STEPS = (2, 3)  # the profiler window; step 1 carries one-time work and the ledger leaves it out
+# The window, torch.profiler's extra step and the step after the trace export, then one steady step.
+MIN_DEMO_ITERS = PROFILE_STEPS[1] + 3
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ def analytic_bubble(rows: list[dict]) -> str:
 
 def headline_line(label: str, rows: list[dict]) -> str:
     from ledger.present.headline import verdict
+    from ledger.present.row_groups import TIME_MODEL, predictor
     from ledger.present.units import span
     from ledger.reconcile.oversubscribed import NOT_JUDGED
     from ledger.reconcile.rows import NOT_ON_CPU
@@ -121,7 +127,8 @@ def headline_line(label: str, rows: list[dict]) -> str:
     predicted = analytic_bubble(rows) if rows[0]["metric"].startswith("pipeline.bubble") else \
         span([r["predicted"] for r in rows], unit)
     census = " (CPU tensor census)" if all(r["source"] == "tensor_census" for r in rows) else ""
-    columns = (f"formula {predicted} | inventory {span([r['inventory'] for r in rows], unit)} | "
+    by = "model" if predictor(rows[0]["metric"]) == TIME_MODEL else "formula"
+    columns = (f"{by} {predicted} | inventory {span([r['inventory'] for r in rows], unit)} | "
                f"measured {span([r['measured'] for r in rows], unit)}{census}")
     ranks = {r["rank"] for r in rows if r["rank"] is not None}
     where = f"over {len(ranks)} rank{'s' if len(ranks) > 1 else ''}" if ranks else rows[0]["scope"]
@@ -165,12 +172,22 @@ def train_phase(layout: Layout, train_iters: int, run_dir: Path) -> int:
 
     model = "llama3.2-1b cut to 4 layers, bf16" if layout.gpu else "tiny"
     phase(f"[1/3] training {model} on {layout.describe()}; {MICROBATCHES} micro-batches of 1 per pipeline per step, "
-          f"{train_iters} steps, every probe on, profiler window steps {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]} on "
-          f"every rank -> {run_dir}")
+          f"{train_iters} steps, every probe on; {profiled_steps(train_iters)} -> {run_dir}")
     note = timing_note(layout, usable_cores())
     if note:
         phase(f"      {note}")
-    return train.main(["--nproc-per-node", str(layout.world), *demo_flags(layout, train_iters, run_dir)])
+    return train.main(["--nproc-per-node", str(layout.world), *demo_flags(layout, train_iters, run_dir)],
+                      say_next=False)
+
+
+def profiled_steps(train_iters: int) -> str:
+    """The profiler window and what it records, in words: torch.profiler records one step past the window, which
+    HTA drops (probes/profiler.py), and the ledger leaves every profiled step out of steady-state figures."""
+    start, end = PROFILE_STEPS
+    text = f"the profiler window is steps {start}-{end} on every rank"
+    if train_iters > end:
+        text += f" (it records step {end + 1} too, which HTA drops: steps {start}-{end + 1} are profiled)"
+    return text
 
 
 def ledger_phases(run_dir: Path):
@@ -197,17 +214,28 @@ def checked_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
+def parser() -> CommandParser:
+    p = CommandParser("demo", description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", type=Path, help=f"default: {DEFAULT_ROOT}/demo-<timestamp>")
+    p.add_argument("--train-iters", type=int, default=MIN_DEMO_ITERS,
+                   help=f"steps (default {MIN_DEMO_ITERS}: the window {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]}, the "
+                        "profiler's extra step, the step after the trace export and one steady step)")
+    return p
+
+
+def checked_iters(train_iters: int) -> int:
+    if not MIN_DEMO_ITERS <= train_iters <= MAX_DEMO_ITERS:
+        raise ConfigError(f"--train-iters {train_iters}: the demo takes {MIN_DEMO_ITERS} (its profiler window, the "
+                          f"profiler's extra step, the step after the trace export and one steady step) to "
+                          f"{MAX_DEMO_ITERS} steps; `train-ledger train` runs longer")
+    return train_iters
+
+
 def main(argv: list[str]) -> int:
     import torch
 
-    p = CommandParser("demo", description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", type=Path, help=f"default: {DEFAULT_ROOT}/demo-<timestamp>")
-    p.add_argument("--train-iters", type=int, default=4,
-                   help=f"steps (default 4: the window {PROFILE_STEPS[0]}-{PROFILE_STEPS[1]} and one after it)")
-    a = p.parse_args(argv)
-    if not PROFILE_STEPS[1] <= a.train_iters <= MAX_DEMO_ITERS:
-        raise ConfigError(f"--train-iters {a.train_iters}: the demo takes {PROFILE_STEPS[1]} (its profiler window) to "
-                          f"{MAX_DEMO_ITERS} steps; `train-ledger train` runs longer")
+    a = parser().parse_args(argv)
+    checked_iters(a.train_iters)
     run_dir = checked_run_dir(a.run_dir or DEFAULT_ROOT / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     layout = choose_layout(torch.cuda.device_count() if torch.cuda.is_available() else 0)
     status = train_phase(layout, a.train_iters, run_dir)

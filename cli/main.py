@@ -6,6 +6,7 @@ dependency (streamlit, say) only affects its own command. Any UserError becomes 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import signal
 import sys
 
@@ -22,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("cli.simulate", "a layout on N GPUs of a kind, predicted (or --validate against real runs)"),
     "search": ("cli.search", "the best layouts of a model on N GPUs of a kind, ranked by predicted tokens/s"),
     "calibrate": ("cli.calibrate", "this machine's compute sweep alone, as a file reconcile --calibration reads"),
+    "whatif": ("cli.whatif", "a run's profiled steps replayed with kernels / communication faster, no launch gaps or "
+                             "no straggler"),
     "reconcile": ("cli.reconcile", "formula vs inventory vs measurement for a run directory"),
     "report": ("cli.report", "report.md and report.html for a run directory"),
     "export-trace": ("cli.export_trace", "merge per-rank traces into one Perfetto trace"),
@@ -30,9 +33,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: train-ledger COMMAND [ARGS]", "", "commands:"]
+    lines = ["usage: train-ledger COMMAND [ARGS]   (train-ledger COMMAND --help: its flags)",
+             "       train-ledger --version", "", "commands:"]
     lines += [f"  {name:<13} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
+
+
+def _version() -> str:
+    try:
+        return f"train-ledger {importlib.metadata.version('train-ledger')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "train-ledger (not installed: no version; pip install -e . records it)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(_version())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"train-ledger: error: unknown command {name!r} (one of: {', '.join(COMMANDS)})", file=sys.stderr)
@@ -50,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"train-ledger {name}: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # argparse's --help: printed, and done
+        return int(exc.code or 0)
 
 
 def entry() -> None:

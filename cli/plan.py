@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cli.args import CommandParser, megatron_command_line
-from common.arguments import parse_args
+from cli.args import CommandParser, help_wanted, megatron_command_line, print_help
+from common.arguments import build_parser, parse_args
 from common.errors import ConfigError
+from common.wording import plural
 from ledger.models.plan import build_plan
 from ledger.present.units import si, size
 
@@ -53,7 +54,7 @@ def _moe_lines(moe: dict[str, Any]) -> list[str]:
                      f"{size(sb['dense']['total'])}, expert {size(sb['expert']['total'])} (padding "
                      f"{size(sb['expert']['padding'])})")
         for name, c in stage["all_to_all"].items():
-            lines.append(f"    {name}: {c['calls']} all-to-alls, size {size(c['size_bytes'])} a step, "
+            lines.append(f"    {name}: {plural(c['calls'], 'all-to-all')}, size {size(c['size_bytes'])} a step, "
                          f"{size(c['remote_bytes'])} leaving the rank")
     return lines
 
@@ -82,7 +83,7 @@ def render(plan: dict[str, Any]) -> str:
         f"{pa['vocab']['rule']})",
         f"bytes per parameter: {me['bytes_per_param']:g} ({me['bytes_per_param_after_optimizer_init']:g} after "
         f"optimizer init, before Adam's first step)",
-        f"pipeline: {pi['schedule']}, m = {pi['num_microbatches']} micro-batches per DP replica; bubble "
+        f"pipeline: {pi['schedule']}, m = {plural(pi['num_microbatches'], 'micro-batch')} per DP replica; bubble "
         f"{pi['bubble_fraction']:.2%} [{pi['bubble_convention']}], {pi['bubble_relative_to_compute']:.2%} "
         f"[{pi['bubble_relative_to_compute_convention']}]",
         f"activation recompute: {me['recompute']} [{me['recompute_convention']}]",
@@ -103,7 +104,7 @@ def render(plan: dict[str, Any]) -> str:
             f"    other recompute modes: {_other_recompute_modes(me, i)}",
         ]
         for name, col in co["per_stage"][i].items():
-            lines.append(f"    comm {name}: {col['calls']} calls, {size(col['bytes_per_rank'])} per rank")
+            lines.append(f"    comm {name}: {plural(col['calls'], 'call')}, {size(col['bytes_per_rank'])} per rank")
     lines += [
         "",
         f"static per rank, max: {size(me['static_bytes_per_rank_max'])} at {_coords(me['static_rank_max'])} "
@@ -118,11 +119,15 @@ def render(plan: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = CommandParser("plan", add_help=False)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--megatron-args", help="a Megatron-LM pretrain_gpt.py command line, as one string")
+    p = CommandParser("plan", add_help=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="the plan as one JSON object on stdout")
+    p.add_argument("--megatron-args", help="a Megatron-LM pretrain_gpt.py command line, as one string (or its flags "
+                                           "after --)")
     p.add_argument("--world-size", type=int)
     own, megatron = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    if help_wanted(own):
+        print_help(p, build_parser("train-ledger plan"))
+        return 0
     ns, rest = p.parse_known_args(own)
     if ns.megatron_args is not None or megatron is not None:
         if rest:

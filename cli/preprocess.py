@@ -15,6 +15,8 @@ from typing import Callable, Iterator
 
 from cli.args import CommandParser
 from common.errors import ConfigError, InputError
+from common.run_dir import check_writable
+from common.wording import plural
 
 BYTE_EOD = 256  # the byte-level tokenizer's end-of-document id, after the 256 byte values
 BYTE_VOCAB_SIZE = 257
@@ -56,8 +58,12 @@ def file_tokenizer(path: str, append_eod: bool, eod_token: str) -> tuple[Callabl
 
 def documents(path: Path, key: str) -> Iterator[str]:
     """The text of every line's `key`; any line that is not a JSON object holding a string there is an InputError."""
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(path, f"line {number} is not UTF-8 text (a .jsonl corpus is text)") from None
             if not line.strip():
                 continue
             try:
@@ -81,6 +87,7 @@ def main(argv: list[str]) -> int:
             raise InputError(existing, "already exists; choose another --output-prefix")
     if not Path(args.output_prefix).parent.is_dir():
         raise InputError(Path(args.output_prefix).parent, "no such output directory")
+    check_writable(bin_path(args.output_prefix))
     if args.tokenizer is None and args.append_eod:
         raise ConfigError("--append-eod goes with --tokenizer (the byte-level tokenizer always ends documents)")
     encode, vocab_size = (file_tokenizer(args.tokenizer, args.append_eod, args.eod_token) if args.tokenizer
@@ -96,6 +103,8 @@ def main(argv: list[str]) -> int:
         writer.discard()
         raise InputError(source, "holds no documents")
     writer.finalize()
-    print(f"wrote {args.output_prefix}.bin/.idx: {len(writer.lengths)} documents, {sum(writer.lengths)} tokens; "
+    documents_, tokens = len(writer.lengths), sum(writer.lengths)
+    print(f"wrote {bin_path(args.output_prefix)} and {idx_path(args.output_prefix)}: "
+          f"{plural(documents_, 'document')}, {plural(tokens, 'token')}; "
           f"train with --data-path {args.output_prefix} --vocab-size {vocab_size} (or larger)")
     return 0

@@ -12,14 +12,15 @@ follow Megatron's semantics, as `simulate`'s do.
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
-from cli.args import CommandParser
-from common.arguments import parse_args
+from cli.args import CommandParser, help_wanted, print_help
+from common.arguments import build_parser, parse_args
 from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError
 from ledger.models.simulate.hardware import load_hardware
-from ledger.models.simulate.layouts import describe
+from ledger.models.simulate.layouts import describe, with_layout
 from ledger.models.simulate.pricing import Pricing
 from ledger.models.simulate.search import SearchResult
 from ledger.models.simulate.simulation import Simulation, stage_memory
@@ -43,7 +44,7 @@ def to_dict(result: SearchResult, pricing: Pricing, gpus: int, top: int) -> dict
             "gpus": gpus, "top_k": top, "enumerated": result.enumerated, "fitting": result.fitting,
             "scored": result.scored,
             "skipped_by_bound": result.skipped_by_bound, "dropped": result.dropped,
-            "dropped_example": result.dropped_example, "seconds": result.seconds,
+            "dropped_example": result.dropped_example, "seconds": result.seconds, "cpu_seconds": result.cpu_seconds,
             "top": [_entry(pricing, r) for r in result.ranked]}
 
 
@@ -52,7 +53,7 @@ def render(d: dict[str, Any]) -> str:
     lines = [f"{d['gpus']:,} x {hw['name']} ({hw['gpus_per_node']} per node, {size(hw['hbm_bytes'])} each, hardware "
              f"file {hw['version']}): {d['enumerated']:,} valid layouts, {d['fitting']:,} fit, {d['scored']:,} "
              f"scored ({d['skipped_by_bound']:,} skipped: their bound cannot reach the top {d['top_k']}) in "
-             f"{duration(sum(d['seconds'].values()))}"]
+             f"{duration(sum(d['seconds'].values()))} ({duration(d['cpu_seconds'])} of CPU)"]
     lines += [f"  dropped, {kind}: {n:,} (e.g. {d['dropped_example'][kind]})" for kind, n in d["dropped"].items()]
     if not d["top"]:
         return "\n".join(lines + ["no layout fits"])
@@ -61,17 +62,19 @@ def render(d: dict[str, Any]) -> str:
     for i, e in enumerate(d["top"], 1):
         lines.append(f"| {i} | {e['label']} | {e['tokens_per_s']:,.0f} | {duration(e['step_time_s'])} | "
                      f"{percent(e['mfu']['megatron'])} | {size(e['peak_bytes'])} | {e['loses_because'] or '—'} |")
-    lines.append(f"\nsimulate #1 for its breakdown: train-ledger simulate ... --world-size {d['gpus']} "
-                 f"--hardware {hw['name']} with the layout's flags")
+    lines += ["", "#1 term by term:", f"  {d['simulate_first']}"]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    p = CommandParser("search", add_help=False)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--hardware", required=True)
-    p.add_argument("--top", type=int, default=5)
-    p.add_argument("--json", action="store_true")
+    p = CommandParser("search", add_help=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, required=True, help="the number of GPUs to lay the model out on")
+    p.add_argument("--hardware", required=True, help="H200, H100, A100-80GB, A100-40GB or a hardware file")
+    p.add_argument("--top", type=int, default=5, help="how many layouts to show (default 5)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    if help_wanted(argv):
+        print_help(p, build_parser("train-ledger search", megatron_model=True))
+        return 0
     ns, rest = p.parse_known_args(argv)
     if not 1 <= ns.gpus <= MAX_WORLD_SIZE:  # the rank groups are enumerated
         raise ConfigError(f"--gpus must be between 1 and {MAX_WORLD_SIZE:,}, got {ns.gpus}")
@@ -88,5 +91,8 @@ def main(argv: list[str]) -> int:
                       prog="train-ledger search", megatron_model=True)
     result = pricing.search(base, ns.gpus, ns.top)
     d = to_dict(result, pricing, ns.gpus, ns.top)
+    if result.ranked:
+        d["simulate_first"] = "train-ledger simulate " + shlex.join(
+            with_layout(rest, result.ranked[0].layout) + ["--world-size", str(ns.gpus), "--hardware", ns.hardware])
     print(json.dumps(d) if ns.json else render(d))
     return 0

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cli.args import CommandParser, megatron_command_line
-from common.arguments import parse_args
+from cli.args import CommandParser, help_wanted, megatron_command_line, print_help
+from common.arguments import build_parser, parse_args
 from common.errors import ConfigError
+from common.wording import plural
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.present.units import duration, percent, size
@@ -33,8 +34,8 @@ def _layout(d: dict[str, Any]) -> str:
     cp = f" x cp {d['cp']}" if d["cp"] > 1 else ""
     cp += f" (ep {d['ep']})" if d.get("ep", 1) > 1 else ""
     return (f"tp {d['tp']} x pp {d['pp']}{vpp}{cp} x dp {d['dp']}{sp}, micro {d['micro_batch_size']}, global "
-            f"{d['global_batch_size']} ({d['num_microbatches']} micro-batches), seq {d['seq_length']}, recompute "
-            f"{d['recompute']}, {d['strategy']}")
+            f"{d['global_batch_size']} ({plural(d['num_microbatches'], 'micro-batch')}), seq {d['seq_length']}, "
+            f"recompute {d['recompute']}, {d['strategy']}")
 
 
 def render(sim: Simulation) -> str:
@@ -59,7 +60,7 @@ def render(sim: Simulation) -> str:
                       f"({duration(moe['all_to_all_step_s'])} a step)"]
         lines += [f"  stage {m['stage']}: parameters dense {m['params']['dense']:,}, expert {m['params']['expert']:,}; "
                   f"static dense {size(m['static_bytes']['dense'])}, expert {size(m['static_bytes']['expert'])}; "
-                  f"all-to-all {m['all_to_all_calls']} calls, {size(m['all_to_all_bytes'])} a step "
+                  f"all-to-all {plural(m['all_to_all_calls'], 'call')}, {size(m['all_to_all_bytes'])} a step "
                   f"({size(m['all_to_all_remote_bytes'])} leaving the rank), {duration(m['all_to_all_s'])} on the "
                   f"ep link" for m in moe["per_stage"]]
     lines += ["", f"step {duration(step['step_time_s'])} (critical stage {step['critical_stage']}):"]
@@ -94,17 +95,24 @@ def render_validation(results: list[Validation]) -> str:
             f"{size(m.peak_bytes) if m.peak_bytes else '—'} | {percent(e['peak_bytes'], signed=True)} | {bubble} |")
     ok = sum(v.within_goals() for v in results)
     lines.append(f"\n{ok} of {len(results)} run(s) within the goals (step time 5%, peak memory 3%)")
+    lines += [f"{v.run} ran on {v.measured.device}, not on the {v.sim.hardware.name} predicted: its errors hold the "
+              "difference between the two GPUs as well as the simulator's" for v in results
+              if v.on_predicted_hardware is False]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    p = CommandParser("simulate", add_help=False)
-    p.add_argument("--hardware")
-    p.add_argument("--world-size", type=int)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--validate", nargs="+", metavar="RUN")
-    p.add_argument("--megatron-args", help="a Megatron-LM pretrain_gpt.py command line, as one string")
+    p = CommandParser("simulate", add_help=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--hardware", help="H200, H100, A100-80GB, A100-40GB or a hardware file (required to predict)")
+    p.add_argument("--world-size", type=int, help="the number of GPUs to simulate (required to predict)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--validate", nargs="+", metavar="RUN", help="predict real runs and compare with what they measured")
+    p.add_argument("--megatron-args", help="a Megatron-LM pretrain_gpt.py command line, as one string (or its flags "
+                                           "after --)")
     own, megatron = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    if help_wanted(own):
+        print_help(p, build_parser("train-ledger simulate", megatron_model=True))
+        return 0
     ns, rest = p.parse_known_args(own)
     if ns.validate:
         if rest:

@@ -9,28 +9,34 @@ The flags are validated here, for the whole world, before any process starts: ba
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, TextIO
 
-from cli.args import CommandParser
+from cli.args import CommandParser, help_wanted, print_help
 from common.errors import ConfigError, InputError
 from common.process import die_with_parent
-from common.run_dir import MANIFEST, now_iso, read_manifest, update_manifest
+from common.run_dir import LEDGER_DIR, MANIFEST, check_writable, now_iso, read_manifest, update_manifest
 
 CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+RANK_ERROR = "train-ledger train: error: "  # engine.train's one line for bad input found by a rank
+RANK_STOPPED = "train-ledger train: stopped by "  # engine.train's line for a rank that SIGTERM or SIGINT stopped
+TORCHRUN_LOG = re.compile(r"[DIWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/")  # its logger: W1201 21:05:42.349 4021 ...
 
 
 def launcher_parser() -> CommandParser:
-    p = CommandParser("train", add_help=False)
-    p.add_argument("--nproc-per-node", type=int)
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
+    p = CommandParser("train", add_help=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc-per-node", type=int, help="ranks on this node (default 1; under torchrun: its own)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes, one launcher on each (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's place among --nnodes (default 0)")
     p.add_argument("--rdzv-endpoint",
                    help="HOST:PORT of the c10d rendezvous (the first node); needed with --nnodes > 1")
     p.add_argument("--rdzv-id", default="train-ledger", help="the job's id, the same on every node")
@@ -65,13 +71,13 @@ def check_launch(launch) -> None:
         raise ConfigError(f"--master-port {launch.master_port}: expected 1..65535")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], say_next: bool = True) -> int:
+    """`say_next`: end by saying where the run went and the commands that read it (the demo runs them itself)."""
     from common.arguments import build_parser, parse_args
     from common.config import check_engine_support
 
-    if "-h" in argv or "--help" in argv:
-        launcher_parser().print_help()
-        build_parser().print_help()
+    if help_wanted(argv):
+        print_help(launcher_parser(), build_parser())
         return 0
     launch, engine_argv = launcher_parser().parse_known_args(argv)
     if launch.nproc_per_node is None and "RANK" in os.environ:
@@ -88,13 +94,30 @@ def main(argv: list[str]) -> int:
     run_dir = run_config.probes.run_dir
     if run_dir is not None:
         check_new_run_dir(Path(run_dir))
+    check_output_dirs({"--run-dir": run_dir, "--save": run_config.checkpoint.save,
+                       "--tensorboard-dir": run_config.probes.tensorboard_dir})
     check_fits(run_config, launch.nproc_per_node)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    status, stopped_by = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
-    if run_dir is not None and status != 0:
-        mark_failed(Path(run_dir), stopped_by or f"the ranks exited with status {status}")
-    return status
+    if run_dir is None:
+        print("train-ledger train: no --run-dir: nothing is recorded beyond the lines below (add --run-dir DIR to "
+              "reconcile, report and open the run in the dashboard)", flush=True)
+    done = supervise(torchrun_command(launch, "engine.train", engine_argv), env)
+    if run_dir is not None and done.status != 0:
+        mark_failed(Path(run_dir), done.stopped_by or f"the ranks exited with status {done.status}")
+    if run_dir is not None and done.status == 0 and say_next:
+        print("\n".join(next_steps(Path(run_dir))), flush=True)
+    return 2 if done.status != 0 and done.rank_errors else done.status
+
+
+def next_steps(run_dir: Path) -> list[str]:
+    """Where a finished run went and the commands that read it, each runnable as printed."""
+    run = shlex.quote(str(run_dir))
+    return [f"train-ledger train: the run is recorded in {run_dir}; next:",
+            f"  train-ledger reconcile {run}      # formula | inventory | measurement, row by row",
+            f"  train-ledger report {run}         # {run_dir / LEDGER_DIR}/report.md and report.html",
+            f"  train-ledger dashboard --runs-root {shlex.quote(str(run_dir.parent))} "
+            f"--run {shlex.quote(run_dir.name)}"]
 
 
 def check_fits(run_config, ranks_here: int) -> None:
@@ -137,13 +160,34 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"--run-dir {run_dir}: is a file")
 
 
-def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+def check_output_dirs(folders: dict[str, str | None]) -> None:
+    """Every folder the ranks will write must take a file now: a read-only mount or a path under a file would
+    otherwise fail in every rank at start-up, or (--save) after a step has trained, as a rank's OSError and a lost
+    peer. The check leaves nothing behind (common.run_dir.check_writable)."""
+    for flag, folder in folders.items():
+        if folder is None:
+            continue
+        try:
+            check_writable(Path(folder) / ".write-check")
+        except InputError as exc:
+            raise ConfigError(f"{flag} {folder}: {exc.problem}") from None
+
+
+@dataclass
+class Supervised:
+    status: int  # torchrun's exit status
+    stopped_by: str | None  # the signal that stopped the launcher, if one did
+    rank_errors: list[str] = field(default_factory=list)  # the ranks' one-line errors (bad input found by a rank)
+
+
+def supervise(cmd: list[str], env: dict[str, str]) -> Supervised:
     """Run torchrun as a child that dies with this launcher, forwarding SIGINT and SIGTERM to it (torchrun stops
-    its ranks on either). Returns the child's exit status and the signal that stopped the launcher, if one did."""
+    its ranks on either)."""
     parent = os.getpid()
     child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1,
                              preexec_fn=lambda: die_with_parent(parent))
-    relay = threading.Thread(target=relay_stderr, args=(child.stderr, sys.stderr), daemon=True)
+    rank_errors: list[str] = []
+    relay = threading.Thread(target=relay_stderr, args=(child.stderr, sys.stderr, rank_errors), daemon=True)
     relay.start()
     stopped_by: list[str] = []
 
@@ -158,14 +202,16 @@ def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return status, (stopped_by[0] if stopped_by else None)
+    return Supervised(status, stopped_by[0] if stopped_by else None, rank_errors)
 
 
-def relay_stderr(lines: Iterable[str], out: TextIO) -> None:
+def relay_stderr(lines: Iterable[str], out: TextIO, rank_errors: list[str] | None = None) -> None:
     """Copy torchrun's stderr (the ranks' own lines included) but not torchrun's Python traceback: that is the
-    launcher's plumbing, not the user's problem. The ranks report their own errors (one line each); torchrun's
-    exception becomes one line (the last of a chain of tracebacks), or none when it only says that a rank failed or
-    that it was signalled."""
+    launcher's plumbing, not the user's problem. torchrun's exception becomes one line (the last of a chain of
+    tracebacks), or none when it only says that a rank failed or that it was signalled. A rank reports bad input in
+    one line (RANK_ERROR), collected into `rank_errors`; only the first reaches the user: the other ranks repeat it
+    or fail of it, and torchrun's log of stopping them, or a rank's word that SIGTERM stopped it, follows from it."""
+    rank_errors = [] if rank_errors is None else rank_errors
     state = "copy"  # copy | traceback (inside one) | after (its exception line seen: a chain may follow)
     error = ""
     box_rules = 0  # the failure report after ChildFailedError: a box between two lines of '='; 0 = no box
@@ -187,6 +233,10 @@ def relay_stderr(lines: Iterable[str], out: TextIO) -> None:
             state, box_rules = "copy", _report_error(error, out)
             if box_rules:
                 continue
+        if rank_errors and (line.startswith((RANK_ERROR, RANK_STOPPED)) or TORCHRUN_LOG.match(line)):
+            continue
+        if line.startswith(RANK_ERROR):
+            rank_errors.append(line.strip())
         out.write(line)
         out.flush()
     if state == "after":

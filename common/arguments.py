@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any, Sequence
 
 from common.config import (
@@ -106,12 +107,14 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     t.add_argument("--data-path", nargs="+", help="PREFIX of a Megatron .bin/.idx pair, or a blend: 0.7 A 0.3 B")
     t.add_argument("--split", help="train,valid,test weights over the documents (default 969,30,1)")
     t.add_argument("--data-cache-path", help="directory for the dataset's cached indices and vocabulary scan "
-                                             "(default: PREFIX/cache/ beside the data)")
+                                             "(default: cache/ in the data's folder)")
 
     ck = p.add_argument_group("checkpoints", "docs/engine.md, Checkpoints")
     ck.add_argument("--save", help="save checkpoints into DIR (every --save-interval iterations and at the end)")
     ck.add_argument("--save-interval", type=int)
-    ck.add_argument("--load", help="resume from DIR's latest checkpoint; none there: start from scratch")
+    ck.add_argument("--load", help="resume from DIR's latest checkpoint. DIR must exist (a mistyped path is refused); "
+                                   "an existing DIR without a checkpoint, or the --save DIR before its first save, "
+                                   "starts from scratch and says so; without --load a run always starts fresh")
     ck.add_argument("--exit-interval", type=int, help="stop after iteration N (a multiple of it), saving first")
     ck.add_argument("--exit-duration-in-mins", type=float,
                     help="stop after the first iteration that ends M minutes or more after start-up, saving first "
@@ -139,6 +142,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                     help="time this run's own kernels at start-up (cached per machine and shape) for the time model")
     pr.add_argument("--no-compute-sweep-cache", dest="compute_sweep_cache", action="store_false",
                     help="measure the compute sweep even when this machine's cache holds its shapes")
+    pr.add_argument("--host-sweep", action="store_true",
+                    help="time the host's dispatch of each kind of call (eager op, compiled region, module call, "
+                         "sync, .item()) at start-up for the time model's host timeline")
     pr.add_argument("--all-probes", action="store_true",
                     help="every probe on except the profiler window and memory history")
 
@@ -195,6 +201,7 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
                     recompute=recompute, checkpoint=checkpoint)
     validate(cfg)
+    check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)
     return cfg
 
@@ -226,6 +233,19 @@ def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfi
     # Megatron's (there is no flag that ties).
     untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
     return ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
+
+def check_load_path(load: str | None, save: str | None) -> None:
+    """--load names a folder that exists: a mistyped path would otherwise start the run from scratch, silently
+    losing its progress. The one folder that may not exist yet is --save's own (a job that resumes itself after
+    each preemption passes the same DIR to both, and its first start has saved nothing)."""
+    if load is None:
+        return
+    path = Path(load)
+    if path.is_dir() or (save is not None and path.resolve() == Path(save).resolve()):
+        return
+    problem = "is a file, not a checkpoint directory" if path.exists() else "does not exist"
+    raise ConfigError(f"--load {load}: {problem}; to start from scratch leave out --load (or name an existing "
+                      "directory without a checkpoint)")
 
 
 # The flavour the engine implements: ModelConfig's defaults.
@@ -286,7 +306,7 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
                      use_pytorch_profiler=ns.use_pytorch_profiler, nsys_profile=ns.nsys_profile,
                      record_memory_history=ns.record_memory_history, nvtx=ns.nvtx, timers=ns.timers,
                      bandwidth_sweep=ns.bandwidth_sweep, compute_sweep=ns.compute_sweep,
-                     compute_sweep_cache=ns.compute_sweep_cache)
+                     compute_sweep_cache=ns.compute_sweep_cache, host_sweep=ns.host_sweep)
     if ns.profile_step_start is not None:
         pc.profile_step_start = ns.profile_step_start
     if ns.profile_step_end is not None:
@@ -296,6 +316,7 @@ def _probe_config(ns: argparse.Namespace) -> ProbeConfig:
     if ns.nvml_interval is not None:
         pc.nvml_interval = ns.nvml_interval
     if ns.all_probes:
-        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.log_memory_to_tensorboard = True
+        pc.nvtx = pc.timers = pc.bandwidth_sweep = pc.compute_sweep = pc.host_sweep = True
+        pc.log_memory_to_tensorboard = True
         pc.nvml_interval = pc.nvml_interval or 0.5
     return pc

@@ -17,3 +17,7 @@ class InputError(UserError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+    def __reduce__(self) -> tuple[type, tuple[object, str]]:
+        """Rebuilt from (path, problem), not from the message: a worker process raises it to its parent pickled."""
+        return type(self), (self.path, self.problem)

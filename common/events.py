@@ -9,19 +9,20 @@ docs/run_directory.md describes each kind and field.
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
+
+from common.typecheck import TypeMismatch, checked, optional
 
 # Probe range categories and what each means (probes.nvtx_range gives each a colour).
 RANGE_CATEGORIES = ("iteration", "forward", "backward", "optimizer", "dp-comm", "pp-comm", "tp-comm", "dp-wait",
-                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm")
+                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm", "mp-comm")
 COMPUTE_CATEGORIES = ("forward", "backward")
 STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")  # a stall: blocked time nested in compute ("wait ..." names)
 # The group kind each communication category's collectives run on.
-COMM_CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp"}
+COMM_CATEGORY_GROUP = {"dp-comm": "dp", "tp-comm": "tp", "pp-comm": "pp", "embd-comm": "embedding", "cp-comm": "cp",
+                       "mp-comm": "mp"}  # mp: the model-parallel group (tp x pp x cp) the grad norm is summed over
 
 _CPU_FIGURES = ("rss_bytes", "peak_rss_bytes", "tensor_bytes", "tensor_storages", "held_tensor_bytes",
                 "held_tensor_storages")
@@ -30,7 +31,7 @@ PEAK = "allocated_bytes.all.peak"
 RESERVED = "reserved_bytes.all.current"
 
 
-class RecordError(ValueError):
+class RecordError(TypeMismatch):
     """A field of an event line has the wrong type or value (the reader adds the file and line)."""
 
 
@@ -39,9 +40,18 @@ def finite() -> Any:
     return field(default=None, metadata={"finite": True})
 
 
+AMOUNT_MAX = 2**63  # beyond any byte count, count or second a run can record (int64's range)
+
+
+def amount() -> Any:
+    """A duration, a size or a count: finite, never negative, never beyond AMOUNT_MAX."""
+    return field(default=None, metadata={"finite": True, "minimum": 0, "maximum": AMOUNT_MAX})
+
+
 @dataclass(slots=True)
 class Event:
     KIND: ClassVar[str] = ""
+    STEP_REQUIRED: ClassVar[bool] = False  # a record of this kind belongs to a step
     step: int | None = None
     t: float | None = None  # wall time of the write
     extra: dict[str, Any] = field(default_factory=dict)
@@ -79,12 +89,12 @@ class MemoryRecord(Event):
     point: str | None = None
     device: str | None = None
     stats: dict[str, int] = field(default_factory=dict)  # torch.cuda.memory_stats keys
-    rss_bytes: int | None = None
-    peak_rss_bytes: int | None = None
-    tensor_bytes: int | None = None
-    tensor_storages: int | None = None
-    held_tensor_bytes: int | None = None
-    held_tensor_storages: int | None = None
+    rss_bytes: int | None = amount()
+    peak_rss_bytes: int | None = amount()
+    tensor_bytes: int | None = amount()
+    tensor_storages: int | None = amount()
+    held_tensor_bytes: int | None = amount()
+    held_tensor_storages: int | None = amount()
     note: str | None = None
 
     @property
@@ -118,12 +128,12 @@ class InventoryRecord(Event):
     name: str | None = None
     tensor_kind: str | None = None
     dtype: str | None = None
-    numel: int | None = None
-    bytes: int | None = None
-    padding: int | None = None
-    padding_bytes: int | None = None
+    numel: int | None = amount()
+    bytes: int | None = amount()
+    padding: int | None = amount()
+    padding_bytes: int | None = amount()
     expert: bool | None = None
-    buckets: list[Any] | None = None
+    buckets: list[dict[str, int]] | None = None
     allocated_at: str | None = None
     exists: bool | None = None
 
@@ -136,7 +146,7 @@ class TimingRecord(Event):
     category: str = ""
     start_s: float = finite()
     end_s: float = finite()
-    duration_s: float | None = finite()
+    duration_s: float | None = amount()
     t_start: float | None = None
     t_end: float | None = None
     clock: str | None = None
@@ -144,9 +154,9 @@ class TimingRecord(Event):
     microbatch: int | None = None
     chunk: int | None = None
     bucket: int | None = None
-    bytes: int | None = None
-    numel: int | None = None
-    remote_bytes: int | None = None  # an all-to-all: the rows it sent to other EP ranks
+    bytes: int | None = amount()
+    numel: int | None = amount()
+    remote_bytes: int | None = amount()  # an all-to-all: the rows it sent to other EP ranks
     phase: str | None = None  # an all-to-all: dispatch or combine
     expert: bool | None = None  # a DP bucket of the expert buffers (reduced over the expert-data-parallel group)
     async_comm: bool | None = None
@@ -162,8 +172,8 @@ class TimingRecord(Event):
 class NvmlRecord(Event):
     KIND: ClassVar[str] = "nvml"
     t_sample: float | None = None
-    used_bytes: int | None = None
-    total_bytes: int | None = None
+    used_bytes: int | None = amount()
+    total_bytes: int | None = amount()
     gpu_util_pct: float | None = None
     mem_util_pct: float | None = None
     power_w: float | None = None
@@ -176,15 +186,15 @@ class BandwidthRecord(Event):
     KIND: ClassVar[str] = "bandwidth"
     group: str = ""
     collective: str = ""
-    group_size: int = 1
+    group_size: int = amount()
     ranks: list[int] | None = None
     dtype: str | None = None
-    numel: int | None = None
-    size_bytes: int = 0
-    time_s: float = finite()
+    numel: int | None = amount()
+    size_bytes: int = amount()
+    time_s: float = amount()
     algbw_GBps: float | None = None
     busbw_GBps: float | None = None
-    iters: int | None = None
+    iters: int | None = amount()
     backend: str | None = None
 
 
@@ -193,11 +203,11 @@ class ComputeRecord(Event):
     """One kernel of the start-up compute sweep, timed at the run's own shapes."""
     KIND: ClassVar[str] = "compute"
     op: str = ""
-    dims: dict[str, Any] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)
     dtype: str | None = None
-    seconds: float = finite()
+    seconds: float = amount()
     flops: float | None = None
-    iters: int | None = None
+    iters: int | None = amount()
     device: str | None = None
     threads: int | None = None
     variant: str | None = None
@@ -207,19 +217,38 @@ class ComputeRecord(Event):
 
 
 @dataclass(slots=True)
+class HostRecord(Event):
+    """One primitive of the start-up host sweep (common/ops/host.py names them): the host's seconds per call on this
+    CPU and torch, and under torch.profiler where the run profiles. A reader that predates the kind skips it
+    (parse_event: None for an unknown kind); a later writer's fields land in `extra`."""
+    KIND: ClassVar[str] = "host"
+    op: str = ""
+    seconds: float = finite()
+    profiled_seconds: float | None = finite()  # the same call with torch.profiler recording (the run's settings)
+    iters: int | None = None
+    launches: bool | None = None  # the call launches device work (False: a CPU rank, ops on the calling thread)
+    device: str | None = None
+    cpu: str | None = None  # the host's CPU model
+    torch: str | None = None  # torch.__version__
+    threads: int | None = None
+    note: str | None = None
+
+
+@dataclass(slots=True)
 class StepRecord(Event):
     """A step's figures; any other figure the engine passes lands in `extra`."""
     KIND: ClassVar[str] = "step"
+    STEP_REQUIRED: ClassVar[bool] = True
     loss: float | None = None  # NaN allowed: a diverged step is a figure
     lr: float | None = None
     grad_norm: float | None = None
-    tokens: int | None = None
-    step_time_s: float | None = finite()
-    tokens_per_s: float | None = finite()
+    tokens: int | None = amount()
+    step_time_s: float | None = amount()
+    tokens_per_s: float | None = amount()
     throughput: float | None = None
     profiled: bool | None = None  # this rank's profiler recorded the step
     after_trace_export: bool | None = None  # the step after the window's traces were written
-    data_wait_s: float | None = finite()
+    data_wait_s: float | None = amount()
     moe_tokens_per_expert: dict[str, Any] | None = None
     moe_dropped_tokens: dict[str, Any] | None = None
     moe_aux_loss: float | None = None
@@ -232,17 +261,17 @@ class CheckpointRecord(Event):
     action: str = ""  # save | load
     iteration: int | None = None
     path: str | None = None
-    bytes: int | None = None
-    blocking_seconds: float | None = finite()
-    waited_for_previous_seconds: float | None = finite()
-    host_alloc_seconds: float | None = finite()
-    host_copy_seconds: float | None = finite()
-    background_seconds: float | None = finite()
-    write_seconds: float | None = finite()
+    bytes: int | None = amount()
+    blocking_seconds: float | None = amount()
+    waited_for_previous_seconds: float | None = amount()
+    host_alloc_seconds: float | None = amount()
+    host_copy_seconds: float | None = amount()
+    background_seconds: float | None = amount()
+    write_seconds: float | None = amount()
     async_save: bool | None = None
     loaded_iteration: int | None = None
     finetune: bool | None = None
-    seconds: float | None = finite()
+    seconds: float | None = amount()
     saved_by_run_dir: str | None = None
 
 
@@ -254,7 +283,7 @@ class RunEndRecord(Event):
 
 
 RECORD_TYPES: dict[str, type[Event]] = {t.KIND: t for t in (
-    MemoryRecord, InventoryRecord, TimingRecord, NvmlRecord, BandwidthRecord, ComputeRecord, StepRecord,
+    MemoryRecord, InventoryRecord, TimingRecord, NvmlRecord, BandwidthRecord, ComputeRecord, HostRecord, StepRecord,
     CheckpointRecord, RunEndRecord)}
 KINDS = tuple(RECORD_TYPES)
 
@@ -285,12 +314,14 @@ def parse_event(obj: dict[str, Any]) -> Event | None:
         spec = declared.get(key)
         if spec is None:
             if cls is MemoryRecord and _is_stat(key):
-                stats[key] = _check(f"{kind} record: field {key!r}", value, int, finite=True)
+                stats[key] = checked(f"{kind} record: field {key!r}", value, int, finite=True)
             else:
                 extra[key] = value
             continue
-        values[key] = _check(f"{kind} record: field {key!r}", value, spec.type, spec.finite)
-    missing = [name for name, spec in declared.items() if spec.required and name not in values]
+        values[key] = checked(f"{kind} record: field {key!r}", value, spec.type, spec.finite, spec.minimum,
+                              spec.maximum)
+    missing = [name for name, spec in declared.items()
+               if (spec.required or (name == "step" and cls.STEP_REQUIRED)) and values.get(name) is None]
     if missing:
         raise RecordError(f"{kind} record without {', '.join(repr(m) for m in missing)}")
     if cls is MemoryRecord:
@@ -302,6 +333,8 @@ def parse_event(obj: dict[str, Any]) -> Event | None:
 class _Spec:
     type: Any
     finite: bool
+    minimum: float | None
+    maximum: float | None
     required: bool
 
 
@@ -312,9 +345,10 @@ def _fields(cls: type[Event]) -> dict[str, _Spec]:
     if cls not in _FIELD_CACHE:
         hints = typing.get_type_hints(cls)
         _FIELD_CACHE[cls] = {
-            f.name: _Spec(hints[f.name], bool(f.metadata.get("finite")),
+            f.name: _Spec(hints[f.name], bool(f.metadata.get("finite")), f.metadata.get("minimum"),
+                          f.metadata.get("maximum"),
                           required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                          or (f.metadata.get("finite") and not _optional(hints[f.name])))
+                          or (f.metadata.get("finite") and not optional(hints[f.name])))
             for f in dataclasses.fields(cls) if f.name not in ("extra", "stats")}
     return _FIELD_CACHE[cls]
 
@@ -323,51 +357,6 @@ def _names(cls: type[Event]) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def _optional(hint: Any) -> bool:
-    return type(None) in typing.get_args(hint)
-
-
 def _is_stat(key: str) -> bool:
     """A torch.cuda.memory_stats key ("allocated_bytes.all.current", "num_ooms", ...)."""
     return "." in key or key.startswith("num_")
-
-
-def _check(where: str, value: Any, hint: Any, finite: bool = False) -> Any:
-    if hasattr(value, "item") and callable(value.item):  # a numpy or torch scalar from a writer
-        value = value.item()
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        if value is None and _optional(hint):
-            return None
-        options = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _check(where, value, options[0], finite)
-    base = origin or hint
-    if base is float:
-        return _check_float(where, value, finite)
-    if base is int:
-        return _check_int(where, value)
-    expected = _EXPECTED.get(base)
-    if expected is not None and not isinstance(value, base):
-        raise RecordError(f"{where} is {value!r}, expected {expected}")
-    return value
-
-
-# What a field of each plain type must hold, in the words of the error (JSON's names).
-_EXPECTED = {bool: "true or false", str: "a string", dict: "an object", list: "a list"}
-
-
-def _check_float(where: str, value: Any, finite: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RecordError(f"{where} is {value!r}, expected a number")
-    if finite and not math.isfinite(value):
-        raise RecordError(f"{where} is {value!r}, expected a finite number")
-    return float(value)
-
-
-def _check_int(where: str, value: Any) -> int:
-    """An integer; a float with an integral value reads as one."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise RecordError(f"{where} is {value!r}, expected an integer")
-    return value

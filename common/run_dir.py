@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import IO, Any, Iterator, NamedTuple
 
 from common.errors import InputError
-from common.events import Event, RecordError, parse_event
+from common.events import Event, parse_event
+from common.typecheck import TypeMismatch
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -46,35 +47,42 @@ def trace_path(run_dir: str | os.PathLike, rank: int, start: int, end: int) -> P
 
 
 def check_writable(path: str | os.PathLike) -> Path:
-    """`path` if a file can be written there (its folder is created when missing), else InputError naming the path
-    and the operating system's reason. Called before long work, so that a read-only run directory, a path under a
-    file or a pseudo file system is refused at once rather than after minutes of merging or reconciling."""
+    """`path` if a file can be written there, else InputError naming the path and the operating system's reason.
+    Called before long work, so that a read-only run directory, a path under a file or a pseudo file system is
+    refused at once rather than after minutes of merging or reconciling. The check leaves nothing behind: folders it
+    had to create to try are removed again, so a command that fails later leaves no empty output folder."""
     path = Path(path)
     if path.is_dir():
         raise InputError(path, "is a directory; name a file")
     existing = next(p for p in path.parents if p.exists())
     if not existing.is_dir():
         raise InputError(path, f"cannot be written: {existing} is a file, not a folder (Not a directory)")
+    created = [p for p in path.parents if not p.exists()]  # deepest first
     probe = path.with_name(f".{path.name}.probe{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         probe.open("w").close()
+        probe.unlink()
     except OSError as exc:
         raise InputError(path, f"cannot be written ({exc.strerror or exc})") from None
-    probe.unlink()
+    finally:
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return path
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike) -> Iterator[IO[str]]:
+def atomic_open(path: str | os.PathLike, raw: bool = False) -> Iterator[IO[Any]]:
     """A text stream into a temp file beside `path` (gzip when the name ends in .gz), fsynced and renamed over `path`
     when the block ends cleanly and removed when it fails, so a reader never sees half a file and a failed write
-    leaves whatever was there before."""
+    leaves whatever was there before. `raw`: a binary stream, written as it is (a caller that compresses itself)."""
     path = check_writable(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(tmp, "wt", encoding="utf-8") as f:
+        with (open(tmp, "wb") if raw else opener(tmp, "wt", encoding="utf-8")) as f:
             yield f
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
@@ -187,13 +195,17 @@ def _jsonable(value: Any) -> Any:
 
 
 def ranks_present(run_dir: str | os.PathLike) -> list[int]:
+    """The ranks that recorded events. An empty events.jsonl is a rank that recorded nothing, as a missing one is:
+    the readers then say so (or refuse a run that claims to be complete), rather than reconcile the other ranks as
+    if the world were smaller."""
     root = Path(run_dir) / "ranks"
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         m = re.fullmatch(r"rank(\d+)", child.name)
-        if m and (child / "events.jsonl").is_file():
+        events = child / "events.jsonl"
+        if m and events.is_file() and events.stat().st_size > 0:
             found.append(int(m.group(1)))
     return sorted(found)
 
@@ -224,7 +236,7 @@ class EventStream:
                     continue
                 try:
                     record = parse_event(obj)
-                except RecordError as exc:
+                except TypeMismatch as exc:
                     raise InputError(self.path, f"line {number}: {exc}") from None
                 if record is not None:
                     yield record
@@ -237,7 +249,7 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
         record = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"corrupt JSON ({exc.__class__.__name__})"
-    if not isinstance(record, dict) or "kind" not in record:
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
         return None, "not an event object with a 'kind'"
     return record, None
 

@@ -10,15 +10,16 @@ import streamlit as st
 
 from dashboard import state
 
+# No page icons: Streamlit fetches Material icons from fonts.gstatic.com, and the dashboard must draw with no network.
 PAGES = [
-    st.Page("pages/runs.py", title="Runs", icon=":material/list:", default=True),
-    st.Page("pages/reconciliation.py", title="Reconciliation", icon=":material/rule:"),
-    st.Page("pages/memory.py", title="Memory", icon=":material/memory:"),
-    st.Page("pages/pipeline.py", title="Pipeline", icon=":material/view_timeline:"),
-    st.Page("pages/overlap.py", title="Overlap", icon=":material/stacked_bar_chart:"),
-    st.Page("pages/topology.py", title="Topology", icon=":material/hub:"),
-    st.Page("pages/traces.py", title="Traces", icon=":material/timeline:"),
-    st.Page("pages/what_if.py", title="What if", icon=":material/tune:"),
+    st.Page("pages/runs.py", title="Runs", default=True),
+    st.Page("pages/reconciliation.py", title="Reconciliation"),
+    st.Page("pages/memory.py", title="Memory"),
+    st.Page("pages/pipeline.py", title="Pipeline"),
+    st.Page("pages/overlap.py", title="Overlap"),
+    st.Page("pages/topology.py", title="Topology"),
+    st.Page("pages/traces.py", title="Traces"),
+    st.Page("pages/what_if.py", title="What if"),
 ]
 
 st.set_page_config(page_title="train-ledger", layout="wide")

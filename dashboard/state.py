@@ -82,7 +82,7 @@ def _name(loader: Loader) -> str:
     return f"{loader.__module__}.{loader.__qualname__}"
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False, max_entries=64)
 def _view(path: str, sig: tuple) -> loaders.RunView:
     """The run read once per signature, shared by every loader of every page (a RunView is read-only to them)."""
     return loaders.open_run(path)
@@ -96,7 +96,7 @@ def _cached(name: str, _loader: Loader, path: str, sig: tuple, args: tuple) -> A
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _cached_runs(root: str, sig: tuple) -> list[dict[str, Any]]:
-    return loaders.list_runs(root)
+    return loaders.list_runs(root, lambda path: _view(str(path), signature(path)))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -214,6 +214,16 @@ def select_run(runs: list[dict[str, Any]]) -> str | None:
     run = st.sidebar.selectbox("Run", names, index=names.index(st.session_state[SELECTED]), format_func=labels.get)
     st.session_state[SELECTED] = run
     return run
+
+
+def timing_caveat(run: str) -> None:
+    """The run's shared-cores caveat above a page's timings, when its CPU ranks outnumber their cores
+    (ledger.evidence.run.cpu_sharing): the report sets those rows aside for the same reason, and a page must not
+    read waits for a core as exposed communication or a bubble."""
+    sharing = guarded(loaders.shared_cores, run)
+    if sharing:
+        st.warning(f"Timings here are not judged: {sharing}. The report shows them with verdict n/a for the same "
+                   "reason; read them as this machine's, not the layout's.")
 
 
 def current_run() -> str | None:

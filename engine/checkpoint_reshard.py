@@ -34,6 +34,7 @@ bit-exact. Nothing else is: model shape, precision, optimizer and global batch s
 from __future__ import annotations
 
 import copy
+import pickle
 import random
 import re
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import LAYOUT_DEFAULTS, RunConfig
+from common.errors import InputError
 from engine.model_builder import get_model
 from engine.parallel_state import (
     AXES,
@@ -281,7 +283,23 @@ def _read_saved(rank_file: RankFile, saved_cfg: RunConfig, needed: set[str], wit
 
 def _load_rank(rank_file: RankFile, rank: int) -> dict[str, Any]:
     """A saved rank's file, memory-mapped: only the slices read are paged in."""
-    return torch.load(rank_file(rank), map_location="cpu", weights_only=True, mmap=True)
+    return load_rank_file(rank_file(rank), mmap=True)
+
+
+def load_rank_file(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """One rank's saved state, or InputError naming the file: torch.load's own errors for a truncated or corrupt file
+    (a zip reader's internals, or advice to load with weights_only=False, which would run arbitrary code) are not
+    the user's to read."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except OSError as exc:
+        raise InputError(path, f"cannot be read ({exc.strerror or exc})") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError):
+        raise InputError(path, "is not a whole checkpoint file (truncated or corrupt; it loads only as torch.save "
+                               "wrote it)") from None
+    if not isinstance(state, dict) or "param_buffers" not in state:
+        raise InputError(path, "does not hold a rank's training state (no param_buffers)")
+    return state
 
 
 def _read_optimizer(state: dict[str, Any], layout: RankLayout, needed: set[str], tp_rank: int,

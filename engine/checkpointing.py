@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,8 @@ from common.config import (
     layout_differences,
 )
 from common.errors import UserError
-from engine.checkpoint_reshard import resharded_state, resharding_note
+from common.wording import plural
+from engine.checkpoint_reshard import load_rank_file, resharded_state, resharding_note
 from engine.optimizer.optimizer import _copy_pieces
 from probes.probe_set import NullProbeSet
 from probes.protocol import ProbeSetProtocol
@@ -54,6 +55,25 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _agreed(read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`read()` on every rank, and every rank stops if any rank's read failed, with that rank's message (the lowest
+    such rank's): a rank whose own file is fine would otherwise train on and die later of the lost peer, and the run
+    would record that instead of the file that stopped it."""
+    try:
+        state, problem = read(), None
+    except UserError as exc:
+        state, problem = None, str(exc)
+    problems = [problem]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    failed = [text for text in problems if text is not None]
+    if failed:
+        others = f" (the files of {plural(len(failed) - 1, 'other rank')} fail too)" if len(failed) > 1 else ""
+        raise UserError(failed[0] + others)
+    return state
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -281,7 +301,7 @@ class Checkpointer:
         c = self.run_config.checkpoint
         self.loaded_iteration = iteration
         directory = Path(c.load) / checkpoint_dir_name(iteration)
-        state = self._read_state(directory, with_optimizer=not (c.finetune or c.no_load_optim))
+        state = _agreed(lambda: self._read_state(directory, with_optimizer=not (c.finetune or c.no_load_optim)))
         self._load_params(state["param_buffers"], directory)
         if c.finetune or c.no_load_optim:
             _copy_pieces(self.optimizer.main_params, self.optimizer.model_params)  # a fresh optimizer's start
@@ -309,7 +329,7 @@ class Checkpointer:
         differ), the state this rank would have saved, resharded (engine.checkpoint_reshard)."""
         saved_layout = json.loads((directory / CHECKPOINT_LAYOUT_FILE).read_text())
         if not layout_differences(self.run_config, saved_layout):
-            return torch.load(_rank_file(directory), map_location="cpu", weights_only=True)
+            return load_rank_file(_rank_file(directory))
         if self.log:
             print(resharding_note(self.run_config, saved_layout, directory.name), flush=True)
         return resharded_state(self.run_config, saved_layout, lambda rank: _rank_file(directory, rank), self.model,

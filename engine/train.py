@@ -19,6 +19,7 @@ from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError, UserError
 from common.process import Terminated, die_with_parent, raise_on_termination
+from common.wording import plural
 
 
 def set_deterministic_mode() -> None:
@@ -54,7 +55,7 @@ def run(run_config: RunConfig, argv: list[str], device: torch.device) -> None:
         print(f"train-ledger: world {p.world_size} = tp {parallel_state.tp_size} x cp {parallel_state.cp_size} x "
               f"dp {parallel_state.dp_size} x pp {parallel_state.pp_size} (ep {parallel_state.ep_size}) on "
               f"{device.type}, "
-              f"{run_config.num_microbatches} micro-batches of {run_config.train.micro_batch_size} per step",
+              f"{plural(run_config.num_microbatches, 'micro-batch')} of {run_config.train.micro_batch_size} per step",
               flush=True)
     probes = create_probe_set(run_config, parallel_state, argv)
     try:
@@ -81,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(run_config, argv, device)
     except UserError as exc:  # found only once the ranks run (an existing --run-dir, say): still one line
-        if dist.get_rank() == 0:
-            print(f"train-ledger train: error: {exc}", file=sys.stderr)
+        print(f"train-ledger train: error: {exc}", file=sys.stderr, flush=True)  # the launcher relays one
         return 2
     except Terminated as exc:
         if dist.get_rank() == 0:

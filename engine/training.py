@@ -102,7 +102,7 @@ def forward_step(data_iterator, model: torch.nn.Module):
 
 
 def reduce_loss(losses: list[dict[str, torch.Tensor]], parallel_state: ParallelState,
-                device: torch.device) -> torch.Tensor:
+                device: torch.device, probes: ProbeSetProtocol = NullProbeSet()) -> torch.Tensor:
     """The global batch's mean loss on every rank, without leaving the device: micro-batches have equal token
     counts, and so have the CP ranks' shares of a sequence, so the mean of the micro-batch means, averaged over
     dp x cp (Megatron's dp_cp group), is the mean over the global batch."""
@@ -110,12 +110,14 @@ def reduce_loss(losses: list[dict[str, torch.Tensor]], parallel_state: ParallelS
     if ps.is_pipeline_last_stage:
         loss = torch.stack([d["lm loss"] for d in losses]).mean()
         if ps.dp_size * ps.cp_size > 1:
-            dist.all_reduce(loss, group=ps.groups["dp_cp"])
+            with probes.range("all-reduce loss", "dp-comm"):  # over dp x cp, as the grads; no bytes: not theirs
+                dist.all_reduce(loss, group=ps.groups["dp_cp"])
             loss = loss / (ps.dp_size * ps.cp_size)
     else:
         loss = torch.zeros((), device=device)
     if ps.pp_size > 1:
-        dist.broadcast(loss, src=ps.ranks["pp"][-1], group=ps.groups["pp"])
+        with probes.range("broadcast loss", "pp-comm"):  # no bytes: not the pipeline's point-to-point volume
+            dist.broadcast(loss, src=ps.ranks["pp"][-1], group=ps.groups["pp"])
     return loss
 
 
@@ -135,7 +137,7 @@ def train_step(forward_step_func: Callable, data_iterators: list, model: list[Di
     with config.probes.range("optimizer", "optimizer"):
         update_successful, grad_norm = optimizer.step()
     scheduler.step()
-    return reduce_loss(losses, parallel_state, device), update_successful, grad_norm
+    return reduce_loss(losses, parallel_state, device, config.probes), update_successful, grad_norm
 
 
 def training_log(step: StepLog, train_iters: int) -> None:
@@ -198,6 +200,7 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     probes.inventory(inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
+    probes.host_sweep()
     data_iterators = build_data_iterators(run_config, parallel_state, device, probes)
     checkpointer = Checkpointer(run_config, model, optimizer, scheduler, data_iterators, log=log, probes=probes)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.rank_info import DeviceInfo, RankInfo
 from common.run_dir import now_iso, read_manifest, update_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -66,14 +67,15 @@ def rank_info(parallel_state: Any, notes: dict[str, str]) -> dict[str, Any]:
     which the ledger checks against its own derivation of Megatron's rule."""
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
-        device = {"type": "cuda", "index": index, "name": torch.cuda.get_device_name(index),
-                  "total_bytes": torch.cuda.get_device_properties(index).total_memory}
+        device = DeviceInfo(type="cuda", index=index, name=torch.cuda.get_device_name(index),
+                            total_bytes=torch.cuda.get_device_properties(index).total_memory)
     else:
-        device = {"type": "cpu", "name": platform.processor() or platform.machine(), "cores": usable_cores()}
+        device = DeviceInfo(type="cpu", name=platform.processor() or platform.machine(), cores=usable_cores())
     backend = dist.get_backend() if dist.is_initialized() else None
-    return {"rank": parallel_state.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
-            "backend": backend, "coords": dict(parallel_state.coordinates),
-            "groups": {kind: list(ranks) for kind, ranks in parallel_state.ranks.items()}, "probes": notes}
+    return RankInfo(rank=parallel_state.rank, host=socket.gethostname(), pid=os.getpid(), device=device,
+                    backend=backend, coords=dict(parallel_state.coordinates),
+                    groups={kind: list(ranks) for kind, ranks in parallel_state.ranks.items()},
+                    probes=notes).to_json()
 
 
 def usable_cores() -> int | None:
@@ -110,11 +112,13 @@ def shared_run_id() -> str:
 
 
 def finish(run_dir: Path, rank: int, status: str, error: str | None) -> None:
-    """Record the end: rank 0 on success, any rank on failure; a recorded failure is never turned into success."""
+    """Record the end: rank 0 on success, any rank on failure. A recorded failure is never turned into success, nor
+    its error replaced: the first rank to fail recorded the cause; the others fail of it after (a peer's closed
+    connection, the SIGTERM torchrun sends them), and the run must say what stopped it, not what stopped them."""
     if status == "complete" and rank != 0:
         return
     current = read_manifest(run_dir)
-    if current["status"] == "failed" and status == "complete":
+    if current["status"] == "failed":
         update_manifest(run_dir, ended=now_iso())
         return
     fields: dict[str, Any] = {"status": status, "ended": now_iso()}

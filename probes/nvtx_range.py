@@ -34,6 +34,7 @@ CATEGORY_COLOURS: dict[str, str] = {
     "cp-comm": "lime",  # ring attention's K/V (and dK/dV) exchange with the next and previous CP rank
     "cp-wait": "white",  # a stall: attention waits for a ring exchange still in flight
     "ep-comm": "olive",  # MoE token dispatch / combine all-to-all over the expert-parallel group
+    "mp-comm": "brown",  # the grad norm's all-reduce over the model-parallel group
 }
 assert tuple(CATEGORY_COLOURS) == RANGE_CATEGORIES, "a colour for each of common.events' categories"
 CATEGORIES = RANGE_CATEGORIES
@@ -110,6 +111,10 @@ class Marker:
     def end(self, handle: object | None) -> None:
         if handle is not None:
             self._end(handle)  # type: ignore[misc]
+
+    def annotation(self, name: str) -> contextlib.AbstractContextManager:
+        """A record_function of `name` inside the profiler window (nothing outside it), without NVTX."""
+        return torch.profiler.record_function(name) if profiler_active() else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def range(self, name: str, category: str) -> Iterator[None]:

@@ -17,6 +17,7 @@ from common.errors import ConfigError
 from common.events import event
 from common.run_dir import MANIFEST, EventWriter, write_manifest
 from probes import compute_sweep as compute_sweep_mod
+from probes import host_sweep as host_sweep_mod
 from probes import manifest as manifest_mod
 from probes.bandwidth import Sweep, SweepSizes
 from probes.memory import MemoryHistory, MemoryProbe, attach_oom_observer
@@ -49,8 +50,11 @@ class NullProbeSet:
     def compute_sweep(self, run_config: Any, **shapes: Any) -> None:
         pass
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> None:
-        return None
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, None]:
+        return issue(), None
+
+    def host_sweep(self) -> None:
+        pass
 
     def comm_end(self, token: Any) -> None:
         pass
@@ -103,6 +107,7 @@ class ProbeSet:
         self.timer = StepTimer(use_cuda) if pc.timers else None
         self.bandwidth_sweep = pc.bandwidth_sweep
         self.compute_sweep_on, self.compute_sweep_cache = pc.compute_sweep, pc.compute_sweep_cache
+        self.host_sweep_on = pc.host_sweep
         self.nvml = NvmlSampler(pc.nvml_interval)
         self.run_id = manifest_mod.shared_run_id()
         self.window = None
@@ -159,19 +164,32 @@ class ProbeSet:
 
     def compute_sweep(self, run_config: Any, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
                       grad_buffer_numel: int, kernels: compute_sweep_mod.EngineKernels) -> None:
-        """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (a barrier each),
-        so that no measurement shares the cores with another rank's: the time model scales for that sharing."""
+        """A no-op unless --compute-sweep. Each GPU rank times its own device; CPU ranks take turns (_in_turns)."""
         if not self.compute_sweep_on:
             return
         spec = compute_sweep_mod.SweepSpec.from_run(run_config, first_stage=first_stage, last_stage=last_stage,
                                                     optimizer_numel=optimizer_numel,
                                                     grad_buffer_numel=grad_buffer_numel)
+        self._in_turns("compute", lambda device: compute_sweep_mod.run(spec, device, kernels,
+                                                                       use_cache=self.compute_sweep_cache))
+
+    def host_sweep(self) -> None:
+        """A no-op unless --host-sweep: the host's cost of each primitive call (probes.host_sweep), under the
+        profiler too when this rank has a profiler window. CPU ranks take turns (_in_turns)."""
+        if not self.host_sweep_on:
+            return
+        profiled = self.window is not None and self.window.use_torch_profiler
+        self._in_turns("host", lambda device: host_sweep_mod.run(device, profiled))
+
+    def _in_turns(self, kind: str, measure: Callable[[torch.device], list[dict[str, Any]]]) -> None:
+        """Write `measure`'s records on this rank's device. CPU ranks take turns (a barrier each), so that no
+        measurement shares the cores with another rank's: the time model scales for that sharing."""
         device = torch.device("cuda", torch.cuda.current_device()) if self.memory.use_cuda else torch.device("cpu")
         turns = range(self.world_size) if device.type == "cpu" and dist.is_initialized() else [self.rank]
         for turn in turns:
             if turn == self.rank:
-                for record in compute_sweep_mod.run(spec, device, kernels, use_cache=self.compute_sweep_cache):
-                    self.writer.write(event("compute", None, **record))
+                for record in measure(device):
+                    self.writer.write(event(kind, None, **record))
                 self.writer.sync()
             if len(turns) > 1:
                 dist.barrier()
@@ -183,13 +201,18 @@ class ProbeSet:
             return _NULL
         return _ProbedRange(self, name, category, attrs)
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> Any:
-        """An async collective was issued; NVTX gets a start/end range (it may overlap others), no record_function
-        (the collective's own ops are in the profiler trace)."""
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, Any]:
+        """Issue an async collective (`issue()`, which returns its work handle): NVTX gets a start/end range (it may
+        overlap others) and the timer an interval, both ended by comm_end after the wait; the issue call itself runs
+        inside a record_function of the same name, so that a trace ties the collective to this range, and through
+        it to its group, whichever worker thread of the group then runs it (ledger.evidence.trace_groups).
+        Returns (work, token)."""
         check_category(category)
         handle = self.marker.start(name, category)
         interval = self.timer.comm_begin(name, category, attrs) if self.timer is not None else None
-        return handle, interval
+        with self.marker.annotation(name):
+            work = issue()
+        return work, (handle, interval)
 
     def comm_end(self, token: Any) -> None:
         handle, interval = token

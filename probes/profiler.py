@@ -29,6 +29,15 @@ import torch
 from common.run_dir import atomic_open, trace_path
 
 
+def torch_profile() -> torch.profiler.profile:
+    """The profiler as the window runs it (CPU and, where present, CUDA activities; shapes recorded): the host sweep
+    times its primitives under the same one."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities, record_shapes=True)
+
+
 class ProfilerWindow:
     def __init__(self, run_dir: str | os.PathLike, rank: int, world_size: int, run_id: str, start: int, end: int,
                  ranks: list[int], use_torch_profiler: bool, nsys: bool):
@@ -71,10 +80,7 @@ class ProfilerWindow:
             torch.cuda.profiler.start()
             self._nsys_running = True
         if self.use_torch_profiler and step == self.start and self._prof is None:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self._prof = torch.profiler.profile(activities=activities, record_shapes=True)
+            self._prof = torch_profile()
             self._prof.start()
             self._first = step
         if self._prof is not None:

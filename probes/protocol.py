@@ -15,6 +15,7 @@ data loaders and the checkpointer make exactly these; keep them stable):
                                                     # (probes.bandwidth.SweepSizes)
     probes.compute_sweep(run_config, first_stage=..., last_stage=...,
                          optimizer_numel=..., grad_buffer_numel=..., kernels=EngineKernels(...))  # optional, start-up
+    probes.host_sweep()                             # optional, start-up: the host's cost per kind of call
     with probes.range("forward stage0 mb3", "forward", stage=0, microbatch=3, chunk=0):   # NVTX + record_function
         ...                                         # + a timer when timers are on; categories: iteration, forward,
                                                     # backward, optimizer, dp-comm, pp-comm, tp-comm,
@@ -25,7 +26,8 @@ data loaders and the checkpointer make exactly these; keep them stable):
                                                     # data-wait (a stall: next() waiting on the data loader's queue,
                                                     # "wait data mbN" nested in a forward; engine.data),
                                                     # cp-comm, cp-wait, ep-comm (common.events.RANGE_CATEGORIES)
-    token = probes.comm_begin("reduce-scatter bucket2", "dp-comm", bucket=2, bytes=n)   # an async collective issued
+    work, token = probes.comm_issue("reduce-scatter bucket2", "dp-comm", issue, bucket=2, bytes=n)  # issue(): the
+                                                    # async collective, issued inside a record_function of the range
     probes.comm_end(token)                          # ... and its wait returned
     probes.step_begin(iteration)
     probes.step_end(iteration, loss=..., lr=..., grad_norm=..., tokens=..., step_time_s=...)
@@ -57,8 +59,8 @@ class ProbeSetProtocol(Protocol):
 
     def range(self, name: str, category: str, **attrs: Any) -> AbstractContextManager[None]: ...
 
-    def comm_begin(self, name: str, category: str, **attrs: Any) -> Any:
-        """Returns the token that comm_end takes."""
+    def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, Any]:
+        """Runs `issue()` (an async collective) in the range; returns its work handle and the token comm_end takes."""
 
     def comm_end(self, token: Any) -> None: ...
 
@@ -67,6 +69,8 @@ class ProbeSetProtocol(Protocol):
 
     def compute_sweep(self, run_config: RunConfig, *, first_stage: bool, last_stage: bool, optimizer_numel: int,
                       grad_buffer_numel: int, kernels: EngineKernels) -> None: ...
+
+    def host_sweep(self) -> None: ...
 
     def checkpoint(self, action: str, **fields: Any) -> None: ...
 

@@ -9,6 +9,7 @@ with == and torch.equal, not a tolerance.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import torch
 
 from common.arguments import parse_args
 from common.config import LATEST_CHECKPOINT_FILE, checkpoint_layout
-from common.errors import ConfigError
+from common.errors import ConfigError, InputError
 from engine import checkpointing
 from probes.probe_set import NullProbeSet
 from tests.support.gloo import run_distributed
@@ -292,7 +293,60 @@ def test_load_of_an_empty_directory_starts_from_scratch_and_says_so(tmp_path, ca
     assert loaded["losses"] == fresh["losses"]
 
 
+def test_a_load_path_that_does_not_exist_is_refused(tmp_path):
+    """A typo in --load must not restart a run from scratch; leaving out --load is how to start fresh."""
+    missing = tmp_path / "ckpt-typo"
+    with pytest.raises(ConfigError, match=f"--load {missing}: does not exist; to start from scratch leave out --load"):
+        parse_args(TINY + ["--load", str(missing)], world_size=1)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="is a file, not a checkpoint directory"):
+        parse_args(TINY + ["--load", str(tmp_path / "afile")], world_size=1)
+
+
+def test_the_save_directory_before_its_first_save_starts_from_scratch(tmp_path):
+    """A job that resumes itself passes one DIR to --save and --load; its first start finds nothing there yet."""
+    first = str(tmp_path / "ckpt")
+    assert parse_args(TINY + ["--save", first, "--load", first], world_size=1).checkpoint.load == first
+
+
 # --- bad input -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated"])
+def test_a_damaged_rank_file_is_an_input_error_naming_it(tmp_path, damage):
+    """torch.load's own message would suggest weights_only=False (which runs arbitrary code) or quote a zip reader."""
+    from engine.checkpoint_reshard import load_rank_file
+
+    whole = tmp_path / "whole.pt"
+    torch.save({"param_buffers": [torch.zeros(1000)]}, whole)
+    path = tmp_path / "rank_00000.pt"
+    path.write_bytes(bytes(range(256)) * 8 if damage == "random bytes" else whole.read_bytes()[:500])
+    with pytest.raises(InputError) as raised:
+        load_rank_file(path)
+    assert str(raised.value) == f"{path}: is not a whole checkpoint file (truncated or corrupt; it loads only as " \
+                                "torch.save wrote it)"
+    assert load_rank_file(whole)["param_buffers"][0].shape == (1000,)
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_stops_every_rank_at_load_with_its_cause(tmp_path):
+    """2 gloo ranks resume from a checkpoint whose rank 1 file is cut short: one line naming that file, exit 2, no
+    step trained, and the manifest (which reconcile repeats) records that file, not a lost peer or a SIGTERM."""
+    cli = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "2", *TINY]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    save = subprocess.run(cli + ["--train-iters", "2", "--save", str(tmp_path / "ck")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert save.returncode == 0, save.stderr
+    damaged = tmp_path / "ck" / "iter_0000002" / "rank_00001.pt"
+    damaged.write_bytes(damaged.read_bytes()[:500])
+    run = tmp_path / "run"
+    resume = subprocess.run(cli + ["--train-iters", "4", "--load", str(tmp_path / "ck"), "--run-dir", str(run)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    expected = f"{damaged}: is not a whole checkpoint file (truncated or corrupt; it loads only as torch.save wrote it)"
+    assert resume.returncode == 2
+    assert resume.stderr.splitlines() == [f"train-ledger train: error: {expected}"]
+    assert "iteration" not in resume.stdout
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and expected in manifest["error"]
 
 BAD_FLAGS = {
     "zero save interval": (["--save", "ckpt", "--save-interval", "0"], "--save-interval must be >= 1, got 0"),

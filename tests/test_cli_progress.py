@@ -34,10 +34,25 @@ def test_export_trace_reports_each_pass_when_progress_is_forced(run, tmp_path, c
     assert cli(["export-trace", str(run), "--out", str(tmp_path / "m.json.gz")]) == 0
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert [line.split(" [")[0] for line in lines] == ["export-trace: reading trace 1/1 (rank 0)",
-                                                       "export-trace: writing rank 0 (1/1), 0 events so far"]
+    # each pass says what it starts and each trace when it is done (workers finish in no set order)
+    assert [line.split(" [")[0] for line in lines] == ["export-trace: reading 1 trace",
+                                                       "export-trace: read trace 1/1 (rank 0)",
+                                                       "export-trace: writing 1 rank",
+                                                       "export-trace: wrote rank 0 (1/1), 13,068 events so far"]
     assert all(line.endswith(" s]") for line in lines)
     assert "reading trace" not in captured.out  # stdout is what it was
+
+
+def test_reconcile_reports_its_traces_when_progress_is_forced_but_never_with_json(run, tmp_path, capsys,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("TRAIN_LEDGER_PROGRESS", "1")
+    assert cli(["reconcile", str(run), "--out", str(tmp_path / "a")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["reconcile: reading 1 trace",
+                                                       "reconcile: read trace 1/1 (rank 0)"]
+    assert cli(["reconcile", str(run), "--out", str(tmp_path / "b"), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and json.loads(captured.out)["run"]["traces"]
 
 
 def test_a_bad_progress_setting_is_one_line_and_exit_2(run, tmp_path, capsys, monkeypatch):

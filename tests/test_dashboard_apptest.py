@@ -23,6 +23,7 @@ from common.errors import InputError  # noqa
 from dashboard import state  # noqa: E402
 from ledger.present import loaders  # noqa: E402
 from ledger.present.headline import HEADLINES  # noqa: E402
+from ledger.present.report_view import NSYS_COMMAND  # noqa: E402
 from tests.fixtures.dashboard.runs import BROKEN, COMPLETE, make_runs_root  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -92,35 +93,42 @@ def test_empty_root_renders_every_page(tmp_path: Path, monkeypatch: pytest.Monke
         assert "No runs under" in texts(at.info), page
 
 
-def test_runs_page_lists_every_run_with_headline_figures_and_errors(app: AppTest) -> None:
+def headline_of(at: AppTest, run: str) -> dict[str, str]:
+    """The Runs page's headline table of the selected run: figure -> value."""
+    open_page(at, "runs", run)
+    return dict(at.dataframe[1].value.itertuples(index=False))
+
+
+def test_runs_page_lists_every_run_and_the_selected_runs_headline(app: AppTest) -> None:
     table = app.dataframe[0].value.set_index("run")
     assert set(table.index) == {COMPLETE, "cpu", *BROKEN}
     assert table.loc[COMPLETE, "status"] == "complete"
     assert table.loc[COMPLETE, "layout"] == "8 = TP2 x CP1 x DP2 x PP2"
-    # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built; measured by the timers
-    assert table.loc[COMPLETE, "pipeline bubble"] == "20.00% · measured"
     assert table.loc["crashed", "status"] == "running"
     (warning,) = app.warning  # the broken runs and their errors, once, above the table
     assert "**corrupt-manifest**" in warning.value and "corrupt JSON" in warning.value
     assert "**corrupt-trace**" in warning.value and "gzip" in warning.value
     assert "error" not in table.columns
     assert not table.isin(["None", None]).any().any()
+    # (p-1)/(m+p-1) with p=2, m=4, as the fixture is built; measured by the timers
+    assert headline_of(app, COMPLETE)["pipeline bubble"] == "20.00% · measured"
+    assert list(headline_of(app, COMPLETE)) == [h.label for h in HEADLINES]
 
 
 def test_runs_page_labels_figures_predicted_or_measured(app: AppTest) -> None:
     """The GPU run measures its peak (memory_stats); the CPU run cannot, so its peak is the formula's."""
-    table = app.dataframe[0].value.set_index("run")
-    assert table.loc[COMPLETE, "peak memory"].endswith(" · measured")
-    assert table.loc["cpu", "peak memory"].endswith(" · predicted")
-    assert table.loc["cpu", "bytes/param"].endswith(" · engine inventory")
-    assert table.loc["cpu", "MFU"] == "—"  # no GPU peak to divide by: no figure, and no label
+    assert headline_of(app, COMPLETE)["peak memory"].endswith(" · measured")
+    cpu = headline_of(app, "cpu")
+    assert cpu["peak memory"].endswith(" · predicted")
+    assert cpu["bytes/param"].endswith(" · engine inventory")
+    assert cpu["MFU"] == "—"  # no GPU peak to divide by: no figure, and no label
     assert "**measured**" in texts(app.caption) and "**predicted**" in texts(app.caption)
 
 
 def test_comparison_puts_two_runs_side_by_side(app: AppTest) -> None:
     app.multiselect(key="compare").set_value([COMPLETE, "cpu"]).run()
     assert not app.exception
-    side = app.dataframe[1].value
+    side = app.dataframe[2].value
     assert list(side.columns) == [COMPLETE, "cpu", "same"]
     assert side.loc["layout", COMPLETE] == "8 = TP2 x CP1 x DP2 x PP2"
     assert side.loc["layout", "cpu"] == "4 = TP2 x CP1 x DP2 x PP1"
@@ -229,7 +237,8 @@ def test_traces_page_merges_and_offers_the_download(app: AppTest) -> None:
     app.button(key="tr_merge").click().run()
     assert not app.exception and not app.error, texts(app.error)
     assert "events from ranks [0, 1, 2, 3, 4, 5, 6, 7]" in texts(app.success)
-    assert "nsys profile --capture-range=cudaProfilerApi" in texts(app.markdown)
+    shown = " ".join(texts(app.markdown).replace("\\\n", " ").split())  # its code block wraps lines with "\\"
+    assert " ".join(NSYS_COMMAND.split()) in shown  # the report's command, from one place
 
 
 def test_run_names_from_the_ui_cannot_leave_the_root(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,3 +289,32 @@ def test_dashboard_command_bad_input_is_one_line_exit_2(args: list[str], message
     assert cli.main(["dashboard", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_cpu_runs_pages_say_what_a_cpu_measures(app: AppTest) -> None:
+    """The synthetic CPU run (4 ranks, cores not recorded): no caption speaks of NVML, reserved or outside-PyTorch
+    memory; the timeline is called the process RSS, not read as a leak; the timing pages carry the shared-cores
+    caveat the report states."""
+    open_page(app, "memory", "cpu")
+    captions = texts(app.caption)
+    assert "NVML" not in captions and "reserved" not in captions and "outside PyTorch" not in captions
+    assert "resident memory (RSS)" in captions and "no leak by itself" in captions
+    for page in ("overlap", "pipeline"):
+        open_page(app, page, "cpu")
+        assert "Timings here are not judged: 4 ranks share host" in texts(app.warning), page
+    open_page(app, "overlap", COMPLETE)
+    assert "Timings here are not judged" not in texts(app.warning)  # GPU ranks share no cores
+
+
+def test_the_overlap_pages_means_are_over_the_reports_steps(app: AppTest) -> None:
+    from ledger.evidence.steps import step_list
+
+    open_page(app, "overlap", COMPLETE)
+    intervals = loaders.bucket_intervals(loaders.open_run(state.resolve_run(COMPLETE)))
+    counted = sorted({i["step"] for i in intervals if i["rank"] == 0 and i["counted"]})
+    every = sorted({i["step"] for i in intervals if i["rank"] == 0})
+    assert counted and counted != every  # the run's first step is left out, as the report leaves it out
+    assert f"mean over {step_list(counted)}, the steps the report's overlap rows count" in figure_specs(app)
+    rows = [r for r in loaders.load_rows(loaders.open_run(state.resolve_run(COMPLETE)))
+            if r["metric"].endswith("overlapped_fraction") and r["rank"] == 0 and r["source"] == "timers"]
+    assert rows and all(f"mean of {step_list(counted)} (timers)" in r["explanation"] for r in rows)

@@ -12,7 +12,7 @@ import pytest
 from tests.fixtures.dashboard.runs import COMPLETE, make_runs_root
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PAGE_S, dashboard_server, playwright, settle
 
-PAGES = ["Runs", "Reconciliation", "Memory", "Pipeline", "Overlap", "Topology", "Traces"]
+PAGES = ["Runs", "Reconciliation", "Memory", "Pipeline", "Overlap", "Topology", "Traces", "What if"]
 CHARTED = {"Memory", "Pipeline", "Overlap", "Topology"}  # pages whose Plotly figures must draw
 
 
@@ -33,10 +33,29 @@ def page(server: str, tmp_path_factory: pytest.TempPathFactory):
         try:
             tab = context.new_page()
             tab.set_default_timeout(PAGE_S * 1000)
+            tab.requests_elsewhere = []  # every request that is not to the dashboard's own server
+            tab.on("request", lambda r: None if r.url.startswith((server, "data:", "blob:"))
+                   else tab.requests_elsewhere.append(r.url))
             tab.goto(server)
             yield tab
         finally:
             context.close()
+
+
+# Elements of the page's main column that stick out past the window's right edge, or scroll sideways inside it
+# (a data grid wider than its box); tiny inline boxes (an icon's span) are no table.
+OVERFLOW_JS = """() => {
+    const width = document.documentElement.clientWidth, out = [];
+    for (const el of document.querySelectorAll('[data-testid="stMain"] *')) {
+        const box = el.getBoundingClientRect();
+        const scrolls = el.clientWidth > 40 && el.scrollWidth > el.clientWidth + 2
+            && getComputedStyle(el).overflowX !== 'visible';
+        if ((box.width > 0 && box.right > width + 1) || scrolls)
+            out.push(`${el.tagName}.${el.className} right ${Math.round(box.right)} `
+                     + `scroll ${el.scrollWidth}/${el.clientWidth}`);
+    }
+    return out;
+}"""
 
 
 def visit(tab, title: str) -> None:
@@ -51,16 +70,36 @@ def choose_run(tab, run: str) -> None:
     settle(tab)
 
 
-def test_every_page_renders_in_chromium(page, tmp_path: Path) -> None:
+@pytest.mark.parametrize("run", [COMPLETE, "cpu"])
+def test_every_page_renders_in_chromium_within_1400_px_and_offline(page, tmp_path: Path, run: str) -> None:
     settle(page)
-    choose_run(page, COMPLETE)
+    choose_run(page, run)
     for title in PAGES:
         visit(page, title)
         assert page.locator('[data-testid="stException"]').count() == 0, title
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0, title
-        if title in CHARTED:
+        if title in CHARTED and run == COMPLETE:
             page.wait_for_selector(".js-plotly-plot .main-svg")
-        page.screenshot(path=str(tmp_path / f"{COMPLETE}-{title.lower()}.png"), full_page=True)
+        assert page.evaluate(OVERFLOW_JS) == [], title
+        page.screenshot(path=str(tmp_path / f"{run}-{title.lower().replace(' ', '-')}.png"), full_page=True)
+    assert page.requests_elsewhere == []
+    assert page.get_by_text("Deploy", exact=True).count() == 0  # Streamlit's developer toolbar is not shown
+
+
+def test_the_traces_page_draws_each_steps_waterfall_without_the_network(page, tmp_path: Path) -> None:
+    """The complete run's first traced rank and step: the step decomposition's waterfall, inline SVG in an iframe, a
+    bar per term (ledger.present.step_waterfall), and nothing in the frame that loads from anywhere."""
+    choose_run(page, COMPLETE)
+    visit(page, "Traces")
+    assert page.get_by_text("Where each profiled step went").count() == 1
+    chart = page.frame_locator("iframe").first
+    chart.locator("svg rect").first.wait_for()
+    assert chart.locator("svg text", has_text="device compute").count() == 1
+    assert chart.locator("svg text", has_text="step, measured: the sum").count() == 1
+    assert chart.locator("svg rect").count() >= 5
+    # nothing loads from elsewhere (Streamlit's own inline script sizes the frame; the chart carries none)
+    assert chart.locator("link, img, iframe, [src], [href]").count() == 0
+    page.screenshot(path=str(tmp_path / f"{COMPLETE}-traces-waterfall.png"), full_page=True)
 
 
 def test_a_broken_run_shows_its_error_not_a_crash(page, tmp_path: Path) -> None:

@@ -62,7 +62,8 @@ def test_a_second_start_reads_the_cache_and_never_the_bin(tmp_path, monkeypatch)
         check_data(cfg)  # the poison works: without a cache the vocabulary check scans the .bin
     check_data(cfg)  # the launcher's check: scans, builds, writes
     built = build_train_dataset(cfg)
-    assert sorted(p.name.split("-", 1)[1] for p in (tmp_path / "c" / "cache").rglob("*.*")) == [
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.bin", "c.idx", "cache"]  # no folder named like the data
+    assert sorted(p.name.split("-", 1)[1] for p in (tmp_path / "cache").rglob("*.*")) == [
         "GPTDataset-description.txt", "GPTDataset-document_index.npy", "GPTDataset-sample_index.npy",
         "GPTDataset-shuffle_index.npy", "IndexedDataset-description.txt", "IndexedDataset-max_token.npy"]
     with bin_unreadable(monkeypatch):
@@ -79,7 +80,7 @@ def test_only_the_writing_process_writes(tmp_path):
     _corpus(tmp_path / "c")
     cfg = _config(str(tmp_path / "c"))
     assert not build_train_dataset(cfg).from_cache  # a rank that does not write builds in memory
-    assert not (tmp_path / "c" / "cache").exists()
+    assert not (tmp_path / "cache").exists()
     assert not build_train_dataset(cfg, write_cache=True).from_cache
     assert build_train_dataset(cfg).from_cache
 
@@ -110,7 +111,7 @@ def test_a_blend_caches_its_indices_too(tmp_path):
     _corpus(tmp_path / "b", lengths=[30, 20, 10])
     cfg = _config("0.7", str(tmp_path / "a"), "0.3", str(tmp_path / "b"))
     check_data(cfg)
-    assert list((tmp_path / "a" / "cache" / "BlendedDataset").glob("*-BlendedDataset-dataset_index.npy"))
+    assert list((tmp_path / "cache" / "BlendedDataset").glob("*-BlendedDataset-dataset_index.npy"))
     first, second = build_train_dataset(cfg, write_cache=True), build_train_dataset(cfg)
     assert [second[i].tolist() for i in range(len(second))] == [first[i].tolist() for i in range(len(first))]
 
@@ -138,7 +139,7 @@ def test_data_cache_path_puts_every_entry_there(tmp_path):
     cfg = _config(str(tmp_path / "c"), extra=("--data-cache-path", str(tmp_path / "elsewhere")))
     assert cfg.train.data_cache_path == str(tmp_path / "elsewhere")
     check_data(cfg)
-    assert not (tmp_path / "c").exists()
+    assert not (tmp_path / "cache").exists()
     assert len(list((tmp_path / "elsewhere").glob("*-description.txt"))) == 2
     assert build_train_dataset(cfg).from_cache
 
@@ -173,6 +174,6 @@ def test_an_unwritable_data_directory_still_trains_and_says_so_once(tmp_path, ca
         with world_of_one():
             result = train_and_collect(parse_args(argv, world_size=1))
     assert len(result["losses"]) == 2 and all(np.isfinite(result["losses"]))
-    assert not (data / "c").exists()
+    assert not (data / "cache").exists()
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("data cache:")]
-    assert len(said) == 1 and f"cannot write {data / 'c' / 'cache'}" in said[0], said
+    assert len(said) == 1 and f"cannot write {data / 'cache'}" in said[0], said

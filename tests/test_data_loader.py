@@ -24,9 +24,9 @@ from engine.data import (
 )
 from engine.data_loader import Prefetcher
 from engine.datasets.indexed_dataset import IndexedDatasetWriter
-from probes.probe_set import NullProbeSet
 from tests.support.gloo import world_of_one
 from tests.support.parity import train_and_collect
+from tests.support.recording_probes import RangeLog
 
 CPU = torch.device("cpu")
 
@@ -95,14 +95,6 @@ class SlowDataset:
         time.sleep(self.seconds)
         return self.inner[index]
 
-
-class RangeLog(NullProbeSet):
-    def __init__(self):
-        self.ranges: list[tuple[str, str]] = []
-
-    def range(self, name, category, **attrs):
-        self.ranges.append((name, category))
-        return super().range(name, category, **attrs)
 
 
 def test_the_wait_is_measured_inside_a_data_wait_range_and_taken_per_step():

@@ -61,6 +61,33 @@ def test_cpu_demo_buckets_give_overlap_something_to_show() -> None:
     assert len(first_stage.buckets) - 1 >= 3  # buckets whose overlap is predicted, beside the last one issued
 
 
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4, 8])
+def test_the_demos_default_steps_leave_a_steady_step_outside_the_profiler_on_every_device(gpus: int) -> None:
+    """The demo's own flags, parsed as the engine parses them, on each layout it picks (the CPU's and each GPU
+    count's): the ledger's step selection from the config's profiler window (ledger.evidence.steps, as for records
+    without flags) leaves at least one of the default steps steady (not the first, not profiled, not after the trace
+    export), so throughput.step_time has a measurement. The profiler records steps 2-3 and one more, and in a world
+    of more than one every rank waits for the slowest export in step 5: the first steady step is 6 (5 alone)."""
+    from cli.demo import choose_layout, demo_flags, parser
+    from common.arguments import parse_args
+    from ledger.evidence.steps import select_steps
+
+    iters = parser().parse_args([]).train_iters
+    layout = choose_layout(gpus)
+    cfg = parse_args(demo_flags(layout, iters, Path("unused"))[:-2], world_size=layout.world)
+    steady = select_steps(cfg, layout.world, [], range(1, iters + 1)).steady(range(1, iters + 1))
+    assert steady == ([5, 6] if layout.world == 1 else [6])
+
+
+@pytest.mark.parametrize("iters", ["5", "0", "1001"])
+def test_fewer_demo_steps_than_a_steady_one_needs_is_one_line_exit_2(iters: str, capsys) -> None:
+    import cli.main as cli
+
+    assert cli.main(["demo", "--train-iters", iters]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--train-iters {iters}: the demo takes 6" in err
+
+
 def test_timing_note_is_given_when_ranks_outnumber_cores() -> None:
     from cli.demo import Layout, timing_note
 
@@ -89,7 +116,7 @@ def test_readme_says_where_to_look_after_the_demo() -> None:
 @pytest.mark.timeout(DEMO_TIMEOUT + 60)
 def test_progress_is_shown_phase_by_phase(demo) -> None:
     out = demo[1].stdout
-    marks = ["demo: [1/3] training", " iteration        1/", " iteration        4/", "demo: [2/3] reconciling",
+    marks = ["demo: [1/3] training", " iteration        1/", " iteration        6/", "demo: [2/3] reconciling",
              "demo: [3/3] writing the report", "headline (", "open it in the dashboard:"]
     positions = [out.find(m) for m in marks]
     assert -1 not in positions and positions == sorted(positions), dict(zip(marks, positions))

@@ -43,7 +43,7 @@ def run_dir(tmp_path_factory):
 
 def _num_grad_buckets(run_dir, rank: int) -> int:
     (buffer,) = [e for e in iter_events(run_dir, rank, {"inventory"}) if e.tensor_kind == "grad_buffer"]
-    return len(buffer["buckets"])
+    return len(buffer.buckets)
 
 
 def _steps(run_dir, rank: int) -> dict[int, tuple[dict, list[dict]]]:

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.reconcile.run import Reconciliation, reconcile
+from common.ops.sizes import padded_vocab_size
+from ledger.evidence.read import read_run
+from ledger.reconcile.run import Reconciliation, reconcile, run_steps
 from tests.support.recorded_runs import FIXTURES, only
 
 LARGE = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers", "s16384", "s2048-mbs4",
@@ -84,9 +86,7 @@ def test_plans_peak_is_the_measured_peak_and_the_logits_transient_does_not_stack
     """`plan` / `simulate` (ledger/models/formulas/peak_memory.py) give the peak as static + activations, the logits
     transient apart: measured, that sum is within 0.5% on every run, and the sum with the transient (1-2 GB here)
     would be further off than that by more than the transient's own share."""
-    from ledger.evidence.read import read_run
     from ledger.models.formulas.peak_memory import stage_peaks
-
 
     peak = stage_peaks(read_run(FIXTURES / "h200_llama1b" / name).config)[0]
     measured = only(large[name], "memory.peak_allocated").measured
@@ -95,11 +95,14 @@ def test_plans_peak_is_the_measured_peak_and_the_logits_transient_does_not_stack
     assert abs(peak.total + peak.logits_transient - measured) / measured > 0.02
 
 
-def test_recompute_lowers_the_measured_peak_full_below_selective_at_most_none(large):
+def test_the_peak_formula_orders_the_recompute_modes_as_the_measurement_does(large):
+    """Full recompute keeps one layer's input per layer, selective drops the attention scores, none keeps every saved
+    tensor (docs/formulas.md, "Recompute"): the formula's peaks, from each run's config alone, rank the three s8192
+    runs as their measured peaks do."""
     peak = {mode: only(large[f"s8192{suffix}"], "memory.peak_allocated", rank=0)
             for mode, suffix in (("none", ""), ("selective", "-selective"), ("full", "-full"))}
-    assert peak["full"].measured < peak["selective"].measured <= peak["none"].measured
-    assert peak["full"].predicted < peak["selective"].predicted <= peak["none"].predicted
+    by_prediction = sorted(peak, key=lambda mode: peak[mode].predicted)
+    assert by_prediction == sorted(peak, key=lambda mode: peak[mode].measured) == ["full", "selective", "none"]
 
 
 def test_recompute_shows_in_the_backward_not_the_forward(large):
@@ -111,7 +114,29 @@ def test_recompute_shows_in_the_backward_not_the_forward(large):
     assert pred["s8192"][1] < pred["s8192-selective"][1] < pred["s8192-full"][1]
 
 
-# ---- the tiny run the model does not capture ---------------------------------------------------------------------
+def test_backward_over_forward_expects_the_forward_each_recompute_mode_re_runs(large):
+    """docs/formulas.md, "Backward over forward": 2 + rho, rho the forward FLOPs the backward re-runs over the
+    forward's. One stage of L llama3.2-1b layers at seq 8192: a layer's forward is 2 s b (h (q + 2 kv) + q h + 3 h f)
+    GEMM FLOPs plus 2 b a s^2 d of causal attention, the output layer 2 s b h V. Full recompute (uniform 1) re-runs
+    every layer, not the output layer: rho = L layer / (L layer + head); selective re-runs core attention:
+    rho = L attention / (L layer + head); none re-runs nothing. Each row judges its run's measured ratio as ok: the
+    2x rule alone had full recompute's 3.16 warn."""
+    cfg = read_run(FIXTURES / "h200_llama1b" / "s8192").config
+    m, b = cfg.model, cfg.train.micro_batch_size
+    s, h, f, q, kv = m.seq_length, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads * m.head_dim, m.kv_channels
+    attention = 2 * b * m.num_attention_heads * s * s * m.head_dim
+    layer = 2 * s * b * (h * (q + 2 * kv) + q * h + 3 * h * f) + attention
+    head = 2 * s * b * h * padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
+    forward = m.num_layers * layer + head
+    expected = {"s8192": 2.0, "s8192-selective": 2 + m.num_layers * attention / forward,
+                "s8192-full": 2 + m.num_layers * layer / forward}
+    for name, ratio in expected.items():
+        r = only(large[name], "pipeline.backward_over_forward", stage=0)
+        assert r.predicted == pytest.approx(ratio, rel=1e-9) and r.verdict == "ok", (name, r)
+    assert 2 < expected["s8192-selective"] < expected["s8192-full"] < 3
+
+
+# ---- the tiny run the host paces --------------------------------------------------------------------------------
 
 def per_step_phases(run: Path, steps: set[int]) -> dict[str, float]:
     """Forward, backward and optimizer timer time per step, averaged over `steps`, straight from the events."""
@@ -123,13 +148,18 @@ def per_step_phases(run: Path, steps: set[int]) -> dict[str, float]:
     return {k: v / len(steps) for k, v in totals.items()}
 
 
-def test_a_host_bound_two_layer_run_is_under_predicted_visibly_and_the_largest_gap_is_named(small):
+def test_the_host_bound_two_layer_run_is_paced_by_the_host_timeline_and_the_largest_gap_is_named(small):
+    # Its kernels are too short for the host to keep ahead: the device-only model predicted 29.0 ms against 36.2 ms.
+    # It is the host timeline's calibration run (host_recipe.CONTEXT is fitted on this step, BENCHMARKS.md "The host
+    # timeline"), so its step within the row's 5% holds that fit in place rather than validating it; without a host
+    # sweep of its own, its host costs are the H200 file's, and the forward rows say the host sets their pace.
     run, result = small
     step = only(result, "throughput.step_time")
-    assert step.verdict != "ok" and step.predicted < step.measured
-    # steady steps: not the first, none the profiler flagged (window 4-5 and the extra step 6 it records)
-    records = [json.loads(line) for line in (run / "ranks" / "rank0" / "events.jsonl").read_text().splitlines()]
-    steady = {e["step"] for e in records if e["kind"] == "step" and e["step"] > 1 and not e["profiled"]}
+    assert step.verdict == "ok" and abs(step.predicted / step.measured - 1) < 0.05
+    forward = only(result, "time.forward_per_microbatch")
+    assert "the host paces the device" in forward.explanation
+    # steady steps of its 8: not the first, none the profiler disturbed (window 4-5 and the extra step 6 it records)
+    steady = set(run_steps(read_run(run)).steady(range(1, 9)))
     assert steady == {2, 3, 7, 8}
     measured = per_step_phases(run, steady)
     m = 4
@@ -143,7 +173,10 @@ def test_a_host_bound_two_layer_run_is_under_predicted_visibly_and_the_largest_g
 # ---- each time row can be off -----------------------------------------------------------------------------------
 
 def corrupted(src: Path, dst: Path, factor: float, what: str) -> Path:
-    """A copy of `src` with `what` (a timer category, or "step" for the step records' step_time_s) scaled."""
+    """A copy of `src` whose `what` (a timer category, or "step": the step records and the iteration ranges) took
+    `factor` times its measured time, every field that says so moved together: a range keeps its start and its end
+    moves (end_s, t_end, duration_s); a step record's step_time_s scales and its rates scale inversely. A prediction
+    that read any of these fields would move with the measurement and stay "ok"."""
     copy(src, dst)
     events = dst / "ranks" / "rank0" / "events.jsonl"
     lines = []
@@ -151,8 +184,12 @@ def corrupted(src: Path, dst: Path, factor: float, what: str) -> Path:
         e = json.loads(line)
         if what == "step" and e["kind"] == "step":
             e["step_time_s"] *= factor
-        elif e["kind"] == "timing" and e.get("category") == what:
-            e["duration_s"] *= factor
+            e["tokens_per_s"] /= factor
+            e["throughput"] /= factor
+        elif e["kind"] == "timing" and e["category"] == ("iteration" if what == "step" else what):
+            e["duration_s"] = (e["end_s"] - e["start_s"]) * factor
+            e["end_s"] = e["start_s"] + e["duration_s"]
+            e["t_end"] = e["t_start"] + e["duration_s"]
         lines.append(json.dumps(e))
     events.write_text("\n".join(lines) + "\n")
     return dst
@@ -160,6 +197,10 @@ def corrupted(src: Path, dst: Path, factor: float, what: str) -> Path:
 
 def verdicts(result: Reconciliation) -> dict[str, str]:
     return {m: only(result, m).verdict for m in TIME_METRICS}
+
+
+def predictions(result: Reconciliation) -> dict[str, float]:
+    return {m: only(result, m).predicted for m in TIME_METRICS}
 
 
 @pytest.mark.parametrize("factor", [1.5, 0.6])
@@ -170,9 +211,14 @@ def verdicts(result: Reconciliation) -> dict[str, str]:
     ("step", {"throughput.step_time", "time.tokens_per_s"}),
 ])
 def test_scaled_measurements_turn_their_rows_off_and_only_theirs(large, tmp_path, factor, what, off):
+    """Catches a prediction built from the measurement it judges (from any of its fields: durations, the ranges'
+    start / end, the step records): the predictions do not move when every record of the measurement does, and the
+    moved rows go off."""
     before = verdicts(large["s4096"])
     assert set(before.values()) == {"ok"}
-    after = verdicts(reconcile(corrupted(FIXTURES / "h200_llama1b" / "s4096", tmp_path / "run", factor, what)))
+    result = reconcile(corrupted(FIXTURES / "h200_llama1b" / "s4096", tmp_path / "run", factor, what))
+    after = verdicts(result)
+    assert predictions(result) == predictions(large["s4096"])
     assert {m for m, v in after.items() if v == "off"} == off
     assert all(after[m] == before[m] for m in TIME_METRICS if m not in off)
 

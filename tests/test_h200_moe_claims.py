@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
+from ledger.evidence.read import read_run
+from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
+from ledger.reconcile.moe import kept_of
 from ledger.reconcile.run import Reconciliation, reconcile
 from tests.support.recorded_runs import FIXTURES, only
 
@@ -33,16 +35,16 @@ def result(tmp_path_factory) -> Reconciliation:
     return reconcile(shutil.copytree(RUN, tmp_path_factory.mktemp("moe") / "run"))
 
 
-def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "ranks" / "rank0" / "events.jsonl").read_text().splitlines()]
-
-
 def test_the_expert_buffers_hold_every_expert_weight():
-    """2 layers x 8 experts x 3 x h x f = 2,818,572,288 elements in the expert buffers; the dense buffer the rest:
-    embeddings 2 x 32,000 x 4,096, attention 2 x 41,943,040, router 2 x 8 x 4,096, norms 5 x 4,096."""
-    inventory = {r["name"]: r["numel"] for r in events(RUN) if r.get("kind") == "inventory"}
-    assert inventory["ddp.expert_buffer0.param_data"] == 2 * 8 * 3 * 4096 * 14336 == 2_818_572_288
-    assert inventory["ddp.buffer0.param_data"] == 2 * 32000 * 4096 + 2 * 41_943_040 + 2 * 8 * 4096 + 5 * 4096
+    """The ledger's buffer layout from the config alone (ledger/models/formulas/buffer_layout.py) is the engine's
+    inventory: 2 layers x 8 experts x 3 x h x f = 2,818,572,288 elements in the expert buffer; the dense buffer the
+    rest: embeddings 2 x 32,000 x 4,096, attention 2 x 41,943,040, router 2 x 8 x 4,096, norms 5 x 4,096."""
+    ev = read_run(RUN)
+    inventory = {r.name: r.numel for r in ev.ranks[0].inventory}
+    (expert,), (dense,) = expert_rank_buffers(ev.config, 0), rank_buffers(ev.config, 0)
+    assert expert.numel == inventory["ddp.expert_buffer0.param_data"] == 2 * 8 * 3 * 4096 * 14336 == 2_818_572_288
+    assert dense.numel == inventory["ddp.buffer0.param_data"] == (2 * 32000 * 4096 + 2 * 41_943_040 + 2 * 8 * 4096
+                                                                 + 5 * 4096)
 
 
 @pytest.mark.parametrize("metric", MEMORY_ROWS)
@@ -60,14 +62,20 @@ def test_a_formula_without_the_experts_is_off(tmp_path):
     assert only(dense, "memory.static_after_first_step").verdict == "off"
 
 
-def test_each_layer_routes_tokens_times_topk_every_step():
-    steps = [r for r in events(RUN) if r.get("kind") == "step"]
-    assert len(steps) == 12
-    for step in steps:
-        assert set(step["moe_tokens_per_expert"]) == {"0", "1"}
-        for counts in step["moe_tokens_per_expert"].values():
-            assert len(counts) == 8 and sum(counts) == 8 * 4096 * 2
-        assert all(sum(d) == 0 for d in step["moe_dropped_tokens"].values())  # no capacity factor: dropless
+def test_each_layer_routes_tokens_times_topk_every_step(result):
+    """Each step every layer's router sends each of the step's 8 x 4,096 tokens to its top 2 experts and, without a
+    capacity factor, drops none: the ledger's reading of the step records (ledger.reconcile.moe.kept_of: tokens per
+    expert less those dropped) holds 8 x 4,096 x 2 assignments per layer in every one of the 12 steps, and the
+    dropped-tokens row reads 0."""
+    ev = read_run(RUN)
+    cfg = ev.config
+    assignments = cfg.train.global_batch_size * cfg.model.seq_length * cfg.model.moe_router_topk
+    assert len(ev.ranks[0].steps) == cfg.train.train_iters == 12
+    for step in ev.ranks[0].steps:
+        kept = kept_of(step, cfg.model.num_experts, RUN)
+        assert sorted(kept) == list(range(cfg.model.num_layers))
+        assert [sum(counts) for counts in kept.values()] == [assignments] * 2 == [8 * 4096 * 2] * 2
+    assert only(result, "moe.dropped_tokens_per_step", rank=0).measured == 0
 
 
 @pytest.mark.parametrize("metric", ["time.backward_per_microbatch", "time.optimizer_step"])

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from common.arguments import parse_args
 from common.errors import ConfigError
+from common.ops.host import HOST_PRIMITIVES
 from ledger.models.simulate.fit import fit_hardware
 from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware
+from ledger.models.simulate.simulation import simulate
 from tests.support.recorded_runs import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
@@ -172,11 +175,37 @@ def test_a_json_list_is_refused(tmp_path):
      "nccl_protocols.ll.base_s must be positive"),
     ("communicator text", lambda d: d["outside_pytorch"].update(nccl_communicator="389 MiB"), "must be a number"),
     ("schema", lambda d: d.update(schema_version=2), "schema_version is 2"),
+    ("host source", lambda d: d["host"].pop("source"), "host has no source"),
+    ("host primitive", lambda d: d["host"]["seconds"].pop("item"), "host.seconds has no item"),
+    ("host profiled primitive", lambda d: d["host"]["profiled_seconds"].pop("compiled"),
+     "host.profiled_seconds has no compiled"),
+    ("host negative", lambda d: d["host"]["seconds"].update(eager=-1e-6), "host.seconds.eager must be non-negative"),
+    ("host table", lambda d: d["host"].update(seconds=[1e-6]), "host.seconds must map each host primitive"),
+    ("host cpu", lambda d: d["host"].pop("cpu"), "host.cpu must name the host's CPU model"),
+    ("host latency", lambda d: d["host"].update(launch_latency_s=0), "host.launch_latency_s must be positive"),
 ])
 def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change, expected):
     path = broken(tmp_path, change)
     message = refused(path)
     assert expected in message and path in message
+
+
+def test_the_h200_file_prices_the_host_and_says_from_which_runs_the_other_kinds_have_none():
+    # The host block is a stand-in estimated from the calibration run's trace until the host sweep of
+    # runs/bench/host_sweep_h200.sh replaces it; the kinds never measured have none (the host timeline is off there).
+    host = load_hardware("H200").host
+    assert set(host.seconds) == set(HOST_PRIMITIVES) and host.has_profiled
+    assert all(host.profiled[k] >= host.seconds[k] for k in HOST_PRIMITIVES)  # the profiler only adds
+    source = raw("H200")["host"]["source"]
+    assert "runs/bench/host_h200.py --traces" in source and "h200_2layer_profiled" in source
+    assert all(load_hardware(name).host is None for name in ("H100", "A100-80GB", "A100-40GB"))
+
+
+def test_a_file_without_a_host_block_is_simulated_on_the_device_alone_and_says_so():
+    cfg = parse_args(["--model", "llama3.2-1b", "--num-layers", "2", "--seq-length", "1024", "--bf16",
+                      "--global-batch-size", "4", "--world-size", "1"])
+    step = simulate(cfg, load_hardware("H100")).step
+    assert step.decompositions == {} and any("host timeline off" in n and "no host block" in n for n in step.notes)
 
 
 def test_a_fixed_cost_may_be_zero_but_not_negative(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from cli.main import main as cli
 from tests.fixtures.synthetic_run import Spec, make_run
+from tests.support.read_only import read_only_folder
 
 
 def _manifest(run: Path) -> dict:
@@ -68,6 +69,10 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "unknown schema": (lambda r: _set_manifest(r, schema_version=99), "manifest.json", "schema_version"),
     "manifest without world size": (lambda r: (r / "manifest.json").write_text(json.dumps(
         {k: v for k, v in _manifest(r).items() if k != "world_size"})), "manifest.json", "world_size"),
+    "manifest without config": (lambda r: (r / "manifest.json").write_text(json.dumps(
+        {k: v for k, v in _manifest(r).items() if k != "config"})), "manifest.json", "lacks 'config'"),
+    "a complete run whose rank 0 recorded nothing": (lambda r: (r / "ranks/rank0/events.jsonl").write_text(""),
+                                                     "ranks", "rank(s) 0 wrote no events"),
     "bad status": (lambda r: _set_manifest(r, status="exploded"), "manifest.json", "status"),
     "config contradicts world size": (lambda r: _set_manifest(r, world_size=8), "manifest.json", "world"),
     "empty run": (lambda r: [p.unlink() for p in sorted(r.rglob("*")) if p.is_file() and p.name != "manifest.json"],
@@ -116,8 +121,20 @@ def test_reconcile_refuses_with_one_line(tmp_path, capsys, name):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert filename in err and problem in err, err
-    ledger_dir = run / "ledger"
-    assert not ledger_dir.exists() or not any(ledger_dir.iterdir())
+    assert not (run / "ledger").exists()
+
+
+@pytest.mark.parametrize("command", ["reconcile", "report"])
+@pytest.mark.parametrize("name", ["empty run", "truncated gzip trace", "non-event line mid-file",
+                                  "rank beyond world size"])
+def test_a_failed_command_creates_no_folder(tmp_path, capsys, command, name):
+    """Neither RUN/ledger nor a new --out folder exists after a command that refused its run."""
+    run, _ = make_run(tmp_path / "run", Spec(steps=3))
+    CASES[name][0](run)
+    out = tmp_path / "elsewhere" / "ledger"
+    assert cli([command, str(run)]) == 2
+    assert cli([command, str(run), "--out", str(out)]) == 2
+    assert not (run / "ledger").exists() and not (tmp_path / "elsewhere").exists()
 
 
 def test_missing_run_directory(tmp_path, capsys):
@@ -147,29 +164,11 @@ REAL_RUN = Path(__file__).parent / "fixtures" / "gpu_h200_llama1b_l2"
 
 @pytest.fixture
 def read_only_run(tmp_path: Path):
-    """A copy of a real run on a file system that refuses writes. Root ignores permission bits, so as root the copy
-    lives on a tmpfs remounted read-only (skipped where mounting is not allowed)."""
-    import os
+    """A copy of a real run on a file system that refuses writes."""
     import shutil
-    import subprocess
 
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    run = mount / "run"
-    if os.geteuid() != 0:
-        shutil.copytree(REAL_RUN, run)
-        for path in [run, *run.rglob("*")]:
-            path.chmod(path.stat().st_mode & ~0o222)
-        yield run
-        return
-    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("as root a read-only file system is needed, and mount is not allowed here")
-    try:
-        shutil.copytree(REAL_RUN, run)
-        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True, capture_output=True)
-        yield run
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+    with read_only_folder(tmp_path, lambda mount: shutil.copytree(REAL_RUN, mount / "run")) as mount:
+        yield mount / "run"
 
 
 @pytest.mark.parametrize("command", ["reconcile", "report"])
@@ -188,12 +187,26 @@ def test_a_read_only_run_directory_is_one_line_offering_out(read_only_run: Path,
     ("/proc/version/merged.json.gz", "Not a directory"),  # a path under a file
     ("/proc/no-such-dir/merged.json.gz", "No such file or directory"),  # a pseudo file system
     ("/sys/merged.json.gz", "Permission denied"),
-    (".", "is a directory")])
+    (".", "name a .json.gz (or .json) file")])
 def test_export_trace_to_an_unwritable_place_is_one_line(capsys, out, problem):
     assert cli(["export-trace", str(REAL_RUN), "--out", out]) == 2
     captured = capsys.readouterr()
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("train-ledger export-trace: error: ") and problem in line, line
+
+
+@pytest.mark.parametrize("out", ["merged.txt", "merged.json.gz.bak", "merged"])
+def test_export_trace_refuses_a_name_that_is_not_json(tmp_path: Path, capsys, out):
+    assert cli(["export-trace", str(REAL_RUN), "--out", str(tmp_path / out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--out {tmp_path / out}: name a .json.gz (or .json) file" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_trace_refuses_a_folder_of_a_json_name(tmp_path: Path, capsys):
+    (tmp_path / "merged.json.gz").mkdir()
+    assert cli(["export-trace", str(REAL_RUN), "--out", str(tmp_path / "merged.json.gz")]) == 2
+    assert "is a directory; name a file" in capsys.readouterr().err
 
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
@@ -211,3 +224,40 @@ def test_dashboard_refuses_a_run_that_is_not_there(tmp_path: Path, capsys):
     assert cli(["dashboard", "--runs-root", str(tmp_path), "--run", "nope"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"--run 'nope': no run directory of that name under {tmp_path.resolve()}" in line
+
+
+def _no_server(*_args, **_kwargs):
+    raise AssertionError("the dashboard would have started")
+
+
+@pytest.mark.parametrize("host,problem", [("999.1.1.1", "not an address or a known host name"),
+                                          ("no-such-host.invalid", "not an address or a known host name"),
+                                          ("192.0.2.1", "cannot listen there (Cannot assign requested address)")])
+def test_dashboard_refuses_an_address_it_cannot_listen_on(tmp_path: Path, capsys, monkeypatch, host, problem):
+    """192.0.2.1 is TEST-NET-1 (RFC 5737): a valid address that is no interface of this machine."""
+    monkeypatch.setattr("os.execve", _no_server)
+    assert cli(["dashboard", "--runs-root", str(tmp_path), "--host", host, "--port", "8599"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"train-ledger dashboard: error: --host {host!r}" if "known" in problem else
+                           f"train-ledger dashboard: error: --host {host} --port 8599") and problem in line, line
+
+
+def test_dashboard_refuses_a_port_in_use(tmp_path: Path, capsys, monkeypatch):
+    import socket
+
+    monkeypatch.setattr("os.execve", _no_server)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli(["dashboard", "--runs-root", str(tmp_path), "--port", str(port)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--port {port}: cannot listen there (Address already in use)" in line, line
+
+
+def test_a_failed_run_whose_rank_0_recorded_nothing_says_so(tmp_path, capsys):
+    """A failed run is reconciled for what it wrote; an empty events file is a rank that wrote nothing."""
+    run, _ = make_run(tmp_path / "run", Spec(steps=3, status="failed"))
+    (run / "ranks/rank0/events.jsonl").write_text("")
+    assert cli(["reconcile", str(run)]) == 0
+    assert "  missing: no events for rank(s) 0 of 4\n" in capsys.readouterr().out

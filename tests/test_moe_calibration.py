@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
+from common.rank_info import parse_rank_infos
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
 from ledger.models.formulas.device_memory import communicators
 from ledger.reconcile.moe import TIME_FLOOR_S, TIME_TOL, exchange_seconds, moe_rows
-from ledger.reconcile.rows import WARN_FACTOR
+from ledger.reconcile.rows import WARN_FACTOR, judge
 from ledger.reconcile.run import reconcile, run_steps
 from ledger.reconcile.time_rows import predict_run
 from ledger.reconcile.topology import groups_rows
@@ -67,7 +68,8 @@ def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep2
     """The row is judged (a prediction from the ep sweep's fit beside a measurement), its measurement is the steady
     steps' exchange time read from the ranges, and the rest of the ranges' time is the wait row. On 2 shared CPU
     cores the verdict itself is no evidence either way (a gloo call's latency swings with the scheduler, in the sweep
-    and in the run alike): the test holds what is measured and predicted, not how close they came."""
+    and in the run alike): the test holds what is measured and predicted and that the verdict judges the one against
+    the other at the row's bar (25% or 2 ms), not how close they came."""
     result = reconcile(ep2_run)
     ev = read_run(ep2_run)
     exchange = exchange_seconds(ev.config, ev)
@@ -77,7 +79,7 @@ def test_the_all_to_all_time_is_judged_on_the_exchange_and_the_wait_is_shown(ep2
         judged = pick(result.rows, "time.ep_all_to_all_per_step", rank)
         wait = pick(result.rows, "time.ep_all_to_all_wait_per_step", rank)
         assert judged.predicted is not None and "alpha" in judged.explanation  # the ep sweep's fit
-        assert judged.verdict in ("ok", "warn", "off")
+        assert judged.verdict == judge(judged.measured, judged.predicted, TIME_TOL, TIME_FLOOR_S)[2]
         steps = run_steps(ev).timed(set(exchange[rank]))[0]
         assert judged.measured == pytest.approx(sum(exchange[rank][s] for s in steps) / len(steps))
         assert wait.verdict == "n/a" and wait.measured >= 0
@@ -106,8 +108,9 @@ def test_a_wrong_exchange_time_is_off(ep2_run):
 
 @pytest.mark.slow
 def test_the_engines_expert_groups_are_megatrons_and_each_holds_a_communicator(ep2_run):
-    manifest = json.loads((ep2_run / "manifest.json").read_text())
-    rows = groups_rows(manifest)
+    ev = read_run(ep2_run)
+    manifest = ev.manifest
+    rows = groups_rows(ev)
     assert [(r.rank, r.measured, r.verdict) for r in rows] == [(0, 0, "ok"), (1, 0, "ok")]
     cfg = parse_args([*EP2_FLAGS, "--world-size", "2"])
     for entry in manifest["ranks"]:
@@ -170,8 +173,9 @@ def moe_manifest(groups_of_rank1: dict[str, list[int]], experts: int | None = 4)
     flags = ["--model", "tiny", "--global-batch-size", "4", "--world-size", "4"]
     if experts:
         flags += ["--num-experts", str(experts), "--expert-model-parallel-size", "2"]
-    return RunEvidence(run_dir=Path("."), manifest={"world_size": 4, "ranks": [{"rank": 1, "groups": groups_of_rank1}]},
-                       config=parse_args(flags), ranks={}, traces=[])
+    entries = [{"rank": 1, "groups": groups_of_rank1}]
+    return RunEvidence(run_dir=Path("."), manifest={"world_size": 4, "ranks": entries}, config=parse_args(flags),
+                       ranks={}, traces=[], rank_infos=parse_rank_infos(entries))
 
 
 DENSE_RANK1 = {"tp": [1], "cp": [1], "dp": [0, 1, 2, 3], "dp_cp": [0, 1, 2, 3], "pp": [1], "mp": [1],
@@ -206,8 +210,10 @@ def test_an_expert_buckets_comm_time_is_priced_on_expert_dp():
     from ledger.reconcile.overlap import bucket_rows, timer_intervals
 
     nbytes = 8_000_000
-    sweep = [{"group": "dp", "collective": "reduce_scatter", "size_bytes": nbytes, "time_s": nbytes / 1e9},
-             {"group": "expt_dp", "collective": "reduce_scatter", "size_bytes": nbytes, "time_s": nbytes / 4e9}]
+    sweep = [{"group": "dp", "collective": "reduce_scatter", "group_size": 2, "size_bytes": nbytes,
+              "time_s": nbytes / 1e9},
+             {"group": "expt_dp", "collective": "reduce_scatter", "group_size": 2, "size_bytes": nbytes,
+              "time_s": nbytes / 4e9}]
     timing = [{"step": 2, "category": "dp-comm", "name": f"reduce-scatter bucket{b}", "bucket": b, "bytes": nbytes,
                "start_s": 1.0, "end_s": 1.01, "async_comm": True, **({"expert": True} if b == 1 else {})}
               for b in (0, 1)]

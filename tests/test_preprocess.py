@@ -12,6 +12,7 @@ import pytest
 from cli.main import main
 from cli.preprocess import BYTE_EOD
 from engine.datasets.indexed_dataset import IndexedDataset
+from tests.support.read_only import read_only_folder
 
 TEXTS = ["hello", "", "wörld 🌍"]
 
@@ -27,7 +28,16 @@ def test_byte_level_documents_are_utf8_bytes_then_end_of_document(tmp_path, caps
     dataset = IndexedDataset(tmp_path / "c")
     assert dataset.dtype == np.uint16 and dataset.num_documents == len(TEXTS)
     assert [dataset[i].tolist() for i in range(len(TEXTS))] == [[*t.encode("utf-8"), BYTE_EOD] for t in TEXTS]
-    assert "--vocab-size 257" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    tokens = sum(len(t.encode("utf-8")) + 1 for t in TEXTS)  # every byte and one end-of-document each
+    assert f"wrote {tmp_path / 'c.bin'} and {tmp_path / 'c.idx'}: 3 documents, {tokens} tokens" in out
+    assert "--vocab-size 257" in out
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    source = _jsonl(tmp_path / "c.jsonl", [{"text": ""}])
+    assert main(["preprocess", "--input", str(source), "--output-prefix", str(tmp_path / "c")]) == 0
+    assert ": 1 document, 1 token;" in capsys.readouterr().out  # the end-of-document id alone
 
 
 def test_json_key_picks_the_field(tmp_path):
@@ -67,6 +77,25 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, capsys, lines, flags
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("train-ledger preprocess: error: ") and message in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_a_binary_input_is_one_line_naming_the_line(tmp_path, capsys):
+    """Random bytes are not a corpus: the first line that is not UTF-8 is named, nothing is written."""
+    (tmp_path / "c.jsonl").write_bytes(b'{"text": "a"}\n' + bytes(range(128, 256)) + b"\n")
+    assert main(["preprocess", "--input", str(tmp_path / "c.jsonl"), "--output-prefix", str(tmp_path / "c")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"train-ledger preprocess: error: {tmp_path / 'c.jsonl'}: line 2 is not UTF-8 text (a .jsonl " \
+                   "corpus is text)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_an_unwritable_output_prefix_is_one_line(tmp_path, capsys):
+    source = _jsonl(tmp_path / "c.jsonl", [{"text": "a"}])
+    with read_only_folder(tmp_path) as folder:
+        assert main(["preprocess", "--input", str(source), "--output-prefix", str(folder / "c")]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"train-ledger preprocess: error: {folder / 'c.bin'}: cannot be written ("), line
+        assert list(folder.iterdir()) == []
 
 
 def test_an_existing_dataset_is_never_overwritten(tmp_path, capsys):

@@ -31,9 +31,9 @@ def live(tmp_path: Path):
 
 
 def test_the_protocol_names_every_call_of_the_engine():
-    assert sorted(METHODS) == sorted(["memory_point", "inventory", "range", "comm_begin", "comm_end",
-                                      "collective_sweep", "compute_sweep", "checkpoint", "step_begin", "step_end",
-                                      "close"])
+    assert sorted(METHODS) == sorted(["memory_point", "inventory", "range", "comm_issue", "comm_end",
+                                      "collective_sweep", "compute_sweep", "host_sweep", "checkpoint", "step_begin",
+                                      "step_end", "close"])
     assert "enabled" in ProbeSetProtocol.__annotations__
 
 

@@ -85,8 +85,8 @@ def test_four_ranks_tp_pp(tmp_path: Path) -> None:
     assert [r["coords"] for r in manifest["ranks"]][3] == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}
     for rank in range(4):
         timings = list(iter_events(run_dir, rank, {"timing"}))
-        assert {"tp-comm", "pp-comm"} <= {t["category"] for t in timings}
-        assert {t["stage"] for t in timings if t["category"] == "forward"} == {rank // 2}
+        assert {"tp-comm", "pp-comm"} <= {t.category for t in timings}
+        assert {t.stage for t in timings if t.category == "forward"} == {rank // 2}
         sweep = {(b.group, b.collective, b.group_size) for b in iter_events(run_dir, rank, {"bandwidth"})}
         assert sweep == {("tp", "all_reduce", 2), ("tp", "all_gather", 2), ("tp", "reduce_scatter", 2),
                          ("pp", "send_recv", 2)}

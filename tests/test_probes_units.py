@@ -82,6 +82,17 @@ def test_manifest_failure_is_never_overwritten_by_complete(tmp_path: Path) -> No
         read_manifest(tmp_path)
 
 
+def test_the_first_failure_is_the_one_recorded(tmp_path: Path) -> None:
+    """Rank 1 fails of a bad file; rank 0 fails after, of the peer it lost (or torchrun's SIGTERM): the run's error
+    stays the cause."""
+    write_manifest(tmp_path, {"run_id": "r", "world_size": 2, "status": "running", "ended": None})
+    manifest_mod.finish(tmp_path, 1, "failed", "InputError: rank_00001.pt: is not a whole checkpoint file")
+    manifest_mod.finish(tmp_path, 0, "failed", "RuntimeError: Connection closed by peer")
+    manifest_mod.finish(tmp_path, 0, "failed", "Terminated: stopped by SIGTERM")
+    m = read_manifest(tmp_path)
+    assert (m["error"], m["failed_rank"]) == ("InputError: rank_00001.pt: is not a whole checkpoint file", 1)
+
+
 @pytest.mark.parametrize("flags, problem", [
     (["--nvml-interval", "-1"], "--nvml-interval"),
     (["--profile-step-start", "5", "--profile-step-end", "3"], "--profile-step-end"),

@@ -201,11 +201,12 @@ def train_counting_tp_comm(rank: int, world_size: int, argv: list[str]) -> dict:
 
 
 def _ledger_layer_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, tuple[int, int]]:
-    """The ledger's per-step TP collectives of the layers, embedding and output layer, recompute's included
-    (calls, bytes by op); the cross-entropy and norm-grad all-reduces carry no byte count in the engine's ranges."""
+    """The ledger's per-step TP collectives of the layers, embedding and output layer, recompute's included, and the
+    sequence-parallel norm grads' all-reduce (calls, bytes by op); the cross-entropy's all-reduces carry no byte count
+    in the engine's ranges."""
     out: dict[str, tuple[int, int]] = {}
     for name, c in tp_collectives(cfg, pp_rank).items():
-        if ".activations[" in name or ".recompute[" in name:
+        if ".activations[" in name or ".recompute[" in name or ".norm_grads[" in name:
             calls, size = out.get(c.kind, (0, 0))
             out[c.kind] = (calls + c.calls, size + c.size_bytes)
     return out

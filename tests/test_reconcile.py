@@ -309,6 +309,7 @@ def test_the_real_h200_run_reconciles_static_memory_to_the_byte(tmp_path):
 def test_the_engines_groups_are_checked_against_megatrons_rule():
     """The manifest records the groups each rank joined; the ledger derives its own and a wrong group is off, named.
     (A manifest built here: the rule itself is tested on the engine's real groups in test_reconcile_gloo.)"""
+    from common.rank_info import parse_rank_infos
     from ledger.evidence.layout import Layout
     from ledger.evidence.run import RunEvidence
     from ledger.reconcile.topology import groups_rows
@@ -320,7 +321,7 @@ def test_the_engines_groups_are_checked_against_megatrons_rule():
                                                  "embedding": [1, 5], "position": [1]}},
                           {"rank": 3, "groups": {**rank3, "dp": [2, 3]}}]}
     ev = RunEvidence(run_dir=Path("."), manifest=manifest, config=None, ranks={}, traces=[],
-                     layout=Layout.of(8, tp=2, pp=2))
+                     layout=Layout.of(8, tp=2, pp=2), rank_infos=parse_rank_infos(manifest["ranks"]))
     ok, wrong = groups_rows(ev)
     assert (ok.rank, ok.measured, ok.verdict) == (1, 0, "ok")
     assert (wrong.rank, wrong.measured, wrong.verdict) == (3, 1, "off")
@@ -342,7 +343,7 @@ def test_embedding_all_reduce_rows_from_counters_and_trace():
     size = 1000 * 64 * 4  # the vocabulary matrix's fp32 grad
     ev = RunEvidence(run_dir=Path("."), manifest={"world_size": 2}, config=cfg, ranks={}, traces=[])
     groups = ev.groups(1)
-    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1)}
+    assert groups == {"tp": (1,), "dp": (1,), "pp": (0, 1), "embedding": (0, 1), "mp": (0, 1)}
     timing = [event("timing", s, category="embd-comm", name="all-reduce word embedding grads", bytes=size,
                     start_s=0.0, end_s=1.0) for s in (1, 2, 3)]
     r = RankEvidence(rank=1, coords={"tp": 0, "cp": 0, "dp": 0, "pp": 1}, timing=timing)

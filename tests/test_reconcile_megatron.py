@@ -388,7 +388,7 @@ def test_megatrons_timers_are_judged_against_the_time_model(tmp_path):
                "throughput": dict.fromkeys(range(2, 13), 1.0)}
     write_event_file(run / "tensorboard", REAL_ARGUMENTS, scalars)
     write_profile_trace(run, 0, range(5, 8))
-    rows = {r.metric: r for r in reconcile(run, sources).rows if r.metric.startswith("megatron.")}
+    rows = {r.metric: r for r in reconcile(run, sources=sources).rows if r.metric.startswith("megatron.")}
     assert rows["megatron.timer.forward-compute"].verdict == "ok"
     assert rows["megatron.timer.forward-compute"].predicted == pytest.approx(m * stage.compute.forward)
     assert rows["megatron.timer.backward-compute"].verdict == "off"

@@ -35,6 +35,16 @@ def table_lines(md: str, metric: str) -> list[str]:
     return [line for line in md.splitlines() if line.startswith(f"| {metric} |")]
 
 
+def explanation(md: str, metric: str) -> str:
+    """A table line's explanation: its last cell, or the item under the table it moved to (a long row), unwrapped."""
+    (line,) = table_lines(md, metric)
+    cell = line.rsplit(" | ", 1)[1].removesuffix(" |")
+    if cell != "below the table":
+        return cell
+    item = md.split(f"\n- `{metric}` ")[1].split("\n\n")[0].split("\n- ")[0]
+    return " ".join(item.split("\n  "))
+
+
 def figures(page: str) -> list[str]:
     return re.findall(r"<figure>.*?</figure>", page, flags=re.S)
 
@@ -75,7 +85,7 @@ def test_each_caveat_is_stated_once(tmp_path):
     for caveat in (oversubscribed, NOT_ON_CPU):
         assert md.count(caveat) == 1, caveat
         assert page.count(html.escape(caveat)) == 1, caveat
-    assert re.search(r"\[\d\] \|$", table_lines(md, "memory.peak_allocated")[0])  # the line cites its note
+    assert re.search(r"\[\d\]$", explanation(md, "memory.peak_allocated"))  # the line cites its note
 
 
 def test_what_is_off_comes_first_with_its_explanation(tmp_path):
@@ -83,7 +93,8 @@ def test_what_is_off_comes_first_with_its_explanation(tmp_path):
     md, page = reported(run)
     off = md.split("## What is off")[1].split("\n## ")[0]
     assert md.index("## What is off") < md.index("## Memory")
-    (item,) = [line for line in off.splitlines() if line.startswith("- **memory.peak_allocated**")]
+    items = " ".join(off.split("\n  ")).splitlines()  # an item's wrapped lines joined
+    (item,) = [line for line in items if line.startswith("- **memory.peak_allocated**")]
     assert "ranks 0–3" in item and "worst +100%" in item and "static (params, grads, optimizer state)" in item
     assert "see What is off" in table_lines(md, "memory.peak_allocated")[0]
     assert "<div class='off'><b>memory.peak_allocated</b>" in page
@@ -163,3 +174,47 @@ def test_loaders_feed_the_dashboard(tmp_path):
     assert topo["groups"]["pp"] == [[0, 2], [1, 3]] and topo["ranks"][3]["label"] == "rank 3 (tp0 dp1 pp1)"
     timeline_mem = loaders.memory_timeline(view)
     assert len(timeline_mem) == 4 * 3 and all(m["nvml_used"] for m in timeline_mem)
+
+
+@pytest.mark.parametrize("fixture", ["gloo_4ranks_2cores", "gloo_dp2_overlap"])
+def test_a_recorded_runs_report_reads_in_a_terminal_and_states_each_note_once(tmp_path, fixture):
+    """Prose and lists wrap at 120 characters, a table row stays under 300 (a longer explanation goes under its
+    table), and every numbered note's text appears once in report.md: in the Notes list, nowhere inline."""
+    from ledger.present.report_md import TABLE_ROW_LIMIT, WIDTH
+    from ledger.present.report_view import build
+
+    run = tmp_path / fixture
+    shutil.copytree(FIXTURES / fixture, run)
+    md, _ = reported(run)
+    for line in md.splitlines():
+        assert len(line) <= (TABLE_ROW_LIMIT if line.startswith("|") else WIDTH) or " " not in line.strip(), line
+    notes = build(loaders.open_run(run)).notes.texts
+    assert notes
+    flat = " ".join(md.split())  # the Notes list is wrapped: compare with whitespace runs as one space
+    for text in notes:
+        assert flat.count(" ".join(text.split())) == 1, text
+
+
+def test_the_report_says_what_each_verdict_means_and_labels_figures_in_their_own_unit(tmp_path):
+    """'identity' is explained where the counts are; the throughput headline's label does not fix a prefix its
+    value may not have (a CPU run's 74 MFLOP/s is no 'TFLOP/s')."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "gloo_4ranks_2cores", run)
+    md, page = reported(run)
+    for text in (" ".join(md.split()), page):
+        assert "identity: both sides are one quantity by construction" in text
+    (flops,) = [line for line in md.splitlines() if line.startswith("| FLOP/s per GPU |")]
+    assert re.search(r"\| [\d.]+ [kMGT]?FLOP/s \|", flops), flops
+    assert "| mean over 1 row, measured |" in md
+
+
+def test_one_nsys_command_in_the_report_the_readme_and_the_dashboard(tmp_path):
+    """report.md and README give ledger.present.report_view's NSYS_COMMAND (the Traces page imports it)."""
+    from ledger.present.report_view import NSYS_COMMAND
+
+    run, _ = make_run(tmp_path / "run", Spec())
+    md, page = reported(run)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for text in (md, readme, html.unescape(page)):
+        assert " ".join(NSYS_COMMAND.split()) in " ".join(text.split())
+    assert len(re.findall(r"nsys profile", readme)) == 1

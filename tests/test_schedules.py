@@ -22,6 +22,7 @@ from engine.pipeline_parallel.schedules import (
     get_forward_backward_func,
 )
 from tests.support.gloo import run_distributed
+from tests.support.recording_probes import RangeLog
 
 HIDDEN, SEQ, MBS, LAYERS = 8, 4, 2, 8
 
@@ -265,19 +266,11 @@ def test_get_forward_backward_func_chooses_by_pipeline_and_virtual_size():
     assert get_forward_backward_func(2, 2) is schedules.forward_backward_pipelining_with_interleaving
 
 
-class RecordingProbes:
-    def __init__(self):
-        self.ranges: list[tuple[str, str]] = []
-
-    def range(self, name: str, category: str, **attrs):
-        self.ranges.append((name, category))
-        return contextlib.nullcontext()
-
 
 def _p2p_worker(rank: int, world_size: int) -> dict:
     from engine.pipeline_parallel.p2p_communication import P2PCommunicator
     ps = ParallelState.initialize(tp=1, pp=2)
-    probes = RecordingProbes()
+    probes = RangeLog()
     p2p = P2PCommunicator(ps, (SEQ, MBS, HIDDEN), torch.float32, "cpu", probes)
     value = lambda k: torch.full((SEQ, MBS, HIDDEN), float(10 * k + rank))  # noqa: E731
     exchange = p2p.send_forward_backward_recv_forward_backward

@@ -22,7 +22,7 @@ from ledger.models.formulas.static_memory import (
     static_bytes_max,
 )
 from ledger.models.plan import build_plan
-from ledger.models.simulate.layouts import describe, enumerate_layouts, label
+from ledger.models.simulate.layouts import describe, enumerate_layouts, label, with_layout
 from ledger.models.simulate.search import loses_because, memory_fit, search
 
 # 4 layers, 8 heads in 4 query groups; the global batch 8.
@@ -121,13 +121,33 @@ def test_the_largest_dp_rank_is_the_one_the_definition_finds(world, dp_flags):
     assert static_bytes_max(cfg) == max(whole, key=lambda item: item[0])
 
 
+def test_a_layouts_flags_replace_the_bases_and_parse_back_to_it():
+    """Every enumerated layout, written as flags over the base's own (which hold layout flags too), parses back to
+    the same layout: the command `search` prints for its first layout is that layout."""
+    argv = SMALL.split() + ["--micro-batch-size=2", "--sequence-parallel"]
+    for cfg in enumerate_layouts(base(), 8, gpus_per_node=8):
+        flags = with_layout(argv, cfg)
+        again = parse_args(flags, world_size=8)
+        assert describe(again) == describe(cfg), flags
+        assert again.train.overlap_param_gather == cfg.train.overlap_param_gather
+
+
+def test_a_label_names_every_choice():
+    cfg = next(c for c in enumerate_layouts(base(), 8, gpus_per_node=8) if c.parallel.sequence_parallel
+               and c.recompute.recompute_granularity == "selective" and c.train.use_distributed_optimizer
+               and c.parallel.virtual_pipeline_model_parallel_size)
+    d = describe(cfg)
+    assert label(cfg) == (f"tp{d['tp']} pp{d['pp']} vpp{d['vpp']} dp{d['dp']} mbs{d['mbs']}, SP, recompute selective, "
+                          "distributed optimizer")
+
+
 def test_memory_fit_names_the_stage_that_does_not_fit():
     cfg = base(REFERENCE)
     peaks = peak_bytes_per_stage(cfg)
     assert memory_fit(max(peaks))(cfg) is True
     assert memory_fit(max(peaks), outside_bytes=1)(cfg) == (
-        f"out of memory: stage {peaks.index(max(peaks))} needs {(max(peaks) + 1) / 1e9:.1f} GB of "
-        f"{max(peaks) / 1e9:.1f} GB")
+        f"out of memory: stage {peaks.index(max(peaks))} needs {(max(peaks) + 1) / 2**30:,.1f} GiB of "
+        f"{max(peaks) / 2**30:,.1f} GiB")  # GiB, as every other size the search prints
 
 
 # ---- the search, on a dummy score (plumbing) -----------------------------------------------------------------------

@@ -116,10 +116,10 @@ def test_the_simulator_meets_its_goals_on_every_large_h200_run(name):
     assert e["step_time"] == pytest.approx((v.sim.step.step_time - v.measured.step_time) / v.measured.step_time)
 
 
-def test_a_host_bound_run_is_shown_outside_the_goals():
-    """The 2-layer seq-1024 run waits on the host's kernel launches, which the hardware file does not model: the
-    validation must say so, not pass (the check can fail)."""
-    v = validate_run(FIXTURES / "h200_2layer_profiled")
+def test_a_run_the_model_misses_is_shown_outside_the_goals():
+    """The older engine's 2-layer seq-1024 run waits on a host path (eager losses, more ops a layer) that the host
+    recipe of today's engine under-counts: the validation must say so, not pass (the check can fail)."""
+    v = validate_run(FIXTURES / "gpu_h200_llama1b_l2")
     assert v.errors()["step_time"] < -0.05 and not v.within_goals()
 
 
@@ -136,6 +136,24 @@ def test_validate_prints_one_table_and_refuses_what_is_no_run(tmp_path):
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
 
 
+def test_validate_refuses_a_cpu_run():
+    """A gloo run's step time says nothing of an H200's: one line, exit 2, not '-99.63%' and '0 of 1 within goals'."""
+    out = cli("simulate", "--validate", str(FIXTURES / "gloo_dp2_census"), "--hardware", "H200")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"train-ledger simulate: error: {FIXTURES / 'gloo_dp2_census'}: ran on the CPU (x86_64): "
+                          "simulate predicts GPUs, so this run's step time and memory cannot judge it; validate a GPU "
+                          "run\n")
+
+
+def test_validate_on_another_gpu_kind_says_so():
+    run = FIXTURES / "h200_llama1b" / "s4096"
+    assert validate_run(run).on_predicted_hardware and not validate_run(run, "H100").on_predicted_hardware
+    out = cli("simulate", "--validate", str(run), "--hardware", "H100")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (f"{run} ran on NVIDIA H200, not on the H100 predicted: its errors hold the "
+                                           "difference between the two GPUs as well as the simulator's")
+
+
 # ---- search --------------------------------------------------------------------------------------------------------
 
 def test_search_ranks_fitting_layouts_best_first():
@@ -149,6 +167,34 @@ def test_search_ranks_fitting_layouts_best_first():
         lay = e["layout"]
         assert lay["tp"] * lay["pp"] * lay["dp"] == 8 and e["peak_bytes"] <= d["hardware"]["hbm_bytes"]
         assert e["tokens_per_s"] == pytest.approx(32 * 4096 / e["step_time_s"])
+
+
+def test_searchs_closing_command_runs_as_printed_and_predicts_its_first_layout():
+    """The hint under the table is a whole command: run as printed, simulate predicts #1's tokens/s (the search's own
+    prediction of it), whatever layout flags the search was given (its --micro-batch-size is the layout's)."""
+    import shlex
+
+    d = as_json("search", "--model", "llama3.2-1b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+                "32", "--seq-length", "4096", "--bf16", "--micro-batch-size", "2", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--use-distributed-optimizer", "--top", "2")
+    command = shlex.split(d["simulate_first"])
+    assert command[:2] == ["train-ledger", "simulate"]
+    sim = as_json(*command[1:])
+    assert sim["throughput"]["tokens_per_s"] == pytest.approx(d["top"][0]["tokens_per_s"], rel=1e-9)
+    assert sim["layout"]["micro_batch_size"] == d["top"][0]["layout"]["mbs"]
+
+
+def test_search_names_each_choice_and_says_sizes_in_one_unit():
+    out = cli("search", "--model", "llama3.1-70b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+              "64", "--seq-length", "4096", "--bf16")
+    assert " GB" not in out.stdout and "GiB" in out.stdout  # the header's HBM and the dropped example alike
+    d = as_json("search", "--model", "llama3.2-1b", "--gpus", "8", "--hardware", "H200", "--global-batch-size",
+                "32", "--seq-length", "4096", "--bf16", "--top", "5")
+    for e in d["top"]:
+        lay = e["layout"]
+        assert e["label"].startswith(f"tp{lay['tp']} pp{lay['pp']}") and f"recompute {lay['recompute']}" in e["label"]
+        assert ("distributed optimizer" in e["label"]) == lay["distributed_optimizer"]
+    assert d["cpu_seconds"] > 0
 
 
 def test_search_says_when_nothing_fits():

@@ -7,8 +7,6 @@ is sum(out * g) for a fixed random g, so dL/d(out) = g and each expectation foll
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,20 +24,11 @@ from engine.tensor_parallel.layers import (
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit, partition
 from tests.support.gloo import run_distributed
+from tests.support.recording_probes import RangeLog
 
 S, B, IN, OUT = 8, 2, 12, 16
 STD = 0.5
 
-
-class RecordingProbes:
-    """Collects (name, category) of every probes range the layers open."""
-
-    def __init__(self):
-        self.ranges: list[tuple[str, str]] = []
-
-    def range(self, name, category, **attrs):
-        self.ranges.append((name, category))
-        return contextlib.nullcontext()
 
 
 def _tp_group(probes) -> TPGroup:
@@ -157,7 +146,7 @@ def _check_cross_entropy(tp: TPGroup) -> None:
 
 def _all_layers(rank: int, world_size: int) -> list[tuple[str, str]]:
     torch.manual_seed(0)
-    probes = RecordingProbes()
+    probes = RangeLog()
     tp = _tp_group(probes)
     for sp in (False, True):
         _check_column(tp, sp, gather_output=False)
@@ -183,7 +172,7 @@ def test_parallel_layers_match_single_device_oracles(tp):
 
 
 def test_tp_size_one_is_plain_pytorch_and_issues_no_collective():
-    probes = RecordingProbes()
+    probes = RangeLog()
     tp = TPGroup(group=None, size=1, rank=0, probes=probes)  # no process group at all: nothing may use one
     init = MasterWeightInit(STD, 7, "col.weight")
     layer = ColumnParallelLinear(IN, OUT, tp=tp, init=init, params_dtype=torch.float32, device="cpu",

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from cli.main import main as cli
+from ledger.evidence.rank_sets import parse_ranks
 from ledger.evidence.read import read_run
 from ledger.evidence.traces import summarize
-from ledger.present.trace_export import clock_offsets, export, index, parse_ranks
+from ledger.present.trace_export import clock_offsets, export, index
 from tests.fixtures.synthetic_run import Spec, make_run
 
 SKEW = {1: 250.0, 2: -1000.0, 3: 40.0}

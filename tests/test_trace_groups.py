@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from common.config import RunConfig
 from ledger.evidence.layout import group_kind
 from ledger.evidence.read import read_run
@@ -47,7 +49,7 @@ def test_the_recorded_pp2_run_names_every_collectives_group():
     over the embedding group, and takes part in the grad norm's all-reduce and the loss broadcast (one fp32 each) on
     the pipeline's ranks."""
     manifest, groups, result = attributed("gloo_pp2")
-    assert groups == {"tp": (0,), "dp": (0,), "pp": (0, 1), "embedding": (0, 1)}
+    assert groups == {"tp": (0,), "dp": (0,), "pp": (0, 1), "embedding": (0, 1), "mp": (0, 1)}  # mp: tp x pp
     volume = trace_volume(result.summary, groups, 2)
     assert volume == {("pp", "send_recv"): 8 * 32 * 64 * 2, ("embedding", "all_reduce"): 1000 * 64 * 4,
                       ("pp", "all_reduce"): 4, ("pp", "broadcast"): 4}
@@ -95,3 +97,43 @@ def test_volume_rows_fall_back_to_totals_per_op_only_for_ops_with_unnamed_collec
     rows = volume_rows(None, r, {("dp", "reduce_scatter"): 100.0, ("unknown", "all_reduce"): 4.0})
     assert sorted(x.metric for x in rows) == ["comm.dp.reduce_scatter.bytes_per_step",
                                               "comm.unknown.all_reduce.bytes_per_step"]
+
+
+def _gloo_run(run: Path) -> Path:
+    """TP2 x DP2 of the tiny model, SP, the distributed optimizer with both overlaps and small buckets (several
+    per rank, each run by whichever of its group's two gloo worker threads is free), timers and the profiler."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "4", "--model", "tiny",
+         "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
+         "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "10000", "--micro-batch-size", "1",
+         "--global-batch-size", "4", "--train-iters", "4", "--timers", "--use-pytorch-profiler",
+         "--profile-step-start", "2", "--profile-step-end", "3", "--profile-ranks", "0", "1", "2", "3",
+         "--run-dir", str(run)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_two_identical_gloo_runs_name_every_collective_by_its_issuing_range_and_give_one_row_set(tmp_path):
+    """The engine issues every collective inside a range that names its group (an async one included: its issue
+    runs inside a record_function of its range), so no collective waits on which worker thread ran it: the same
+    flags give the same row set, and no row is an "unknown" group's."""
+    from ledger.reconcile.run import reconcile
+
+    keys = []
+    for name in ("first", "second"):
+        run = _gloo_run(tmp_path / name)
+        ev = read_run(run)
+        for rank in range(4):
+            trace = next((run / "traces").glob(f"rank{rank}.*"))
+            named = attribute_groups(summarize(trace), ev.groups(rank), 4, range_kinds(ev.ranks[rank].timing)).named_by
+            assert set(named) <= {"issuing range", "point-to-point"}, (name, rank, named)
+        rows = reconcile(run).rows
+        assert not [r.metric for r in rows if ".unknown" in r.metric or "_unknown_" in r.metric]
+        keys.append(sorted({(r.metric, r.rank, r.bucket, r.source) for r in rows}, key=str))
+    assert keys[0] == keys[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from common.arguments import parse_args
 from common.intervals import length, subtract, union
-from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS, select_steps
+from ledger.evidence.steps import FROM_CONFIG, FROM_RECORDS, PROFILED_COUNTED, select_steps
 from ledger.evidence.traces import summarize
 from tests.support.records import typed
 
@@ -61,7 +61,7 @@ def test_a_step_one_rank_profiled_is_disturbed_on_every_rank():
     assert sel.source == FROM_RECORDS and sel.first == 1
     assert sel.steady(range(1, 9)) == [2, 7, 8]
     kept, note = sel.timed([3, 4])  # nothing steady among them: kept, and the figure says what is in it
-    assert kept == [3, 4] and "profiled steps included" in note
+    assert kept == [3, 4] and note == PROFILED_COUNTED
 
 
 def test_runs_without_flags_take_the_profiler_window_from_their_config():

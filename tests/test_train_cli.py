@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from cli.train import next_steps
 from common.arguments import parse_args
 from ledger.models.formulas.flops import megatron_flops_per_step
 
@@ -95,6 +96,7 @@ def test_issue_command_tp2_sp_dp2_trains(tmp_path):
     for s in steps:
         assert s["tflops"] == pytest.approx(s["tokens_per_s"] * flops_per_token / 4 / 1e12, rel=0.01)
     assert (run_dir / "manifest.json").is_file()
+    assert proc.stdout.splitlines()[-4:] == next_steps(run_dir)  # where the run went, and what reads it
 
 
 @pytest.mark.slow
@@ -203,3 +205,61 @@ def test_a_missing_dataset_is_one_line_before_any_rank_starts(tmp_path):
                        "--run-dir", str(tmp_path / "run")])
     _assert_one_line_error(proc, "nope.idx: no such index file")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_ranks_error_reaches_the_user_once_and_what_follows_from_it_not_at_all():
+    """Every rank that found the bad input says it; the others are stopped by torchrun because of it. The user reads
+    the first line, and the launcher knows that bad input stopped the run (exit status 2)."""
+    import io
+
+    from cli.train import relay_stderr
+
+    error = "train-ledger train: error: ck/iter_0000002/rank_00001.pt: is not a whole checkpoint file\n"
+    lines = ["train-ledger: world 2 ...\n", error, error.replace("00001", "00000"),
+             "W1201 21:05:42.349000 4021 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+             "process 4183 closing signal SIGTERM\n",
+             "train-ledger train: stopped by SIGTERM; the run is marked failed\n"]
+    out, rank_errors = io.StringIO(), []
+    relay_stderr(lines, out, rank_errors)
+    assert out.getvalue() == "train-ledger: world 2 ...\n" + error
+    assert rank_errors == [error.strip()]
+
+
+@pytest.mark.parametrize("flag", ["--run-dir", "--save", "--tensorboard-dir"])
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch,
+                                                                                     flag):
+    """A read-only mount, and a path under a file: one line naming the flag, nothing started, nothing made."""
+    from cli import train
+    from cli.main import main
+    from tests.support.read_only import read_only_folder
+
+    def started(*_args, **_kwargs):
+        raise AssertionError("a rank would have started")
+
+    monkeypatch.setattr(train, "supervise", started)
+    (tmp_path / "afile").write_text("")
+    with read_only_folder(tmp_path) as read_only:
+        for folder, problem in ((read_only / "out", "cannot be written ("),  # read-only, or permission denied
+                                (tmp_path / "afile" / "out", f"cannot be written: {tmp_path / 'afile'} is a file")):
+            assert main(["train", "--model", "tiny", flag, str(folder)]) == 2
+            (line,) = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"train-ledger train: error: {flag} {folder}: {problem}"), line
+        assert list(read_only.iterdir()) == []
+
+
+def test_the_launcher_says_where_the_run_went_and_what_to_run_next(tmp_path, capsys, monkeypatch):
+    """After the last iteration line: the run directory and the three commands that read it, each as it runs; a run
+    without --run-dir is told up front that nothing is recorded."""
+    from cli import train
+    from cli.main import main
+
+    monkeypatch.setattr(train, "supervise", lambda *_: train.Supervised(status=0, stopped_by=None))
+    run = tmp_path / "my run"
+    assert main(["train", "--model", "tiny", "--run-dir", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"train-ledger train: the run is recorded in {run}; next:",
+        f"  train-ledger reconcile '{run}'      # formula | inventory | measurement, row by row",
+        f"  train-ledger report '{run}'         # {run}/ledger/report.md and report.html",
+        f"  train-ledger dashboard --runs-root {tmp_path} --run 'my run'"]
+    assert main(["train", "--model", "tiny"]) == 0
+    assert capsys.readouterr().out.startswith("train-ledger train: no --run-dir: nothing is recorded")

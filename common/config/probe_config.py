@@ -23,6 +23,7 @@ class ProbeConfig:
     bandwidth_sweep: bool = False
     compute_sweep: bool = False
     compute_sweep_cache: bool = True  # reuse this machine's cached sweep of the same shapes
+    host_sweep: bool = False
 
 
 def check_probes(pr: ProbeConfig, world_size: int) -> None:

@@ -15,6 +15,7 @@ from common.config.probe_config import ProbeConfig
 from common.config.recompute_config import RecomputeConfig
 from common.config.train_config import TrainConfig
 from common.errors import ConfigError
+from common.typecheck import check_fields
 
 
 @dataclass
@@ -40,12 +41,15 @@ class RunConfig:
         # Manifests written before the flag existed lack it: that engine always untied. Before the layer's flavour
         # fields (swiglu, biases, norm, positions) they lack those too: the dataclass defaults, the Llama style.
         model = {"untie_embeddings_and_output_weights": True, **d["model"]}
-        return cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
-                   train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
-                   model_preset=d.get("model_preset"),
-                   recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
-                   checkpoint=CheckpointConfig(**d.get("checkpoint", {})),  # nor before checkpoints
-                   implementation=ImplementationConfig(**d.get("implementation", {})))  # nor before Megatron-LM's
+        cfg = cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
+                  train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
+                  model_preset=d.get("model_preset"),
+                  recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
+                  checkpoint=CheckpointConfig(**d.get("checkpoint", {})),  # nor before checkpoints
+                  implementation=ImplementationConfig(**d.get("implementation", {})))  # nor before Megatron-LM's
+        for name in ("model", "parallel", "train", "probes", "recompute", "checkpoint", "implementation"):
+            check_fields(getattr(cfg, name), name)  # a stored config is JSON: its types are not Python's to trust
+        return cfg
 
 
 def check_context_parallel(cfg: RunConfig) -> None:

@@ -15,7 +15,7 @@ the other has measured. docs/formulas.md ("Time model", "FLOPs") derives the cou
 
 One module a part: sizes (the config's arithmetic), shapes, kernel (Kernel, OpGroup, Passes), linear (GEMMs),
 attention (dense and ring), mlp, moe, layer, rank (a pipeline rank's whole set and the per-element rates), traffic
-(bytes moved).
+(bytes moved), host (the kinds of call the host makes to run them: what the host sweep times).
 """
 from common.ops.kernel import Kernel, OpGroup, Passes, kernel
 from common.ops.layer import SUSTAINED, LayerOps, layer_ops

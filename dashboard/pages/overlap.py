@@ -7,7 +7,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from dashboard import state
+from dashboard import state, tables
+from ledger.evidence.steps import step_list
 from ledger.present import dashboard_data, loaders, units
 
 PARTS = {"overlapped": "beside compute", "exposed": "exposed"}  # a collective's time, split by what ran beside it
@@ -17,6 +18,7 @@ if not intervals:
     st.info("No DP bucket timers in this run (run with --timers; buckets exist with DP > 1).")
     st.stop()
 
+state.timing_caveat(run)
 frame = pd.DataFrame(intervals)
 left, right = st.columns(2)
 rank = left.selectbox("Rank", sorted(frame["rank"].unique()), key="ov_rank")
@@ -42,7 +44,7 @@ if timing:
                "compute; one that sticks out past the last backward is time the step waits for.")
 
 st.subheader("Exposed time per bucket")
-mine = frame[frame["rank"] == rank].assign(duration=lambda f: f["end"] - f["start"])
+mine = frame[(frame["rank"] == rank) & frame["counted"]].assign(duration=lambda f: f["end"] - f["start"])
 per_bucket = mine.groupby(["op", "bucket"], as_index=False).agg(
     duration=("duration", "mean"), overlapped=("overlapped", "mean"), exposed=("exposed", "mean"),
     steps=("step", "nunique"))
@@ -56,7 +58,8 @@ fig = px.bar(long, x="bucket", y="time", color="part", hover_data={"exact": True
              labels={"bucket": "bucket collective", "time": f"mean time per step ({unit})",
                      "part": "part of the collective", "exact": "time"},
              color_discrete_map={"beside compute": "#43a047", "exposed": "#e53935"})
-fig.update_layout(title=f"rank {rank}, mean over {per_bucket['steps'].max()} step(s)")
+counted = sorted(mine["step"].unique())
+fig.update_layout(title=f"rank {rank}, mean over {step_list(counted)}, the steps the report's overlap rows count")
 st.plotly_chart(fig, width="stretch")
 st.caption("What to look for: red is communication no compute hid; with --overlap-grad-reduce only the last bucket "
            "of the backward should have much of it.")
@@ -64,10 +67,12 @@ table = per_bucket[["bucket", "steps"]].assign(**{
     "duration": per_bucket["duration"].map(units.duration),
     PARTS["overlapped"]: per_bucket["overlapped"].map(units.duration),
     PARTS["exposed"]: per_bucket["exposed"].map(units.duration)})
-st.dataframe(table, hide_index=True)
+tables.table(table)
 rows = state.guarded(loaders.load_rows, run) or []
 exposed = [r for r in rows if r["metric"] == "overlap.exposed_dp_comm_per_step"]
 if exposed:
     shown = pd.DataFrame(exposed)[["rank", "stage", "measured", "source", "explanation"]]
     shown["measured"] = shown["measured"].map(units.duration)
-    st.dataframe(shown.rename(columns={"measured": "exposed DP communication per step"}), hide_index=True)
+    tables.table(shown.rename(columns={"measured": "exposed DP communication per step"}), wide="explanation")
+    for text in dict.fromkeys(shown["explanation"]):  # in full, each once
+        st.caption(units.plain(text))

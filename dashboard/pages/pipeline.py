@@ -6,12 +6,14 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from dashboard import state
+from dashboard import state, tables
 from ledger.present import dashboard_data, loaders, units
+from ledger.present.row_groups import group
 
 KIND_COLOURS = {"forward": "#42a5f5", "backward": "#ef6c00", "idle": "#e0e0e0"}
 
 run, shape, topo = state.open_page("Pipeline", dashboard_data.pipeline_shape, loaders.topology)
+state.timing_caveat(run)
 if shape["pp"] < 2:
     st.info(f"This run has pipeline size {shape['pp']}: there is no pipeline schedule to draw.")
     st.stop()
@@ -117,4 +119,6 @@ else:
     table = bubbles[["metric", "rank", "stage", "predicted", "measured", "verdict", "explanation"]].copy()
     for column in ("predicted", "measured"):
         table[column] = table[column].map(units.percent)
-    st.dataframe(table, hide_index=True)
+    tables.table(table, wide="explanation")
+    st.markdown("\n".join(f"- **{line.metric}** ({line.where()}): {units.plain(line.explanation())}"
+                           for line in group(bubbles.to_dict("records"))))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import state
+from dashboard import state, tables
 from ledger.present import loaders, units
 from ledger.present.row_groups import predictor
 
 COLOURS = {"ok": "#c8e6c9", "warn": "#ffe0b2", "off": "#ffcdd2", "n/a": "#eceff1", "identity": "#e8eaf6"}
 VALUES = ("predicted", "inventory", "measured")
-COLUMNS = ["metric", "verdict", "rank", "stage", "bucket", "predicted", "predicted by", "inventory", "measured",
-           "gap", "tolerance", "scope", "source", "explanation"]
+# What fits a 1400 px window; a row's stage, tolerance, source and explanation are in the chosen row's box below.
+COLUMNS = ["metric", "verdict", "rank", "bucket", "predicted", "predicted by", "inventory", "measured", "gap"]
 
 
 def readable(table: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def colour(value: str) -> str:
     return f"background-color: {COLOURS.get(value, '')}"
 
 
-st.dataframe(readable(shown).style.map(colour, subset=["verdict"]), hide_index=True, width="stretch")
+tables.table(readable(shown).style.map(colour, subset=["verdict"]))
 
 
 def label(r: pd.Series) -> str:
@@ -79,7 +79,9 @@ if len(shown):
     labels = {i: label(r) for i, r in shown.iterrows()}
     chosen = st.selectbox("Explain a row", list(labels), format_func=labels.get, key="rec_row")
     r = shown.loc[chosen]
-    st.markdown(f"**{r['metric']}**: verdict **{r['verdict']}** (tolerance {units.percent(r['tolerance'])})")
+    where = ", ".join(f"{key} {int(r[key])}" for key in ("rank", "stage", "bucket") if pd.notna(r[key]))
+    st.markdown(f"**{r['metric']}** ({where or 'the run'}; measured from {r['source'] or 'nothing'}): verdict "
+                f"**{r['verdict']}** (tolerance {units.percent(r['tolerance'])})")
     titles = {"predicted": f"predicted ({predictor(r['metric'])})", "inventory": "engine inventory",
               "measured": "measured"}
     for column, name in zip(st.columns(3), VALUES):

@@ -1,8 +1,8 @@
-"""Runs: every run under the root with its status, framework, layout, config and headline figures, each figure
-labelled with where it comes from (measured, the engine's inventory, or predicted); two runs side by side; the
-selected run's loss curve, joined across a kill and resume with the run it resumed from (ledger.present.dashboard_data.
-loss_curve), a dashed marker where it resumed. A run that cannot be read is a row of the table and one warning that
-names it and its error, never a failed page."""
+"""Runs: every run under the root with its status, layout and framework; the selected run's config and headline
+figures, each labelled with where it comes from (measured, the engine's inventory, or predicted); two runs side by
+side; the selected run's loss curve, joined across a kill and resume with the run it resumed from
+(ledger.present.dashboard_data.loss_curve), a dashed marker where it resumed. A run that cannot be read is a row of
+the table and one warning that names it and its error, never a failed page."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from common.errors import UserError
-from dashboard import state
+from dashboard import state, tables
 from ledger.present import dashboard_data, units
 from ledger.present.headline import HEADLINES
 
@@ -61,15 +61,20 @@ def describe(run: dict[str, Any]) -> dict[str, Any]:
 
 
 FIGURES = [h.label for h in HEADLINES]
-COLUMNS = ["run", "status", "layout", *FIGURES, "framework", "config", "reconciled", "started"]
+COLUMNS = ["run", "status", "layout", "framework", "reconciled", "started"]
 described = pd.DataFrame([describe(r) for r in runs])
 broken = described[described["error"] != ""]
 if len(broken):
     st.warning(f"{len(broken)} run(s) could not be read in full:\n"
                + "\n".join(f"* **{row.run}**: {row.error}" for row in broken.itertuples()))
-table = described.reindex(columns=COLUMNS).fillna(units.DASH)
-st.caption(KIND_NOTE)
-st.dataframe(table, hide_index=True, width="stretch")
+tables.table(described.reindex(columns=COLUMNS).fillna(units.DASH))
+
+selected = state.current_run()
+if selected is not None and selected in set(described["run"]):
+    chosen = described.set_index("run").loc[selected].reindex(["config", *FIGURES]).fillna(units.DASH)
+    st.subheader(f"Headline of run {selected}")
+    st.caption(f"config: {chosen['config']}. {KIND_NOTE}")
+    tables.table(pd.DataFrame({"figure": FIGURES, "value": [chosen[f] for f in FIGURES]}))
 
 st.subheader("Compare two runs")
 pair = st.multiselect("Runs to compare", [r["rel"] for r in runs], max_selections=2, key="compare")
@@ -78,7 +83,7 @@ if len(pair) == 2:
     fields = ["status", "framework", "layout", "config", *FIGURES, "error"]
     side = pd.DataFrame({name: [rows[name].get(f, "") for f in fields] for name in pair}, index=fields)
     side["same"] = side[pair[0]] == side[pair[1]]
-    st.dataframe(side, width="stretch")
+    tables.table(side)
     for column, name in zip(st.columns(2), pair):
         with column:
             st.markdown(f"**{name}**")
@@ -113,7 +118,6 @@ def loss_chart(curve: dict[str, Any]) -> go.Figure:
 
 
 st.subheader("Loss")
-selected = state.current_run()
 curve = state.guarded(dashboard_data.loss_curve, selected) if selected is not None else None
 if curve is not None and curve["steps"]:
     st.plotly_chart(loss_chart(curve), width="stretch")

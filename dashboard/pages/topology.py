@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import state
+from dashboard import state, tables
 from ledger.present import loaders
 
 GROUP_STYLE = {"tp": ("TP group (layer shards)", "#1e88e5", 0.0), "dp": ("DP group (replicas)", "#43a047", 0.16),
@@ -55,7 +55,6 @@ fig.update_layout(height=180 + 140 * topo["pp"], legend=dict(orientation="h"), p
 st.plotly_chart(fig, width="stretch")
 
 st.subheader("Groups")
-st.dataframe(pd.DataFrame([{"kind": kind.upper(), "groups": str(groups)} for kind, groups in topo["groups"].items()]),
-             hide_index=True)
-st.dataframe(pd.DataFrame([{"rank": r["rank"], **r["coords"], "label": r["label"]} for r in topo["ranks"]]),
-             hide_index=True)
+tables.table(pd.DataFrame([{"kind": kind.upper(), "groups": str(groups)} for kind, groups in topo["groups"].items()]),
+             wide="groups")
+tables.table(pd.DataFrame([{"rank": r["rank"], **r["coords"], "label": r["label"]} for r in topo["ranks"]]))

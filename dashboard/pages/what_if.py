@@ -1,13 +1,14 @@
 """What if: the selected run's layout changed on paper (GPUs, TP / PP / VPP, sequence parallel, batch, recompute,
 distributed optimizer, GPU kind) and predicted by the simulator, beside the run as measured and as predicted for its
-own layout. The logic is ledger.present.what_if's; this page only draws it."""
+own layout; then the run as it ran, its profiled steps replayed with a change (dashboard.graph_what_if). The logic is
+ledger.present.what_if's and ledger.present.graph_what_if's; this page only draws it."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
 from common.config import MAX_LAYERS, MAX_WORLD_SIZE, RunConfig
-from dashboard import state
+from dashboard import graph_what_if, state
 from ledger.models.simulate.hardware import known_names
 from ledger.present import what_if
 from ledger.present.charts import STYLE, Chart, empty, render
@@ -16,6 +17,7 @@ run, basis = state.open_page("What if", what_if.run_basis)
 if basis["config"] is None:
     st.warning(f"This {basis['framework']} run has no configuration the ledger can read (for a Megatron-LM run, its "
                "arguments were not found): there is no model shape to simulate.")
+    graph_what_if.section(run)
     st.stop()
 cfg = RunConfig.from_dict(basis["config"])
 own = what_if.own_choice(cfg)
@@ -81,10 +83,11 @@ def draw(title: str, chart: Chart) -> None:
 draw("Step time, term by term", what_if.step_chart(basis, ran.prediction, changed.prediction))
 draw("Memory per GPU against HBM", what_if.memory_chart(basis, ran.prediction, changed.prediction))
 st.subheader("Measured, predicted for the run's layout, predicted for the what-if")
+state.timing_caveat(run)
 rows = what_if.comparison(basis, ran.prediction, changed.prediction)
 st.table(pd.DataFrame(what_if.formatted(rows)).set_index("figure"))
 st.caption("Measured figures are the run's reconciliation rows (largest rank for memory and times, mean for "
            "throughput); TFLOP/s and MFU under both conventions (megatron: Megatron's FLOP count; palm_6n: 6N per "
            "token plus attention). A dash: nothing measured it, or no prediction.")
 
-
+graph_what_if.section(run)

@@ -4,7 +4,9 @@ were built from, so that a start that finds them reads them instead of scanning 
 An entry is `{md5 of description}-{kind}-{array}.npy` for each array plus `{md5}-{kind}-description.txt`, the
 description itself (the JSON that was hashed): the dataset's config and the identity of the files it was built from,
 so a changed config or a rewritten .bin/.idx misses. The directory is --data-cache-path when given, else
-PREFIX/cache/{kind} beside the data (Megatron's default place for its GPTDataset indices).
+cache/{kind} in the data's own folder (data/c.bin -> data/cache/GPTDataset/): Megatron's default, PREFIX/cache/,
+would make a folder named like the dataset beside its .bin and .idx, which reads as a third part of it. The
+descriptions name their files, so the prefixes of one folder share its cache without colliding.
 
 Written atomically by one process (the launcher's data check, or global rank 0): each file goes to a temporary name
 and is renamed, the description last, so an entry whose description exists is complete; a reader checks the
@@ -43,7 +45,7 @@ class IndexCache:
 
     @classmethod
     def beside(cls, prefix: str, kind: str, cache_path: str | None, write: bool) -> "IndexCache":
-        directory = Path(cache_path) if cache_path else Path(prefix) / "cache" / kind
+        directory = Path(cache_path) if cache_path else Path(prefix).parent / "cache" / kind
         return cls(directory, kind, write)
 
     def _path(self, digest: str, name: str) -> Path:

@@ -28,11 +28,12 @@ def finalize_model_grads(model_chunks: list[torch.nn.Module], parallel_state: An
                          probes: ProbeSetProtocol = NullProbeSet()) -> None:
     for chunk in model_chunks:
         chunk.finish_grad_sync()
-    _allreduce_sequence_parallel_grads(model_chunks, parallel_state)
+    _allreduce_sequence_parallel_grads(model_chunks, parallel_state, probes)
     _allreduce_word_embedding_grads(model_chunks, parallel_state, probes)
 
 
-def _allreduce_sequence_parallel_grads(model_chunks: list[torch.nn.Module], parallel_state: Any) -> None:
+def _allreduce_sequence_parallel_grads(model_chunks: list[torch.nn.Module], parallel_state: Any,
+                                       probes: ProbeSetProtocol) -> None:
     if parallel_state.tp_size == 1:
         return
     grads = [p.main_grad for chunk in model_chunks for p in chunk.parameters()
@@ -41,7 +42,8 @@ def _allreduce_sequence_parallel_grads(model_chunks: list[torch.nn.Module], para
         return
     # One collective for all of them: these are many tiny vectors.
     coalesced = _flatten_dense_tensors(grads)
-    dist.all_reduce(coalesced, group=parallel_state.groups["tp"])
+    with probes.range("all-reduce sp norm grads", "tp-comm", bytes=coalesced.numel() * coalesced.element_size()):
+        dist.all_reduce(coalesced, group=parallel_state.groups["tp"])
     for grad, reduced in zip(grads, _unflatten_dense_tensors(coalesced, grads)):
         grad.copy_(reduced)
 

@@ -190,15 +190,16 @@ class _ParamAndGradBucketGroup:
         kind = "reduce-scatter" if self.ddp_config.use_distributed_optimizer else "all-reduce"
         op = dist.ReduceOp.AVG if self.gradient_scaling_factor is None else dist.ReduceOp.SUM
         for bucket, shard in zip(self.buckets, self.grad_shards):
-            token = self.probes.comm_begin(f"{kind} bucket{self.index}", "dp-comm", **self.attrs,
-                                           bytes=bucket.grad_data.numel() * bucket.grad_data.element_size(),
-                                           numel=bucket.grad_data.numel())
             if self.ddp_config.use_distributed_optimizer:
-                work = _reduce_scatter(shard, bucket.grad_data, op=op, group=self.data_parallel_group,
-                                       async_op=async_op)
+                def issue(bucket=bucket, shard=shard):
+                    return _reduce_scatter(shard, bucket.grad_data, op=op, group=self.data_parallel_group,
+                                           async_op=async_op)
             else:
-                work = dist.all_reduce(bucket.grad_data, op=op, group=self.data_parallel_group, async_op=async_op)
-            self.grad_reduce_handles.append((work, token))
+                def issue(bucket=bucket, shard=shard):
+                    return dist.all_reduce(bucket.grad_data, op=op, group=self.data_parallel_group, async_op=async_op)
+            self.grad_reduce_handles.append(self.probes.comm_issue(
+                f"{kind} bucket{self.index}", "dp-comm", issue, **self.attrs,
+                bytes=bucket.grad_data.numel() * bucket.grad_data.element_size(), numel=bucket.grad_data.numel()))
         if not async_op:
             self._wait(self.grad_reduce_handles)
 
@@ -227,11 +228,12 @@ class _ParamAndGradBucketGroup:
         if not self.param_gather_dispatched and self.dp_size > 1:
             async_op = self.ddp_config.overlap_param_gather and not force_sync
             for bucket, shard in zip(self.buckets, self.param_shards):
-                token = self.probes.comm_begin(f"all-gather bucket{self.index}", "dp-comm", **self.attrs,
-                                               bytes=bucket.param_data.numel() * bucket.param_data.element_size(),
-                                               numel=bucket.param_data.numel())
-                work = _all_gather(bucket.param_data, shard, group=self.data_parallel_group, async_op=async_op)
-                self.param_gather_handles.append((work, token))
+                self.param_gather_handles.append(self.probes.comm_issue(
+                    f"all-gather bucket{self.index}", "dp-comm",
+                    lambda bucket=bucket, shard=shard: _all_gather(bucket.param_data, shard,
+                                                                   group=self.data_parallel_group, async_op=async_op),
+                    **self.attrs, bytes=bucket.param_data.numel() * bucket.param_data.element_size(),
+                    numel=bucket.param_data.numel()))
         self.param_gather_dispatched = True
         if force_sync or not self.ddp_config.overlap_param_gather:
             self._wait(self.param_gather_handles)

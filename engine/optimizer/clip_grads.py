@@ -13,10 +13,14 @@ parameters. The norm is the square root of the two parts' sum (Megatron sums its
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+
+from probes.probe_set import NullProbeSet
+from probes.protocol import ProbeSetProtocol
 
 
 def param_is_not_tensor_parallel_duplicate(param: torch.nn.Parameter, tp_rank: int) -> bool:
@@ -29,21 +33,31 @@ def param_is_not_shared(param: torch.nn.Parameter) -> bool:
     return not getattr(param, "shared", False)
 
 
-def grad_norm_squared(grads_for_norm: list[torch.Tensor], groups: list[Any], device: torch.device) -> torch.Tensor:
-    """The squared L2 norm of one part's grads summed over `groups`: every rank of them must call it."""
+# The probe category of the all-reduce over each dense group kind, which names its group in a trace that records none
+# (gloo's; ledger.evidence.trace_groups). The expert kinds' all-reduces run unranged: the ledger has no such group kind.
+NORM_CATEGORY = {"mp": "mp-comm", "dp_cp": "dp-comm"}
+
+
+def grad_norm_squared(grads_for_norm: list[torch.Tensor], groups: list[tuple[str, Any]], device: torch.device,
+                      probes: ProbeSetProtocol = NullProbeSet()) -> torch.Tensor:
+    """The squared L2 norm of one part's grads summed over `groups` ((kind, group) pairs): every rank of them must
+    call it."""
     if grads_for_norm:
         total = torch.stack(torch._foreach_norm(grads_for_norm)).square().sum()
     else:
         total = torch.zeros((), dtype=torch.float32, device=device)
-    for group in groups:
-        dist.all_reduce(total, group=group)
+    for kind, group in groups:
+        category = NORM_CATEGORY.get(kind)
+        with probes.range(f"all-reduce grad norm ({kind})", category) if category else contextlib.nullcontext():
+            dist.all_reduce(total, group=group)
     return total
 
 
-def get_grad_norm_fp32(parts: Sequence[tuple[list[torch.Tensor], list[Any]]], device: torch.device) -> torch.Tensor:
-    """L2 norm over every rank's grads, each part (grads, the groups its squared sum is reduced over) on its own, as a
-    device tensor: no host sync until someone reads it."""
-    squares = [grad_norm_squared(grads, groups, device) for grads, groups in parts]
+def get_grad_norm_fp32(parts: Sequence[tuple[list[torch.Tensor], list[tuple[str, Any]]]], device: torch.device,
+                       probes: ProbeSetProtocol = NullProbeSet()) -> torch.Tensor:
+    """L2 norm over every rank's grads, each part (grads, the (kind, group) pairs its squared sum is reduced over) on
+    its own, as a device tensor: no host sync until someone reads it."""
+    squares = [grad_norm_squared(grads, groups, device, probes) for grads, groups in parts]
     total = squares[0]
     for square in squares[1:]:
         total = total + square

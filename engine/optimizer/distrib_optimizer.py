@@ -31,9 +31,10 @@ class DistributedOptimizer(MegatronOptimizer):
             bounds.append((bucket.offset + dp_rank * size, bucket.offset + (dp_rank + 1) * size))
         return bounds
 
-    def _grad_stats_groups(self, expert: bool) -> list[Any]:
+    def _grad_stats_groups(self, expert: bool) -> list[tuple[str, Any]]:
         # Each DP rank holds a different shard of the gradients, so the (expert) DP group joins the norm's reduction.
-        return [*super()._grad_stats_groups(expert), self.parallel_state.groups["expt_dp" if expert else "dp_cp"]]
+        kind = "expt_dp" if expert else "dp_cp"
+        return [*super()._grad_stats_groups(expert), (kind, self.parallel_state.groups[kind])]
 
     def zero_grad(self) -> None:
         """Also, under --overlap-param-gather, issue the all-gathers the first forward needs (the last bucket group

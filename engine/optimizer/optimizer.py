@@ -34,6 +34,7 @@ from engine.optimizer.clip_grads import (
     param_is_not_shared,
     param_is_not_tensor_parallel_duplicate,
 )
+from probes.probe_set import NullProbeSet
 
 
 def shard_param_ranges(param_ranges: list[tuple[int, int]], shard_start: int,
@@ -89,6 +90,8 @@ class MegatronOptimizer:
         self.train = train
         self.model_chunks = model_chunks
         self.parallel_state = parallel_state
+        # the run's probe set, which the engine hands every DDP chunk: it names the grad norm's collectives
+        self.probes = model_chunks[0].probes if model_chunks else NullProbeSet()
         self.model_params: list[torch.Tensor] = []  # pieces of the param buffers
         self.model_grads: list[torch.Tensor] = []  # the same pieces of the grad buffers
         decays: list[bool] = []
@@ -127,9 +130,10 @@ class MegatronOptimizer:
                 if part is not None:
                     yield param, start + part[0], start + part[1]
 
-    def _grad_stats_groups(self, expert: bool) -> list[Any]:
-        """The groups one part's squared grad norm is summed over: those holding other elements of it."""
-        return [self.parallel_state.groups["expt_mp" if expert else "mp"]]
+    def _grad_stats_groups(self, expert: bool) -> list[tuple[str, Any]]:
+        """The (kind, group) pairs one part's squared grad norm is summed over: those holding other elements of it."""
+        kind = "expt_mp" if expert else "mp"
+        return [(kind, self.parallel_state.groups[kind])]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -153,7 +157,8 @@ class MegatronOptimizer:
     def step(self) -> tuple[bool, float]:
         main_grads = self._copy_model_grads_to_main_grads()
         grad_norm = get_grad_norm_fp32([self._norm_part(main_grads, expert) for expert in
-                                        ((False, True) if self.has_experts else (False,))], self.device)
+                                        ((False, True) if self.has_experts else (False,))], self.device,
+                                       self.probes)
         if self.train.clip_grad > 0.0 and main_grads:
             clip_grad_by_total_norm_fp32(main_grads, self.train.clip_grad, grad_norm)
         self.optimizer.step()
@@ -162,7 +167,8 @@ class MegatronOptimizer:
         # The one host sync of the step, after every kernel and collective of it has been issued.
         return True, float(grad_norm)
 
-    def _norm_part(self, main_grads: list[torch.Tensor], expert: bool) -> tuple[list[torch.Tensor], list[Any]]:
+    def _norm_part(self, main_grads: list[torch.Tensor], expert: bool) -> tuple[list[torch.Tensor],
+                                                                                 list[tuple[str, Any]]]:
         """The dense (expert False) or expert grads that count for the norm, and the groups their sum spans."""
         grads = [g for g, counts, e in zip(main_grads, self.counts_for_norm, self.is_expert) if counts and e == expert]
         return grads, self._grad_stats_groups(expert)

@@ -52,10 +52,10 @@ class _Exchange:
         self.cp, self.name = cp, name
         self.received = torch.empty_like(send)
         nbytes = 2 * send.numel() * send.element_size()
-        self.token = cp.probes.comm_begin(name, "cp-comm", bytes=nbytes, dst_rank=dst, src_rank=src,
-                                          **attrs)
-        self.requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, cp.group),
-                                                dist.P2POp(dist.irecv, self.received, src, cp.group)])
+        self.requests, self.token = cp.probes.comm_issue(
+            name, "cp-comm", lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, cp.group),
+                                                             dist.P2POp(dist.irecv, self.received, src, cp.group)]),
+            bytes=nbytes, dst_rank=dst, src_rank=src, **attrs)
 
     def wait(self) -> torch.Tensor:
         with self.cp.probes.range(f"wait {self.name}", "cp-wait"):

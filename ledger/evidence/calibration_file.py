@@ -2,9 +2,9 @@
 without a training run, for the runs that made none (a Megatron-LM run; `reconcile --calibration FILE`).
 
 JSON Lines: a header object with no "kind" ({"calibration": 1, "device", "made", "command", "shapes"}), then one
-`compute` or `bandwidth` record a line in the run-directory contract's form (common/events.py, docs/run_directory.md),
-so that the time model reads them as it reads a run's own sweeps. A line that is no JSON object or a record with a
-field of the wrong type is an InputError naming the file and line.
+`compute`, `bandwidth` or `host` record a line in the run-directory contract's form (common/events.py,
+docs/run_directory.md), so that the time model reads them as it reads a run's own sweeps. A line that is no JSON
+object or a record with a field of the wrong type is an InputError naming the file and line.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from common.events import BandwidthRecord, ComputeRecord, RecordError, parse_event
+from common.events import BandwidthRecord, ComputeRecord, HostRecord, parse_event
+from common.typecheck import TypeMismatch
 
 FORMAT = 1
 
@@ -25,11 +26,12 @@ class CalibrationFile:
     header: dict[str, Any] = field(default_factory=dict)
     compute: list[ComputeRecord] = field(default_factory=list)
     bandwidth: list[BandwidthRecord] = field(default_factory=list)
+    host: list[HostRecord] = field(default_factory=list)  # the host sweep's, where calibrate ran one
 
     def describe(self) -> str:
         return (f"calibration {self.path.name} ({self.header.get('device', 'unknown device')}, "
                 f"{self.header.get('made', 'date unknown')}: {len(self.compute)} compute, "
-                f"{len(self.bandwidth)} bandwidth records)")
+                f"{len(self.bandwidth)} bandwidth, {len(self.host)} host records)")
 
 
 def read_calibration(path: str | Path) -> CalibrationFile:
@@ -53,12 +55,14 @@ def read_calibration(path: str | Path) -> CalibrationFile:
             continue
         try:
             record = parse_event(obj)
-        except RecordError as exc:
+        except TypeMismatch as exc:
             raise InputError(path, f"line {number}: {exc}") from None
         if isinstance(record, ComputeRecord):
             out.compute.append(record)
         elif isinstance(record, BandwidthRecord):
             out.bandwidth.append(record)
+        elif isinstance(record, HostRecord):
+            out.host.append(record)
     if out.header.get("calibration") != FORMAT:
         raise InputError(path, f"no calibration header of format {FORMAT} (train-ledger calibrate writes one)")
     if not out.compute and not out.bandwidth:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
-from ledger.evidence.traces import STEP_RE, TraceStream, as_int, distributed_info, group_ranks, normalize_op
+from ledger.evidence.trace_stream import TraceStream
+from ledger.evidence.traces import STEP_RE, as_int, distributed_info, group_ranks, normalize_op
 
 CPU_OP, ANNOTATION, PYTHON, RUNTIME = "cpu_op", "user_annotation", "python_function", "runtime"
 HOST_CATEGORIES = {"cpu_op": CPU_OP, "user_annotation": ANNOTATION, "python_function": PYTHON,

@@ -162,17 +162,20 @@ def expert_coordinates(layout: Layout, rank: int) -> dict[str, int]:
     return {"ep": coords["ep"], "expt_dp": coords["dp"]}
 
 
-GROUP_KINDS = ("tp", "dp", "pp", "embedding")  # the groups a rank's collectives are named by
+# The kinds a collective is named by, in the order a rank list several of them share resolves to. mp (TP x PP x CP)
+# is the grad norm's group; last, since its ranks are another kind's whenever only one dimension is parallel.
+GROUP_KINDS = ("tp", "dp", "pp", "embedding", "mp")
 
 
 def group_kind(groups: dict[str, tuple[int, ...]], ranks: tuple[int, ...] | None, op: str | None = None,
                issued_as: str | None = None) -> str:
-    """"dp" / "tp" / "pp" / "embedding" for a collective's rank list, "other" for any other group, "unknown" when no
-    ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the engine
-    range the collective was issued in, ledger.evidence.trace_groups), else to the first in GROUP_KINDS order, except
-    that under PP2 the pipeline group is also the embedding group, whose only collective is the tied embedding's grad
-    all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued outside the embedding's
-    range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the pipeline's."""
+    """"dp" / "tp" / "pp" / "embedding" / "mp" for a collective's rank list, "other" for any other group, "unknown"
+    when no ranks are known. A rank list that is several kinds' goes to the one the evidence names (`issued_as`: the
+    engine range the collective was issued in, ledger.evidence.trace_groups), else to the first in GROUP_KINDS order,
+    except that under PP2 the pipeline group is also the embedding group, whose only collective is the tied
+    embedding's grad all-reduce: an all-reduce there is the embedding's unless the evidence says it was issued
+    outside the embedding's range (`issued_as` ""); point-to-point, the loss broadcast and every other op are the
+    pipeline's."""
     if ranks is None:
         return "unknown"
     key = tuple(sorted(ranks))

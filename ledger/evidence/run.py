@@ -14,19 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from common.config import RunConfig
+from common.config import RunConfig, validate
 from common.errors import ConfigError, InputError
 from common.events import (
     BandwidthRecord,
     CheckpointRecord,
     ComputeRecord,
     Event,
+    HostRecord,
     InventoryRecord,
     MemoryRecord,
     NvmlRecord,
     StepRecord,
     TimingRecord,
 )
+from common.rank_info import DeviceInfo, RankInfo, parse_rank_infos
 from common.run_dir import (
     MANIFEST,
     EventStream,
@@ -35,10 +37,12 @@ from common.run_dir import (
     read_manifest,
     trace_files,
 )
+from common.typecheck import TypeMismatch
 from ledger.evidence.layout import GROUP_KINDS, Layout, coordinates, group_lists
-from ledger.evidence.traces import TraceSummary, summarize
+from ledger.evidence.trace_pool import read_trace_summaries
+from ledger.evidence.traces import TraceSummary
 
-KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "step", "checkpoint"}
+KEPT_KINDS = {"memory", "inventory", "timing", "nvml", "bandwidth", "compute", "host", "step", "checkpoint"}
 
 
 @dataclass
@@ -52,6 +56,7 @@ class RankEvidence:
     nvml: list[NvmlRecord] = field(default_factory=list)
     bandwidth: list[BandwidthRecord] = field(default_factory=list)
     compute: list[ComputeRecord] = field(default_factory=list)  # the compute sweep's kernel times (calibration)
+    host: list[HostRecord] = field(default_factory=list)  # the host sweep's cost per kind of call (calibration)
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)  # saves and loads (engine.checkpointing)
     torn_tail: bool = False
@@ -79,7 +84,8 @@ class RankEvidence:
 
 
 _LISTS: dict[type, str] = {InventoryRecord: "inventory", NvmlRecord: "nvml", BandwidthRecord: "bandwidth",
-                           ComputeRecord: "compute", StepRecord: "steps", CheckpointRecord: "checkpoints"}
+                           ComputeRecord: "compute", HostRecord: "host", StepRecord: "steps",
+                           CheckpointRecord: "checkpoints"}
 
 
 @dataclass
@@ -92,6 +98,7 @@ class RunEvidence:
     missing: list[str] = field(default_factory=list)
     framework: str = "train-ledger"
     layout: Layout | None = None
+    rank_infos: dict[int, RankInfo] = field(default_factory=dict)  # the manifest's per-rank entries
     _summaries: dict[int, TraceSummary] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,14 +114,14 @@ class RunEvidence:
         return self.manifest.get("run_id")
 
     def coords(self, rank: int) -> dict[str, int]:
-        """A rank's (tp, cp, dp, pp) as the manifest records them, else derived from the layout ({} without one)."""
-        coords = rank_entry(self.manifest, rank).get("coords")
-        if isinstance(coords, dict):
-            return {k: int(v) for k, v in coords.items()}
-        if self.layout is None:
-            return {}
-        c = coordinates(self.layout, rank)
-        return {k: c[k] for k in ("tp", "cp", "dp", "pp")}
+        """A rank's (tp, cp, dp, pp) as the manifest records them, each axis it does not record derived from the
+        layout ({} for what neither gives)."""
+        derived = {}
+        if self.layout is not None:
+            c = coordinates(self.layout, rank)
+            derived = {k: c[k] for k in ("tp", "cp", "dp", "pp")}
+        info = self.rank_infos.get(rank)
+        return {**derived, **(info.coords if info is not None and info.coords is not None else {})}
 
     def groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         """The rank's TP, DP and PP groups and, on the first and last stage, its embedding group (sorted rank
@@ -124,18 +131,27 @@ class RunEvidence:
         lists = group_lists(self.layout)
         return {kind: tuple(sorted(g)) for kind in GROUP_KINDS for g in lists[kind] if rank in g}
 
+    def backend(self, rank: int, trace_backend: str | None) -> str | None:
+        """The rank's process-group backend as the manifest records it, else as the trace's distributedInfo does
+        (manifests written before the field existed); None when neither says."""
+        info = self.rank_infos.get(rank)
+        return info.backend if info is not None and info.backend else trace_backend
+
+    def device(self, rank: int) -> DeviceInfo | None:
+        info = self.rank_infos.get(rank)
+        return info.device if info is not None else None
+
     def rank_evidence(self, rank: int) -> RankEvidence:
         """The rank's records, or an empty record set for a rank that wrote none (a traced rank without events)."""
         return self.ranks.get(rank) or RankEvidence(rank=rank, coords=self.coords(rank))
 
-    def trace_summaries(self, progress: Callable[[str], None] = lambda _: None) -> dict[int, TraceSummary]:
-        """Each traced rank's summary, every trace read once (on first call) and checked to belong to this run."""
+    def trace_summaries(self, workers: int | None = None,
+                        progress: Callable[[str], None] = lambda _: None) -> dict[int, TraceSummary]:
+        """Each traced rank's summary, every trace read once (on first call; in worker processes, see
+        ledger.evidence.trace_pool) and checked to belong to this run."""
         if self._summaries is None:
-            summaries = {}
-            for i, t in enumerate(self.traces, 1):
-                progress(f"reading trace {i}/{len(self.traces)} (rank {t.rank})")
-                summaries[t.rank] = self.checked(summarize(t.path), t)
-            self._summaries = summaries
+            read = read_trace_summaries([(t.rank, t.path) for t in self.traces], workers, progress)
+            self._summaries = {t.rank: self.checked(read[t.path], t) for t in self.traces}
         return self._summaries
 
     def checked(self, summary: TraceSummary, trace: TraceFile) -> TraceSummary:
@@ -172,35 +188,15 @@ def after_first_step(items: list[T], step_of: Callable[[T], int]) -> list[T]:
     return [i for i in items if step_of(i) != first]
 
 
-def rank_entry(manifest: dict[str, Any], rank: int) -> dict[str, Any]:
-    """A rank's entry in the manifest's `ranks` (a list, or a dict keyed by rank); {} when there is none."""
-    entries = manifest.get("ranks")
-    entry = None
-    if isinstance(entries, dict):
-        entry = entries.get(str(rank))
-    elif isinstance(entries, list):
-        entry = next((e for e in entries if isinstance(e, dict) and e.get("rank") == rank), None)
-    return entry if isinstance(entry, dict) else {}
-
-
-def rank_backend(manifest: dict[str, Any], rank: int, trace_backend: str | None) -> str | None:
-    """The rank's process-group backend as the manifest records it, else as the trace's distributedInfo does
-    (manifests written before the field existed); None when neither says."""
-    backend = rank_entry(manifest, rank).get("backend")
-    return str(backend) if backend else trace_backend
-
-
-def cpu_sharing(manifest: dict[str, Any]) -> str | None:
+def cpu_sharing(ev: RunEvidence) -> str | None:
     """A sentence when CPU ranks outnumber their host's cores (from the manifest's per-rank host and device): then
     every timed range includes time spent waiting for a core, which dominates timing gaps. None otherwise."""
-    per_host: dict[str, list[dict[str, Any]]] = {}
-    for rank in range(int(manifest.get("world_size") or 0)):
-        entry = rank_entry(manifest, rank)
-        device = entry.get("device") or {}
-        if device.get("type") == "cpu" and entry.get("host"):
-            per_host.setdefault(entry["host"], []).append(device)
+    per_host: dict[str, list[DeviceInfo]] = {}
+    for info in ev.rank_infos.values():
+        if info.device.type == "cpu" and info.host:
+            per_host.setdefault(info.host, []).append(info.device)
     for host, devices in per_host.items():
-        cores = devices[0].get("cores")
+        cores = devices[0].cores
         if len(devices) > (cores or 1):
             where = f"{cores} cores" if cores else "its CPU (core count not recorded)"
             return (f"{len(devices)} ranks share host {host}'s {where}: process oversubscription; every timed range "
@@ -208,20 +204,23 @@ def cpu_sharing(manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig | None:
-    """The manifest's config as a RunConfig, checked (the one place a run's config is read); None without one."""
+def load_config(manifest: dict[str, Any], manifest_path: Path) -> RunConfig:
+    """The run's flags, checked (the one place a run's config is read): every prediction is made from them, so a
+    manifest without them cannot be reconciled (judged against a default layout, its rows would be off for no
+    reason of the run's)."""
     raw = manifest.get("config")
     if raw is None:
-        return None
+        raise InputError(manifest_path, "manifest lacks 'config' (the run's flags, which every prediction needs)")
     if not isinstance(raw, dict):
         raise InputError(manifest_path, f"config is a {type(raw).__name__}, expected an object")
     try:
         config = RunConfig.from_dict(raw)
+        validate(config)
         layout_of(config)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise InputError(manifest_path, f"config does not match this version's RunConfig ({exc})") from None
     except ConfigError as exc:
         raise InputError(manifest_path, f"config: {exc}") from None
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise InputError(manifest_path, f"config does not match this version's RunConfig ({exc})") from None
     return config
 
 
@@ -234,10 +233,11 @@ def collect_rank(run_dir: Path, rank: int, coords: dict[str, int]) -> RankEviden
     return ev
 
 
-def collect_run(run_dir: str | Path) -> RunEvidence:
-    """The whole run's evidence; a crashed or partial run yields what exists plus a list of what is missing."""
+def collect_run(run_dir: str | Path, manifest: dict[str, Any] | None = None) -> RunEvidence:
+    """The whole run's evidence; a crashed or partial run yields what exists plus a list of what is missing.
+    `manifest`: the run's manifest when the caller has read it already (read_manifest's checks passed)."""
     run_dir = Path(run_dir)
-    manifest = read_manifest(run_dir)
+    manifest = manifest if manifest is not None else read_manifest(run_dir)
     manifest_path = run_dir / MANIFEST
     world = manifest["world_size"]
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
@@ -258,8 +258,12 @@ def collect_run(run_dir: str | Path) -> RunEvidence:
     if manifest["status"] == "complete" and absent:
         raise InputError(run_dir / "ranks", f"missing ranks: the manifest says complete with world size {world} but "
                                             f"rank(s) {span(absent)} wrote no events")
+    try:
+        rank_infos = parse_rank_infos(manifest.get("ranks"))
+    except TypeMismatch as exc:
+        raise InputError(manifest_path, str(exc)) from None
     ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=config, ranks={}, traces=traces,
-                     framework=manifest.get("framework", "train-ledger"))
+                     framework=manifest.get("framework", "train-ledger"), rank_infos=rank_infos)
     ev.ranks = {r: collect_rank(run_dir, r, ev.coords(r)) for r in present}
     ev.missing = missing_items(ev)
     return ev

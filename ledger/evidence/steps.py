@@ -17,6 +17,10 @@ from common.config import RunConfig
 from common.events import StepRecord
 
 FROM_RECORDS = "the step records' profiled flags"
+# A figure from timers when every step after the first was profiled (a short run, the demo's): the one caveat, a
+# clause of its own so that a report states it once as a numbered note.
+PROFILED_COUNTED = ("no step ran outside the profiler window, so the profiled ones are counted, the profiler's cost "
+                    "with them")
 FROM_CONFIG = "the config's profiler window, as these step records carry no profiled flag"
 
 
@@ -43,16 +47,24 @@ class StepSelection:
         if steady or not steps:
             return steady, ""
         kept = sorted(s for s in steps if s != self.first) or sorted(steps)
-        return kept, "no step outside the profiler window: profiled steps included (the profiler's cost is in them)"
+        return kept, PROFILED_COUNTED
 
-    def describe(self) -> str:
-        """The left-out steps in words, for a row's explanation."""
+    def describe(self, kept: Iterable[int] = ()) -> str:
+        """The disturbed steps a figure over `kept` leaves out, in words, for a row's explanation; "" when it leaves
+        none out (a figure that had to count profiled steps says so with PROFILED_COUNTED, not here)."""
+        kept = set(kept)
         parts = []
-        if self.profiled:
-            parts.append(f"profiled step(s) {steps_text(self.profiled)}")
-        if self.after_export:
-            parts.append(f"step(s) {steps_text(self.after_export)} after the trace export")
-        return (" and ".join(parts) + f" left out, per {self.source}") if parts else "no profiled step"
+        if self.profiled - kept:
+            parts.append(f"{step_list(self.profiled - kept, 'profiled step')}")
+        if self.after_export - kept:
+            parts.append(f"{step_list(self.after_export - kept)} after the trace export")
+        return (" and ".join(parts) + f" left out, per {self.source}") if parts else ""
+
+    def counted(self, kept: Iterable[int]) -> str:
+        """The steps a figure counts, and the disturbed ones it leaves out: "steps 2, 6-10 (profiled steps 3-5 left
+        out, per ...)"."""
+        left = self.describe(kept)
+        return step_list(kept) + (f" ({left})" if left else "")
 
 
 def select_steps(cfg: RunConfig | None, world_size: int, step_records: Iterable[StepRecord],
@@ -82,6 +94,18 @@ def config_window(cfg: RunConfig | None, world_size: int) -> tuple[frozenset[int
 
 
 def steps_text(steps: Iterable[int]) -> str:
-    """Step numbers in words: "3-5" for a run of three or more, else listed."""
-    s = sorted(steps)
-    return f"{s[0]}-{s[-1]}" if len(s) > 2 and s[-1] - s[0] == len(s) - 1 else ", ".join(map(str, s))
+    """Step numbers in words, runs of three or more as ranges: "2, 6-10"."""
+    s = sorted(set(steps))
+    runs: list[list[int]] = []
+    for step in s:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+def step_list(steps: Iterable[int], noun: str = "step") -> str:
+    """"step 4", "steps 2-4", "profiled steps 3-5"."""
+    steps = sorted(set(steps))
+    return f"{noun}{'s' if len(steps) != 1 else ''} {steps_text(steps)}"

@@ -6,8 +6,11 @@ those, in this order, each collective without ranks gets the ranks of one of thi
 own derivation from the manifest) and the group kind the evidence names (`issued_as`, which ledger.reconcile.topology.
 group_kind prefers where one rank set is two groups, the PP2 pipeline and embedding groups):
   1. issuing range: it was issued inside one of the engine's ranges whose category names a group (the rank's timing
-     records give each range name its category: tp-comm, pp-comm, embd-comm, dp-comm, and dp-wait, the DDP pre-hook
-     that issues the next bucket's all-gather while it waits for its own);
+     records give each range name its category: tp-comm, pp-comm, embd-comm, dp-comm, mp-comm, and dp-wait, the
+     DDP pre-hook that issues the next bucket's all-gather while it waits for its own). The engine issues every
+     collective inside such a range (an async one through probes.comm_issue), so on a run it records with timers
+     this rule names them all, whichever worker thread ran them; the rules below serve traces recorded before, and
+     rule 2's answer depends on which of a group's threads happened to run what;
   2. worker thread: a ProcessGroupGloo runs its work on threads of its own, so a thread that ran a collective named by
      rule 1 ran only that group's collectives (a thread named twice, differently, names nothing);
   3. only group of several ranks: when exactly one parallel dimension is larger than one, every group of more than

@@ -1,9 +1,9 @@
 """Chrome traces from torch.profiler, read one file at a time and reduced to what the ledger needs.
 
-Memory stays bounded by far less than one trace: events are parsed one at a time (`TraceStream`), so a caller
-summarises a trace (`summarize`) or streams its events out without ever holding the document. A trace is gzip or
-plain JSON; corrupt gzip, a truncated file or a JSON document that is not a Chrome trace is an InputError naming
-the file.
+Memory stays bounded by far less than one trace: events are decoded a batch at a time into records of the few
+fields read here (ledger.evidence.trace_stream, ledger.evidence.trace_events), so a trace is summarised
+(`summarize`) without ever holding the document. A trace is gzip or plain JSON; corrupt gzip, a truncated file or a
+JSON document that is not a Chrome trace is an InputError naming the file.
 
 What a summary keeps, per rank:
   * the ProfilerStep#N windows (CPU user annotations, and their GPU-side twins) -> step numbers;
@@ -27,17 +27,17 @@ What a summary keeps, per rank:
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from common.errors import InputError
 from common.intervals import subtract, union
+from ledger.evidence.trace_events import NO_ARGS, EventArgs, TraceEvent
+from ledger.evidence.trace_stream import TraceStream
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8, "c10::Half": 2,
                "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2, "long int": 8, "Long": 8,
@@ -118,170 +118,50 @@ class TraceSummary:
         return self.gpu_steps if self.on_gpu and self.gpu_steps else self.steps
 
 
-MAX_EVENT_CHARS = 64 << 20  # one event larger than this is corruption, not a slow reader
-_DECODER = json.JSONDecoder()
-
-
-class TraceStream:
-    """Iterate a trace's events without holding the document: the top-level object is walked key by key, the
-    "traceEvents" array element by element, from a text buffer refilled in 1 MiB chunks. Every other top-level
-    value (distributedInfo, trainLedger, ...) is small and lands in `meta`, complete once iteration has ended
-    (Kineto writes some of them after the events). Memory: the buffer plus one event."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.meta: dict[str, Any] = {}
-        self.saw_events = False
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        if not self.path.is_file():
-            raise InputError(self.path, "missing trace file")
-        try:
-            with open_trace_text(self.path) as f:
-                yield from self._walk(_Buffer(f, self.path))
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(self.path, f"corrupt or truncated gzip ({exc.__class__.__name__}: {exc})") from None
-        except UnicodeDecodeError:
-            raise InputError(self.path, "not UTF-8 JSON") from None
-        if not self.saw_events:
-            raise InputError(self.path, "not a Chrome trace (no traceEvents list)")
-
-    def _walk(self, b: "_Buffer") -> Iterator[dict[str, Any]]:
-        b.expect("{")
-        if b.peek() == "}":
-            b.take()
-        else:
-            while True:
-                key = b.value()
-                b.expect(":")
-                if key == "traceEvents" and b.peek() == "[":
-                    self.saw_events = True
-                    yield from (e for e in b.array() if isinstance(e, dict))
-                else:
-                    self.meta[str(key)] = b.value()
-                ch = b.take()
-                if ch == "}":
-                    break
-                if ch != ",":
-                    b.fail("expected ',' or '}' between top-level keys")
-        if b.peek() != "":
-            b.fail("trailing data after the trace object")
-
-
-class _Buffer:
-    def __init__(self, f: Any, path: Path):
-        self.f, self.path, self.text, self.pos, self.eof = f, path, "", 0, False
-
-    def fill(self) -> bool:
-        chunk = self.f.read(1 << 20)
-        if not chunk:
-            self.eof = True
-            return False
-        self.text, self.pos = self.text[self.pos:] + chunk, 0
-        return True
-
-    def peek(self) -> str:
-        while True:
-            while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
-                self.pos += 1
-            if self.pos < len(self.text) or not self.fill():
-                return self.text[self.pos] if self.pos < len(self.text) else ""
-
-    def take(self) -> str:
-        ch = self.peek()
-        self.pos += 1
-        return ch
-
-    def expect(self, ch: str) -> None:
-        if self.take() != ch:
-            self.fail(f"expected {ch!r}")
-
-    def value(self) -> Any:
-        self.peek()
-        while True:
-            try:
-                obj, end = _DECODER.raw_decode(self.text, self.pos)
-            except json.JSONDecodeError as exc:
-                if len(self.text) - self.pos > MAX_EVENT_CHARS or not self.fill():
-                    self.fail(exc.msg)
-                continue
-            if end == len(self.text) and not self.eof and self.fill():
-                continue  # a number cut at the buffer's end decodes too early: decode again with more text
-            self.pos = end
-            return obj
-
-    def array(self) -> Iterator[Any]:
-        self.expect("[")
-        if self.peek() == "]":
-            self.take()
-            return
-        while True:
-            yield self.value()
-            ch = self.take()
-            if ch == "]":
-                return
-            if ch != ",":
-                self.fail("expected ',' or ']' in traceEvents")
-
-    def fail(self, problem: str) -> None:
-        where = "at end of file" if self.eof and self.pos >= len(self.text) else "mid-file"
-        raise InputError(self.path, f"corrupt or truncated JSON ({problem}, {where})")
-
-
-def open_trace_text(path: Path) -> Any:
-    """A trace as text, gzip or plain by its magic bytes rather than its name."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
 def distributed_info(meta: dict[str, Any]) -> dict[str, Any]:
     info = meta.get("distributedInfo")
     return info if isinstance(info, dict) else {}
 
 
 def summarize(path: str | Path) -> TraceSummary:
-    stream = TraceStream(path)
+    stream = TraceStream(path, TraceEvent)
     s = TraceSummary(path=Path(path), rank=None, world_size=None, backend=None)
     gpu_compute: list[tuple[float, float]] = []
     cpu_compute: dict[Any, list[tuple[float, float]]] = {}  # by thread
     blocked: dict[Any, list[tuple[float, float]]] = {}
-    gloo: list[tuple[Collective, dict[str, Any]]] = []
+    gloo: list[tuple[Collective, _Payload]] = []
     dispatches: list[_Dispatch] = []
     annotations: dict[Any, list[tuple[float, float, str]]] = {}  # by thread
     for e in stream:
-        if e.get("ph") != "X" or "ts" not in e:
+        if e.ph != "X" or e.ts is None:
             continue
-        start = float(e["ts"])
-        end = start + float(e.get("dur", 0.0))
-        name, cat = str(e.get("name", "")), e.get("cat")
+        start, end, name, cat = e.ts, e.ts + e.dur, e.name, e.cat
         if cat == "kernel":
             s.on_gpu = True
-            if name.lower().startswith("nccl"):
+            if name[:4].lower() == "nccl":
                 s.collectives.append(_nccl_collective(e, start, end))
             else:
                 gpu_compute.append((start, end))
         elif cat == "cpu_op" and name.startswith("c10d::"):
+            args = e.args or NO_ARGS
             if name in P2P_OPS:
-                s.p2p.append(P2POp(op=P2P_OPS[name], start=start, elements=_tensor_list_elements(e)))
+                s.p2p.append(P2POp(op=P2P_OPS[name], start=start, elements=_tensor_list_elements(args)))
             op = normalize_op(name[len("c10d::"):])
             if op is not None:
-                dispatches.append(_Dispatch(op, start, e.get("tid"), _tensor_shapes(e.get("args") or {})))
+                dispatches.append(_Dispatch(op, start, e.tid, _tensor_shapes(args)))
         elif cat == "user_annotation":
             m = STEP_RE.match(name)
             if m:
                 s.steps[int(m.group(1))] = (start, end)
                 continue
             if name.startswith("gloo:"):
-                gloo.append((_gloo_collective(e, start, end), e.get("args") or {}))
+                gloo.append(_gloo_collective(e, start, end))
             else:
-                annotations.setdefault(e.get("tid"), []).append((start, end, name))
+                annotations.setdefault(e.tid, []).append((start, end, name))
             if name.startswith(COMPUTE_PREFIXES):
-                cpu_compute.setdefault(e.get("tid"), []).append((start, end))
+                cpu_compute.setdefault(e.tid, []).append((start, end))
             elif name.startswith(STALL_PREFIX) or normalize_op(name) is not None:
-                blocked.setdefault(e.get("tid"), []).append((start, end))
+                blocked.setdefault(e.tid, []).append((start, end))
         elif cat == "gpu_user_annotation":
             m = STEP_RE.match(name)
             if m:
@@ -305,53 +185,58 @@ def _cpu_compute(compute: dict[Any, list[tuple[float, float]]],
                  for part in subtract(union(spans), union(blocked.get(tid, []))))
 
 
-def _tensor_list_elements(e: dict[str, Any]) -> int:
+def _tensor_list_elements(args: EventArgs) -> int:
     """Elements of a dispatcher op's first input, a TensorList ("Input Dims" [[[d0, d1, ...], ...], ...])."""
-    dims = (e.get("args") or {}).get("Input Dims") or []
+    dims = args.input_dims or []
     tensors = dims[0] if dims and isinstance(dims[0], list) else []
     return sum(math.prod(t) for t in tensors if isinstance(t, list))
 
 
-def _nccl_collective(e: dict[str, Any], start: float, end: float) -> Collective:
-    args = e.get("args") or {}
-    op = normalize_op(str(args.get("Collective name", ""))) or normalize_op(e["name"]) or "unknown"
-    nbytes = None if op in P2P_KINDS else _nccl_bytes(op, args)  # P2P volume: from the dispatcher ops (`p2p`)
-    return Collective(op=op, start=start, end=end, bytes=nbytes, group=group_ranks(args), seq=as_int(args.get("Seq")))
+def _nccl_collective(e: TraceEvent, start: float, end: float) -> Collective:
+    args = e.args or NO_ARGS
+    name = "" if args.collective_name is None else str(args.collective_name)
+    op = normalize_op(name) or normalize_op(e.name) or "unknown"
+    nbytes = None if op in P2P_KINDS else _nccl_bytes(args)  # P2P volume: from the dispatcher ops (`p2p`)
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=_ranks(args.group_ranks), seq=as_int(args.seq))
 
 
-def _nccl_bytes(op: str, args: dict[str, Any]) -> int | None:
+def _nccl_bytes(args: EventArgs) -> int | None:
     """The larger of the input and output message: the buffer a collective moves, as nccl-tests count it."""
-    size = DTYPE_BYTES.get(str(args.get("dtype")))
-    nin, nout = as_int(args.get("In msg nelems")), as_int(args.get("Out msg nelems"))
+    size = DTYPE_BYTES.get(str(args.dtype))
+    nin, nout = as_int(args.in_msg_nelems), as_int(args.out_msg_nelems)
     if size is None or (nin is None and nout is None):
         return None
     return max(nin or 0, nout or 0) * size
 
 
-def _gloo_collective(e: dict[str, Any], start: float, end: float) -> Collective:
+def _gloo_collective(e: TraceEvent, start: float, end: float) -> tuple[Collective, _Payload]:
     """What gloo's annotation shows alone: its input only, so an all-gather's size (its output, input x the group
-    size) is unknown. P2P volume comes from the dispatcher ops (`p2p`), as on NCCL, so it is not counted twice."""
-    args = e.get("args") or {}
-    op = normalize_op(e["name"][len("gloo:"):]) or "unknown"
-    payload, size = _payload(args)
+    size) is unknown. P2P volume comes from the dispatcher ops (`p2p`), as on NCCL, so it is not counted twice.
+    The input is returned beside it, for matching the annotation with the op that issued it (`_link_gloo`)."""
+    op = normalize_op(e.name[len("gloo:"):]) or "unknown"
+    payload = _payload(e.args or NO_ARGS)
+    shape, size = payload
     nbytes = None
-    if op not in ("all_gather",) + P2P_KINDS and payload is not None and size is not None:
-        nbytes = math.prod(payload) * size
-    return Collective(op=op, start=start, end=end, bytes=nbytes, group=None, thread=e.get("tid"))
+    if op not in ("all_gather",) + P2P_KINDS and shape is not None and size is not None:
+        nbytes = math.prod(shape) * size
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=None, thread=e.tid), payload
 
 
-def _payload(args: dict[str, Any]) -> tuple[tuple[int, ...] | None, int | None]:
+_Payload = tuple[tuple[int, ...] | None, int | None]
+
+
+def _payload(args: EventArgs) -> _Payload:
     """A gloo annotation's first input: its shape and its element size."""
-    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+    dims, types = args.input_dims or [], args.input_type or []
     shape = tuple(dims[0]) if dims and isinstance(dims[0], list) else None
     return shape, DTYPE_BYTES.get(types[0]) if types else None
 
 
-def _tensor_shapes(args: dict[str, Any]) -> list[tuple[int, ...]]:
+def _tensor_shapes(args: EventArgs) -> list[tuple[int, ...]]:
     """The shapes of every tensor a dispatcher op takes: a TensorList's members and plain tensors (whose "Input
     type" is their element type; scalars and other arguments have "", "Scalar", ...)."""
     out: list[tuple[int, ...]] = []
-    for dims, kind in zip(args.get("Input Dims") or [], args.get("Input type") or []):
+    for dims, kind in zip(args.input_dims or [], args.input_type or []):
         if kind == "TensorList" and isinstance(dims, list):
             out += [tuple(d) for d in dims if isinstance(d, list)]
         elif kind in DTYPE_BYTES and isinstance(dims, list):
@@ -359,7 +244,7 @@ def _tensor_shapes(args: dict[str, Any]) -> list[tuple[int, ...]]:
     return out
 
 
-def _link_gloo(gloo: list[tuple[Collective, dict[str, Any]]], dispatches: list[_Dispatch],
+def _link_gloo(gloo: list[tuple[Collective, _Payload]], dispatches: list[_Dispatch],
                annotations: dict[Any, list[tuple[float, float, str]]]) -> list[Collective]:
     """Each gloo annotation read through the c10d op that issued it: the earliest unmatched dispatcher op of the same
     collective (a "gloo:all_reduce" may be a reduce-scatter's) that started no later and holds a tensor of the
@@ -368,8 +253,7 @@ def _link_gloo(gloo: list[tuple[Collective, dict[str, Any]]], dispatches: list[_
     for d in sorted(dispatches, key=lambda d: d.start):
         pending.setdefault(d.op, []).append(d)
     linked: list[tuple[Collective, _Dispatch]] = []
-    for c, args in sorted(gloo, key=lambda item: item[0].start):
-        shape, size = _payload(args)
+    for c, (shape, size) in sorted(gloo, key=lambda item: item[0].start):
         candidates = []
         for op in GLOO_ISSUERS.get(c.op, (c.op,)):
             i = _first_issuer(pending.get(op, []), c.start, shape)
@@ -437,7 +321,11 @@ def _run_id(path: Path, meta: dict[str, Any]) -> str | None:
 
 
 def group_ranks(args: dict[str, Any]) -> tuple[int, ...] | None:
-    ranks = args.get("Process Group Ranks")
+    """A kernel's "Process Group Ranks" (a list, or its JSON text) as a tuple; None when it records none."""
+    return _ranks(args.get("Process Group Ranks"))
+
+
+def _ranks(ranks: Any) -> tuple[int, ...] | None:
     if isinstance(ranks, str):
         try:
             ranks = json.loads(ranks)

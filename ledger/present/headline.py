@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
+from common.wording import plural
 from ledger.reconcile.rows import SEVERITY
 
 
@@ -27,7 +28,7 @@ HEADLINES = (
     Headline("pipeline bubble", "pipeline.bubble_of_wall_time", "mean"),
     Headline("exposed DP comm / step", "overlap.exposed_dp_comm_per_step", "max"),
     Headline("tokens/s", "throughput.tokens_per_s", "mean"),
-    Headline("TFLOP/s per GPU", "throughput.tflops_per_gpu.megatron", "mean"),
+    Headline("FLOP/s per GPU", "throughput.tflops_per_gpu.megatron", "mean"),  # written in the unit its size needs
     Headline("MFU", "throughput.mfu.megatron", "mean"),
 )
 
@@ -55,7 +56,7 @@ def figure(rows: list[dict[str, Any]], headline: Headline) -> dict[str, Any]:
     values = [v for v, _ in found]
     value = max(values) if headline.reduce == "max" else mean(values)
     return {"value": value, "unit": unit,
-            "source": f"{headline.reduce} over {len(values)} row(s), {found[0][1]}"}
+            "source": f"{headline.reduce} over {plural(len(values), 'row')}, {found[0][1]}"}
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

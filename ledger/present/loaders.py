@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common.errors import InputError
 from common.run_dir import MANIFEST, read_manifest
@@ -16,21 +16,40 @@ from ledger.evidence.layout import group_lists
 from ledger.evidence.megatron import ingest as ingest_megatron
 from ledger.evidence.megatron.tensorboard import EVENTS_GLOB
 from ledger.evidence.read import read_run
-from ledger.evidence.run import RunEvidence
+from ledger.evidence.run import RunEvidence, collect_run, cpu_sharing
 from ledger.present.units import rank_label
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, reconcile_evidence
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, reconcile_evidence, run_steps
 
 
 @dataclass
 class RunView:
-    evidence: RunEvidence
+    """Each part read on first use and kept: the manifest alone serves a runs table, the evidence a page."""
+    run_dir: Path
+    work: TraceWork = TraceWork()  # how a reconciliation computed here reads the run's traces
+    _manifest: dict[str, Any] | None = field(default=None, repr=False)
+    _evidence: RunEvidence | None = field(default=None, repr=False)
     _reconciliation: dict[str, Any] | None = field(default=None, repr=False)
 
+    @classmethod
+    def of(cls, evidence: RunEvidence) -> "RunView":
+        return cls(evidence.run_dir, TraceWork(), evidence.manifest, evidence)
+
     @property
-    def run_dir(self) -> Path:
-        return self.evidence.run_dir
+    def manifest(self) -> dict[str, Any]:
+        """Ours read alone; a Megatron-LM run's is built by its reader from its files (so that reads them all)."""
+        if self._manifest is None:
+            self._manifest = (self.evidence.manifest if ingest_megatron.is_megatron_run(self.run_dir)
+                              else read_manifest(self.run_dir))
+        return self._manifest
+
+    @property
+    def evidence(self) -> RunEvidence:
+        if self._evidence is None:
+            self._evidence = (read_run(self.run_dir) if ingest_megatron.is_megatron_run(self.run_dir)
+                              else collect_run(self.run_dir, self.manifest))
+        return self._evidence
 
     @property
     def reconciliation(self) -> dict[str, Any]:
@@ -43,18 +62,19 @@ class RunView:
                 except json.JSONDecodeError as exc:
                     raise InputError(path, f"corrupt JSON ({exc.msg}); rerun `train-ledger reconcile`") from None
             else:
-                self._reconciliation = reconcile_evidence(self.evidence).to_dict()
+                self._reconciliation = reconcile_evidence(self.evidence, self.work).to_dict()
         return self._reconciliation
 
 
-def open_run(run_dir: str | Path) -> RunView:
-    return RunView(read_run(run_dir))
+def open_run(run_dir: str | Path, work: TraceWork = TraceWork()) -> RunView:
+    return RunView(Path(run_dir), work)
 
 
-def list_runs(root: str) -> list[dict[str, Any]]:
+def list_runs(root: str, view_of: Callable[[Path], RunView] = open_run) -> list[dict[str, Any]]:
     """Every run directory up to two levels under root (ours: manifest.json; Megatron-LM's: run.sh's
     megatron_run.json, or the folder holding the TensorBoard directory Megatron-LM wrote), newest first, with what
-    the run table shows. A directory that fails to read is listed with its error."""
+    the run table shows, from each run's manifest as `view_of` reads it (the dashboard passes its cached views, so
+    a page lists runs without reading a manifest twice). A directory that fails to read is listed with its error."""
     root_path = Path(root)
     depths = ("", "*/", "*/*/")
     candidates = [p.parent for pattern in (MANIFEST, ingest_megatron.META) for depth in depths
@@ -65,7 +85,7 @@ def list_runs(root: str) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"path": str(run), "name": run.name,
                                  "reconciled": (run / LEDGER_DIR / JSON_NAME).is_file()}
         try:
-            m = load_manifest(run)
+            m = view_of(run).manifest
             entry.update(run_id=m.get("run_id"), framework=m.get("framework"), status=m.get("status"),
                          world_size=m.get("world_size"), started=m.get("started"))
         except InputError as exc:
@@ -74,15 +94,14 @@ def list_runs(root: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: str(e.get("started") or ""), reverse=True)
 
 
-def load_manifest(run_dir: Path) -> dict[str, Any]:
-    """A run's manifest for the runs table (for a Megatron-LM run, the one the ingest builds from its files)."""
-    if ingest_megatron.is_megatron_run(run_dir):
-        return ingest_megatron.collect(run_dir).manifest
-    return read_manifest(run_dir)
-
-
 def manifest(view: RunView) -> dict[str, Any]:
-    return view.evidence.manifest
+    return view.manifest
+
+
+def shared_cores(view: RunView) -> str:
+    """The sentence saying the run's CPU ranks outnumber their cores ("" when they do not): its timings are not
+    judged (ledger.evidence.run.cpu_sharing)."""
+    return cpu_sharing(view.evidence) or ""
 
 
 def load_reconciliation(view: RunView) -> dict[str, Any]:
@@ -170,8 +189,15 @@ def stage_timeline(view: RunView, step: int | None = None) -> list[dict[str, Any
 
 def bucket_intervals(view: RunView) -> list[dict[str, Any]]:
     """Every DP bucket collective from the timers: rank, step, bucket, op, start, end (s from the step start),
-    overlapped and exposed seconds."""
-    return [dict(asdict(i), exposed=i.exposed) for r in view.evidence.ranks.values() for i in timer_intervals(r)]
+    overlapped and exposed seconds, and `counted`: whether the reconciliation's overlap rows count its step (the
+    steps StepSelection.timed keeps), so that a page's means are the report's."""
+    ev = view.evidence
+    selection = run_steps(ev)
+    out = []
+    for r in ev.ranks.values():
+        counted, _ = selection.timed({t.step for t in r.timing})
+        out += [dict(asdict(i), exposed=i.exposed, counted=i.step in counted) for i in timer_intervals(r)]
+    return out
 
 
 def topology(view: RunView) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """What report.md (ledger.present.report_md) and report.html (ledger.present.report_html) both show, gathered once:
 the reconciliation and the loaders' views, so the report shows nothing the ledger did not compute.
 
-Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the ranks,
-the worst verdict and its rank), caveats that many rows share are numbered notes stated once (ledger.present.caveats),
-what is off comes first with its explanation, and every figure is written by ledger.present.units. The full per-rank
-table is the reconciliation's own CSV / JSON beside the report; the step decomposition's rows are shown as their own
-table (ledger.present.step_table).
+Written for a person: rows that agree across ranks are one line (ledger.present.row_groups: the range over the
+ranks, the worst verdict and its rank), caveats that many rows share are numbered notes stated once
+(ledger.present.caveats), what is off comes first with its explanation, and every figure is written by
+ledger.present.units. The full per-rank table is the reconciliation's own CSV / JSON beside the report; the step
+decomposition's rows are shown as their own table (ledger.present.step_table).
 """
 from __future__ import annotations
 
@@ -13,23 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.present import loaders, units
-from ledger.present.caveats import Notes
+from ledger.present.caveats import Cited, Notes
 from ledger.present.headline import HEADLINES, figure, rows_of, verdict
-from ledger.present.row_groups import (
-    FORMULA,
-    PREDICTORS,
-    REFERENCE,
-    TIME_MODEL,
-    Line,
-    group,
-)
-from ledger.reconcile.rows import NOT_ON_CPU
+from ledger.present.row_groups import FORMULA, PREDICTORS, REFERENCE, TIME_MODEL, Line, group
+from ledger.reconcile.rows import NOT_ON_CPU, WARN_FACTOR
 from ledger.reconcile.run import CSV_NAME, JSON_NAME
 
+# The one Nsight Systems command, for the report and the dashboard's Traces page alike: NVTX carries the probes'
+# ranges (and NCCL's own, when NCCL is built with NVTX), the capture range is the profiler window.
+NSYS_COMMAND = ("nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop "
+                "-o RUN/nsys/rank%q{RANK} train-ledger train [Megatron flags] --run-dir RUN --nvtx --nsys-profile "
+                "--profile-step-start A --profile-step-end B")
 NSYS_NOTE = ("Nsight Systems: the probes emit NVTX ranges (--nvtx) and bracket the profiler window with "
-             "cudaProfilerStart/Stop (--nsys-profile); capture per rank with `nsys profile --trace=cuda,nvtx,nccl "
-             "--capture-range=cudaProfilerApi --capture-range-end=stop -o RUN/nsys/rank%q{RANK} train-ledger train "
-             "... --nvtx --nsys-profile --profile-step-start A --profile-step-end B`.")
+             f"cudaProfilerStart/Stop (--nsys-profile); capture per rank with `{NSYS_COMMAND}`.")
 SECTIONS = {"memory": "Memory", "pipeline": "Pipeline", "time": "Time model", "overlap": "Communication overlap",
             "comm": "Communication volume", "throughput": "Throughput", "topology": "Rank groups",
             "checkpoint": "Checkpoints"}
@@ -37,6 +33,13 @@ COLUMN_TITLES = {FORMULA: "formula", TIME_MODEL: "time model", REFERENCE: "refer
                  "measured": "measured"}
 OFF_POINTER = "see What is off, above"
 STEP_FAMILY = "step"  # ledger.reconcile.step_decomposition's rows: shown as "Where the step went"
+
+VERDICT_MEANINGS = (
+    f"ok: the measurement lies within its row's tolerance of the prediction; warn: within {WARN_FACTOR:g} times it; "
+    "off: beyond. n/a: "
+    "nothing judges the figure (no prediction or no measurement, or set aside, as its note says). identity: both "
+    "sides are one quantity by construction (the engine counts it from the config fields the formula reads): shown, "
+    "never counted as agreement.")
 
 
 @dataclass
@@ -62,7 +65,8 @@ class View:
 def build(run: loaders.RunView) -> View:
     data = run.reconciliation
     lines = group(data["rows"])
-    return View(data=data, lines=lines, notes=Notes.of([line.explanation() for line in lines]),
+    tabled = [line for line in lines if line.metric.split(".")[0] != STEP_FAMILY]  # the step's rows: their own table
+    return View(data=data, lines=lines, notes=Notes.of([line.explanation() for line in tabled]),
                 waterfall=loaders.memory_waterfall(run), timeline=loaders.stage_timeline(run),
                 buckets=loaders.bucket_intervals(run), topology=loaders.topology(run))
 
@@ -91,9 +95,9 @@ def columns(lines: list[Line]) -> list[str]:
 
 @dataclass
 class OffList:
-    """The lines that are off, each with its explanation in full: the notes every one of them cites are named once
-    at the head of the list (`shared`, note numbers), any other note they cite is written out in the item, since an
-    off line's caveat is often its reason."""
+    """The lines that are off, each with its explanation: the notes every one of them cites are named once at the
+    head of the list (`shared`, note numbers), any other note they cite by its number, as every line does (a note's
+    text is written once, in the Notes)."""
     shared: list[int]
     items: list[tuple[Line, str]]
 
@@ -109,7 +113,7 @@ def off_list(view: View) -> OffList:
     off = [line for line in view.lines if line.verdict() == "off"]
     cited = [view.notes.cite(line.explanation()) for line in off]
     common = set.intersection(*(set(c.notes) for c in cited)) if len(off) > 1 else set()
-    items = [(line, units.plain("; ".join([c.text] + [view.notes.texts[n - 1] for n in c.notes if n not in common])))
+    items = [(line, units.plain(Cited(c.text, [n for n in c.notes if n not in common]).inline()))
              for line, c in zip(off, cited)]
     return OffList(sorted(common), items)
 
@@ -134,8 +138,8 @@ def summary(data: dict[str, Any], lines: list[Line]) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in data["verdicts"].items())
     return (f"{run['framework']}, status {run['status']}, world size {run['world_size']}. Verdicts: {counts} "
             f"({len(data['rows'])} rows, one per figure and rank, in {CSV_NAME} / {JSON_NAME} beside this report). "
-            f"Below, rows that agree across ranks are one line ({len(lines)} lines): the range over the ranks, the "
-            f"worst verdict and the rank that has it." + resumed(data["rows"]))
+            f"{VERDICT_MEANINGS} Below, rows that agree across ranks are one line ({len(lines)} lines): the range over "
+            f"the ranks, the worst verdict and the rank that has it." + resumed(data["rows"]))
 
 
 def resumed(rows: list[dict[str, Any]]) -> str:

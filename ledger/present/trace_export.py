@@ -17,37 +17,32 @@ that share collectives; a rank that shares none with the others keeps offset 0 a
 `alignment_lines` says, rank by rank, which collectives it was aligned on or why it could not be. The median makes
 the estimate robust to the few collectives whose kernels end late for local reasons.
 
-Memory: the offsets pass keeps a small index per trace (step windows, collective ends); the write pass streams one
-trace's events at a time (ledger.evidence.traces.TraceStream) into the gzip output, so no trace is ever held whole.
-The output is written to a temporary file and renamed, so a failure never leaves half a trace under the requested name.
+Work and memory: the offsets pass summarises the traces in worker processes (ledger.evidence.trace_pool) and keeps
+a small index per trace (step windows, collective ends); the write pass has each worker stream one rank's events,
+a batch at a time, into a compressed part of its own (ledger.present.rank_trace), and the parts are joined in rank
+order into one gzip member (ledger.present.gzip_join), so no trace is ever held whole. The output is written to a
+temporary file and renamed, so a failure never leaves half a trace under the requested name.
 """
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable
 
-from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError, InputError
 from common.run_dir import atomic_open, check_writable
 from ledger.evidence.layout import group_kind
-from ledger.evidence.run import RankEvidence, RunEvidence
-from ledger.evidence.trace_groups import (
-    NONE,
-    P2P,
-    RECORDED,
-    RULES,
-    attribute_groups,
-    range_kinds,
-)
-from ledger.evidence.traces import P2P_KINDS, TraceStream, TraceSummary, summarize
+from ledger.evidence.run import RunEvidence
+from ledger.evidence.trace_groups import NONE, P2P, RECORDED, RULES, attribute_groups, range_kinds
+from ledger.evidence.trace_pool import in_workers, pool_size, read_trace_summaries
+from ledger.evidence.traces import P2P_KINDS, TraceSummary
+from ledger.present.gzip_join import Joined, Part, part_of
+from ledger.present.rank_trace import RankPart, write_part
 from ledger.present.units import rank_label
-
-MEMORY_KEYS = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
-               "peak": "allocated_bytes.all.peak"}
 
 
 @dataclass
@@ -120,24 +115,6 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
     if hi < lo or lo < 1:
         raise ConfigError(f"--steps {text!r}: expected steps 1 <= A <= B")
     return lo, hi
-
-
-def parse_ranks(items: Iterable[str] | None) -> set[int] | None:
-    """"0 1 4-7" or "0,1,4-7" -> {0, 1, 4, 5, 6, 7}."""
-    if not items:
-        return None
-    out: set[int] = set()
-    for item in items:
-        for part in filter(None, item.split(",")):
-            try:
-                a, _, b = part.partition("-")
-                lo, hi = int(a), int(b or a)
-            except ValueError:
-                raise ConfigError(f"--ranks {part!r}: expected ranks like 0,1,4-7") from None
-            if not 0 <= lo <= hi < MAX_WORLD_SIZE:
-                raise ConfigError(f"--ranks {part!r}: expected ranks 0 <= A <= B < {MAX_WORLD_SIZE:,}")
-            out.update(range(lo, hi + 1))
-    return out
 
 
 def clock_offsets(indexes: dict[int, TraceIndex]) -> Alignment:
@@ -237,44 +214,52 @@ def _naming_line(rank: int, ix: TraceIndex) -> list[str]:
 
 
 def export(ev: RunEvidence, out: str | Path, steps: tuple[int, int] | None = None,
-           ranks: set[int] | None = None, progress: Callable[[str], None] = lambda _: None) -> ExportResult:
+           ranks: set[int] | None = None, progress: Callable[[str], None] = lambda _: None,
+           workers: int | None = None) -> ExportResult:
     out = check_writable(out)
-    manifest = ev.manifest
     files = [(t.rank, t.path) for t in ev.traces if ranks is None or t.rank in ranks]
     if not files:
         raise InputError(ev.run_dir / "traces", "no traces" + (f" for ranks {sorted(ranks)}" if ranks else ""))
-    indexes = {}
-    for i, (rank, path) in enumerate(files, 1):
-        progress(f"reading trace {i}/{len(files)} (rank {rank})")
-        indexes[rank] = _indexed(ev, rank, path)
+    summaries = read_trace_summaries(files, workers, progress)
+    traces = {t.path: t for t in ev.traces}
+    indexes = {rank: _indexed(ev, rank, ev.checked(summaries.pop(path), traces[path])) for rank, path in files}
     if steps is not None and not any(_selected(ix.steps, steps) for ix in indexes.values()):
         raise ConfigError(f"--steps {steps[0]}-{steps[1]}: no trace holds those steps")
     result = ExportResult(out=out, ranks=[r for r, _ in files], alignment=clock_offsets(indexes), indexes=indexes,
                           selected=ranks is not None)
-    offsets = result.offsets_us
-    with atomic_open(out) as f:
-        f.write('{"displayTimeUnit": "ms", "otherData": ')
-        f.write(json.dumps({"run_id": manifest.get("run_id"), "clock_offsets_us": offsets,
-                            "uncorrected_ranks": result.uncorrected,
-                            "clock_alignment": "median collective-end difference per rank pair, see "
-                                               "ledger/present/trace_export.py",
-                            "clock_alignment_lines": alignment_lines(result)}))
-        f.write(', "traceEvents": [\n')
-        first = True
-        for i, (rank, path) in enumerate(files, 1):
-            progress(f"writing rank {rank} ({i}/{len(files)}), {result.events:,} events so far")
-            for event in rank_events(ev, rank, path, indexes[rank], offsets[rank], steps):
-                f.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
-                first = False
-                result.events += 1
-        f.write("\n]}\n")
+    compress = out.name.endswith(".gz")
+    jobs = [RankPart(rank_label(rank, ev.coords(rank)), ev.rank_evidence(rank).memory_steps,
+                     ev.rank_evidence(rank).nvml, rank, path, indexes[rank].steps, indexes[rank].gpu_steps,
+                     result.offsets_us[rank], steps, i == 0, out.with_name(f".{out.name}.rank{rank}.{os.getpid()}"),
+                     compress) for i, (rank, path) in enumerate(files)]
+    head = json.dumps({"run_id": ev.run_id, "clock_offsets_us": result.offsets_us,
+                       "uncorrected_ranks": result.uncorrected,
+                       "clock_alignment": "median collective-end difference per rank pair, see "
+                                          "ledger/present/trace_export.py",
+                       "clock_alignment_lines": alignment_lines(result)})
+    try:
+        with atomic_open(out, raw=True) as f:
+            joined = Joined(f, compress)
+            joined.add(part_of(f'{{"displayTimeUnit": "ms", "otherData": {head}, "traceEvents": [\n'.encode(),
+                               compress))
+            count = pool_size(workers, [p for _, p in files])
+            progress(f"writing {len(jobs)} rank{'s' if len(jobs) > 1 else ''}" +
+                     (f" in {count} processes" if count > 1 else ""))
+            for i, (job, (events, crc, length)) in enumerate(zip(jobs, in_workers(write_part, jobs, count)), 1):
+                joined.add(Part(job.part, crc, length))
+                job.part.unlink()
+                result.events += events
+                progress(f"wrote rank {job.rank} ({i}/{len(jobs)}), {result.events:,} events so far")
+            joined.add(part_of(b"\n]}\n", compress))
+            joined.close()
+    finally:
+        for job in jobs:
+            job.part.unlink(missing_ok=True)
     return result
 
 
-def _indexed(ev: RunEvidence, rank: int, path: Path) -> TraceIndex:
+def _indexed(ev: RunEvidence, rank: int, summary: TraceSummary) -> TraceIndex:
     """A trace's index, its collectives given the group ranks its trace may lack (ledger.evidence.trace_groups)."""
-    trace = next(t for t in ev.traces if t.path == path)
-    summary = ev.checked(summarize(path), trace)
     groups = ev.groups(rank)
     named = attribute_groups(summary, groups, ev.world_size, range_kinds(ev.rank_evidence(rank).timing))
     return index(named.summary, groups, named.named_by)
@@ -282,75 +267,3 @@ def _indexed(ev: RunEvidence, rank: int, path: Path) -> TraceIndex:
 
 def _selected(windows: dict[int, tuple[float, float]], steps: tuple[int, int]) -> list[int]:
     return [n for n in windows if steps[0] <= n <= steps[1]]
-
-
-def _time_range(s: TraceIndex, steps: tuple[int, int] | None) -> tuple[float, float] | None:
-    if steps is None:
-        return None
-    spans = [w[n] for w in (s.steps, s.gpu_steps) for n in _selected(w, steps)]
-    if not spans:
-        return (0.0, -1.0)  # nothing of this rank is in the window
-    return min(a for a, _ in spans), max(b for _, b in spans)
-
-
-def rank_events(ev: RunEvidence, rank: int, path: Path, ix: TraceIndex,
-                offset: float, steps: tuple[int, int] | None) -> Iterator[dict[str, Any]]:
-    coords = ev.coords(rank)
-    yield {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": rank_label(rank, coords)}}
-    yield {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
-    span = _time_range(ix, steps)
-    threads: dict[tuple[Any, Any], int] = {}
-    names: dict[tuple[Any, Any], str] = {}
-    for e in TraceStream(path):
-        if e.get("ph") == "M":
-            if e.get("name") == "thread_name":
-                names[(e.get("pid"), e.get("tid"))] = str((e.get("args") or {}).get("name", ""))
-            continue
-        ts = e.get("ts")
-        if span is not None and ts is not None and not span[0] <= float(ts) < span[1]:
-            continue
-        key = (e.get("pid"), e.get("tid"))
-        if key not in threads:
-            threads[key] = len(threads) + 1
-            yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": threads[key],
-                   "args": {"name": _thread_name(key, names.get(key))}}
-        out = dict(e, pid=rank, tid=threads[key])
-        if ts is not None:
-            out["ts"] = float(ts) + offset
-        if "id" in out and out.get("ph") in ("s", "t", "f", "b", "e", "n"):
-            out["id"] = f"{rank}:{out['id']}"
-        yield out
-    yield from memory_counters(ev.rank_evidence(rank), ix, offset, steps)
-
-
-def _thread_name(key: tuple[Any, Any], kineto_name: str | None) -> str:
-    pid, tid = key
-    if isinstance(pid, int) and pid < 1000 and not kineto_name:  # Kineto gives GPU events pid = device index
-        return f"GPU {pid} stream {tid}"
-    return kineto_name or f"CPU thread {tid}"
-
-
-def memory_counters(r: RankEvidence, ix: TraceIndex, offset: float,
-                    steps: tuple[int, int] | None) -> Iterator[dict[str, Any]]:
-    """Counter events from the rank's per-step memory and NVML records, at the end of each traced step."""
-    windows = ix.steps
-
-    def shown(step: int | None) -> bool:
-        return step in windows and (steps is None or steps[0] <= step <= steps[1])  # type: ignore[operator]
-
-    for m in r.memory_steps:
-        if not shown(m.step) or m.point != "step":
-            continue
-        args = {name: m.figure(key) for name, key in MEMORY_KEYS.items() if m.figure(key) is not None}
-        if not args and m.rss_bytes is not None:
-            args = {"rss": m.rss_bytes}
-        if args:
-            yield {"ph": "C", "name": "memory (bytes)", "pid": r.rank, "tid": 0,
-                   "ts": windows[m.step][1] + offset, "args": args}  # type: ignore[index]
-    nvml: dict[int, int] = {}
-    for n in r.nvml:
-        if shown(n.step) and n.used_bytes is not None:
-            nvml[n.step] = max(nvml.get(n.step, 0), n.used_bytes)  # type: ignore[index]
-    for step, used in sorted(nvml.items()):
-        yield {"ph": "C", "name": "nvml used (bytes)", "pid": r.rank, "tid": 0, "ts": windows[step][1] + offset,
-               "args": {"used": used}}

@@ -20,24 +20,20 @@ from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Any
 
-from common.config import ProbeConfig, RecomputeConfig, RunConfig, validate
+from common.config import RecomputeConfig, RunConfig, validate
 from common.errors import ConfigError, UserError
 from ledger.models.formulas.params import num_chunks
-from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.hardware import hardware_for, load_hardware, run_device
 from ledger.models.simulate.simulation import simulate
 from ledger.present import units as fmt
 from ledger.present.charts import Bar, Chart, stacked
 from ledger.present.loaders import RunView, load_rows
-from ledger.reconcile.validation import (
-    hardware_for,
-    measured,
-    measured_values,
-    run_device,
-)
+from ledger.reconcile.validation import measured, measured_values
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 SCENARIOS = ("measured run", "predicted, run's layout", "predicted, what-if")
+EXPOSED_KINDS = ("dp", "tp", "pp", "embedding")  # the groups whose exposed communication both sides give
 # One colour per step-time term, the simulator's (ledger.models.time_model.step) and the measured split's
 # (measured_terms); a term the simulator adds later takes the next colour of OTHER_COLORS.
 TERM_COLORS = {"forward/backward compute": "#1e88e5", "pipeline bubble": "#bdbdbd", "optimizer": "#8e24aa",
@@ -48,8 +44,8 @@ TERM_COLORS = {"forward/backward compute": "#1e88e5", "pipeline bubble": "#bdbdb
                "not timed (measured step minus the timed terms)": "#e0e0e0",
                "step (no timers to split it)": "#757575"}
 OTHER_COLORS = ("#ad1457", "#4e342e", "#26a69a", "#7e57c2")
-MEMORY_COLORS = {"static": "#1e88e5", "activations": "#fb8c00", "outside PyTorch": "#8d6e63",
-                 "peak allocated (measured)": "#43a047"}
+MEMORY_COLORS = {"static": "#1e88e5", "workspaces, persistent buffers": "#5e35b1", "activations": "#fb8c00",
+                 "outside PyTorch": "#8d6e63", "peak allocated (measured)": "#43a047"}
 NOT_TIMED = "not timed (measured step minus the timed terms)"
 CLOCK_NOISE_S = 1e-6  # a term below a microsecond is rounding of the replay's clock (as `simulate` prints it)
 
@@ -92,8 +88,9 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     """The run's config with the choice applied and validated (common.config.validate, as `train` and `simulate`
     validate); ConfigError with one line when the layout cannot run. Two things follow from a choice rather than
     being chosen: without the distributed optimizer there is no param all-gather to overlap, so
-    --overlap-param-gather goes with it; and the probes are the defaults, since they do not move a prediction and a
-    profiled rank beyond a smaller world would refuse the layout for nothing."""
+    --overlap-param-gather goes with it; and the profiled ranks are those of the new world (a profiled rank beyond a
+    smaller world would refuse the layout for nothing), the other probes the run's (timers' event reads move the host
+    timeline's prediction)."""
     if c.recompute not in RECOMPUTE:
         raise ConfigError(f"recompute {c.recompute!r}: expected one of {', '.join(RECOMPUTE)}")
     full = c.recompute == "full"
@@ -107,7 +104,8 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     recompute = RecomputeConfig(recompute_granularity=None if c.recompute == "none" else c.recompute,
                                 recompute_method=c.recompute_method if full else None,
                                 recompute_num_layers=c.recompute_num_layers if full else None)
-    out = replace(cfg, parallel=parallel, train=train, recompute=recompute, probes=ProbeConfig())
+    probes = replace(cfg.probes, profile_ranks=[r for r in cfg.probes.profile_ranks if r < c.world_size] or [0])
+    out = replace(cfg, parallel=parallel, train=train, recompute=recompute, probes=probes)
     validate(out)
     return out
 
@@ -135,7 +133,7 @@ def run_basis(view: RunView) -> dict[str, Any]:
     e.g. a Megatron-LM run whose arguments are missing), `device` (as the manifest names it), `hardware` (the known
     GPU kind of that device, None when it is none: the user picks) and `measured` (measured_figures)."""
     ev = view.evidence
-    device = run_device(ev.manifest)
+    device = run_device(ev.rank_infos.values())
     try:
         hardware: str | None = hardware_for(device, None).name
     except ConfigError:
@@ -150,6 +148,11 @@ def _reduce(rows: list[dict[str, Any]], metric: str, how: Any) -> float | None:
     return how(values) if values else None
 
 
+def exposed_label(kind: str) -> str:
+    """"exposed TP comm per step": one row name for the run's measurement and the simulator's prediction."""
+    return f"exposed {kind.upper() if kind != 'embedding' else kind} comm per step"
+
+
 def measured_figures(rows: list[dict[str, Any]], device: str | None, cfg: RunConfig | None) -> dict[str, Any]:
     """The run's measured figures from its reconciliation rows: step time, peak allocated and bubble as
     ledger.reconcile.validation.measured reads them; the slowest stage's forward / backward per micro-batch and
@@ -162,7 +165,7 @@ def measured_figures(rows: list[dict[str, Any]], device: str | None, cfg: RunCon
                         ("optimizer_s", "time.optimizer_step")):
         out[key] = _reduce(rows, metric, max)
     out["exposed_comm_s"] = {kind: _reduce(rows, f"overlap.exposed_{kind}_comm_per_step", max)
-                             for kind in ("dp", "pp", "embedding")}
+                             for kind in EXPOSED_KINDS}
     for key, metric in (("tokens_per_s", "throughput.tokens_per_s"),
                         ("tflops_megatron", "throughput.tflops_per_gpu.megatron"),
                         ("tflops_palm_6n", "throughput.tflops_per_gpu.palm_6n"),
@@ -226,15 +229,14 @@ def _predicted(p: dict[str, Any]) -> dict[str, Any]:
             "backward per micro-batch (slowest stage)": _slowest(p, "backward_s"),
             "optimizer step (slowest stage)": _slowest(p, "optimizer_s"),
             "pipeline bubble (mean over stages)": mean(s["bubble"] for s in stages),
-            **{f"exposed {k.upper() if k != 'embedding' else k} comm per step": max(
-                s["exposed_comm_s"].get(k, 0.0) for s in stages) for k in ("dp", "tp", "pp", "embedding")},
+            **{exposed_label(k): max(s["exposed_comm_s"].get(k, 0.0) for s in stages) for k in EXPOSED_KINDS},
             "peak allocated (largest stage)": max(m["static"] + m["activations"] for m in memory),
             "memory per GPU with outside PyTorch (largest stage)": max(m["total"] for m in memory),
             "HBM per GPU": p["hardware"]["hbm_bytes"],
             "fits in HBM": "yes" if p["memory"]["fits"] else "no",
             "tokens/s": th["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
-            "TFLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
+            "FLOP/s per GPU (megatron)": th["tflops_per_gpu"]["megatron"],
+            "FLOP/s per GPU (palm_6n)": th["tflops_per_gpu"]["palm_6n"],
             "MFU (megatron)": th["mfu"]["megatron"], "MFU (palm_6n)": th["mfu"]["palm_6n"]}
 
 
@@ -247,11 +249,9 @@ def _measured(basis: dict[str, Any], own: dict[str, Any] | None) -> dict[str, An
             "forward per micro-batch (slowest stage)": m["forward_s"],
             "backward per micro-batch (slowest stage)": m["backward_s"],
             "optimizer step (slowest stage)": m["optimizer_s"], "pipeline bubble (mean over stages)": m["bubble"],
-            "exposed DP comm per step": m["exposed_comm_s"]["dp"],
-            "exposed PP comm per step": m["exposed_comm_s"]["pp"],
-            "exposed embedding comm per step": m["exposed_comm_s"]["embedding"],
+            **{exposed_label(kind): m["exposed_comm_s"][kind] for kind in EXPOSED_KINDS},
             "peak allocated (largest stage)": m["peak_bytes"], "tokens/s": m["tokens_per_s"],
-            "TFLOP/s per GPU (megatron)": m["tflops_megatron"], "TFLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
+            "FLOP/s per GPU (megatron)": m["tflops_megatron"], "FLOP/s per GPU (palm_6n)": m["tflops_palm_6n"],
             "MFU (megatron)": m["mfu_megatron"], "MFU (palm_6n)": m["mfu_palm_6n"]}
 
 
@@ -262,8 +262,8 @@ ROWS = (("hardware", "text"), ("layout", "text"), ("batch", "text"), ("micro-bat
         ("exposed DP comm per step", "s"), ("exposed TP comm per step", "s"), ("exposed PP comm per step", "s"),
         ("exposed embedding comm per step", "s"), ("peak allocated (largest stage)", "bytes"),
         ("memory per GPU with outside PyTorch (largest stage)", "bytes"), ("HBM per GPU", "bytes"),
-        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("TFLOP/s per GPU (megatron)", "TFLOP/s"),
-        ("TFLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
+        ("fits in HBM", "text"), ("tokens/s", "tokens/s"), ("FLOP/s per GPU (megatron)", "TFLOP/s"),
+        ("FLOP/s per GPU (palm_6n)", "TFLOP/s"), ("MFU (megatron)", "fraction"), ("MFU (palm_6n)", "fraction"))
 
 
 def comparison(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[str, Any] | None
@@ -323,8 +323,9 @@ def step_chart(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[
 
 
 def memory_chart(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[str, Any] | None) -> Chart:
-    """Per stage, static + activations + outside PyTorch against the GPU's HBM (the black tick), for the run's own
-    layout and the what-if; the run's measured peak allocated (largest rank) as a bar of its own."""
+    """Per stage, static + workspaces and persistent buffers (cuBLAS's, Megatron's global buffer) + activations +
+    outside PyTorch against the GPU's HBM (the black tick), for the run's own layout and the what-if; the run's
+    measured peak allocated (largest rank) as a bar of its own."""
     bars = []
     peak = basis["measured"]["peak_bytes"]
     if peak:
@@ -337,8 +338,10 @@ def memory_chart(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dic
             continue
         hbm = p["hardware"]["hbm_bytes"]
         for s in p["memory"]["per_stage"]:
-            parts = [(name, s[key], MEMORY_COLORS[name]) for name, key in
-                     (("static", "static"), ("activations", "activations"), ("outside PyTorch", "outside_pytorch"))]
+            figures = {**s, "persistent": sum(s["persistent"].values())}
+            parts = [(name, figures[key], MEMORY_COLORS[name]) for name, key in
+                     (("static", "static"), ("workspaces, persistent buffers", "persistent"),
+                      ("activations", "activations"), ("outside PyTorch", "outside_pytorch"))]
             bars.append(Bar(f"{label}, stage {s['stage']}", stacked(parts, "bytes", label),
                             [(hbm, f"HBM of {p['hardware']['name']}: {fmt.size(hbm)}")]))
     caption = ("What to look for: a stage whose bar passes its black tick (the GPU's HBM) does not fit; the "

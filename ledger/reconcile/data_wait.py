@@ -40,8 +40,8 @@ def rank_row(r: RankEvidence, selection: StepSelection) -> Row | None:
     floor = tolerance_s(step_time)
     return row("time.data_wait_per_step", "rank", predicted=0.0, measured=mean(waits), unit="s", tolerance=0.0,
                abs_tolerance=floor, rank=r.rank, stage=r.stage, source="events",
-               explanation=(f"the seconds next() blocked on the background data loader per step, mean of "
-                            f"{len(kept)} steady step(s) ({selection.describe()}); worst step {worst.step}: "
+               explanation=(f"the seconds next() blocked on the background data loader per step, mean over "
+                            f"{selection.counted(s.step for s in kept)}; worst step {worst.step}: "
                             f"{(worst.data_wait_s or 0.0) * 1e3:.3g} ms; expected 0 (the loader builds ahead), allowed "
                             f"{floor * 1e3:.3g} ms: max(1 ms, 1% of the median step {step_time * 1e3:.3g} ms)"))
 

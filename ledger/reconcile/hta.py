@@ -11,20 +11,58 @@ HTA's documented pitfalls, handled here:
     ones ("Collective name", "In msg nelems", "Group size", ...). The parser's default config is extended with
     ARGS_COMMUNICATION before loading, and restored afterwards.
 HTA counts GPU kernels only (CPU ops have stream -1), so CPU (gloo) traces are not cross-checked.
+
+Bounded: HTA loads a whole trace into pandas, so on a large run it would cost more than everything else. It runs on
+a chosen subset of the traced GPU ranks (`HtaChoice`: by default the first and the last, `all`, `none`, or a list),
+each rank in a process of its own under a memory cap and a time budget (ledger.reconcile.hta_job), as many at once
+as there are trace workers (ledger.evidence.trace_pool.worker_count): at most workers x the cap of memory. Which
+ranks were checked, left out, or ran out of their budget is said in the reconciliation's `missing`.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from common.errors import ConfigError
 from common.intervals import covered, union
+from ledger.evidence.rank_sets import parse_ranks, ranks_text
+from ledger.evidence.trace_pool import worker_count
 from ledger.evidence.traces import TraceSummary
+from ledger.reconcile.hta_job import run_capped
 from ledger.reconcile.rows import Row, row
 
 HTA_TOL = 0.05
+MEMORY_MIB = 1024  # a 270k-event trace (llama3.2-1b, 16 layers, 8 micro-batches, 3 steps) needs about 650 MiB
+SECONDS = 120.0  # per rank; that trace takes 10-25 s on a 2-core machine
+
+
+@dataclass(frozen=True)
+class HtaChoice:
+    """Which traced GPU ranks HTA cross-checks (`--hta-ranks`), and the budget each gets."""
+    which: str = "ends"  # "ends": the first and the last; "all"; "none"; "ranks": those in `ranks`
+    ranks: frozenset[int] = frozenset()
+    memory_mib: int = MEMORY_MIB
+    seconds: float = SECONDS
+
+    @classmethod
+    def parse(cls, text: str) -> "HtaChoice":
+        """"ends" (the default), "all", "none", or ranks like "0,3,8-15"."""
+        if text in ("ends", "all", "none"):
+            return cls(text)
+        ranks = parse_ranks([text], "--hta-ranks")
+        if not ranks:
+            raise ConfigError(f"--hta-ranks {text!r}: expected ends, all, none or ranks like 0,3,8-15")
+        return cls("ranks", frozenset(ranks))
+
+    def pick(self, traced: list[int]) -> list[int]:
+        if self.which == "all":
+            return traced
+        if self.which == "ends":
+            return sorted({traced[0], traced[-1]}) if traced else []
+        return [r for r in traced if r in self.ranks]
 
 
 def available() -> bool:
@@ -47,32 +85,6 @@ def ledger_overlap(summary: TraceSummary) -> float | None:
     return sum(covered(span, busy) for span in comm) / total
 
 
-def hta_overlap(files: dict[int, Path]) -> dict[int, float]:
-    """HTA's comp_comm_overlap per rank, as a fraction.
-
-    Built from HTA's Trace with use_multiprocessing=False rather than TraceAnalysis: HTA's parallel parser forks a
-    process pool, and a fork from a threaded host (the Streamlit dashboard computes reconciliations live) can
-    deadlock. The traces are parsed one after the other instead; the figures are the same."""
-    from hta.analyzers.communication_analysis import CommunicationAnalysis
-    from hta.common.trace import Trace
-    from hta.configs.parser_config import ParserConfig
-
-    previous = ParserConfig.get_default_cfg()
-    cfg = previous.clone()
-    cfg.set_args(ParserConfig.get_minimum_args() + ParserConfig.ARGS_COMMUNICATION)
-    ParserConfig.set_default_cfg(cfg)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # `reconcile --json` owns stdout
-            # HTA reads a relative path under its default trace_dir, not the working directory
-            trace = Trace(trace_files={r: str(Path(p).resolve()) for r, p in files.items()})
-            trace.load_traces(include_last_profiler_step=False, use_multiprocessing=False)
-            df = CommunicationAnalysis.get_comm_comp_overlap(trace, visualize=False)
-    finally:
-        ParserConfig.set_default_cfg(previous)
-    # HTA divides by the communication time it found: NaN when it kept no communication kernel
-    return {int(r): float(p) / 100.0 for r, p in zip(df["rank"], df["comp_comm_overlap_pctg"]) if p == p}
-
-
 @dataclass(frozen=True)
 class CrossCheck:
     """What the cross-check keeps of one trace once its summary is dropped."""
@@ -85,19 +97,43 @@ def cross_check_input(summary: TraceSummary) -> CrossCheck:
     return CrossCheck(summary.path, summary.on_gpu, ledger_overlap(summary) if summary.on_gpu else None)
 
 
-def hta_rows(traces: dict[int, CrossCheck]) -> tuple[list[Row], list[str]]:
-    """Cross-check rows, and what could not be checked (as `missing` sentences)."""
+def hta_rows(traces: dict[int, CrossCheck], choice: HtaChoice = HtaChoice(), workers: int | None = None,
+             progress: Callable[[str], None] = lambda _: None) -> tuple[list[Row], list[str]]:
+    """Cross-check rows of the chosen ranks, and what was not checked and why (as `missing` sentences)."""
     gpu = {rank: t for rank, t in traces.items() if t.on_gpu}
     if not traces:
         return [], []
     if not gpu:
         return [], ["HTA cross-check skipped: traces have no GPU kernels (CPU run)"]
+    if choice.which == "none":
+        return [], ["HTA cross-check not run (--hta-ranks none)"]
     if not available():
         return [], ["HTA cross-check skipped: HolisticTraceAnalysis not installed (pip install 'train-ledger[hta]')"]
-    measured = hta_overlap({rank: t.path for rank, t in gpu.items()})
-    rows = [row("overlap.hta_comm_comp_overlap", "rank", predicted=t.ledger_overlap, measured=measured.get(rank),
-                unit="fraction", tolerance=HTA_TOL,
-                explanation="HTA get_comm_comp_overlap (measured) vs the ledger's own computation from the same trace "
-                            "(predicted column), both without the last ProfilerStep", rank=rank, source="hta")
-            for rank, t in sorted(gpu.items())]
-    return rows, []
+    chosen = choice.pick(sorted(gpu))
+    missing = _left_out(sorted(gpu), chosen)
+    rows = []
+    count = worker_count(workers, len(chosen))
+    if chosen:
+        progress(f"HTA cross-check of rank(s) {ranks_text(chosen)}, {count} at a time")
+    with ThreadPoolExecutor(count) as pool:
+        outcomes = pool.map(lambda r: run_capped(r, gpu[r].path, choice.memory_mib, choice.seconds), chosen)
+        for i, (rank, outcome) in enumerate(zip(chosen, outcomes), 1):
+            progress(f"HTA cross-check of rank {rank} done ({i}/{len(chosen)})")
+            if outcome.problem is not None:
+                missing.append(f"HTA cross-check of rank {rank} stopped: {outcome.problem}")
+                continue
+            rows.append(row("overlap.hta_comm_comp_overlap", "rank", predicted=gpu[rank].ledger_overlap,
+                            measured=outcome.overlap, unit="fraction", tolerance=HTA_TOL,
+                            explanation="HTA get_comm_comp_overlap (measured) vs the ledger's own computation from "
+                                        "the same trace (predicted column), both without the last ProfilerStep",
+                            rank=rank, source="hta"))
+    return rows, missing
+
+
+def _left_out(traced: list[int], chosen: list[int]) -> list[str]:
+    rest = [r for r in traced if r not in chosen]
+    if not rest:
+        return []
+    checked = f"on rank(s) {ranks_text(chosen)} only" if chosen else "on no rank"
+    return [f"HTA cross-check run {checked} of the {len(traced)} traced GPU ranks, not on {ranks_text(rest)} "
+            "(--hta-ranks all checks every rank)"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.events import ALLOCATED, PEAK
-from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.models.formulas.device_memory import (
     DeviceOverheads,
     OutsidePyTorch,
@@ -42,8 +42,8 @@ CENSUS_NOTE = ("; measured on CPU (no CUDA allocator): the storages behind the t
 def memory_rows(ev: RunEvidence) -> list[Row]:
     rows: list[Row] = []
     for rank_ev in ev.ranks.values():
-        device = rank_entry(ev.manifest, rank_ev.rank).get("device") or {}
-        rows += rank_rows(ev.config, rank_ev, device.get("name"))
+        device = ev.device(rank_ev.rank)
+        rows += rank_rows(ev.config, rank_ev, device.name if device is not None else None)
     return rows
 
 

@@ -249,7 +249,7 @@ def time_rows(cfg: RunConfig, r: RankEvidence, predicted: dict[int, StepExchange
     ranges_s = mean(per_step[s] for s in steps)
     paired = all(s in exchange for s in steps)
     measured = mean(exchange[s] for s in steps) if paired else ranges_s
-    selected = f"mean over {len(steps)} step(s) ({selection.describe()}{'; ' + note if note else ''})"
+    selected = f"mean over {selection.counted(steps)}" + (f"; {note}" if note else "")
     text = ("the expert-parallel dispatch and combine all-to-alls, each blocking the compute stream: all "
             f"{ranges_s * 1e3:.3g} ms a step of their ranges is exposed; " + (
                 f"measured: each call's exchange, from the EP group's last arrival to its first return (the ranges' "

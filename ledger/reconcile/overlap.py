@@ -53,7 +53,7 @@ from common.events import (
 from common.intervals import Interval, covered, length, subtract, union
 from ledger.evidence.layout import group_kind
 from ledger.evidence.run import RankEvidence
-from ledger.evidence.steps import StepSelection, steps_text
+from ledger.evidence.steps import StepSelection, step_list
 from ledger.evidence.traces import Collective, TraceSummary, normalize_op
 from ledger.models.formulas.activations import local_seq_length
 from ledger.models.formulas.ring_overlap import (
@@ -244,7 +244,7 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
         if i.step in steps:
             groups[(i.op, i.bucket)].append(i)
     timers = source == "timers"
-    suffix = (f" ({source}; {note})" if note else f" ({source})") + (f"; {TIMER_BOUND}" if timers else "")
+    suffix = f" ({source})" + (f"; {note}" if note else "") + (f"; {TIMER_BOUND}" if timers else "")
     rows: list[Row] = []
     for (op, bucket), items in sorted(groups.items()):
         last = bucket == max(b for o, b in groups if o == op)
@@ -254,7 +254,7 @@ def bucket_rows(cfg: RunConfig | None, r: RankEvidence, intervals: list[BucketIn
         rows.append(row(f"overlap.{op}.overlapped_fraction", "bucket", predicted=_expected_fraction(op, last, cfg),
                         measured=fraction, unit="fraction", tolerance=FRACTION_TOL,
                         explanation=f"share of the bucket's {op} interval during compute on this rank, mean of "
-                                    f"{len(items)} step(s){suffix}; " + _why(op, last, cfg), **where))
+                                    f"{step_list(i.step for i in items)}{suffix}; " + _why(op, last, cfg), **where))
         judged = upper_bound_row if timers else predicted_row
         exposed = (predicted_exposed or {}).get((op, bucket))
         extra = dict(judged_elsewhere=judged_elsewhere) if timers else {}
@@ -288,9 +288,9 @@ def exposed_comm_rows(r: RankEvidence, per_step: dict[int, dict[str, float]], so
         measured = mean(by_group.get(group, 0.0) for by_group in per_step.values())
         pred = (predicted or {}).get(group)
         text = (f"length of the union over time of the {group} group's collectives with no compute beside them, "
-                f"mean of {len(per_step)} step(s) {steps_text(per_step)} ({source}{'; ' + note if note else ''})")
+                f"mean of {step_list(per_step)} ({source})" + (f"; {note}" if note else ""))
         if timers:
-            text += f"; {TIMER_BOUND}, so this bounds the exposed time from above"
+            text += f"; {TIMER_BOUND}; this figure is then an upper bound of the exposed time"
         if group == "pp":
             text += ("; a point-to-point transfer runs from its issue until the peer stage is there, so this holds the "
                      "wait for the other stage (the pipeline's bubble) as well as the transfer")
@@ -351,7 +351,7 @@ def cp_exchange_row(cfg: RunConfig | None, r: RankEvidence, steps: list[int], no
         return []
     predicted, how = cp_prediction(cfg, r)
     text = (f"share of the ring attention exchanges' time (issue -> wait returned) during compute, {exchanges} "
-            f"exchanges in {len(steps)} step(s) {steps_text(steps)} (timers{'; ' + note if note else ''}); the rest "
+            f"exchanges in {step_list(steps)} (timers)" + (f"; {note}" if note else "") + "; the rest "
             f"is the cp-wait stalls; {how}; an exchange is a rendezvous, so a wait also holds the time until the "
             "neighbouring CP ranks reach the same ring step (skew between them shows here)")
     return [row("overlap.cp_exchange.hidden_fraction", "rank", predicted=predicted,

@@ -18,11 +18,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
 
+from common.config import RunConfig
 from common.events import COMPUTE_CATEGORIES
 from common.intervals import length, union
+from common.ops import Kernel
 from ledger.evidence.run import RankEvidence, RunEvidence, after_first_step
 from ledger.evidence.steps import StepSelection
+from ledger.models.formulas.activations import recompute_label
 from ledger.models.formulas.bubble import bubble
+from ledger.models.formulas.params import num_chunks
+from ledger.models.time_model.ops import RECOMPUTE, chunk_backward, chunk_forward
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.time_rows import TimeModel
 
@@ -114,7 +119,7 @@ def pipeline_rows(ev: RunEvidence, model: TimeModel | None = None,
                                 predicted=predicted.relative_to_compute, measured=rel, unit="fraction",
                                 tolerance=BUBBLE_TOL,
                                 explanation=f"idle / busy; formula (p-1)/(v m) with p={p} m={m} v={v}", **where))
-        rows += balance_rows(column, slots)
+        rows += balance_rows(cfg, column, slots)
     return rows
 
 
@@ -147,8 +152,20 @@ def model_bubble_row(model: TimeModel | None, stage: int, measured: float, textb
                            f"{BUBBLE_ABS_TOL:.0%} of the step (absolute)", **where)
 
 
-def balance_rows(column: list[RankEvidence], slots: list[StageSlot]) -> list[Row]:
-    """Mean forward and backward time per micro-batch on each stage, against the pipeline's mean and the 2x rule."""
+def recomputed_share(cfg: RunConfig, stage: int) -> float:
+    """The FLOPs a stage's backward re-runs of its forward (full recompute: each checkpointed group's forward;
+    selective: core attention's) over its forward's FLOPs, per micro-batch, from the time model's op lists."""
+    def flops(work, recomputed: bool = False) -> float:
+        return sum(w.op.flops for w in work if isinstance(w.op, Kernel) and (not recomputed or w.term == RECOMPUTE))
+
+    chunks = range(num_chunks(cfg))
+    forward = sum(flops(chunk_forward(cfg, stage, c)) for c in chunks)
+    return sum(flops(chunk_backward(cfg, stage, c), True) for c in chunks) / forward if forward else 0.0
+
+
+def balance_rows(cfg: RunConfig | None, column: list[RankEvidence], slots: list[StageSlot]) -> list[Row]:
+    """Mean forward and backward time per micro-batch on each stage, against the pipeline's mean and the 2x rule
+    plus the forward the backward re-runs (docs/formulas.md, "Backward over forward")."""
     per_stage: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     rank_of: dict[int, int] = {r.stage: r.rank for r in column}
     for s in slots:
@@ -168,8 +185,12 @@ def balance_rows(column: list[RankEvidence], slots: list[StageSlot]) -> list[Row
                             explanation=f"forward {fwd * 1e3:.2f} ms + backward {bwd * 1e3:.2f} ms per micro-batch "
                                         "against the mean over stages (embedding / output layer make the ends "
                                         "heavier)", **where))
-        rows.append(row("pipeline.backward_over_forward", "stage", predicted=BACKWARD_OVER_FORWARD,
+        share = recomputed_share(cfg, stage) if cfg is not None else 0.0
+        mode = recompute_label(cfg.recompute) if cfg is not None else "none"
+        rerun = (f", plus the forward it re-runs (recompute {mode}): {share:.1%} of the forward's FLOPs"
+                 if mode != "none" else " (no recompute)")
+        rows.append(row("pipeline.backward_over_forward", "stage", predicted=BACKWARD_OVER_FORWARD + share,
                         measured=bwd / fwd if fwd else None, unit="ratio", tolerance=RATIO_TOL,
-                        explanation="backward computes input and weight gradients: about twice the forward FLOPs",
-                        **where))
+                        explanation=f"backward computes input and weight gradients: twice the forward's GEMM "
+                                    f"FLOPs{rerun} (docs/formulas.md, \"Backward over forward\")", **where))
     return rows

@@ -102,14 +102,13 @@ def upper_bound_row(metric: str, scope: str, *, predicted: float | None, measure
             explanation=explanation, abs_tolerance=abs_tolerance, **where)
     if r.diff is None or r.verdict == "ok":
         return r
-    by = f"{abs(r.rel_diff):.0%} " if r.rel_diff is not None else ""
-    if r.diff < 0:
+    if r.diff < 0:  # how far, the row's gap column says: the clause is the same for every row, a report's note
         r.verdict = "off"
-        r.explanation += f"; the upper bound lies {by}below the prediction: the true figure is lower still"
+        r.explanation += "; the upper bound lies below the prediction: the true figure is lower still"
     else:
         r.verdict = "n/a"
-        r.explanation += (f"; the bound lies {by}above the prediction and cannot tell a slower collective from a "
-                          "wait that came late (compute between issue and wait)"
+        r.explanation += ("; the bound lies above the prediction and cannot tell a slower collective from a wait "
+                          "that came late (compute between issue and wait)"
                           + (f": {judged_elsewhere} judges it" if judged_elsewhere else ": no trace judges it"))
     return r
 

@@ -1,8 +1,10 @@
 """A run's evidence -> reconciliation rows and what is missing; written as RUN/ledger/reconciliation.json and .csv.
 
-The evidence is read once (ledger.evidence) and each trace summarised once (RunEvidence.trace_summaries). Everything
-is computed before anything is written, and each output file is written atomically: bad input leaves nothing
-half-written.
+Order of work: events are gathered per rank (small records), then the traces are summarised in parallel
+(ledger.evidence.trace_pool: worker processes each stream whole traces and send back only a summary), each summary
+is checked against the manifest and turned into rows, and the HTA cross-check runs last on a bounded subset of ranks
+(ledger.reconcile.hta). Everything is computed before anything is written, and each output file is written
+atomically: bad input leaves nothing half-written.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any, Callable
 from common.config import RunConfig
 from common.run_dir import LEDGER_DIR, atomic_write_text
 from ledger.evidence.read import read_run
-from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing, rank_backend
+from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing
 from ledger.evidence.steps import StepSelection, select_steps
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import TraceSummary
@@ -68,22 +70,32 @@ class Reconciliation:
                 "rows": [r.to_dict() for r in self.rows]}
 
 
-def reconcile(run_dir: str | Path, sources: TimeSources = TimeSources()) -> Reconciliation:
-    return reconcile_evidence(read_run(run_dir), sources=sources)
+@dataclass(frozen=True)
+class TraceWork:
+    """How a reconciliation reads the run's traces: worker processes (None: ledger.evidence.trace_pool decides),
+    the HTA cross-check's ranks and budget, and where progress lines go."""
+    workers: int | None = None
+    hta: hta.HtaChoice = hta.HtaChoice()
+    progress: Callable[[str], None] = lambda _: None
 
 
-def reconcile_evidence(ev: RunEvidence, progress: Callable[[str], None] = lambda _: None,
+def reconcile(run_dir: str | Path, work: TraceWork = TraceWork(),
+              sources: TimeSources = TimeSources()) -> Reconciliation:
+    return reconcile_evidence(read_run(run_dir), work, sources)
+
+
+def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
                        sources: TimeSources = TimeSources()) -> Reconciliation:
     """The rows of a run's evidence (a caller that also needs the evidence itself reads the run once); `sources`:
     the time model's calibration beyond the run's own sweeps."""
     selection = run_steps(ev)
     model = predict_run(ev, sources)
-    summaries = ev.trace_summaries(progress)
+    summaries = ev.trace_summaries(work.workers, work.progress)
     rows = groups_rows(ev) + memory_rows(ev) + pipeline_rows(ev, model, selection)
     for rank, r in sorted(ev.ranks.items()):
         rows += overlap_rows(ev.config, r, selection, rank in summaries, **exposed_predictions(ev.config, model, r))
     cross_check: dict[int, hta.CrossCheck] = {}
-    decomposition = StepDecomposition(ev)
+    decomposition = StepDecomposition(ev, model)
     for rank, summary in summaries.items():
         r = ev.rank_evidence(rank)
         rows += trace_rows(ev, r, summary, selection, model)
@@ -99,8 +111,8 @@ def reconcile_evidence(ev: RunEvidence, progress: Callable[[str], None] = lambda
     rows += timer_rows(ev, model, selection) if ev.framework == "megatron-lm" else []
     rows += moe_rows(ev, model, selection)
     rows += checkpoint_rows(ev)
-    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev.manifest))
-    check_rows, skipped = hta.hta_rows(cross_check)
+    not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev))
+    check_rows, skipped = hta.hta_rows(cross_check, work.hta, work.workers, work.progress)
     rows += check_rows
     run = {"run_id": ev.run_id, "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
@@ -121,7 +133,7 @@ def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selectio
                model: TimeModel) -> list[Row]:
     groups = ev.groups(r.rank)
     summary = attribute_groups(summary, groups, ev.world_size, range_kinds(r.timing)).summary
-    untraceable = untraceable_ops(rank_backend(ev.manifest, r.rank, summary.backend), summary)
+    untraceable = untraceable_ops(ev.backend(r.rank, summary.backend), summary)
     rows = volume_rows(ev.config, r, trace_volume(summary, groups, p2p_element_bytes(ev.config)), untraceable)
     rows += trace_overlap_rows(ev.config, r, summary, groups, selection,
                                **exposed_predictions(ev.config, model, r))

@@ -7,7 +7,11 @@ summary the reconciliation already made), so that a collective's last member's a
 `rows` then reads each trace's execution graph, partitions and replays its steps, and drops it. Each rank is
 replayed alone (its collectives keep their measured durations); a multi-rank replay is ledger.evidence.replay's.
 
-The time model's twins of these terms are not computed yet: the rows' predicted column is empty and says so.
+Each term's row carries the time model's twin (ledger.models.time_model: the rank's stage on the host's and the
+device's clocks, priced with the host costs measured under the profiler) and is judged against it with the term's
+tolerance (TOLERANCES; docs/formulas.md "Tolerances" says why each). Where the twin would price an unprofiled step
+against a profiled window (host costs without a profiled figure), or there is no host timeline (a CPU rank, no host
+costs), the predicted column stays empty and the explanation says why.
 """
 from __future__ import annotations
 
@@ -19,18 +23,48 @@ from ledger.evidence.exec_graph import CollectiveId, read_graph
 from ledger.evidence.layout import group_lists
 from ledger.evidence.replay import StepReplay, replay
 from ledger.evidence.run import RankEvidence, RunEvidence
-from ledger.evidence.step_partition import EXPOSED, TERMS, CommSpan, StepPartition, partition_step, with_arrivals
+from ledger.evidence.step_partition import (
+    COMPUTE,
+    DATA_WAIT,
+    EXPOSED,
+    HOST_BOUND,
+    PIPELINE_WAIT,
+    SLOWER_RANK,
+    SYNC,
+    TERMS,
+    CommSpan,
+    StepPartition,
+    partition_step,
+    with_arrivals,
+)
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import P2P_KINDS, Collective, TraceSummary
 from ledger.reconcile.overlap import kernel_group
 from ledger.reconcile.rows import Row, row
+from ledger.reconcile.time_rows import TimeModel
 from ledger.reconcile.topology import expert_lists
 
 REPLAY_TOLERANCE = 0.03  # docs/formulas.md, "Tolerances"
 TERM_METRIC = "step.decomposition."
 REPLAY_METRIC = "step.replay"
-NOT_PREDICTED = ("not predicted: the time model's twin of this term (its step decomposition) is not computed yet, "
-                 "so the predicted column stays empty rather than hold a figure made up here")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    relative: float
+    absolute: float  # seconds
+    of_step: float = 0.0  # an absolute floor as a fraction of the step (data wait: the time row's max(1 ms, 1%))
+
+
+# docs/formulas.md, "Tolerances": device compute is the compute sweep's kernels (the time rows' 10%); host-bound
+# idle is the host's pace, whose profiled steps themselves spread by 15-30% on the committed traces; a read's
+# round trip is tens of µs; data wait and a slower rank are predicted zero; communication as its per-step row.
+TOLERANCES = {COMPUTE: Tolerance(0.10, 0.0), HOST_BOUND: Tolerance(0.25, 1e-3), SYNC: Tolerance(0.5, 0.2e-3),
+              DATA_WAIT: Tolerance(0.0, 1e-3, 0.01), SLOWER_RANK: Tolerance(0.0, 1e-3, 0.01),
+              PIPELINE_WAIT: Tolerance(0.25, 2e-3), EXPOSED: Tolerance(0.25, 2e-3)}
+NO_HOST_TIMELINE = "not predicted: the time model has no host timeline for this rank ({why})"
+UNPROFILED = ("not predicted: the host costs were not measured under the profiler, so the time model's twin ({value}) "
+              "would price an unprofiled step against this profiled window")
 
 
 @dataclass
@@ -41,8 +75,9 @@ class _Traced:
 
 
 class StepDecomposition:
-    def __init__(self, ev: RunEvidence):
-        self.ev = ev
+    def __init__(self, ev: RunEvidence, model: TimeModel | None = None):
+        """model: the time model applied to the run (its step's per-stage decompositions are the rows' twins)."""
+        self.ev, self.model = ev, model
         self.traced: list[_Traced] = []
 
     def add(self, r: RankEvidence, summary: TraceSummary, path: Path) -> None:
@@ -67,10 +102,31 @@ class StepDecomposition:
         for t, spans_of_rank in zip(self.traced, comm):
             graph = read_graph(t.path)
             rp = replay([graph])
+            twin = self._twin(t.rank)
             for s in rp.steps:
-                out += term_rows(t.rank, partition_step(graph, s.step, spans_of_rank))
+                out += term_rows(t.rank, partition_step(graph, s.step, spans_of_rank), *twin)
                 out.append(replay_row(t.rank, s, critical_path(rp, s.rank, s.step)))
         return out
+
+
+    def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
+        """The rank's stage's predicted terms, or None and the reason its rows carry instead."""
+        step = self.model.step if self.model is not None else None
+        stage = self.ev.rank_evidence(rank).stage
+        if step is None or stage not in step.decompositions:
+            return None, NO_HOST_TIMELINE.format(why=self._why())
+        twin = step.decompositions[stage]
+        if not step.decomposition_profiled:
+            return None, UNPROFILED.format(value=", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in twin.items() if v))
+        return twin, ("predicted: the time model's host and device timelines of stage "
+                      f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")")
+
+
+    def _why(self) -> str:
+        m = self.model
+        if m is None or m.calibration is None:
+            return "no config"
+        return "; ".join(m.missing) or m.calibration.host_note or "no host costs"
 
 
 def replay_row(rank: int, s: StepReplay, path: CriticalPath) -> Row:
@@ -95,14 +151,21 @@ def group_of(c: Collective, groups: dict[str, tuple[int, ...]], extra: dict[str,
     return next((k for k, g in extra.items() if g == ranks), kind)
 
 
-def term_rows(rank: int, part: StepPartition) -> list[Row]:
-    """One row per term of a step's partition, in seconds, with its share of the step."""
-    return [row(TERM_METRIC + slug(term), "rank", measured=t_us / 1e6, unit="s", tolerance=0.0, rank=rank,
-                step=part.step, source="trace",
-                explanation=(f"{term}: {t_us / part.measured:.1%} of step {part.step} "
-                             f"({part.measured / 1e3:.4g} ms; the terms add up to it, docs/formulas.md \"Step "
-                             f"decomposition\"); {NOT_PREDICTED}"))
-            for term, t_us in part.terms]
+def term_rows(rank: int, part: StepPartition, twin: dict[str, float] | None = None, why: str = "") -> list[Row]:
+    """One row per term of a step's partition, in seconds, with its share of the step; judged against `twin` (the
+    time model's terms; a group's exposed communication it does not name is predicted zero) with the term's
+    tolerance, else unjudged and `why` says so."""
+    rows = []
+    for term, t_us in part.terms:
+        tol = TOLERANCES[EXPOSED if term.startswith(EXPOSED + " ") else term]
+        predicted = None if twin is None else twin.get(term, 0.0)
+        rows.append(row(TERM_METRIC + slug(term), "rank", measured=t_us / 1e6, predicted=predicted, unit="s",
+                        tolerance=tol.relative, abs_tolerance=max(tol.absolute, tol.of_step * part.measured / 1e6),
+                        rank=rank, step=part.step, source="trace",
+                        explanation=(f"{term}: {t_us / part.measured:.1%} of step {part.step} "
+                                     f"({part.measured / 1e3:.4g} ms; the terms add up to it, docs/formulas.md \"Step "
+                                     f"decomposition\"); {why}")))
+    return rows
 
 
 def slug(term: str) -> str:

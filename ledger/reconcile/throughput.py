@@ -12,9 +12,9 @@ known; on CPU the row says so rather than inventing a peak.
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
 
 from common.events import StepRecord
+from common.wording import plural
 from ledger.evidence.run import RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.flops import (
@@ -42,12 +42,12 @@ def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
     return [r for r in records if r.step_time_s]
 
 
-def device_peak(manifest: dict[str, Any]) -> tuple[float | None, str]:
-    ranks = manifest.get("ranks") or []
-    device = (ranks[0].get("device") or {}) if ranks and isinstance(ranks[0], dict) else {}
-    name = str(device.get("name", ""))
-    if device.get("type") != "cuda":
-        return None, f"no MFU on {device.get('type') or 'an unknown device'}: no GPU peak to divide by"
+def device_peak(ev: RunEvidence) -> tuple[float | None, str]:
+    device = ev.device(min(ev.rank_infos)) if ev.rank_infos else None
+    name = (device.name if device is not None else None) or ""
+    if device is None or device.type != "cuda":
+        kind = device.type if device is not None else "an unknown device"
+        return None, f"no MFU on {kind}: no GPU peak to divide by"
     for fragment, peak in PEAKS.items():
         if fragment in name:
             return peak, f"{name}: dense 16-bit peak {peak / 1e12:.0f} TFLOP/s"
@@ -69,8 +69,8 @@ def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
     figures = [s for steps in records.values() for s in steps if s.step in kept]
     step_time = median(s.step_time_s for s in figures)
     tokens = [s.tokens for s in figures if s.tokens is not None]
-    where = f"median step time {step_time * 1e3:.1f} ms over {len(figures)} rank-step(s): {selection.describe()}" \
-            + (f"; {note}" if note else "")
+    where = f"median step time {step_time * 1e3:.1f} ms over {plural(len(figures), 'rank-step')}, " \
+            f"{selection.counted(kept)}" + (f"; {note}" if note else "")
     cfg = ev.config
     rows = [identity_row("throughput.tokens_per_step", "run", measured=median(tokens) if tokens else None,
                          unit="tokens", explanation="global batch x sequence length: the engine counts it from the "
@@ -89,7 +89,8 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
                   predicted: float | None) -> Row:
     times = [s.step_time_s for steps in per_rank.values() for s in steps]
     measured = median(times) if times else None
-    text = (f"median over {len(times)} steady rank-step(s) ({selection.describe()})" if times else
+    text = (f"median over {plural(len(times), 'steady rank-step')}, {selection.counted(_steps_of(per_rank))}" if times
+            else
             f"no steady step to judge: every step after the first was disturbed by the profiler "
             f"({selection.describe()})")
     return predicted_row("throughput.step_time", "run", predicted=predicted, measured=measured, unit="s",
@@ -98,7 +99,7 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
 
 def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     cfg = ev.config
-    peak, peak_note = device_peak(ev.manifest)
+    peak, peak_note = device_peak(ev)
     conventions = {"megatron": megatron_flops_per_step(cfg),
                    "palm_6n": palm_flops_per_token(cfg) * tokens_per_step(cfg)}
     rows = []
@@ -121,7 +122,7 @@ def profiler_rows(records: dict[int, list[StepRecord]], steady: set[int], select
     rows = [row("throughput.profiler_overhead", "run", measured=median(profiled) / median(normal) - 1,
                 unit="fraction", tolerance=0.0,
                 explanation=f"median profiled step {median(profiled) * 1e3:.1f} ms against median steady step "
-                            f"{median(normal) * 1e3:.1f} ms ({selection.describe()}): the profiler's own cost, "
+                            f"{median(normal) * 1e3:.1f} ms ({selection.counted(steady)}): the profiler's own cost, "
                             "which is why profiled steps are not judged as normal ones", source="events")]
     spreads = _spreads(records, selection.disturbed)
     if spreads:
@@ -145,7 +146,8 @@ def straggler_rows(per_rank: dict[int, list[StepRecord]], selection: StepSelecti
             rows.append(at_most_row("throughput.step_time_vs_other_ranks", "rank", reference=median(others),
                                     measured=mine, unit="s", tolerance=STRAGGLER_TOL,
                                     explanation="this rank's median steady step time against the other ranks' "
-                                                f"median ({selection.describe()}); above it: a straggler",
+                                                f"median ({selection.counted(_steps_of(per_rank))}); above it: "
+                                                "a straggler",
                                     rank=rank, source="events"))
     spreads = _spreads(per_rank)
     if spreads:
@@ -153,9 +155,13 @@ def straggler_rows(per_rank: dict[int, list[StepRecord]], selection: StepSelecti
         rows.append(threshold_row("throughput.step_time_spread", "run", measured=spreads[worst],
                                   warn_at=STRAGGLER_TOL, off_at=4 * STRAGGLER_TOL, unit="fraction",
                                   explanation=f"(max - min) / median step time across ranks on steady steps, worst "
-                                              f"step {worst} ({selection.describe()})",
+                                              f"step {worst} ({selection.counted(_steps_of(per_rank))})",
                                   step=worst, source="events"))
     return rows
+
+
+def _steps_of(per_rank: dict[int, list[StepRecord]]) -> set[int]:
+    return {s.step for steps in per_rank.values() for s in steps}
 
 
 def _spreads(per_rank: dict[int, list[StepRecord]], only: frozenset[int] | None = None) -> dict[int, float]:

@@ -23,17 +23,20 @@ have no prediction and `missing` says why.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from statistics import median
 
+from common.errors import ConfigError
+from common.wording import plural
 from ledger.evidence.calibration_file import CalibrationFile
-from ledger.evidence.run import RankEvidence, RunEvidence, rank_entry
+from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import padded_vocab_size
 from ledger.models.simulate.calibration import hardware_calibration
-from ledger.models.simulate.hardware import Hardware
+from ledger.models.simulate.hardware import Hardware, hardware_for, run_device
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -43,6 +46,8 @@ from ledger.models.time_model import (
     predict_step,
     stage_time,
 )
+from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
+from ledger.models.time_model.host_recipe import unmodelled_host
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.rows import Row, row
 
@@ -64,16 +69,14 @@ class TimeModel:
 
 def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     """(compute scale, note) for CPU ranks that outnumber their host's cores: the sweep ran one rank at a time."""
-    hosts: dict[str, list[dict]] = defaultdict(list)
-    for rank in range(ev.world_size):
-        entry = rank_entry(ev.manifest, rank)
-        device = entry.get("device") or {}
-        if device.get("type") == "cpu" and entry.get("host") and device.get("cores"):
-            hosts[entry["host"]].append(device)
+    hosts: dict[str, list[int]] = defaultdict(list)  # host -> each CPU rank's cores
+    for info in ev.rank_infos.values():
+        if info.device.type == "cpu" and info.host and info.device.cores:
+            hosts[info.host].append(info.device.cores)
     threads = max((r.threads or 1 for e in ev.ranks.values() for r in e.compute), default=1)
     scale, note = 1.0, None
     for host, devices in hosts.items():
-        cores = int(devices[0]["cores"])
+        cores = devices[0]
         factor = oversubscription(len(devices), cores, threads)
         if factor > scale:
             scale = factor
@@ -96,16 +99,41 @@ class TimeSources:
         return "; ".join(found)
 
 
+def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
+    """The host timeline's prices: the run's own host sweep; without one, the host block of the hardware file of
+    the GPU the run names (said in the note: measured on that file's host, not necessarily this run's)."""
+    devices = {info.device.type if (info := ev.rank_infos.get(rank)) else None for rank in range(ev.world_size)}
+    if devices == {"cpu"}:
+        return None, CPU_NOTE
+    own, why = host_costs(r for e in ev.ranks.values() for r in e.host)
+    if own is not None or why == CPU_NOTE:
+        return own, why
+    try:
+        hw = hardware_for(run_device(ev.rank_infos.values()), None)
+    except ConfigError:
+        return None, why
+    if hw.host is None:
+        return None, why
+    return hw.host, (f"host timeline priced by the {hw.name} hardware file's host block ({Path(hw.path).name}: its "
+                     f"source says where it was measured); this run has no host sweep (--host-sweep)")
+
+
 def calibration(ev: RunEvidence, sources: TimeSources = TimeSources()) -> Calibration:
-    """The run's own sweeps, over the calibration file's, over the hardware file's prices of its kernels."""
+    """The run's own sweeps, over the calibration file's, over the hardware file's prices of its kernels; no host
+    timeline where the host recipes do not describe the run's layers (Megatron-LM's)."""
     scale, note = host_share(ev)
+    host, host_note = host_calibration(ev)
     cal = Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
-                                   [r for e in ev.ranks.values() for r in e.bandwidth], scale, note)
+                                   [r for e in ev.ranks.values() for r in e.bandwidth], scale, note, host=host,
+                                   host_note=host_note)
     if sources.calibration is not None:
-        cal = cal.over(Calibration.from_records(sources.calibration.compute, sources.calibration.bandwidth))
+        file = sources.calibration
+        file_host, file_note = host_costs(file.host)
+        cal = cal.over(Calibration.from_records(file.compute, file.bandwidth, host=file_host, host_note=file_note))
     if sources.hardware is not None and ev.config is not None:
         cal = cal.over(hardware_calibration(ev.config, sources.hardware))
-    return cal
+    why = unmodelled_host(ev.config) if ev.config is not None else None
+    return replace(cal, host=None, host_note=why) if why else cal
 
 
 def predict_run(ev: RunEvidence, sources: TimeSources = TimeSources()) -> TimeModel:
@@ -141,7 +169,7 @@ def _ranges(ranks: list[RankEvidence], category: str, steps: set[int]) -> list[f
 def _steps(ev: RunEvidence, selection: StepSelection) -> tuple[set[int], str]:
     timed = {t.step for r in ev.ranks.values() for t in r.timing}
     kept, note = selection.timed(timed)
-    return set(kept), "; ".join(x for x in (selection.describe(), note) if x)
+    return set(kept), "; ".join(x for x in (selection.counted(kept), note) if x)
 
 
 def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
@@ -153,7 +181,7 @@ def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
     parts = []
     for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):
         if seconds > NEGLIGIBLE_S:
-            extra = f" ({params[term] / 1e6:.0f} M params)" if term in params else ""
+            extra = f" ({params[term]:,} params)" if term in params else ""
             parts.append(f"{term} {_ms(seconds)}{extra}")
     return ", ".join(parts)
 
@@ -177,6 +205,11 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                 terms = predicted.terms(kind == "forward")
                 text = (f"time model, per {kind} range: {_terms_text(terms, ev)}; {layers} layer(s) per chunk, "
                         f"{_ms(terms.get('layers', 0.0) / layers)} a layer")
+                paced = _paced(model, s, kind)
+                if paced is not None:
+                    text = (f"the host paces the device: the range takes {_ms(paced)} on the host timeline, of which "
+                            f"the device computes {_ms(seconds)}; " + text)
+                    seconds = paced
             else:
                 seconds, text = None, f"no prediction: {'; '.join(model.missing) or 'no config'}"
             if model.calibration is not None and model.calibration.scale_note:
@@ -187,6 +220,14 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                             stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
         rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
     return rows
+
+
+def _paced(model: TimeModel, stage: int, kind: str) -> float | None:
+    """The range's span on the host timeline when the host makes it longer than its device time, else None."""
+    if model.step is None or model.calibration is None or model.calibration.host is None:
+        return None
+    paced = getattr(model.step.stages[stage], kind)
+    return paced if paced > getattr(model.stages[stage], kind) * (1 + 1e-9) else None
 
 
 def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEvidence], steps: set[int],
@@ -217,7 +258,8 @@ def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
             else f"no prediction: {'; '.join(model.missing)}")
     return [row("time.tokens_per_s", "run", predicted=predicted, measured=measured, unit="tokens/s",
                 tolerance=STEP_TOL, explanation=f"{text}; measured: median tokens / median step time over "
-                                                f"{len(kept)} steady rank-step(s), {selection.describe()}",
+                                                f"{plural(len(kept), 'steady rank-step')}, "
+                                                f"{selection.counted(steady)}",
                 source="events")]
 
 
@@ -240,8 +282,7 @@ def explain_step_time(rows: list[Row], ev: RunEvidence, model: TimeModel, select
     ranks = [r for r in ev.ranks.values() if r.stage == s]
     stage = step.stages[s]
     items = cfg.num_microbatches * len(stage.compute.chunks)
-    predicted = {"forward": items * stage.compute.forward, "backward": items * stage.compute.backward,
-                 "optimizer": stage.optimizer}
+    predicted = {"forward": items * stage.forward, "backward": items * stage.backward, "optimizer": stage.optimizer}
     per_step = {kind: sum(_ranges(ranks, kind, steps)) / (len(steps) * len(ranks)) for kind in predicted
                 if ranks and steps and _ranges(ranks, kind, steps)}
     if per_step:

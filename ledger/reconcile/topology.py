@@ -12,7 +12,7 @@ off.
 from __future__ import annotations
 
 from ledger.evidence.layout import expert_group_lists, expert_layout, group_lists
-from ledger.evidence.run import RunEvidence, rank_entry
+from ledger.evidence.run import RunEvidence
 from ledger.reconcile.rows import Row, threshold_row
 
 EXPERT_KINDS = ("ep", "expt_dp", "expt_mp")
@@ -39,8 +39,9 @@ def groups_rows(ev: RunEvidence) -> list[Row]:
     lists = {**group_lists(ev.layout), **expert_lists(ev)}
     rows = []
     for rank in range(ev.world_size):
-        actual = rank_entry(ev.manifest, rank).get("groups")
-        if not isinstance(actual, dict):
+        info = ev.rank_infos.get(rank)
+        actual = info.groups if info is not None else None
+        if actual is None:
             continue
         wrong = []
         for kind, ranks in sorted(actual.items()):

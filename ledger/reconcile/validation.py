@@ -14,9 +14,9 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from common.errors import ConfigError, InputError
+from common.errors import InputError
 from ledger.evidence.read import read_run
-from ledger.models.simulate.hardware import Hardware, known_names, load_hardware
+from ledger.models.simulate.hardware import hardware_for, kind_of, run_device
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.reconcile.run import reconcile_evidence
 
@@ -58,6 +58,14 @@ class Validation:
                 "bubble": (self.predicted_bubble - m.bubble) if self.predicted_bubble is not None
                 and m.bubble is not None else None}
 
+    @property
+    def on_predicted_hardware(self) -> bool | None:
+        """Whether the run's GPU is the kind predicted (None: the run does not name its device). Predicting an
+        H100 run on the H200 file measures the two GPUs' difference as much as the simulator."""
+        if self.measured.device is None:
+            return None
+        return kind_of(self.sim.hardware.name) in self.measured.device.lower()
+
     def within_goals(self) -> bool:
         e = self.errors()
         return all(v is not None and abs(v) <= goal for v, goal in ((e["step_time"], STEP_GOAL),
@@ -66,7 +74,8 @@ class Validation:
     def to_dict(self) -> dict[str, Any]:
         m = self.measured
         return {"run": self.run, "framework": self.framework, "hardware": self.sim.hardware.name,
-                "device": m.device, "layout": self.sim.to_dict()["layout"],
+                "device": m.device, "on_predicted_hardware": self.on_predicted_hardware,
+                "layout": self.sim.to_dict()["layout"],
                 "predicted": {"step_time_s": self.sim.step.step_time, "peak_bytes": self.predicted_peak,
                               "bubble": self.predicted_bubble},
                 "measured": {"step_time_s": m.step_time, "peak_bytes": m.peak_bytes, "bubble": m.bubble},
@@ -86,31 +95,16 @@ def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
                     bubble=mean(bubble) if bubble else None, device=device)
 
 
-def run_device(manifest: dict[str, Any]) -> str | None:
-    """The GPU a run ran on, as its manifest names it ("NVIDIA H200"); None when it does not say."""
-    ranks = manifest.get("ranks") or []
-    names = {((r.get("device") or {}).get("name")) for r in ranks if isinstance(r, dict)} - {None}
-    return ", ".join(sorted(names)) or None
-
-
-def hardware_for(device: str | None, spec: str | None) -> Hardware:
-    """--hardware when given; else the known kind the device name contains (the H200 file for "NVIDIA H200")."""
-    if spec is not None:
-        return load_hardware(spec)
-    for name in sorted(known_names(), key=len, reverse=True):
-        if device and name.split("-")[0].lower() in device.lower():
-            return load_hardware(name)
-    raise ConfigError(f"the run's device ({device or 'not recorded'}) is no known hardware kind "
-                      f"({', '.join(known_names())}): pass --hardware")
-
-
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
     if not Path(run_dir).is_dir():
         raise InputError(str(run_dir), "not a run directory")
     ev = read_run(run_dir)  # read once: its config and manifest here, its measurements through the reconciliation
     if ev.config is None:
         raise InputError(str(run_dir), "the run's configuration cannot be read: nothing to simulate")
-    device = run_device(ev.manifest)
+    device = run_device(ev.rank_infos.values())
+    if {info.device.type for info in ev.rank_infos.values()} == {"cpu"}:
+        raise InputError(str(run_dir), f"ran on the CPU ({device}): simulate predicts GPUs, so this run's step time "
+                                       "and memory cannot judge it; validate a GPU run")
     hw = hardware_for(device, hardware)
     rows = [r.to_dict() for r in reconcile_evidence(ev).rows]
     return Validation(run=str(run_dir), framework=ev.framework, sim=simulate(ev.config, hw),

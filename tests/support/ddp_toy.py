@@ -3,14 +3,13 @@ process by torch's AdamW on the whole global batch: what the DDP, distributed-op
 compare (to 1e-5 relative over 5 steps), with every collective logged against the phase of the step."""
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from common.config import TrainConfig
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from engine.optimizer import get_megatron_optimizer
 from engine.pipeline_parallel.schedules import ScheduleConfig, forward_backward_no_pipelining
+from tests.support.recording_probes import PhaseLog
 
 STEPS, MICROBATCHES = 5, 2
 TRAIN = dict(lr=0.01, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, clip_grad=0.05)  # clipping is active
@@ -30,29 +29,6 @@ def build_dense(ps) -> torch.nn.Module:
 def microbatch(step: int, dp_rank: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(10_000 * step + 100 * dp_rank + mb)
     return torch.randn(3, 8, generator=g), torch.randn(3, 4, generator=g)
-
-
-class RecordingProbes:
-    """Logs every collective's begin and end with the phase of the step the test loop is in."""
-
-    def __init__(self):
-        self.phase: tuple = ("init",)
-        self.events: list[tuple[str, str, tuple]] = []
-
-    def comm_begin(self, name: str, category: str, **attrs):
-        self.events.append(("begin", name, self.phase))
-        return name
-
-    def comm_end(self, token) -> None:
-        self.events.append(("end", token, self.phase))
-
-    def range(self, name: str, category: str, **attrs):
-        """A named range (the DDP pre-hook's "dp-wait"), logged when it opens."""
-        self.events.append((category, name, self.phase))
-        return contextlib.nullcontext()
-
-    def forward_marker(self, module, args) -> None:
-        self.events.append(("forward", module.marker, self.phase))
 
 
 def reference_adamw(dp_size: int, train: TrainConfig) -> dict:
@@ -91,7 +67,7 @@ def train_ranks(rank: int, world_size: int, configs: list[dict], tp: int = 1, bu
 def _train_one(ps, cfg: dict, build) -> dict:
     train = TrainConfig(ddp_bucket_size=BUCKET_SIZE, **cfg, **TRAIN)
     dtype = torch.bfloat16 if train.bf16 else torch.float32
-    probes = RecordingProbes()
+    probes = PhaseLog()
     model = build(ps).to(dtype)
     for name, module in model.named_children():
         module.marker = name

@@ -78,9 +78,10 @@ def _forward_backward(probes, model: torch.nn.Module, ps: ParallelState) -> floa
 
 def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
     for bucket, param in enumerate(model.parameters()):
-        work = dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True)
-        token = probes.comm_begin(f"all-reduce bucket{bucket}", "dp-comm", bucket=bucket,
-                                  bytes=param.grad.numel() * 4)
+        work, token = probes.comm_issue(
+            f"all-reduce bucket{bucket}", "dp-comm",
+            lambda param=param: dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True), bucket=bucket,
+            bytes=param.grad.numel() * 4)
         work.wait()
         probes.comm_end(token)
 

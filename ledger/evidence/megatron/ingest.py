@@ -52,6 +52,7 @@ from common.errors import ConfigError, InputError
 from common.events import MemoryRecord, StepRecord
 from common.megatron.flag_effects import classify
 from common.megatron.options import parse_command_line
+from common.rank_info import DeviceInfo, RankInfo
 from common.run_dir import TraceFile
 from ledger.evidence.megatron.arguments import flags_from_arguments, run_config_of
 from ledger.evidence.megatron.tensorboard import (
@@ -64,7 +65,7 @@ from ledger.evidence.megatron.tensorboard import (
     tensorboard_dirs,
 )
 from ledger.evidence.run import RankEvidence, RunEvidence, missing_items
-from ledger.evidence.traces import open_trace_text
+from ledger.evidence.trace_stream import open_trace_text
 
 META = "megatron_run.json"
 MANIFEST = "manifest.json"
@@ -202,14 +203,16 @@ def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: d
              traces: list[TraceFile], profile: bool) -> RunEvidence:
     """Both layouts' evidence from their configuration, scalars and traces, with what Megatron does not write."""
     device = trace_device(traces[0].path) if traces else None
-    if device is not None:  # one kind of GPU per run: the traced ranks' name stands for every rank's
-        manifest["ranks"] = [{"rank": r, "device": {"type": "cuda", "name": device}}
-                             for r in range(cfg.parallel.world_size)]
+    # one kind of GPU per run: the traced ranks' name stands for every rank's
+    infos = {r: RankInfo(rank=r, device=DeviceInfo(type="cuda", name=device))
+             for r in range(cfg.parallel.world_size)} if device is not None else {}
+    if infos:
+        manifest["ranks"] = [info.to_json() for info in infos.values()]
     manifest[TIMERS] = {tag.removesuffix(TIMER_SUFFIX): values for tag, values in scalars.items()
                         if tag.endswith(TIMER_SUFFIX) and tag != "iteration-time"}
     manifest[THROUGHPUT] = scalars.get("throughput", {})
     ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=cfg, ranks={}, traces=traces,
-                     framework="megatron-lm")
+                     framework="megatron-lm", rank_infos=infos)
     if scalars:
         rank = ev.world_size - 1
         ev.ranks[rank] = last_rank_evidence(rank, ev.coords(rank), scalars,

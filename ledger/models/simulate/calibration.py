@@ -8,7 +8,8 @@ Every kernel of every pipeline stage of cfg (ledger.models.time_model.ops.kernel
 kernel_cost.py; the per-element rates of the optimizer step and the grad-buffer memset likewise; `sustained` is the
 hardware's slowdown at its power limit for this model's layer (the mean isolated efficiency of one decoder layer's
 GEMMs and core attention forward, the kernels the sweep's sustained.layer record runs back to back); the CommModel
-prices every group kind by its span over nodes (topology.py).
+prices every group kind by its span over nodes (topology.py); the file's `host` block, where it has one, prices the
+host timeline (ledger/models/time_model/host.py), else the step is the device's alone and a note says so.
 
 Fast by memoisation: a kernel's seconds depend only on (hardware, kernel, dtypes), the kernel set of a layout only on
 its TP-local shapes (stage_kernels), and a search over thousands of layouts of one model meets the same few hundred
@@ -25,6 +26,7 @@ from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
 from ledger.models.simulate.topology import comm_model
 from ledger.models.time_model.calibration import Calibration, KernelKey
+from ledger.models.time_model.host_recipe import unmodelled_host
 from ledger.models.time_model.ops import kernels
 
 _KERNEL_SETS: dict[Shapes, frozenset[Kernel]] = {}
@@ -64,6 +66,9 @@ def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
     step = optimizer_rate(Shapes.of(cfg)).name
     rates = {(step, dtype): rate_seconds_per_element(hw, step, dtype, grad_dtype),
              ("grad_buffer.zero", grad_dtype): rate_seconds_per_element(hw, "grad_buffer.zero", dtype, grad_dtype)}
+    unmodelled = unmodelled_host(cfg) or (None if hw.host is not None else
+                                          f"host timeline off: {hw.path} has no host block")
     return Calibration(kernels=found, rates=rates, comm=comm_model(cfg, hw),
                        device=f"{hw.name} (hardware file {hw.version})",
-                       sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)))
+                       sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)),
+                       host=None if unmodelled else hw.host, host_note=unmodelled)

@@ -21,10 +21,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from common.errors import ConfigError
+from common.ops.host import HOST_PRIMITIVES
+from common.rank_info import RankInfo
 from ledger.models.formulas.device_memory import DeviceOverheads
+from ledger.models.time_model.host_costs import HostCosts
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
 SCHEMA_VERSION = 1
@@ -142,6 +145,7 @@ class Hardware:
     protocols: tuple[tuple[str, Protocol], ...]  # "ll" (small messages), "simple" (large)
     overheads: DeviceOverheads  # memory outside PyTorch (ledger/models/formulas/device_memory.py)
     path: str
+    host: HostCosts | None = None  # the host timeline's prices on the machine the file was measured on (optional)
 
     def __hash__(self) -> int:
         """Cheap: the kernel-time memo (calibration.py) hashes a Hardware per lookup; equality compares every field."""
@@ -279,6 +283,31 @@ def _protocols(r: _Reader) -> tuple[tuple[str, Protocol], ...]:
     return tuple(out)
 
 
+def _host(r: _Reader) -> HostCosts | None:
+    """The optional `host` block: seconds per call of every host primitive (common/ops/host.py), plain and,
+    optionally, under torch.profiler, on the CPU and torch it names; its launch latency."""
+    if "host" not in r.data:
+        return None
+    block = r.sourced("host")
+    tables = {}
+    for key in ("seconds", "profiled_seconds"):
+        table = block.get(key)
+        if table is None and key == "profiled_seconds":
+            continue
+        if not isinstance(table, dict):
+            raise r.fail(f"host.{key}", "must map each host primitive to its seconds per call")
+        absent = [op for op in HOST_PRIMITIVES if op not in table]
+        if absent:
+            raise r.fail(f"host.{key}", f"has no {', '.join(absent)}")
+        tables[key] = {op: r.check(f"host.{key}.{op}", table[op], zero=True) for op in HOST_PRIMITIVES}
+    for field in ("cpu", "torch"):
+        if not isinstance(block.get(field), str) or not block[field].strip():
+            raise r.fail(f"host.{field}", "must name the host's " + ("CPU model" if field == "cpu" else "torch"))
+    return HostCosts(seconds=tables["seconds"], profiled=tables.get("profiled_seconds", {}),
+                     source=f"hardware file {r.path.name}: {block['source']} ({block['cpu']}; torch {block['torch']})",
+                     launch_latency=r.inner("host", "launch_latency_s"))
+
+
 def _hardware(r: _Reader) -> Hardware:
     version = r.node("schema_version")
     if version != SCHEMA_VERSION:
@@ -310,7 +339,7 @@ def _hardware(r: _Reader) -> Hardware:
                                   **{k: int(r.inner("outside_pytorch", k, integer=True)) for k in OVERHEAD_TERMS},
                                   allocator_workspaces=int(r.number(WORKSPACES, integer=True))
                                   if WORKSPACES in r.data else 0),
-        path=str(r.path))
+        path=str(r.path), host=_host(r))
 
 
 def load_hardware(spec: str) -> Hardware:
@@ -325,3 +354,25 @@ def load_hardware(spec: str) -> Hardware:
     if not isinstance(data, dict):
         raise ConfigError(f"hardware file {path}: must hold a JSON object")
     return _hardware(_Reader(path, data))
+
+
+def run_device(ranks: Iterable[RankInfo]) -> str | None:
+    """The GPU a run ran on, as its manifest's rank entries name it ("NVIDIA H200"); None when they do not say."""
+    names = {r.device.name for r in ranks} - {None}
+    return ", ".join(sorted(names)) or None
+
+
+def kind_of(hardware_name: str) -> str:
+    """The part of a hardware kind a device name contains: "a100" of "A100-80GB" (in "NVIDIA A100-SXM4-80GB")."""
+    return hardware_name.split("-")[0].lower()
+
+
+def hardware_for(device: str | None, spec: str | None) -> Hardware:
+    """--hardware when given; else the known kind the device name contains (the H200 file for "NVIDIA H200")."""
+    if spec is not None:
+        return load_hardware(spec)
+    for name in sorted(known_names(), key=len, reverse=True):
+        if device and kind_of(name) in device.lower():
+            return load_hardware(name)
+    raise ConfigError(f"the run's device ({device or 'not recorded'}) is no known hardware kind "
+                      f"({', '.join(known_names())}): pass --hardware")

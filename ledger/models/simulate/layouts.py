@@ -82,9 +82,53 @@ def describe(cfg: RunConfig) -> dict[str, object]:
 
 
 def label(cfg: RunConfig) -> str:
-    """One line: "tp8 pp4 vpp2 dp32 mbs1 sp selective distopt"."""
+    """One line, each choice named: "tp8 pp4 vpp2 dp32 mbs1, SP, recompute selective, distributed optimizer"."""
     d = describe(cfg)
-    return " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}",
-                     *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}",
-                     f"mbs{d['mbs']}", *(["sp"] if d["sp"] else []), str(d["recompute"]),
-                     *(["distopt"] if d["distributed_optimizer"] else [])])
+    sizes = " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}",
+                      *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}", f"mbs{d['mbs']}"])
+    return ", ".join([sizes, *(["SP"] if d["sp"] else []), f"recompute {d['recompute']}",
+                      *(["distributed optimizer"] if d["distributed_optimizer"] else [])])
+
+
+def layout_flags(cfg: RunConfig) -> list[str]:
+    """The Megatron flags that make `cfg`'s layout choices, for a command line that reproduces it (search's hint to
+    simulate its first layout); the world size is the caller's."""
+    p, t, r = cfg.parallel, cfg.train, cfg.recompute
+    flags = ["--tensor-model-parallel-size", str(p.tensor_model_parallel_size),
+             "--pipeline-model-parallel-size", str(p.pipeline_model_parallel_size)]
+    if p.context_parallel_size > 1:
+        flags += ["--context-parallel-size", str(p.context_parallel_size)]
+    if p.virtual_pipeline_model_parallel_size:
+        flags += ["--virtual-pipeline-model-parallel-size", str(p.virtual_pipeline_model_parallel_size)]
+    flags += ["--micro-batch-size", str(t.micro_batch_size)]
+    flags += ["--sequence-parallel"] if p.sequence_parallel else []
+    flags += ["--use-distributed-optimizer"] if t.use_distributed_optimizer else []
+    if r.recompute_granularity:
+        flags += ["--recompute-granularity", r.recompute_granularity]
+    if r.recompute_method:
+        flags += ["--recompute-method", r.recompute_method, "--recompute-num-layers", str(r.recompute_num_layers)]
+    return flags
+
+
+_VALUED = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+           "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
+           "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--world-size")
+_SWITCHES = ("--sequence-parallel", "--use-distributed-optimizer")
+
+
+def with_layout(argv: Sequence[str], cfg: RunConfig) -> list[str]:
+    """`argv` (a base run's Megatron flags) with `cfg`'s layout in place of whatever layout flags it held; without
+    the distributed optimizer, --overlap-param-gather goes too (it needs it, as the enumeration drops it)."""
+    switches = _SWITCHES + (() if cfg.train.use_distributed_optimizer else ("--overlap-param-gather",))
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _VALUED:
+            skip = "=" not in arg
+            continue
+        if name not in switches:
+            kept.append(arg)
+    return kept + layout_flags(cfg)

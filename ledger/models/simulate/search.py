@@ -4,13 +4,26 @@ ranked by predicted tokens/s, each of the top K after the first with the reason 
     result = search(base, 1024, fits=memory_fit(hw.hbm_bytes), score=lambda c: predict_step(c, cal_of(c)),
                     top=5, gpus_per_node=hw.gpus_per_node, bound=calibrated_bound(cal_of))
 
-(cal_of: the layout's Calibration, e.g. ledger.models.simulate.hardware_calibration(c, hw), best memoised per
-layout: the bound and the score both ask for it.) Cheapest work first: enumerate and validate, then `fits` (the
-memory formulas), then, given a `bound`, layouts in decreasing order of their bound, each scored unless its bound
-cannot beat the K-th best score so far, when every later one is skipped too (docs/formulas.md, "The search's
-bound"). `score` returns anything with `.tokens_per_s` and `.terms` (seconds per step by named term,
+(cal_of: the layout's Calibration, e.g. ledger.models.simulate.hardware_calibration(c, hw), best memoised per layout:
+the bound and the score both ask for it.) Measured by runs/bench/search_layouts.py (llama3.1-70b, seq 4096, global
+batch 1024, bf16, overlapped distributed optimizer, 1,024 H200s, 8 a node, on this project's shared 2-core machine):
+2,814 valid layouts enumerated in 0.1 s, the memory of all of them in 1.5 s (1,754 fit), the calibrated bound then
+lets 80 be scored and skips 1,674: 10 s for the whole search, the same top 5 as scoring all 1,754 (132 s). With
+the time model of 2026-12-01 the bound lets 185 be scored (1,580 skipped): 8.9-10.8 s of CPU time, which is what
+the CLI prints beside the wall time (on a shared machine the wall time is several times that).
+tokens_per_s_bound (FLOPs at 0.845 x the peak, the hardware file's best GEMM efficiency) skips only about 400.
+
+Order of work, cheapest first: enumerate and validate (microseconds a layout); `fits` (the memory formulas, about a
+millisecond: buffers are cached per layout-deciding fields); then, where a `bound` is given, layouts in decreasing
+order of their bound, each scored unless its bound cannot beat the K-th best score found so far, at which point every
+later one is skipped too (their bounds are no higher). A bound must never be below a layout's score, or a layout
+of the true top K could be skipped: bound.py's tokens_per_s_bound holds for any score that runs no kernel faster than
+the peak, calibrated_bound for ledger.models.time_model.predict_step on the same calibration. `score` returns what the
+time model predicts (anything with `.tokens_per_s` and `.terms`: seconds per step by named term,
 ledger.models.time_model.StepPrediction); the reason a layout loses names the term that grows most against the
-first's, e.g. "pipeline bubble +0.210 s". Torch-free, and independent of the hardware: `fits` and `score` carry it.
+first's, e.g. "pipeline bubble +0.210 s".
+
+Torch-free, and independent of the hardware: the caller's `fits` and `score` carry it.
 """
 from __future__ import annotations
 
@@ -26,7 +39,7 @@ from common.errors import ConfigError
 from ledger.models.formulas.peak_memory import peak_bytes_per_stage
 from ledger.models.simulate.layouts import describe, enumerate_layouts, label
 
-GB = 1e9
+GiB = 2**30  # as every size the CLI prints (ledger/present/units.size)
 
 
 class Prediction(Protocol):
@@ -54,21 +67,22 @@ class SearchResult:
     skipped_by_bound: int  # fitting layouts whose bound could not reach the top K: never scored
     dropped: dict[str, int] = field(default_factory=dict)  # why not fitting (kind: the text before ":") -> count
     dropped_example: dict[str, str] = field(default_factory=dict)  # kind -> the first full reason
-    seconds: dict[str, float] = field(default_factory=dict)  # "enumerate_and_fit", "score"
+    seconds: dict[str, float] = field(default_factory=dict)  # "enumerate_and_fit", "score": wall-clock seconds
+    cpu_seconds: float = 0.0  # this process's CPU time for the whole search: the wall time less any wait for a core
 
 
 def memory_fit(capacity_bytes: float, outside_bytes: Callable[[RunConfig], float] | float = 0.0
                ) -> Callable[[RunConfig], bool | str]:
     """A `fits` for search(): every stage's peak (peak_memory.py) plus what lies outside PyTorch (a number, or a
-    function of the layout) within the device's capacity; else "out of memory: stage S needs X GB of Y GB"."""
+    function of the layout) within the device's capacity; else "out of memory: stage S needs X GiB of Y GiB"."""
     def fits(cfg: RunConfig) -> bool | str:
         outside = outside_bytes(cfg) if callable(outside_bytes) else outside_bytes
         peaks = peak_bytes_per_stage(cfg)
         stage = max(range(len(peaks)), key=peaks.__getitem__)
         if peaks[stage] + outside <= capacity_bytes:
             return True
-        return (f"out of memory: stage {stage} needs {(peaks[stage] + outside) / GB:.1f} GB of "
-                f"{capacity_bytes / GB:.1f} GB")
+        return (f"out of memory: stage {stage} needs {(peaks[stage] + outside) / GiB:,.1f} GiB of "
+                f"{capacity_bytes / GiB:,.1f} GiB")
     return fits
 
 
@@ -81,7 +95,7 @@ def search(base: RunConfig, gpus: int, fits: Callable[[RunConfig], bool | str],
     sequence_parallel)."""
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     enumerated, fitting = 0, []
     dropped: Counter[str] = Counter()
     example: dict[str, str] = {}
@@ -101,7 +115,8 @@ def search(base: RunConfig, gpus: int, fits: Callable[[RunConfig], bool | str],
               for i, (_, _, cfg, pred) in enumerate(best)]
     return SearchResult(ranked=ranked, enumerated=enumerated, fitting=len(fitting), scored=scored,
                         skipped_by_bound=skipped, dropped=dict(dropped), dropped_example=example,
-                        seconds={"enumerate_and_fit": t1 - t0, "score": time.perf_counter() - t1})
+                        seconds={"enumerate_and_fit": t1 - t0, "score": time.perf_counter() - t1},
+                        cpu_seconds=time.process_time() - cpu0)
 
 
 def _score_top(fitting: list[RunConfig], score: Callable[[RunConfig], Prediction], top: int,

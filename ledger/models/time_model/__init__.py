@@ -9,8 +9,10 @@ from the step times of the run it is judged against. Torch-free.
 
 Both raise CalibrationMissing naming what the calibration lacks. One concept a module: ops (the work of a pass, op
 by op; an MoE layer's router, permutes, experts at their uniform-routing rows and all-to-alls included), calibration
-(measured kernel times, rates, link fits), comm (latency + size / bandwidth), compute (a pass's time and its parameter
-marks), buckets (DP issue points and exposure), step (the replay). docs/formulas.md, "Time model", derives each and
+(measured kernel times, rates, link fits, the host's costs), comm (latency + size / bandwidth), compute (a pass's
+time and its parameter marks), buckets (DP issue points and exposure), host_costs (the host primitives' prices),
+host_recipe (the primitives each entry costs the engine's host), host_timeline (two clocks, one program), host (a
+stage's step on both clocks), step (the replay). docs/formulas.md, "Time model" and "Host timeline", derives each and
 lists the tolerances its rows are judged with.
 """
 from ledger.models.time_model.buckets import BucketComm

@@ -9,7 +9,9 @@ A GPU computes slower in a training step than in the sweep's isolated timings: u
 power limit, at lower clocks, which slows compute-bound kernels (GEMMs, attention: the kernels that count FLOPs)
 and not memory-bound ones. The sweep's "sustained.layer" record times a layer's kernels back to back at that limit;
 `sustained` = (that time - the memory-bound kernels' isolated time) / the compute-bound kernels' isolated time, and
-multiplies every compute-bound kernel (1 when the record is absent: a CPU sweep).
+multiplies every compute-bound kernel (1 when the record is absent: a CPU sweep). A layer so small that the host
+cannot keep the sweep's back-to-back kernels fed times the host instead: a "slowdown" beyond MAX_SUSTAINED, more
+than any clock drop at the power limit explains, is read as that and taken as 1 (the calibration's note says so).
 
 CPU ranks that outnumber their host's cores compute slower than the sweep measured them (it runs one rank at a time
 per host): `compute_scale` multiplies every kernel and rate by how much, from the cores, the ranks per host and the
@@ -26,9 +28,15 @@ from common.events import BandwidthRecord, ComputeRecord
 from common.ops import SUSTAINED, Kernel
 from common.ops.rank import PER_ELEMENT
 from ledger.models.time_model.comm import CommModel
+from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.missing import CalibrationMissing
 
 KernelKey = tuple[str, tuple[tuple[str, int], ...], str]
+# An H200's boost clock over its clock at the power limit in training (1,980 / ~1,470 MHz: probes/compute_sweep/
+# sustained.py): no compute-bound kernel slows more than this under sustained load.
+MAX_SUSTAINED = 1.35
+HOST_PACED = ("the compute sweep's sustained.layer record is host-paced (a slowdown of x{:.2f}, beyond any clock "
+              "drop): compute-bound kernels taken at their isolated speed")
 
 
 def oversubscription(ranks: int, cores: int, threads: int) -> float:
@@ -50,10 +58,17 @@ class Calibration:
     sustained: float = 1.0  # slowdown of compute-bound kernels at the power limit
     compute_scale: float = 1.0
     scale_note: str | None = None
+    host: HostCosts | None = None  # the host timeline's prices (None: off, `host_note` says why)
+    host_note: str | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.scale_note, self.host_note) if n)
 
     @classmethod
     def from_records(cls, compute: Iterable[ComputeRecord], bandwidth: Iterable[BandwidthRecord],
-                     compute_scale: float = 1.0, scale_note: str | None = None) -> "Calibration":
+                     compute_scale: float = 1.0, scale_note: str | None = None, host: HostCosts | None = None,
+                     host_note: str | None = None) -> "Calibration":
         seconds: dict[KernelKey, list[float]] = defaultdict(list)
         per_element: dict[tuple[str, str], list[float]] = defaultdict(list)
         sustained: list[float] = []
@@ -68,22 +83,28 @@ class Calibration:
                 per_element[(r.op, dtype)].append(r.seconds / int(r.dims["numel"]))
             else:
                 seconds[_key(r.op, r.dims, dtype)].append(r.seconds)
+        factor = max(1.0, median(sustained)) if sustained else 1.0
+        if factor > MAX_SUSTAINED:
+            host_note = "; ".join(n for n in (host_note, HOST_PACED.format(factor)) if n)
+            factor = 1.0
         return cls(kernels={k: median(v) for k, v in seconds.items()},
                    rates={k: median(v) for k, v in per_element.items()}, comm=CommModel.from_sweep(bandwidth),
-                   device=", ".join(sorted(devices)) or "unknown device",
-                   sustained=max(1.0, median(sustained)) if sustained else 1.0, compute_scale=compute_scale,
-                   scale_note=scale_note)
+                   device=", ".join(sorted(devices)) or "unknown device", sustained=factor,
+                   compute_scale=compute_scale, scale_note=scale_note, host=host, host_note=host_note)
 
     def over(self, fallback: "Calibration") -> "Calibration":
         """This calibration, with what it lacks taken from `fallback` (a hardware file's, for the kernels a sweep
         never timed): its kernels and rates first, its link fits where it has any, its sustained factor where it
-        measured one."""
+        measured one, its host prices where it has them."""
         measured = bool(self.kernels or self.rates)
+        own_host = self.host is not None or fallback.host is None
+        host, host_note = (self.host, self.host_note) if own_host else (fallback.host, fallback.host_note)
         return Calibration(kernels={**fallback.kernels, **self.kernels}, rates={**fallback.rates, **self.rates},
                            comm=self.comm if self.comm.fits else fallback.comm,
                            device=f"{self.device}, else {fallback.device}",
                            sustained=self.sustained if measured and self.sustained > 1.0 else fallback.sustained,
-                           compute_scale=self.compute_scale, scale_note=self.scale_note)
+                           compute_scale=self.compute_scale, scale_note=self.scale_note, host=host,
+                           host_note=host_note)
 
     def kernel_seconds(self, kernel: Kernel, dtype: str) -> float:
         found = self.kernels.get((kernel.name, kernel.dims, dtype))

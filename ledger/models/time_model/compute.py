@@ -43,27 +43,31 @@ class ChunkTime:
     backward: PassTime
 
 
-def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> PassTime:
-    dtype = cfg.train.params_dtype
+def entry_seconds(w: Work, cfg: RunConfig, cal: Calibration) -> tuple[float, float]:
+    """(seconds the pass spends on the entry, its standalone transfer time if it is a collective beside a kernel)."""
     sizes = {"tp": cfg.parallel.tensor_model_parallel_size, "cp": cfg.parallel.context_parallel_size,
              "ep": cfg.parallel.expert_model_parallel_size}
+    if isinstance(w.op, Collective):
+        transfer = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
+        if w.op.overlaps is not None:  # beside a kernel: its excess only
+            return exchange_exposed(transfer, cal.kernel_seconds(w.op.overlaps, cfg.train.params_dtype)), transfer
+        return transfer, 0.0
+    return cal.kernel_seconds(w.op, cfg.train.params_dtype), 0.0
+
+
+def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> PassTime:
     clock = comm = ep_comm = cp_exposed = cp_transfer = 0.0
     terms: dict[str, float] = defaultdict(float)
     marks: dict[str, float] = {}
     for w in work:
-        if isinstance(w.op, Collective) and w.op.overlaps is not None:  # beside a kernel: its excess only
-            transfer = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
-            seconds = exchange_exposed(transfer, cal.kernel_seconds(w.op.overlaps, dtype))
-            cp_transfer += transfer
+        seconds, beside = entry_seconds(w, cfg, cal)
+        if isinstance(w.op, Collective) and w.op.overlaps is not None:
+            cp_transfer += beside
             cp_exposed += seconds
+        elif isinstance(w.op, Collective) and w.op.group == "ep":
+            ep_comm += seconds
         elif isinstance(w.op, Collective):
-            seconds = cal.comm.seconds(w.op.group, w.op.kind, sizes[w.op.group], w.op.size_bytes)
-            if w.op.group == "ep":
-                ep_comm += seconds
-            else:
-                comm += seconds
-        else:
-            seconds = cal.kernel_seconds(w.op, dtype)
+            comm += seconds
         for name in w.params if forward else ():
             marks.setdefault(name, clock)
         clock += seconds

@@ -27,13 +27,18 @@ The pipeline bubble is the measurement's convention (ledger/reconcile/pipeline.p
 time over the span from the first forward to the last backward of the pipeline; the same replay with P2P transfers
 and param all-gather waits at zero attributes its gap to the textbook (p-1)/(vm+p-1) to stage imbalance or comm.
 
+With host costs in the calibration (host.py, docs/formulas.md "Host timeline") each item lasts its range's span on
+the device as the host paces it, the step starts with the time before the first range and ends with the optimizer's
+and the loss's reads; the step decomposition's predicted terms come from the same timelines.
+
 Not modelled: contention between an overlapped collective and the compute beside it (both run at their standalone
 speeds, so a prediction of overlapped comm is a lower bound of its slowdown); a send waiting for its receiver to post
-(the exchange is priced as one transfer); host-side launch gaps beyond what the sweep's back-to-back kernels include.
+(the exchange is priced as one transfer); under PP, a stage's host waiting for another stage (each stage's pace is
+its own host timeline's, then the schedule replays the pipeline).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.intervals import Interval, union
@@ -56,10 +61,11 @@ from ledger.models.formulas.params import (
     embedding_copy_on_last_stage,
     num_chunks,
 )
-from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate
+from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate, stage_order
 from ledger.models.time_model import buckets
 from ledger.models.time_model.calibration import Calibration
 from ledger.models.time_model.compute import StageTime, stage_time
+from ledger.models.time_model.host import StageHost, StageWork, decomposition, stage_host
 
 CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
 EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
@@ -77,6 +83,8 @@ class StagePrediction:
     # and cp under context parallelism (the ring's messages beyond the blocks they overlap)
     optimizer: float  # the optimizer range: waiting for the slowest stage, grad norm, update, synchronous gather
     grads_done: float  # when finalize_model_grads returns
+    forward: float  # one forward range on the device, mean over its chunks: the compute's, or the host's pace
+    backward: float
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,11 @@ class StepPrediction:
     critical_stage: int
     span: float  # the pipeline span (first forward to last backward)
     notes: tuple[str, ...]
+    # Per stage, the step decomposition's terms as the host timeline predicts them (the measured partition's names,
+    # ledger.evidence.step_partition), under the profiled host costs where the host costs have them
+    # (`decomposition_profiled`): empty without a host timeline.
+    decompositions: dict[int, dict[str, float]] = field(default_factory=dict)
+    decomposition_profiled: bool = False
 
 
 def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
@@ -115,6 +128,7 @@ class _Stage:
     grad_seconds: list[list[float]]
     grad_bytes: list[list[int]]
     param_bytes: list[list[int]]
+    work: StageWork  # the one-offs as the host timeline takes them
 
 
 class _Replay:
@@ -130,6 +144,17 @@ class _Replay:
         self.transfer = cal.comm.seconds("pp", "send_recv", self.p, message) if self.p > 1 else 0.0
         self.gathering = train.use_distributed_optimizer and self.dp > 1
         self.stages = [self._stage(s) for s in range(self.p)]
+        self.host = [self.stage_host(s) for s in range(self.p)] if cal.host is not None else None
+
+    def stage_host(self, s: int, profiled: bool = False, window: bool = False) -> StageHost:
+        """Stage s's step on the host's and the device's clocks, alone (host.py)."""
+        return stage_host(self.cfg, self.cal, self.cal.host, s, self.stages[s].work,
+                          stage_order(self.p, s, self.m, self.v), profiled, window)
+
+    def memset_end(self, s: int) -> float:
+        """When stage s's grad-buffer memset ends on the replay's clock: under the host timeline it runs before the
+        first range opens (in the step's lead), so never after the clock's 0."""
+        return self.stages[s].memset if self.host is None else 0.0
 
     def _stage(self, s: int) -> _Stage:
         cfg, train, dp, group = self.cfg, self.cfg.train, self.dp, self.dp_group
@@ -142,18 +167,30 @@ class _Replay:
         elements += _optimizer_elements(experts, expert_dp_size(cfg), train.use_distributed_optimizer)
         grad_bytes = [[n * gbytes for n in chunk] for chunk in sizes]
         param_bytes = [[n * pbytes for n in chunk] for chunk in sizes]
+        memset = self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype,
+                                       sum(lay.numel for lay in layouts + experts))
+        optimizer = self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements)
         return _Stage(
-            times=stage_time(cfg, self.cal, s), layouts=layouts,
-            memset=self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype,
-                                         sum(lay.numel for lay in layouts + experts)),
-            optimizer=self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements),
+            times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
                             for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
             grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
-            grad_bytes=grad_bytes, param_bytes=param_bytes)
+            grad_bytes=grad_bytes, param_bytes=param_bytes,
+            work=StageWork(memset=memset, update=optimizer, buffers=len(layouts + experts),
+                           tensors=sum(len(lay.param_ranges) for lay in layouts + experts), elements=elements))
 
     # --- the schedule, with the first forwards' stalls found by iterating to a fixed point ---------------------
     def base(self, s: int, item: Item) -> float:
+        """The item's range on the device: its device time, or, under the host timeline, its span as the host paces
+        it."""
+        return self.device(s, item) if self.host is None else self.host[s].items[item]
+
+    def mean_range(self, s: int, kind: str) -> float:
+        """A forward (or backward) range of stage s, mean over its micro-batches and chunks."""
+        items = [i for i in stage_order(self.p, s, self.m, self.v) if i.kind == kind]
+        return sum(self.base(s, i) for i in items) / len(items)
+
+    def device(self, s: int, item: Item) -> float:
         t = self.stages[s].times.chunks[item.chunk]
         return t.forward.seconds if item.kind == FORWARD else t.backward.seconds
 
@@ -172,11 +209,12 @@ class _Replay:
             free_at = 0.0
             for c in range(self.v):
                 first = Item(FORWARD, 0, c)
-                stall = max(0.0, st.memset - start[first]) if c == 0 else 0.0
+                stall = max(0.0, self.memset_end(s) - start[first]) if c == 0 else 0.0
                 begin = start[first] + stall
                 if with_comm and self.cfg.train.overlap_param_gather and self.gathering:
                     # zero_grad issues chunk 0's; chunk c - 1's first forward, never before zero_grad, chunk c's
-                    issue = max(st.memset, start[Item(FORWARD, 0, c - 1)]) if c else st.memset
+                    memset = self.memset_end(s)
+                    issue = max(memset, start[Item(FORWARD, 0, c - 1)]) if c else memset
                     layout = st.layouts[c]
                     offsets = buckets.first_use_offsets(layout, st.times.chunks[c].forward.marks)
                     order = sorted(range(len(layout.buckets)), reverse=True)  # the last bucket holds the first layers
@@ -247,7 +285,8 @@ class _Replay:
 @dataclass(frozen=True)
 class _Figures:
     """One stage's step on the replay's clock."""
-    busy: float
+    busy: float  # its ranges' spans (the timers' measure)
+    device: float  # of them, the device's own time (busy less the host-bound idle inside the ranges)
     busy_union: list[Interval]
     last_end: float  # its last item, P2P exchange included
     grads_done: float
@@ -278,7 +317,8 @@ def _figures(r: _Replay, s: int, tl: Timeline, prefix: dict, gathers: dict, comp
                                         buckets.exposed([(begin, end)], busy_union)))
     last_end = tl.stages[s][-1][1]
     sp, embedding = r.stage_collectives(s)
-    return _Figures(busy=sum(e - b for b, e in compute), busy_union=busy_union, last_end=last_end,
+    return _Figures(busy=sum(e - b for b, e in compute), device=sum(r.device(s, item) for _, _, item in tl.stages[s]),
+                    busy_union=busy_union, last_end=last_end,
                     grads_done=max([last_end] + [e for _, e in runs]) + sp + embedding,
                     waits=sum(g.total_wait for g in mine.values()),
                     sends=r.transfer * sum(1 for _, _, item in tl.stages[s] if _sends(r.p, r.v, s, item)),
@@ -289,22 +329,31 @@ def _figures(r: _Replay, s: int, tl: Timeline, prefix: dict, gathers: dict, comp
 def _span(compute: list[list[Interval]], tl: Timeline, r: _Replay) -> float:
     """From the first forward range's start (after the memset stall, before any gather wait) to the last backward's
     end, over the pipeline: the measurement's span."""
-    starts = [tl.stages[s][0][0] + max(0.0, r.stages[s].memset - tl.stages[s][0][0]) for s in range(r.p)]
+    starts = [tl.stages[s][0][0] + max(0.0, r.memset_end(s) - tl.stages[s][0][0]) for s in range(r.p)]
     return max(e for spans in compute for _, e in spans) - min(starts)
 
 
-def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: float,
+def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: float, lead: float,
            step_time: float) -> dict[str, float]:
     """The critical stage's step, term by term; the last term is whatever it waits for the other stages."""
-    st = r.stages[s]
-    memset = max(0.0, st.memset - tl.stages[s][0][0])
-    terms = {"grad buffer memset": memset, "forward/backward compute": f.busy, "param all-gather waits": f.waits,
+    memset = max(0.0, r.memset_end(s) - tl.stages[s][0][0])
+    terms = {"grad buffer memset": memset, "forward/backward compute": f.device, "param all-gather waits": f.waits,
              "P2P transfers": f.sends, "pipeline bubble": f.last_end - f.busy - f.waits - f.sends - memset,
              "DP grad reduction tail": f.grads_done - f.sp - f.embedding - f.last_end,
              "SP norm-grad all-reduce": f.sp, "embedding grad all-reduce": f.embedding, "optimizer": tail,
              "loss all-reduce": loss}
+    if r.host is not None:
+        # the host's tail is the optimizer range, its grad-norm read and the loss's read
+        terms |= {"step start (zero_grad, first issues)": lead, "host-bound idle in the passes": f.busy - f.device}
     terms["waiting for the other stages"] = step_time - sum(terms.values())
     return terms
+
+
+def _decomposition(r: _Replay, s: int, f: _Figures, wait: float) -> dict[str, float]:
+    """Stage s's predicted decomposition: its host timeline up to a profiler window's end, under the profiled host
+    costs where measured, with the replay's dp, pp and embedding exposure and its wait for the other stages."""
+    tl = r.stage_host(s, r.cal.host.has_profiled, window=True).timeline
+    return decomposition(tl, {"dp": f.dp_exposed, "pp": f.sends, "embedding": f.embedding}, wait)
 
 
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
@@ -318,11 +367,15 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
     figures = [_figures(r, s, tl, prefix, gathers, compute[s]) for s in range(r.p)]
     scalar = cal.comm.seconds(r.dp_group, "all_reduce", r.dp, 4)  # a loss or grad-norm all-reduce over DP (x CP)
     # The optimizer range: the grad norm all-reduce waits for every stage, then the update and, without
-    # --overlap-param-gather, the gather of every bucket.
-    tails = [st.optimizer + cfg.train.use_distributed_optimizer * scalar
+    # --overlap-param-gather, the gather of every bucket. Under the host timeline the update is the host's range
+    # (its issues, the device's update, the grad-norm read) and the step's end follows it (the loss's read).
+    extra = [cfg.train.use_distributed_optimizer * scalar
              + (sum(map(sum, st.gather_seconds)) if not cfg.train.overlap_param_gather else 0.0) for st in r.stages]
+    ranges = [st.optimizer if r.host is None else r.host[s].optimizer for s, st in enumerate(r.stages)]
+    tails = [x + (st.optimizer if r.host is None else r.host[s].tail) for s, (st, x) in enumerate(zip(r.stages, extra))]
+    lead = max((h.lead for h in r.host), default=0.0) if r.host is not None else 0.0
     optimizer_start = max(f.grads_done for f in figures)
-    step_time = optimizer_start + max(tails) + scalar
+    step_time = lead + optimizer_start + max(tails) + scalar
     critical = max(range(r.p), key=lambda s: figures[s].grads_done)
     stages = tuple(StagePrediction(
         stage=s, compute=st.times, busy=f.busy, bubble=1 - f.busy / span if span else 0.0,
@@ -333,11 +386,17 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                     if cfg.parallel.context_parallel_size > 1 else {}),
                  **({"ep": r.m * sum(t.forward.ep_comm + t.backward.ep_comm for t in st.times.chunks)}
                     if cfg.parallel.expert_model_parallel_size > 1 else {})},
-        optimizer=optimizer_start - f.grads_done + tail, grads_done=f.grads_done)
-        for s, (st, f, tail) in enumerate(zip(r.stages, figures, tails)))
+        optimizer=optimizer_start - f.grads_done + rng + x, grads_done=f.grads_done,
+        forward=r.mean_range(s, FORWARD), backward=r.mean_range(s, BACKWARD))
+        for s, (st, f, rng, x) in enumerate(zip(r.stages, figures, ranges, extra)))
+    terms = _terms(r, tl, figures[critical], critical, tails[critical], scalar, lead, step_time)
+    waits = [_terms(r, tl, figures[s], s, tails[s], scalar, lead, step_time) for s in range(r.p)]
+    decompositions = {s: _decomposition(r, s, figures[s], w["pipeline bubble"] + w["waiting for the other stages"])
+                      for s, w in enumerate(waits)} if r.host is not None else {}
     return StepPrediction(step_time=step_time, tokens_per_s=tokens_per_step(cfg) / step_time, stages=stages,
-                          buckets=tuple(b for f in figures for b in f.buckets),
-                          terms=_terms(r, tl, figures[critical], critical, tails[critical], scalar, step_time),
+                          buckets=tuple(b for f in figures for b in f.buckets), terms=terms,
                           critical_stage=critical, span=span,
-                          notes=(CONTENTION,) + ((cal.scale_note,) if cal.scale_note else ())
-                          + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()))
+                          notes=(CONTENTION,) + cal.notes
+                          + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()),
+                          decompositions=decompositions,
+                          decomposition_profiled=r.host is not None and cal.host.has_profiled)

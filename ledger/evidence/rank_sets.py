@@ -1,0 +1,37 @@
+"""Sets of ranks as a person writes them on a command line ("0 1 4-7", "0,1,4-7") and as the ledger writes them back
+("0, 1, 4-7")."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from common.config import MAX_WORLD_SIZE
+from common.errors import ConfigError
+
+
+def parse_ranks(items: Iterable[str] | None, flag: str = "--ranks") -> set[int] | None:
+    """"0 1 4-7" or "0,1,4-7" -> {0, 1, 4, 5, 6, 7}; None for no items. `flag` names the option in errors."""
+    if not items:
+        return None
+    out: set[int] = set()
+    for item in items:
+        for part in filter(None, item.split(",")):
+            try:
+                a, _, b = part.partition("-")
+                lo, hi = int(a), int(b or a)
+            except ValueError:
+                raise ConfigError(f"{flag} {part!r}: expected ranks like 0,1,4-7") from None
+            if not 0 <= lo <= hi < MAX_WORLD_SIZE:
+                raise ConfigError(f"{flag} {part!r}: expected ranks 0 <= A <= B < {MAX_WORLD_SIZE:,}")
+            out.update(range(lo, hi + 1))
+    return out
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 7} -> "0-3, 7": runs of consecutive ranks written as ranges."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

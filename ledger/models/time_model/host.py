@@ -1,0 +1,136 @@
+"""The host's side of the time model: one pipeline stage's step run on two clocks (stage_host). Every catalogue
+entry costs host time to issue (host_recipe.py counts the primitives, HostCosts in host_costs.py prices them) and
+device time to run (the compute sweep's); the device starts an entry no earlier than its issue; the step's reads
+(the grad norm at the optimizer's end, an MoE layer's token counts, the loss) hold the host until the device has
+drained. docs/formulas.md, "Host timeline".
+
+What it gives the step's replay (step.py): each forward and backward range's span on the device (what the timers
+measure) with the host pacing it, the time before the first range and after the last (zero_grad's memset and the
+first issues; the optimizer and the reads), and the timeline whose busy, read and idle time are the step
+decomposition's predicted terms, under the plain or the profiled host costs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.config import RunConfig
+from common.ops import host as p
+from ledger.evidence.step_partition import COMPUTE, DATA_WAIT, EXPOSED, HOST_BOUND, PIPELINE_WAIT, SLOWER_RANK, SYNC
+from ledger.models.formulas.params import chunk_layers, num_chunks
+from ledger.models.schedule import FORWARD, Item
+from ledger.models.time_model import host_recipe as recipe
+from ledger.models.time_model.calibration import Calibration
+from ledger.models.time_model.compute import entry_seconds
+from ledger.models.time_model.host_costs import HostCosts
+from ledger.models.time_model.host_timeline import Segment, Timeline, run
+from ledger.models.time_model.ops import Collective, chunk_backward, chunk_ends, chunk_forward
+
+
+def decomposition(tl: Timeline, beside: dict[str, float], wait: float) -> dict[str, float]:
+    """The step decomposition's terms (ledger.evidence.step_partition's names) of a window run on two clocks: the
+    device's busy time on compute, the collectives on the compute stream (tp, cp, ep) and those `beside` it (the
+    replay's dp, pp, embedding exposure) by group, the wait for other stages, the reads, and the host-bound rest."""
+    terms = {COMPUTE: tl.busy.get("compute", 0.0)}
+    exposed = {g: tl.busy.get(g, 0.0) for g in ("tp", "cp", "ep")} | beside
+    terms |= {f"{EXPOSED} {g}": t for g, t in exposed.items() if t > 0}
+    return terms | {PIPELINE_WAIT: wait, SLOWER_RANK: 0.0, DATA_WAIT: 0.0, SYNC: tl.reading,
+                    HOST_BOUND: tl.host_bound_idle}
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """A stage's per-step work beside its passes, as the replay prices it (step.py)."""
+    memset: float  # zero_grad_buffer's device seconds
+    update: float  # the optimizer step's device seconds
+    buffers: int  # grad buffers (one memset each)
+    tensors: int  # main params the optimizer loops over
+    elements: int  # main-param elements it updates
+
+
+@dataclass(frozen=True)
+class StageHost:
+    """One stage's step on two clocks (its own items in its order, no wait for another stage)."""
+    items: dict[Item, float]  # each range's span on the device
+    lead: float  # step start to the first range's start on the device
+    tail: float  # the last range's end to the step's end (optimizer, reads)
+    optimizer: float  # the optimizer range's span on the device
+    timeline: Timeline
+
+
+def stage_host(cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, work: StageWork, order: list[Item],
+               profiled: bool = False, window: bool = False) -> StageHost:
+    """`stage`'s step in the order `order` of its items (the schedule's); `window`: up to the end of a profiler
+    step's window, which also holds the probes' step end (the timers read back, the MoE routing counts)."""
+    program = _Program(cfg, cal, host, stage, work, profiled)
+    segments = program.step_start()
+    for item in order:
+        segments += program.item(item)
+    segments += program.step_end() + (program.probes_end(order) if window else [])
+    tl = run(segments, host.launch_latency)
+    first, last = order[0], order[-1]
+    items = {item: tl.marks[f"end {item}"] - tl.marks[f"start {item}"] for item in order}
+    return StageHost(items=items, lead=tl.marks[f"start {first}"], tail=tl.end - tl.marks[f"end {last}"],
+                     optimizer=tl.marks["end optimizer"] - tl.marks["start optimizer"], timeline=tl)
+
+
+class _Program:
+    """The host's program of one stage's step as Segments, priced once per chunk and pass."""
+
+    def __init__(self, cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, work: StageWork,
+                 profiled: bool):
+        self.cfg, self.cal, self.host, self.stage, self.work, self.profiled = cfg, cal, host, stage, work, profiled
+        self.timers = cfg.probes.timers
+        self._passes: dict[tuple[int, str], list[Segment]] = {}
+
+    def price(self, counts: recipe.Recipe) -> float:
+        return self.host.price(counts, self.profiled)
+
+    def passes(self, chunk: int, kind: str) -> list[Segment]:
+        key = (chunk, kind)
+        if key not in self._passes:
+            forward = kind == FORWARD
+            work = (chunk_forward if forward else chunk_backward)(self.cfg, self.stage, chunk)
+            segments = []
+            for w in work:
+                seconds, _ = entry_seconds(w, self.cfg, self.cal)
+                group = w.op.group if isinstance(w.op, Collective) else "compute"
+                counts = dict(recipe.entry(w, forward))
+                reads = counts.pop(p.ITEM, 0)
+                segments.append(Segment(self.price(counts), seconds, group,
+                                        read=self.price({p.ITEM: reads}) if reads else None))
+            self._passes[key] = segments
+        return self._passes[key]
+
+    def range(self, name: str, work: list[Segment]) -> list[Segment]:
+        """A probe range around `work`: its CUDA events are recorded as it opens and as it closes (marks)."""
+        opening = self.price(recipe.probe_range(self.timers)) / 2
+        return [Segment(opening, mark=f"start {name}"), *work, Segment(opening, mark=f"end {name}")]
+
+    def item(self, item: Item) -> list[Segment]:
+        first, last = chunk_ends(self.cfg, self.stage, item.chunk)
+        if item.kind == FORWARD:
+            start, end = recipe.forward_start(first), recipe.forward_end(last)
+        else:
+            start, end = recipe.BACKWARD_START, {}
+        return self.range(str(item), [Segment(self.price(start)), *self.passes(item.chunk, item.kind),
+                                      Segment(self.price(end))])
+
+    def step_start(self) -> list[Segment]:
+        w = self.work
+        return [Segment(self.price(recipe.step_start(w.buffers, w.tensors, self.timers)), w.memset)]
+
+    def step_end(self) -> list[Segment]:
+        w, read = self.work, self.price({p.ITEM: 1})
+        pipelined = self.cfg.parallel.pipeline_model_parallel_size > 1
+        update = Segment(self.price(recipe.optimizer(w.tensors, w.elements)), w.update, read=read)
+        return [*self.range("optimizer", [update]), Segment(self.price(recipe.step_end(pipelined)), read=read)]
+
+    def probes_end(self, order: list[Item]) -> list[Segment]:
+        """probes.step_end after the step: each timer range's two events waited for and read (the iteration, the
+        optimizer, the items and each forward's data wait), each MoE layer's three routing counts read."""
+        forwards = sum(1 for item in order if item.kind == FORWARD)
+        ranges = 2 + len(order) + forwards if self.timers else 0
+        reads = [Segment(0.0, read=self.price({p.SYNC: 1})) for _ in range(2 * ranges)]
+        moe = sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg))) \
+            if self.cfg.model.is_moe else 0
+        return reads + [Segment(0.0, read=self.price({p.ITEM: 1})) for _ in range(3 * moe)]

@@ -1,0 +1,60 @@
+"""What each host primitive (common/ops/host.py) costs on the run's host: from the run's own host sweep (`host`
+records) or a hardware file's `host` block (ledger/models/simulate/hardware.py), plain and under torch.profiler.
+docs/formulas.md, "Host timeline".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+from typing import Iterable, Mapping
+
+from common.events import HostRecord
+from common.ops import host as p
+from ledger.models.time_model import host_recipe as recipe
+
+# From a launch call's end to the device starting its kernel on an idle stream: the committed H200 traces' median
+# launch latency (9.9-13 µs from the call's start, BENCHMARKS.md "the execution graph's replay") less the launch
+# call itself (7-9 µs there).
+LAUNCH_LATENCY = 4e-6
+CPU_NOTE = ("host timeline off: a CPU rank runs its ops on the calling thread (no launch), and the compute sweep's "
+            "timings hold their dispatch")
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Seconds per call of each primitive on the run's host, plain and under torch.profiler (empty: not measured)."""
+    seconds: Mapping[str, float]
+    profiled: Mapping[str, float]
+    source: str
+    launch_latency: float = LAUNCH_LATENCY
+    context: float = recipe.CONTEXT  # the engine's Python around the calls (host_recipe.CONTEXT)
+
+    def price(self, counts: recipe.Recipe, profiled: bool = False) -> float:
+        """The host's seconds for `counts` of each primitive, in the engine's context: the calls (under the profiler,
+        at their profiled cost) and the Python around them, (context - 1) x their plain cost, which the profiler
+        (recording ops, not Python calls) leaves as it is."""
+        plain = sum(n * self.seconds[k] for k, n in counts.items())
+        calls = sum(n * self.profiled[k] for k, n in counts.items()) if profiled else plain
+        return calls + (self.context - 1.0) * plain
+
+    @property
+    def has_profiled(self) -> bool:
+        return all(k in self.profiled for k in self.seconds)
+
+
+def host_costs(records: Iterable[HostRecord]) -> tuple[HostCosts | None, str | None]:
+    """The run's host costs (the median over its ranks' records of each primitive), or None and why not."""
+    records = list(records)
+    if not records:
+        return None, "host timeline off: no host sweep (--host-sweep)"
+    if any(r.launches is False for r in records):
+        return None, CPU_NOTE
+    seconds = {op: median(r.seconds for r in records if r.op == op) for op in {r.op for r in records}}
+    absent = [op for op in p.HOST_PRIMITIVES if op not in seconds]
+    if absent:
+        return None, f"host timeline off: the host sweep has no record of {', '.join(absent)}"
+    profiled = {op: median(r.profiled_seconds for r in records if r.op == op and r.profiled_seconds is not None)
+                for op in seconds if any(r.op == op and r.profiled_seconds is not None for r in records)}
+    cpus = sorted({r.cpu or "unknown CPU" for r in records})
+    versions = sorted({r.torch or "unknown torch" for r in records})
+    return HostCosts(seconds, profiled, f"this run's host sweep ({', '.join(cpus)}; torch {', '.join(versions)})"), None

@@ -1,0 +1,173 @@
+"""What the engine's host calls to run each entry of a pass, and around the passes: counts of the host sweep's
+primitives (common/ops/host.py), read off the engine's code (docs/formulas.md, "Host timeline", lists each with the
+code it stands for; tests/test_host_model.py holds the launches they imply to the kernels of a real trace).
+
+    entry(w, forward)          one catalogue entry of a pass (ops.py Work): its module calls, autograd Function,
+                               eager ops, compiled region, views; in backward its autograd nodes and the DDP hooks
+    forward_start, ...         one micro-batch's forward or backward beyond its entries: the batch and its copy to
+                               the device, the model's call, the loss, torch.autograd.backward; a probe range
+    optimizer, step_start, ... the optimizer step (foreach launches by elements), zero_grad, the loss's reduction
+A recipe prices the host; the device's time is the compute sweep's. CONTEXT is what the engine's Python around these
+calls adds, fitted once (runs/bench/host_model.py on the calibration runs BENCHMARKS.md names). The recipes describe
+this engine's code only: Megatron-LM's own layers (--transformer-impl local or transformer_engine, their unfused
+entries in common/ops/megatron.py) issue their kernels through other Python, so their host is not modelled
+(unmodelled_host says so, and the time model then runs on the device's clock alone).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping
+
+from common.config import RunConfig
+from common.ops import host as p
+from ledger.models.time_model.ops import Collective, Work
+
+Recipe = Mapping[str, float]
+
+# The engine's host time in a step over the sum of its recipes' primitives (Python between the calls, allocator and
+# cache effects a microbenchmark does not see): fitted by `python3 runs/bench/host_model.py --calibrate
+# tests/fixtures/h200_2layer_profiled` on that run's measured step against the H200 file's host block
+# (BENCHMARKS.md, "The host timeline", names the split).
+CONTEXT = 1.40
+
+LINEAR_FWD = {p.MODULE: 1, p.FUNCTION: 1, p.GEMM: 1, p.VIEW: 1}  # module, _LinearWithGradAccumulation, x W^T
+LINEAR_DGRAD = {p.AUTOGRAD_NODE: 1, p.FUNCTION: 1, p.GEMM: 1}  # the node runs the Function's Python backward
+# The wgrad's reshapes and transpose, its GEMM into main_grad, the placeholder grad; the weight's AccumulateGrad node
+# and DDP's post-accumulate hook (Python, no add: the GEMM accumulated).
+LINEAR_WGRAD = {p.VIEW: 4, p.GEMM: 1, p.AUTOGRAD_NODE: 1, p.MODULE: 1}
+NORM_GRAD_HOOK = {p.AUTOGRAD_NODE: 1, p.MODULE: 1, p.EAGER: 1}  # a norm weight's AccumulateGrad: the hook's add_
+
+FORWARD: dict[str, Recipe] = {
+    "rms_norm.fwd": {p.MODULE: 1, p.EAGER: 1}, "layer_norm.fwd": {p.MODULE: 1, p.EAGER: 1},
+    "rope.fwd": {p.VIEW: 1, p.COMPILED: 1, p.LAUNCH: 2},  # qkv.view, split_qkv_and_rotate: three kernels
+    "core_attention.fwd": {p.VIEW: 3, p.ATTENTION: 1},  # q, k, v permutes, SDPA
+    # permute, then reshape: a view of SDPA's output (its layout is already [s, b, heads, d]; no kernel in a trace)
+    "attention_output.copy": {p.VIEW: 2},
+    "residual_add": {p.EAGER: 1},
+    "swiglu.fwd": {p.COMPILED: 1}, "gelu.fwd": {p.EAGER: 1},
+    "embedding.fwd": {p.MODULE: 3, p.VIEW: 1, p.EAGER: 1},  # GPTModel, embedding, rotary modules; ids.t(), lookup
+    # _VocabParallelCrossEntropy: the Function, two compiled passes (the second two kernels), the target masks and
+    # the loss's arithmetic
+    "cross_entropy.fwd": {p.FUNCTION: 1, p.COMPILED: 2, p.LAUNCH: 1, p.EAGER: 8},
+    # MoE (engine/transformer/moe). Routing: top-k, the softmax in fp32, counts, kept / dropped, the load-balancing
+    # loss (softmax, mean, fractions, product, sum) attached by a Function, the routing record's three adds
+    "router.topk.fwd": {p.EAGER: 16, p.FUNCTION: 1, p.VIEW: 1},
+    # dispatch: the sort key, argsort, counts, the slot rows, counts.tolist() (a read of the device), the gather
+    "moe.permute.fwd": {p.EAGER: 9, p.VIEW: 4, p.ITEM: 1},
+    "moe.unpermute.fwd": {p.EAGER: 8, p.VIEW: 3},  # the experts' cat, the zero row, the slots' gather, fp32 sum
+    "ring_attention.merge.fwd": {p.EAGER: 6},
+}
+BACKWARD: dict[str, Recipe] = {
+    "rms_norm.bwd": {p.EAGER_BACKWARD: 1, p.LAUNCH: 1, **NORM_GRAD_HOOK},  # input and weight grads
+    "layer_norm.bwd": {p.EAGER_BACKWARD: 1, p.LAUNCH: 1, **NORM_GRAD_HOOK},
+    "rope.bwd": {p.COMPILED_BACKWARD: 1, p.AUTOGRAD_NODE: 4},  # and the view and q, k, v permutes' nodes
+    "core_attention.bwd": {p.ATTENTION_BACKWARD: 1, p.AUTOGRAD_NODE: 2},  # and the output's permute and view nodes
+    "residual_add": {p.AUTOGRAD_NODE: 1, p.EAGER: 1},  # AddBackward, the two branches' grads summed
+    "swiglu.bwd": {p.COMPILED_BACKWARD: 1}, "gelu.bwd": {p.EAGER_BACKWARD: 1},
+    "embedding.bwd": {p.EAGER_BACKWARD: 1, p.LAUNCH: 4, p.AUTOGRAD_NODE: 1, **NORM_GRAD_HOOK},  # dense backward
+    "cross_entropy.bwd": {p.AUTOGRAD_NODE: 1, p.FUNCTION: 1, p.COMPILED: 1, p.EAGER_BACKWARD: 2},  # and the mean's
+    # the aux loss's Function and its nodes, the softmax's and top-k's backward (a scatter)
+    "router.topk.bwd": {p.FUNCTION: 1, p.EAGER: 1, p.EAGER_BACKWARD: 9, p.AUTOGRAD_NODE: 2},
+    "moe.permute.bwd": {p.EAGER_BACKWARD: 1, p.LAUNCH: 1, p.AUTOGRAD_NODE: 1},  # the gather's index_put
+    "moe.unpermute.bwd": {p.EAGER_BACKWARD: 5, p.AUTOGRAD_NODE: 4, p.LAUNCH: 2},  # and the experts' cat's node
+    "ring_attention.merge.bwd": {p.EAGER_BACKWARD: 4},
+}
+# A layer's own module calls (TransformerLayer, SelfAttention, the MLP or MoE layer), charged to its first entry.
+LAYER_START = {p.MODULE: 3}
+EXPERT_START = {p.MODULE: 1, p.VIEW: 1}  # an expert's MLP module and its slice of the rows
+COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
+
+
+MEGATRON_HOST = ("host timeline off: the host recipes are this engine's calls (ledger/models/time_model/"
+                 "host_recipe.py); Megatron-LM's own layers (--transformer-impl {impl}) issue their kernels through "
+                 "code they do not describe")
+
+
+def unmodelled_host(cfg: RunConfig) -> str | None:
+    """Why the recipes cannot price cfg's host (Megatron-LM's own layers), None when they describe its code."""
+    impl = cfg.implementation
+    return MEGATRON_HOST.format(impl=impl.transformer_impl) if impl.megatron else None
+
+
+def entry(w: Work, forward: bool) -> Recipe:
+    """The host's primitives for one entry of a pass."""
+    if isinstance(w.op, Collective):
+        return COLLECTIVE
+    name = w.op.name
+    extra: Counter = Counter()
+    if forward and w.param is not None and w.param.endswith("input_layernorm.weight"):
+        extra.update(LAYER_START)
+    if forward and w.param is not None and ".experts." in w.param and w.param.endswith("linear_fc1.weight"):
+        extra.update(EXPERT_START)
+    found = _linear(name) if name.rsplit(".", 1)[-1] in ("fprop", "dgrad", "wgrad") else None
+    recipe = found or (FORWARD if forward else BACKWARD).get(name) or FORWARD.get(name) or BACKWARD.get(name)
+    if recipe is None:
+        raise KeyError(f"no host recipe for {name}")
+    extra.update(recipe)
+    return extra
+
+
+# The MoE router's GEMM is a plain F.linear (engine/transformer/moe/router.py): no Function, and its weight gradient
+# goes through autograd's AccumulateGrad and DDP's hook adds it.
+ROUTER = {"fprop": {p.MODULE: 1, p.GEMM: 1, p.VIEW: 1}, "dgrad": {p.AUTOGRAD_NODE: 1, p.GEMM: 1},
+          "wgrad": {p.GEMM: 1, p.VIEW: 1, **NORM_GRAD_HOOK}}
+
+
+def _linear(name: str) -> Recipe:
+    head, _, pass_ = name.rpartition(".")
+    return (ROUTER if head == "router" else {"fprop": LINEAR_FWD, "dgrad": LINEAR_DGRAD, "wgrad": LINEAR_WGRAD})[pass_]
+
+
+def probe_range(timers: bool) -> Recipe:
+    """One probe range (probes.probe_set): NVTX and record_function in and out, two CUDA events under --timers."""
+    return {p.MODULE: 2, **({p.EVENT_RECORD: 2} if timers else {})}
+
+
+def forward_start(first_stage: bool) -> Recipe:
+    """A micro-batch's forward after its range opens, before its first entry: next(batch) and its copy to the
+    device (tokens and labels), the DDP wrapper's and the model's calls; a later stage takes its input instead."""
+    return {p.EAGER: 2, p.VIEW: 2, p.MODULE: 2} if first_stage else {p.MODULE: 2, p.VIEW: 1}
+
+
+def forward_end(last_stage: bool) -> Recipe:
+    """After the last entry: the loss's float().mean() and division by the micro-batch count (last stage)."""
+    return {p.EAGER: 3} if last_stage else {}
+
+
+BACKWARD_START = {p.BACKWARD_CALL: 1}  # torch.autograd.backward on the micro-batch's loss
+
+
+# torch's multi_tensor_apply: up to 110 tensors and 320 blocks of 65,536 elements a launch (a foreach pass).
+FOREACH_TENSORS, FOREACH_ELEMENTS = 110, 320 * 65_536
+
+
+def foreach_launches(tensors: int, elements: int) -> int:
+    """Launches of one foreach pass over `tensors` tensors of `elements` elements in all."""
+    return max(-(-tensors // FOREACH_TENSORS), -(-elements // FOREACH_ELEMENTS))
+
+
+def optimizer(tensors: int, elements: int) -> Recipe:
+    """optimizer.step (engine/optimizer): the grad views, _foreach_norm and the norm's arithmetic, the clip's
+    coefficient and _foreach_mul_, fused AdamW (a step-counter add per param group, then the update), the copy to
+    the model params: four foreach passes, two counter launches, eleven eager ops, the Python over every main param
+    (the optimizer range's own cost apart)."""
+    return {p.LAUNCH: 4 * foreach_launches(tensors, elements) + 2, p.EAGER: 11, p.VIEW: 2 * tensors,
+            p.MODULE: tensors}
+
+
+def step_start(buffers: int, tensors: int, timers: bool) -> Recipe:
+    """zero_grad_buffer (one memset a buffer), the optimizer's zero_grad (Python over its main params), the
+    iteration range."""
+    return _sum(probe_range(timers), {p.EAGER: buffers, p.MODULE: 1 + tensors // 10})
+
+
+def step_end(pipelined: bool) -> Recipe:
+    """After the grad-norm read: the scheduler's step, reduce_loss (stack, mean; a broadcast under PP)."""
+    return {p.MODULE: 2, p.EAGER: 2 + (2 if pipelined else 0)}
+
+
+def _sum(*recipes: Recipe) -> Recipe:
+    out: Counter = Counter()
+    for r in recipes:
+        out.update(r)
+    return dict(out)

@@ -1,0 +1,62 @@
+"""Two clocks, one program: the host issues work in program order, the device runs it in that order no earlier than
+the host has issued it, and a read of a device value holds the host until the device has drained.
+
+    tl = run(segments, latency)     # Timeline: the host's end, each mark's device time, device busy by kind, reads
+
+A Segment is the host's seconds to issue it, then the device's seconds for it (0: host work only); a `read` makes
+the host wait for every earlier device work and then pay the read's own seconds (the device idle meanwhile); a
+`mark` is a device event recorded there (a probe range's CUDA event: zero device time, in stream order), which is
+how a range's device-side span is read back. docs/formulas.md, "Host timeline".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Segment:
+    host: float
+    device: float = 0.0
+    kind: str = "compute"  # what the device time is: compute, or a collective's group
+    read: float | None = None  # a read of the device after this segment's issue: its seconds once drained
+    mark: str | None = None
+
+
+@dataclass
+class Timeline:
+    end: float  # the host's clock when the program ends
+    device_end: float
+    marks: dict[str, float] = field(default_factory=dict)  # device time of each mark's event
+    busy: dict[str, float] = field(default_factory=dict)  # device seconds by kind
+    reading: float = 0.0  # host blocked in reads after the device drained (the device idle)
+    waiting: float = 0.0  # host blocked in reads while the device still ran
+
+    @property
+    def device_busy(self) -> float:
+        return sum(self.busy.values())
+
+    @property
+    def host_bound_idle(self) -> float:
+        """The device idle while the host works (issues, Python): the rest of the program's span."""
+        return self.end - self.device_busy - self.reading
+
+
+def run(segments: list[Segment], latency: float) -> Timeline:
+    """The program on both clocks from 0 (device idle, queue empty); `latency`: from an issue's end to the device
+    being able to start it."""
+    host = device = 0.0
+    tl = Timeline(end=0.0, device_end=0.0)
+    for s in segments:
+        host += s.host
+        if s.device > 0 or s.mark is not None:
+            device = max(device, host + latency) + s.device
+            if s.device > 0:
+                tl.busy[s.kind] = tl.busy.get(s.kind, 0.0) + s.device
+            if s.mark is not None:
+                tl.marks[s.mark] = device
+        if s.read is not None:
+            tl.waiting += max(0.0, device - host)
+            host = max(host, device) + s.read
+            tl.reading += s.read
+    tl.end, tl.device_end = host, device
+    return tl

@@ -1,0 +1,167 @@
+"""What if on a measured run's execution graph (ledger.models.graph_what_if, `train-ledger whatif`).
+
+Claims on committed runs (docs/formulas.md, "What if on the graph"): the host-bound H200 trace (h200_2layer_profiled)
+gains little from faster kernels and most of its step back without launch gaps, down to its device compute; the
+gloo PP2 run (gloo_pp2_sweeps, both ranks traced) replays each rank alone, every change shortening no step's replay
+beyond what it changed. The straggler and the cross-rank propagation are plumbing on a hand-written pair of GPU traces
+(no committed run has GPU traces of two ranks), said so there. Bad input is one line and exit status 2.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import cli.main as cli
+from common.errors import ConfigError, InputError
+from common.intervals import covered
+from common.rank_info import RankInfo
+from common.run_dir import TraceFile
+from ledger.evidence.exec_graph import read_graph
+from ledger.evidence.read import read_run
+from ledger.evidence.run import RunEvidence
+from ledger.evidence.step_partition import device_compute
+from ledger.models.graph_what_if import Change, WhatIfAnswer, what_if
+from tests.support.kineto import host, launch, runtime, step, write_trace
+from tests.support.recorded_runs import FIXTURES
+
+H200, GLOO = "h200_2layer_profiled", "gloo_pp2_sweeps"
+# Steps 4-6 of the H200 trace, ms: (measured, replayed, kernels 2x faster, no launch gaps), as this replay gives them.
+H200_STATED = {4: (61.098, 61.105, 58.221, 30.356), 5: (52.864, 52.872, 50.004, 30.341),
+               6: (54.219, 54.229, 51.417, 30.368)}
+
+
+@lru_cache(maxsize=None)
+def answer(fixture: str, **change) -> WhatIfAnswer:
+    return what_if(read_run(FIXTURES / fixture), Change(**change))
+
+
+def test_faster_kernels_gain_a_host_bound_step_little_and_no_launch_gaps_most():
+    faster, no_gaps = answer(H200, kernels=2.0), answer(H200, no_launch_gaps=True)
+    assert [(s.rank, s.step) for s in faster.steps] == [(0, 4), (0, 5), (0, 6)]
+    for s, g in zip(faster.steps, no_gaps.steps):
+        measured, replayed, kernels, gaps = H200_STATED[s.step]
+        assert (s.measured * 1e3, s.replayed * 1e3) == pytest.approx((measured, replayed), abs=0.01)
+        assert (g.measured, g.replayed) == (s.measured, s.replayed)  # one baseline, whatever the change
+        assert s.what_if * 1e3 == pytest.approx(kernels, abs=0.01)
+        assert g.what_if * 1e3 == pytest.approx(gaps, abs=0.01)
+        assert -0.06 < s.gain < 0 and g.gain < -0.4
+
+
+def test_without_launch_gaps_a_host_bound_step_comes_down_to_its_device_compute():
+    """The device no longer waits for the host: the step is the device's own busy time (the partition's device
+    compute term) plus the queue gaps and the sync's wake-up, a few percent."""
+    graph = read_graph(next((FIXTURES / H200 / "traces").glob("rank0.*")))
+    busy = device_compute(graph)
+    for s in answer(H200, no_launch_gaps=True).steps:
+        compute = covered((graph.steps[s.step].start, graph.steps[s.step].end), busy) / 1e6
+        assert compute < s.what_if < 1.05 * compute
+
+
+def test_the_answer_names_what_it_changed_and_that_one_rank_was_replayed_alone():
+    a = answer(H200, kernels=2.0)
+    (kernels,) = a.changed
+    assert kernels.startswith("kernels 2x faster: the 1,512 GPU kernels that are not NCCL's")
+    assert a.notes == ["rank 0 replayed alone (a collective keeps its measured wait for its peers, scaled with it when "
+                       "communication is faster)"]
+    assert not a.together and a.ranks == [0]
+
+
+@pytest.mark.parametrize("change", [dict(kernels=2.0), dict(comm=2.0)])
+def test_a_cpu_runs_ranks_are_replayed_each_alone_and_no_step_grows(change):
+    """A gloo run: compute ops or gloo / c10d ranges take half their host time; every step of both traced ranks
+    comes out no longer than its replay, and the replay reproduces the window exactly (a CPU trace's replay is its
+    measured host time)."""
+    a = answer(GLOO, **change)
+    assert not a.together and a.ranks == [0, 1]
+    assert {(s.rank, s.step) for s in a.steps} == {(r, n) for r in (0, 1) for n in (4, 5, 6)}
+    assert all(s.replayed == pytest.approx(s.measured, abs=1e-9) for s in a.steps)
+    assert all(s.what_if <= s.replayed for s in a.steps) and any(s.gain < -0.05 for s in a.steps)
+    assert "CPU run" in a.notes[0] and "host time" in a.changed[0]
+
+
+# --- plumbing: two ranks replayed together (hand-written GPU traces) --------------------------------------------
+def _rank_trace(tmp_path: Path, rank: int, gemm_us: float) -> Path:
+    """One step: a GEMM of `gemm_us` on stream 7, then an all-reduce of both ranks on the same stream, then a stream
+    sync; the all-reduce's transfer is 50 µs after the later rank (1, whose GEMM is longer) starts it."""
+    tid = rank + 1
+    gemm = launch(1, 10, 15, gemm_us, stream=7, tid=tid)
+    start = 15 + gemm_us + 1
+    nccl = launch(2, 20, start, 15 + 300 + 1 + 50 - start, stream=7, tid=tid, name="ncclDevKernel_AllReduce_Sum_f32",
+                  **{"Collective name": "allreduce", "Process Group Ranks": "[0, 1]", "Seq": 1})
+    events = [step(1, 0, 380, tid=tid), host("forward", 5, 3, tid=tid), *gemm, *nccl,
+              runtime("cudaStreamSynchronize", 25, 346, tid=tid)]
+    return write_trace(tmp_path / f"rank{rank}.json", events, rank=rank, world_size=2)
+
+
+def _two_rank_run(tmp_path: Path, hosts: tuple[str, str] = ("node0", "node0")) -> RunEvidence:
+    manifest = {"world_size": 2, "status": "complete", "ranks": [{"rank": r, "host": h} for r, h in enumerate(hosts)]}
+    traces = [TraceFile(r, 1, 1, _rank_trace(tmp_path, r, gemm)) for r, gemm in ((0, 100.0), (1, 300.0))]
+    return RunEvidence(run_dir=tmp_path, manifest=manifest, config=None, ranks={}, traces=traces,
+                       rank_infos={r: RankInfo(r, host=h) for r, h in enumerate(hosts)})
+
+
+def test_plumbing_the_straggler_brought_to_the_median_shortens_every_ranks_step(tmp_path: Path):
+    """Rank 1 computes 300 µs, rank 0 100 µs: the median of two is 200 µs, so rank 1's GEMM takes 2/3 of its time,
+    its all-reduce starts 100 µs earlier and, the collective matched across the ranks, both steps end 100 µs
+    earlier: rank 0 waited that much less for its peer."""
+    a = what_if(_two_rank_run(tmp_path), Change(no_straggler=True))
+    assert a.together
+    assert [(s.rank, round(s.replayed * 1e6), round((s.replayed - s.what_if) * 1e6)) for s in a.steps] == \
+        [(0, 380, 100), (1, 380, 100)]
+    (said,) = a.changed
+    assert said.startswith("no straggler, step 1: rank 1 computed 0.30 ms against the median rank's 0.20 ms: its 1 "
+                           "GPU ops launched in the step (not NCCL's) take 0.667")
+
+
+def test_plumbing_faster_communication_shortens_the_transfer_not_the_wait(tmp_path: Path):
+    """2x faster communication halves the 50 µs transfer after the last member arrived: 25 µs off both steps; rank
+    0's 200 µs wait for rank 1 is no communication and stays."""
+    a = what_if(_two_rank_run(tmp_path), Change(comm=2.0))
+    assert [round((s.replayed - s.what_if) * 1e6) for s in a.steps] == [25, 25]
+
+
+def test_plumbing_ranks_of_two_hosts_are_replayed_alone_and_refuse_the_straggler(tmp_path: Path):
+    ev = _two_rank_run(tmp_path, hosts=("node0", "node1"))
+    assert not what_if(ev, Change(kernels=2.0)).together
+    with pytest.raises(InputError, match="more than one host"):
+        what_if(ev, Change(no_straggler=True))
+
+
+@pytest.mark.parametrize("change", [Change(), Change(kernels=0.0), Change(comm=-2.0), Change(kernels=float("nan"))])
+def test_a_change_that_changes_nothing_or_is_no_speed_up_is_refused(change: Change):
+    with pytest.raises(ConfigError):
+        what_if(read_run(FIXTURES / H200), change)
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+def test_whatif_prints_the_table_and_json_prints_one_object(capsys):
+    assert cli.main(["whatif", str(FIXTURES / H200), "--kernels-faster", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["change"] == {"kernels_faster": 2.0, "comm_faster": 1.0, "no_launch_gaps": False,
+                             "no_straggler": False}
+    assert [(s["rank"], s["step"]) for s in doc["steps"]] == [(0, 4), (0, 5), (0, 6)]
+    assert doc["steps"][0]["what_if_s"] * 1e3 == pytest.approx(H200_STATED[4][2], abs=0.01)
+    assert [j["step"] for j in doc["job"]] == [4, 5, 6]
+    assert cli.main(["whatif", str(FIXTURES / H200), "--no-launch-gaps"]) == 0
+    out = capsys.readouterr().out
+    assert "| rank | step | measured | replayed | what if | change |" in out and "| 0 | 4 | 61.1 ms | 61.1 ms |" in out
+    assert "no launch gaps (as CUDA graphs would have it)" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    ([H200, "--kernels-faster", "0"], "argument --kernels-faster: 0: a speed-up is a positive finite number"),
+    ([H200, "--comm-faster", "fast"], "argument --comm-faster: 'fast' is not a number"),
+    ([H200, "--comm-faster", "inf"], "argument --comm-faster: inf: a speed-up is a positive finite number"),
+    ([H200], "nothing to change"),
+    (["h200_llama1b/s4096", "--kernels-faster", "2"], "s4096: no profiler traces (--use-pytorch-profiler)"),
+    ([GLOO, "--no-launch-gaps"], "no launch gaps: the traces of rank(s) 0, 1 hold no GPU work (a CPU run)"),
+    ([GLOO, "--no-straggler"], "no straggler: the replay does not match a CPU run's gloo collectives"),
+    ([H200, "--no-straggler"], "no straggler: it compares the traced ranks, and this run traced rank 0 only"),
+])
+def test_bad_input_is_one_line_and_exit_status_2(args: list[str], message: str, capsys):
+    assert cli.main(["whatif", str(FIXTURES / args[0]), *args[1:]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and message in captured.err

@@ -1,0 +1,64 @@
+"""The start-up host sweep (probes/host_sweep.py, --host-sweep): the host's seconds per call of each primitive of
+common/ops/host.py, written as `host` records. Plumbing on this machine's CPU (what it measures here is this loaded
+host's, not a figure to check); what the figures do in the time model is tests/test_host_model.py's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from common.arguments import parse_args
+from common.events import HostRecord, event, parse_event
+from common.ops.host import DEVICE_ONLY, HOST_PRIMITIVES
+from probes.host_sweep import run
+from probes.probe_set import ProbeSet
+
+
+@pytest.fixture(scope="module")
+def cpu_records() -> list[dict]:
+    return run(torch.device("cpu"), profiled=True)
+
+
+def test_a_cpu_rank_times_every_primitive_it_has_and_says_it_launches_nothing(cpu_records):
+    assert [r["op"] for r in cpu_records] == [op for op in HOST_PRIMITIVES if op not in DEVICE_ONLY]
+    for r in cpu_records:
+        assert r["launches"] is False and r["device"] == "cpu" and "no kernel launch" in r["note"]
+        assert r["seconds"] >= 0 and r["torch"] == torch.__version__ and r["cpu"]
+        assert isinstance(event("host", None, **r), HostRecord)  # what the writer writes, the reader reads
+
+
+def test_under_the_profiler_each_primitive_has_its_profiled_figure_too(cpu_records):
+    assert all(r["profiled_seconds"] >= 0 for r in cpu_records)
+    assert all("profiled_seconds" not in r for r in run(torch.device("cpu"), profiled=False))
+
+
+def probe_set(run_dir: Path, *flags: str) -> ProbeSet:
+    cfg = parse_args(["--model", "tiny", "--global-batch-size", "1", "--run-dir", str(run_dir), *flags])
+    return ProbeSet(cfg, SimpleNamespace(rank=0, world_size=1, coordinates={}, ranks={}), argv=[])
+
+
+@pytest.mark.parametrize("flags, written", [((), 0), (("--host-sweep",), len(HOST_PRIMITIVES) - len(DEVICE_ONLY))])
+def test_the_probe_set_writes_host_records_only_when_asked(tmp_path: Path, flags, written):
+    probes = probe_set(tmp_path / "run", *flags)
+    probes.host_sweep()
+    probes.close()
+    lines = (tmp_path / "run" / "ranks" / "rank0" / "events.jsonl").read_text().splitlines()
+    assert sum(json.loads(line)["kind"] == "host" for line in lines) == written
+
+
+def test_all_probes_includes_the_host_sweep():
+    base = ["--model", "tiny", "--global-batch-size", "1"]
+    assert not parse_args(base).probes.host_sweep
+    assert parse_args(base + ["--host-sweep"]).probes.host_sweep
+    assert parse_args(base + ["--all-probes"]).probes.host_sweep
+
+
+def test_a_later_writers_host_line_keeps_its_new_fields_and_a_later_kind_is_skipped():
+    line = {"kind": "host", "step": None, "op": "eager", "seconds": 5e-6, "launches": True, "queue_depth": 3}
+    record = parse_event(line)
+    assert isinstance(record, HostRecord) and record.extra == {"queue_depth": 3}
+    assert record.to_json() == {**line, "t": None}
+    assert parse_event({"kind": "host_v2", "step": None, "op": "eager"}) is None
