@@ -3,7 +3,7 @@ implementation, the core attention's backend and fusions, dropout, the gradient-
 kernels and the dataloader's attention mask (Megatron-LM's --transformer-impl, --attention-backend, fusion and
 optimizer flags). The defaults describe this repository's engine, so every config built without Megatron-LM's
 arguments (our runs, `train`, `plan`, `simulate` from flags) means what it meant before the field existed; a
-Megatron-LM run's arguments (ledger/evidence/megatron) and `--megatron-args` (common/megatron_args.py) set the
+Megatron-LM run's arguments (ledger/evidence/megatron) and `--megatron-args` (cli/args.py) set the
 values Megatron-LM ran with. docs/formulas.md, "Megatron-LM's saved set", derives what each value changes.
 """
 from __future__ import annotations

@@ -92,8 +92,11 @@ if [ -n "${CHECK_ONLY:-}" ]; then
 fi
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"' || exit 2
 log "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo unknown)"
-"$PY" -c "import hta" 2>/dev/null || { whl="$(ls "$WHEELS"/holistictraceanalysis-*.whl 2>/dev/null | head -n 1)"; \
-  [ -n "$whl" ] && "$PY" -m zipfile -e "$whl" "$SITE" && log "hta: unpacked $(basename "$whl") for the reconcile"; } || true
+for pair in hta:holistictraceanalysis msgspec:msgspec; do  # the reconcile's: the HTA cross-check, the trace decoder
+  "$PY" -c "import ${pair%%:*}" 2>/dev/null || { whl="$(ls "$WHEELS"/"${pair#*:}"-*.whl 2>/dev/null | head -n 1)"; \
+    [ -n "$whl" ] && "$PY" -m zipfile -e "$whl" "$SITE" && log "${pair%%:*}: unpacked $(basename "$whl") for the reconcile"; \
+  } || true
+done
 
 for name in "${CASES[@]}"; do
   elapsed=$((SECONDS - STARTED))
