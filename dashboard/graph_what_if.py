@@ -21,8 +21,10 @@ def section(run: str) -> None:
                              key=f"graph_what_if:{run}:kernels")
     comm = b.number_input("communication x faster", min_value=0.1, max_value=100.0, value=1.0, step=0.5,
                           key=f"graph_what_if:{run}:comm")
-    gaps = c.checkbox("no launch gaps (CUDA graphs)", key=f"graph_what_if:{run}:gaps")
-    straggler = d.checkbox("no straggler (slowest rank to the median)", key=f"graph_what_if:{run}:straggler")
+    gaps = c.checkbox("no launch gaps", help="the host's launch gaps gone, as CUDA graphs would have it",
+                      key=f"graph_what_if:{run}:gaps")
+    straggler = d.checkbox("no straggler", help="the slowest rank's compute brought to the median rank's",
+                           key=f"graph_what_if:{run}:straggler")
     if (kernels, comm, gaps, straggler) == (1.0, 1.0, False, False):
         st.info("Pick a change above to replay the run's profiled steps with it.")
         return

@@ -11,6 +11,7 @@ import zlib
 
 import pytest
 
+from ledger.evidence.read import read_run
 from ledger.present.gzip_join import Joined, crc32_combine, part_of
 from ledger.present.trace_export import export
 from tests.fixtures.synthetic_run import Spec, make_run
@@ -48,8 +49,8 @@ def skewed(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["merged.json.gz", "merged.json"])
 def test_workers_write_what_one_process_writes(skewed, tmp_path, name):
-    one = export(skewed, tmp_path / "one" / name, workers=1)
-    two = export(skewed, tmp_path / "two" / name, workers=2)
+    one = export(read_run(skewed), tmp_path / "one" / name, workers=1)
+    two = export(read_run(skewed), tmp_path / "two" / name, workers=2)
     read = (lambda p: json.loads(gzip.decompress(p.read_bytes()))) if name.endswith(".gz") else \
         (lambda p: json.loads(p.read_text()))
     a, b = read(one.out), read(two.out)

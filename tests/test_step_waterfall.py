@@ -34,14 +34,14 @@ def test_each_measured_term_starts_where_the_one_above_ended_and_the_last_ends_a
     assert [(d["rank"], d["step"]) for d in decompositions()] == [(0, 4), (0, 5), (0, 6)]
     for d in decompositions():
         chart = waterfall(d)
-        terms = [b.segments[0] for b in chart.bars[:-1]]
-        assert all(s.color == MEASURED for s in terms)  # nothing predicted yet: no predicted bar
+        measured = [b for b in chart.bars if b.segments[0].color == MEASURED]
+        terms = [b.segments[0] for b in measured]
         assert terms[0].start == 0
         assert all(a.start + a.length == pytest.approx(b.start) for a, b in zip(terms, terms[1:]))
-        total = chart.bars[-1].segments[0]
+        (total,) = [b.segments[0] for b in chart.bars if b.label == "step, measured: the sum"]
         assert total.start == 0 and total.length == pytest.approx(terms[-1].start + terms[-1].length)
         assert total.length == pytest.approx(windows[(d["rank"], d["step"])], abs=1e-6)
-        assert [b.label for b in chart.bars[:-1]] == [t["term"] for t in d["terms"] if t["measured"]]
+        assert [b.label for b in measured] == [t["term"] for t in d["terms"] if t["measured"]]
 
 
 def test_a_predicted_term_is_drawn_beside_its_measurement_on_its_own_running_sum():
