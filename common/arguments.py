@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from common.config import (
+    CROSS_ENTROPY_FUSION_IMPLS,
     PRESETS,
     CheckpointConfig,
     ModelConfig,
@@ -80,6 +81,15 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     moe.add_argument("--moe-aux-loss-coeff", type=float, help="weight of the load-balancing loss (default 0)")
     moe.add_argument("--moe-expert-capacity-factor", type=float,
                      help="each expert takes at most factor x tokens x topk / experts tokens; the rest are dropped")
+    moe.add_argument("--moe-grouped-gemm", action="store_true",
+                     help="each linear of the rank's experts as one grouped GEMM, the row counts kept on the device")
+    fusion = p.add_argument_group("fusions")
+    fusion.add_argument("--cross-entropy-loss-fusion", action="store_true",
+                        help="fuse the loss (the engine's vocab-parallel cross entropy is always fused; with "
+                             "--cross-entropy-fusion-impl linear the output layer joins it)")
+    fusion.add_argument("--cross-entropy-fusion-impl", choices=CROSS_ENTROPY_FUSION_IMPLS,
+                        help="native (default): the whole [s, b, V/t] logits, then the loss; linear: the output "
+                             "layer and the loss over chunks of tokens, the logits never held whole")
 
     par = p.add_argument_group("parallel")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -226,13 +236,15 @@ def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfi
                            "seq_length") if k not in shape]
     if missing:
         raise ConfigError(f"model shape incomplete: --{missing[0].replace('_', '-')} is required without --model")
-    for key in _MOE_FLAGS:
+    for key in (*_MOE_FLAGS, "cross_entropy_fusion_impl"):
         if getattr(ns, key) is not None:
             shape[key] = getattr(ns, key)
     # A preset is untied where its published config is (Llama 3.1, Mixtral); the flag unties any shape, as
     # Megatron's (there is no flag that ties).
     untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
-    return ModelConfig(**shape, untie_embeddings_and_output_weights=untie)
+    return ModelConfig(**shape, untie_embeddings_and_output_weights=untie, moe_grouped_gemm=ns.moe_grouped_gemm,
+                       cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion)
+
 
 def check_load_path(load: str | None, save: str | None) -> None:
     """--load names a folder that exists: a mistyped path would otherwise start the run from scratch, silently

@@ -49,6 +49,7 @@ from common.errors import InputError
 from engine.model_builder import get_model
 from engine.parallel_state import (
     AXES,
+    LayoutGroup,
     ParallelState,
     RankGenerator,
     expert_rank_generator_for,
@@ -92,20 +93,6 @@ class RankLayout:
     pieces: list[_Piece]  # in the order of optimizer.main_params (and of main_param_storage)
     adam_order: list[int]  # the piece of each index of torch's optimizer state_dict
     split: dict[str, tuple[int, int] | None]  # (partition_dim, partition_stride); None: TP-replicated
-
-
-@dataclass(frozen=True)
-class _LayoutGroup:
-    """A process group as the buffer layout and the optimizer's shards read it: its size and this rank's index. A
-    model built on the meta device never communicates through it."""
-    members: int
-    index: int
-
-    def size(self) -> int:
-        return self.members
-
-    def rank(self) -> int:
-        return self.index
 
 
 def global_name(chunk: Any, param: torch.nn.Parameter) -> str:
@@ -172,9 +159,9 @@ def _expert_grid(cfg: RunConfig) -> RankGenerator:
                                      p.expert_model_parallel_size, p.order)
 
 
-def _layout_group(grid: RankGenerator, token: str, rank: int) -> _LayoutGroup:
+def _layout_group(grid: RankGenerator, token: str, rank: int) -> LayoutGroup:
     (group,) = [g for g in grid.get_ranks(token) if rank in g]
-    return _LayoutGroup(len(group), group.index(rank))
+    return LayoutGroup(len(group), group.index(rank))
 
 
 def _layout_parallel_state(cfg: RunConfig, rank: int) -> ParallelState:

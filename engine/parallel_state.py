@@ -118,6 +118,23 @@ def group_lists(gen: RankGenerator) -> dict[str, list[list[int]]]:
 
 
 @dataclass(frozen=True)
+class LayoutGroup:
+    """A process group as the buffer layout and the optimizer's shards read it (its size and this rank's index in
+    it, ProcessGroup's size() / rank()) with no communicator behind it: a group of one rank, over which every
+    collective is the identity, so none is ever issued; or a saved run's group rebuilt on the meta device
+    (engine/checkpoint_reshard.py), through which nothing communicates. torch.distributed refuses it as a group, so
+    a collective issued over it by mistake fails at once instead of running over WORLD."""
+    members: int
+    index: int
+
+    def size(self) -> int:
+        return self.members
+
+    def rank(self) -> int:
+        return self.index
+
+
+@dataclass(frozen=True)
 class GroupView:
     """One process group as the layers that communicate over it need it: the handle, its size, this rank's index in
     it, and the probes its collectives report to. Built once per model from ParallelState, so the hot path reads
@@ -154,14 +171,18 @@ class ParallelState:
     ep_rank: int = 0
     expert_dp_size: int = 1  # ranks holding the same experts, world / (tp x ep x pp); 1 without experts
     ranks: dict[str, list[int]] = field(default_factory=dict)  # this rank's group (global ranks) per kind
-    groups: dict[str, Any] = field(default_factory=dict)  # kind -> torch.distributed ProcessGroup, never None
+    # kind -> a torch.distributed ProcessGroup, or a LayoutGroup for a group of one rank (no communicator); never None
+    groups: dict[str, Any] = field(default_factory=dict)
     virtual_pipeline_size: int | None = None
 
     @classmethod
     def initialize(cls, tp: int = 1, pp: int = 1, cp: int = 1, order: str = "tp-cp-ep-dp-pp",
                    virtual_pipeline_size: int | None = None, ep: int = 1, moe: bool = False) -> "ParallelState":
-        """Collective: every rank must call it; creates every group in the same order on every rank. The expert
-        groups exist only for an MoE model (moe), so a dense run creates no communicator it never uses."""
+        """Collective: every rank must call it; creates every group of more than one rank in the same order on every
+        rank. A group of one rank gets a LayoutGroup and no torch.distributed group: with NCCL each group is a
+        communicator (eagerly built when the default group has a device id: 389 MiB on an H200), and a collective
+        over one rank is the identity, so the callers issue none (docs/engine.md, "Rank groups"). The expert groups
+        exist only for an MoE model (moe)."""
         import torch.distributed as dist
 
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -175,8 +196,8 @@ class ParallelState:
         handles: dict[str, Any] = {}
         for kind, lists in kinds.items():
             for ranks in lists:
-                # A real handle even for a group of one, so that no caller can fall back to WORLD with None.
-                handle = dist.new_group(ranks)
+                # Every rank sees the same lists, so every rank skips the same groups: the creation order holds.
+                handle = dist.new_group(ranks) if len(ranks) > 1 else LayoutGroup(1, 0)
                 if rank in ranks:
                     mine[kind], handles[kind] = ranks, handle
         return cls(rank=rank, world_size=world, tp_size=tp, pp_size=pp, dp_size=gen.sizes["dp"], cp_size=cp,

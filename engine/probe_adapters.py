@@ -26,6 +26,8 @@ from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import split_qkv_and_rotate
 from engine.transformer.mlp import swiglu, swiglu_any_rows
 from engine.transformer.moe.expert_parallel import EPGroup
+from engine.transformer.moe.experts import GroupedMLP
+from engine.transformer.moe.grouped_gemm_util import grouped_linear as moe_grouped_linear
 from engine.transformer.moe.moe_layer import MoELayer
 from engine.transformer.moe.router import Routing
 from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
@@ -69,7 +71,8 @@ def collective_sweep(model: list[DistributedDataParallel], run_config: RunConfig
 
 def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
     """The sweep's handles on this rank's first MoE layer (None for a dense model): its router after the GEMM, a
-    dispatcher of the same experts at EP 1 (permute and combine without the all-to-alls), the experts' SwiGLU."""
+    dispatcher of the same experts at EP 1 (permute and combine without the all-to-alls), the experts' SwiGLU and,
+    under --moe-grouped-gemm, their grouped GEMM."""
     layer = next((m for chunk in model for m in chunk.modules() if isinstance(m, MoELayer)), None)
     if layer is None:
         return None
@@ -85,7 +88,11 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
         return local.dispatch(tokens, Routing(experts=experts, probs=probs, kept=kept, tokens_per_expert=none,
                                               dropped_per_expert=none, aux_loss=probs.new_zeros(())))
 
-    return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows)
+    def grouped_linear(rows: torch.Tensor, weights: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
+        return moe_grouped_linear(rows, weights, layer.experts.groups(rows.shape[0], counts))
+
+    return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows,
+                      grouped_linear=grouped_linear if isinstance(layer.experts, GroupedMLP) else None)
 
 
 def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.device) -> EngineKernels:

@@ -88,7 +88,7 @@ def full_state(model: list[Any], optimizer: Any, ps: ParallelState) -> dict[str,
         state[kind] = {}
         for name in sorted(local[kind]):  # the same order on every rank of a collective
             flat = local[kind][name]
-            if optimizer.train.use_distributed_optimizer:
+            if optimizer.train.use_distributed_optimizer and ps.groups["dp_cp"].size() > 1:
                 dist.all_reduce(flat, group=ps.groups["dp_cp"])
             state[kind][name] = _gather_tp(flat.view(params[name].shape), params[name], ps)
     return state

@@ -34,7 +34,8 @@ GPT = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 10
        "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel --global-batch-size 2")
 CASES = {"first": (PIPELINED, 0), "middle": (PIPELINED, 1), "last": (PIPELINED, 2), "single": (SINGLE, 0),
          "single-untied-fp32": (SINGLE.replace("--bf16", "--untie-embeddings-and-output-weights"), 0),
-         "cp2": (SINGLE + " --context-parallel-size 2 --world-size 2", 0), "gpt-tp2-sp": (GPT, 0)}
+         "cp2": (SINGLE + " --context-parallel-size 2 --world-size 2", 0), "gpt-tp2-sp": (GPT, 0),
+         "last-fused-loss": (PIPELINED + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl linear", 2)}
 
 
 @pytest.mark.parametrize("case", CASES)

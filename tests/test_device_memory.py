@@ -12,11 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.arguments import parse_args
-from ledger.models.formulas.device_memory import (
-    DeviceOverheads,
-    communicators,
-    outside_pytorch,
-)
+from common.config import RunConfig
+from ledger.models.formulas.device_memory import DeviceOverheads, communicators, outside_pytorch
 from ledger.reconcile.run import reconcile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200_llama1b"
@@ -29,23 +26,39 @@ def cfg(flags: str):
                       if "--world-size" in flags else 1)
 
 
-def test_a_rank_holds_the_default_communicator_and_one_per_group_kind_it_is_in():
+def test_a_rank_holds_the_default_communicator_and_one_per_group_of_more_than_one_rank():
     # Megatron's kinds: tp, cp, dp, dp_cp, pp, mp (tp-pp), embedding (both pipeline ends), position (first stage).
-    one = cfg("--model tiny")
-    assert communicators(one, 0) == 1 + 8
+    # One GPU: every group is the rank alone, none has a communicator (engine/parallel_state.py).
+    assert communicators(cfg("--model tiny"), 0) == 1
     reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
-    assert communicators(reference, 0) == 1 + 8  # stage 0: in an embedding and a position group
-    assert communicators(reference, 7) == 1 + 7  # stage 1: an embedding group, no position group
+    # rank 0: tp [0 1], dp [0 2], dp_cp [0 2], pp [0 4], mp [0 1 4 5], embedding [0 4]; cp [0] and position [0] alone
+    assert communicators(reference, 0) == 1 + 6
+    assert communicators(reference, 7) == 1 + 6  # the last stage: in an embedding group, in no position group
+
+
+def test_a_run_recorded_before_groups_of_one_lost_their_communicators_is_counted_as_it_ran():
+    """A manifest without ParallelConfig.communicators_for_groups_of_one was written by the engine that built a
+    communicator for every group kind, one rank or more: the committed H200 runs (below) held 8 on one GPU."""
+    one = cfg("--model tiny").to_dict()
+    del one["parallel"]["communicators_for_groups_of_one"]
+    assert communicators(RunConfig.from_dict(one), 0) == 1 + 8
+    reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    recorded = reference.to_dict()
+    del recorded["parallel"]["communicators_for_groups_of_one"]
+    assert [communicators(RunConfig.from_dict(recorded), r) for r in (0, 7)] == [1 + 8, 1 + 7]
 
 
 def test_the_h200_terms_add_up_to_what_the_calibration_measured():
     h200 = DeviceOverheads.known("NVIDIA H200")
     assert h200 is not None and DeviceOverheads.known("Imaginary GPU") is None
-    outside = outside_pytorch(cfg("--model tiny"), 0, h200)
+    reference = cfg("--model tiny --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    outside = outside_pytorch(reference, 0, h200)
     # 615 MiB driver reserve (NVML total - CUDA total), 518 MiB context, 650 MiB first and 389 MiB per further
     # communicator, 84 MiB of cuBLAS / attention modules, as measured on 2026-12-01.
-    assert [round(b / MiB) for b in outside.terms.values()] == [615, 518, 650, 8 * 389, 84]
+    assert [round(b / MiB) for b in outside.terms.values()] == [615, 518, 650, 6 * 389, 84]
     assert outside.total == sum(outside.terms.values())
+    # one GPU: the default communicator alone, 3.0 GiB less than the engine that built one for each of 8 groups
+    assert outside_pytorch(cfg("--model tiny"), 0, h200).terms["NCCL communicators of 0 groups"] == 0
 
 
 def reconciled_row(tmp_path, name: str, edit=None):

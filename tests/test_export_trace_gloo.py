@@ -33,8 +33,8 @@ def test_both_gloo_ranks_are_aligned_on_their_dp_collectives(dp2_run, tmp_path, 
     (grad_buffer,) = [t for t in iter_events(dp2_run, 0, {"inventory"}) if t.tensor_kind == "grad_buffer"]
     buckets = len(grad_buffer.buckets)
     # Traced steps 2, 3 and the one more HTA needs; each reduce-scatters and all-gathers every bucket and all-reduces
-    # two fp32 scalars over DP (the loss and the grad norm); the grad norm's all-reduce over the model-parallel group
-    # of one is that group's (its range says so), which the other rank does not share.
+    # two fp32 scalars over DP (the loss and the grad norm; the grad norm's model-parallel group is the rank alone,
+    # and a group of one issues no collective).
     n, scalars = 3 * buckets, 3 * 2
     (line,) = [x for x in lines if x.startswith("rank 1: ") and " µs, " in x]
     offset, rest = line[len("rank 1: "):].split(" µs, ")

@@ -12,7 +12,7 @@ import pytest
 from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
-from ledger.models.formulas import activations, bubble, comm, flops, nccl_bw, params
+from ledger.models.formulas import activations, bubble, comm, flops, nccl_bw, params, peak_memory
 from ledger.models.formulas.buffer_layout import (
     ParamTensor,
     layout_buffer,
@@ -335,6 +335,43 @@ def test_the_last_stage_frees_its_loss_tensors_before_the_decoder_backward():
     loss_side = 2 * 2 * s * b * H // t + 4 * s * b // t + 4 * s * b * V // t + 9 * s * b
     assert 8 * layer > i + loss_side
     assert activations.stage_activation_bytes(c, 1) == 8 * layer
+
+
+FUSED_LOSS = " --cross-entropy-loss-fusion --cross-entropy-fusion-impl linear"
+
+
+@pytest.mark.parametrize("flags, tokens, t", [
+    ("--model llama3.2-1b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --bf16", 4096, 1),
+    (REFERENCE, 8192, 2),  # the last stage at TP2 + SP: the vocabulary and the token shards are each split by t
+    ("--model tiny --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --bf16", 64, 1),  # one short chunk
+])
+def test_the_fused_loss_holds_one_chunk_of_logits_instead_of_the_micro_batchs(flags, tokens, t):
+    """Unfused, the loss side keeps the fp32 softmax 4 sb V/t beside the a sb V/t logits transient; fused over
+    chunks of C = min(1024, sb) tokens it keeps two fp32 figures per token and, while its backward runs, one chunk's
+    logits and their gradient, 2 a C V/t; nothing else changes."""
+    unfused, fused = cfg(flags), cfg(flags + FUSED_LOSS)
+    m = unfused.model
+    vocab = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    chunk = min(1024, tokens)
+    assert activations.loss_chunk_tokens(fused) == chunk
+    assert (activations.last_stage_extra_bytes(unfused) - activations.last_stage_extra_bytes(fused)
+            == 4 * tokens * vocab // t - (8 * tokens + 2 * 2 * chunk * vocab // t))
+    assert activations.logits_transient_bytes(unfused) == 2 * tokens * vocab // t
+    assert activations.logits_transient_bytes(fused) == 0
+    assert activations.layer_bytes(fused) == activations.layer_bytes(unfused)
+    last = unfused.parallel.pipeline_model_parallel_size - 1
+    peak, fused_peak = peak_memory.stage_peaks(unfused)[last], peak_memory.stage_peaks(fused)[last]
+    assert peak.total - fused_peak.total == (activations.last_stage_extra_bytes(unfused)
+                                             - activations.last_stage_extra_bytes(fused))
+
+
+def test_llama_1b_at_4096_tokens_sheds_about_a_gib_and_a_half_of_loss_memory():
+    """The issue's shape: 1.96 GiB of fp32 softmax becomes 0.49 GiB of one 1024-token chunk's bf16 logits and
+    gradient (the unfused 1 GiB logits transient, reported beside the peak, goes too)."""
+    flags = "--model llama3.2-1b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --bf16"
+    saved = activations.last_stage_extra_bytes(cfg(flags)) - activations.last_stage_extra_bytes(cfg(flags + FUSED_LOSS))
+    assert saved / 2**30 == pytest.approx(4 * 4096 * V / 2**30 - 4 * 1024 * V / 2**30, abs=1e-3)
+    assert round(saved / 2**30, 2) == 1.47
 
 
 def test_selective_recompute_frees_only_the_logsumexp():

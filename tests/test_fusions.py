@@ -107,6 +107,6 @@ def test_gradient_accumulation_fusion_accumulates_like_ddp(monkeypatch, fusion, 
         expected += (g.reshape(-1, 16).t().float() @ x.detach().reshape(-1, 12).float())
     weight = layer.weight
     assert weight.hook_calls == 2 and weight.grad is None and weight.grad_added_to_main_grad is False
-    assert layers._fuses_weight_grad(weight) == (fusion and params_dtype == torch.float32)
+    assert layers.fuses_weight_grad(weight) == (fusion and params_dtype == torch.float32)
     rtol = 1e-5 if params_dtype == torch.float32 else 2e-2
     torch.testing.assert_close(weight.main_grad, expected, rtol=rtol, atol=rtol * expected.abs().max())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from common.ops import Kernel
 from common.ops import host as p
 from ledger.evidence.exec_graph import read_graph
 from ledger.evidence.read import read_run
@@ -32,7 +33,7 @@ from ledger.models.formulas.buffer_layout import rank_buffers
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import simulate
 from ledger.models.time_model import host_recipe as recipe
-from ledger.models.time_model import predict_step
+from ledger.models.time_model import ops, predict_step
 from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
 from ledger.models.time_model.host_timeline import Segment, run
 from ledger.models.time_model.ops import chunk_backward, chunk_ends, chunk_forward
@@ -118,6 +119,29 @@ def test_a_step_reads_the_device_where_the_engine_does(fixture: Path, reads: dic
     host = HostCosts(prices, prices, "hand-made", context=1.0)
     step = predict_step(read_run(fixture).config, dataclasses.replace(cal, host=host))
     assert step.decompositions[0][SYNC] == pytest.approx(reads[p.ITEM] * 10 * US + reads[p.SYNC] * 1 * US)
+
+
+def test_grouped_gemms_at_ep1_read_no_counts_and_hook_every_experts_weight():
+    """--moe-grouped-gemm at EP 1 keeps the routing counts on the device: the MoE run's forwards read nothing (the
+    16 per-layer reads of test_a_step_reads_the_device_where_the_engine_does go; the window's end still reads the
+    routing figures), and a grouped wgrad ends with each local expert weight's AccumulateGrad and DDP hook."""
+    ev = read_run(FIXTURES / "h200_moe" / "mixtral-8x7b-2l")
+    cfg = ev.config
+    assert cfg.parallel.expert_model_parallel_size == 1
+    grouped = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_grouped_gemm=True))
+    cal = predict_run(ev).calibration
+    prices = {k: 1 * US if k == p.SYNC else 10 * US for k in p.HOST_PRIMITIVES}
+    host = HostCosts(prices, prices, "hand-made", context=1.0)
+    dtype = grouped.train.params_dtype  # the run swept SequentialMLP's kernels: the grouped MLP's are hand-made
+    swept = {(k.name, k.dims, dtype): 10 * US for k in ops.kernels(grouped, 0) if (k.name, k.dims, dtype) not in
+             cal.kernels}
+    step = predict_step(grouped, dataclasses.replace(cal, host=host, kernels={**cal.kernels, **swept}))
+    assert step.decompositions[0][SYNC] == pytest.approx((2 + 6) * 10 * US + 52 * 1 * US)
+    (wgrad,) = [w for w in chunk_backward(grouped, 0, 0)
+                if isinstance(w.op, Kernel) and w.op.name == "experts.linear_fc1.wgrad" and "layers.0." in w.param]
+    experts = grouped.model.num_experts
+    assert len(wgrad.params) == experts
+    assert recipe.entry(wgrad, False)[p.AUTOGRAD_NODE] == 1 + experts  # the GEMM's node, then one per weight
 
 
 # ---- the recipes against a real trace ------------------------------------------------------------------------

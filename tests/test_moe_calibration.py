@@ -107,16 +107,19 @@ def test_a_wrong_exchange_time_is_off(ep2_run):
 
 
 @pytest.mark.slow
-def test_the_engines_expert_groups_are_megatrons_and_each_holds_a_communicator(ep2_run):
+def test_the_engines_expert_groups_are_megatrons_and_those_of_two_ranks_hold_a_communicator(ep2_run):
     ev = read_run(ep2_run)
     manifest = ev.manifest
     rows = groups_rows(ev)
     assert [(r.rank, r.measured, r.verdict) for r in rows] == [(0, 0, "ok"), (1, 0, "ok")]
     cfg = parse_args([*EP2_FLAGS, "--world-size", "2"])
     for entry in manifest["ranks"]:
-        # 8 dense kinds + ep, expt_dp, expt_mp: the device-memory formula's communicators, the default one aside
-        assert {"ep", "expt_dp", "expt_mp"} <= set(entry["groups"])
-        assert len(entry["groups"]) == communicators(cfg, entry["rank"]) - 1 == 11
+        # 8 dense kinds + ep, expt_dp, expt_mp, of which dp, dp_cp, ep and expt_mp span both ranks: the
+        # device-memory formula's communicators, the default one aside
+        assert {"ep", "expt_dp", "expt_mp"} <= set(entry["groups"]) and len(entry["groups"]) == 11
+        shared = sorted(kind for kind, ranks in entry["groups"].items() if len(ranks) > 1)
+        assert shared == ["dp", "dp_cp", "ep", "expt_mp"]
+        assert len(shared) == communicators(cfg, entry["rank"]) - 1
 
 
 def test_waiting_for_a_late_peer_is_shown_apart_from_the_exchange():

@@ -224,7 +224,11 @@ def test_the_cut_mixtral_preset_fits_one_h200_with_adam():
     assert sim.fits and sim.memory[0].peak.static.total > 50 * 2**30  # 3.16 B parameters x 18 B: the bulk
 
 
-def test_an_moe_rank_holds_a_communicator_for_each_expert_group():
-    # the engine builds ep, expt_dp and expt_mp for MoE models only, every rank in one of each, groups of one too
+def test_an_moe_rank_holds_a_communicator_for_each_expert_group_of_more_than_one_rank():
+    # the engine builds ep, expt_dp and expt_mp for MoE models only, every rank in one of each; world 4 at EP2:
+    # ep [0, 1], expt_dp [0, 2], expt_mp (tp-ep-pp) [0, 1], all of two ranks
     dense, moe = cfg("--model", "tiny", "--world-size", "4"), tiny_moe(experts=8, ep=2, world=4)
     assert communicators(moe, 0) == communicators(dense, 0) + 3
+    # world 2 at EP2: expt_dp is rank 0 alone, so no communicator
+    dense, moe = cfg("--model", "tiny", "--world-size", "2"), tiny_moe(experts=8, ep=2, world=2)
+    assert communicators(moe, 0) == communicators(dense, 0) + 2

@@ -1,7 +1,8 @@
 """The time model prices MoE layers (ledger/models/time_model/ops.py): router, top-k, permute, each local expert's
-SwiGLU MLP at its row count under uniform routing, unpermute, and the expert-parallel all-to-alls on the compute
-stream; the compute sweep (probes/compute_sweep/) times those catalogue entries (common/ops/moe.py) through the
-engine's own router and dispatcher; reconcile replays an MoE run's step.
+SwiGLU MLP at its row count under uniform routing (or, under --moe-grouped-gemm, one grouped GEMM per linear over
+all the rows), unpermute, and the expert-parallel all-to-alls on the compute stream; the compute sweep
+(probes/compute_sweep/) times those catalogue entries (common/ops/moe.py) through the engine's own router,
+dispatcher and grouped GEMM; reconcile replays an MoE run's step.
 
 The hand-derived layer time is plumbing on a synthetic calibration (every GEMM 1 ns a FLOP, every memory-bound kernel
 1 us, an all-to-all fit of 10 us + 1 ns a bus byte): it checks which ops are priced at which shapes and how they add
@@ -83,6 +84,35 @@ def test_an_moe_layer_costs_its_router_experts_copies_and_all_to_alls_by_hand():
         backward)
 
 
+@pytest.mark.parametrize("capacity, rows", [("", 64), ("--moe-expert-capacity-factor 0.5", 64)])
+def test_grouped_gemms_price_one_kernel_per_linear_over_every_assignment_at_ep1(capacity, rows):
+    """--moe-grouped-gemm at EP 1: fc1 and fc2 each one grouped GEMM (fprop; dgrad and wgrad backward) over all
+    T k = 64 assignments (the counts stay on the device, so the dropped rows under a capacity are carried too), one
+    SwiGLU over them; the same FLOPs as four experts' GEMMs of 16 rows, fewer kernels."""
+    c = cfg(*f"--moe-grouped-gemm {capacity}".split())
+    sh, cal = ops.Shapes.of(c), synthetic(c)
+    x = sh.moe
+    assert x.grouped and x.grouped_rows == rows and x.local_experts == 4
+    router, fc1, fc2 = 2 * 32 * 4 * 64, 2 * rows * 352 * 64, 2 * rows * 64 * 176
+    forward = price(ops.moe_forward(sh, PREFIX), c, cal, forward=True)
+    backward = price(ops.moe_backward(sh, PREFIX), c, cal, forward=False)
+    # the memory-bound kernels: top-k, permute, the one SwiGLU, unpermute
+    assert forward.seconds == pytest.approx((router + fc1 + fc2) * NS + 4 * MEMORY_S)
+    assert backward.seconds == pytest.approx(2 * (router + fc1 + fc2) * NS + 4 * MEMORY_S)
+    names = [w.op.name for w in ops.moe_forward(sh, PREFIX) if isinstance(w.op, ops.Kernel)]
+    assert names.count("swiglu.fwd") == 1 and "experts.linear_fc1.fprop" in names and "linear_fc1.fprop" not in names
+    # the grouped wgrad makes every local expert's fc1 weight final at once
+    wgrad = next(w for w in ops.moe_backward(sh, PREFIX) if getattr(w.op, "name", "") == "experts.linear_fc1.wgrad")
+    assert wgrad.params == tuple(f"{PREFIX}mlp.experts.{e}.linear_fc1.weight" for e in range(4))
+
+
+def test_grouped_gemms_under_ep2_run_over_the_kept_rows_received():
+    c = cfg("--moe-grouped-gemm", "--moe-expert-capacity-factor", "0.5", "--expert-model-parallel-size", "2",
+            "--world-size", "2")
+    x = ops.Shapes.of(c).moe
+    assert (x.grouped_rows, x.local_experts) == (x.routed, 2) and x.routed == 32  # 4 experts x capacity 8
+
+
 def test_the_replay_prices_an_moe_step_with_the_all_to_alls_exposed():
     c = cfg("--expert-model-parallel-size", "2", "--world-size", "2")
     fits = {**synthetic(c).comm.fits, ("dp", "all_reduce"): LinkFit(ALPHA, BETA, (1,))}  # dense grads over dp 2
@@ -111,11 +141,14 @@ def spec(c: RunConfig) -> SweepSpec:
 @pytest.mark.parametrize("flags", [(), ("--moe-aux-loss-coeff", "0.01", "--moe-expert-capacity-factor", "0.7",
                                         "--bf16"),
                                    ("--num-experts", "8", "--moe-router-topk", "3", "--seq-length", "20",
-                                    "--expert-model-parallel-size", "2", "--world-size", "2")],
-                         ids=["plain", "aux-loss-capacity-bf16", "uneven-rows-ep2"])
+                                    "--expert-model-parallel-size", "2", "--world-size", "2"),
+                                   ("--moe-grouped-gemm", "--moe-expert-capacity-factor", "0.7", "--bf16"),
+                                   ("--moe-grouped-gemm", "--expert-model-parallel-size", "2", "--world-size", "2")],
+                         ids=["plain", "aux-loss-capacity-bf16", "uneven-rows-ep2", "grouped-capacity-bf16",
+                              "grouped-ep2"])
 def test_the_sweep_times_the_moe_ops_through_the_engines_functions(flags, tmp_path, monkeypatch):
     """Every catalogue entry of the MoE layer is timed (router, top-k, permute, unpermute, each expert row count's
-    MLP), through the engine's router and dispatcher."""
+    MLP or the grouped GEMMs), through the engine's router, dispatcher and grouped GEMM."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     c = cfg(*flags)
     records = compute_sweep.run(spec(c), CPU, engine_kernels(c), warmup=0, iters=1)
@@ -129,6 +162,22 @@ def test_a_dense_models_sweep_has_no_moe_ops_and_needs_no_moe_handles():
     dense = parse_args(["--model", "tiny"])
     planned = compute_sweep.plan(spec(dense), CPU, dataclasses.replace(engine_kernels(cfg()), moe=None))
     assert not {p.op for p in planned} & {"router.fprop", "moe.permute.fwd"}
+
+
+def test_grouped_gemms_are_timed_through_the_engines_and_need_them(tmp_path, monkeypatch):
+    """Under --moe-grouped-gemm the experts' GEMMs are the grouped kernels (keyed by the local expert count), timed
+    through MoEKernels.grouped_linear; SequentialMLP's handles have none, and the sweep refuses to time them."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    c = cfg("--moe-grouped-gemm")
+    records = compute_sweep.run(spec(c), CPU, engine_kernels(c), warmup=0, iters=1)
+    timed = {r["op"]: r["dims"] for r in records if r["seconds"] > 0}
+    assert {f"experts.{linear}.{gemm}" for linear in ("linear_fc1", "linear_fc2")
+            for gemm in ("fprop", "dgrad", "wgrad")} <= set(timed)
+    assert timed["experts.linear_fc1.fprop"]["experts"] == 4
+    assert not {"linear_fc1.fprop", "linear_fc2.fprop"} & set(timed)  # no per-expert GEMM beside them
+    sequential = engine_kernels(cfg())
+    with pytest.raises(ValueError, match="grouped_linear"):
+        compute_sweep.plan(spec(c), CPU, sequential)
 
 
 def test_an_moe_sweep_without_the_engines_moe_handles_is_refused():

@@ -39,6 +39,11 @@ CONFIGS = {
     "cp2": TINY + " --world-size 2 --context-parallel-size 2",
     "cp4-tp2": TINY + " --world-size 8 --context-parallel-size 4 --tensor-model-parallel-size 2 --sequence-parallel",
     "moe-ep2": TINY + " --world-size 2 --num-experts 8 --moe-router-topk 3 --expert-model-parallel-size 2",
+    "moe-grouped-gemm-ep2": TINY + " --world-size 2 --num-experts 8 --moe-router-topk 3 --expert-model-parallel-size 2"
+                            " --moe-grouped-gemm",
+    "moe-grouped-gemm": TINY + " --num-experts 4 --moe-grouped-gemm",
+    "fused-loss-tp2-sp": TINY + " --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel"
+                         " --cross-entropy-loss-fusion --cross-entropy-fusion-impl linear",
     "llama3.2-1b-tp2": "--model llama3.2-1b --world-size 2 --tensor-model-parallel-size 2 --global-batch-size 4 --bf16",
     "gpt-tp2": GPT + " --world-size 2 --tensor-model-parallel-size 2 --global-batch-size 4",
 }
@@ -61,10 +66,14 @@ def layer_flops(rank: RankOps) -> float:
     """One layer, one micro-batch, one rank, in Megatron's convention: every GEMM's three passes (the router's left
     out, as Megatron leaves it), core attention's forward x 3 (Megatron counts its backward as twice the forward;
     flash attention's 2.5x, the catalogue's, is what runs). Under CP a pass runs C ring blocks: 1 causal, C - 1 half;
-    an MoE layer runs each local expert at its rows."""
+    an MoE layer runs each local expert at its rows (under --moe-grouped-gemm all of them in one grouped GEMM: with
+    no capacity factor its rows are the kept ones)."""
     sh, layer = rank.shapes, rank.layer
     a = layer.attention
-    mlps = [layer.mlp] if layer.moe is None else [layer.moe.expert(rows) for rows in sh.moe.rows if rows > 0]
+    if layer.moe is None:
+        mlps = [layer.mlp]
+    else:
+        mlps = [layer.moe.grouped] if layer.moe.grouped else [layer.moe.expert(r) for r in sh.moe.rows if r > 0]
     gemms = sum(gemm_flops(linear) for linear in [a.qkv, a.proj] + [x for m in mlps for x in (m.fc1, m.fc2)])
     attention = a.core.fwd.flops if a.ring is None else a.ring.causal.fwd.flops + (sh.cp - 1) * a.ring.half.fwd.flops
     return gemms + 3 * attention

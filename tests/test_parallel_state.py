@@ -97,3 +97,64 @@ def test_groups_bad_input(args):
     r = subprocess.run([sys.executable, "-m", "cli.main", "groups", *args], capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
+
+
+def _created_groups(rank: int, world_size: int, layout: dict) -> dict:
+    """ParallelState.initialize on this gloo rank, counting the torch.distributed groups it creates."""
+    import torch.distributed as dist
+
+    from engine.parallel_state import LayoutGroup, ParallelState
+
+    created = []
+    new_group = dist.new_group
+
+    def counting(ranks, *args, **kwargs):
+        created.append(list(ranks))
+        return new_group(ranks, *args, **kwargs)
+
+    dist.new_group = counting
+    try:
+        state = ParallelState.initialize(**layout)
+    finally:
+        dist.new_group = new_group
+    return {"created": created, "ranks": state.ranks,
+            "handles": {kind: (type(g).__name__, g.size(), g.rank()) for kind, g in state.groups.items()},
+            "no_communicator": sorted(k for k, g in state.groups.items() if isinstance(g, LayoutGroup))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [dict(tp=2, pp=2), dict(pp=2, ep=2, moe=True)], ids=["tp2-pp2", "pp2-ep2-moe"])
+def test_the_engine_creates_a_group_only_where_a_collective_can_run(layout):
+    """World 4 on gloo: every rank creates exactly the groups of more than one rank of Megatron's lists (dense and,
+    for MoE, expert), in the same order; a kind whose group is the rank alone gets a LayoutGroup (size 1, rank 0),
+    and ParallelState.ranks still records every kind the rank is in (the manifest's groups, checked by reconcile; a
+    last stage is in no position group)."""
+    from engine.parallel_state import expert_group_lists, expert_rank_generator_for
+    from tests.support.gloo import run_distributed
+
+    results = run_distributed(_created_groups, 4, layout)
+    tp, pp, ep = layout.get("tp", 1), layout["pp"], layout.get("ep", 1)
+    lists = group_lists(rank_generator_for(4, tp, pp))
+    if layout.get("moe"):
+        lists.update(expert_group_lists(expert_rank_generator_for(4, tp, pp, ep)))
+    expected = [group for groups in lists.values() for group in groups if len(group) > 1]
+    for rank, res in enumerate(results):
+        assert res["created"] == expected, rank
+        assert all(len(group) > 1 for group in res["created"])
+        assert res["ranks"].keys() == {kind for kind, groups in lists.items() if any(rank in g for g in groups)}
+        alone = sorted(kind for kind, ranks in res["ranks"].items() if len(ranks) == 1)
+        assert res["no_communicator"] == alone and alone  # each layout has kinds of one rank
+        assert all(res["handles"][kind] == ("LayoutGroup", 1, 0) for kind in alone)
+        assert all(res["handles"][kind][1:] == (len(ranks), ranks.index(rank))
+                   for kind, ranks in res["ranks"].items())
+
+
+def test_a_world_of_one_creates_no_group_at_all():
+    """One process: every kind is the rank alone, so initialize creates no torch.distributed group (on a GPU: no
+    communicator beyond the default group's, docs/engine.md "Rank groups")."""
+    from tests.support.gloo import world_of_one
+
+    with world_of_one():
+        res = _created_groups(0, 1, dict(moe=True))
+    assert res["created"] == []
+    assert len(res["ranks"]) == 11 and res["no_communicator"] == sorted(res["ranks"])

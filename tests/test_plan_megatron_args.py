@@ -54,10 +54,10 @@ def test_an_unknown_flag_is_named():
 
 def test_a_flag_the_formulas_do_not_read_is_listed_as_not_modelled():
     args = ("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings "
-            "512 --vocab-size 1000 --micro-batch-size 1 --bf16 --moe-grouped-gemm --transformer-impl local")
+            "512 --vocab-size 1000 --micro-batch-size 1 --bf16 --tp-comm-overlap --transformer-impl local")
     code, out, err = run_cli(["plan", "--megatron-args", args])
     assert code == 0, err
-    assert "not modelled (Megatron's defaults assumed): --moe-grouped-gemm" in out
+    assert "not modelled (Megatron's defaults assumed): --tp-comm-overlap" in out
     assert "implementation: local, unfused attention, foreach Adam" in out
     assert "core_attention.probs" not in out and "attention scores" not in out  # the peak names its phase instead
 

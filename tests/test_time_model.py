@@ -103,6 +103,24 @@ def test_a_single_stage_pass_is_embedding_layers_and_head_op_by_op():
     assert t.terms(False)["output_layer"] == pytest.approx(2 * ms("output_layer"))
 
 
+@pytest.mark.parametrize("tp", ["", "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel"])
+def test_the_loss_fused_over_chunks_recomputes_the_logits_in_backward(tp):
+    """--cross-entropy-fusion-impl linear: the backward runs the output layer's fprop once more (the chunks'
+    recomputed logits), nothing else changes; the TP collectives are the unfused ones (the same count and sizes)."""
+    flags = f"--num-layers 2 {tp}"
+    plain, c = cfg(flags), cfg(flags + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl linear")
+    links = {("tp", kind): latency_only(1e-5) for kind in ("all_reduce", "all_gather", "reduce_scatter")}
+    base, fused = (stage_time(x, calibration(x, fits=links), 0) for x in (plain, c))
+    assert fused.forward == pytest.approx(base.forward)
+    assert fused.backward - base.backward == pytest.approx(ms("output_layer"))
+    assert fused.terms(False)["output_layer"] == pytest.approx(3 * ms("output_layer"))
+
+    def collectives(config: RunConfig) -> list:
+        return sorted((w.op.kind, w.op.size_bytes) for w in ops.chunk_backward(config, 0, 0)
+                      if isinstance(w.op, ops.Collective))
+    assert collectives(c) == collectives(plain)
+
+
 @pytest.mark.parametrize("flags, extra", [
     # selective: core attention's forward again before its backward, in every layer
     ("--recompute-granularity selective", 4 * ms("core_attention.fwd")),

@@ -30,7 +30,12 @@ from common.config.limits import (
     MAX_WORLD_SIZE,
     check_ranges,
 )
-from common.config.model_config import ModelConfig
+from common.config.model_config import (
+    CROSS_ENTROPY_FUSION_IMPLS,
+    LINEAR_CROSS_ENTROPY_CHUNK_TOKENS,
+    ModelConfig,
+    check_cross_entropy_fusion,
+)
 from common.config.parallel_config import ParallelConfig
 from common.config.presets import PRESETS, TYING_SOURCES, tying_reason
 from common.config.probe_config import ProbeConfig
@@ -40,6 +45,7 @@ from common.config.train_config import TrainConfig, check_ddp_flags
 from common.config.validation import validate
 
 __all__ = [
+    "CROSS_ENTROPY_FUSION_IMPLS", "LINEAR_CROSS_ENTROPY_CHUNK_TOKENS", "check_cross_entropy_fusion",
     "CHECKPOINT_LAYOUT_FILE", "LATEST_CHECKPOINT_FILE", "LAYOUT_DEFAULTS", "LAYOUT_MODEL_FIELDS", "MAX_LAYERS",
     "MAX_TOKENS", "MAX_WIDTH", "MAX_WORLD_SIZE", "PRESETS", "CheckpointConfig", "ImplementationConfig", "ModelConfig",
     "ParallelConfig", "ProbeConfig", "RecomputeConfig", "RunConfig", "TrainConfig", "check_checkpoint_flags",

@@ -5,6 +5,11 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError
 
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "linear")
+# Tokens per chunk of the fused output layer and loss (--cross-entropy-fusion-impl linear): the chunk's logits, not
+# the micro-batch's, are what the loss holds at a time (ledger/models/formulas/activations.py counts one chunk).
+LINEAR_CROSS_ENTROPY_CHUNK_TOKENS = 1024
+
 
 @dataclass
 class ModelConfig:
@@ -39,6 +44,16 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None  # each expert's f; None: --ffn-hidden-size, as Megatron
     moe_aux_loss_coeff: float = 0.0  # the load-balancing loss's weight (Switch Transformer's alpha)
     moe_expert_capacity_factor: float | None = None  # None: no capacity, no token dropped
+    # Megatron's --moe-grouped-gemm: the rank's experts run as one grouped GEMM per linear over rows grouped by expert,
+    # with the per-expert row counts left on the device (docs/engine.md, "Mixture of experts"); without it each
+    # expert's MLP runs on its own rows (SequentialMLP), whose sizes the host reads every layer.
+    moe_grouped_gemm: bool = False
+    # Megatron's --cross-entropy-loss-fusion and --cross-entropy-fusion-impl. The engine's loss is always its fused
+    # vocab-parallel cross entropy over the output layer's whole [s, b, V/t] logits ("native"); "linear" (with the
+    # fusion on) fuses the output layer into the loss over chunks of tokens, so no [s, b, V/t] tensor is ever held,
+    # at the price of the output layer's forward GEMM again in backward (docs/engine.md, "Output layer and loss").
+    cross_entropy_loss_fusion: bool = False
+    cross_entropy_fusion_impl: str = "native"
 
     @property
     def is_moe(self) -> bool:
@@ -47,6 +62,11 @@ class ModelConfig:
     @property
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+    @property
+    def linear_cross_entropy(self) -> bool:
+        """The output layer and the loss fused over chunks of tokens (--cross-entropy-fusion-impl linear)."""
+        return self.cross_entropy_loss_fusion and self.cross_entropy_fusion_impl == "linear"
 
     @property
     def head_dim(self) -> int:
@@ -88,3 +108,14 @@ def check_positions(m: ModelConfig) -> None:
     if m.seq_length > m.max_position_embeddings:
         raise ConfigError(f"--seq-length {m.seq_length} exceeds --max-position-embeddings "
                           f"{m.max_position_embeddings}")
+
+
+def check_cross_entropy_fusion(m: ModelConfig) -> None:
+    """The implementation is one the engine has, and it takes effect only with the fusion on: Megatron ignores
+    --cross-entropy-fusion-impl without --cross-entropy-loss-fusion, here that is an error (a flag with no effect)."""
+    if m.cross_entropy_fusion_impl not in CROSS_ENTROPY_FUSION_IMPLS:
+        raise ConfigError(f"--cross-entropy-fusion-impl {m.cross_entropy_fusion_impl}: expected "
+                          f"{' or '.join(CROSS_ENTROPY_FUSION_IMPLS)}")
+    if m.cross_entropy_fusion_impl != "native" and not m.cross_entropy_loss_fusion:
+        raise ConfigError(f"--cross-entropy-fusion-impl {m.cross_entropy_fusion_impl} needs "
+                          "--cross-entropy-loss-fusion")

@@ -18,6 +18,10 @@ class ParallelConfig:
     virtual_pipeline_model_parallel_size: int | None = None
     sequence_parallel: bool = False
     order: str = "tp-cp-ep-dp-pp"
+    # Not a flag: what the engine that wrote a manifest did. Today's builds an NCCL communicator only for a process
+    # group of more than one rank; manifests from before this field were written by an engine that built one for
+    # every group, one rank or more (RunConfig.from_dict), which the ledger's device-memory formula counts.
+    communicators_for_groups_of_one: bool = False
 
     @property
     def data_parallel_size(self) -> int:

@@ -40,8 +40,10 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
         # Manifests written before the flag existed lack it: that engine always untied. Before the layer's flavour
         # fields (swiglu, biases, norm, positions) they lack those too: the dataclass defaults, the Llama style.
+        # Before communicators_for_groups_of_one, the engine built a communicator for every group.
         model = {"untie_embeddings_and_output_weights": True, **d["model"]}
-        cfg = cls(model=ModelConfig(**model), parallel=ParallelConfig(**d["parallel"]),
+        parallel = {"communicators_for_groups_of_one": True, **d["parallel"]}
+        cfg = cls(model=ModelConfig(**model), parallel=ParallelConfig(**parallel),
                   train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
                   model_preset=d.get("model_preset"),
                   recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
@@ -117,6 +119,8 @@ def check_moe(cfg: RunConfig) -> None:
     if not m.is_moe:
         if ep > 1:
             raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
+        if m.moe_grouped_gemm:
+            raise ConfigError("--moe-grouped-gemm needs --num-experts")
         return
     if m.moe_router_topk > m.num_experts:
         raise ConfigError(f"--moe-router-topk {m.moe_router_topk} exceeds --num-experts {m.num_experts}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from common.config.checkpoint_config import check_checkpoint_flags
 from common.config.implementation_config import check_implementation
 from common.config.limits import check_ranges
-from common.config.model_config import check_attention, check_positions
+from common.config.model_config import check_attention, check_cross_entropy_fusion, check_positions
 from common.config.parallel_config import check_parallel
 from common.config.probe_config import check_probes
 from common.config.recompute_config import check_recompute
@@ -33,6 +33,7 @@ def validate(cfg: RunConfig) -> None:
     check_positions(cfg.model)
     check_pipeline(cfg)
     check_moe(cfg)
+    check_cross_entropy_fusion(cfg.model)
     check_train(cfg.train)
     check_recompute(cfg.recompute)
     check_implementation(cfg.implementation)

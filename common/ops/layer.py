@@ -32,8 +32,8 @@ class LayerOps(OpGroup):
 
     @property
     def mlps(self) -> tuple[MLPOps, ...]:
-        """The MLPs a layer runs: the dense one, or one per expert row count."""
-        return (self.mlp,) if self.mlp is not None else tuple(m for _, m in self.moe.experts)
+        """The MLPs a layer runs: the dense one, or the MoE layer's (MoEOps.mlps)."""
+        return (self.mlp,) if self.mlp is not None else self.moe.mlps
 
     def sustained(self) -> tuple[Kernel, ...]:
         a = self.attention

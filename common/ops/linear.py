@@ -6,7 +6,9 @@ the router's routed tokens):
     wgrad  [out, rows] x [rows, inp]  m = out,  n = inp, k = rows  (accumulated into the grad-dtype main_grad, as
                                                                      the engine's gradient-accumulation fusion does)
 
-2 m n k FLOPs each (a multiply-add is 2), the same product for all three.
+2 m n k FLOPs each (a multiply-add is 2), the same product for all three. A grouped linear (--moe-grouped-gemm:
+the rank's experts' weights stacked, each row multiplied by its expert's) is the same three GEMMs over all the
+experts' rows at once, keyed apart from a dense GEMM by `experts`.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from common.ops.kernel import Kernel, OpGroup, kernel
 GEMM_PASSES = ("fprop", "dgrad", "wgrad")
 
 
-def gemm(name: str, m: int, n: int, k: int) -> Kernel:
-    return kernel(name, 2.0 * m * n * k, m=m, n=n, k=k)
+def gemm(name: str, m: int, n: int, k: int, **group: int) -> Kernel:
+    return kernel(name, 2.0 * m * n * k, **group, m=m, n=n, k=k)
 
 
 @dataclass(frozen=True)
@@ -31,3 +33,10 @@ class Linear(OpGroup):
 def linear(name: str, rows: int, out: int, inp: int) -> Linear:
     return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp), dgrad=gemm(f"{name}.dgrad", rows, inp, out),
                   wgrad=gemm(f"{name}.wgrad", out, inp, rows))
+
+
+def grouped_linear(name: str, experts: int, rows: int, out: int, inp: int) -> Linear:
+    """One grouped GEMM a pass over `experts` experts' `rows` rows in all (module docstring)."""
+    return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp, experts=experts),
+                  dgrad=gemm(f"{name}.dgrad", rows, inp, out, experts=experts),
+                  wgrad=gemm(f"{name}.wgrad", out, inp, rows, experts=experts))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.ops.kernel import OpGroup, Passes, passes
-from common.ops.linear import Linear, linear
+from common.ops.linear import Linear, grouped_linear, linear
 from common.ops.megatron import unfused_swiglu
 from common.ops.shapes import ExpertShapes, Shapes
 
@@ -34,3 +34,13 @@ def expert_ops(x: ExpertShapes, hidden: int, rows: int) -> MLPOps:
     """One SwiGLU expert at its row count: the dense MLP's kernels, keyed by their dims."""
     return MLPOps(fc1=linear("linear_fc1", rows, x.fc1, hidden), activation=passes("swiglu", tokens=rows, width=x.fc1),
                   fc2=linear("linear_fc2", rows, hidden, x.ffn))
+
+
+def grouped_expert_ops(x: ExpertShapes, hidden: int) -> MLPOps:
+    """The rank's experts under --moe-grouped-gemm: each linear one grouped GEMM (`experts.linear_fc1`, ...; its
+    fprop includes stacking the experts' weights, as the engine does every forward) and one SwiGLU over all the
+    grouped rows."""
+    rows, n = x.grouped_rows, x.local_experts
+    return MLPOps(fc1=grouped_linear("experts.linear_fc1", n, rows, x.fc1, hidden),
+                  activation=passes("swiglu", tokens=rows, width=x.fc1),
+                  fc2=grouped_linear("experts.linear_fc2", n, rows, hidden, x.ffn))

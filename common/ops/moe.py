@@ -7,7 +7,8 @@
   moe.permute   the R kept assignments sorted by expert and their rows gathered (backward: the rows' gradients
                 added back per token)
   moe.unpermute each token's probability-weighted sum over its k slots, in fp32
-  experts       each local expert's MLP at its row count (one entry per distinct count)
+  experts       each local expert's MLP at its row count (one entry per distinct count), or under
+                --moe-grouped-gemm one grouped MLP over all of them (`grouped`: mlp.grouped_expert_ops)
 The all-to-alls between them are collectives (the time model's), not kernels.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from common.ops.kernel import OpGroup, Passes, passes
 from common.ops.linear import Linear, linear
-from common.ops.mlp import MLPOps, expert_ops
+from common.ops.mlp import MLPOps, expert_ops, grouped_expert_ops
 from common.ops.shapes import ExpertShapes
 
 
@@ -26,10 +27,16 @@ class MoEOps(OpGroup):
     topk: Passes
     permute: Passes
     unpermute: Passes
-    experts: tuple[tuple[int, MLPOps], ...]  # (rows, that expert's MLP) at ExpertShapes.row_counts
+    experts: tuple[tuple[int, MLPOps], ...]  # (rows, that expert's MLP) at ExpertShapes.row_counts; () if grouped
+    grouped: MLPOps | None = None  # --moe-grouped-gemm: the experts' grouped GEMMs and one SwiGLU
 
     def expert(self, rows: int) -> MLPOps:
         return dict(self.experts)[rows]
+
+    @property
+    def mlps(self) -> tuple[MLPOps, ...]:
+        """The MLPs the layer runs: the grouped one, or one per expert row count."""
+        return (self.grouped,) if self.grouped is not None else tuple(m for _, m in self.experts)
 
 
 def moe_ops(x: ExpertShapes, h: int) -> MoEOps:
@@ -38,4 +45,5 @@ def moe_ops(x: ExpertShapes, h: int) -> MoEOps:
                   topk=passes("router.topk", tokens=x.tokens, experts=x.experts, topk=x.topk, aux_loss=x.aux_loss,
                               dropping=x.dropping),
                   permute=passes("moe.permute", **copies), unpermute=passes("moe.unpermute", **copies),
-                  experts=tuple((rows, expert_ops(x, h, rows)) for rows in x.row_counts))
+                  experts=() if x.grouped else tuple((rows, expert_ops(x, h, rows)) for rows in x.row_counts),
+                  grouped=grouped_expert_ops(x, h) if x.grouped else None)

@@ -2,7 +2,8 @@
 
 Widths are local to the TP rank, tokens to the CP rank (seq = s / C); `tokens` = seq b are the GEMMs' rows
 (all-gathered under SP), `norm_tokens` = seq b / t under SP the norms' and residual adds' rows. An MoE layer's
-ExpertShapes: its T routed tokens, the R kept assignments under uniform routing and each local expert's rows.
+ExpertShapes: its T routed tokens, the R kept assignments under uniform routing and each local expert's rows (or,
+under --moe-grouped-gemm, the rows the grouped GEMMs run over).
 `megatron`: Megatron-LM's own layers (common/config ImplementationConfig), whose kernels differ where MegatronOps
 says (megatron.py); None for this engine's.
 """
@@ -38,6 +39,7 @@ class ExpertShapes:
     aux_loss: int  # 1 with a load-balancing loss (its softmax over all E), else 0
     dropping: int  # 1 with a capacity factor (the drop policy's sorts), else 0
     capacity: int | None = None  # assignments an expert keeps of the rank's micro-batch (None: all)
+    grouped: bool = False  # --moe-grouped-gemm: each expert linear one grouped GEMM over `grouped_rows`
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "ExpertShapes | None":
@@ -52,11 +54,21 @@ class ExpertShapes:
                    rows=tuple(each + (i < extra) for i in range(m.num_experts // ep)),
                    ffn=m.expert_ffn_hidden_size // cfg.parallel.tensor_model_parallel_size, ep=ep,
                    aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None),
-                   capacity=expert_capacity(tokens, m))
+                   capacity=expert_capacity(tokens, m), grouped=m.moe_grouped_gemm)
 
     @property
     def fc1(self) -> int:
         return 2 * self.ffn  # SwiGLU experts: gate and up
+
+    @property
+    def local_experts(self) -> int:
+        return len(self.rows)
+
+    @property
+    def grouped_rows(self) -> int:
+        """The rows a grouped GEMM runs over: at EP 1 every assignment (the counts stay on the device, so the
+        dropped rows are carried, zeroed), under EP > 1 the kept ones received."""
+        return self.tokens * self.topk if self.ep == 1 else self.routed
 
     @property
     def row_counts(self) -> tuple[int, ...]:
@@ -115,6 +127,7 @@ class Shapes:
     cp: int = 1
     moe: ExpertShapes | None = None  # None for a dense MLP
     grad_dtype: str = "fp32"  # the main grads' (DDP's grad buffers)
+    linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
     megatron: MegatronKernels | None = None  # Megatron-LM's layers; None: this engine's
 
     @classmethod
@@ -130,7 +143,8 @@ class Shapes:
                    swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
                    sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
-                   grad_dtype=cfg.train.grad_dtype, megatron=MegatronKernels.of(cfg))
+                   grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
+                   megatron=MegatronKernels.of(cfg))
 
     @property
     def activation_bytes(self) -> int:

@@ -31,6 +31,13 @@ from probes.probe_set import NullProbeSet
 from probes.protocol import ProbeSetProtocol
 
 
+def params_used_by_forward(module: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
+    """The parameters a module's forward reads, which its forward pre-hook waits for: its own, and its submodules'
+    too where it computes with their weights without calling them (`uses_submodule_weights`: GroupedMLP stacks its
+    experts' linear weights)."""
+    return module.parameters(recurse=getattr(module, "uses_submodule_weights", False))
+
+
 class DistributedDataParallel(torch.nn.Module):
     def __init__(self, config: DistributedDataParallelConfig, module: torch.nn.Module, parallel_state: Any,
                  probes: ProbeSetProtocol | None = None, disable_bucketing: bool = False):
@@ -117,7 +124,7 @@ class DistributedDataParallel(torch.nn.Module):
         A wait that can block (an all-gather in flight, or owed and about to be issued) is a range of its own,
         category "dp-wait", nested in the forward range: the ledger takes it out of compute, so a forward that stalls
         on its all-gather is not counted as the all-gather's overlap. A DP group of one gathers nothing: no range."""
-        for param in module.parameters(recurse=False):
+        for param in params_used_by_forward(module):
             group = self.param_to_bucket_group.get(param)
             if group is None:
                 continue

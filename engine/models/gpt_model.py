@@ -4,7 +4,10 @@
     decoder:      TransformerBlock over this stage's global layer numbers (final RMSNorm when post_process)
     post_process: output layer = ColumnParallelLinear over the padded vocabulary, gather_output=False, feeding the
                   vocab-parallel cross entropy; its weight is its own (--untie-embeddings-and-output-weights) or
-                  the embedding's (share_embeddings_and_output_weights, Megatron's default)
+                  the embedding's (share_embeddings_and_output_weights, Megatron's default). With
+                  --cross-entropy-fusion-impl linear it is a LinearCrossEntropyModule, which given the labels
+                  returns the loss, computed chunk by chunk without the whole logits
+                  (engine/fusions/fused_linear_cross_entropy.py).
 
 Tied embeddings (Megatron's LanguageModule.setup_embeddings_and_output_layer): on a stage that holds both, the output
 layer multiplies by the embedding's weight, one parameter used twice. Under PP > 1 the last stage's output layer
@@ -29,6 +32,7 @@ import torch.distributed as dist
 
 from common.config import ModelConfig, RecomputeConfig, RunConfig
 from common.errors import ConfigError
+from engine.fusions.fused_linear_cross_entropy import LinearCrossEntropyModule
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -86,11 +90,14 @@ class GPTModel(torch.nn.Module):
                 if isinstance(module, SelfAttention):
                     module.set_context_parallel(cp)
         if post_process:
-            self.output_layer = ColumnParallelLinear(
-                config.hidden_size, self.padded_vocab_size, tp=self.tp,
-                init=MasterWeightInit(std, seed, "output_layer.weight", config.vocab_size), params_dtype=params_dtype,
-                device=device, gather_output=False, sequence_parallel=self.sequence_parallel,
+            output_layer = dict(
+                tp=self.tp, init=MasterWeightInit(std, seed, "output_layer.weight", config.vocab_size),
+                params_dtype=params_dtype, device=device, gather_output=False, sequence_parallel=self.sequence_parallel,
                 skip_weight_param_allocation=pre_process and self.share_embeddings_and_output_weights)
+            self.output_layer = (
+                LinearCrossEntropyModule(config.hidden_size, self.padded_vocab_size, vocab_size=config.vocab_size,
+                                         **output_layer) if config.linear_cross_entropy
+                else ColumnParallelLinear(config.hidden_size, self.padded_vocab_size, **output_layer))
         if self.share_embeddings_and_output_weights:
             self._setup_embeddings_and_output_layer(parallel_state)
 
@@ -141,6 +148,8 @@ class GPTModel(torch.nn.Module):
         if not self.post_process:
             return hidden_states
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        if labels is not None and self.config.linear_cross_entropy:
+            return self.output_layer(hidden_states, weight=output_weight, labels=labels)
         logits = self.output_layer(hidden_states, weight=output_weight)
         if labels is None:
             return logits

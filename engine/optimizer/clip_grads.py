@@ -47,6 +47,8 @@ def grad_norm_squared(grads_for_norm: list[torch.Tensor], groups: list[tuple[str
     else:
         total = torch.zeros((), dtype=torch.float32, device=device)
     for kind, group in groups:
+        if group.size() == 1:  # over one rank the sum is the rank's own (and such a group has no communicator)
+            continue
         category = NORM_CATEGORY.get(kind)
         with probes.range(f"all-reduce grad norm ({kind})", category) if category else contextlib.nullcontext():
             dist.all_reduce(total, group=group)

@@ -63,7 +63,7 @@ def _sharded_parameter(init: MasterWeightInit, full_shape: tuple[int, int], part
 GRADIENT_ACCUMULATION_FUSION = os.environ.get("TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION", "1") != "0"
 
 
-def _addmm_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def addmm_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """c += a @ b in one GEMM (beta = 1), accumulating in c's dtype even when a and b are 16-bit."""
     if c.dtype == a.dtype:
         c.addmm_(a, b)
@@ -73,12 +73,12 @@ def _addmm_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 @functools.cache
 def _mixed_addmm_works(device: torch.device, in_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
-    """Whether _addmm_into accumulates `in_dtype` products in an `out_dtype` c on this device: CUDA only, and
+    """Whether addmm_into accumulates `in_dtype` products in an `out_dtype` c on this device: CUDA only, and
     torch >= 2.10 for an fp32 c with bf16 inputs (pytorch#167931). Tried once, on 1 x 1 matrices, value checked."""
     c = torch.zeros(1, 1, device=device, dtype=out_dtype)
     one = torch.ones(1, 1, device=device, dtype=in_dtype)
     try:
-        _addmm_into(c, one, one)
+        addmm_into(c, one, one)
     except (RuntimeError, TypeError):  # no such overload here (CPU raises NotImplementedError, a RuntimeError)
         return False
     return c.item() == 1.0
@@ -91,7 +91,7 @@ def _fusion_works(device: torch.device, dtype: torch.dtype, main_grad_dtype: tor
                                              or _mixed_addmm_works(device, dtype, main_grad_dtype))
 
 
-def _fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
+def fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
     """DDP marks the weights whose gradient it accumulates in main_grad with `grad_added_to_main_grad` (its promise
     to skip its own add while the flag is set); the GEMM must also be able to accumulate in main_grad's dtype."""
     return hasattr(weight, "grad_added_to_main_grad") and _fusion_works(weight.device, weight.dtype,
@@ -103,9 +103,16 @@ def accumulate_weight_grad(main_grad: torch.Tensor, grad_output: torch.Tensor, t
     gradient: in the weight-gradient GEMM itself where fusion works, else that GEMM in the weight's dtype and DDP's
     hook's add. What the compute sweep times as a linear's `.wgrad` (EngineKernels.wgrad)."""
     if _fusion_works(main_grad.device, total_input.dtype, main_grad.dtype):
-        _addmm_into(main_grad, grad_output.t(), total_input)
+        addmm_into(main_grad, grad_output.t(), total_input)
     else:
         main_grad.add_(grad_output.t().matmul(total_input))
+
+
+def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
+    """After the wgrad GEMMs added dL/dW into main_grad: set DDP's flag and return what autograd gets as the weight's
+    gradient (see _LinearWithGradAccumulation)."""
+    weight.grad_added_to_main_grad = True
+    return torch.zeros_like(weight) if getattr(weight, "zero_out_wgrad", False) else torch.empty_like(weight)
 
 
 class _LinearWithGradAccumulation(torch.autograd.Function):
@@ -137,11 +144,9 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_output = grad_output.reshape(-1, grad_output.shape[-1])
             total_input = total_input.reshape(-1, total_input.shape[-1])
-            if _fuses_weight_grad(weight):
-                _addmm_into(weight.main_grad, grad_output.t(), total_input)
-                weight.grad_added_to_main_grad = True
-                zero = getattr(weight, "zero_out_wgrad", False)
-                grad_weight = torch.zeros_like(weight) if zero else torch.empty_like(weight)
+            if fuses_weight_grad(weight):
+                addmm_into(weight.main_grad, grad_output.t(), total_input)
+                grad_weight = fused_weight_grad_placeholder(weight)
             else:
                 grad_weight = grad_output.t().matmul(total_input)
         return grad_input, grad_weight, None, None

@@ -17,6 +17,9 @@ class MoEKernels:
     permute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[int], Any]]
     unpermute: Callable[[torch.Tensor, Any], torch.Tensor]  # (expert rows, plan) -> [T, h]
     swiglu: Callable[[torch.Tensor], torch.Tensor]  # the experts' (compiled for any row count)
+    # --moe-grouped-gemm: (rows [N, k] grouped by expert, the experts' weights [n, k] each, counts [E] on the device)
+    # -> [N, n], the weights stacked and multiplied as the engine's GroupedMLP does; None for SequentialMLP
+    grouped_linear: Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

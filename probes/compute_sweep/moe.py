@@ -2,7 +2,10 @@
 the GEMM, its dispatcher at EP 1) on uniform routing: router.topk (top-k, softmaxes, counts, the load-balancing loss
 and capacity drops where configured), moe.permute (the rows sorted by expert and split per expert) and moe.unpermute
 (the experts' outputs concatenated, as SequentialMLP does, and combined per token), forward and backward. The
-experts' MLPs are gemm.py's and elementwise.py's; the all-to-alls are the bandwidth sweep's."""
+experts' MLPs are gemm.py's and elementwise.py's, except under --moe-grouped-gemm: each linear's grouped GEMM
+(experts.linear_fc1 / .linear_fc2 .fprop / .dgrad / .wgrad) through the engine's own (EngineKernels.moe
+.grouped_linear: the weights stacked in fprop, as GroupedMLP does every forward; dgrad and wgrad through its autograd
+backward), the rows split per expert as uniform routing splits them. The all-to-alls are the bandwidth sweep's."""
 from __future__ import annotations
 
 from typing import Callable
@@ -69,4 +72,28 @@ def builders(b: Bench) -> dict[str, Builder]:
     for p, backward in (("fwd", False), ("bwd", True)):
         out |= {f"router.topk.{p}": route(backward), f"moe.permute.{p}": permute(backward),
                 f"moe.unpermute.{p}": unpermute(backward)}
-    return out
+    return out | (grouped_builders(b) if x.grouped else {})
+
+
+def grouped_builders(b: Bench) -> dict[str, Builder]:
+    """The grouped expert GEMMs at the catalogue's m, n, k (common/ops/linear.py grouped_linear): fprop [m, k] rows
+    through `experts` weights [n, k]; dgrad and wgrad as the backward of that fprop (rows m, out n, in k for dgrad;
+    out m, in n, rows k for wgrad)."""
+    t, x, kernels = b.tensors, b.shapes.moe, b.kernels.moe
+    if kernels.grouped_linear is None:
+        raise ValueError("a sweep of grouped expert GEMMs needs the engine's (MoEKernels.grouped_linear)")
+    counts = torch.tensor(x.rows, device=t.device)
+
+    def call(rows: int, out: int, inp: int, grad: str | None) -> Op:
+        a = t.randn(rows, inp, grad=grad == "dgrad")
+        weights = [t.randn(out, inp, grad=grad == "wgrad") for _ in range(x.local_experts)]
+        if grad is None:
+            return Call(lambda: kernels.grouped_linear(a, weights, counts))
+        inputs = (a,) if grad == "dgrad" else tuple(weights)
+        return Backward(lambda: kernels.grouped_linear(a, weights, counts), inputs, (t.randn(rows, out),))
+
+    passes: dict[str, Builder] = {
+        "fprop": lambda d: call(d["m"], d["n"], d["k"], None),
+        "dgrad": lambda d: call(d["m"], d["k"], d["n"], "dgrad"),
+        "wgrad": lambda d: call(d["k"], d["m"], d["n"], "wgrad")}
+    return {f"experts.{linear}.{p}": build for linear in ("linear_fc1", "linear_fc2") for p, build in passes.items()}

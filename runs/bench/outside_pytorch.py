@@ -4,10 +4,11 @@ own (per-process NVML accounting) after each thing a training rank sets up, besi
     python runs/bench/outside_pytorch.py [--json OUT]
 
 Steps, in a training rank's order: torch imported (no CUDA yet) -> CUDA context -> NCCL process group of one rank ->
-its first collective (the communicator) -> the engine's process groups (engine.parallel_state) and a collective on
-each -> four more groups -> a bf16 GEMM (cuBLAS / cuBLASLt handles) -> SDPA flash attention forward
-and backward -> a compiled pointwise kernel (Triton) -> a fused AdamW step. Each line: device used, this process's
-used, allocator reserved, and outside = process used - reserved, with the step's increment.
+its first collective (the communicator) -> the engine's process groups (engine.parallel_state: none of one rank has a
+communicator) and a collective on each communicator -> four more groups of one rank -> a bf16 GEMM (cuBLAS / cuBLASLt
+handles) -> SDPA flash attention forward and backward -> a compiled pointwise kernel (Triton) -> a fused AdamW step.
+Each line: device used, this process's used, allocator reserved, and outside = process used - reserved, with the
+step's increment.
 """
 from __future__ import annotations
 
@@ -62,13 +63,14 @@ def main() -> int:
     x = torch.ones(1024, device="cuda")
     dist.all_reduce(x)
     point("first all_reduce")
-    from engine.parallel_state import ParallelState
+    from engine.parallel_state import LayoutGroup, ParallelState
 
     state = ParallelState.initialize(1, 1, 1)
-    point(f"engine's {len(state.groups)} groups")
-    for group in state.groups.values():
+    communicators = [g for g in state.groups.values() if not isinstance(g, LayoutGroup)]
+    point(f"engine's {len(state.groups)} groups, {len(communicators)} with a communicator")
+    for group in communicators:
         dist.all_reduce(x, group=group)
-    point("a collective on each group")
+    point("a collective on each communicator")
     extra = [dist.new_group([0]) for _ in range(4)]
     for group in extra:
         dist.all_reduce(x, group=group)

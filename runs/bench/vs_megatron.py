@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from common.arguments import parse_args  # noqa: E402
+from common.events import InventoryRecord, MemoryRecord, NvmlRecord, StepRecord  # noqa: E402
 from common.run_dir import iter_events  # noqa: E402
 from ledger.models.formulas.flops import H200_BF16_DENSE_PEAK, megatron_flops_per_step  # noqa: E402
 
@@ -64,7 +65,7 @@ def gemm_ceiling_tflops() -> float:
 
 
 def run(cmd: list[str], timeout: int, env: dict[str, str] | None = None) -> tuple[str, float]:
-    print("$ " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + shlex.join(cmd), flush=True)
+    print("$ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + shlex.join(cmd), flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
@@ -84,28 +85,49 @@ def anchor_variant(name: str, script: Path, extra: list[str], seq: int, mb: int,
                 n_params=res["n_params"], wall_s=wall, versions={k: res.get(k) for k in ("torch", "megatron_core")})
 
 
-def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = True) -> dict:
-    """Our engine through torchrun; compile_=False sets TRAIN_LEDGER_COMPILE=0 (the eager model, engine/jit.py)."""
+# Engine levers a variant may turn on (flags added to engine_argv's): the output layer fused into the loss.
+LINEAR_CROSS_ENTROPY = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "linear"]
+
+
+def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = True, extra: tuple[str, ...] = (),
+                   name: str | None = None) -> dict:
+    """Our engine at the anchors' shape; compile_=False sets TRAIN_LEDGER_COMPILE=0 (the eager model, engine/jit.py);
+    extra: flags added to engine_argv's (a lever), reported under `name`."""
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = os.path.join(tmp, "run")
-        argv = engine_argv(seq, mb, steps, run_dir)
-        _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                       "-m", "engine.train", *argv], timeout=900,
-                      env={"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
-        events = list(iter_events(run_dir, 0))
-    steps_ = [e for e in events if e["kind"] == "step"]
-    memory = {e["point"]: e for e in events if e["kind"] == "memory" and e["point"] != "step"}
-    per_step = [e for e in events if e["kind"] == "memory" and e["point"] == "step"]
-    inventory = [e for e in events if e["kind"] == "inventory" and e.get("tensor_kind") == "param_buffer"]
-    n = sum(e["numel"] for e in inventory) or None
-    return dict(variant="train-ledger" if compile_ else "train-ledger eager", seq=seq,
-                times=[s["step_time_s"] for s in steps_][-timed:],
-                peak_alloc=max(m["allocated_bytes.all.peak"] for m in per_step),
-                peak_reserved=max(m["reserved_bytes.all.current"] for m in per_step),
-                mem_setup=memory["after_optimizer_init"]["allocated_bytes.all.current"],
-                mem_after_step1=memory["after_first_step"]["allocated_bytes.all.current"], n_params=n,
-                lifecycle_allocated={point: m["allocated_bytes.all.current"] for point, m in memory.items()},
+        result = engine_run(engine_argv(seq, mb, steps, os.path.join(tmp, "run")) + list(extra), timed,
+                            {"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
+    return dict(result, variant=name or ("train-ledger" if compile_ else "train-ledger eager"), seq=seq)
+
+
+def engine_run(argv: list[str], timed: int, env: dict[str, str] | None = None) -> dict:
+    """`torchrun --nproc-per-node 1 -m engine.train ARGV` (ARGV names its --run-dir) and the figures of its rank 0
+    events: the last `timed` step times and tokens per step, the allocator's peaks (None where it keeps none: CPU),
+    NVML's device used bytes at their highest (the nvml probe) and what lay outside PyTorch then (used - reserved)."""
+    run_dir = argv[argv.index("--run-dir") + 1]
+    _, wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                   "-m", "engine.train", *argv], timeout=900, env=env)
+    events = list(iter_events(run_dir, 0))
+    steps_ = [e for e in events if isinstance(e, StepRecord)]
+    memory = {e.point: e for e in events if isinstance(e, MemoryRecord) and e.point != "step"}
+    per_step = [e for e in events if isinstance(e, MemoryRecord) and e.point == "step"]
+    inventory = [e for e in events if isinstance(e, InventoryRecord) and e.tensor_kind == "param_buffer"]
+    nvml = [e.used_bytes for e in events if isinstance(e, NvmlRecord) and e.used_bytes is not None]
+    peak_reserved = _largest([m.reserved for m in per_step])
+    return dict(times=[s.step_time_s for s in steps_][-timed:], tokens_per_step=steps_[-1].tokens,
+                peak_alloc=_largest([m.peak for m in per_step]), peak_reserved=peak_reserved,
+                nvml_used_max=max(nvml) if nvml else None,
+                outside_pytorch=max(nvml) - peak_reserved if nvml and peak_reserved is not None else None,
+                mem_setup=memory["after_optimizer_init"].allocated,
+                mem_after_step1=memory["after_first_step"].allocated,
+                n_params=sum(e.numel for e in inventory) or None,
+                lifecycle_allocated={point: m.allocated for point, m in memory.items()},
                 wall_s=wall, argv=["torchrun", "--nproc-per-node", "1", "-m", "engine.train", *argv])
+
+
+def _largest(values: list[int | None]) -> int | None:
+    """The largest of the figures a record has (None where none has it: the allocator keeps none on CPU)."""
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 def summarize(r: dict, mb: int, ceiling: float) -> dict:
@@ -117,9 +139,57 @@ def summarize(r: dict, mb: int, ceiling: float) -> dict:
                 step_median_ms=statistics.median(r["times"]) * 1e3,
                 step_spread_ms=(max(r["times"]) - min(r["times"])) * 1e3, tflops_per_gpu=tflops,
                 mfu_datasheet=tflops * 1e12 / H200_BF16_DENSE_PEAK, mfu_gemm_ceiling=tflops / ceiling,
-                peak_alloc_gib=r["peak_alloc"] / 2 ** 30, peak_reserved_gib=r["peak_reserved"] / 2 ** 30,
-                bytes_per_param_setup=r["mem_setup"] / r["n_params"] if r["n_params"] else None,
-                bytes_per_param_step1=r["mem_after_step1"] / r["n_params"] if r["n_params"] else None)
+                peak_alloc_gib=_gib(r["peak_alloc"]), peak_reserved_gib=_gib(r["peak_reserved"]),
+                bytes_per_param_setup=r["mem_setup"] / r["n_params"] if r["n_params"] and r["mem_setup"] else None,
+                bytes_per_param_step1=(r["mem_after_step1"] / r["n_params"] if r["n_params"] and r["mem_after_step1"]
+                                       else None),
+                nvml_used_gib=_gib(r.get("nvml_used_max")), outside_pytorch_gib=_gib(r.get("outside_pytorch")))
+
+
+def _gib(n: int | None) -> float | None:
+    return n / 2 ** 30 if n is not None else None
+
+
+def variant_makers(anchors: Path, mb: int, steps: int, timed: int) -> dict:
+    """--variants name -> a function of the sequence length that runs it and returns its raw record."""
+    return {
+        "mcore": lambda s: anchor_variant("megatron-core", anchors / "mcore_anchor.py",
+                                          ["--attn", "sdpa", "--fusedadam"], s, mb, steps, timed),
+        "compile": lambda s: anchor_variant("torch.compile", anchors / "torch_anchor.py", ["--compile"], s, mb, steps,
+                                            timed),
+        "ours": lambda s: engine_variant(s, mb, steps, timed),
+        "ours-eager": lambda s: engine_variant(s, mb, steps, timed, compile_=False),
+        "ours-linear-ce": lambda s: engine_variant(s, mb, steps, timed, extra=LINEAR_CROSS_ENTROPY,
+                                                   name="train-ledger linear-ce"),
+    }
+
+
+def merged_table(raw: list[dict], seqs: list[int], mb: int, ceiling: float) -> tuple[list[dict], dict]:
+    """Each variant's runs of a sequence length merged (their timed steps pooled) and summarised, and each of our
+    variants' tokens/s over each anchor's."""
+    table = []
+    for seq in seqs:
+        for v in sorted({r["variant"] for r in raw if r["seq"] == seq}):
+            runs = [r for r in raw if r["variant"] == v and r["seq"] == seq]
+            merged = dict(runs[0], times=[t for r in runs for t in r["times"]])
+            table.append(summarize(merged, mb, ceiling))
+    by = {(t["variant"], t["seq"]): t for t in table}
+    ours = sorted({v for v, _ in by if v.startswith("train-ledger")})
+    ratios = {seq: {f"{mine} / {other}": by[(mine, seq)]["tokens_per_s"] / by[(other, seq)]["tokens_per_s"]
+                    for mine in ours for other in ("megatron-core", "torch.compile")
+                    if (mine, seq) in by and (other, seq) in by}
+              for seq in seqs}
+    return table, ratios
+
+
+def print_table(table: list[dict], ratios: dict) -> None:
+    print("\nvariant                  seq   tokens/s  median ms  spread ms  TFLOP/s  MFU(989)  MFU(gemm)  "
+          "peak alloc GiB")
+    for t in sorted(table, key=lambda t: (t["seq"], t["variant"])):
+        print(f"{t['variant']:<23} {t['seq']:>5} {t['tokens_per_s']:>10,.0f} {t['step_median_ms']:>10.1f} "
+              f"{t['step_spread_ms']:>10.1f} {t['tflops_per_gpu']:>8.1f} {t['mfu_datasheet']:>9.3f} "
+              f"{t['mfu_gemm_ceiling']:>10.3f} {t['peak_alloc_gib'] or 0:>14.2f}")
+    print("ratios (ours / other, tokens/s):", json.dumps(ratios), flush=True)
 
 
 def main() -> None:
@@ -135,17 +205,9 @@ def main() -> None:
     p.add_argument("--out", default="vs_megatron.json")
     a = p.parse_args()
     print("command: python " + shlex.join(sys.argv), flush=True)
-    anchors = Path(a.anchors)
     ceiling = gemm_ceiling_tflops()
     print(f"bf16 GEMM ceiling (8192^3, random): {ceiling:.0f} TFLOP/s", flush=True)
-    makers = {
-        "mcore": lambda s: anchor_variant("megatron-core", anchors / "mcore_anchor.py",
-                                          ["--attn", "sdpa", "--fusedadam"], s, a.microbatches, a.steps, a.timed),
-        "compile": lambda s: anchor_variant("torch.compile", anchors / "torch_anchor.py", ["--compile"], s,
-                                            a.microbatches, a.steps, a.timed),
-        "ours": lambda s: engine_variant(s, a.microbatches, a.steps, a.timed),
-        "ours-eager": lambda s: engine_variant(s, a.microbatches, a.steps, a.timed, compile_=False),
-    }
+    makers = variant_makers(Path(a.anchors), a.microbatches, a.steps, a.timed)
     raw: list[dict] = []
     failures: list[dict] = []
     for seq in a.seq:
@@ -158,22 +220,8 @@ def main() -> None:
                     print(f"FAILED {v} seq {seq}: {str(exc)[-2000:]}", flush=True)
                     continue
                 print(json.dumps(summarize(raw[-1], a.microbatches, ceiling)), flush=True)
-    table = []
-    for seq in a.seq:
-        for v in sorted({r["variant"] for r in raw if r["seq"] == seq}):
-            runs = [r for r in raw if r["variant"] == v and r["seq"] == seq]
-            merged = dict(runs[0], times=[t for r in runs for t in r["times"]])
-            table.append(summarize(merged, a.microbatches, ceiling))
-    by = {(t["variant"], t["seq"]): t for t in table}
-    ratios = {seq: {other: by[("train-ledger", seq)]["tokens_per_s"] / by[(other, seq)]["tokens_per_s"]
-                    for other in ("megatron-core", "torch.compile") if (other, seq) in by}
-              for seq in a.seq if ("train-ledger", seq) in by}
-    print("\nvariant          seq   tokens/s  median ms  spread ms  TFLOP/s  MFU(989)  MFU(gemm)  peak alloc GiB")
-    for t in sorted(table, key=lambda t: (t["seq"], t["variant"])):
-        print(f"{t['variant']:<15} {t['seq']:>5} {t['tokens_per_s']:>10,.0f} {t['step_median_ms']:>10.1f} "
-              f"{t['step_spread_ms']:>10.1f} {t['tflops_per_gpu']:>8.1f} {t['mfu_datasheet']:>9.3f} "
-              f"{t['mfu_gemm_ceiling']:>10.3f} {t['peak_alloc_gib']:>14.2f}")
-    print("ratios (ours / other, tokens/s):", json.dumps(ratios))
+    table, ratios = merged_table(raw, a.seq, a.microbatches, ceiling)
+    print_table(table, ratios)
     Path(a.out).write_text(json.dumps({"command": sys.argv, "gemm_ceiling_tflops": ceiling, "table": table,
                                        "ratios": ratios, "runs": raw,
                                        "failures": failures}, indent=1))

@@ -104,7 +104,8 @@ def _train_one(ps, cfg: dict, build) -> dict:
         loss_total.zero_()
         forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=data, model=ddp,
                                        num_microbatches=MICROBATCHES, config=schedule)
-        torch.distributed.all_reduce(loss_total, group=ps.groups["dp_cp"])
+        if ps.groups["dp_cp"].size() > 1:  # a group of one has no communicator: its sum is the rank's own
+            torch.distributed.all_reduce(loss_total, group=ps.groups["dp_cp"])
         probes.phase = ("step",)
         _, norm = optimizer.step()
         if step == 0:

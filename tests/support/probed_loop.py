@@ -77,12 +77,16 @@ def _forward_backward(probes, model: torch.nn.Module, ps: ParallelState) -> floa
 
 
 def _grad_sync(probes, model: torch.nn.Module, ps: ParallelState) -> None:
+    group = ps.groups["dp_cp"]
     for bucket, param in enumerate(model.parameters()):
+        # a DP group of one has no communicator (engine/parallel_state.py): the reduction is the identity, issued
+        # as none, its range kept
         work, token = probes.comm_issue(
             f"all-reduce bucket{bucket}", "dp-comm",
-            lambda param=param: dist.all_reduce(param.grad, group=ps.groups["dp_cp"], async_op=True), bucket=bucket,
-            bytes=param.grad.numel() * 4)
-        work.wait()
+            lambda param=param: dist.all_reduce(param.grad, group=group, async_op=True) if group.size() > 1 else None,
+            bucket=bucket, bytes=param.grad.numel() * 4)
+        if work is not None:
+            work.wait()
         probes.comm_end(token)
 
 

@@ -1,5 +1,6 @@
-"""This rank's experts (Megatron's SequentialMLP): E / EP SwiGLU MLPs of width moe_ffn_hidden_size, run one after
-another on the tokens grouped by expert.
+"""This rank's experts: E / EP SwiGLU MLPs of width moe_ffn_hidden_size on the tokens grouped by expert, run one after
+another (Megatron's SequentialMLP) or, under --moe-grouped-gemm, each linear of all of them as one grouped GEMM
+(GroupedMLP).
 
 EP rank r holds global experts [r E/ep, (r + 1) E/ep). Each expert is a child module named by its global index, so
 its parameters are `decoder.layers.{n}.mlp.experts.{e}.linear_fc1.weight` (and linear_fc2) at any EP size: that
@@ -15,7 +16,9 @@ import torch
 
 from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
-from engine.transformer.mlp import MLP
+from engine.transformer.mlp import MLP, swiglu, swiglu_any_rows
+from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_linear
+from engine.transformer.moe.router import expert_capacity
 
 
 def local_expert_indices(num_experts: int, ep_size: int, ep_rank: int) -> range:
@@ -40,3 +43,52 @@ class SequentialMLP(torch.nn.Module):
         """tokens [N, h] grouped by local expert, tokens_per_expert[i] rows for the i-th -> outputs [N, h]."""
         chunks = tokens.split(tokens_per_expert)
         return torch.cat([expert(chunk) for expert, chunk in zip(self.children(), chunks)])
+
+
+class GroupedMLP(SequentialMLP):
+    """SequentialMLP's experts (the same parameters, names and initial values, so checkpoints, the ledger's tensor
+    list and parity tests see no difference), computed as two grouped GEMMs and one SwiGLU over all the rows
+    (grouped_gemm_util.py) instead of a GEMM pair per expert, on the row counts as a device tensor: at EP 1 the
+    host never reads them (SequentialMLP must, to split the rows).
+
+    The experts' weights are stacked per forward ([E, 2f, h] and [E, h, f]: torch.stack, whose backward hands each
+    expert its slice of the stacked gradient), a copy of the rank's expert weights that the GEMMs save for backward.
+    Rows past the counts (assignments dropped over capacity, at EP 1) come out as zeros.
+    """
+    # Its forward reads the experts' weights without calling their modules: DDP's forward pre-hook, which waits for
+    # parameters' all-gather under --overlap-param-gather, must wait for them here (distributed_data_parallel.py).
+    uses_submodule_weights = True
+
+    def __init__(self, config: ModelConfig, prefix: str, *, ep_size: int, ep_rank: int, tp: TPGroup,
+                 params_dtype: torch.dtype, device: torch.device | str, seed: int):
+        super().__init__(config, prefix, ep_size=ep_size, ep_rank=ep_rank, tp=tp, params_dtype=params_dtype,
+                         device=device, seed=seed)
+        self.topk, self.capacity_factor = config.moe_router_topk, config.moe_expert_capacity_factor
+        self.num_experts = config.num_experts
+        self.activation = swiglu if ep_size == 1 else swiglu_any_rows  # at EP 1 the row count is always T k
+
+    def forward(self, tokens: torch.Tensor, tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+        """tokens [N, h] grouped by local expert; tokens_per_expert [E/EP]: a device tensor (EP 1: the dispatcher
+        keeps the counts there, N = T k rows, the dropped ones last) or the host's list (EP > 1, all N rows kept)."""
+        groups = self.groups(tokens.shape[0], tokens_per_expert)
+        experts = list(self.children())
+        hidden = grouped_linear(tokens, [e.linear_fc1.weight for e in experts], groups)
+        return grouped_linear(self.activation(hidden), [e.linear_fc2.weight for e in experts], groups)
+
+    def groups(self, rows: int, tokens_per_expert: torch.Tensor | list[int]) -> ExpertGroups:
+        """Where each of the `rows` rows goes (grouped_gemm_util.ExpertGroups), on the device."""
+        on_host = isinstance(tokens_per_expert, list)
+        counts = torch.as_tensor(tokens_per_expert, dtype=torch.long, device=next(self.parameters()).device)
+        return ExpertGroups.of(counts, rows, self._max_rows(rows, tokens_per_expert),
+                               may_drop=not on_host and self.capacity_factor is not None)
+
+    def _max_rows(self, rows: int, tokens_per_expert: torch.Tensor | list[int]) -> int:
+        """A bound on every expert's rows that the host knows without reading the device (the fallback's padded
+        size): the counts themselves when they are a host list; at EP 1 the tokens T = N / k (a token picks an
+        expert at most once), or the capacity when lower."""
+        if isinstance(tokens_per_expert, list):
+            return max(tokens_per_expert, default=0)
+        tokens = rows // self.topk
+        if self.capacity_factor is None:
+            return tokens
+        return min(tokens, expert_capacity(tokens, self.topk, self.num_experts, self.capacity_factor))

@@ -1,9 +1,11 @@
 """The MoE layer that replaces a transformer layer's MLP when the model has experts (Megatron's MoELayer):
 router -> dispatch -> this rank's experts -> combine, on the layer's [s, b, h] input flattened to T = s b tokens.
 
-It runs at tp = 1 and cp = 1 (check_engine_support refuses the rest). `MoEContext` is what it needs beyond the
-model config, built once per model chunk: the expert-parallel group (with the probes its all-to-alls report to)
-and the schedule's number of micro-batches (the load-balancing loss's gradient scale, router.py).
+It runs at tp = 1 and cp = 1 (check_engine_support refuses the rest). Under --moe-grouped-gemm the experts are a
+GroupedMLP and, at EP 1, the dispatcher keeps the counts on the device: nothing in the layer waits for the device.
+`MoEContext` is what it needs beyond the model config, built once per model chunk: the expert-parallel group (with
+the probes its all-to-alls report to) and the schedule's number of micro-batches (the load-balancing loss's
+gradient scale, router.py).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.expert_parallel import EPGroup
-from engine.transformer.moe.experts import SequentialMLP
+from engine.transformer.moe.experts import GroupedMLP, SequentialMLP
 from engine.transformer.moe.router import TopKRouter
 from engine.transformer.moe.routing_record import RoutingRecord
 from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
@@ -43,9 +45,11 @@ class MoELayer(torch.nn.Module):
         prefix = f"decoder.layers.{layer_number}.mlp"
         self.router = TopKRouter(config, f"{prefix}.router", num_microbatches=moe.num_microbatches,
                                  params_dtype=params_dtype, device=device, seed=seed)
-        self.experts = SequentialMLP(config, prefix, ep_size=moe.ep.size, ep_rank=moe.ep.rank, tp=tp,
-                                     params_dtype=params_dtype, device=device, seed=seed)
-        self.token_dispatcher = MoEAlltoAllTokenDispatcher(config.num_experts, moe.ep, layer_number)
+        experts = GroupedMLP if config.moe_grouped_gemm else SequentialMLP
+        self.experts = experts(config, prefix, ep_size=moe.ep.size, ep_rank=moe.ep.rank, tp=tp,
+                               params_dtype=params_dtype, device=device, seed=seed)
+        self.token_dispatcher = MoEAlltoAllTokenDispatcher(config.num_experts, moe.ep, layer_number,
+                                                           keep_counts_on_device=config.moe_grouped_gemm)
         self.record = RoutingRecord(config.num_experts)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

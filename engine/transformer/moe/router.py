@@ -40,6 +40,13 @@ class Routing:
     aux_loss: torch.Tensor  # fp32 scalar, detached, coefficient applied (0 without a coefficient)
 
 
+def count_per_expert(experts: torch.Tensor, num_experts: int, where: torch.Tensor | None = None) -> torch.Tensor:
+    """[num_experts] int64: how many entries of `experts` (where `where` holds, if given) name each expert, on the
+    device and without a host read (CUDA's bincount reads the largest index back to size its output)."""
+    ones = where.reshape(-1).long() if where is not None else torch.ones_like(experts.reshape(-1))
+    return torch.zeros(num_experts, dtype=torch.long, device=experts.device).scatter_add_(0, experts.reshape(-1), ones)
+
+
 def topk_softmax(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(experts [T, k], probs [T, k]): the k largest logits per token, their softmax in fp32."""
     chosen, experts = torch.topk(logits, topk, dim=-1)
@@ -66,7 +73,7 @@ def keep_within_capacity(experts: torch.Tensor, probs: torch.Tensor, capacity: i
     flat_experts, flat_probs = experts.reshape(-1), probs.detach().reshape(-1)
     by_prob = torch.argsort(flat_probs, descending=True, stable=True)  # ties keep token order
     order = by_prob[torch.argsort(flat_experts[by_prob], stable=True)]  # expert-major, then by probability
-    counts = torch.bincount(flat_experts, minlength=num_experts)
+    counts = count_per_expert(flat_experts, num_experts)
     starts = torch.cumsum(counts, 0) - counts
     rank_in_expert = torch.empty_like(order)
     rank_in_expert[order] = torch.arange(order.numel(), device=order.device) - starts[flat_experts[order]]
@@ -110,13 +117,13 @@ class TopKRouter(torch.nn.Module):
     def route(self, logits: torch.Tensor) -> Routing:
         """The gate's logits [T, E] -> the Routing (apart from the GEMM so that the compute sweep times it alone)."""
         experts, probs = topk_softmax(logits, self.topk)
-        tokens_per_expert = torch.bincount(experts.reshape(-1), minlength=self.num_experts)
+        tokens_per_expert = count_per_expert(experts, self.num_experts)
         kept = torch.ones_like(experts, dtype=torch.bool)
         dropped = torch.zeros_like(tokens_per_expert)
         if self.capacity_factor is not None:
             capacity = expert_capacity(logits.shape[0], self.topk, self.num_experts, self.capacity_factor)
             kept = keep_within_capacity(experts, probs, capacity, self.num_experts)
-            dropped = torch.bincount(experts[~kept], minlength=self.num_experts)
+            dropped = count_per_expert(experts, self.num_experts, where=~kept)
         aux_loss = probs.new_zeros(())
         if self.aux_loss_coeff > 0 and torch.is_grad_enabled():
             aux_loss = load_balancing_loss(logits, tokens_per_expert, self.topk, self.aux_loss_coeff)

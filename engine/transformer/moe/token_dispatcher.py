@@ -10,7 +10,10 @@ dispatch (this rank's T tokens, each routed to k experts):
 combine reverses 4 and 3, then unpermutes: each token's output is the sum over its k slots of the routing
 probability times the expert's output row (zero for a dropped assignment), summed in slot order in fp32.
 
-EP = 1 skips 2-4 and takes no collective.
+EP = 1 skips 2-4 and takes no collective. With keep_counts_on_device (GroupedMLP's experts at EP 1) the host never
+reads the counts: every assignment's row is gathered, the dropped ones sorted last (T k rows, a size the host knows),
+the counts go to the experts as a device tensor, and combine maps a dropped slot to its zero row by the routing's
+`kept` mask instead of by the kept count.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.transformer.moe.expert_parallel import EPGroup, all_to_all, exchange_counts
-from engine.transformer.moe.router import Routing
+from engine.transformer.moe.router import Routing, count_per_expert
 
 
 @dataclass
@@ -28,7 +31,7 @@ class DispatchPlan:
     probs: torch.Tensor  # [T, k] fp32
     slot_rows: torch.Tensor  # [T, k] row of each assignment in the permuted rows; N (a zero row) if dropped
     send_splits: list[int]  # rows sent to each EP rank
-    receive_counts: list[list[int]]  # [source rank][local expert] rows received
+    receive_counts: list[list[int]]  # [source rank][local expert] rows received; [] while the counts stay on device
 
 
 def _reorder_chunks(rows: torch.Tensor, counts: list[list[int]]) -> torch.Tensor:
@@ -43,19 +46,27 @@ def _transpose(counts: list[list[int]]) -> list[list[int]]:
 
 
 class MoEAlltoAllTokenDispatcher:
-    def __init__(self, num_experts: int, ep: EPGroup, layer_number: int):
+    def __init__(self, num_experts: int, ep: EPGroup, layer_number: int, keep_counts_on_device: bool = False):
+        """keep_counts_on_device: at EP 1, hand the experts the counts as a device tensor, never read on the host
+        (module docstring); ignored under EP > 1, whose all-to-alls take their split sizes from the host."""
         self.num_experts, self.ep, self.layer_number = num_experts, ep, layer_number
         self.num_local_experts = num_experts // ep.size
+        self.keep_counts_on_device = keep_counts_on_device and ep.size == 1
 
     def dispatch(self, hidden_states: torch.Tensor,
-                 routing: Routing) -> tuple[torch.Tensor, list[int], DispatchPlan]:
+                 routing: Routing) -> tuple[torch.Tensor, list[int] | torch.Tensor, DispatchPlan]:
         """hidden_states [T, h] -> (rows grouped by local expert, rows per local expert, the plan for combine)."""
         num_tokens, topk = routing.experts.shape
         key = torch.where(routing.kept, routing.experts, self.num_experts).reshape(-1)  # dropped sort last
         order = torch.argsort(key, stable=True)
-        counts = torch.bincount(key, minlength=self.num_experts + 1)[:self.num_experts]  # kept rows per expert
+        counts = count_per_expert(key, self.num_experts + 1)[:self.num_experts]  # kept rows per expert
         slot_rows = torch.empty_like(order)
         slot_rows[order] = torch.arange(order.numel(), device=order.device)
+        if self.keep_counts_on_device:
+            rows = order.numel()  # every assignment's row: combine's zero row follows them
+            plan = DispatchPlan(routing.probs, torch.where(routing.kept, slot_rows.view(num_tokens, topk), rows),
+                                [rows], [])
+            return hidden_states[order // topk], counts, plan
         if self.ep.size == 1:
             receive_counts = [counts.tolist()]
             send_splits = [sum(receive_counts[0])]

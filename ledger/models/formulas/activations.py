@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from common.config import RecomputeConfig, RunConfig
+from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
 from common.ops.sizes import local_seq_length
 from ledger.models.formulas import core_attention, megatron_layer
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
@@ -86,12 +86,19 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
 
 def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     """What an MoE layer's MLP part saves for one micro-batch on one rank (module docstring), with the rows its
-    experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP)."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP). Grouped GEMMs
+    (--moe-grouped-gemm) also keep the experts' stacked weights and the groups' int32 offsets, and at EP 1 carry
+    every assignment's row (T k: the counts stay on the device), with a bool mask of the kept ones under a
+    capacity factor."""
+    m, t, ep = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.parallel.expert_model_parallel_size
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size // _sp_div(cfg)
     a, h, f, k = activation_bytes(cfg), m.hidden_size, m.expert_ffn_hidden_size, m.moe_router_topk
-    rows = uniform_kept_assignments(tokens, m)
+    rows = tokens * k if m.moe_grouped_gemm and ep == 1 else uniform_kept_assignments(tokens, m)
     aux = {"router.softmax_all_experts[fp32]": 4 * tokens * m.num_experts} if m.moe_aux_loss_coeff > 0 else {}
+    local = m.num_experts // ep
+    grouped = {"experts.stacked_weights": a * local * 3 * f // t * h, "experts.group_offsets[int32]": 4 * local,
+               **({"experts.kept_rows[bool]": rows} if ep == 1 and m.moe_expert_capacity_factor is not None else {})
+               } if m.moe_grouped_gemm else {}
     return {
         "router.input=pre_mlp_layernorm.output": a * tokens * h,
         "router.topk_indices[int64]": 8 * tokens * k,
@@ -101,6 +108,7 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "experts.linear_fc1.input": a * rows * h,
         "experts.swiglu.input=linear_fc1.output": a * rows * 2 * f // t,
         "experts.linear_fc2.input": a * rows * f // t,
+        **grouped,
         "combine.slot_index[int64]": 8 * tokens * k,
         "combine.expert_rows[fp32]": 4 * tokens * k * h,
     }
@@ -160,21 +168,36 @@ def first_stage_extra_bytes(cfg: RunConfig) -> int:
     return 8 * local_seq_length(cfg) * cfg.train.micro_batch_size * (2 if cfg.model.learned_positions else 1)
 
 
+def loss_chunk_tokens(cfg: RunConfig) -> int:
+    """Tokens of one chunk of the fused output layer and loss (--cross-entropy-fusion-impl linear): the constant
+    chunk, or the micro-batch's s/C b tokens when fewer."""
+    return min(LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, local_seq_length(cfg) * cfg.train.micro_batch_size)
+
+
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
-    """Final norm input + rstd (+ mean), output layer input, and Megatron's vocab-parallel cross-entropy: fp32
-    softmax over the local vocab slice, a bool target mask and int64 masked targets per token."""
+    """Final norm input + rstd (+ mean), output layer input, and the loss: a bool target mask and int64 masked
+    targets per token, and
+    - unfused (Megatron's vocab-parallel cross-entropy): the fp32 softmax over the local vocab slice;
+    - fused over chunks of tokens (linear): two fp32 figures per token (the max and the sum of exponentials), and one
+      chunk's logits and their gradient, which the loss's backward holds at once while every activation is still
+      saved (counted here, not as the logits transient)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     s, b = local_seq_length(cfg), cfg.train.micro_batch_size
     a, sp = activation_bytes(cfg), _sp_div(cfg)
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    loss = (8 * s * b + 2 * a * loss_chunk_tokens(cfg) * vocab // t if m.linear_cross_entropy
+            else 4 * s * b * vocab // t)
     return (sum(norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
-            + 4 * s * b * vocab // t + s * b * (1 + 8))
+            + loss + s * b * (1 + 8))
 
 
 def logits_transient_bytes(cfg: RunConfig) -> int:
     """The 16/32-bit logits (forward) or their gradient (backward) beside the saved fp32 softmax on the last stage:
-    live only around the loss, so counted in the peak but not in the saved activations."""
+    live only around the loss, so counted in the peak but not in the saved activations. None with the loss fused
+    over chunks: the micro-batch's logits never exist (the chunk's are in last_stage_extra_bytes)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    if m.linear_cross_entropy:
+        return 0
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * vocab // t
 

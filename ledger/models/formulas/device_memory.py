@@ -2,8 +2,10 @@
 
     outside = driver reserve + CUDA context + NCCL communicators + library modules
     NCCL    = first communicator (the default group, created at init_process_group with a device id: eager)
-              + one per process group the rank belongs to (engine.parallel_state creates every kind, groups of one
-                included, and eager initialisation builds a communicator at creation)
+              + one per process group of more than one rank the rank belongs to (engine.parallel_state creates no
+                torch.distributed group of one rank; eager initialisation builds a communicator at creation). A run
+                whose manifest predates that (ParallelConfig.communicators_for_groups_of_one) held one per group
+                kind, groups of one included.
 
 The terms are constants of a device kind, driver and library stack, measured once by runs/bench/outside_pytorch.py
 (a separate program, never the run being judged) and stored in ledger/models/calibration/<device>.json with their
@@ -64,18 +66,20 @@ class OutsidePyTorch:
 
 
 def communicators(cfg: RunConfig, rank: int) -> int:
-    """NCCL communicators a rank of this layout holds: the default group's and one per group kind it belongs to (an
-    MoE model's rank also joins one group of each kind of Megatron's expert grid, which the engine builds for MoE
-    models only)."""
+    """NCCL communicators a rank of this layout holds: the default group's and one per group of more than one rank
+    it belongs to (module docstring), among the dense kinds and, for an MoE model, the kinds of Megatron's expert
+    grid (which the engine builds for MoE models only)."""
     p = cfg.parallel
     layout = Layout.of(p.world_size, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
                        cp=p.context_parallel_size, order=p.order)
-    expert = 0
+    groups = list(rank_groups_of(layout, rank).values())
     if cfg.model.is_moe:
-        expert = len(expert_group_lists(expert_layout(p.world_size, tp=p.tensor_model_parallel_size,
-                                                      pp=p.pipeline_model_parallel_size,
-                                                      ep=p.expert_model_parallel_size, order=p.order)))
-    return 1 + len(rank_groups_of(layout, rank)) + expert
+        expert = expert_group_lists(expert_layout(p.world_size, tp=p.tensor_model_parallel_size,
+                                                  pp=p.pipeline_model_parallel_size, ep=p.expert_model_parallel_size,
+                                                  order=p.order))
+        groups += [group for lists in expert.values() for group in lists if rank in group]
+    smallest = 1 if p.communicators_for_groups_of_one else 2
+    return 1 + sum(1 for group in groups if len(group) >= smallest)
 
 
 def outside_pytorch(cfg: RunConfig, rank: int, device: DeviceOverheads) -> OutsidePyTorch:

@@ -12,7 +12,9 @@ a few elements between DP ranks), after the first step:
     the optimizer's temporaries).
 For this engine the phase is the saved activations alone, the logits transient (activations.logits_transient_bytes)
 reported beside it, not added: on every real H200 run we have (tests/fixtures/h200_llama1b) the allocator's measured
-peak equals static + workspaces + activations within 0.12% (tests/test_h200_claims.py).
+peak equals static + workspaces + activations within 0.12% (tests/test_h200_claims.py). With the loss fused over
+chunks (--cross-entropy-fusion-impl linear) there is no such transient: the chunk's logits are in the last stage's
+activations (activations.last_stage_extra_bytes).
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation (device_memory.py estimates what lies outside
 PyTorch; the caller adds it where it judges a device's capacity).
 """

@@ -80,6 +80,7 @@ class _Program:
                  profiled: bool):
         self.cfg, self.cal, self.host, self.stage, self.work, self.profiled = cfg, cal, host, stage, work, profiled
         self.timers = cfg.probes.timers
+        self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
         self._passes: dict[tuple[int, str], list[Segment]] = {}
 
     def price(self, counts: recipe.Recipe) -> float:
@@ -94,7 +95,7 @@ class _Program:
             for w in work:
                 seconds, _ = entry_seconds(w, self.cfg, self.cal)
                 group = w.op.group if isinstance(w.op, Collective) else "compute"
-                counts = dict(recipe.entry(w, forward))
+                counts = dict(recipe.entry(w, forward, self.counts_on_device))
                 reads = counts.pop(p.ITEM, 0)
                 segments.append(Segment(self.price(counts), seconds, group,
                                         read=self.price({p.ITEM: reads}) if reads else None))

@@ -75,6 +75,16 @@ BACKWARD: dict[str, Recipe] = {
 # A layer's own module calls (TransformerLayer, SelfAttention, the MLP or MoE layer), charged to its first entry.
 LAYER_START = {p.MODULE: 3}
 EXPERT_START = {p.MODULE: 1, p.VIEW: 1}  # an expert's MLP module and its slice of the rows
+# At EP 1 under --moe-grouped-gemm the dispatcher keeps the counts on the device: its permute reads nothing back.
+PERMUTE_COUNTS_ON_DEVICE = {p.EAGER: 9, p.VIEW: 4}
+# --moe-grouped-gemm (engine/transformer/moe/experts.py GroupedMLP, grouped_gemm_util.py): the module's call and the
+# rows' groups from the device counts (ExpertGroups.of: cumsum, arange, searchsorted, the masks and places, the
+# int32 offsets), charged to linear_fc1's fprop; each fprop stacks the experts' weights and runs one grouped GEMM on
+# the transposed stack; its backward node runs the dgrad GEMM (and the transpose's node), the wgrad GEMM, stack's
+# backward (a view per expert), then each expert weight's AccumulateGrad and DDP's hook add (no fusion here).
+GROUPED_START = {p.MODULE: 1, p.EAGER: 11, p.VIEW: 1}
+GROUPED = {"fprop": {p.EAGER: 1, p.VIEW: 1, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 2, p.GEMM: 1},
+           "wgrad": {p.GEMM: 1, p.AUTOGRAD_NODE: 1}}
 COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
 
 
@@ -89,16 +99,21 @@ def unmodelled_host(cfg: RunConfig) -> str | None:
     return MEGATRON_HOST.format(impl=impl.transformer_impl) if impl.megatron else None
 
 
-def entry(w: Work, forward: bool) -> Recipe:
-    """The host's primitives for one entry of a pass."""
+def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
+    """The host's primitives for one entry of a pass; counts_on_device: an MoE layer whose dispatcher keeps its
+    counts on the device (--moe-grouped-gemm at EP 1)."""
     if isinstance(w.op, Collective):
         return COLLECTIVE
     name = w.op.name
+    if name.startswith("experts."):
+        return _grouped(w)
     extra: Counter = Counter()
     if forward and w.param is not None and w.param.endswith("input_layernorm.weight"):
         extra.update(LAYER_START)
     if forward and w.param is not None and ".experts." in w.param and w.param.endswith("linear_fc1.weight"):
         extra.update(EXPERT_START)
+    if counts_on_device and name == "moe.permute.fwd":
+        return _sum(extra, PERMUTE_COUNTS_ON_DEVICE)
     found = _linear(name) if name.rsplit(".", 1)[-1] in ("fprop", "dgrad", "wgrad") else None
     recipe = found or (FORWARD if forward else BACKWARD).get(name) or FORWARD.get(name) or BACKWARD.get(name)
     if recipe is None:
@@ -111,6 +126,15 @@ def entry(w: Work, forward: bool) -> Recipe:
 # goes through autograd's AccumulateGrad and DDP's hook adds it.
 ROUTER = {"fprop": {p.MODULE: 1, p.GEMM: 1, p.VIEW: 1}, "dgrad": {p.AUTOGRAD_NODE: 1, p.GEMM: 1},
           "wgrad": {p.GEMM: 1, p.VIEW: 1, **NORM_GRAD_HOOK}}
+
+
+def _grouped(w: Work) -> Recipe:
+    """A grouped expert GEMM (GROUPED); its wgrad ends with every local expert's weight gradient hook."""
+    pass_ = w.op.name.rpartition(".")[2]
+    experts = dict(w.op.dims)["experts"]
+    if pass_ == "wgrad":
+        return _sum(GROUPED["wgrad"], {p.VIEW: experts}, *([NORM_GRAD_HOOK] * experts))
+    return _sum(GROUPED_START, GROUPED[pass_]) if w.op.name == "experts.linear_fc1.fprop" else GROUPED[pass_]
 
 
 def _linear(name: str) -> Recipe:

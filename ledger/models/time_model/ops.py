@@ -10,7 +10,8 @@ input gradient backward; with SP an all-gather before linear_qkv / linear_fc1 an
 linear_proj / linear_fc2 forward, and backward their conjugates plus the re-gather of each saved input shard; the
 embedding all-reduces (SP: reduce-scatters) its output, the output layer all-reduces its input gradient (SP: gathers
 its input, and backward re-gathers and reduce-scatters), the vocab-parallel cross-entropy all-reduces three fp32
-[s, b] tensors. Per step these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
+[s, b] tensors (fused with the output layer over chunks of tokens too: the chunks' figures are combined once). Per
+step these are ledger/models/formulas/comm.py's counts, which a test holds these lists against.
 
 The GPT style (ModelConfig; formulas only, the engine runs the Llama style): under SP the embedding all-reduces its
 output (then splits it) instead of reduce-scattering it (learned positions are added to the whole sequence). Not
@@ -33,7 +34,17 @@ the pre-MLP norm the router's GEMM, its top-k, permute, under EP > 1 the counts'
 collectives on the compute stream: the experts need the rows), then each local expert's MLP at its own row count,
 the combine all-to-all, and unpermute. Row counts come from the config under uniform routing (common/ops/shapes.py
 ExpertShapes). Backward runs each in reverse: unpermute, the combine's all-to-all the other way, the experts' dgrad /
-wgrad at their rows, the dispatch's, permute's, top-k's and the router's dgrad / wgrad.
+wgrad at their rows, the dispatch's, permute's, top-k's and the router's dgrad / wgrad. Under --moe-grouped-gemm
+the experts' MLPs are the catalogue's grouped MLP (common/ops/mlp.py grouped_expert_ops): one grouped GEMM per
+linear and pass over all the rows, with one SwiGLU over them (at EP 1 every assignment's row: the counts stay on the
+device, so dropped rows are carried, zeroed); each fprop includes stacking the experts' weights. Every local
+expert's weight of a linear is first used and final at its grouped GEMM. The permute and unpermute copies stay
+priced at the kept rows (the same as T k without a capacity factor).
+
+The loss fused with the output layer over chunks of tokens (--cross-entropy-fusion-impl linear,
+engine/fusions/fused_linear_cross_entropy.py) runs the same kernels forward; backward first recomputes the logits
+(the output layer's fprop once more, the chunks' GEMMs summing to the micro-batch's), its input re-gathered before
+under SP and its input gradient reduce-scattered (or all-reduced) after the chunks.
 
 Recompute (the run's mode, ledger/models/formulas/activations.py checkpoint_groups): full re-runs each checkpointed
 group's forward at the start of its backward, up to its last saved tensor (torch's checkpoint early stop: the last
@@ -171,16 +182,41 @@ def _experts(sh: Shapes, prefix: str) -> list[tuple[int, str]]:
     return [(rows, f"{prefix}mlp.experts.{i}.") for i, rows in enumerate(sh.moe.rows) if rows > 0]
 
 
+def _expert_params(sh: Shapes, prefix: str, linear: str) -> tuple[str, ...]:
+    """Every local expert's weight of one linear (EP rank 0's global names): a grouped GEMM uses them all, and
+    leaves all their gradients final, together."""
+    return tuple(f"{prefix}mlp.experts.{i}.{linear}.weight" for i in range(sh.moe.local_experts))
+
+
+def _grouped_forward(sh: Shapes, prefix: str) -> list[Work]:
+    """fc1, SwiGLU over all the rows, fc2 (each fprop stacks the experts' weights first, timed with it)."""
+    grouped = layer_ops(sh).moe.grouped
+    fc1, fc2 = (_expert_params(sh, prefix, linear) for linear in ("linear_fc1", "linear_fc2"))
+    return [Work(grouped.fc1.fprop, LAYERS, fc1[0], fc1[1:]), Work(grouped.activation.fwd, LAYERS),
+            Work(grouped.fc2.fprop, LAYERS, fc2[0], fc2[1:])]
+
+
+def _grouped_backward(sh: Shapes, prefix: str) -> list[Work]:
+    grouped = layer_ops(sh).moe.grouped
+    fc1, fc2 = (_expert_params(sh, prefix, linear) for linear in ("linear_fc1", "linear_fc2"))
+    return [Work(grouped.fc2.dgrad, LAYERS), Work(grouped.fc2.wgrad, LAYERS, fc2[0], fc2[1:]),
+            Work(grouped.activation.bwd, LAYERS),
+            Work(grouped.fc1.dgrad, LAYERS), Work(grouped.fc1.wgrad, LAYERS, fc1[0], fc1[1:])]
+
+
 def moe_forward(sh: Shapes, prefix: str) -> list[Work]:
-    """Router, permute, dispatch, each local expert's SwiGLU MLP at its rows, combine, unpermute (module
-    docstring)."""
+    """Router, permute, dispatch, each local expert's SwiGLU MLP at its rows (or the grouped GEMMs over all of
+    them), combine, unpermute (module docstring)."""
     moe = layer_ops(sh).moe
     work = [Work(moe.router.fprop, LAYERS, prefix + "mlp.router.weight"), Work(moe.topk.fwd, LAYERS),
             Work(moe.permute.fwd, LAYERS), *_ep(sh, counts=True), *_ep(sh)]
-    for rows, e in _experts(sh, prefix):
-        expert = moe.expert(rows)
-        work += [Work(expert.fc1.fprop, LAYERS, e + "linear_fc1.weight"), Work(expert.activation.fwd, LAYERS),
-                 Work(expert.fc2.fprop, LAYERS, e + "linear_fc2.weight")]
+    if moe.grouped is not None:
+        work += _grouped_forward(sh, prefix)
+    else:
+        for rows, e in _experts(sh, prefix):
+            expert = moe.expert(rows)
+            work += [Work(expert.fc1.fprop, LAYERS, e + "linear_fc1.weight"), Work(expert.activation.fwd, LAYERS),
+                     Work(expert.fc2.fprop, LAYERS, e + "linear_fc2.weight")]
     return work + [*_ep(sh), Work(moe.unpermute.fwd, LAYERS)]
 
 
@@ -188,11 +224,14 @@ def moe_backward(sh: Shapes, prefix: str) -> list[Work]:
     """The MoE layer's forward in reverse: each all-to-all's backward is one of the same size the other way."""
     moe = layer_ops(sh).moe
     work = [Work(moe.unpermute.bwd, LAYERS), *_ep(sh)]
-    for rows, e in reversed(_experts(sh, prefix)):
-        expert = moe.expert(rows)
-        work += [*_linear_backward(sh, expert.fc2, e + "linear_fc2.weight", False),
-                 Work(expert.activation.bwd, LAYERS),
-                 *_linear_backward(sh, expert.fc1, e + "linear_fc1.weight", False)]
+    if moe.grouped is not None:
+        work += _grouped_backward(sh, prefix)
+    else:
+        for rows, e in reversed(_experts(sh, prefix)):
+            expert = moe.expert(rows)
+            work += [*_linear_backward(sh, expert.fc2, e + "linear_fc2.weight", False),
+                     Work(expert.activation.bwd, LAYERS),
+                     *_linear_backward(sh, expert.fc1, e + "linear_fc1.weight", False)]
     return work + [*_ep(sh), Work(moe.permute.bwd, LAYERS), Work(moe.topk.bwd, LAYERS),
                    *_linear_backward(sh, moe.router, prefix + "mlp.router.weight", False)]
 
@@ -258,10 +297,18 @@ def head_forward(sh: Shapes, weight: str | None) -> list[Work]:
 
 
 def head_backward(sh: Shapes, weight: str | None) -> list[Work]:
+    """The loss's and the output layer's backward; with the loss fused over chunks of tokens the logits are first
+    recomputed (the output layer's fprop once more: the engine interleaves it chunk by chunk with the rest, which
+    sums to the whole micro-batch's kernels), the input re-gathered before it under SP and its gradient
+    reduce-scattered (or all-reduced) after the chunks."""
     ops, norm = head(sh), layer_ops(sh).norm
-    return [Work(ops.cross_entropy.bwd, "cross_entropy"),
-            *_linear_backward(sh, ops.output_layer, weight, True, "output_layer"),
-            Work(norm.bwd, "final_norm", FINAL_NORM)]
+    loss, final_norm = Work(ops.cross_entropy.bwd, "cross_entropy"), Work(norm.bwd, "final_norm", FINAL_NORM)
+    if not sh.linear_cross_entropy:
+        return [loss, *_linear_backward(sh, ops.output_layer, weight, True, "output_layer"), final_norm]
+    gemms = _linear_backward(sh, ops.output_layer, weight, False, "output_layer")
+    gather, reduce = ((_tp(sh, "all_gather"), _tp(sh, "reduce_scatter")) if sh.sequence_parallel
+                      else ([], _tp(sh, "all_reduce")))
+    return [*gather, Work(ops.output_layer.fprop, "output_layer"), loss, *gemms, *reduce, final_norm]
 
 
 def output_param(cfg: RunConfig, pp_rank: int, chunk: int) -> str | None:

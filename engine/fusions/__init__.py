@@ -1,0 +1,1 @@
+"""Fused computations that span layers (Megatron Core's fusions): the output layer fused into the loss."""

@@ -1,0 +1,59 @@
+"""runs/bench/engine_vii.py's trace reading, on a synthetic trace (plumbing: the script's figures come from a GPU run
+only). A forward's GPU window runs from the first to the last device op it launched; its idle share is what no
+device op covers inside that window."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "runs" / "bench" / "engine_vii.py"
+
+
+@pytest.fixture(scope="module")
+def engine_vii():
+    spec = importlib.util.spec_from_file_location("engine_vii", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write(path: Path, events: list[dict]) -> Path:
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+def _launch(ts: int, correlation: int) -> dict:
+    return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "args": {"correlation": correlation}}
+
+
+def _kernel(ts: int, dur: int, correlation: int) -> dict:
+    return {"cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+
+
+def test_forward_idle_is_the_uncovered_share_of_each_forwards_gpu_window(tmp_path, engine_vii):
+    """Forward 1 (CPU 0-100 us) launches kernels that run 10-30 and 50-70: window 10-70, busy 40 of 60. Forward 2
+    (CPU 200-300) launches one at 210-250 and a memcpy at 240-260 that overlaps it: window 210-260, busy 50 of 50. A
+    kernel launched outside every forward (a backward's, 80-90) counts as busy only inside a window it falls in."""
+    events = [{"cat": "user_annotation", "name": "forward stage0 mb0", "ts": 0, "dur": 100},
+              {"cat": "user_annotation", "name": "forward stage0 mb1", "ts": 200, "dur": 100},
+              {"cat": "user_annotation", "name": "backward stage0 mb0", "ts": 100, "dur": 100},
+              _launch(5, 1), _launch(40, 2), _launch(120, 3), _launch(205, 4), _launch(230, 5),
+              _kernel(10, 20, 1), _kernel(50, 20, 2), _kernel(80, 10, 3), _kernel(210, 40, 4),
+              {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 240, "dur": 20, "args": {"correlation": 5}}]
+    idle = engine_vii.forward_gpu_idle(_write(tmp_path / "t.json.gz", events))
+    assert idle["forwards"] == 2
+    assert idle["gpu_window_ms_mean"] == pytest.approx((60 + 50) / 2 / 1e3)
+    assert idle["kernel_busy_ms_mean"] == pytest.approx((40 + 50) / 2 / 1e3)
+    assert idle["gpu_idle_fraction"] == pytest.approx(1 - 90 / 110)
+    assert idle["cpu_ms_mean"] == pytest.approx(0.1)
+
+
+def test_a_trace_without_device_work_has_no_idle_figure(tmp_path, engine_vii):
+    events = [{"cat": "user_annotation", "name": "forward stage0 mb0", "ts": 0, "dur": 100},
+              {"cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 50}]
+    assert engine_vii.forward_gpu_idle(_write(tmp_path / "cpu.json.gz", events)) is None

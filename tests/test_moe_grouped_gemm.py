@@ -1,0 +1,172 @@
+"""--moe-grouped-gemm: the experts' linears as grouped GEMMs over rows grouped by expert, the counts kept on the device
+(engine/transformer/moe/grouped_gemm_util.py, experts.py GroupedMLP), give SequentialMLP's numbers, fp32 to 1e-5:
+the GEMM alone (rows past the groups), the MoE layer with torch._grouped_mm (which torch 2.13 also runs on CPU) and
+with the padded-bmm fallback, and a training run. At EP 1 the layer reads nothing from the device: it runs on fake
+tensors, which have no values. Multi-process EP parity with grouped GEMMs: tests/test_moe_parity.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+from common.arguments import parse_args
+from common.config import ModelConfig
+from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.moe import grouped_gemm_util
+from engine.transformer.moe.expert_parallel import EPGroup
+from engine.transformer.moe.experts import GroupedMLP
+from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_gemm
+from engine.transformer.moe.moe_layer import MoEContext, MoELayer
+from tests.support.gloo import world_of_one
+from tests.support.parity import assert_close_rel, train_and_collect
+
+EP1 = MoEContext(ep=EPGroup(None, 1, 0))
+IMPLS = {"grouped_mm": {"cpu"}, "padded_bmm": set()}  # GROUPED_MM_DEVICE_TYPES: on CPU, _grouped_mm or the fallback
+
+
+def moe_config(**overrides) -> ModelConfig:
+    fields = dict(num_layers=2, hidden_size=16, ffn_hidden_size=24, num_attention_heads=1, num_query_groups=1,
+                  vocab_size=16, seq_length=8, max_position_embeddings=8, num_experts=4, moe_router_topk=2,
+                  moe_aux_loss_coeff=0.01)
+    return ModelConfig(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_past_the_groups_come_out_zero_and_take_no_gradient(monkeypatch, impl):
+    """Counts (2, 0, 3) over 7 rows: rows 0-1 use expert 0, rows 2-4 expert 2, rows 5-6 belong to no expert (dropped
+    assignments), even when they hold NaN."""
+    monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", IMPLS[impl])
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 8, generator=gen)
+    x[5:] = float("nan")
+    x.requires_grad_()
+    weight = torch.randn(3, 4, 8, generator=gen, requires_grad=True)
+    groups = ExpertGroups.of(torch.tensor([2, 0, 3]), 7, max_rows=3, may_drop=True)
+    y = grouped_gemm(x, weight, groups)
+    expected = torch.cat([x[:2] @ weight[0].t(), x[2:5] @ weight[2].t(), torch.zeros(2, 4)])
+    torch.testing.assert_close(y, expected.detach(), rtol=1e-6, atol=1e-6)
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad[5:], torch.zeros(2, 8)) and not weight.grad.isnan().any()
+    torch.testing.assert_close(weight.grad[1], torch.zeros(4, 8))  # the empty expert
+
+
+def _layer_outputs(config: ModelConfig, dtype: torch.dtype = torch.float32):
+    layer = MoELayer(config, 0, moe=EP1, tp=TPGroup(None, 1, 0), params_dtype=dtype, device="cpu", seed=3)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 2, config.hidden_size, generator=gen).to(dtype).requires_grad_()
+    y = layer(x)
+    y.backward(torch.randn(y.shape, generator=gen).to(dtype))
+    return layer, y.detach(), x.grad, {name: p.grad for name, p in layer.named_parameters()}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("capacity_factor", [None, 0.5], ids=["no-capacity", "dropping"])
+def test_grouped_experts_give_sequential_mlps_outputs_and_gradients(monkeypatch, impl, capacity_factor):
+    monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", IMPLS[impl])
+    sequential = _layer_outputs(moe_config(moe_expert_capacity_factor=capacity_factor))
+    grouped = _layer_outputs(moe_config(moe_expert_capacity_factor=capacity_factor, moe_grouped_gemm=True))
+    assert isinstance(grouped[0].experts, GroupedMLP)
+    if capacity_factor is not None:
+        assert grouped[0].record.dropped.sum() > 0, "the capacity must drop some assignments"
+    assert grouped[0].record.tokens.tolist() == sequential[0].record.tokens.tolist()
+    for got, expected in zip(grouped[1:3], sequential[1:3]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert grouped[3].keys() == sequential[3].keys()  # the same parameters, by the same names
+    for name, grad in grouped[3].items():
+        torch.testing.assert_close(grad, sequential[3][name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("capacity_factor", [None, 0.5], ids=["no-capacity", "dropping"])
+def test_at_ep1_the_grouped_layer_reads_nothing_from_the_device(monkeypatch, impl, capacity_factor):
+    """Forward and backward on fake tensors (no values: an op that needs one on the host raises). SequentialMLP's
+    layer cannot: it reads the counts to split the rows."""
+    monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", IMPLS[impl])
+    for grouped in (True, False):
+        config = moe_config(moe_expert_capacity_factor=capacity_factor, moe_grouped_gemm=grouped)
+        layer = MoELayer(config, 0, moe=EP1, tp=TPGroup(None, 1, 0), params_dtype=torch.bfloat16, device="cpu",
+                         seed=3)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.randn(8, 2, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+            if grouped:
+                layer(x).sum().backward()
+                assert x.grad.shape == x.shape
+            else:
+                with pytest.raises(DataDependentOutputException):
+                    layer(x).sum().backward()
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
+@pytest.mark.parametrize("capacity", ["", "--moe-expert-capacity-factor 0.5"], ids=["no-capacity", "dropping"])
+def test_what_the_layer_saves_is_the_ledgers_moe_formula(monkeypatch, grouped, capacity):
+    """Every distinct storage autograd saves in one MoE layer's forward (fp32, CPU, torch._grouped_mm as on a GPU),
+    parameters aside, against ledger/models/formulas/activations.moe_saved_tensors: grouped, the stacked weights
+    and offsets, and at EP 1 all T k = 128 rows carried (the kept 64 under the capacity). The ledger counts a fused
+    SwiGLU (GPU); eager, SwiGLU also keeps silu(gate) (rows x f), and the load-balancing loss a scalar and its [E]
+    assignment fractions."""
+    monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", {"cpu"})
+    from ledger.models.formulas import activations
+
+    flags = (f"--model tiny --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01 --seq-length 32 "
+             f"--micro-batch-size 2 {capacity}" + (" --moe-grouped-gemm" if grouped else ""))
+    cfg = parse_args(flags.split())
+    layer = MoELayer(cfg.model, 0, moe=EP1, tp=TPGroup(None, 1, 0), params_dtype=torch.float32, device="cpu", seed=3)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(torch.randn(32, 2, 64, requires_grad=True))
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    measured = sum(n for ptr, n in saved.items() if ptr not in params)
+    formula = activations.moe_saved_tensors(cfg)
+    rows = formula["dispatch.row_index[int64]"] // 8
+    assert rows == (128 if grouped or not capacity else 64)
+    assert ("experts.stacked_weights" in formula) == grouped
+    assert measured == sum(formula.values()) + 4 * rows * 176 + 4 + 4 * 4
+
+
+@pytest.mark.parametrize("flags", [["--moe-grouped-gemm"], []], ids=["grouped", "sequential"])
+def test_every_parameter_the_forward_reads_is_waited_for_by_a_module_that_runs(flags):
+    """Under --overlap-param-gather DDP waits for a parameter's all-gather in the forward pre-hook of the module
+    that reads it (params_used_by_forward). GroupedMLP reads its experts' weights without calling their linears:
+    its own hook must cover them, or a forward could use a weight still being gathered. Also the fused loss (the
+    output layer module runs it)."""
+    from engine.distributed.distributed_data_parallel import params_used_by_forward
+    from engine.models.gpt_model import GPTModel
+    from engine.parallel_state import ParallelState
+
+    cfg = parse_args(["--model", "tiny", "--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2",
+                      "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "linear", *flags])
+    state = ParallelState(rank=0, world_size=1, tp_size=1, pp_size=1, dp_size=1, cp_size=1, tp_rank=0, pp_rank=0,
+                          dp_rank=0, cp_rank=0)
+    model = GPTModel(cfg.model, state, pre_process=True, post_process=True, layer_numbers=[0, 1],
+                     sequence_parallel=False, params_dtype=torch.float32, device="cpu")
+    ran: list[torch.nn.Module] = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda m, args: ran.append(m))
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
+    model(ids[:, :-1], ids[:, 1:])
+    waited = {id(p) for m in ran for p in params_used_by_forward(m)}
+    assert {name for name, p in model.named_parameters() if id(p) not in waited} == set()
+
+
+def test_a_training_run_with_grouped_gemms_is_the_sequential_run():
+    """Four steps of the tiny MoE model on a world of one (capacity drops, a load-balancing loss, clipping): the same
+    losses, grad norms and weights (the padded-bmm fallback: CPU)."""
+    base = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "4",
+            "--train-iters", "4", "--lr", "3e-3", "--clip-grad", "0.05", "--mock-data", "--num-experts", "4",
+            "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01", "--moe-expert-capacity-factor", "1.0"]
+    runs = []
+    for flags in ([], ["--moe-grouped-gemm"]):
+        with world_of_one():
+            runs.append(train_and_collect(parse_args(base + flags, world_size=1)))
+    sequential, grouped = runs
+    assert_close_rel(grouped["losses"], sequential["losses"], "loss")
+    assert_close_rel(grouped["grad_norms"], sequential["grad_norms"], "grad norm")
+    assert grouped["params"].keys() == sequential["params"].keys()
+    for name, value in grouped["params"].items():
+        torch.testing.assert_close(value, sequential["params"][name], rtol=1e-5, atol=1e-6)
