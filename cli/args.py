@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
+from common.config import RunConfig
 from common.errors import ConfigError, InputError
+from common.megatron.flag_effects import FlagEffects, classify
+from common.megatron.options import parse_command_line
 from common.run_dir import LEDGER_DIR, check_writable
 
 
@@ -43,6 +48,45 @@ def ledger_output_dir(run: str, out: str | None) -> Path:
     return folder
 
 
+@dataclass(frozen=True)
+class MegatronCommandLine:
+    """A pretrain_gpt.py command line as `plan` and `simulate` take it: the config, which flags changed the
+    prediction, and what the implementation assumes."""
+    config: RunConfig
+    effects: FlagEffects
+    not_modelled: list[str]
+    assumed: list[str]
+
+    def lines(self) -> list[str]:
+        """What the command line contributed, for the top of the output."""
+        out = [f"Megatron-LM flags used: {' '.join(self.effects.used) or 'none'}"]
+        if self.effects.not_affecting:
+            out.append(f"not affecting the prediction: {' '.join(self.effects.not_affecting)}")
+        named = list(self.effects.not_modelled) + self.not_modelled
+        if named:
+            out.append(f"not modelled (Megatron's defaults assumed): {' '.join(named)}")
+        out += [f"assumed: {note}" for note in self.assumed]
+        impl = self.config.implementation
+        out.append(f"implementation: {impl.transformer_impl}, {impl.attention_backend} attention, "
+                   f"{impl.optimizer_impl} Adam")
+        return out
+
+
+def megatron_command_line(text: str | list[str], world_size: int | None) -> MegatronCommandLine:
+    """A Megatron-LM command line (one string, or its flags after `--`) read by Megatron's parser's options, an
+    unknown flag named (ConfigError), then resolved with Megatron's semantics (ledger/evidence/megatron)."""
+    from ledger.evidence.megatron.arguments import run_config_of
+
+    tokens = shlex.split(text) if isinstance(text, str) else list(text)
+    if tokens[:1] and not tokens[0].startswith("--"):
+        tokens = tokens[1:]  # the script's name (pretrain_gpt.py), as a command line starts
+    line = parse_command_line(tokens)
+    try:
+        cfg, not_modelled, assumed = run_config_of(line.arguments, world_size or 1, "--megatron-args",
+                                                   source="the command line")
+    except InputError as exc:
+        raise ConfigError(f"--megatron-args: {exc.problem}") from None
+    return MegatronCommandLine(config=cfg, effects=classify(line), not_modelled=not_modelled, assumed=assumed)
 def add_trace_flags(p: CommandParser, hta: bool = True) -> None:
     """--workers (processes reading traces) and, for the commands that reconcile, --hta-ranks."""
     p.add_argument("--workers", type=_workers, metavar="N",

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("cli.plan", "the analytic memory / comm / FLOPs plan of a configuration"),
     "simulate": ("cli.simulate", "a layout on N GPUs of a kind, predicted (or --validate against real runs)"),
     "search": ("cli.search", "the best layouts of a model on N GPUs of a kind, ranked by predicted tokens/s"),
+    "calibrate": ("cli.calibrate", "this machine's compute sweep alone, as a file reconcile --calibration reads"),
     "whatif": ("cli.whatif", "a run's profiled steps replayed with kernels / communication faster, no launch gaps or "
                              "no straggler"),
     "reconcile": ("cli.reconcile", "formula vs inventory vs measurement for a run directory"),

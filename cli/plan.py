@@ -1,14 +1,18 @@
 """`train-ledger plan`: the analytic memory / comm / FLOPs plan of a configuration, torch-free.
 
-Takes the same Megatron flags (or --model PRESET) as `train`, plus --world-size; --json prints the plan dict.
+Takes the same Megatron flags (or --model PRESET) as `train`, plus --world-size; --json prints the plan dict. Or a
+Megatron-LM command line as it is: `--megatron-args "<pretrain_gpt.py flags>"` or the flags after `--`, read as
+Megatron-LM reads them (its defaults, its layer flavour, its implementation: cli/args.py megatron_command_line); the
+output starts with which flags changed the prediction, which do not affect it and which the formulas do not model.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from cli.args import CommandParser
-from common.arguments import parse_args
+from cli.args import CommandParser, help_wanted, megatron_command_line, print_help
+from common.arguments import build_parser, parse_args
+from common.errors import ConfigError
 from common.wording import plural
 from ledger.models.plan import build_plan
 from ledger.present.units import si, size
@@ -55,6 +59,16 @@ def _moe_lines(moe: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _transients(memory: dict[str, Any], stage: int) -> str:
+    """What the peak holds beside the saved activations: the phase's transients and persistent buffers (Megatron-LM's
+    layers), else this engine's logits transient, shown apart."""
+    phase = memory["peak_phase_per_stage"][stage]
+    extra = {**phase["transients"], **phase["persistent"]}
+    if extra:
+        return "in the peak: " + ", ".join(f"{name} {size(n)}" for name, n in extra.items())
+    return f"logits transient {size(memory['logits_transient_bytes_per_stage'][stage])} (not added to the peak)"
+
+
 def render(plan: dict[str, Any]) -> str:
     c, pa, me, pi, co, fl = (plan[k] for k in ("config", "params", "memory", "pipeline", "comm", "flops"))
     vpp = f" x vpp {c['vpp']}" if c["vpp"] else ""
@@ -84,9 +98,9 @@ def render(plan: dict[str, Any]) -> str:
             f"{size(s['grad_buffer'])} (padding {size(s['padding'])}), master {size(s['master_params'])}, "
             f"Adam m {size(s['adam_m'])}, v {size(s['adam_v'])}, fp32 grad copy {size(s['grad_fp32_copy'])}",
             f"    activations {size(me['activation_bytes_per_stage'][i])} "
-            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}); logits transient "
-            f"{size(me['logits_transient_bytes_per_stage'][i])} (not added to the peak)",
-            f"    peak {size(me['peak_bytes_per_stage'][i])}",
+            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}); "
+            + _transients(me, i),
+            f"    peak {size(me['peak_bytes_per_stage'][i])} ({me['peak_phase_per_stage'][i]['name']})",
             f"    other recompute modes: {_other_recompute_modes(me, i)}",
         ]
         for name, col in co["per_stage"][i].items():
@@ -105,10 +119,29 @@ def render(plan: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = CommandParser("plan", add_help=False)
-    p.add_argument("--json", action="store_true")
-    ns, rest = p.parse_known_args(argv)
-    cfg = parse_args(rest, prog="train-ledger plan")
+    p = CommandParser("plan", add_help=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="the plan as one JSON object on stdout")
+    p.add_argument("--megatron-args", help="a Megatron-LM pretrain_gpt.py command line, as one string (or its flags "
+                                           "after --)")
+    p.add_argument("--world-size", type=int)
+    own, megatron = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    if help_wanted(own):
+        print_help(p, build_parser("train-ledger plan"))
+        return 0
+    ns, rest = p.parse_known_args(own)
+    if ns.megatron_args is not None or megatron is not None:
+        if rest:
+            raise ConfigError(f"with a Megatron-LM command line, plan takes only --json and --world-size; "
+                              f"unexpected {rest[0]!r}")
+        line = megatron_command_line(ns.megatron_args if megatron is None else megatron, ns.world_size)
+        plan = build_plan(line.config)
+        if ns.json:
+            print(json.dumps({**plan, "megatron_flags": vars(line.effects), "assumed": line.assumed}))
+        else:
+            print("\n".join([*line.lines(), "", render(plan)]))
+        return 0
+    cfg = parse_args(rest + ([f"--world-size={ns.world_size}"] if ns.world_size is not None else []),
+                     prog="train-ledger plan")
     plan = build_plan(cfg)
     print(json.dumps(plan) if ns.json else render(plan))
     return 0

@@ -1,10 +1,14 @@
-"""`train-ledger reconcile RUN [--json] [--fail-on off|warn] [--out DIR] [--workers N] [--hta-ranks RANKS]`:
+"""`train-ledger reconcile RUN [--json] [--fail-on off|warn] [--out DIR] [--workers N] [--hta-ranks RANKS]
+[--calibration FILE] [--hardware H]`:
 formula vs inventory vs measurement.
 
 Writes reconciliation.json and .csv into RUN/ledger (or --out DIR), atomically, after everything is computed.
 --json prints the same object on stdout and nothing else. --fail-on warn|off makes the exit status 1 when any row
 reaches that verdict, so a CI job can gate on the ledger; stderr then says which rows. Traces are read by --workers
 processes; the HTA cross-check runs on --hta-ranks (ledger.reconcile.hta). Progress goes to stderr on a terminal.
+A run without its own sweeps (a Megatron-LM run) gets time predictions from --calibration FILE (`train-ledger
+calibrate` on the same machine) and / or --hardware (H200, H100, A100-80GB, A100-40GB or a hardware file): the run's
+own sweeps come first, then the file's, then the hardware file's prices.
 """
 from __future__ import annotations
 
@@ -16,20 +20,27 @@ from cli.progress import Progress, progress_wanted
 
 
 def main(argv: list[str]) -> int:
+    from ledger.evidence.calibration_file import read_calibration
+    from ledger.models.simulate.hardware import load_hardware
     from ledger.reconcile.hta import HtaChoice
     from ledger.reconcile.rows import reaches
     from ledger.reconcile.run import TraceWork, reconcile, write
+    from ledger.reconcile.time_rows import TimeSources
 
     p = CommandParser("reconcile")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true")
     p.add_argument("--fail-on", choices=("off", "warn"))
     p.add_argument("--out", metavar="DIR", help="write the reconciliation here instead of RUN/ledger")
+    p.add_argument("--calibration", metavar="FILE", help="a `train-ledger calibrate` file of the run's machine")
+    p.add_argument("--hardware", help="price what no sweep timed from a hardware file: H200, H100, ... or a path")
     add_trace_flags(p)
     a = p.parse_args(argv)
     work = TraceWork(a.workers, HtaChoice.parse(a.hta_ranks), Progress("reconcile", progress_wanted(a.json)))
     out = ledger_output_dir(a.run, a.out)
-    result = reconcile(a.run, work)
+    sources = TimeSources(hardware=load_hardware(a.hardware) if a.hardware else None,
+                          calibration=read_calibration(a.calibration) if a.calibration else None)
+    result = reconcile(a.run, work, sources)
     json_path, csv_path = write(result, out)
     if a.json:
         print(json.dumps(result.to_dict(), default=str))

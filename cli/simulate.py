@@ -1,6 +1,7 @@
 """`train-ledger simulate`: a layout far beyond this machine, predicted on a GPU kind from its hardware file.
 
     train-ledger simulate <Megatron flags> --world-size N --hardware H200|H100|A100-80GB|A100-40GB|FILE [--json]
+    train-ledger simulate --world-size N --hardware H --megatron-args "<pretrain_gpt.py flags>"   (or them after --)
     train-ledger simulate --validate RUN [RUN ...] [--hardware H] [--json]
 
 The first prints per-stage memory against the device, the step time with its breakdown, tokens/s, TFLOP/s per GPU
@@ -8,14 +9,16 @@ and MFU under both conventions, with the textbook figures beside them (ledger/mo
 replays real run directories (ours or Megatron-LM's) through the simulator, on the hardware file of the GPU each ran
 on, and prints predicted vs measured step time, peak memory and bubble per run (ledger/reconcile/validation.py).
 Model flags follow Megatron's semantics: an explicit shape without --swiglu is the GPT layer (GeLU MLP of two
-matrices, biases, LayerNorm, learned positions); a --model preset is its own flavour.
+matrices, biases, LayerNorm, learned positions); a --model preset is its own flavour. A Megatron-LM command line
+(--megatron-args) is read as Megatron-LM reads it, its implementation (local or Transformer Engine layers, fusions,
+optimizer) included; the output starts with which of its flags changed the prediction.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from cli.args import CommandParser, help_wanted, print_help
+from cli.args import CommandParser, help_wanted, megatron_command_line, print_help
 from common.arguments import build_parser, parse_args
 from common.errors import ConfigError
 from common.wording import plural
@@ -44,9 +47,11 @@ def render(sim: Simulation) -> str:
                                     for k, g in d["groups"].items()),
              "", f"memory per GPU ({'fits' if d['memory']['fits'] else 'DOES NOT FIT'} in {size(hw['hbm_bytes'])}):"]
     for m in d["memory"]["per_stage"]:
+        kept = "".join(f" + {name} {size(n)}" for name, n in m["persistent"].items())
         lines.append(f"  stage {m['stage']}: {size(m['total'])} ({percent(m['of_hbm'])} of HBM) = static "
-                     f"{size(m['static'])} + activations {size(m['activations'])} + outside PyTorch "
-                     f"{size(m['outside_pytorch'])} (logits transient {size(m['logits_transient'])}, not added)")
+                     f"{size(m['static'])}{kept} + activations {size(m['activations'])} ({m['peak_phase']}) + "
+                     f"outside PyTorch {size(m['outside_pytorch'])} (logits transient "
+                     f"{size(m['logits_transient'])})")
     if "moe" in d:
         moe = d["moe"]
         lines += ["", f"mixture of experts: {moe['num_experts']} experts, top-{moe['topk']}, ep {moe['ep']}, expert dp "
@@ -102,10 +107,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--world-size", type=int, help="the number of GPUs to simulate (required to predict)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--validate", nargs="+", metavar="RUN", help="predict real runs and compare with what they measured")
-    if help_wanted(argv):
+    p.add_argument("--megatron-args", help="a Megatron-LM pretrain_gpt.py command line, as one string (or its flags "
+                                           "after --)")
+    own, megatron = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    if help_wanted(own):
         print_help(p, build_parser("train-ledger simulate", megatron_model=True))
         return 0
-    ns, rest = p.parse_known_args(argv)
+    ns, rest = p.parse_known_args(own)
     if ns.validate:
         if rest:
             raise ConfigError(f"--validate takes run directories only; unexpected {rest[0]!r}")
@@ -117,7 +125,15 @@ def main(argv: list[str]) -> int:
     if ns.world_size is None:
         raise ConfigError("--world-size N is required: the number of GPUs to simulate")
     hw = load_hardware(ns.hardware)
-    cfg = parse_args(rest, world_size=ns.world_size, prog="train-ledger simulate", megatron_model=True)
+    header: list[str] = []
+    if ns.megatron_args is not None or megatron is not None:
+        if rest:
+            raise ConfigError(f"with a Megatron-LM command line, simulate takes only --hardware, --world-size and "
+                              f"--json; unexpected {rest[0]!r}")
+        line = megatron_command_line(ns.megatron_args if megatron is None else megatron, ns.world_size)
+        cfg, header = line.config, [*line.lines(), ""]
+    else:
+        cfg = parse_args(rest, world_size=ns.world_size, prog="train-ledger simulate", megatron_model=True)
     sim = simulate(cfg, hw)
-    print(json.dumps(sim.to_dict()) if ns.json else render(sim))
+    print(json.dumps(sim.to_dict()) if ns.json else "\n".join([*header, render(sim)]))
     return 0

@@ -105,8 +105,10 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "trace of another rank": (lambda r: _rewrite_trace(r, lambda d: d["distributedInfo"].update(rank=3), rank=2),
                               "rank2.step1-3.json.gz", "rank 3"),
     "corrupt megatron metadata": (lambda r: _megatron(r, {"argv": "not a list"}), "megatron_run.json", "argv"),
-    "megatron argv that cannot run": (lambda r: _megatron(r, {"argv": ["--tensor-model-parallel-size", "3"],
-                                                              "world_size": 4}), "megatron_run.json", "divisible"),
+    "megatron argv that cannot run": (lambda r: _megatron(r, {"argv": [
+        "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--vocab-size", "100", "--tensor-model-parallel-size", "3"],
+        "world_size": 4}), "megatron_run.json", "divisible"),
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from cli.main import main as cli
 from common.arguments import build_parser, parse_args
+from common.errors import InputError
 from ledger.evidence.megatron.arguments import flags_from_arguments
 from ledger.evidence.read import read_run
 from ledger.evidence.traces import summarize
@@ -77,7 +78,8 @@ def test_megatron_run_reconciles(megatron_run):
     assert frag.measured == pytest.approx(10e9, rel=1e-6)  # reserved - peak of step 3, where reserved peaked
     assert any(r.metric == "throughput.tokens_per_step" and r.measured == 16 * 8192 for r in result.rows)
     assert any("Megatron-LM run" in m for m in result.missing)
-    assert any("--profile" in m for m in result.missing)  # flags the formulas do not model are named
+    assert not any("--profile" in m for m in result.missing)  # a flag that changes no prediction is not named
+    assert read_run(megatron_run).config.implementation.attention_backend == "flash"  # Transformer Engine's
     assert len(result.run["traces"]) == 8
 
 
@@ -363,3 +365,72 @@ def test_real_run_reconciles(tmp_path):
     assert peak.measured is not None and peak.predicted is not None
     assert any(r.metric == "throughput.tokens_per_step" and r.measured == 8 * 512 for r in result.rows)
     assert cli(["reconcile", str(REAL_RUN), "--out", str(tmp_path)]) == 0
+
+
+def test_megatrons_timers_are_judged_against_the_time_model(tmp_path):
+    """--timing-log-level 2 --log-timers-to-tensorboard: "<timer>-time" scalars, seconds per iteration. Priced from
+    the H200 hardware file (no sweep in a Megatron-LM run), forward-compute is m forward passes, backward-compute m
+    backward passes, optimizer the optimizer range, forward-backward the step without the optimizer and memset;
+    a timer the model does not price apart is shown measured only. Synthetic plumbing: the values are the
+    prediction x 1.02 (ok) and x 2 (off)."""
+    from ledger.models.simulate.hardware import load_hardware
+    from ledger.reconcile.time_rows import TimeSources, predict_run
+
+    sources = TimeSources(hardware=load_hardware("H200"))
+    ev = read_run(own_layout_run(tmp_path / "probe"))
+    model = predict_run(ev, sources)
+    stage, m = model.step.stages[0], ev.config.num_microbatches
+    timers = {"forward-compute": 1.02 * m * stage.compute.forward, "backward-compute": 2 * m * stage.compute.backward,
+              "optimizer": 1.02 * stage.optimizer, "optimizer-inner-step": 0.01}
+    run = tmp_path / "timed" / "megatron_lm_1gpu"
+    (run / "tensorboard").mkdir(parents=True)
+    scalars = {**device_run_scalars(12), **{f"{k}-time": dict.fromkeys(range(2, 13), v) for k, v in timers.items()},
+               "throughput": dict.fromkeys(range(2, 13), 1.0)}
+    write_event_file(run / "tensorboard", REAL_ARGUMENTS, scalars)
+    write_profile_trace(run, 0, range(5, 8))
+    rows = {r.metric: r for r in reconcile(run, sources=sources).rows if r.metric.startswith("megatron.")}
+    assert rows["megatron.timer.forward-compute"].verdict == "ok"
+    assert rows["megatron.timer.forward-compute"].predicted == pytest.approx(m * stage.compute.forward)
+    assert rows["megatron.timer.backward-compute"].verdict == "off"
+    assert rows["megatron.timer.optimizer"].verdict == "ok"
+    assert rows["megatron.timer.optimizer-inner-step"].predicted is None  # measured only
+    assert rows["megatron.throughput"].predicted is not None and "megatron.flops_per_step" in rows
+
+
+def test_megatrons_flop_count_is_the_ledgers():
+    """The H200 run's throughput scalar x iteration time is Megatron's num_floating_point_operations for a step:
+    the ledger's count of the same convention agrees to the float32 the scalar was stored in."""
+    result = reconcile(REPO / "tests/fixtures/megatron_lm_1gpu")
+    (flops,) = [r for r in result.rows if r.metric == "megatron.flops_per_step"]
+    assert abs(flops.rel_diff) < 1e-6 and flops.verdict == "ok"
+
+
+def test_export_trace_merges_the_h200_megatron_run(tmp_path):
+    """Megatron-LM writes no manifest: export-trace takes the rank from the trace's distributedInfo and names the
+    process by its coordinates; the memory scalars become counter tracks."""
+    out = tmp_path / "merged.json.gz"
+    assert cli(["export-trace", str(REPO / "tests/fixtures/megatron_lm_1gpu"), "--out", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
+    assert names == ["rank 0 (tp0 dp0 pp0)"]
+    steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    assert steps == {"ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"}
+    counters = [e for e in events if e.get("ph") == "C" and e.get("name") == "memory (bytes)"]
+    assert len(counters) == 3 and all(c["args"]["peak"] == 274_331_136 for c in counters)  # one per step
+
+
+def test_export_trace_merges_every_rank_of_a_megatron_run(megatron_run, tmp_path):
+    """run.sh's layout: eight traces in the TensorBoard directory, each rank from its distributedInfo (synthetic
+    plumbing: the stand-in pretrain_gpt.py's traces)."""
+    out = tmp_path / "merged.json.gz"
+    assert cli(["export-trace", str(megatron_run), "--out", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
+    assert len(names) == 8 and names[0].startswith("rank 0 (") and names[-1].startswith("rank 7 (")
+
+
+def test_a_trace_named_for_another_rank_is_refused(tmp_path):
+    run = own_layout_run(tmp_path)
+    (run / "torch_profile/rank-0.json.gz").rename(run / "torch_profile/rank-3.json.gz")
+    with pytest.raises(InputError, match="distributedInfo says rank 0"):
+        read_run(run)

@@ -40,7 +40,9 @@ def test_one_h200_is_the_formulas_and_the_hardware_file_composed():
     (stage,) = d["memory"]["per_stage"]
     assert stage["static"] == static_bytes(cfg, 0, 0, 0).total
     assert stage["outside_pytorch"] == outside_pytorch(cfg, 0, hw.overheads).total
-    assert stage["total"] == stage["static"] + stage["activations"] + stage["outside_pytorch"]
+    assert stage["persistent"] == {"cuBLAS / cuBLASLt workspaces": 64 * 2**20}  # the H200's, this engine's layers
+    assert stage["total"] == (stage["static"] + sum(stage["persistent"].values()) + stage["activations"]
+                              + stage["outside_pytorch"])
     assert d["memory"]["fits"] is True and stage["of_hbm"] == pytest.approx(stage["total"] / hw.hbm_bytes)
     assert d["params"] == 1_235_814_400  # the tied Llama-3.2-1B
     th = d["throughput"]
@@ -127,8 +129,11 @@ def test_validate_prints_one_table_and_refuses_what_is_no_run(tmp_path):
     assert "| run | hardware |" in out.stdout and "1 of 1 run(s) within the goals" in out.stdout
     missing = cli("simulate", "--validate", str(tmp_path / "nope"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nope" in missing.stderr
-    unknown = cli("simulate", "--validate", str(FIXTURES / "megatron_lm_1gpu"))
-    assert unknown.returncode == 2 and "pass --hardware" in unknown.stderr
+    megatron = cli("simulate", "--validate", str(FIXTURES / "megatron_lm_1gpu"))  # its trace names the H200
+    assert megatron.returncode == 0 and "| tests/fixtures/megatron_lm_1gpu | H200 |" in megatron.stdout.replace(
+        str(FIXTURES.parent.parent) + "/", "")
+    unknown = cli("simulate", "--validate", str(FIXTURES / "h200_2layer_profiled"), "--hardware", "B300")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
 
 
 def test_validate_refuses_a_cpu_run():

@@ -6,9 +6,9 @@ Command-line flags become a RunConfig in common.arguments (Megatron's arguments.
 Megatron's validate_args makes for the features we have, so a config built any other way is checked the same.
 
 One concern a module: each config dataclass beside its own checks (model_config, parallel_config, train_config,
-probe_config, recompute_config, checkpoint_config; run_config holds RunConfig and the checks between configs),
-limits (every number's range), validation (`validate`, all of them in order), presets (the published models) and
-checkpoint_layout (the checkpoint directory's contract).
+probe_config, recompute_config, checkpoint_config, implementation_config; run_config holds RunConfig and the checks
+between configs), limits (every number's range), validation (`validate`, all of them in order), presets (the
+published models) and checkpoint_layout (the checkpoint directory's contract).
 """
 from common.config.checkpoint_config import CheckpointConfig, check_checkpoint_flags
 from common.config.checkpoint_layout import (
@@ -22,6 +22,7 @@ from common.config.checkpoint_layout import (
     latest_checkpoint,
     layout_differences,
 )
+from common.config.implementation_config import ImplementationConfig, check_implementation
 from common.config.limits import (
     MAX_LAYERS,
     MAX_TOKENS,
@@ -46,9 +47,10 @@ from common.config.validation import validate
 __all__ = [
     "CROSS_ENTROPY_FUSION_IMPLS", "LINEAR_CROSS_ENTROPY_CHUNK_TOKENS", "check_cross_entropy_fusion",
     "CHECKPOINT_LAYOUT_FILE", "LATEST_CHECKPOINT_FILE", "LAYOUT_DEFAULTS", "LAYOUT_MODEL_FIELDS", "MAX_LAYERS",
-    "MAX_TOKENS", "MAX_WIDTH", "MAX_WORLD_SIZE", "PRESETS", "CheckpointConfig", "ModelConfig", "ParallelConfig",
-    "ProbeConfig", "RecomputeConfig", "RunConfig", "TrainConfig", "check_checkpoint_flags", "check_ddp_flags",
-    "check_engine_support", "check_load_layout", "check_moe", "check_ranges", "check_recompute",
-    "checkpoint_dir_name", "checkpoint_layout", "latest_checkpoint", "layout_differences", "validate",
+    "MAX_TOKENS", "MAX_WIDTH", "MAX_WORLD_SIZE", "PRESETS", "CheckpointConfig", "ImplementationConfig", "ModelConfig",
+    "ParallelConfig", "ProbeConfig", "RecomputeConfig", "RunConfig", "TrainConfig", "check_checkpoint_flags",
+    "check_ddp_flags", "check_engine_support", "check_implementation", "check_load_layout", "check_moe",
+    "check_ranges", "check_recompute", "checkpoint_dir_name", "checkpoint_layout", "latest_checkpoint",
+    "layout_differences", "validate",
     "TYING_SOURCES", "tying_reason",
 ]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config.checkpoint_config import CheckpointConfig
+from common.config.implementation_config import ImplementationConfig
 from common.config.model_config import ModelConfig
 from common.config.parallel_config import ParallelConfig
 from common.config.probe_config import ProbeConfig
@@ -26,6 +27,7 @@ class RunConfig:
     model_preset: str | None = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    implementation: ImplementationConfig = field(default_factory=ImplementationConfig)
 
     @property
     def num_microbatches(self) -> int:
@@ -45,8 +47,9 @@ class RunConfig:
                   train=TrainConfig(**d["train"]), probes=ProbeConfig(**d["probes"]),
                   model_preset=d.get("model_preset"),
                   recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
-                  checkpoint=CheckpointConfig(**d.get("checkpoint", {})))  # nor before checkpoints
-        for name in ("model", "parallel", "train", "probes", "recompute", "checkpoint"):
+                  checkpoint=CheckpointConfig(**d.get("checkpoint", {})),  # nor before checkpoints
+                  implementation=ImplementationConfig(**d.get("implementation", {})))  # nor before Megatron-LM's
+        for name in ("model", "parallel", "train", "probes", "recompute", "checkpoint", "implementation"):
             check_fields(getattr(cfg, name), name)  # a stored config is JSON: its types are not Python's to trust
         return cfg
 

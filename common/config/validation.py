@@ -3,6 +3,7 @@ way than from flags (a manifest, a search candidate, a what-if) is checked the s
 from __future__ import annotations
 
 from common.config.checkpoint_config import check_checkpoint_flags
+from common.config.implementation_config import check_implementation
 from common.config.limits import check_ranges
 from common.config.model_config import check_attention, check_cross_entropy_fusion, check_positions
 from common.config.parallel_config import check_parallel
@@ -35,6 +36,7 @@ def validate(cfg: RunConfig) -> None:
     check_cross_entropy_fusion(cfg.model)
     check_train(cfg.train)
     check_recompute(cfg.recompute)
+    check_implementation(cfg.implementation)
     check_checkpoint_flags(cfg.checkpoint, cfg.train.train_iters)
     check_lr_schedule(cfg.train)
     check_probes(cfg.probes, cfg.parallel.world_size)

@@ -14,6 +14,7 @@ accumulations.
 
 rope is split_qkv_and_rotate on the fused QKV viewed as [s, b, groups, heads per group + 2, d] (none with learned
 positions); attention_output.copy the [b, heads, s, d] -> [s, b, heads d] layout change before linear_proj.
+Megatron-LM's own layers (Shapes.megatron) compute some of these unfused: megatron.py's kernels take their place.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from common.ops.kernel import Kernel, OpGroup, Passes, kernel, passes
 from common.ops.linear import Linear, linear
+from common.ops.megatron import UnfusedAttentionOps, repeat_kv, unfused_attention, unfused_rope
 from common.ops.shapes import Shapes
 
 BACKWARD_OVER_FORWARD = 2.5  # flash attention's backward FLOPs over its forward's
@@ -44,6 +46,8 @@ class SelfAttentionOps(OpGroup):
     ring: RingOps | None  # ring attention (C > 1)
     output_copy: Kernel
     proj: Linear
+    unfused: UnfusedAttentionOps | None = None  # Megatron's DotProductAttention, in place of `core`
+    repeat_kv: Passes | None = None  # its K and V repeated to every head (GQA)
 
 
 def _heads(sh: Shapes) -> dict[str, int]:
@@ -77,9 +81,13 @@ def rope(sh: Shapes) -> Passes:
 
 
 def self_attention_ops(sh: Shapes) -> SelfAttentionOps:
-    return SelfAttentionOps(qkv=linear("linear_qkv", sh.tokens, sh.qkv, sh.hidden),
-                            rope=rope(sh) if sh.rope else None,
-                            core=core_attention(sh) if sh.cp == 1 else None,
+    mg = sh.megatron
+    unfused = mg is not None and mg.unfused_attention
+    rotary = (unfused_rope(sh) if mg is not None and mg.unfused_rope else rope(sh)) if sh.rope else None
+    return SelfAttentionOps(qkv=linear("linear_qkv", sh.tokens, sh.qkv, sh.hidden), rope=rotary,
+                            core=core_attention(sh) if sh.cp == 1 and not unfused else None,
                             ring=ring_ops(sh) if sh.cp > 1 else None,
                             output_copy=kernel("attention_output.copy", numel=sh.tokens * sh.query),
-                            proj=linear("linear_proj", sh.tokens, sh.hidden, sh.query))
+                            proj=linear("linear_proj", sh.tokens, sh.hidden, sh.query),
+                            unfused=unfused_attention(sh) if unfused else None,
+                            repeat_kv=repeat_kv(sh) if unfused and mg.repeat_kv else None)

@@ -38,9 +38,10 @@ class LayerOps(OpGroup):
     def sustained(self) -> tuple[Kernel, ...]:
         a = self.attention
         linears = (a.qkv, a.proj) + tuple(linear for m in self.mlps for linear in (m.fc1, m.fc2))
-        attention = (a.core,) if a.core is not None else (a.ring.causal, a.ring.half)
+        attention = ((a.core.fwd,) if a.core is not None else (a.unfused.scores, a.unfused.context)
+                     if a.unfused is not None else (a.ring.causal.fwd, a.ring.half.fwd))
         rope = (a.rope.fwd,) if a.rope is not None else ()
-        return (*(k for linear in linears for k in linear.kernels()), *(p.fwd for p in attention), self.norm.fwd,
+        return (*(k for linear in linears for k in linear.kernels()), *attention, self.norm.fwd,
                 self.residual_add, a.output_copy, *rope, *(m.activation.fwd for m in self.mlps))
 
 

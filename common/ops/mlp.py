@@ -2,7 +2,8 @@
 rows (an MoE layer's, moe.py).
 
 The activation runs on fc1's output: the fused SwiGLU (gate and up, 2f wide) or, in the GPT style, Megatron's
-bias_gelu (f wide, the bias add fused in); dims tokens (the rows) and width (fc1's).
+bias_gelu (f wide, the bias add fused in); dims tokens (the rows) and width (fc1's). Megatron-LM without
+--bias-swiglu-fusion runs SwiGLU unfused (megatron.py).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from common.ops.kernel import OpGroup, Passes, passes
 from common.ops.linear import Linear, grouped_linear, linear
+from common.ops.megatron import unfused_swiglu
 from common.ops.shapes import ExpertShapes, Shapes
 
 
@@ -21,8 +23,10 @@ class MLPOps(OpGroup):
 
 
 def mlp_ops(sh: Shapes) -> MLPOps:
-    return MLPOps(fc1=linear("linear_fc1", sh.tokens, sh.fc1, sh.hidden),
-                  activation=passes("swiglu" if sh.swiglu else "gelu", tokens=sh.tokens, width=sh.fc1),
+    unfused = sh.megatron is not None and sh.megatron.unfused_swiglu
+    activation = (unfused_swiglu(sh, sh.tokens, sh.fc1) if unfused
+                  else passes("swiglu" if sh.swiglu else "gelu", tokens=sh.tokens, width=sh.fc1))
+    return MLPOps(fc1=linear("linear_fc1", sh.tokens, sh.fc1, sh.hidden), activation=activation,
                   fc2=linear("linear_fc2", sh.tokens, sh.hidden, sh.ffn))
 
 

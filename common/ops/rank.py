@@ -1,7 +1,8 @@
 """Everything one pipeline rank computes, as catalogue entries: its layers' kernels (every layer alike), the
 embedding on the first stage, the output layer and the vocab-parallel cross-entropy on the last (the final norm is
 the layers' norm kernel), and the work priced per element: the optimizer step over the rank's main params and the
-zeroing of its grad buffers (RATE_OPS: measured at one size, scaled to the run's element counts).
+zeroing of its grad buffers (RATE_OPS: measured at one size, scaled to the run's element counts; torch's foreach
+AdamW under Megatron-LM's local implementation, megatron.py).
 """
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from dataclasses import dataclass
 from common.ops.kernel import OpGroup, Passes, passes
 from common.ops.layer import LayerOps, layer_ops
 from common.ops.linear import Linear, linear
+from common.ops.megatron import OPTIMIZER_STEP_FOREACH, fp32_cross_entropy
 from common.ops.shapes import Shapes
 
 OPTIMIZER_STEP, GRAD_BUFFER_ZERO = "optimizer.step", "grad_buffer.zero"
-RATE_OPS = (OPTIMIZER_STEP, GRAD_BUFFER_ZERO)
+RATE_OPS = (OPTIMIZER_STEP, GRAD_BUFFER_ZERO)  # every rank's per-element work (its sweep times both)
+PER_ELEMENT = (*RATE_OPS, OPTIMIZER_STEP_FOREACH)  # every op priced per element (Megatron-LM's foreach AdamW too)
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,18 @@ def embedding(sh: Shapes) -> Passes:
 
 
 def head(sh: Shapes) -> HeadOps:
-    return HeadOps(output_layer=linear("output_layer", sh.tokens, sh.vocab, sh.hidden),
-                   cross_entropy=passes("cross_entropy", tokens=sh.tokens, vocab=sh.vocab))
+    """Megatron-LM's own layers compute the loss in fp32 (vocab_parallel_cross_entropy, megatron.py)."""
+    loss = (fp32_cross_entropy(sh) if sh.megatron is not None
+            else passes("cross_entropy", tokens=sh.tokens, vocab=sh.vocab))
+    return HeadOps(output_layer=linear("output_layer", sh.tokens, sh.vocab, sh.hidden), cross_entropy=loss)
+
+
+def optimizer_rate(sh: Shapes) -> Rate:
+    foreach = sh.megatron is not None and sh.megatron.foreach_optimizer
+    return Rate(OPTIMIZER_STEP_FOREACH if foreach else OPTIMIZER_STEP, sh.dtype)
 
 
 def rank_ops(sh: Shapes, first_stage: bool, last_stage: bool) -> RankOps:
     return RankOps(shapes=sh, layer=layer_ops(sh), embedding=embedding(sh) if first_stage else None,
-                   head=head(sh) if last_stage else None, optimizer=Rate(OPTIMIZER_STEP, sh.dtype),
+                   head=head(sh) if last_stage else None, optimizer=optimizer_rate(sh),
                    grad_buffer=Rate(GRAD_BUFFER_ZERO, sh.grad_dtype))

@@ -4,12 +4,15 @@ Widths are local to the TP rank, tokens to the CP rank (seq = s / C); `tokens` =
 (all-gathered under SP), `norm_tokens` = seq b / t under SP the norms' and residual adds' rows. An MoE layer's
 ExpertShapes: its T routed tokens, the R kept assignments under uniform routing and each local expert's rows (or,
 under --moe-grouped-gemm, the rows the grouped GEMMs run over).
+`megatron`: Megatron-LM's own layers (common/config ImplementationConfig), whose kernels differ where MegatronOps
+says (megatron.py); None for this engine's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from common.config import RunConfig
+from common.config.implementation_config import FOREACH_ADAM
 from common.ops.sizes import (
     DTYPE_BYTES,
     expert_capacity,
@@ -74,6 +77,32 @@ class ExpertShapes:
 
 
 @dataclass(frozen=True)
+class MegatronKernels:
+    """Which of Megatron-LM's unfused paths a rank runs (common/ops/megatron.py prices each)."""
+    unfused_attention: bool  # DotProductAttention: batched GEMMs and the masked softmax on [b, heads, s, s]
+    softmax_fp32: bool
+    repeat_kv: bool  # K and V repeated to every head (unfused attention under GQA)
+    unfused_rope: bool
+    unfused_swiglu: bool
+    unfused_wgrad: bool  # no gradient-accumulation fusion: a 16-bit wgrad, then added into main_grad
+    foreach_optimizer: bool  # torch's AdamW (foreach)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "MegatronKernels | None":
+        impl, m = cfg.implementation, cfg.model
+        if not impl.megatron:
+            return None
+        unfused = impl.unfused_attention
+        return cls(unfused_attention=unfused,
+                   softmax_fp32=unfused and impl.attention_softmax_in_fp32 and not impl.masked_softmax_fusion,
+                   repeat_kv=unfused and m.num_attention_heads > m.num_query_groups,
+                   unfused_rope=not impl.apply_rope_fusion and not m.learned_positions,
+                   unfused_swiglu=m.swiglu and not impl.bias_swiglu_fusion,
+                   unfused_wgrad=not impl.gradient_accumulation_fusion,
+                   foreach_optimizer=impl.optimizer_impl == FOREACH_ADAM)
+
+
+@dataclass(frozen=True)
 class Shapes:
     """One micro-batch's TP-local dims on one CP rank (module docstring)."""
     dtype: str
@@ -99,6 +128,7 @@ class Shapes:
     moe: ExpertShapes | None = None  # None for a dense MLP
     grad_dtype: str = "fp32"  # the main grads' (DDP's grad buffers)
     linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
+    megatron: MegatronKernels | None = None  # Megatron-LM's layers; None: this engine's
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -113,7 +143,8 @@ class Shapes:
                    swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
                    sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
-                   grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy)
+                   grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
+                   megatron=MegatronKernels.of(cfg))
 
     @property
     def activation_bytes(self) -> int:

@@ -13,6 +13,7 @@ writes one grad-dtype element.
 from __future__ import annotations
 
 from common.ops.kernel import Kernel
+from common.ops.megatron import MAIN_GRAD_ADD, OPTIMIZER_STEP_FOREACH
 from common.ops.rank import OPTIMIZER_STEP
 from common.ops.sizes import DTYPE_BYTES
 
@@ -71,13 +72,43 @@ def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
         kv_block = 2 * d["batch"] * d["kv_heads"] * d["seq"] * d["head_dim"]
         dq_rows = d["batch"] * d["heads"] * d["head_dim"] * ((d["cp"] - 1) * d["seq"] // 2 + d["seq"])
         return d["cp"] * kv_block * (3 * FP32 + a) + 3 * FP32 * dq_rows
+    megatron = megatron_bytes(kernel, a)
+    if megatron is not None:
+        return megatron
     raise LookupError(f"no bytes-moved estimate for {kernel.describe()} (common/ops/traffic.py)")
+
+
+def megatron_bytes(kernel: Kernel, a: int) -> float | None:
+    """Megatron-LM's unfused chains (common/ops/megatron.py), each kernel of the chain reading and writing its
+    tensors once; docs/formulas.md, "Megatron-LM's kernels"."""
+    d, name = dict(kernel.dims), kernel.name
+    if name == "core_attention.softmax.fwd":  # masked_fill_ (scores r/w, mask r), softmax r/w; fp32: + 2 casts
+        return d["elements"] * ((2 * a + 21) if d["fp32"] else (4 * a + 1))
+    if name == "core_attention.softmax.bwd":  # softmax bwd r 2 w 1; AsStrided zeros + copy; CopySlices copy, clone,
+        return d["elements"] * ((2 * a + 37) if d["fp32"] else (14 * a + 1))  # masked_fill, copy back
+    if name in ("attention.repeat_kv.fwd", "attention.repeat_kv.bwd"):  # K and V: kv read, query-wide written
+        return 2 * a * d["tokens"] * (d["kv"] + d["query"])
+    if name in ("rope_unfused.fwd", "rope_unfused.bwd"):  # q's copy; 6 elementwise passes on q and on k
+        return a * d["tokens"] * (2 * d["query"] + 12 * (d["query"] + d["kv"]))
+    if name == "swiglu_unfused.fwd":  # silu, up + offset, product: r 4f w 3f over the f-wide halves
+        return 3.5 * a * d["tokens"] * d["width"]
+    if name == "swiglu_unfused.bwd":  # the product's two grads, silu's, their concatenation: r 8f w 5f
+        return 6.5 * a * d["tokens"] * d["width"]
+    if name == "cross_entropy_fp32.fwd":  # 16-bit logits to fp32, max, sub, exp, sum, div: r 2 + 20, w 16
+        return (a + 4 + 4 + 8 + 8 + 4 + 8) * d["tokens"] * d["vocab"]
+    if name == "cross_entropy_fp32.bwd":  # the fp32 grad scaled in place, cast to 16 bits
+        return (8 + FP32 + a) * d["tokens"] * d["vocab"]
+    if name == MAIN_GRAD_ADD:  # 16-bit wgrad read, fp32 main_grad read and written
+        return (a + 2 * FP32) * d["numel"]
+    return None
 
 
 def bytes_per_element(rate: str, params_dtype: str, grad_dtype: str) -> float:
     """What one element of a per-element op moves (module docstring): the optimizer's per main param, the grad
     buffer's zeroing per grad element."""
     g, a = DTYPE_BYTES[grad_dtype], DTYPE_BYTES[params_dtype]
+    if rate == OPTIMIZER_STEP_FOREACH:  # decay, lerp, mul, addcmul, sqrt, div, add, addcdiv; clip; copy-out
+        return 80 + 3 * FP32 + FP32 + a
     if rate != OPTIMIZER_STEP:
         return g
     copy_in = g + FP32 if g != FP32 else 0  # grads into the fp32 main grad

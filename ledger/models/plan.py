@@ -27,10 +27,12 @@ from ledger.models.formulas.static_memory import (
 BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp32 main param + fp32 grad copy + "
                               "Adam m, v, sharded per strategy, after the first step (Megatron's table); no "
                               "activations, padding or temporaries")
-PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + saved activations at the "
-                   "schedule's peak; the last stage's logits transient is shown apart, not added (the measured peaks "
-                   "of real runs do not include it: ledger/models/formulas/peak_memory.py); no CUDA context, NCCL "
-                   "buffers or allocator fragmentation")
+PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + the largest phase of the step "
+                   "(ledger/models/formulas/peak_phases.py): this engine's saved activations at the schedule's peak, "
+                   "its last stage's logits transient shown apart, not added (the measured peaks of its real runs do "
+                   "not include it); Megatron-LM's layers: their saved tensors and the phase's transients (the loss's "
+                   "16-bit logits, unfused attention's score matrices) added, with Megatron's global memory buffer; "
+                   "no cuBLAS workspaces (a device's: simulate), CUDA context, NCCL buffers or fragmentation")
 RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_by_recompute: the same run under each "
                         "mode. selective checkpoints the core attention (SDPA) call, which with flash attention frees "
                         "only its fp32 logsumexp (q, k, v stay as the checkpoint's inputs, the output as linear_proj's "
@@ -126,6 +128,8 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
         "activation_bytes_per_stage": act_by_mode[run_mode],
         "activation_bytes_per_stage_by_recompute": act_by_mode,
         "logits_transient_bytes_per_stage": transient,
+        "peak_phase_per_stage": [{"name": p.phase.name, "transients": p.phase.transients, "persistent": p.persistent}
+                                 for p in peaks_by_mode[run_mode]],
         "peak_bytes_per_stage": peak_by_mode[run_mode],
         "peak_bytes_per_stage_by_recompute": peak_by_mode,
         "peak_convention": PEAK_CONVENTION,

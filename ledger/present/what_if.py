@@ -44,8 +44,8 @@ TERM_COLORS = {"forward/backward compute": "#1e88e5", "pipeline bubble": "#bdbdb
                "not timed (measured step minus the timed terms)": "#e0e0e0",
                "step (no timers to split it)": "#757575"}
 OTHER_COLORS = ("#ad1457", "#4e342e", "#26a69a", "#7e57c2")
-MEMORY_COLORS = {"static": "#1e88e5", "activations": "#fb8c00", "outside PyTorch": "#8d6e63",
-                 "peak allocated (measured)": "#43a047"}
+MEMORY_COLORS = {"static": "#1e88e5", "workspaces, persistent buffers": "#5e35b1", "activations": "#fb8c00",
+                 "outside PyTorch": "#8d6e63", "peak allocated (measured)": "#43a047"}
 NOT_TIMED = "not timed (measured step minus the timed terms)"
 CLOCK_NOISE_S = 1e-6  # a term below a microsecond is rounding of the replay's clock (as `simulate` prints it)
 
@@ -323,8 +323,9 @@ def step_chart(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[
 
 
 def memory_chart(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dict[str, Any] | None) -> Chart:
-    """Per stage, static + activations + outside PyTorch against the GPU's HBM (the black tick), for the run's own
-    layout and the what-if; the run's measured peak allocated (largest rank) as a bar of its own."""
+    """Per stage, static + workspaces and persistent buffers (cuBLAS's, Megatron's global buffer) + activations +
+    outside PyTorch against the GPU's HBM (the black tick), for the run's own layout and the what-if; the run's
+    measured peak allocated (largest rank) as a bar of its own."""
     bars = []
     peak = basis["measured"]["peak_bytes"]
     if peak:
@@ -337,8 +338,10 @@ def memory_chart(basis: dict[str, Any], own: dict[str, Any] | None, what_if: dic
             continue
         hbm = p["hardware"]["hbm_bytes"]
         for s in p["memory"]["per_stage"]:
-            parts = [(name, s[key], MEMORY_COLORS[name]) for name, key in
-                     (("static", "static"), ("activations", "activations"), ("outside PyTorch", "outside_pytorch"))]
+            figures = {**s, "persistent": sum(s["persistent"].values())}
+            parts = [(name, figures[key], MEMORY_COLORS[name]) for name, key in
+                     (("static", "static"), ("workspaces, persistent buffers", "persistent"),
+                      ("activations", "activations"), ("outside PyTorch", "outside_pytorch"))]
             bars.append(Bar(f"{label}, stage {s['stage']}", stacked(parts, "bytes", label),
                             [(hbm, f"HBM of {p['hardware']['name']}: {fmt.size(hbm)}")]))
     caption = ("What to look for: a stage whose bar passes its black tick (the GPU's HBM) does not fit; the "

@@ -19,7 +19,6 @@ from __future__ import annotations
 from common.config import RunConfig
 from common.events import ALLOCATED, PEAK
 from ledger.evidence.run import RankEvidence, RunEvidence
-from ledger.models.formulas.activations import recompute_label, stage_activation_bytes
 from ledger.models.formulas.device_memory import (
     DeviceOverheads,
     OutsidePyTorch,
@@ -27,13 +26,13 @@ from ledger.models.formulas.device_memory import (
 )
 from ledger.models.formulas.params import params_per_rank
 from ledger.models.formulas.static_memory import static_bytes
+from ledger.reconcile.memory_peak import peak_rows
 from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_row
 
 HELD = "held_tensor_bytes"
 STATIC_TOL = 0.01
 WORKSPACES = ("; on CUDA the first step's GEMMs also allocate cuBLAS / cuBLASLt workspaces through the caching "
               "allocator (tens of MiB per stream), which this measurement includes and the formula does not")
-PEAK_TOL = 0.15
 OUTSIDE_TOL = 0.02  # of NVML used: issue 15's bar for device memory explained
 CENSUS_NOTE = ("; measured on CPU (no CUDA allocator): the storages behind the tensors the model and optimizer hold, "
                "by a census at the lifecycle point (torch's Adam adds a 4-byte step counter per parameter piece, which "
@@ -50,12 +49,11 @@ def memory_rows(ev: RunEvidence) -> list[Row]:
 
 def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = None) -> list[Row]:
     where = dict(rank=r.rank, stage=r.stage)
-    pred_init = pred_step = pred_peak = params = None
+    pred_init = pred_step = params = None
     if cfg is not None:
         c = r.coords
         pred_init = static_bytes(cfg, c["tp"], c["pp"], c["dp"], "after_optimizer_init").total
         pred_step = static_bytes(cfg, c["tp"], c["pp"], c["dp"], "after_first_step").total
-        pred_peak = pred_step + stage_activation_bytes(cfg, c["pp"])
         params = params_per_rank(cfg, c["pp"])
     inv_step = sum(t.bytes or 0 for t in r.inventory) if r.inventory else None
     inv_init = (sum(t.bytes or 0 for t in r.inventory if t.allocated_at != "after_first_step")
@@ -89,13 +87,9 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = 
                         explanation=f"static bytes / {params:,} parameters on this rank (bucket padding and uneven "
                                     "distributed-optimizer shards move it off the textbook table)" + why_missing,
                         source=source, **where))
-    recompute = f", recompute {recompute_label(cfg.recompute)}" if cfg is not None else ""
-    rows.append(row("memory.peak_allocated", "rank", predicted=pred_peak, measured=_step_max(r, PEAK),
-                    unit="bytes", tolerance=PEAK_TOL,
-                    explanation=f"static + saved activations of the micro-batches in flight on this stage{recompute} "
-                                "(activation estimate with the last stage's logits and loss transient; workspaces "
-                                "are not modelled)"
-                                + ("" if cuda else f"; {NOT_ON_CPU}"), source="events", **where))
+    peak = peak_rows(cfg, r, device_name, "" if cuda else f"; {NOT_ON_CPU}")
+    split = cuda and cfg is not None and cfg.implementation.megatron
+    rows += peak if split else [x for x in peak if x.metric == "memory.peak_allocated"]
     if cuda:
         rows += allocator_rows(r, predicted_outside(cfg, r, device_name))
     return rows

@@ -30,6 +30,7 @@ from ledger.reconcile.comm import (
     untraceable_ops,
     volume_rows,
 )
+from ledger.reconcile.megatron_timers import timer_rows
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
@@ -39,6 +40,7 @@ from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.time_rows import (
     TimeModel,
+    TimeSources,
     explain_step_time,
     predict_run,
     time_rows,
@@ -77,14 +79,17 @@ class TraceWork:
     progress: Callable[[str], None] = lambda _: None
 
 
-def reconcile(run_dir: str | Path, work: TraceWork = TraceWork()) -> Reconciliation:
-    return reconcile_evidence(read_run(run_dir), work)
+def reconcile(run_dir: str | Path, work: TraceWork = TraceWork(),
+              sources: TimeSources = TimeSources()) -> Reconciliation:
+    return reconcile_evidence(read_run(run_dir), work, sources)
 
 
-def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconciliation:
-    """The rows of a run's evidence (a caller that also needs the evidence itself reads the run once)."""
+def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
+                       sources: TimeSources = TimeSources()) -> Reconciliation:
+    """The rows of a run's evidence (a caller that also needs the evidence itself reads the run once); `sources`:
+    the time model's calibration beyond the run's own sweeps."""
     selection = run_steps(ev)
-    model = predict_run(ev)
+    model = predict_run(ev, sources)
     summaries = ev.trace_summaries(work.workers, work.progress)
     rows = groups_rows(ev) + memory_rows(ev) + pipeline_rows(ev, model, selection)
     for rank, r in sorted(ev.ranks.items()):
@@ -103,6 +108,7 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconc
     rows += throughput_rows(ev, selection, predicted_step_time=model.step.step_time if model.step else None)
     explain_step_time(rows, ev, model, selection)
     rows += time_rows(ev, model, selection)
+    rows += timer_rows(ev, model, selection) if ev.framework == "megatron-lm" else []
     rows += moe_rows(ev, model, selection)
     rows += checkpoint_rows(ev)
     not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev))
@@ -112,6 +118,8 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork()) -> Reconc
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
            "traces": [str(t.path.relative_to(ev.run_dir)) for t in ev.traces]}
     missing = ([not_judged] if not_judged else []) + ev.missing + skipped + list(model.missing)
+    if sources.describe():
+        missing.append(f"time model calibrated beyond the run's own sweeps by: {sources.describe()}")
     return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=missing)
 
 

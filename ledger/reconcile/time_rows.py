@@ -23,18 +23,20 @@ have no prediction and `missing` says why.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
 
 from common.errors import ConfigError
 from common.wording import plural
+from ledger.evidence.calibration_file import CalibrationFile
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import padded_vocab_size
-from ledger.models.simulate.hardware import hardware_for, run_device
+from ledger.models.simulate.calibration import hardware_calibration
+from ledger.models.simulate.hardware import Hardware, hardware_for, run_device
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -45,6 +47,7 @@ from ledger.models.time_model import (
     stage_time,
 )
 from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
+from ledger.models.time_model.host_recipe import unmodelled_host
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.rows import Row, row
 
@@ -82,6 +85,20 @@ def host_share(ev: RunEvidence) -> tuple[float, str | None]:
     return scale, note
 
 
+@dataclass(frozen=True)
+class TimeSources:
+    """Where the time model's calibration comes from beyond the run's own sweeps, which come first:
+    `calibration` a file `train-ledger calibrate` wrote on the run's machine, then `hardware` a hardware file
+    (`reconcile --calibration FILE --hardware H200`)."""
+    hardware: Hardware | None = None
+    calibration: CalibrationFile | None = None
+
+    def describe(self) -> str:
+        found = ([self.calibration.describe()] if self.calibration else []) + (
+            [f"hardware file {self.hardware.name} {self.hardware.version}"] if self.hardware else [])
+        return "; ".join(found)
+
+
 def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
     """The host timeline's prices: the run's own host sweep; without one, the host block of the hardware file of
     the GPU the run names (said in the note: measured on that file's host, not necessarily this run's)."""
@@ -101,20 +118,30 @@ def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
                      f"source says where it was measured); this run has no host sweep (--host-sweep)")
 
 
-def calibration(ev: RunEvidence) -> Calibration:
+def calibration(ev: RunEvidence, sources: TimeSources = TimeSources()) -> Calibration:
+    """The run's own sweeps, over the calibration file's, over the hardware file's prices of its kernels; no host
+    timeline where the host recipes do not describe the run's layers (Megatron-LM's)."""
     scale, note = host_share(ev)
     host, host_note = host_calibration(ev)
-    return Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
-                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note, host=host,
-                                    host_note=host_note)
+    cal = Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
+                                   [r for e in ev.ranks.values() for r in e.bandwidth], scale, note, host=host,
+                                   host_note=host_note)
+    if sources.calibration is not None:
+        file = sources.calibration
+        file_host, file_note = host_costs(file.host)
+        cal = cal.over(Calibration.from_records(file.compute, file.bandwidth, host=file_host, host_note=file_note))
+    if sources.hardware is not None and ev.config is not None:
+        cal = cal.over(hardware_calibration(ev.config, sources.hardware))
+    why = unmodelled_host(ev.config) if ev.config is not None else None
+    return replace(cal, host=None, host_note=why) if why else cal
 
 
-def predict_run(ev: RunEvidence) -> TimeModel:
+def predict_run(ev: RunEvidence, sources: TimeSources = TimeSources()) -> TimeModel:
     """The time model applied to the run; a CalibrationMissing becomes a line of `missing`."""
     cfg = ev.config
     if cfg is None:
         return TimeModel(calibration=None)
-    cal = calibration(ev)
+    cal = calibration(ev, sources)
     missing: list[str] = []
     stages: dict[int, StageTime] = {}
     try:

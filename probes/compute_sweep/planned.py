@@ -1,5 +1,6 @@
 """The sweep's plan: every catalogue entry of the rank's stage (SweepSpec.ops) mapped to a timed call of its
-family (gemm, attention, elementwise, moe, ends, rates), at its dims and dtype. The plan is the catalogue's list
+family (gemm, attention, elementwise, moe, ends, rates; Megatron-LM's unfused chains: megatron), at its dims and
+dtype. The plan is the catalogue's list
 and nothing else: an entry no family can time is an error, not a gap the time model finds later."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from common.ops import GEMM_PASSES, Kernel
 from probes.bandwidth import to_dtype
-from probes.compute_sweep import attention, elementwise, ends, gemm, moe, rates
+from probes.compute_sweep import attention, elementwise, ends, gemm, megatron, moe, rates
 from probes.compute_sweep.calls import Bench, Builder, Op, Tensors
 from probes.compute_sweep.handles import EngineKernels
 from probes.compute_sweep.spec import SweepSpec
@@ -36,7 +37,8 @@ def _families(b: Bench) -> dict[str, Builder]:
         raise ValueError("a context-parallel sweep needs the engine's ring attention (EngineKernels.ring)")
     return {**elementwise.builders(b), **ends.builders(b), **rates.builders(b),
             **(attention.dense(b) if sh.cp == 1 else attention.ring(b)),
-            **(moe.builders(b) if sh.moe is not None else {})}
+            **(moe.builders(b) if sh.moe is not None else {}),
+            **(megatron.builders(b) if sh.megatron is not None else {})}
 
 
 def _builder(k: Kernel, families: dict[str, Builder], gemms: dict[str, Builder]) -> Builder:

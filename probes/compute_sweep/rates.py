@@ -1,11 +1,14 @@
 """The per-element work (common/ops RATE_OPS), at up to RATE_NUMEL_CAP elements (the time model scales the
 seconds to the run's counts): optimizer.step, one update as the engine's optimizer runs it (the grad copied into
 the fp32 main grad when the grads are 16-bit, the grad norm, the clip, fused AdamW on CUDA (foreach elsewhere), the
-fp32 -> param copy), and grad_buffer.zero, a grad buffer's memset."""
+fp32 -> param copy), and grad_buffer.zero, a grad buffer's memset; under Megatron-LM's local implementation
+optimizer.step_foreach, its fallback: torch's foreach AdamW, with Megatron's local clip (a norm per tensor, then
+`dst.copy_(src * scale)`) and the copy to the 16-bit param."""
 from __future__ import annotations
 
 import torch
 
+from common.ops.megatron import OPTIMIZER_STEP_FOREACH
 from common.ops.rank import GRAD_BUFFER_ZERO, OPTIMIZER_STEP
 from probes.compute_sweep.calls import Bench, Builder, Call, Op
 
@@ -34,7 +37,21 @@ def builders(b: Bench) -> dict[str, Builder]:
                 model.copy_(main)
         return Call(update)
 
+    def foreach_step(d: dict[str, int]) -> Op:
+        main = t.randn(d["numel"], dtype=torch.float32)
+        model = main.to(dtype)
+        main.grad = t.randn(d["numel"], dtype=torch.float32)
+        optimizer = torch.optim.AdamW([main], lr=1e-4, weight_decay=0.01, foreach=True)
+
+        @torch.no_grad()
+        def update() -> None:
+            norm = torch.norm(main.grad)
+            main.grad.copy_(main.grad * (1.0 / (norm + 1e-6)).clamp(max=1.0))
+            optimizer.step()
+            model.copy_(main)
+        return Call(update)
+
     def zero(d: dict[str, int]) -> Op:
         return Call(torch.empty(d["numel"], device=t.device, dtype=grad_dtype).zero_)
 
-    return {OPTIMIZER_STEP: step, GRAD_BUFFER_ZERO: zero}
+    return {OPTIMIZER_STEP: step, GRAD_BUFFER_ZERO: zero, OPTIMIZER_STEP_FOREACH: foreach_step}

@@ -7,7 +7,8 @@ says which argument feeds which flag. Where Megatron's name or meaning differs f
   * --norm-epsilon is stored as layernorm_epsilon; --disable-bias-linear as add_bias_linear=False;
   * num_query_groups counts only with group_query_attention (Megatron's core_transformer_config_from_args);
   * the vocabulary is padded_vocab_size: the tokenizer's vocabulary as Megatron padded it (vocab_size is None for a
-    real tokenizer; padding an already padded size changes nothing), whichever tokenizer made it;
+    real tokenizer; padding an already padded size changes nothing), whichever tokenizer made it (a command line,
+    which has no padded_vocab_size, gives its --vocab-size);
   * the torch profiler runs only with --profile as well as --use-pytorch-profiler.
 The layer's flavour is read with Megatron's semantics (common.arguments megatron_model): SwiGLU or the GeLU MLP,
 biases or none, RMSNorm or LayerNorm, RoPE or learned positions are all modelled. A value our flags cannot take (a
@@ -18,12 +19,20 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
+from pathlib import Path
+
+from common.arguments import build_parser, resolve
+from common.config import RunConfig, validate
+from common.errors import ConfigError, InputError
+from common.megatron.implementation import implementation_of
 
 # Megatron arguments whose value the formulas assume; another value is named as not modelled. Absent ones (other
 # Megatron versions) are not judged.
 ASSUMED = {"add_qkv_bias": "False", "qk_layernorm": "False",
            "multi_latent_attention": "False", "mtp_num_layers": "None", "fp8": "None",
-           "fp4": "None"}
+           "fp4": "None", "cross_entropy_loss_fusion": "False", "use_precision_aware_optimizer": "False",
+           "optimizer_cpu_offload": "False", "use_torch_fsdp2": "False", "use_megatron_fsdp": "False"}
 
 
 def our_view(arguments: dict[str, str]) -> dict[str, str]:
@@ -35,7 +44,7 @@ def our_view(arguments: dict[str, str]) -> dict[str, str]:
         view["num_query_groups"] = "None"
     if arguments.get("padded_vocab_size", "None") != "None":
         view["vocab_size"] = arguments["padded_vocab_size"]
-        view["tokenizer_type"] = "None"  # which tokenizer made the vocabulary changes no formula
+    view["tokenizer_type"] = "None"  # which tokenizer made the vocabulary changes no formula
     view["use_pytorch_profiler"] = str(arguments.get("profile") == "True"
                                        and arguments.get("use_pytorch_profiler") == "True")
     return view
@@ -75,3 +84,23 @@ def _list(value: str) -> list[object]:
     except (ValueError, SyntaxError):
         return [value]
     return list(parsed) if isinstance(parsed, (list, tuple)) else [parsed]
+
+
+def run_config_of(arguments: dict[str, str], world_size: int, path: Path | str,
+                  source: str = "arguments") -> tuple[RunConfig, list[str], list[str]]:
+    """The RunConfig of Megatron-LM arguments (recorded or parsed from a command line), with the implementation they
+    select (common/megatron/implementation.py); "name=value" of the arguments the formulas do not model; what the
+    implementation assumes where the arguments cannot tell. A config Megatron-LM would refuse is an InputError
+    naming `path` and `source`."""
+    parser = build_parser("megatron-lm", megatron_model=True)
+    argv, unmodelled = flags_from_arguments(arguments, parser)
+    ns, _ = parser.parse_known_args(argv)
+    ns.run_dir = None
+    implementation, notes = implementation_of(arguments)
+    try:
+        cfg = resolve(ns, world_size=world_size, megatron_model=True)  # its layer flavour, as Megatron reads it
+        cfg = dataclasses.replace(cfg, implementation=implementation)
+        validate(cfg)
+    except ConfigError as exc:
+        raise InputError(path, f"{source}: {exc}") from None
+    return cfg, unmodelled, notes

@@ -32,7 +32,10 @@ become the last rank's per-step memory_stats (reserved_bytes.all.current, alloca
 allocated_bytes.all.peak; Megatron never resets the peak, so every step's peak is the running maximum; TensorBoard
 keeps scalars as float32, so byte counts carry about 7 significant digits); iteration-time becomes the step time,
 each step flagged as the probes flag theirs (profiled / after the trace export) from Megatron's profiler schedule.
-Megatron writes no inventory, timers, NVML or bandwidth sweep: those rows say so.
+Megatron's own timers (--log-timers-to-tensorboard with --timing-log-level 1 or 2: "<timer>-time" scalars, seconds
+per iteration, the max over ranks) and its throughput scalar (TFLOP/s per GPU by its FLOP count) are kept in the
+manifest under TIMERS and THROUGHPUT for ledger/reconcile/megatron_timers.py. Megatron writes no inventory, NVML or
+bandwidth sweep: those rows say so.
 """
 from __future__ import annotations
 
@@ -43,12 +46,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from common.arguments import build_parser, resolve
-from common.config import RunConfig, validate
+from common.arguments import build_parser
+from common.config import RunConfig
 from common.errors import ConfigError, InputError
 from common.events import MemoryRecord, StepRecord
+from common.megatron.flag_effects import classify
+from common.megatron.options import parse_command_line
+from common.rank_info import DeviceInfo, RankInfo
 from common.run_dir import TraceFile
-from ledger.evidence.megatron.arguments import flags_from_arguments
+from ledger.evidence.megatron.arguments import flags_from_arguments, run_config_of
 from ledger.evidence.megatron.tensorboard import (
     PROFILE_DIR,
     EventFile,
@@ -66,13 +72,17 @@ MANIFEST = "manifest.json"
 TB_DIR = "tb"
 TRACE_RE = re.compile(r".*\.pt\.trace\.json(\.gz)?$")
 RANK_RE = re.compile(r'"distributedInfo"\s*:\s*\{[^}]*?"rank"\s*:\s*(\d+)')
+DEVICE_RE = re.compile(r'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"([^"]+)"')
 HEAD_BYTES = 1 << 20
 MEMORY_TAGS = {"mem-reserved-bytes": "reserved_bytes.all.current",
                "mem-allocated-bytes": "allocated_bytes.all.current",
                "mem-max-allocated-bytes": "allocated_bytes.all.peak"}
 BY_SAMPLES = " vs samples"
-SCALARS_ONLY = ("Megatron-LM run: memory and step time come from the last rank's TensorBoard scalars only; "
-                "no inventory, timers, NVML or bandwidth sweep")
+TIMER_SUFFIX = "-time"  # Megatron's timers.write: "<timer>-time", the max over ranks, seconds per iteration
+TIMERS = "megatron_timers"  # manifest keys of the timers' and the throughput scalar's {step: value}
+THROUGHPUT = "megatron_throughput"
+SCALARS_ONLY = ("Megatron-LM run: memory, step time and Megatron's timers come from the last rank's TensorBoard "
+                "scalars only; no inventory, per-range timers, NVML or bandwidth sweep")
 
 
 def is_megatron_run(run_dir: Path) -> bool:
@@ -101,19 +111,6 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def parse_megatron_argv(argv: list[str], world_size: int, path: Path,
-                        source: str = "argv") -> tuple[RunConfig, list[str]]:
-    """Our RunConfig from Megatron's flags, and the flags we do not model (reported, never silently used)."""
-    ns, unknown = build_parser("megatron-lm", megatron_model=True).parse_known_args([str(a) for a in argv])
-    ns.run_dir = None
-    try:
-        cfg = resolve(ns, world_size=world_size, megatron_model=True)  # its layer flavour, as Megatron reads it
-        validate(cfg)
-    except ConfigError as exc:
-        raise InputError(path, f"{source}: {exc}") from None
-    return cfg, [a for a in unknown if a.startswith("--")]
-
-
 def status_of(meta: dict[str, Any]) -> tuple[str, str | None]:
     code = meta.get("exit_code")
     if code is None:
@@ -121,14 +118,24 @@ def status_of(meta: dict[str, Any]) -> tuple[str, str | None]:
     return ("complete", None) if code == 0 else ("failed", f"exit code {code}")
 
 
-def trace_rank(path: Path) -> int:
-    """The rank in a trace's distributedInfo, read from the file's head (Kineto writes it before the events)."""
+def trace_head(path: Path) -> str:
+    """The first MiB of a trace: Kineto writes deviceProperties and distributedInfo before the events."""
     try:
         with open_trace_text(path) as f:
-            head = f.read(HEAD_BYTES)
+            return f.read(HEAD_BYTES)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise InputError(path, f"corrupt or truncated gzip ({exc.__class__.__name__})") from None
-    m = RANK_RE.search(head)
+
+
+def trace_device(path: Path) -> str | None:
+    """The GPU a trace was recorded on, as its deviceProperties name it ("NVIDIA H200"); None for a CPU trace."""
+    m = DEVICE_RE.search(trace_head(path))
+    return m.group(1) if m else None
+
+
+def trace_rank(path: Path) -> int:
+    """The rank in a trace's distributedInfo."""
+    m = RANK_RE.search(trace_head(path))
     if m is None:
         raise InputError(path, "no distributedInfo rank in the trace's head: cannot tell whose trace it is")
     return int(m.group(1))
@@ -142,11 +149,16 @@ def profiled_window(cfg: RunConfig) -> tuple[int, int]:
 
 
 def megatron_traces(run_dir: Path, tb_dir: Path, cfg: RunConfig) -> list[TraceFile]:
-    """(rank, first, last profiled iteration, path) of every trace: RUN/torch_profile/rank-<R>.json.gz (the rank from
-    the name; the reconciliation checks it against distributedInfo) and the older *.pt.trace.json in the
-    TensorBoard directory (the rank from distributedInfo). One trace per rank."""
+    """(rank, first, last profiled iteration, path) of every trace: RUN/torch_profile/rank-<R>.json.gz and the older
+    *.pt.trace.json in the TensorBoard directory, each rank read from the trace's distributedInfo (a file named for
+    another rank is refused). One trace per rank: what export-trace merges, no manifest needed."""
     first, last = profiled_window(cfg)
-    found = list(profile_traces(run_dir))
+    found = []
+    for named, path in profile_traces(run_dir):
+        rank = trace_rank(path)
+        if rank != named:
+            raise InputError(path, f"named for rank {named}, but its distributedInfo says rank {rank}")
+        found.append((rank, path))
     if tb_dir.is_dir():
         found += [(trace_rank(p), p) for p in sorted(tb_dir.rglob("*")) if TRACE_RE.match(p.name)]
     seen: dict[int, Path] = {}
@@ -190,8 +202,17 @@ def last_rank_evidence(rank: int, coords: dict[str, int], scalars: dict[str, dic
 def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: dict[str, dict[int, float]],
              traces: list[TraceFile], profile: bool) -> RunEvidence:
     """Both layouts' evidence from their configuration, scalars and traces, with what Megatron does not write."""
+    device = trace_device(traces[0].path) if traces else None
+    # one kind of GPU per run: the traced ranks' name stands for every rank's
+    infos = {r: RankInfo(rank=r, device=DeviceInfo(type="cuda", name=device))
+             for r in range(cfg.parallel.world_size)} if device is not None else {}
+    if infos:
+        manifest["ranks"] = [info.to_json() for info in infos.values()]
+    manifest[TIMERS] = {tag.removesuffix(TIMER_SUFFIX): values for tag, values in scalars.items()
+                        if tag.endswith(TIMER_SUFFIX) and tag != "iteration-time"}
+    manifest[THROUGHPUT] = scalars.get("throughput", {})
     ev = RunEvidence(run_dir=run_dir, manifest=manifest, config=cfg, ranks={}, traces=traces,
-                     framework="megatron-lm")
+                     framework="megatron-lm", rank_infos=infos)
     if scalars:
         rank = ev.world_size - 1
         ev.ranks[rank] = last_rank_evidence(rank, ev.coords(rank), scalars,
@@ -212,7 +233,11 @@ def torn_tails(files: list[EventFile], run_dir: Path) -> list[str]:
 
 def collect_run_sh(run_dir: Path) -> RunEvidence:
     meta = read_meta(run_dir)
-    cfg, unmodelled = parse_megatron_argv(meta["argv"], meta["world_size"], run_dir / META)
+    try:
+        line = parse_command_line([str(a) for a in meta["argv"]], strict=False)
+    except ConfigError as exc:
+        raise InputError(run_dir / META, f"argv: {exc}") from None
+    cfg, unmodelled, assumed = run_config_of(line.arguments, meta["world_size"], run_dir / META, source="argv")
     status, error = status_of(meta)
     manifest = {"schema_version": 1, "run_id": meta.get("run_id") or run_dir.name, "framework": "megatron-lm",
                 "argv": meta["argv"], "config": cfg.to_dict(), "world_size": meta["world_size"], "status": status,
@@ -225,8 +250,16 @@ def collect_run_sh(run_dir: Path) -> RunEvidence:
         raise InputError(run_dir, f"empty Megatron run: no TensorBoard scalars or traces under {TB_DIR}/")
     ev = evidence(run_dir, manifest, cfg, scalars, traces, profile="--profile" in meta["argv"])
     ev.missing += torn_tails(files, run_dir)
+    if line.unknown:
+        ev.missing.append(f"flags Megatron-LM {line.megatron_sha[:10]} does not know (skipped): "
+                          + " ".join(line.unknown))
+    if not_modelled := classify(line).not_modelled:
+        ev.missing.append("Megatron flags the formulas do not model (their defaults assumed): "
+                          + " ".join(not_modelled))
     if unmodelled:
-        ev.missing.append("Megatron flags not modelled by the formulas: " + " ".join(unmodelled))
+        ev.missing.append("Megatron arguments not modelled by the formulas (predictions assume otherwise): "
+                          + ", ".join(unmodelled))
+    ev.missing += [f"assumed: {note}" for note in assumed]
     return ev
 
 
@@ -240,8 +273,8 @@ def collect_own_layout(run_dir: Path) -> RunEvidence:
                                  "a Megatron-LM TensorBoard directory")
     last = launches[-1]
     world = world_size_of(last)
-    argv, unmodelled = flags_from_arguments(last.arguments, build_parser("megatron-lm", megatron_model=True))
-    cfg, _ = parse_megatron_argv(argv, world, last.path, source="arguments")
+    argv, _ = flags_from_arguments(last.arguments, build_parser("megatron-lm", megatron_model=True))
+    cfg, unmodelled, assumed = run_config_of(last.arguments, world, last.path)
     scalars = merged_scalars(files)
     status, error = own_status(scalars, cfg.train.train_iters)
     manifest = {"schema_version": 1, "run_id": run_dir.name, "framework": "megatron-lm", "argv": argv,
@@ -257,6 +290,7 @@ def collect_own_layout(run_dir: Path) -> RunEvidence:
     if unmodelled:
         ev.missing.append("Megatron arguments not modelled by the formulas (predictions assume otherwise): "
                           + ", ".join(unmodelled))
+    ev.missing += [f"assumed: {note}" for note in assumed]
     return ev
 
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
 from common.ops.sizes import local_seq_length
+from ledger.models.formulas import core_attention, megatron_layer
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
+from ledger.models.formulas.megatron_layer import norm_saved
 from ledger.models.formulas.moe import uniform_kept_assignments
 from ledger.models.formulas.params import num_chunks, padded_vocab_size
 
@@ -51,7 +53,10 @@ def _sp_div(cfg: RunConfig) -> int:
 def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     """Bytes each saved tensor of one layer takes on one TP rank (of one CP rank: s / C tokens) for one micro-batch,
     for a layer outside any full recompute group (under selective recompute, without what the core-attention
-    checkpoint frees)."""
+    checkpoint frees). Megatron-LM's own dense layer keeps what megatron_layer.py lists; this engine's (and, for
+    want of a model of Megatron's, an MoE layer of Megatron-LM's) what follows."""
+    if cfg.implementation.megatron and not cfg.model.is_moe:
+        return megatron_layer.saved_tensors(cfg)
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     s, b, h, f = local_seq_length(cfg), cfg.train.micro_batch_size, m.hidden_size, m.ffn_hidden_size
     q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
@@ -64,14 +69,14 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
                   else {"gelu.input=linear_fc1.output": a * s * b * f // t}),
                "linear_fc2.input": a * s * b * f // t}
     saved = {
-        **_norm_saved(cfg, "input_layernorm"),
+        **norm_saved(cfg, "input_layernorm"),
         "linear_qkv.input": a * s * b * h // sp,
         "attention.q": a * s * b * q // t,
         "attention.k": a * s * b * kv // t,
         "attention.v": a * s * b * kv // t,
         "attention.output=linear_proj.input": a * s * b * q // t,
         "attention.logsumexp": 4 * b * (m.num_attention_heads // t) * s,
-        **_norm_saved(cfg, "pre_mlp_layernorm"),
+        **norm_saved(cfg, "pre_mlp_layernorm"),
         **mlp,
     }
     if cfg.recompute.recompute_granularity == "selective":
@@ -107,15 +112,6 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "combine.slot_index[int64]": 8 * tokens * k,
         "combine.expert_rows[fp32]": 4 * tokens * k * h,
     }
-
-
-def _norm_saved(cfg: RunConfig, name: str) -> dict[str, int]:
-    """A fused norm's saved input and fp32 rstd per token (and mean, for LayerNorm), sequence-sharded under SP."""
-    m, sp = cfg.model, _sp_div(cfg)
-    tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
-    stats = ("mean", "rstd") if m.layer_norm else ("rstd",)
-    return {f"{name}.input": activation_bytes(cfg) * tokens * m.hidden_size // sp,
-            **{f"{name}.{stat}": 4 * tokens // sp for stat in stats}}
 
 
 def layer_bytes(cfg: RunConfig) -> int:
@@ -191,7 +187,7 @@ def last_stage_extra_bytes(cfg: RunConfig) -> int:
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     loss = (8 * s * b + 2 * a * loss_chunk_tokens(cfg) * vocab // t if m.linear_cross_entropy
             else 4 * s * b * vocab // t)
-    return (sum(_norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
+    return (sum(norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
             + loss + s * b * (1 + 8))
 
 
@@ -216,14 +212,30 @@ def in_flight(cfg: RunConfig, pp_rank: int) -> int:
     return min(2 * (p - pp_rank - 1) + (v - 1) * p + 1, m * v)
 
 
+def first_stage_bytes(cfg: RunConfig, pp_rank: int) -> int:
+    """The first stage's token ids of every micro-batch it holds (min(p, m) in flight under 1F1B)."""
+    if pp_rank != 0:
+        return 0
+    return min(cfg.parallel.pipeline_model_parallel_size, cfg.num_microbatches) * first_stage_extra_bytes(cfg)
+
+
+def mask_bytes_in_flight(cfg: RunConfig, pp_rank: int) -> int:
+    """Megatron-LM's dataloader masks that its layers keep, one per micro-batch in flight (core_attention)."""
+    return in_flight(cfg, pp_rank) * core_attention.mask_bytes(cfg) if core_attention.keeps_mask(cfg) else 0
+
+
+def end_of_forward_bytes(cfg: RunConfig, pp_rank: int) -> int:
+    """Saved when a forward ends: every chunk-micro-batch in flight, the stage extras and the kept masks."""
+    last = last_stage_extra_bytes(cfg) if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1 else 0
+    return (in_flight(cfg, pp_rank) * chunk_activation_bytes(cfg).saved + first_stage_bytes(cfg, pp_rank) + last
+            + mask_bytes_in_flight(cfg, pp_rank))
+
+
 def stage_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Peak saved activations on one TP rank of pipeline rank `pp_rank`: the larger of the moment a forward ends
     (every chunk-micro-batch in flight saved, the stage extras held) and the backward of the oldest one (the others
     saved, it at its backward peak; the last stage's loss tensors are freed before the decoder's backward starts)."""
-    p = cfg.parallel.pipeline_model_parallel_size
     held, chunk = in_flight(cfg, pp_rank), chunk_activation_bytes(cfg)
-    first = min(p, cfg.num_microbatches) * first_stage_extra_bytes(cfg) if pp_rank == 0 else 0
-    last = last_stage_extra_bytes(cfg) if pp_rank == p - 1 else 0
-    after_forward = held * chunk.saved + first + last
-    in_backward = (held - 1) * chunk.saved + chunk.backward_peak + first
-    return max(after_forward, in_backward)
+    in_backward = ((held - 1) * chunk.saved + chunk.backward_peak + first_stage_bytes(cfg, pp_rank)
+                   + mask_bytes_in_flight(cfg, pp_rank))
+    return max(end_of_forward_bytes(cfg, pp_rank), in_backward)

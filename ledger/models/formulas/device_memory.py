@@ -41,6 +41,7 @@ class DeviceOverheads:
     nccl_communicator: int
     library_modules: int
     provenance: str
+    allocator_workspaces: int = 0  # inside PyTorch: cuBLAS / cuBLASLt workspaces (peak_memory.persistent_bytes)
 
     @classmethod
     def known(cls, device_name: str) -> "DeviceOverheads | None":
@@ -51,7 +52,8 @@ class DeviceOverheads:
         d = json.loads(path.read_text())
         return cls(device=d["device"], driver_reserved=d["driver_reserved"], cuda_context=d["cuda_context"],
                    nccl_first_communicator=d["nccl_first_communicator"], nccl_communicator=d["nccl_communicator"],
-                   library_modules=d["library_modules"], provenance=d["measured"])
+                   library_modules=d["library_modules"], provenance=d["measured"],
+                   allocator_workspaces=d.get("allocator_workspaces", 0))
 
 
 @dataclass(frozen=True)

@@ -4,46 +4,71 @@ search; reconcile's judged memory.peak_allocated row makes the same sum for each
 A stage's peak, on one TP rank of its largest DP rank (static_memory.py: the distributed optimizer's shards differ by
 a few elements between DP ranks), after the first step:
     static (param and grad buffers, fp32 main params, grad copy, Adam m and v)
-  + saved activations at the schedule's peak (activations.stage_activation_bytes, under the run's recompute mode).
-The logits transient (activations.logits_transient_bytes: the 16-bit logits or their gradient beside the saved fp32
-softmax) is reported beside it, not added: on every real H200 run we have (tests/fixtures/h200_llama1b: seq 4096 and
-8192, each recompute mode, the 8B shape) the allocator's measured peak equals static + activations within 0.3%, and
-adding the transient (1 to 2 GB there) overestimates each by that much (tests/test_h200_claims.py). With the loss
-fused over chunks (--cross-entropy-fusion-impl linear) there is no such transient: the chunk's logits are in the
-last stage's activations (activations.last_stage_extra_bytes).
+  + what the allocator keeps between steps beside it (`persistent`): the cuBLAS / cuBLASLt workspaces of the device
+    (a calibration constant, 64 MiB on an H200; zero where the device is not known) and Megatron-LM's global memory
+    buffer (core_attention.persistent_buffer_bytes)
+  + the largest of the step's phases (peak_phases.py): saved activations at the schedule's peak, and for
+    Megatron-LM's layers the transients beside them (the loss's 16-bit logits, unfused attention's score matrices,
+    the optimizer's temporaries).
+For this engine the phase is the saved activations alone, the logits transient (activations.logits_transient_bytes)
+reported beside it, not added: on every real H200 run we have (tests/fixtures/h200_llama1b) the allocator's measured
+peak equals static + workspaces + activations within 0.12% (tests/test_h200_claims.py). With the loss fused over
+chunks (--cross-entropy-fusion-impl linear) there is no such transient: the chunk's logits are in the last stage's
+activations (activations.last_stage_extra_bytes).
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation (device_memory.py estimates what lies outside
 PyTorch; the caller adds it where it judges a device's capacity).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.config import RunConfig
-from ledger.models.formulas.activations import (
-    logits_transient_bytes,
-    stage_activation_bytes,
-)
+from ledger.models.formulas.activations import logits_transient_bytes
+from ledger.models.formulas.core_attention import persistent_buffer_bytes
+from ledger.models.formulas.peak_phases import Phase, peak_phase
 from ledger.models.formulas.static_memory import StaticBytes, static_bytes_per_stage
+
+WORKSPACES = "cuBLAS / cuBLASLt workspaces"
+GLOBAL_BUFFER = "Megatron's global memory buffer"
 
 
 @dataclass(frozen=True)
 class StagePeak:
     static: StaticBytes
-    activations: int
+    activations: int  # the peak phase's saved tensors and transients
     logits_transient: int
+    phase: Phase | None = None
+    persistent: dict[str, int] = field(default_factory=dict)  # kept between steps beside the static state
+
+    @property
+    def between_steps(self) -> int:
+        """What the allocator holds between steps: static + persistent."""
+        return self.static.total + sum(self.persistent.values())
 
     @property
     def total(self) -> int:
-        return self.static.total + self.activations
+        return self.between_steps + self.activations
 
 
-def stage_peaks(cfg: RunConfig, static: list[StaticBytes] | None = None) -> list[StagePeak]:
+def persistent_bytes(cfg: RunConfig, workspaces: int = 0) -> dict[str, int]:
+    """What stays allocated between steps beside the static state, by name (zero terms left out)."""
+    terms = {WORKSPACES: workspaces, GLOBAL_BUFFER: persistent_buffer_bytes(cfg)}
+    return {name: n for name, n in terms.items() if n}
+
+
+def stage_peaks(cfg: RunConfig, static: list[StaticBytes] | None = None, workspaces: int = 0) -> list[StagePeak]:
     """Every stage's peak and its parts. `static`: static_bytes_per_stage(cfg), when the caller has it already (the
-    same run under several recompute modes shares it: recompute changes activations only)."""
+    same run under several recompute modes shares it: recompute changes activations only). `workspaces`: the
+    device's allocator workspaces (a hardware file's or a device calibration's; 0 when no device is named)."""
     pp = cfg.parallel.pipeline_model_parallel_size
     static = static_bytes_per_stage(cfg) if static is None else static
-    return [StagePeak(static=static[i], activations=stage_activation_bytes(cfg, i),
-                      logits_transient=logits_transient_bytes(cfg) if i == pp - 1 else 0) for i in range(pp)]
+    persistent = persistent_bytes(cfg, workspaces)
+    peaks = []
+    for i in range(pp):
+        phase = peak_phase(cfg, i)
+        peaks.append(StagePeak(static=static[i], activations=phase.total, phase=phase, persistent=persistent,
+                               logits_transient=logits_transient_bytes(cfg) if i == pp - 1 else 0))
+    return peaks
 
 
 def peak_bytes_per_stage(cfg: RunConfig) -> list[int]:

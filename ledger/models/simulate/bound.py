@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common.config import RunConfig
+from common.ops import Shapes
+from common.ops.rank import optimizer_rate
 from ledger.models.formulas.activations import checkpoint_groups, layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import num_chunks
@@ -62,7 +64,7 @@ def calibrated_min_step_seconds(cfg: RunConfig, cal: Calibration) -> float:
     work = [m * sum(f + b for f, b in stage) for stage in chunks]
     chain = sum(sum(stage[0]) for stage in chunks[:-1]) + work[-1]
     dtype = cfg.train.params_dtype
-    optimizer = max(cal.rate_seconds("optimizer.step", dtype, max(owned_per_dp_rank(cfg, s)))
+    optimizer = max(cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, dtype, max(owned_per_dp_rank(cfg, s)))
                     for s in range(cfg.parallel.pipeline_model_parallel_size))
     return max(chain, max(work)) + optimizer
 

@@ -21,10 +21,12 @@ from functools import lru_cache
 
 from common.config import RunConfig
 from common.ops import Kernel, Shapes, layer_ops
+from common.ops.rank import optimizer_rate
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
 from ledger.models.simulate.topology import comm_model
 from ledger.models.time_model.calibration import Calibration, KernelKey
+from ledger.models.time_model.host_recipe import unmodelled_host
 from ledger.models.time_model.ops import kernels
 
 _KERNEL_SETS: dict[Shapes, frozenset[Kernel]] = {}
@@ -61,9 +63,12 @@ def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
     of; CalibrationMissing for a kernel it cannot price)."""
     dtype, grad_dtype = cfg.train.params_dtype, cfg.train.grad_dtype
     found = {(k.name, k.dims, dtype): _seconds(hw, k, dtype, grad_dtype) for k in stage_kernels(cfg)}
-    rates = {("optimizer.step", dtype): rate_seconds_per_element(hw, "optimizer.step", dtype, grad_dtype),
+    step = optimizer_rate(Shapes.of(cfg)).name
+    rates = {(step, dtype): rate_seconds_per_element(hw, step, dtype, grad_dtype),
              ("grad_buffer.zero", grad_dtype): rate_seconds_per_element(hw, "grad_buffer.zero", dtype, grad_dtype)}
+    unmodelled = unmodelled_host(cfg) or (None if hw.host is not None else
+                                          f"host timeline off: {hw.path} has no host block")
     return Calibration(kernels=found, rates=rates, comm=comm_model(cfg, hw),
                        device=f"{hw.name} (hardware file {hw.version})",
-                       sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)), host=hw.host,
-                       host_note=None if hw.host is not None else f"host timeline off: {hw.path} has no host block")
+                       sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)),
+                       host=None if unmodelled else hw.host, host_note=unmodelled)

@@ -32,6 +32,7 @@ from ledger.models.time_model.host_costs import HostCosts
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
 SCHEMA_VERSION = 1
 KNOWN = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
+WORKSPACES = "allocator_workspaces"  # optional: cuBLAS / cuBLASLt workspaces inside PyTorch's allocator
 OVERHEAD_TERMS = ("driver_reserved", "cuda_context", "nccl_first_communicator", "nccl_communicator",
                   "library_modules")
 
@@ -335,7 +336,9 @@ def _hardware(r: _Reader) -> Hardware:
         nic_efficiency=r.number("inter_node.efficiency", at_most=1.0),
         protocols=_protocols(r),
         overheads=DeviceOverheads(device=r.node("name"), provenance=r.sourced("outside_pytorch")["source"],
-                                  **{k: int(r.inner("outside_pytorch", k, integer=True)) for k in OVERHEAD_TERMS}),
+                                  **{k: int(r.inner("outside_pytorch", k, integer=True)) for k in OVERHEAD_TERMS},
+                                  allocator_workspaces=int(r.number(WORKSPACES, integer=True))
+                                  if WORKSPACES in r.data else 0),
         path=str(r.path), host=_host(r))
 
 

@@ -38,7 +38,15 @@ from ledger.models.time_model.missing import CalibrationMissing
 # A kernel the H200 sweep never ran (the GPT layer's) takes the efficiency of the one with its access pattern: a
 # row-wise normalisation over the hidden dim, an elementwise activation (an assumption until a sweep measures them).
 PROXY = {"layer_norm.fwd": "rms_norm.fwd", "layer_norm.bwd": "rms_norm.bwd", "gelu.fwd": "swiglu.fwd",
-         "gelu.bwd": "swiglu.bwd"}
+         "gelu.bwd": "swiglu.bwd",
+         # Megatron-LM's unfused chains (common/ops/megatron.py): torch's plain elementwise, copy and reduction
+         # kernels on contiguous tensors, taken at the residual add's efficiency; K and V's repeat at the strided
+         # output copy's; torch's foreach AdamW at the fused step's
+         **dict.fromkeys(("core_attention.softmax.fwd", "core_attention.softmax.bwd", "rope_unfused.fwd",
+                          "rope_unfused.bwd", "swiglu_unfused.fwd", "swiglu_unfused.bwd", "cross_entropy_fp32.fwd",
+                          "cross_entropy_fp32.bwd", "main_grad.add"), "residual_add"),
+         "attention.repeat_kv.fwd": "attention_output.copy", "attention.repeat_kv.bwd": "attention_output.copy",
+         "optimizer.step_foreach": "optimizer.step"}
 ATTENTION = "core_attention"
 
 
@@ -77,4 +85,5 @@ def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) ->
 
 def rate_seconds_per_element(hw: Hardware, op: str, params_dtype: str, grad_dtype: str) -> float:
     """Seconds per element of RATE_OPS: optimizer.step (per main param), grad_buffer.zero (per grad element)."""
-    return bytes_per_element(op, params_dtype, grad_dtype) / (hw.hbm_bandwidth * hw.memory.efficiency(op))
+    return bytes_per_element(op, params_dtype, grad_dtype) / (hw.hbm_bandwidth
+                                                              * hw.memory.efficiency(op, PROXY.get(op)))

@@ -4,13 +4,14 @@ tokens/s, TFLOP/s and MFU under both conventions, and the textbook figures besid
     sim = simulate(cfg, load_hardware("H200"))      # cfg: Megatron flags resolved with --world-size N
     sim.fits, sim.step.step_time, sim.to_dict()
 
-Memory is the ledger's own (ledger/models/formulas/peak_memory.py: static of the largest DP rank + saved activations at
-the schedule's peak; the logits transient is shown, not added) plus the outside-PyTorch estimate of the hardware file's
-overheads (ledger/models/formulas/device_memory.py: driver, CUDA context, one NCCL communicator per group the rank
-joins, library modules), against the file's HBM. Time is ledger.models.time_model.predict_step on the Calibration the
-hardware file gives (ledger/models/simulate/calibration.py): the same replay that reconciles our runs, priced from a
-datasheet and our sweeps instead of the run's own sweep, so its error is the one `simulate --validate` measures on every
-real run.
+Memory is the ledger's own (ledger/models/formulas/peak_memory.py: static of the largest DP rank + the hardware file's
+allocator workspaces and Megatron-LM's global buffer + the step's largest phase: this engine's saved activations at the
+schedule's peak with the logits transient shown, not added; Megatron-LM's layers with their transients) plus the
+outside-PyTorch estimate of the hardware file's overheads (ledger/models/formulas/device_memory.py: driver, CUDA
+context, one NCCL communicator per group the rank joins, library modules), against the file's HBM. Time is
+ledger.models.time_model.predict_step on the Calibration the hardware file gives
+(ledger/models/simulate/calibration.py): the same replay that reconciles our runs, priced from a datasheet and our
+sweeps instead of the run's own sweep, so its error is the one `simulate --validate` measures on every real run.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ class Simulation:
             "params": params_total(cfg),
             **({"moe": self.moe_dict()} if cfg.model.is_moe else {}),
             "memory": {"fits": self.fits, "per_stage": [{
-                "stage": m.stage, "static": m.peak.static.total, "activations": m.peak.activations,
+                "stage": m.stage, "static": m.peak.static.total, "persistent": m.peak.persistent,
+                "activations": m.peak.activations, "peak_phase": m.peak.phase.name,
                 "logits_transient": m.peak.logits_transient, "outside_pytorch": m.outside_pytorch,
                 "total": m.total, "of_hbm": m.total / hw.hbm_bytes} for m in self.memory]},
             "step": {"step_time_s": step.step_time, "terms_s": step.terms, "critical_stage": step.critical_stage,
@@ -146,7 +148,8 @@ def stage_memory(cfg: RunConfig, hw: Hardware) -> tuple[StageMemory, ...]:
     """Each stage's peak plus what lies outside PyTorch on the stage's first rank (every rank joins one group of
     each kind, so any rank gives the same count)."""
     outside = outside_bytes(cfg, hw)
-    return tuple(StageMemory(stage=i, peak=peak, outside_pytorch=outside) for i, peak in enumerate(stage_peaks(cfg)))
+    peaks = stage_peaks(cfg, workspaces=hw.overheads.allocator_workspaces)
+    return tuple(StageMemory(stage=i, peak=peak, outside_pytorch=outside) for i, peak in enumerate(peaks))
 
 
 def simulate(cfg: RunConfig, hw: Hardware) -> Simulation:

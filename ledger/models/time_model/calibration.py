@@ -25,7 +25,8 @@ from statistics import median
 from typing import Iterable
 
 from common.events import BandwidthRecord, ComputeRecord
-from common.ops import RATE_OPS, SUSTAINED, Kernel
+from common.ops import SUSTAINED, Kernel
+from common.ops.rank import PER_ELEMENT
 from ledger.models.time_model.comm import CommModel
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.missing import CalibrationMissing
@@ -78,7 +79,7 @@ class Calibration:
             if r.op == SUSTAINED:
                 compute_bound = r.compute_bound_s or 0.0
                 sustained.append((r.seconds - (r.memory_bound_s or 0.0)) / compute_bound if compute_bound > 0 else 1.0)
-            elif r.op in RATE_OPS:
+            elif r.op in PER_ELEMENT:
                 per_element[(r.op, dtype)].append(r.seconds / int(r.dims["numel"]))
             else:
                 seconds[_key(r.op, r.dims, dtype)].append(r.seconds)
@@ -90,6 +91,20 @@ class Calibration:
                    rates={k: median(v) for k, v in per_element.items()}, comm=CommModel.from_sweep(bandwidth),
                    device=", ".join(sorted(devices)) or "unknown device", sustained=factor,
                    compute_scale=compute_scale, scale_note=scale_note, host=host, host_note=host_note)
+
+    def over(self, fallback: "Calibration") -> "Calibration":
+        """This calibration, with what it lacks taken from `fallback` (a hardware file's, for the kernels a sweep
+        never timed): its kernels and rates first, its link fits where it has any, its sustained factor where it
+        measured one, its host prices where it has them."""
+        measured = bool(self.kernels or self.rates)
+        own_host = self.host is not None or fallback.host is None
+        host, host_note = (self.host, self.host_note) if own_host else (fallback.host, fallback.host_note)
+        return Calibration(kernels={**fallback.kernels, **self.kernels}, rates={**fallback.rates, **self.rates},
+                           comm=self.comm if self.comm.fits else fallback.comm,
+                           device=f"{self.device}, else {fallback.device}",
+                           sustained=self.sustained if measured and self.sustained > 1.0 else fallback.sustained,
+                           compute_scale=self.compute_scale, scale_note=self.scale_note, host=host,
+                           host_note=host_note)
 
     def kernel_seconds(self, kernel: Kernel, dtype: str) -> float:
         found = self.kernels.get((kernel.name, kernel.dims, dtype))

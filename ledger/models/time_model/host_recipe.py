@@ -8,13 +8,17 @@ code it stands for; tests/test_host_model.py holds the launches they imply to th
                                the device, the model's call, the loss, torch.autograd.backward; a probe range
     optimizer, step_start, ... the optimizer step (foreach launches by elements), zero_grad, the loss's reduction
 A recipe prices the host; the device's time is the compute sweep's. CONTEXT is what the engine's Python around these
-calls adds, fitted once (runs/bench/host_model.py on the calibration runs BENCHMARKS.md names).
+calls adds, fitted once (runs/bench/host_model.py on the calibration runs BENCHMARKS.md names). The recipes describe
+this engine's code only: Megatron-LM's own layers (--transformer-impl local or transformer_engine, their unfused
+entries in common/ops/megatron.py) issue their kernels through other Python, so their host is not modelled
+(unmodelled_host says so, and the time model then runs on the device's clock alone).
 """
 from __future__ import annotations
 
 from collections import Counter
 from typing import Mapping
 
+from common.config import RunConfig
 from common.ops import host as p
 from ledger.models.time_model.ops import Collective, Work
 
@@ -82,6 +86,17 @@ GROUPED_START = {p.MODULE: 1, p.EAGER: 11, p.VIEW: 1}
 GROUPED = {"fprop": {p.EAGER: 1, p.VIEW: 1, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 2, p.GEMM: 1},
            "wgrad": {p.GEMM: 1, p.AUTOGRAD_NODE: 1}}
 COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
+
+
+MEGATRON_HOST = ("host timeline off: the host recipes are this engine's calls (ledger/models/time_model/"
+                 "host_recipe.py); Megatron-LM's own layers (--transformer-impl {impl}) issue their kernels through "
+                 "code they do not describe")
+
+
+def unmodelled_host(cfg: RunConfig) -> str | None:
+    """Why the recipes cannot price cfg's host (Megatron-LM's own layers), None when they describe its code."""
+    impl = cfg.implementation
+    return MEGATRON_HOST.format(impl=impl.transformer_impl) if impl.megatron else None
 
 
 def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.ops import Kernel, Linear, Shapes, layer_ops, rank_ops
+from common.ops.megatron import MAIN_GRAD_ADD, main_grad_add
 from common.ops.rank import embedding, head
 from common.ops.sizes import DTYPE_BYTES
 from ledger.models.formulas.activations import checkpoint_groups
@@ -100,8 +101,11 @@ class Work:
 
 def core_attention(sh: Shapes, pass_: str, term: str = LAYERS) -> list[Work]:
     """One flash-attention kernel, or under CP the ring's C blocks each beside its message, then its merge (module
-    docstring)."""
+    docstring); Megatron-LM's unfused DotProductAttention: its batched GEMMs and masked softmax, K and V repeated
+    first under GQA."""
     attention = layer_ops(sh).attention
+    if attention.unfused is not None:
+        return unfused_attention(sh, pass_, term)
     if attention.ring is None:
         return [Work(attention.core.of(pass_), term)]
     forward = pass_ == "fwd"
@@ -114,6 +118,15 @@ def core_attention(sh: Shapes, pass_: str, term: str = LAYERS) -> list[Work]:
                              CP_COMM))
         work.append(Work(block, term))
     return work + [Work(attention.ring.merge.of(pass_), term)]
+
+
+def unfused_attention(sh: Shapes, pass_: str, term: str) -> list[Work]:
+    a = layer_ops(sh).attention
+    u, repeat = a.unfused, [Work(a.repeat_kv.of(pass_), term)] if a.repeat_kv is not None else []
+    if pass_ == "fwd":
+        return [*repeat, Work(u.scores, term), Work(u.softmax.fwd, term), Work(u.context, term)]
+    return [Work(u.context_grad, term), Work(u.value_grad, term), Work(u.softmax.bwd, term),
+            Work(u.scores_grad, term), Work(u.scores_grad, term), *repeat]
 
 
 def _tp(sh: Shapes, kind: str) -> list[Work]:
@@ -225,13 +238,19 @@ def moe_backward(sh: Shapes, prefix: str) -> list[Work]:
 
 def _linear_backward(sh: Shapes, linear: Linear, param: str | None, column: bool, term: str = LAYERS) -> list[Work]:
     """dgrad then wgrad in one autograd Function; a column-parallel linear under SP re-gathers its saved input first
-    and reduce-scatters its input gradient before the wgrad; without SP its input gradient is all-reduced after."""
-    dgrad, wgrad = Work(linear.dgrad, term), Work(linear.wgrad, term, param)
+    and reduce-scatters its input gradient before the wgrad; without SP its input gradient is all-reduced after.
+    Without gradient-accumulation fusion (Megatron-LM's flag) DDP's hook adds the 16-bit wgrad into main_grad."""
+    dgrad = Work(linear.dgrad, term)
+    if sh.megatron is not None and sh.megatron.unfused_wgrad:
+        d = dict(linear.wgrad.dims)
+        wgrad = [Work(linear.wgrad, term), Work(main_grad_add(d["m"] * d["n"]), term, param)]
+    else:
+        wgrad = [Work(linear.wgrad, term, param)]
     if not column:
-        return [dgrad, wgrad]
+        return [dgrad, *wgrad]
     if sh.sequence_parallel:
-        return [*_tp(sh, "all_gather"), dgrad, *_tp(sh, "reduce_scatter"), wgrad]
-    return [dgrad, wgrad, *_tp(sh, "all_reduce")]
+        return [*_tp(sh, "all_gather"), dgrad, *_tp(sh, "reduce_scatter"), *wgrad]
+    return [dgrad, *wgrad, *_tp(sh, "all_reduce")]
 
 
 def layer_backward(sh: Shapes, prefix: str, selective: bool) -> list[Work]:
@@ -346,6 +365,12 @@ def chunk_backward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
 
 def kernels(cfg: RunConfig, pp_rank: int) -> set[Kernel]:
     """Every distinct kernel a pipeline rank runs in a step: the catalogue's for its stage (all its chunks, both
-    passes; recompute re-runs kernels already among them)."""
+    passes; recompute re-runs kernels already among them), and without gradient-accumulation fusion each weight's
+    main_grad add."""
     last = cfg.parallel.pipeline_model_parallel_size - 1
-    return set(rank_ops(Shapes.of(cfg), pp_rank == 0, pp_rank == last).kernels())
+    sh = Shapes.of(cfg)
+    found = set(rank_ops(sh, pp_rank == 0, pp_rank == last).kernels())
+    if sh.megatron is not None and sh.megatron.unfused_wgrad:
+        found |= {w.op for chunk in range(num_chunks(cfg)) for w in chunk_backward(cfg, pp_rank, chunk)
+                  if isinstance(w.op, Kernel) and w.op.name == MAIN_GRAD_ADD}
+    return found

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.intervals import Interval, union
+from common.ops import Shapes
+from common.ops.rank import optimizer_rate
 from ledger.models.formulas.activations import local_seq_length
 from ledger.models.formulas.buffer_layout import (
     BufferLayout,
@@ -167,7 +169,7 @@ class _Replay:
         param_bytes = [[n * pbytes for n in chunk] for chunk in sizes]
         memset = self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype,
                                        sum(lay.numel for lay in layouts + experts))
-        optimizer = self.cal.rate_seconds("optimizer.step", train.params_dtype, elements)
+        optimizer = self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements)
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]

@@ -1,0 +1,64 @@
+"""How a layer is computed, where that changes memory or time but not the model's math: the transformer
+implementation, the core attention's backend and fusions, dropout, the gradient-accumulation fusion, the optimizer's
+kernels and the dataloader's attention mask (Megatron-LM's --transformer-impl, --attention-backend, fusion and
+optimizer flags). The defaults describe this repository's engine, so every config built without Megatron-LM's
+arguments (our runs, `train`, `plan`, `simulate` from flags) means what it meant before the field existed; a
+Megatron-LM run's arguments (ledger/evidence/megatron) and `--megatron-args` (cli/args.py) set the
+values Megatron-LM ran with. docs/formulas.md, "Megatron-LM's saved set", derives what each value changes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common.errors import ConfigError
+
+ENGINE = "engine"  # this repository's engine (engine/)
+LOCAL = "local"  # Megatron-LM's --transformer-impl local (Megatron Core's own modules)
+TRANSFORMER_ENGINE = "transformer_engine"  # Megatron-LM's default: Transformer Engine's modules
+TRANSFORMER_IMPLS = (ENGINE, LOCAL, TRANSFORMER_ENGINE)
+FLASH = "flash"  # a kernel that keeps no [b, heads, s, s] tensor: flash / fused attention, torch's SDPA
+UNFUSED = "unfused"  # Megatron's DotProductAttention: baddbmm, masked softmax, bmm on the full score matrix
+ATTENTION_BACKENDS = (FLASH, UNFUSED)
+FUSED_ADAM = "fused"  # one kernel per step, no temporary (Apex / Transformer Engine FusedAdam, torch's fused AdamW)
+FOREACH_ADAM = "foreach"  # torch.optim.AdamW's foreach kernels: a 4-byte temporary per element of a param group
+OPTIMIZER_IMPLS = (FUSED_ADAM, FOREACH_ADAM)
+
+
+@dataclass
+class ImplementationConfig:
+    transformer_impl: str = ENGINE
+    attention_backend: str = FLASH
+    # Megatron's fused scale-mask-softmax kernel (Apex's scaled_upper_triang_masked_softmax); off: torch's softmax
+    masked_softmax_fusion: bool = False
+    attention_softmax_in_fp32: bool = False
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    # the weight gradient accumulated straight into the fp32 main_grad (off: a 16-bit wgrad, then added)
+    gradient_accumulation_fusion: bool = True
+    bias_swiglu_fusion: bool = True  # SwiGLU as one function that keeps its input only
+    apply_rope_fusion: bool = True  # RoPE keeps nothing per call (off: Megatron's unfused cos / sin per q and k)
+    create_attention_mask: bool = False  # the dataloader's [b, 1, s, s] boolean mask on the device
+    optimizer_impl: str = FUSED_ADAM
+
+    @property
+    def megatron(self) -> bool:
+        """Megatron-LM's own layers (local or Transformer Engine), not this engine's."""
+        return self.transformer_impl != ENGINE
+
+    @property
+    def unfused_attention(self) -> bool:
+        return self.attention_backend == UNFUSED
+
+
+def check_implementation(c: ImplementationConfig) -> None:
+    for name, value, choices in (("transformer impl", c.transformer_impl, TRANSFORMER_IMPLS),
+                                 ("attention backend", c.attention_backend, ATTENTION_BACKENDS),
+                                 ("optimizer implementation", c.optimizer_impl, OPTIMIZER_IMPLS)):
+        if value not in choices:
+            raise ConfigError(f"{name} {value!r}: expected one of {', '.join(choices)}")
+    for flag, p in (("--attention-dropout", c.attention_dropout), ("--hidden-dropout", c.hidden_dropout)):
+        if not (math.isfinite(p) and 0.0 <= p < 1.0):
+            raise ConfigError(f"{flag} must be in [0, 1), got {p}")
+    if c.transformer_impl == ENGINE and (c.attention_dropout or c.hidden_dropout):
+        raise ConfigError("dropout is not implemented by the engine; only 0.0 is accepted")

@@ -1,0 +1,125 @@
+"""The moments of a step when one stage's allocator holds the most beyond its static state, each as activations the
+micro-batches in flight keep plus named transients; the peak is the largest (docs/formulas.md, "The peak's
+phases").
+
+This engine (one phase): the saved activations at the schedule's peak (activations.stage_activation_bytes); its
+runs' measured peaks equal static + that within 0.3% with nothing added (tests/test_h200_claims.py).
+Megatron-LM's layers (implementation transformer_impl local or transformer_engine):
+  loss forward          the last stage's micro-batch at its cross-entropy: every layer's saved tensors, the fp32
+                        softmax the loss keeps, and the 16-bit logits beside it (GPTModel.forward still holds them)
+  core attention fwd    the chunk's last layer inside core attention: the earlier layers' saved tensors, this one's
+                        up to core attention, the scores DotProductAttention.forward still holds, and the QKV
+                        output its caller's views keep referenced
+  core attention bwd    the same layer's core attention in backward (core_attention.backward_transient): the MLP's,
+                        the loss's and this layer's probabilities and repeated v already freed
+  backward of a group   full recompute's rebuilt group (activations.stage_activation_bytes' in-backward term)
+  optimizer step        no activations; torch's foreach AdamW allocates a 4-byte temporary (the sqrt of exp_avg_sq)
+                        per element of its largest param group, taken here as every element the rank owns (the
+                        norms' group is tiny)
+Every micro-batch in flight keeps the dataloader's attention mask while masked_fill_ holds it (core_attention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.config import RunConfig
+from common.config.implementation_config import FOREACH_ADAM
+from common.ops.sizes import DTYPE_BYTES, local_seq_length, padded_vocab_size
+from ledger.models.formulas import activations, core_attention, megatron_layer
+from ledger.models.formulas.static_memory import owned_per_dp_rank
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    activations: int  # saved tensors of the micro-batches in flight at that moment
+    transients: dict[str, int] = field(default_factory=dict)  # name -> bytes allocated beside them
+
+    @property
+    def total(self) -> int:
+        return self.activations + sum(self.transients.values())
+
+
+def stage_phases(cfg: RunConfig, pp_rank: int) -> list[Phase]:
+    if not cfg.implementation.megatron:
+        return [Phase("saved activations at the schedule's peak", activations.stage_activation_bytes(cfg, pp_rank))]
+    phases = [Phase("backward of the oldest micro-batch", activations.stage_activation_bytes(cfg, pp_rank))]
+    if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
+        phases.append(loss_forward(cfg, pp_rank))
+    if cfg.implementation.unfused_attention:
+        phases += [attention_forward(cfg, pp_rank), attention_backward(cfg, pp_rank)]
+    phases.append(optimizer_step(cfg, pp_rank))
+    return phases
+
+
+def peak_phase(cfg: RunConfig, pp_rank: int) -> Phase:
+    return max(stage_phases(cfg, pp_rank), key=lambda p: p.total)
+
+
+def _unkept_mask(cfg: RunConfig) -> dict[str, int]:
+    """The running micro-batch's dataloader mask where no layer keeps it (it is alive through its forward)."""
+    if core_attention.keeps_mask(cfg) or not cfg.implementation.create_attention_mask:
+        return {}
+    return {"attention mask (the running micro-batch's)": core_attention.mask_bytes(cfg)}
+
+
+def loss_forward(cfg: RunConfig, pp_rank: int) -> Phase:
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t
+    tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
+    logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * vocab
+    return Phase("loss forward", activations.end_of_forward_bytes(cfg, pp_rank),
+                 {"output_layer.logits (16-bit, beside the loss's fp32 copy)": logits, **_unkept_mask(cfg)})
+
+
+def _before_last_layer(cfg: RunConfig, pp_rank: int) -> int:
+    """What the stage keeps when its running micro-batch reaches its chunk's last layer: the other micro-batches in
+    flight, the stage's extras and this micro-batch's earlier layers."""
+    held = activations.in_flight(cfg, pp_rank)
+    layers = activations.layers_per_chunk(cfg)
+    earlier = (held - 1) * activations.chunk_activation_bytes(cfg).saved + (layers - 1) * activations.layer_bytes(cfg)
+    masks = held * core_attention.mask_bytes(cfg) if core_attention.keeps_mask(cfg) else 0
+    return earlier + activations.first_stage_bytes(cfg, pp_rank) + masks
+
+
+def _qkv_output(cfg: RunConfig) -> dict[str, int]:
+    """The QKV projection's output, referenced by the caller's q / k / v views until core attention returns,
+    where no saved view keeps it already."""
+    before = megatron_layer.before_core(cfg)
+    if any(name.startswith("linear_qkv.output") for name in before):
+        return {}
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    qkv = (m.num_attention_heads + 2 * m.num_query_groups) * m.head_dim // t
+    tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
+    return {"linear_qkv.output (the caller's views)": DTYPE_BYTES[cfg.train.params_dtype] * tokens * qkv}
+
+
+def attention_forward(cfg: RunConfig, pp_rank: int) -> Phase:
+    layer = sum(megatron_layer.before_core(cfg).values()) + sum(core_attention.saved_tensors(cfg).values())
+    return Phase("core attention forward (last layer)", _before_last_layer(cfg, pp_rank) + layer,
+                 {"attention scores (held until DotProductAttention returns)": core_attention.forward_transient(cfg),
+                  **_qkv_output(cfg), **_unkept_mask(cfg)})
+
+
+def attention_backward(cfg: RunConfig, pp_rank: int) -> Phase:
+    """Core attention's inputs stay (baddbmm's q and repeated k are used last); the repeated v went with bmm's
+    backward; beside the score-sized gradients, the residual stream's gradient and v's."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    a, tokens = DTYPE_BYTES[cfg.train.params_dtype], local_seq_length(cfg) * cfg.train.micro_batch_size
+    sp = t if cfg.parallel.sequence_parallel else 1
+    inputs = {k: v for k, v in megatron_layer.before_core(cfg).items()
+              if not k.startswith(("attention.v", "linear_qkv.output"))}
+    grads = {"residual gradient": a * tokens * m.hidden_size // sp,
+             "v gradient": a * tokens * m.num_attention_heads * m.head_dim // t}
+    scores = core_attention.backward_transient(cfg)
+    return Phase("core attention backward (last layer)", _before_last_layer(cfg, pp_rank) + sum(inputs.values()),
+                 {"score gradients (AsStrided / CopySlices / masked_fill copies)": scores, **grads})
+
+
+def optimizer_step(cfg: RunConfig, pp_rank: int) -> Phase:
+    if cfg.implementation.optimizer_impl != FOREACH_ADAM:
+        return Phase("optimizer step", 0)
+    return Phase("optimizer step", 0, {"AdamW foreach temporary (sqrt of exp_avg_sq)":
+                                       FP32 * max(owned_per_dp_rank(cfg, pp_rank))})
