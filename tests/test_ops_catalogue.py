@@ -141,3 +141,16 @@ def test_the_committed_sweeps_recorded_exactly_the_catalogues_entries(run):
         declared = {(k.name, json.dumps(sorted(k.dims))): list(k.record_dims()) for k in rank.kernels()}
         assert all(list(x.dims) == declared[(x.op, json.dumps(sorted(x.dims.items())))]
                    for x in kernels if not x.cached)
+
+
+@pytest.mark.parametrize("name", ["moe-grouped-gemm", "moe-grouped-gemm-ep2"])
+def test_the_sustained_pass_runs_a_grouped_linears_forward_alone(name):
+    """The sweep's sustained.layer record calls its kernels back to back with no autograd between them: a grouped
+    linear's dgrad and wgrad exist only as the grouped GEMM's backward (they need its forward first), so the record
+    holds the experts' fprops and none of their other passes; the attention's linears keep all three."""
+    layer = rank_ops(Shapes.of(config(name)), True, True).layer
+    sustained = set(layer.sustained())
+    grouped = layer.moe.grouped
+    assert {grouped.fc1.fprop, grouped.fc2.fprop} <= sustained
+    assert not {grouped.fc1.dgrad, grouped.fc1.wgrad, grouped.fc2.dgrad, grouped.fc2.wgrad} & sustained
+    assert set(layer.attention.qkv.kernels()) <= sustained

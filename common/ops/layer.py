@@ -5,8 +5,9 @@ MoE layer (moe.py).
 rms_norm (layer_norm in the GPT style) and residual_add run on norm_tokens rows of h: the sequence-parallel shard.
 
 SUSTAINED is the compute sweep's record of `sustained()` back to back on a GPU at its power limit: the layer's
-GEMMs (the router's apart), its core attention forward and its forward elementwise kernels, the mix whose
-compute-bound part a training step slows (docs/formulas.md, "Time model").
+GEMMs (the router's apart; a grouped linear's forward alone, Linear.direct), its core attention forward and its
+forward elementwise kernels, the mix whose compute-bound part a training step slows (docs/formulas.md, "Time
+model").
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class LayerOps(OpGroup):
         attention = ((a.core.fwd,) if a.core is not None else (a.unfused.scores, a.unfused.context)
                      if a.unfused is not None else (a.ring.causal.fwd, a.ring.half.fwd))
         rope = (a.rope.fwd,) if a.rope is not None else ()
-        return (*(k for linear in linears for k in linear.kernels()), *attention, self.norm.fwd,
+        return (*(k for linear in linears for k in linear.direct()), *attention, self.norm.fwd,
                 self.residual_add, a.output_copy, *rope, *(m.activation.fwd for m in self.mlps))
 
 

@@ -29,6 +29,12 @@ class Linear(OpGroup):
     dgrad: Kernel
     wgrad: Kernel
 
+    def direct(self) -> tuple[Kernel, ...]:
+        """The GEMMs a caller runs without autograd: a dense linear's three; a grouped linear's fprop alone (its
+        dgrad and wgrad are the grouped GEMM's backward)."""
+        grouped = any(name == "experts" for name, _ in self.fprop.dims)
+        return (self.fprop,) if grouped else self.kernels()
+
 
 def linear(name: str, rows: int, out: int, inp: int) -> Linear:
     return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp), dgrad=gemm(f"{name}.dgrad", rows, inp, out),

@@ -13,7 +13,6 @@ from typing import Any, Callable
 import torch
 
 from common.ops import SUSTAINED
-from probes.compute_sweep.calls import Backward
 from probes.compute_sweep.planned import Planned
 
 SUSTAINED_WARMUP_S, SUSTAINED_TIMED_S = 0.75, 1.0
@@ -40,13 +39,9 @@ def sustained_layer(planned: list[Planned], isolated: list[float]) -> dict[str, 
     """A layer's directly callable kernels (no autograd setup between them; an MoE layer's experts once per row
     count) back to back on the GPU until it sits at its power limit, then timed: seconds per pass, beside the same
     kernels' isolated sums by kind (`isolated`: each planned op's seconds, in order)."""
-    built = [(p, seconds, p.build()) for p, seconds in zip(planned, isolated) if p.sustained]
-    # a kernel the sweep can reach only through autograd (a grouped GEMM's dgrad / wgrad) needs its forward run
-    # first: it is left out rather than timed with that forward
-    direct = [(p, seconds, op) for p, seconds, op in built if not isinstance(op, Backward)]
-    chosen = [(p, seconds) for p, seconds, _ in direct]
+    chosen = [(p, seconds) for p, seconds in zip(planned, isolated) if p.sustained]
     layer = [p for p, _ in chosen]
-    ops = [op for _, _, op in direct]
+    ops = [p.build() for p in layer]
 
     def one_pass() -> None:
         for op in ops:
