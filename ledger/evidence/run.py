@@ -141,6 +141,10 @@ class RunEvidence:
         info = self.rank_infos.get(rank)
         return info.device if info is not None else None
 
+    def host(self, rank: int) -> str | None:
+        info = self.rank_infos.get(rank)
+        return info.host if info is not None else None
+
     def rank_evidence(self, rank: int) -> RankEvidence:
         """The rank's records, or an empty record set for a rank that wrote none (a traced rank without events)."""
         return self.ranks.get(rank) or RankEvidence(rank=rank, coords=self.coords(rank))

@@ -126,7 +126,7 @@ def _graph(path, rank: int) -> ExecGraph:
 def _one_clock(ev: RunEvidence) -> bool:
     """Whether the traces can be replayed together: one file per rank, more than one rank, all on one host."""
     ranks = [t.rank for t in ev.traces]
-    hosts = {info.host if (info := ev.rank_infos.get(r)) else None for r in ranks}
+    hosts = {ev.host(r) for r in ranks}
     return len(ranks) > 1 and len(set(ranks)) == len(ranks) and len(hosts) == 1 and None not in hosts
 
 
