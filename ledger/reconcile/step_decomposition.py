@@ -106,7 +106,6 @@ class StepDecomposition:
         count = pool_size(workers, [t.path for t in self.traced])
         return [r for rows in in_workers(_rank_rows, jobs, count) for r in rows]
 
-
     def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
         """The rank's stage's predicted terms, or None and the reason its rows carry instead."""
         step = self.model.step if self.model is not None else None
@@ -118,7 +117,6 @@ class StepDecomposition:
             return None, UNPROFILED.format(value=", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in twin.items() if v))
         return twin, ("predicted: the time model's host and device timelines of stage "
                       f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")")
-
 
     def _why(self) -> str:
         m = self.model
