@@ -31,6 +31,7 @@ from common.ops.sizes import padded_vocab_size
 from ledger.evidence.read import read_run
 from ledger.reconcile.run import Reconciliation, reconcile, run_steps
 from tests.support.recorded_runs import FIXTURES, only
+from tests.support.records import rewrite_events, stretch_range
 
 LARGE = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers", "s16384", "s2048-mbs4",
          "8b-8layers-s8192-selective")
@@ -178,20 +179,16 @@ def corrupted(src: Path, dst: Path, factor: float, what: str) -> Path:
     moves (end_s, t_end, duration_s); a step record's step_time_s scales and its rates scale inversely. A prediction
     that read any of these fields would move with the measurement and stay "ok"."""
     copy(src, dst)
-    events = dst / "ranks" / "rank0" / "events.jsonl"
-    lines = []
-    for line in events.read_text().splitlines():
-        e = json.loads(line)
+
+    def edit(e: dict) -> None:
         if what == "step" and e["kind"] == "step":
             e["step_time_s"] *= factor
             e["tokens_per_s"] /= factor
             e["throughput"] /= factor
         elif e["kind"] == "timing" and e["category"] == ("iteration" if what == "step" else what):
-            e["duration_s"] = (e["end_s"] - e["start_s"]) * factor
-            e["end_s"] = e["start_s"] + e["duration_s"]
-            e["t_end"] = e["t_start"] + e["duration_s"]
-        lines.append(json.dumps(e))
-    events.write_text("\n".join(lines) + "\n")
+            stretch_range(e, factor)
+
+    rewrite_events(dst / "ranks" / "rank0" / "events.jsonl", edit)
     return dst
 
 

@@ -8,7 +8,6 @@ applied by hand and seen to fail the test before it was reverted.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +21,7 @@ from ledger.reconcile.rows import WARN_FACTOR
 from ledger.reconcile.run import Reconciliation, reconcile
 from ledger.reconcile.time_rows import TimeModel, predict_run
 from tests.support.recorded_runs import FIXTURES, only
+from tests.support.records import rewrite_events, stretch_range
 
 PP2, DP2 = "gloo_pp2_sweeps", "gloo_dp2_sweeps"
 MODEL_BUBBLE = "pipeline.bubble_of_wall_time.model"
@@ -42,16 +42,12 @@ def shrunk_compute(src: Path, dst: Path, rank: int, factor: float) -> Path:
     """A copy of `src` whose rank `rank` took `factor` of each forward / backward range's measured time: each range
     keeps its start, and every field that says when it ended moves (end_s, t_end, duration_s)."""
     shutil.copytree(src, dst)
-    events = dst / "ranks" / f"rank{rank}" / "events.jsonl"
-    lines = []
-    for line in events.read_text().splitlines():
-        e = json.loads(line)
+
+    def edit(e: dict) -> None:
         if e["kind"] == "timing" and e["category"] in COMPUTE_CATEGORIES:
-            e["duration_s"] = (e["end_s"] - e["start_s"]) * factor
-            e["end_s"] = e["start_s"] + e["duration_s"]
-            e["t_end"] = e["t_start"] + e["duration_s"]
-        lines.append(json.dumps(e))
-    events.write_text("\n".join(lines) + "\n")
+            stretch_range(e, factor)
+
+    rewrite_events(dst / "ranks" / f"rank{rank}" / "events.jsonl", edit)
     return dst
 
 
