@@ -4,6 +4,10 @@ A rank must not outlive the processes that launched it: a launcher killed outrig
 terminal) cannot forward anything, so each child asks the kernel for a signal when its parent dies
 (prctl PR_SET_PDEATHSIG). SIGTERM then reaches torchrun, which stops its workers, and each rank turns SIGTERM into
 `Terminated` so that it records the run as failed on the way out.
+
+A stop arrives more than once (torchrun's SIGTERM, then the kernel's when torchrun exits) and may land while the
+failure is being recorded (a peer's hang-up ends a gloo call, and the pending handler fires at the next Python
+call): `Terminated` is raised for the first signal only, so recording the failure a second time completes.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+_stopped_by: str | None = None
 
 
 class Terminated(BaseException):
@@ -30,10 +35,19 @@ def die_with_parent(parent_pid: int | None = None) -> None:
         os._exit(128 + signal.SIGTERM)
 
 
+def stopped_by() -> str | None:
+    """The first stop signal's name (SIGTERM, SIGINT) once one has arrived, else None."""
+    return _stopped_by
+
+
 def raise_on_termination() -> None:
-    """Turn SIGTERM and SIGINT into `Terminated` in the main thread."""
+    """Turn the first SIGTERM or SIGINT into `Terminated` in the main thread; later ones are ignored."""
     def handler(signum: int, _frame: object) -> None:
-        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+        global _stopped_by
+        if _stopped_by is not None:
+            return
+        _stopped_by = signal.Signals(signum).name
+        raise Terminated(f"stopped by {_stopped_by}")
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError, UserError
-from common.process import Terminated, die_with_parent, raise_on_termination
+from common.process import Terminated, die_with_parent, raise_on_termination, stopped_by
 from common.wording import plural
 
 
@@ -61,9 +61,18 @@ def run(run_config: RunConfig, argv: list[str], device: torch.device) -> None:
     try:
         pretrain(run_config, parallel_state, device, probes, log=parallel_state.rank == 0)
     except BaseException as exc:
-        probes.close(status="failed", error=f"{type(exc).__name__}: {exc}")
+        try:
+            probes.close(status="failed", error=failure(exc))
+        except Terminated:  # the stop landed while recording; it is raised once, so this second record completes
+            probes.close(status="failed", error=failure(exc))
         raise
     probes.close(status="complete")
+
+
+def failure(exc: BaseException) -> str:
+    """The manifest's error: the stop signal when one arrived (a peer's hang-up it caused is not the cause)."""
+    stop = stopped_by()
+    return f"Terminated: stopped by {stop}" if stop is not None else f"{type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # found only once the ranks run (an existing --run-dir, say): still one line
         print(f"train-ledger train: error: {exc}", file=sys.stderr, flush=True)  # the launcher relays one
         return 2
-    except Terminated as exc:
+    except BaseException:
+        if stopped_by() is None:
+            raise
         if dist.get_rank() == 0:
-            print(f"train-ledger train: {exc}; the run is marked failed", file=sys.stderr)
+            print(f"train-ledger train: stopped by {stopped_by()}; the run is marked failed", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
         dist.destroy_process_group()
