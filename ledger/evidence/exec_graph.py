@@ -12,7 +12,7 @@ What the graph holds (docs/formulas.md, "Execution graph" says how each link is 
   * host synchronisations: stream / event / device syncs and blocking copies, each with the GPU work it waited
     for (inferred the same way), and the value reads (aten::item, aten::_local_scalar_dense) that contain them;
   * NCCL kernels with the collective they run (group ranks, sequence number), to be matched across ranks.
-The reader streams the trace (ledger.evidence.traces.TraceStream); what it keeps is what these links need.
+The reader streams the trace's typed records (ledger.evidence.trace_events); what it keeps is what these links need.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
+from ledger.evidence.trace_events import NO_ARGS, TraceEvent
 from ledger.evidence.trace_stream import TraceStream
 from ledger.evidence.traces import STEP_RE, as_int, distributed_info, group_ranks, normalize_op
 
@@ -134,18 +135,18 @@ class ExecGraph:
 
 def read_graph(path: str | Path) -> ExecGraph:
     """The execution graph of one trace file (an InputError names a file that is not a readable Chrome trace)."""
-    stream = TraceStream(path)
+    stream = TraceStream(path, TraceEvent)
     host: dict[Any, list[HostOp]] = {}
     gpu: list[GpuOp] = []
     flows: dict[tuple[str, Any, float], int] = {}  # ac2g flow ends by (phase, thread, ts) -> correlation
     for e in stream:
-        ph, cat = e.get("ph"), e.get("cat")
+        ph, cat = e.ph, e.cat
         if ph in ("s", "f") and cat == "ac2g":
-            flows[(ph, e.get("tid"), float(e.get("ts", 0.0)))] = as_int(e.get("id"))
-        elif ph != "X" or "ts" not in e:
+            flows[(ph, e.tid, e.ts or 0.0)] = as_int(e.id)
+        elif ph != "X" or e.ts is None:
             continue
         elif cat in HOST_CATEGORIES:
-            host.setdefault(e.get("tid"), []).append(_host_op(e, HOST_CATEGORIES[cat]))
+            host.setdefault(e.tid, []).append(_host_op(e, HOST_CATEGORIES[cat]))
         elif cat in GPU_CATEGORIES:
             gpu.append(_gpu_op(e, GPU_CATEGORIES[cat]))
     info = distributed_info(stream.meta)
@@ -160,23 +161,21 @@ def read_graph(path: str | Path) -> ExecGraph:
     return graph
 
 
-def _host_op(e: dict[str, Any], kind: str) -> HostOp:
-    start = float(e["ts"])
-    corr = as_int((e.get("args") or {}).get("correlation")) if kind == RUNTIME else None
-    return HostOp(name=str(e.get("name", "")), kind=kind, thread=e.get("tid"), start=start,
-                  end=start + float(e.get("dur", 0.0)), correlation=corr)
+def _host_op(e: TraceEvent, kind: str) -> HostOp:
+    start = e.ts or 0.0
+    corr = as_int(e.args.correlation) if kind == RUNTIME and e.args is not None else None
+    return HostOp(name=e.name, kind=kind, thread=e.tid, start=start, end=start + e.dur, correlation=corr)
 
 
-def _gpu_op(e: dict[str, Any], kind: str) -> GpuOp:
-    args = e.get("args") or {}
-    start = float(e["ts"])
-    name = str(e.get("name", ""))
-    stream = as_int(args.get("stream"))
-    op = GpuOp(name=name, kind=kind, stream=stream if stream is not None else as_int(e.get("tid")) or 0, start=start,
-               end=start + float(e.get("dur", 0.0)), correlation=as_int(args.get("correlation")))
+def _gpu_op(e: TraceEvent, kind: str) -> GpuOp:
+    args = e.args or NO_ARGS
+    start, name = e.ts or 0.0, e.name
+    stream = as_int(args.stream)
+    op = GpuOp(name=name, kind=kind, stream=stream if stream is not None else as_int(e.tid) or 0, start=start,
+               end=start + e.dur, correlation=as_int(args.correlation))
     if kind == "kernel" and name.lower().startswith("nccl"):
-        coll = normalize_op(str(args.get("Collective name", ""))) or normalize_op(name) or "unknown"
-        op.collective = CollectiveId(op=coll, group=group_ranks(args), seq=as_int(args.get("Seq")))
+        coll = normalize_op(str(args.collective_name or "")) or normalize_op(name) or "unknown"
+        op.collective = CollectiveId(op=coll, group=group_ranks(args.group_ranks), seq=as_int(args.seq))
     return op
 
 

@@ -1,4 +1,5 @@
-"""The fields of a Chrome trace event that the trace summary (ledger.evidence.traces) reads, as msgspec records.
+"""The fields of a Chrome trace event that the trace summary (ledger.evidence.traces) and the execution graph
+(ledger.evidence.exec_graph) read, as msgspec records.
 
 A Kineto event carries dozens of fields and args (grid, registers per thread, Concrete Inputs, ...); declaring only
 these makes the decoder skip the rest without building them, which is most of a trace's bytes. The args that vary
@@ -22,6 +23,8 @@ class EventArgs(msgspec.Struct, gc=False):
     dtype: Any = None
     group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     seq: Any = msgspec.field(default=None, name="Seq")
+    correlation: Any = None  # CUPTI's id, shared by a runtime call and the GPU work it enqueued
+    stream: Any = None
     input_dims_json: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_type_json: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
 
@@ -45,3 +48,4 @@ class TraceEvent(msgspec.Struct, gc=False):
     ts: float | None = None  # µs
     dur: float = 0.0
     args: EventArgs | None = None
+    id: Any = None  # a flow event's id (ac2g: a launch's correlation)

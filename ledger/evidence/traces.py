@@ -197,7 +197,8 @@ def _nccl_collective(e: TraceEvent, start: float, end: float) -> Collective:
     name = "" if args.collective_name is None else str(args.collective_name)
     op = normalize_op(name) or normalize_op(e.name) or "unknown"
     nbytes = None if op in P2P_KINDS else _nccl_bytes(args)  # P2P volume: from the dispatcher ops (`p2p`)
-    return Collective(op=op, start=start, end=end, bytes=nbytes, group=_ranks(args.group_ranks), seq=as_int(args.seq))
+    return Collective(op=op, start=start, end=end, bytes=nbytes, group=group_ranks(args.group_ranks),
+                      seq=as_int(args.seq))
 
 
 def _nccl_bytes(args: EventArgs) -> int | None:
@@ -320,12 +321,8 @@ def _run_id(path: Path, meta: dict[str, Any]) -> str | None:
     return run_id
 
 
-def group_ranks(args: dict[str, Any]) -> tuple[int, ...] | None:
+def group_ranks(ranks: Any) -> tuple[int, ...] | None:
     """A kernel's "Process Group Ranks" (a list, or its JSON text) as a tuple; None when it records none."""
-    return _ranks(args.get("Process Group Ranks"))
-
-
-def _ranks(ranks: Any) -> tuple[int, ...] | None:
     if isinstance(ranks, str):
         try:
             ranks = json.loads(ranks)
