@@ -5,12 +5,16 @@ import argparse
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.config import RunConfig
 from common.errors import ConfigError, InputError
 from common.megatron.flag_effects import FlagEffects, classify
 from common.megatron.options import parse_command_line
 from common.run_dir import LEDGER_DIR, check_writable
+
+if TYPE_CHECKING:
+    from ledger.reconcile.run import TraceWork
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -87,15 +91,29 @@ def megatron_command_line(text: str | list[str], world_size: int | None) -> Mega
     except InputError as exc:
         raise ConfigError(f"--megatron-args: {exc.problem}") from None
     return MegatronCommandLine(config=cfg, effects=classify(line), not_modelled=not_modelled, assumed=assumed)
-def add_trace_flags(p: CommandParser, hta: bool = True) -> None:
-    """--workers (processes reading traces) and, for the commands that reconcile, --hta-ranks."""
+def add_trace_flags(p: CommandParser, reconciles: bool = True) -> None:
+    """--workers (processes reading traces) and, for the commands that reconcile, --hta-ranks and --replay-ranks."""
     p.add_argument("--workers", type=_workers, metavar="N",
                    help="processes that read traces (default $TRAIN_LEDGER_WORKERS, else one per core, at most one "
                         "per trace)")
-    if hta:
+    if reconciles:
         p.add_argument("--hta-ranks", default="ends", metavar="RANKS",
                        help="traced GPU ranks the HolisticTraceAnalysis cross-check runs on: ends (the first and the "
                             "last, default), all, none, or ranks like 0,3,8-15")
+        p.add_argument("--replay-ranks", default="ends", metavar="RANKS",
+                       help="traced ranks whose execution graphs the step decomposition replays: ends (the first and "
+                            "the last, default), all, none, or ranks like 0,3,8-15")
+
+
+def trace_work(a: argparse.Namespace, command: str, quiet: bool = False) -> "TraceWork":
+    """The TraceWork of add_trace_flags' flags, with progress lines on a terminal unless `quiet` (--json)."""
+    from cli.progress import Progress, progress_wanted
+    from ledger.evidence.rank_sets import RankChoice
+    from ledger.reconcile.hta import HtaChoice
+    from ledger.reconcile.run import TraceWork
+
+    return TraceWork(a.workers, HtaChoice.parse(a.hta_ranks), Progress(command, progress_wanted(quiet)),
+                     RankChoice.parse(a.replay_ranks, "--replay-ranks"))
 
 
 def _workers(text: str) -> int:

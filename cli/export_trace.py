@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="FILE.json.gz (or .json)")
     p.add_argument("--steps", help="A-B: only these ProfilerSteps")
     p.add_argument("--ranks", nargs="+", help="ranks to include: 0 1 4-7 or 0,1,4-7")
-    add_trace_flags(p, hta=False)
+    add_trace_flags(p, reconciles=False)
     a = p.parse_args(argv)
     if not a.out.endswith((".json.gz", ".json")):
         raise ConfigError(f"--out {a.out}: name a .json.gz (or .json) file; the merged trace is JSON, which Perfetto "

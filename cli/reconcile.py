@@ -1,11 +1,12 @@
 """`train-ledger reconcile RUN [--json] [--fail-on off|warn] [--out DIR] [--workers N] [--hta-ranks RANKS]
-[--calibration FILE] [--hardware H]`:
+[--replay-ranks RANKS] [--calibration FILE] [--hardware H]`:
 formula vs inventory vs measurement.
 
 Writes reconciliation.json and .csv into RUN/ledger (or --out DIR), atomically, after everything is computed.
 --json prints the same object on stdout and nothing else. --fail-on warn|off makes the exit status 1 when any row
 reaches that verdict, so a CI job can gate on the ledger; stderr then says which rows. Traces are read by --workers
-processes; the HTA cross-check runs on --hta-ranks (ledger.reconcile.hta). Progress goes to stderr on a terminal.
+processes; the HTA cross-check runs on --hta-ranks (ledger.reconcile.hta), the step decomposition's replay on
+--replay-ranks. Progress goes to stderr on a terminal.
 A run without its own sweeps (a Megatron-LM run) gets time predictions from --calibration FILE (`train-ledger
 calibrate` on the same machine) and / or --hardware (H200, H100, A100-80GB, A100-40GB or a hardware file): the run's
 own sweeps come first, then the file's, then the hardware file's prices.
@@ -15,16 +16,14 @@ from __future__ import annotations
 import json
 import sys
 
-from cli.args import CommandParser, add_trace_flags, ledger_output_dir
-from cli.progress import Progress, progress_wanted
+from cli.args import CommandParser, add_trace_flags, ledger_output_dir, trace_work
 
 
 def main(argv: list[str]) -> int:
     from ledger.evidence.calibration_file import read_calibration
     from ledger.models.simulate.hardware import load_hardware
-    from ledger.reconcile.hta import HtaChoice
     from ledger.reconcile.rows import reaches
-    from ledger.reconcile.run import TraceWork, reconcile, write
+    from ledger.reconcile.run import reconcile, write
     from ledger.reconcile.time_rows import TimeSources
 
     p = CommandParser("reconcile")
@@ -36,7 +35,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hardware", help="price what no sweep timed from a hardware file: H200, H100, ... or a path")
     add_trace_flags(p)
     a = p.parse_args(argv)
-    work = TraceWork(a.workers, HtaChoice.parse(a.hta_ranks), Progress("reconcile", progress_wanted(a.json)))
+    work = trace_work(a, "reconcile", quiet=a.json)
     out = ledger_output_dir(a.run, a.out)
     sources = TimeSources(hardware=load_hardware(a.hardware) if a.hardware else None,
                           calibration=read_calibration(a.calibration) if a.calibration else None)

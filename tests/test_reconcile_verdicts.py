@@ -18,6 +18,7 @@ import pytest
 
 from common.events import ALLOCATED, PEAK, RESERVED, TimingRecord
 from ledger.evidence.layout import group_lists
+from ledger.evidence.rank_sets import RankChoice
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
 from ledger.evidence.traces import TraceSummary, summarize
@@ -269,7 +270,7 @@ def step_replay(ev, summaries, _):
     decomposition = StepDecomposition(ev)
     for rank, _, _, path in ev.traces:
         decomposition.add(ev.ranks[rank], summaries[rank], path)
-    return decomposition.rows()
+    return decomposition.rows(choice=RankChoice("all"))[0]
 
 
 def late_sync(ev: RunEvidence) -> None:

@@ -25,7 +25,8 @@ from ledger.evidence.step_partition import (
 )
 from ledger.evidence.traces import Collective
 from ledger.present import report
-from ledger.reconcile.run import reconcile, write
+from ledger.evidence.rank_sets import RankChoice
+from ledger.reconcile.run import TraceWork, reconcile, write
 from ledger.reconcile.step_decomposition import REPLAY_METRIC, TERM_METRIC, group_of, term_of
 from tests.support.kineto import gpu, host, launch, runtime, step, write_trace
 
@@ -153,6 +154,28 @@ def test_a_gloo_runs_steps_hold_compute_and_communication_named_after_its_group(
     for n in {r.step for r in rows}:
         t = {term_of(r.metric): r.measured for r in rows if r.step == n}
         assert t[COMPUTE] > 5e-3 and t[f"exposed communication {group}"] > 3e-3  # s
+
+
+@pytest.mark.parametrize("choice, replayed, missing", [
+    ("ends", [0, 1], None),
+    ("1", [1], "step decomposition and replay run on rank(s) 1 only of the 2 traced ranks, not on 0 "
+               "(--replay-ranks all replays every rank)"),
+    ("none", [], "step decomposition and replay run on no rank of the 2 traced ranks, not on 0-1 "
+                 "(--replay-ranks all replays every rank)")])
+def test_the_replay_runs_on_the_chosen_ranks_and_says_which_it_left_out(choice: str, replayed: list[int],
+                                                                       missing: str | None):
+    # Replaying a rank's graph costs seconds per rank on a full trace: on a cluster only the chosen ranks get rows.
+    result = reconcile(FIXTURES / "gloo_pp2_sweeps", TraceWork(replay=RankChoice.parse(choice, "--replay-ranks")))
+    assert sorted({r.rank for r in result.rows if r.metric.startswith("step.")}) == replayed
+    left_out = [m for m in result.missing if m.startswith("step decomposition")]
+    assert left_out == ([missing] if missing else [])
+
+
+def test_ends_are_the_first_and_the_last_traced_rank():
+    traced = [0, 1, 2, 5, 7]
+    assert RankChoice().pick(traced) == [0, 7] and RankChoice().pick([3]) == [3] and RankChoice().pick([]) == []
+    assert RankChoice.parse("all", "--x").pick(traced) == traced
+    assert RankChoice.parse("2-6,9", "--x").pick(traced) == [2, 5]
 
 
 def test_report_md_shows_where_each_step_went(tmp_path: Path):

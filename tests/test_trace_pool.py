@@ -76,6 +76,8 @@ def test_worker_count_comes_from_the_flag_the_environment_or_the_cores(monkeypat
     (["reconcile", "--workers", "two"], "argument --workers: expected a number of worker processes, got 'two'"),
     (["reconcile", "--hta-ranks", "first"], "--hta-ranks 'first': expected ranks like 0,1,4-7"),
     (["report", "--hta-ranks", "3-1"], "--hta-ranks '3-1': expected ranks 0 <= A <= B"),
+    (["reconcile", "--replay-ranks", "last"], "--replay-ranks 'last': expected ranks like 0,1,4-7"),
+    (["report", "--replay-ranks", ","], "--replay-ranks ',': expected ends, all, none or ranks like 0,3,8-15"),
 ])
 def test_bad_reading_flags_are_one_line(tmp_path, capsys, argv, problem):
     from cli.main import main as cli

@@ -2,6 +2,7 @@
 ("0, 1, 4-7")."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 from common.config import MAX_WORLD_SIZE
@@ -35,3 +36,30 @@ def ranks_text(ranks: Iterable[int]) -> str:
         else:
             runs.append([r, r])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+@dataclass(frozen=True)
+class RankChoice:
+    """Which traced ranks an analysis that costs seconds per rank runs on (`--hta-ranks`, `--replay-ranks`), so that
+    its cost stays bounded on a cluster: the first and the last (the default: on a pipeline, its two end stages),
+    all, none, or a list."""
+    which: str = "ends"  # "ends" | "all" | "none" | "ranks": those in `ranks`
+    ranks: frozenset[int] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str, flag: str) -> "RankChoice":
+        """"ends", "all", "none", or ranks like "0,3,8-15"; `flag` names the option in errors."""
+        if text in ("ends", "all", "none"):
+            return cls(text)
+        ranks = parse_ranks([text], flag)
+        if not ranks:
+            raise ConfigError(f"{flag} {text!r}: expected ends, all, none or ranks like 0,3,8-15")
+        return cls("ranks", frozenset(ranks))
+
+    def pick(self, traced: list[int]) -> list[int]:
+        """The chosen ones of the (sorted) traced ranks."""
+        if self.which == "all":
+            return traced
+        if self.which == "ends":
+            return sorted({traced[0], traced[-1]}) if traced else []
+        return [r for r in traced if r in self.ranks]

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from common.errors import ConfigError
 from common.intervals import covered, union
-from ledger.evidence.rank_sets import parse_ranks, ranks_text
+from ledger.evidence.rank_sets import RankChoice, ranks_text
 from ledger.evidence.trace_pool import worker_count
 from ledger.evidence.traces import TraceSummary
 from ledger.reconcile.hta_job import run_capped
@@ -40,29 +39,15 @@ SECONDS = 120.0  # per rank; that trace takes 10-25 s on a 2-core machine
 
 
 @dataclass(frozen=True)
-class HtaChoice:
+class HtaChoice(RankChoice):
     """Which traced GPU ranks HTA cross-checks (`--hta-ranks`), and the budget each gets."""
-    which: str = "ends"  # "ends": the first and the last; "all"; "none"; "ranks": those in `ranks`
-    ranks: frozenset[int] = frozenset()
     memory_mib: int = MEMORY_MIB
     seconds: float = SECONDS
 
     @classmethod
-    def parse(cls, text: str) -> "HtaChoice":
-        """"ends" (the default), "all", "none", or ranks like "0,3,8-15"."""
-        if text in ("ends", "all", "none"):
-            return cls(text)
-        ranks = parse_ranks([text], "--hta-ranks")
-        if not ranks:
-            raise ConfigError(f"--hta-ranks {text!r}: expected ends, all, none or ranks like 0,3,8-15")
-        return cls("ranks", frozenset(ranks))
-
-    def pick(self, traced: list[int]) -> list[int]:
-        if self.which == "all":
-            return traced
-        if self.which == "ends":
-            return sorted({traced[0], traced[-1]}) if traced else []
-        return [r for r in traced if r in self.ranks]
+    def parse(cls, text: str, flag: str = "--hta-ranks") -> "HtaChoice":
+        choice = RankChoice.parse(text, flag)
+        return cls(choice.which, choice.ranks)
 
 
 def available() -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from common.config import RunConfig
 from common.run_dir import LEDGER_DIR, atomic_write_text
+from ledger.evidence.rank_sets import RankChoice
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing
 from ledger.evidence.steps import StepSelection, select_steps
@@ -73,10 +74,11 @@ class Reconciliation:
 @dataclass(frozen=True)
 class TraceWork:
     """How a reconciliation reads the run's traces: worker processes (None: ledger.evidence.trace_pool decides),
-    the HTA cross-check's ranks and budget, and where progress lines go."""
+    the HTA cross-check's ranks and budget, where progress lines go, and the ranks the step decomposition replays."""
     workers: int | None = None
     hta: hta.HtaChoice = hta.HtaChoice()
     progress: Callable[[str], None] = lambda _: None
+    replay: RankChoice = RankChoice()
 
 
 def reconcile(run_dir: str | Path, work: TraceWork = TraceWork(),
@@ -101,7 +103,8 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
         rows += trace_rows(ev, r, summary, selection, model)
         decomposition.add(r, summary, next(t.path for t in ev.traces if t.rank == rank))
         cross_check[rank] = hta.cross_check_input(summary)
-    rows += decomposition.rows(work.workers)
+    decomposed, not_replayed = decomposition.rows(work.workers, work.replay, work.progress)
+    rows += decomposed
     for rank, r in ev.ranks.items():
         if rank not in summaries:
             rows += volume_rows(ev.config, r, None)
@@ -117,7 +120,7 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
     run = {"run_id": ev.run_id, "framework": ev.framework, "status": ev.manifest.get("status"),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
            "traces": [str(t.path.relative_to(ev.run_dir)) for t in ev.traces]}
-    missing = ([not_judged] if not_judged else []) + ev.missing + skipped + list(model.missing)
+    missing = ([not_judged] if not_judged else []) + ev.missing + not_replayed + skipped + list(model.missing)
     if sources.describe():
         missing.append(f"time model calibrated beyond the run's own sweeps by: {sources.describe()}")
     return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=missing)

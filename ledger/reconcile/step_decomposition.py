@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ledger.evidence.critical_path import CriticalPath, critical_path
 from ledger.evidence.exec_graph import CollectiveId, read_graph
 from ledger.evidence.layout import group_lists
+from ledger.evidence.rank_sets import RankChoice, ranks_text
 from ledger.evidence.replay import StepReplay, replay
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.step_partition import (
@@ -96,15 +98,22 @@ class StepDecomposition:
                  "ep": expert_lists(self.ev).get("ep", [])}
         return {kind: tuple(sorted(g)) for kind, gs in lists.items() for g in gs if rank in g and len(g) > 1}
 
-    def rows(self, workers: int | None = None) -> list[Row]:
-        """Every traced rank's rows, the ranks' graphs read and replayed in worker processes (trace_pool: one per
-        core unless `workers` says otherwise), each sending back only its rows."""
+    def rows(self, workers: int | None = None, choice: RankChoice = RankChoice(),
+             progress: Callable[[str], None] = lambda _: None) -> tuple[list[Row], list[str]]:
+        """The chosen traced ranks' rows, and what was left out (as `missing` sentences). Each chosen rank's graph is
+        read and replayed in a worker process (trace_pool: one per core unless `workers` says otherwise), which sends
+        back only its rows; every traced rank's collectives still give the arrivals (the slower-rank term)."""
         spans = iter(with_arrivals([item for t in self.traced for item in t.comm]))
         comm = [[next(spans) for _ in t.comm] for t in self.traced]
+        traced = sorted(t.rank for t in self.traced)
+        chosen = choice.pick(traced)
         jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank))
-                for t, spans_of_rank in zip(self.traced, comm)]
-        count = pool_size(workers, [t.path for t in self.traced])
-        return [r for rows in in_workers(_rank_rows, jobs, count) for r in rows]
+                for t, spans_of_rank in zip(self.traced, comm) if t.rank in chosen]
+        count = pool_size(workers, [j.path for j in jobs])
+        if jobs:
+            progress(f"step decomposition and replay of rank(s) {ranks_text(chosen)}, {count} at a time")
+        rows = [r for rank_rows in in_workers(_rank_rows, jobs, count) for r in rank_rows]
+        return rows, _left_out(traced, chosen)
 
     def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
         """The rank's stage's predicted terms, or None and the reason its rows carry instead."""
@@ -123,6 +132,15 @@ class StepDecomposition:
         if m is None or m.calibration is None:
             return "no config"
         return "; ".join(m.missing) or m.calibration.host_note or "no host costs"
+
+
+def _left_out(traced: list[int], chosen: list[int]) -> list[str]:
+    rest = [r for r in traced if r not in chosen]
+    if not rest:
+        return []
+    done = f"on rank(s) {ranks_text(chosen)} only" if chosen else "on no rank"
+    return [f"step decomposition and replay run {done} of the {len(traced)} traced ranks, not on {ranks_text(rest)} "
+            "(--replay-ranks all replays every rank)"]
 
 
 @dataclass(frozen=True)
