@@ -131,3 +131,22 @@ def test_nccl_kernels_match_across_ranks_by_group_and_sequence_and_only_with_eve
     items = [(r, k.collective, k.start, k.end, k) for r, k in ((0, ka), (1, kb))]
     assert match_collectives(items) == [[ka, kb]]
     assert match_collectives([items[0], (1, kc.collective, kc.start, kc.end, kc)]) == []  # seq 6 is another one
+
+
+def test_graphs_are_built_with_the_cycle_collector_paused_and_it_comes_back_after():
+    import gc
+
+    from ledger.evidence.exec_graph import cyclic_gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError), cyclic_gc_paused():
+        assert not gc.isenabled()
+        raise ValueError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller's own pause is left as it was
+    finally:
+        gc.enable()

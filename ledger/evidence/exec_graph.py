@@ -16,7 +16,9 @@ The reader streams the trace's typed records (ledger.evidence.trace_events); wha
 """
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
@@ -131,6 +133,20 @@ class ExecGraph:
     def gpu_ops(self) -> Iterator[GpuOp]:
         for ops in self.streams.values():
             yield from ops
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Build and walk execution graphs with Python's cycle collector paused. A full trace makes millions of small
+    objects (ops, replay points, edges) and none of them form cycles, but each full collection rescans all made so far:
+    on one 270k-event H200 trace, reading, replaying and walking its graph took 7.0 s with it and 3.4 s without."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def read_graph(path: str | Path) -> ExecGraph:

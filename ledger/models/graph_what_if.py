@@ -23,7 +23,7 @@ from typing import Callable
 
 from common.errors import ConfigError, InputError
 from common.intervals import covered, length
-from ledger.evidence.exec_graph import CPU_OP, GLOO_PREFIX, ExecGraph, GpuOp, HostOp, read_graph
+from ledger.evidence.exec_graph import CPU_OP, GLOO_PREFIX, ExecGraph, GpuOp, HostOp, cyclic_gc_paused, read_graph
 from ledger.evidence.replay import Replay, measure_latencies, replay
 from ledger.evidence.run import RunEvidence, span
 from ledger.evidence.step_partition import NOT_COMPUTE, device_compute
@@ -98,18 +98,19 @@ def what_if(ev: RunEvidence, change: Change) -> WhatIfAnswer:
     if not ev.traces:
         raise InputError(ev.run_dir, "no profiler traces (--use-pytorch-profiler): a what-if replays the execution "
                                      "graph of the traced steps, and this run has none")
-    graphs = [_graph(t.path, t.rank) for t in ev.traces]
-    together = _one_clock(ev) and all(g.on_gpu for g in graphs)  # a CPU trace's collectives are not matched
-    _check_applies(ev, change, graphs, together)
-    host = {k: v for g in graphs for k, v in _host_classes(g).items()}  # by id(op), across the graphs
-    straggler, changed = _straggler_factors(graphs) if change.no_straggler else ({}, [])
-    gpu_duration = _gpu_duration(change, straggler)
-    host_factor = _host_factor(change, host, on_gpu=graphs[0].on_gpu)
-    groups = [graphs] if together else [[g] for g in graphs]
-    steps: list[StepWhatIf] = []
-    for group in groups:
-        base, new = replay(group), replay(group, gpu_duration=gpu_duration, host_factor=host_factor)
-        steps += _steps(base, new)
+    with cyclic_gc_paused():
+        graphs = [_graph(t.path, t.rank) for t in ev.traces]
+        together = _one_clock(ev) and all(g.on_gpu for g in graphs)  # a CPU trace's collectives are not matched
+        _check_applies(ev, change, graphs, together)
+        host = {k: v for g in graphs for k, v in _host_classes(g).items()}  # by id(op), across the graphs
+        straggler, changed = _straggler_factors(graphs) if change.no_straggler else ({}, [])
+        gpu_duration = _gpu_duration(change, straggler)
+        host_factor = _host_factor(change, host, on_gpu=graphs[0].on_gpu)
+        groups = [graphs] if together else [[g] for g in graphs]
+        steps: list[StepWhatIf] = []
+        for group in groups:
+            base, new = replay(group), replay(group, gpu_duration=gpu_duration, host_factor=host_factor)
+            steps += _steps(base, new)
     descriptions = _describe(change, graphs, host, together) + changed
     return WhatIfAnswer(change, sorted({g.rank for g in graphs}), together, descriptions,
                         sorted(steps, key=lambda s: (s.step, s.rank)), _notes(change, graphs, together))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from ledger.evidence.critical_path import CriticalPath, critical_path
-from ledger.evidence.exec_graph import CollectiveId, read_graph
+from ledger.evidence.exec_graph import CollectiveId, cyclic_gc_paused, read_graph
 from ledger.evidence.layout import group_lists
 from ledger.evidence.rank_sets import RankChoice, ranks_text
 from ledger.evidence.replay import StepReplay, replay
@@ -155,12 +155,13 @@ class _RankJob:
 def _rank_rows(job: _RankJob) -> list[Row]:
     """One rank's rows: its execution graph read and replayed, each profiled step partitioned into terms (beside the
     twin) and its replay judged with the critical path."""
-    graph = read_graph(job.path)
-    rp = replay([graph])
-    out: list[Row] = []
-    for s in rp.steps:
-        out += term_rows(job.rank, partition_step(graph, s.step, job.spans), job.twin, job.why)
-        out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
+    with cyclic_gc_paused():
+        graph = read_graph(job.path)
+        rp = replay([graph])
+        out: list[Row] = []
+        for s in rp.steps:
+            out += term_rows(job.rank, partition_step(graph, s.step, job.spans), job.twin, job.why)
+            out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
     return out
 
 
