@@ -49,7 +49,9 @@ def test_reconcile_reports_its_traces_when_progress_is_forced_but_never_with_jso
     assert cli(["reconcile", str(run), "--out", str(tmp_path / "a")]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" [")[0] for line in lines] == ["reconcile: reading 1 trace",
-                                                       "reconcile: read trace 1/1 (rank 0)"]
+                                                       "reconcile: read trace 1/1 (rank 0)",
+                                                       "reconcile: step decomposition and replay of rank(s) 0, "
+                                                       "1 at a time"]
     assert cli(["reconcile", str(run), "--out", str(tmp_path / "b"), "--json"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and json.loads(captured.out)["run"]["traces"]
