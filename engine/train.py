@@ -75,6 +75,13 @@ def failure(exc: BaseException) -> str:
     return f"Terminated: stopped by {stop}" if stop is not None else f"{type(exc).__name__}: {exc}"
 
 
+def say(line: str) -> None:
+    """One line on stderr in one write: every rank may say the same at once into torchrun's pipe, and print's two
+    writes (the text, then the newline; unbuffered under torchrun) interleaved them into one garbled line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_parent()  # torchrun's agent: if it is killed outright, this rank must not run on
@@ -83,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         run_config = parse_args(argv, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as exc:
         if int(os.environ.get("RANK", 0)) == 0:
-            print(f"train-ledger train: error: {exc}", file=sys.stderr)
+            say(f"train-ledger train: error: {exc}")
         return 2
     if run_config.train.deterministic_mode:
         set_deterministic_mode()
@@ -91,13 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(run_config, argv, device)
     except UserError as exc:  # found only once the ranks run (an existing --run-dir, say): still one line
-        print(f"train-ledger train: error: {exc}", file=sys.stderr, flush=True)  # the launcher relays one
+        say(f"train-ledger train: error: {exc}")  # the launcher relays one
         return 2
     except BaseException:
         if stopped_by() is None:
             raise
         if dist.get_rank() == 0:
-            print(f"train-ledger train: stopped by {stopped_by()}; the run is marked failed", file=sys.stderr)
+            say(f"train-ledger train: stopped by {stopped_by()}; the run is marked failed")
         return 128 + signal.SIGTERM
     finally:
         dist.destroy_process_group()

@@ -1,7 +1,12 @@
 """Fixtures shared by several test files, each computed once per session: what they hold is an expensive real run
-that more than one file reads (a module-scoped fixture would run it again for every file that uses it)."""
+that more than one file reads (a module-scoped fixture would run it again for every file that uses it).
+
+The suite runs on pytest-xdist workers (pyproject.toml: `-n auto --dist loadgroup`), each with its own session: a
+test file whose tests share a module-scoped fixture stays on one worker, and so do all the files that share one of
+these session runs, so that no run is made twice; every other test goes wherever a worker is free."""
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -39,3 +44,23 @@ def ep2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ep2")
     return train(root / "run", "--nproc-per-node", "2", *EP2_FLAGS, "--train-iters", "4", "--timers",
                   "--bandwidth-sweep", "--compute-sweep", env={"XDG_CACHE_HOME": str(root / "cache")})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test file that shares a fixture beyond one test with its xdist group: the session run of ours it
+    uses (the first by name, should it use two: the other would only be made twice), else the file itself when it has
+    a module-scoped fixture. Files that share nothing get no group."""
+    shared: dict[str, set[str]] = defaultdict(set)  # file -> what its tests share
+    for item in items:
+        file = item.nodeid.split("::")[0]
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            for d in defs:
+                if d.scope == "session" and d.func.__module__.startswith("tests."):
+                    shared[file].add(f"session:{d.argname}")
+                elif d.scope in ("module", "package", "class"):
+                    shared[file].add(file)
+    for item in items:
+        names = sorted(shared.get(item.nodeid.split("::")[0], ()), key=lambda n: (not n.startswith("session:"), n))
+        if names:
+            item.add_marker(pytest.mark.xdist_group(names[0]))
