@@ -11,6 +11,7 @@ import pytest
 
 from common.intervals import covered, union
 from ledger.evidence.exec_graph import ExecGraph, read_graph
+from ledger.evidence.rank_sets import RankChoice
 from ledger.evidence.step_partition import (
     COMPUTE,
     DATA_WAIT,
@@ -25,7 +26,6 @@ from ledger.evidence.step_partition import (
 )
 from ledger.evidence.traces import Collective
 from ledger.present import report
-from ledger.evidence.rank_sets import RankChoice
 from ledger.reconcile.run import TraceWork, reconcile, write
 from ledger.reconcile.step_decomposition import REPLAY_METRIC, TERM_METRIC, group_of, term_of
 from tests.support.kineto import gpu, host, launch, runtime, step, write_trace
