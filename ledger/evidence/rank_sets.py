@@ -63,3 +63,13 @@ class RankChoice:
         if self.which == "ends":
             return sorted({traced[0], traced[-1]}) if traced else []
         return [r for r in traced if r in self.ranks]
+
+
+def left_out(analysis: str, traced: list[int], chosen: list[int], traced_noun: str, all_hint: str) -> list[str]:
+    """The `missing` sentence of an analysis that ran on `chosen` of the `traced` ranks ([] when it ran on all):
+    which ranks it ran on, which it did not, and the flag that would run it on all."""
+    rest = [r for r in traced if r not in chosen]
+    if not rest:
+        return []
+    done = f"on rank(s) {ranks_text(chosen)} only" if chosen else "on no rank"
+    return [f"{analysis} run {done} of the {len(traced)} {traced_noun}, not on {ranks_text(rest)} ({all_hint})"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from common.intervals import covered, union
-from ledger.evidence.rank_sets import RankChoice, ranks_text
+from ledger.evidence.rank_sets import RankChoice, left_out, ranks_text
 from ledger.evidence.trace_pool import worker_count
 from ledger.evidence.traces import TraceSummary
 from ledger.reconcile.hta_job import run_capped
@@ -95,7 +95,7 @@ def hta_rows(traces: dict[int, CrossCheck], choice: HtaChoice = HtaChoice(), wor
     if not available():
         return [], ["HTA cross-check skipped: HolisticTraceAnalysis not installed (pip install 'train-ledger[hta]')"]
     chosen = choice.pick(sorted(gpu))
-    missing = _left_out(sorted(gpu), chosen)
+    missing = left_out("HTA cross-check", sorted(gpu), chosen, "traced GPU ranks", "--hta-ranks all checks every rank")
     rows = []
     count = worker_count(workers, len(chosen))
     if chosen:
@@ -114,11 +114,3 @@ def hta_rows(traces: dict[int, CrossCheck], choice: HtaChoice = HtaChoice(), wor
                             rank=rank, source="hta"))
     return rows, missing
 
-
-def _left_out(traced: list[int], chosen: list[int]) -> list[str]:
-    rest = [r for r in traced if r not in chosen]
-    if not rest:
-        return []
-    checked = f"on rank(s) {ranks_text(chosen)} only" if chosen else "on no rank"
-    return [f"HTA cross-check run {checked} of the {len(traced)} traced GPU ranks, not on {ranks_text(rest)} "
-            "(--hta-ranks all checks every rank)"]

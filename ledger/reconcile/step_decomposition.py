@@ -22,7 +22,7 @@ from typing import Callable
 from ledger.evidence.critical_path import CriticalPath, critical_path
 from ledger.evidence.exec_graph import CollectiveId, cyclic_gc_paused, read_graph
 from ledger.evidence.layout import group_lists
-from ledger.evidence.rank_sets import RankChoice, ranks_text
+from ledger.evidence.rank_sets import RankChoice, left_out, ranks_text
 from ledger.evidence.replay import StepReplay, replay
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.step_partition import (
@@ -113,7 +113,8 @@ class StepDecomposition:
         if jobs:
             progress(f"step decomposition and replay of rank(s) {ranks_text(chosen)}, {count} at a time")
         rows = [r for rank_rows in in_workers(_rank_rows, jobs, count) for r in rank_rows]
-        return rows, _left_out(traced, chosen)
+        return rows, left_out("step decomposition and replay", traced, chosen, "traced ranks",
+                              "--replay-ranks all replays every rank")
 
     def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
         """The rank's stage's predicted terms, or None and the reason its rows carry instead."""
@@ -132,15 +133,6 @@ class StepDecomposition:
         if m is None or m.calibration is None:
             return "no config"
         return "; ".join(m.missing) or m.calibration.host_note or "no host costs"
-
-
-def _left_out(traced: list[int], chosen: list[int]) -> list[str]:
-    rest = [r for r in traced if r not in chosen]
-    if not rest:
-        return []
-    done = f"on rank(s) {ranks_text(chosen)} only" if chosen else "on no rank"
-    return [f"step decomposition and replay run {done} of the {len(traced)} traced ranks, not on {ranks_text(rest)} "
-            "(--replay-ranks all replays every rank)"]
 
 
 @dataclass(frozen=True)
