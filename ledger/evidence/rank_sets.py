@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Self
 
 from common.config import MAX_WORLD_SIZE
 from common.errors import ConfigError
@@ -47,7 +47,7 @@ class RankChoice:
     ranks: frozenset[int] = frozenset()
 
     @classmethod
-    def parse(cls, text: str, flag: str) -> "RankChoice":
+    def parse(cls, text: str, flag: str) -> Self:
         """"ends", "all", "none", or ranks like "0,3,8-15"; `flag` names the option in errors."""
         if text in ("ends", "all", "none"):
             return cls(text)

@@ -24,7 +24,7 @@ import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Self
 
 from common.intervals import covered, union
 from ledger.evidence.rank_sets import RankChoice, left_out, ranks_text
@@ -45,9 +45,8 @@ class HtaChoice(RankChoice):
     seconds: float = SECONDS
 
     @classmethod
-    def parse(cls, text: str, flag: str = "--hta-ranks") -> "HtaChoice":
-        choice = RankChoice.parse(text, flag)
-        return cls(choice.which, choice.ranks)
+    def parse(cls, text: str, flag: str = "--hta-ranks") -> Self:
+        return super().parse(text, flag)  # built as cls, with the default budget
 
 
 def available() -> bool:
@@ -113,4 +112,3 @@ def hta_rows(traces: dict[int, CrossCheck], choice: HtaChoice = HtaChoice(), wor
                                         "the same trace (predicted column), both without the last ProfilerStep",
                             rank=rank, source="hta"))
     return rows, missing
-
