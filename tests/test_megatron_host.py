@@ -54,7 +54,10 @@ def test_simulating_megatrons_layers_on_a_gpu_with_a_host_block_runs_on_the_devi
 
 
 def test_reconciling_a_megatron_run_with_the_h200_file_says_its_host_is_not_modelled():
-    """The run's trace names the H200, whose file has a host block: the host is still not priced, and said so."""
+    """The run's trace names the H200, whose file has a host block: the host is still not priced, and said so; the
+    decomposition's device compute, which needs no host clock, is judged against the time model's device work (its
+    passes' kernels, the memset, the update: from the config and the hardware file, never the trace) and the host's
+    terms stay unpredicted."""
     ev = read_run(MEGATRON_RUN)
     model = predict_run(ev, TimeSources(hardware=load_hardware("H200")))
     assert model.calibration.host is None and "host recipes" in model.calibration.host_note
@@ -63,4 +66,10 @@ def test_reconciling_a_megatron_run_with_the_h200_file_says_its_host_is_not_mode
     (step,) = [r for r in result.rows if r.metric == "throughput.step_time"]
     assert step.predicted is not None and "host recipes are this engine's calls" in step.explanation
     terms = [r for r in result.rows if r.metric.startswith("step.decomposition.")]
-    assert terms and all(r.predicted is None and "host recipes" in r.explanation for r in terms)
+    device = [r for r in terms if r.metric == "step.decomposition.device_compute"]
+    assert len(device) == 3  # the profiled steps 5-7
+    for r in device:
+        assert r.predicted == model.step.device_compute[0] and r.predicted != r.measured
+        assert r.verdict == ("ok" if abs(r.rel_diff) <= 0.10 else "off")
+    others = [r for r in terms if r not in device]
+    assert others and all(r.predicted is None and "host recipes" in r.explanation for r in others)

@@ -66,6 +66,8 @@ TOLERANCES = {COMPUTE: Tolerance(0.10, 0.0), HOST_BOUND: Tolerance(0.25, 1e-3), 
               DATA_WAIT: Tolerance(0.0, 1e-3, 0.01), SLOWER_RANK: Tolerance(0.0, 1e-3, 0.01),
               PIPELINE_WAIT: Tolerance(0.25, 2e-3), EXPOSED: Tolerance(0.25, 2e-3)}
 NO_HOST_TIMELINE = "not predicted: the time model has no host timeline for this rank ({why})"
+DEVICE_ONLY = ("device compute predicted alone: the time model's kernels, memset and update of stage {stage}; the "
+               "other terms are not (no host timeline: {why})")
 UNPROFILED = ("not predicted: the host costs were not measured under the profiler, so the time model's twin ({value}) "
               "would price an unprofiled step against this profiled window")
 
@@ -116,17 +118,23 @@ class StepDecomposition:
         return rows, left_out("step decomposition and replay", traced, chosen, "traced ranks",
                               "--replay-ranks all replays every rank")
 
-    def _twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
-        """The rank's stage's predicted terms, or None and the reason its rows carry instead."""
+    def _twin(self, rank: int) -> tuple[dict[str, float] | None, str, bool]:
+        """The rank's stage's predicted terms, the reason its rows carry, and whether the twin names every term (a
+        GPU run without a host timeline is predicted its device compute alone)."""
         step = self.model.step if self.model is not None else None
         stage = self.ev.rank_evidence(rank).stage
-        if step is None or stage not in step.decompositions:
-            return None, NO_HOST_TIMELINE.format(why=self._why())
+        if step is None or stage not in step.device_compute:
+            return None, NO_HOST_TIMELINE.format(why=self._why()), True
+        if stage not in step.decompositions:
+            device = self.ev.device(rank)
+            if device is None or device.type != "cuda":
+                return None, NO_HOST_TIMELINE.format(why=self._why()), True
+            return {COMPUTE: step.device_compute[stage]}, DEVICE_ONLY.format(stage=stage, why=self._why()), False
         twin = step.decompositions[stage]
         if not step.decomposition_profiled:
-            return None, UNPROFILED.format(value=", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in twin.items() if v))
+            return None, UNPROFILED.format(value=", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in twin.items() if v)), True
         return twin, ("predicted: the time model's host and device timelines of stage "
-                      f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")")
+                      f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")"), True
 
     def _why(self) -> str:
         m = self.model
@@ -142,6 +150,7 @@ class _RankJob:
     spans: list[CommSpan]
     twin: dict[str, float] | None
     why: str
+    complete: bool  # the twin names every term (else the terms it lacks are not predicted)
 
 
 def _rank_rows(job: _RankJob) -> list[Row]:
@@ -152,7 +161,8 @@ def _rank_rows(job: _RankJob) -> list[Row]:
         rp = replay([graph])
         out: list[Row] = []
         for s in rp.steps:
-            out += term_rows(job.rank, partition_step(graph, s.step, job.spans), job.twin, job.why)
+            out += term_rows(job.rank, partition_step(graph, s.step, job.spans), job.twin, job.why,
+                             job.complete)
             out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
     return out
 
@@ -179,14 +189,16 @@ def group_of(c: Collective, groups: dict[str, tuple[int, ...]], extra: dict[str,
     return next((k for k, g in extra.items() if g == ranks), kind)
 
 
-def term_rows(rank: int, part: StepPartition, twin: dict[str, float] | None = None, why: str = "") -> list[Row]:
+def term_rows(rank: int, part: StepPartition, twin: dict[str, float] | None = None, why: str = "",
+              complete: bool = True) -> list[Row]:
     """One row per term of a step's partition, in seconds, with its share of the step; judged against `twin` (the
-    time model's terms; a group's exposed communication it does not name is predicted zero) with the term's
-    tolerance, else unjudged and `why` says so."""
+    time model's terms; a term a `complete` twin does not name, a group's exposed communication, is predicted zero,
+    one an incomplete twin does not name is not predicted) with the term's tolerance, else unjudged and `why` says
+    so."""
     rows = []
     for term, t_us in part.terms:
         tol = TOLERANCES[EXPOSED if term.startswith(EXPOSED + " ") else term]
-        predicted = None if twin is None else twin.get(term, 0.0)
+        predicted = None if twin is None else twin.get(term, 0.0 if complete else None)
         rows.append(row(TERM_METRIC + slug(term), "rank", measured=t_us / 1e6, predicted=predicted, unit="s",
                         tolerance=tol.relative, abs_tolerance=max(tol.absolute, tol.of_step * part.measured / 1e6),
                         rank=rank, step=part.step, source="trace",

@@ -102,6 +102,9 @@ class StepPrediction:
     # (`decomposition_profiled`): empty without a host timeline.
     decompositions: dict[int, dict[str, float]] = field(default_factory=dict)
     decomposition_profiled: bool = False
+    # Per stage, the device's own work in a step (its passes' kernels without their collectives, the memset, the
+    # update): the decomposition's device-compute term, which needs no host clock.
+    device_compute: dict[int, float] = field(default_factory=dict)
 
 
 def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
@@ -356,6 +359,14 @@ def _decomposition(r: _Replay, s: int, f: _Figures, wait: float) -> dict[str, fl
     return decomposition(tl, {"dp": f.dp_exposed, "pp": f.sends, "embedding": f.embedding}, wait)
 
 
+def _device_compute(r: _Replay, s: int) -> float:
+    """Stage s's device work in a step: every pass's entries less the collectives on the compute stream, the memset
+    and the update."""
+    st = r.stages[s]
+    passes = [pt for t in st.times.chunks for pt in (t.forward, t.backward)]
+    return r.m * sum(pt.seconds - pt.comm - pt.ep_comm - pt.cp_exposed for pt in passes) + st.memset + st.optimizer
+
+
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
     """The step of `cfg` on the machine `cal` describes. Raises CalibrationMissing when a figure it needs is not
     calibrated (no compute sweep, no bandwidth sweep of a group the layout uses)."""
@@ -399,4 +410,5 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                           notes=(CONTENTION,) + cal.notes
                           + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()),
                           decompositions=decompositions,
-                          decomposition_profiled=r.host is not None and cal.host.has_profiled)
+                          decomposition_profiled=r.host is not None and cal.host.has_profiled,
+                          device_compute={s: _device_compute(r, s) for s in range(r.p)})
