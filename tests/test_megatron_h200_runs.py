@@ -1,0 +1,80 @@
+"""Two real Megatron-LM runs on one H200 (tests/fixtures/megatron_lm_h200, recorded by runs/megatron/lm_h200_cases.sh:
+Megatron-LM 571370c from its source tree, no Transformer Engine): Llama-3.2-1B widths at seq 4096, micro-batch 2,
+global batch 8, timers at level 2, the torch profiler over iterations 5-7. `local_l2_mbs2` runs Megatron's local
+layers with unfused attention (the [b, heads, s, s] scores kept), 2 layers; `sdpa_l4_mbs2` the same layers with
+flash attention through torch's SDPA, 4 layers. Reconciled with the H200 hardware file alone, as a user without
+sweeps would: the claims below are what the ledger shows on them today (BENCHMARKS.md has the figures).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from cli.main import main as cli
+from ledger.evidence.read import read_run
+from ledger.models.simulate.hardware import load_hardware
+from ledger.reconcile.run import reconcile
+from ledger.reconcile.time_rows import TimeSources, predict_run
+from tests.support.recorded_runs import FIXTURES
+
+RUNS = FIXTURES / "megatron_lm_h200"
+CASES = ("local_l2_mbs2", "sdpa_l4_mbs2")
+JUDGED = ("ok", "warn", "off")
+TIMERS = ("forward-backward", "forward-compute", "backward-compute", "optimizer")
+
+
+@pytest.fixture(scope="module")
+def results():
+    sources = TimeSources(hardware=load_hardware("H200"))
+    return {case: (reconcile(RUNS / case, sources=sources), predict_run(read_run(RUNS / case), sources))
+            for case in CASES}
+
+
+@pytest.mark.parametrize("case,layers", [("local_l2_mbs2", 2), ("sdpa_l4_mbs2", 4)])
+def test_the_configuration_is_the_launch_flags(case, layers):
+    ev = read_run(RUNS / case)
+    m, t = ev.config.model, ev.config.train
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups,
+            m.seq_length) == (layers, 2048, 8192, 32, 8, 4096)
+    assert (t.micro_batch_size, t.global_batch_size, ev.config.num_microbatches) == (2, 8, 4)
+    assert ev.config.implementation.unfused_attention == (case == "local_l2_mbs2")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_peak_memory_is_within_five_percent(results, case):
+    rows = {r.metric: r for r in results[case][0].rows}
+    for metric in ("memory.peak_allocated", "memory.allocated_after_step"):
+        r = rows[metric]
+        assert r.predicted is not None and abs(r.rel_diff) <= 0.05 and r.verdict in ("ok", "warn"), r.explanation
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_at_least_twenty_rows_are_judged_and_megatrons_timers_among_them(results, case):
+    rows = results[case][0].rows
+    assert sum(r.verdict in JUDGED for r in rows) >= 20
+    timers = {r.metric: r for r in rows if r.metric.startswith("megatron.timer.")}
+    for name in TIMERS:
+        assert timers[f"megatron.timer.{name}"].predicted is not None
+        assert timers[f"megatron.timer.{name}"].verdict in JUDGED
+
+
+def test_flash_attentions_device_compute_is_predicted_within_ten_percent(results):
+    """The SDPA run's kernels are the engine's catalogue at the H200 file's prices: each profiled step's device
+    compute (kernels, copies, memsets on the GPU) within the row's 10%."""
+    result, model = results["sdpa_l4_mbs2"]
+    rows = [r for r in result.rows if r.metric == "step.decomposition.device_compute"]
+    assert len(rows) == 3
+    for r in rows:
+        assert r.predicted == model.step.device_compute[0] and r.verdict == "ok" and abs(r.rel_diff) <= 0.10
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_export_trace_merges_the_run(case, tmp_path):
+    out = tmp_path / "merged.json.gz"
+    assert cli(["export-trace", str(RUNS / case), "--out", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    assert [e["args"]["name"] for e in events if e.get("name") == "process_name"] == ["rank 0 (tp0 dp0 pp0)"]
+    assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == \
+        {"ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"}
