@@ -23,7 +23,8 @@ from tests.support.recorded_runs import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
 GRID_SWEEPS = [Path(__file__).resolve().parents[1] / "runs/bench/results" / name for name in (
-    "2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz")]
+    "2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz",
+    "2026-12-02_h200_hardware_sweep_megatron.json.gz")]
 H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                       "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
 FITTED = ("gemm", "attention", "memory_bound", "sustained")

@@ -20,10 +20,10 @@ attention (dense and ring), mlp, moe, layer, rank (a pipeline rank's whole set a
 from common.ops.kernel import Kernel, OpGroup, Passes, kernel
 from common.ops.layer import SUSTAINED, LayerOps, layer_ops
 from common.ops.linear import GEMM_PASSES, Linear
-from common.ops.rank import RATE_OPS, RankOps, Rate, rank_ops
+from common.ops.rank import PER_ELEMENT, RATE_OPS, RankOps, Rate, rank_ops
 from common.ops.shapes import ExpertShapes, Shapes
 from common.ops.traffic import bytes_moved, bytes_per_element
 
-__all__ = ["GEMM_PASSES", "RATE_OPS", "SUSTAINED", "ExpertShapes", "Kernel", "LayerOps", "Linear", "OpGroup",
-           "Passes", "RankOps", "Rate", "Shapes", "bytes_moved", "bytes_per_element", "kernel", "layer_ops",
+__all__ = ["GEMM_PASSES", "PER_ELEMENT", "RATE_OPS", "SUSTAINED", "ExpertShapes", "Kernel", "LayerOps", "Linear",
+           "OpGroup", "Passes", "RankOps", "Rate", "Shapes", "bytes_moved", "bytes_per_element", "kernel", "layer_ops",
            "rank_ops"]

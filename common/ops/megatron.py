@@ -33,6 +33,13 @@ from common.ops.shapes import Shapes
 
 MAIN_GRAD_ADD = "main_grad.add"
 OPTIMIZER_STEP_FOREACH = "optimizer.step_foreach"
+# The memory-bound chains only Megatron-LM's layers run (each with a .fwd and a .bwd entry)
+CHAINS = ("core_attention.softmax", "attention.repeat_kv", "rope_unfused", "swiglu_unfused", "cross_entropy_fp32")
+
+
+def megatron_only(name: str) -> bool:
+    """An entry this engine never runs: one of Megatron-LM's unfused chains, its main_grad add or foreach AdamW."""
+    return name in (MAIN_GRAD_ADD, OPTIMIZER_STEP_FOREACH) or name.rpartition(".")[0] in CHAINS
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,10 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
                          for p, by in fit.attention.items()}},
         "memory_bound": {"source": f"{source}: seconds = fixed_s + bytes moved (ledger/models/simulate/kernel_cost.py "
                                    f"bytes_moved) / (HBM bandwidth x efficiency), one fixed_s, one efficiency per "
-                                   f"kernel over {fit.counts['memory_bound']} records; optimizer.step and "
-                                   f"grad_buffer.zero: bytes per element / (HBM bandwidth x seconds per element); "
-                                   f"default: the median kernel's", **rounded(fit.memory)},
+                                   f"kernel over {fit.counts['memory_bound']} records; optimizer.step, "
+                                   f"optimizer.step_foreach and grad_buffer.zero: bytes per element / (HBM bandwidth "
+                                   f"x seconds per element); default: the median engine kernel's (Megatron-LM's "
+                                   f"unfused chains left out)", **rounded(fit.memory)},
         "sustained": {"source": f"{source}: {fit.counts['sustained']} sustained.layer records (a layer's kernels "
                                 f"back to back at the power limit): slowdown of GEMMs and attention = 1 + slope x "
                                 f"(layer isolated efficiency - threshold_efficiency), a line through them",
@@ -114,10 +115,10 @@ def write(fit: HardwareFit, command: str, fitted_from: str) -> None:
 
 def measured_step(run: Path) -> tuple[float, int]:
     ev = collect_run(run)
-    records = [s for r in ev.ranks.values() for s in r.steps if s.get("step_time_s")]
+    records = [s for r in ev.ranks.values() for s in r.steps if s.step_time_s]
     selection = select_steps(ev.config, ev.world_size, records)
-    steady = set(selection.steady(s["step"] for s in records))
-    times = [s["step_time_s"] for s in records if s["step"] in steady]
+    steady = set(selection.steady(s.step for s in records))
+    times = [s.step_time_s for s in records if s.step in steady]
     return median(times), len(times)
 
 

@@ -9,6 +9,11 @@ public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1
 16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted
 from it (runs/bench/hardware_h200.py) never sees a step time it is later judged against.
 
+--megatron times Megatron-LM's unfused chains instead (--transformer-impl local without its fusions: the masked
+softmax on [b, heads, s, s] in 16 bits and in fp32, K and V repeated, the unfused RoPE, SwiGLU and fp32 cross-entropy,
+torch's foreach AdamW; common/ops/megatron.py) at Llama and GPT-3 widths, seq 2048 to 8192, micro-batches 1 and 2;
+only those chains' records are kept, so the other kernels' fits stay the grid's.
+
 Output: {"device", "torch", "records": [compute records, each with its grid point's "shape" label], "not_measured"}.
 """
 from __future__ import annotations
@@ -27,6 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.ops import Shapes  # noqa: E402
+from common.ops.megatron import megatron_only  # noqa: E402
+from common.ops.shapes import MegatronKernels  # noqa: E402
 from common.ops.sizes import padded_vocab_size  # noqa: E402
 from engine.probe_adapters import engine_kernels  # noqa: E402
 from probes import compute_sweep  # noqa: E402
@@ -44,14 +51,15 @@ SEQS = (8192, 2048, 16384, 4096)
 QUICK_SEQS = (4096,)
 
 
-def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int,
-          mbs: int = 1) -> compute_sweep.SweepSpec:
+def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int, mbs: int = 1,
+          megatron: MegatronKernels | None = None) -> compute_sweep.SweepSpec:
     """A grid point's TP-local shapes (no SP, no CP: every op at seq x mbs tokens), as the catalogue's Shapes."""
     d, heads, kv = h // heads, heads // tp, max(1, kv // tp)
     shapes = Shapes(dtype="bf16", grad_dtype="fp32", seq=seq, micro_batch=mbs, hidden=h, tokens=seq * mbs,
                     norm_tokens=seq * mbs, heads=heads, kv_heads=kv, head_dim=d, qkv=(heads + 2 * kv) * d,
                     query=heads * d, ffn=f // tp, fc1=2 * (f // tp), swiglu=True, rope=True, norm="rms_norm",
-                    vocab=padded_vocab_size(vocab, 128, tp) // tp, tp=tp, sequence_parallel=False)
+                    vocab=padded_vocab_size(vocab, 128, tp) // tp, tp=tp, sequence_parallel=False,
+                    megatron=megatron)
     return compute_sweep.SweepSpec(shapes, first_stage=True, last_stage=True, optimizer_numel=1 << 26,
                                    grad_buffer_numel=1 << 26)
 
@@ -63,6 +71,17 @@ def batch_specs(micro_batches: list[int]):
         for label, h, f, heads, kv, vocab, tps in MODELS:
             for seq in (2048, 4096, 8192):
                 yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, _spec(h, f, heads, kv, vocab, tps[0], seq, mbs)
+
+
+def megatron_specs():
+    """Megatron-LM's local implementation with none of its fusions, softmax in 16 bits and in fp32 by turns: the
+    three smaller models at their first TP degree, seq 4096 first, then 2048 and 8192, each at micro-batches 1 and 2."""
+    points = [(m, seq, mbs) for seq in (4096, 2048, 8192) for mbs in (1, 2) for m in MODELS[:2] + MODELS[3:4]]
+    for i, ((label, h, f, heads, kv, vocab, tps), seq, mbs) in enumerate(points):
+        kernels = MegatronKernels(unfused_attention=True, softmax_fp32=bool(i % 2), repeat_kv=heads > kv,
+                                  unfused_rope=True, unfused_swiglu=True, unfused_wgrad=True, foreach_optimizer=True)
+        yield (f"{label} tp{tps[0]} s{seq} mbs{mbs} megatron{' fp32' if i % 2 else ''}", vocab,
+               _spec(h, f, heads, kv, vocab, tps[0], seq, mbs, kernels))
 
 
 def specs(quick: bool):
@@ -80,18 +99,23 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one TP degree and one sequence length per model")
     ap.add_argument("--micro-batches", type=int, nargs="+",
                     help="instead of the grid: every model's first TP degree at these micro-batch sizes")
+    ap.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch._dynamo.config.recompile_limit = 1 << 10  # the engine's compiled functions meet a new shape per grid point
     records, start, skipped = [], time.perf_counter(), []
-    for label, vocab, spec in (batch_specs(args.micro_batches) if args.micro_batches else specs(args.quick)):
+    grid = (megatron_specs() if args.megatron else batch_specs(args.micro_batches) if args.micro_batches
+            else specs(args.quick))
+    for label, vocab, spec in grid:
         if time.perf_counter() - start > args.budget_s:
             skipped.append(label)
             continue
         t0 = time.perf_counter()
         found = compute_sweep.run(spec, device, engine_kernels([], vocab, device), use_cache=False)
+        # a Megatron grid point's other records (its GEMMs, norms) are the grid's kernels again: dropped
+        found = [r for r in found if megatron_only(r["op"])] if args.megatron else found
         records += [{**r, "shape": label} for r in found]
         write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
         print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -100,6 +124,7 @@ def main() -> int:
           + (f"; not measured (budget): {', '.join(skipped)}" if skipped else ""))
     print(f"command: python runs/bench/hardware_sweep.py --out {args.out}" + (" --quick" if args.quick else "")
           + (f" --micro-batches {' '.join(map(str, args.micro_batches))}" if args.micro_batches else "")
+          + (" --megatron" if args.megatron else "")
           + (f" --budget-s {args.budget_s:g}" if math.isfinite(args.budget_s) else ""))
     return 0
 

@@ -23,15 +23,16 @@ from typing import Any, Iterable
 
 from common.ops import (
     GEMM_PASSES,
-    RATE_OPS,
+    PER_ELEMENT,
     SUSTAINED,
     bytes_moved,
     bytes_per_element,
     kernel,
 )
+from common.ops.megatron import megatron_only
 from common.ops.sizes import DTYPE_BYTES
 from common.ops.traffic import gemm_output_bytes
-from ledger.models.simulate.kernel_cost import ATTENTION
+from ledger.models.simulate.kernel_cost import is_flash_attention
 
 Point = tuple[str, dict[str, int], float, float]  # op, dims, flops, seconds
 
@@ -109,7 +110,7 @@ def fit_attention(points: list[Point], peak: float):
     point: several models share a head count)."""
     samples: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
     for op, d, f, t in points:
-        if op.startswith(ATTENTION + "."):
+        if is_flash_attention(op):
             samples[(op.rpartition(".")[2], d["head_dim"], d["seq"], d["batch"] * d["heads"])].append(f / (peak * t))
     curves: dict[str, dict[int, dict[int, list[list[float]]]]] = {}
     for (pass_, dim, seq, bh), effs in sorted(samples.items()):
@@ -120,8 +121,7 @@ def fit_attention(points: list[Point], peak: float):
 
 def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int, params_dtype: str,
                grad_dtype: str):
-    bound = [p for p in points if not _is_gemm(p[0]) and not p[0].startswith(ATTENTION + ".")
-             and p[0] not in RATE_OPS]
+    bound = [p for p in points if not _is_gemm(p[0]) and not is_flash_attention(p[0]) and p[0] not in PER_ELEMENT]
     names = sorted({op for op, *_ in bound})
     nbytes = [bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) for op, d, _, _ in bound]
     rows = [[1.0] + [b / bw if op == name else 0.0 for name in names] for (op, *_), b in zip(bound, nbytes)]
@@ -132,9 +132,10 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
     residuals = [("memory", _describe(op, d), t, sum(a * b for a, b in zip(r, x)))
                  for (op, d, _, t), r in zip(bound, rows)]
     for op, d, _, t in points:
-        if op in RATE_OPS:
+        if op in PER_ELEMENT:
             by_kernel[op] = bytes_per_element(op, params_dtype, grad_dtype) * d["numel"] / (bw * t)
-    block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names),
+    # the default prices an engine kernel no sweep timed: Megatron-LM's slower unfused chains stay out of it
+    block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names if not megatron_only(n)),
              "efficiency_by_kernel": by_kernel}
     return block, residuals
 
@@ -162,7 +163,7 @@ def fit_hardware(records: Iterable[dict[str, Any]], peak: float, hbm_bandwidth: 
     attention, measured = fit_attention(points, peak)
     memory, memory_res = fit_memory(points, hbm_bandwidth, a, g, dtype, grad_dtype)
     counts = {"gemm": sum(_is_gemm(p[0]) for p in points),
-              "attention": sum(p[0].startswith(ATTENTION + ".") for p in points),
+              "attention": sum(is_flash_attention(p[0]) for p in points),
               "memory_bound": len(memory_res), "sustained": len(sustained)}
     return HardwareFit(gemm=gemm, attention=attention, attention_measured=measured, memory=memory,
                        sustained=fit_sustained(sustained, peak), residuals=gemm_res + memory_res, counts=counts)

@@ -39,8 +39,9 @@ from ledger.models.time_model.missing import CalibrationMissing
 # row-wise normalisation over the hidden dim, an elementwise activation (an assumption until a sweep measures them).
 PROXY = {"layer_norm.fwd": "rms_norm.fwd", "layer_norm.bwd": "rms_norm.bwd", "gelu.fwd": "swiglu.fwd",
          "gelu.bwd": "swiglu.bwd",
-         # Megatron-LM's unfused chains (common/ops/megatron.py): torch's plain elementwise, copy and reduction
-         # kernels on contiguous tensors, taken at the residual add's efficiency; K and V's repeat at the strided
+         # Megatron-LM's unfused chains (common/ops/megatron.py), where a file has no fit of them (the H200 file
+         # fits each from runs/bench/hardware_sweep.py --megatron; main_grad.add has no sweep yet): torch's plain
+         # elementwise, copy and reduction kernels at the residual add's efficiency; K and V's repeat at the strided
          # output copy's; torch's foreach AdamW at the fused step's
          **dict.fromkeys(("core_attention.softmax.fwd", "core_attention.softmax.bwd", "rope_unfused.fwd",
                           "rope_unfused.bwd", "swiglu_unfused.fwd", "swiglu_unfused.bwd", "cross_entropy_fp32.fwd",
@@ -48,6 +49,11 @@ PROXY = {"layer_norm.fwd": "rms_norm.fwd", "layer_norm.bwd": "rms_norm.bwd", "ge
          "attention.repeat_kv.fwd": "attention_output.copy", "attention.repeat_kv.bwd": "attention_output.copy",
          "optimizer.step_foreach": "optimizer.step"}
 ATTENTION = "core_attention"
+
+
+def is_flash_attention(name: str) -> bool:
+    """`core_attention.fwd / .bwd` (flash attention), not Megatron-LM's unfused `core_attention.<part>.<pass>`."""
+    return name.rpartition(".")[0] == ATTENTION
 
 
 def gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bool, grad_bytes: int) -> float:
@@ -70,11 +76,11 @@ def memory_seconds(hw: Hardware, name: str, nbytes: float) -> float:
 
 def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) -> float:
     """Isolated seconds of one call of `kernel` in `dtype` (grads in `grad_dtype`), before the sustained factor."""
-    head, _, pass_ = kernel.name.rpartition(".")
+    pass_ = kernel.name.rpartition(".")[2]
     if pass_ in GEMM_PASSES:
         d = dict(kernel.dims)
         return gemm_seconds(hw, dtype, d["m"], d["n"], d["k"], pass_ == "wgrad", DTYPE_BYTES[grad_dtype])
-    if head == ATTENTION:
+    if is_flash_attention(kernel.name):
         return attention_seconds(hw, kernel, dtype)
     try:
         nbytes = bytes_moved(kernel, DTYPE_BYTES[dtype], DTYPE_BYTES[grad_dtype])
