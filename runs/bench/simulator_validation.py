@@ -33,7 +33,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 OURS = sorted(p for p in (FIXTURES / "h200_llama1b").iterdir() if p.is_dir()) + [
     FIXTURES / "h200_2layer_profiled", FIXTURES / "gpu_h200_llama1b_l2", FIXTURES / "h200_moe" / "mixtral-8x7b-2l",
     FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"]
-MEGATRON = [FIXTURES / "megatron_lm_1gpu"]
+MEGATRON = [FIXTURES / "megatron_lm_1gpu", FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
+            FIXTURES / "megatron_lm_h200" / "sdpa_l4_mbs2"]
 # The 2-GPU evidence's flags (its README): common to every run, then each run's layout and world size.
 EVIDENCE_COMMON = ["--model", "llama3.2-1b", "--seq-length", "4096", "--bf16", "--use-distributed-optimizer",
                    "--micro-batch-size", "1", "--untie-embeddings-and-output-weights"]
