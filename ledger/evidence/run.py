@@ -39,6 +39,7 @@ from common.run_dir import (
 )
 from common.typecheck import TypeMismatch
 from ledger.evidence.layout import GROUP_KINDS, Layout, coordinates, group_lists
+from ledger.evidence.memory_snapshot import PeakSplit
 from ledger.evidence.trace_pool import read_trace_summaries
 from ledger.evidence.traces import TraceSummary
 
@@ -59,6 +60,7 @@ class RankEvidence:
     host: list[HostRecord] = field(default_factory=list)  # the host sweep's cost per kind of call (calibration)
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)  # saves and loads (engine.checkpointing)
+    memory_snapshot: PeakSplit | None = None  # a Megatron-LM run's --record-memory-history snapshot, at its peak
     torn_tail: bool = False
 
     @property

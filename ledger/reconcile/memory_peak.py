@@ -6,8 +6,9 @@
   memory.peak_above_allocated  the step's peak above that (the largest peak minus it): the peak phase's saved
                                activations and transients (ledger/models/formulas/peak_phases.py)          5%
   memory.peak_allocated        their sum against the largest peak the allocator recorded                   5%
-  memory.peak_term.<term>      each term of the prediction alone (formula only: one allocator figure cannot be
-                               split), largest first in the peak row's explanation
+  memory.peak_term.<term>      each term of the prediction alone, largest first in the peak row's explanation:
+                               formula only (one allocator figure cannot be split), unless a memory snapshot
+                               splits the peak by allocation site (ledger/evidence/memory_snapshot.py)        5%
 The split and the terms are emitted for Megatron-LM's layers, whose transients peak_phases.py models (this engine's
 phase is its saved activations alone, validated on the total: on a short-sequence H200 run, tests/fixtures/
 gpu_h200_llama1b_l2, its peak lies 268 MB, about its 16-bit logits, above that phase). The workspaces come from the
@@ -21,6 +22,7 @@ import re
 from statistics import median
 
 from common.config import RunConfig
+from ledger.evidence.memory_snapshot import REST, PeakSplit
 from ledger.evidence.run import RankEvidence
 from ledger.models.formulas.activations import layer_saved_tensors, layers_per_chunk, recompute_label
 from ledger.models.formulas.device_memory import DeviceOverheads
@@ -103,7 +105,24 @@ def peak_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None, n
                         + "".join(f" + {name} {_mib(n)}" for name, n in phase.transients.items())
                         + "; measured: the largest peak minus the allocated between steps" + note, **where),
     ]
-    rows += [row(f"memory.peak_term.{_slug(name)}", "rank", predicted=n, unit="bytes", tolerance=PEAK_TOL,
-                 explanation=f"{name}: a term of the predicted peak ({phase.name}); formula only", **where)
-             for name, n in terms.items()]
-    return rows
+    return rows + term_rows(terms, phase, r.memory_snapshot, where)
+
+
+def term_rows(terms: dict[str, int], phase: Phase, snapshot: PeakSplit | None, where: dict) -> list[Row]:
+    """Each term of the predicted peak; measured where a memory snapshot splits the peak by allocation site (the
+    blocks live at its trace's largest moment), with what no site names as a row of its own."""
+    if snapshot is None:
+        return [row(f"memory.peak_term.{_slug(name)}", "rank", predicted=n, unit="bytes", tolerance=PEAK_TOL,
+                    explanation=f"{name}: a term of the predicted peak ({phase.name}); formula only", **where)
+                for name, n in terms.items()]
+    split = (f"measured: the blocks live at the peak of {snapshot.path.name}'s allocation trace "
+             f"({snapshot.peak:,} bytes, reached in {snapshot.set_by}; {snapshot.events:,} events replayed), by "
+             f"the frames that allocated them (docs/formulas.md, \"Megatron-LM's memory snapshot\")")
+    rows = [row(f"memory.peak_term.{_slug(name)}", "rank", predicted=n, measured=snapshot.terms.get(_slug(name)),
+                unit="bytes", tolerance=PEAK_TOL,
+                explanation=f"{name}: a term of the predicted peak ({phase.name}); {split}", **where)
+            for name, n in terms.items()]
+    rest = (f"live at the snapshot's peak, allocated outside a forward and the set-up (a backward's weight "
+            f"gradient, scalars): no term predicts it; {split}")
+    return rows + [row(f"memory.peak_term.{REST}", "rank", measured=snapshot.terms[REST], unit="bytes",
+                       tolerance=PEAK_TOL, explanation=rest, **where)]

@@ -64,6 +64,7 @@ from ledger.evidence.megatron.tensorboard import (
     read_event_files,
     tensorboard_dirs,
 )
+from ledger.evidence.memory_snapshot import peak_split
 from ledger.evidence.run import RankEvidence, RunEvidence, missing_items
 from ledger.evidence.trace_stream import open_trace_text
 
@@ -199,6 +200,26 @@ def last_rank_evidence(rank: int, coords: dict[str, int], scalars: dict[str, dic
     return ev
 
 
+def snapshot_path(run_dir: Path, arguments: dict[str, str]) -> Path | None:
+    """Where the run's memory snapshot lies, by --memory-snapshot-path's file name in the run directory (Megatron-LM
+    writes it relative to its working directory); None without --record-memory-history."""
+    if arguments.get("record_memory_history") != "True":
+        return None
+    return run_dir / Path(arguments.get("memory_snapshot_path") or "snapshot.pickle").name
+
+
+def add_snapshot(ev: RunEvidence, path: Path | None) -> None:
+    """The last rank's memory snapshot split at its peak, or a line of `missing` saying it is not there."""
+    if path is None:
+        return
+    rank = ev.world_size - 1
+    if not path.is_file():
+        ev.missing.append(f"--record-memory-history was on but {path.name} is not in the run directory: no memory "
+                          "snapshot to split the peak by term")
+    elif rank in ev.ranks:
+        ev.ranks[rank].memory_snapshot = peak_split(path)
+
+
 def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: dict[str, dict[int, float]],
              traces: list[TraceFile], profile: bool) -> RunEvidence:
     """Both layouts' evidence from their configuration, scalars and traces, with what Megatron does not write."""
@@ -249,6 +270,7 @@ def collect_run_sh(run_dir: Path) -> RunEvidence:
     if not scalars and not traces:
         raise InputError(run_dir, f"empty Megatron run: no TensorBoard scalars or traces under {TB_DIR}/")
     ev = evidence(run_dir, manifest, cfg, scalars, traces, profile="--profile" in meta["argv"])
+    add_snapshot(ev, snapshot_path(run_dir, line.arguments))
     ev.missing += torn_tails(files, run_dir)
     if line.unknown:
         ev.missing.append(f"flags Megatron-LM {line.megatron_sha[:10]} does not know (skipped): "
@@ -283,6 +305,7 @@ def collect_own_layout(run_dir: Path) -> RunEvidence:
                 "arguments_from": str(last.path.relative_to(run_dir))}
     traces = megatron_traces(run_dir, tb_dir, cfg)
     ev = evidence(run_dir, manifest, cfg, scalars, traces, profile=last.arguments.get("profile") == "True")
+    add_snapshot(ev, snapshot_path(run_dir, last.arguments))
     ev.missing += torn_tails(files, run_dir)
     if len(launches) > 1:
         ev.missing.append(f"{len(launches)} launches wrote to {tb_dir.name}/ (a resumed run): the configuration is the "
