@@ -13,6 +13,8 @@
 #   megatron_sdpa_l4_mbs1     Megatron's local layer with flash attention through torch's SDPA (runs/megatron/
 #                             megatron_sdpa_spec.py, Megatron's --spec), 4 layers, SwiGLU fused
 #   megatron_sdpa_l4_mbs2     the same at micro-batch 2
+#   megatron_*_level0         (named only) a case again at --timing-log-level 0: no per-pass timers, so no device
+#                             synchronisation at each forward's and backward's start and end
 #   megatron_local_l2_mbs2_snapshot   (SNAPSHOT=1, the default) 3 iterations of the second case with
 #                             --record-memory-history: Megatron's pickled torch.cuda.memory snapshot of the last
 #                             iteration (a plain-types pickle; read only with a restricted unpickler)
@@ -58,6 +60,10 @@ COMMON=(
 )
 TIMED=(--train-iters 12 --log-interval 1 --log-timers-to-tensorboard --timing-log-level 2
        --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 8 --profile-ranks 0)
+# --timing-log-level 0: no per-pass timers, so no device synchronisation at each pass's start and end (level 2's
+# forward-compute / backward-compute timers call torch.cuda.synchronize() in start() and stop())
+LEVEL0=(--train-iters 12 --log-interval 1 --log-timers-to-tensorboard --timing-log-level 0
+        --profile --use-pytorch-profiler --profile-step-start 5 --profile-step-end 8 --profile-ranks 0)
 SDPA=(--spec megatron_sdpa_spec layer_spec)
 
 case_args() {  # case_args CASE RUN: the case's flags beyond COMMON
@@ -66,6 +72,9 @@ case_args() {  # case_args CASE RUN: the case's flags beyond COMMON
     megatron_local_l2_mbs2) echo --num-layers 2 --micro-batch-size 2 --no-bias-swiglu-fusion "${TIMED[@]}" ;;
     megatron_sdpa_l4_mbs1) echo --num-layers 4 --micro-batch-size 1 "${SDPA[@]}" "${TIMED[@]}" ;;
     megatron_sdpa_l4_mbs2) echo --num-layers 4 --micro-batch-size 2 "${SDPA[@]}" "${TIMED[@]}" ;;
+    megatron_local_l2_mbs1_level0) echo --num-layers 2 --micro-batch-size 1 --no-bias-swiglu-fusion "${LEVEL0[@]}" ;;
+    megatron_sdpa_l4_mbs1_level0) echo --num-layers 4 --micro-batch-size 1 "${SDPA[@]}" "${LEVEL0[@]}" ;;
+    megatron_sdpa_l4_mbs2_level0) echo --num-layers 4 --micro-batch-size 2 "${SDPA[@]}" "${LEVEL0[@]}" ;;
     megatron_local_l2_mbs2_snapshot)
       echo --num-layers 2 --micro-batch-size 2 --no-bias-swiglu-fusion --train-iters 3 --log-interval 3 \
         --record-memory-history --memory-snapshot-path "$2/memory_snapshot.pickle" ;;
