@@ -17,6 +17,7 @@ from cli.main import main as cli
 from common.errors import InputError
 from ledger.evidence.memory_snapshot import (
     ACTIVATIONS,
+    BATCHES,
     GLOBAL_BUFFER,
     LOGITS,
     REST,
@@ -46,13 +47,15 @@ def test_the_replayed_trace_peaks_where_the_allocator_recorded_its_peak():
 
 def test_every_term_the_peak_formula_names_is_measured_and_within_five_percent():
     rows = {r.metric: r for r in reconcile(RUN, NO_HTA).rows if r.metric.startswith("memory.peak_term.")}
-    for term in (STATIC, GLOBAL_BUFFER, ACTIVATIONS, LOGITS):
+    for term in (STATIC, GLOBAL_BUFFER, BATCHES, ACTIVATIONS, LOGITS):
         r = rows[f"memory.peak_term.{term}"]
         assert r.predicted is not None and r.measured is not None, term
         assert abs(r.rel_diff) <= 0.05 and r.verdict == "ok", (term, r.rel_diff)
     # the set-up's buffers and the global memory buffer are exact sizes: the split's sites must be the right ones
     assert abs(rows[f"memory.peak_term.{STATIC}"].rel_diff) < 1e-6
     assert rows[f"memory.peak_term.{GLOBAL_BUFFER}"].measured == 2 * 2 ** 30  # [2, 32, 4096, 4096] 16-bit scores
+    # 4 micro-batches' [2, 1, 4096, 4096] boolean masks, tokens, labels, position ids (int64) and loss masks (fp32)
+    assert rows[f"memory.peak_term.{BATCHES}"].measured == 4 * (2 * 4096 * 4096 + 2 * 4096 * (3 * 8 + 4))
     rest = rows[f"memory.peak_term.{REST}"]
     assert rest.predicted is None and 0 < rest.measured < 0.01 * sum(r.measured for r in rows.values())
 
@@ -108,8 +111,8 @@ def test_the_split_of_a_trace_is_by_allocation_site():
     trace = [alloc(1, 100, "__init__", "get_model"), alloc(2, 50, "_init_group"),
              alloc(3, 30, "forward", "forward_step"), {"action": "free_requested", "addr": 3},
              alloc(4, 40, "forward", "forward_step"), alloc(5, 7, "backward")]
-    assert _split_of(trace) == {STATIC: 150, GLOBAL_BUFFER: 0, ACTIVATIONS: 40, LOGITS: 0, REST: 7}
-    assert _split_of(trace[:4]) == {STATIC: 150, GLOBAL_BUFFER: 0, ACTIVATIONS: 30, LOGITS: 0, REST: 0}
+    assert _split_of(trace) == {STATIC: 150, GLOBAL_BUFFER: 0, BATCHES: 0, ACTIVATIONS: 40, LOGITS: 0, REST: 7}
+    assert _split_of(trace[:4]) == {STATIC: 150, GLOBAL_BUFFER: 0, BATCHES: 0, ACTIVATIONS: 30, LOGITS: 0, REST: 0}
 
 
 def _split_of(trace: list[dict]) -> dict[str, int]:

@@ -39,6 +39,9 @@ class ImplementationConfig:
     bias_swiglu_fusion: bool = True  # SwiGLU as one function that keeps its input only
     apply_rope_fusion: bool = True  # RoPE keeps nothing per call (off: Megatron's unfused cos / sin per q and k)
     create_attention_mask: bool = False  # the dataloader's [b, 1, s, s] boolean mask on the device
+    # Megatron-LM's RerunDataIterator (--rerun-mode other than disabled) keeps every micro-batch it yields until the
+    # next iteration, so an iteration's device batches stay live through the step and after it
+    keeps_iteration_batches: bool = False
     optimizer_impl: str = FUSED_ADAM
 
     @property

@@ -81,5 +81,6 @@ def implementation_of(arguments: dict[str, str]) -> tuple[ImplementationConfig, 
         bias_swiglu_fusion=_flag(arguments, "bias_swiglu_fusion", True),
         apply_rope_fusion=_flag(arguments, "apply_rope_fusion", True),
         create_attention_mask=_flag(arguments, "create_attention_mask_in_dataloader", True),
+        keeps_iteration_batches=arguments.get("rerun_mode", "validate_results") != "disabled",
         optimizer_impl=FOREACH_ADAM if impl == LOCAL else FUSED_ADAM)
     return config, notes

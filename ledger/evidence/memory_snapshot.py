@@ -20,6 +20,7 @@ from common.errors import InputError
 STATIC = "static"  # the model's params, DDP's param and grad buffers, the optimizer's main params and Adam moments
 GLOBAL_BUFFER = "megatrons_global_memory_buffer"  # GlobalMemoryBuffer.get_tensor (the unfused attention's scores)
 LOGITS = "output_layer_logits"  # the output layer's 16-bit logits (GPTModel._postprocess)
+BATCHES = "the_iterations_batches"  # get_batch's device copies, kept by the rerun data iterator
 ACTIVATIONS = "saved_activations"  # the rest of a forward's tensors still live, the loss's fp32 softmax included
 REST = "unattributed"  # allocated outside a forward and outside set-up (a backward's 16-bit weight grad, scalars)
 STATIC_SITES = {"get_model", "get_megatron_optimizer", "_init_group"}
@@ -60,6 +61,8 @@ def term_of(frames: list[dict[str, Any]]) -> str:
         return GLOBAL_BUFFER
     if names & STATIC_SITES:
         return STATIC
+    if "get_batch" in names:
+        return BATCHES
     if names & FORWARD_SITES:
         postprocess = "_postprocess" in names and not any(
             str(f.get("filename", "")).endswith("cross_entropy.py") for f in frames)
@@ -95,7 +98,7 @@ def peak_split(path: Path) -> PeakSplit:
                 current -= live.pop(e["addr"])["size"]
     except (KeyError, TypeError) as exc:
         raise InputError(path, f"a memory snapshot trace event without {exc}") from None
-    terms = dict.fromkeys((STATIC, GLOBAL_BUFFER, ACTIVATIONS, LOGITS, REST), 0)
+    terms = dict.fromkeys((STATIC, GLOBAL_BUFFER, BATCHES, ACTIVATIONS, LOGITS, REST), 0)
     for block in at_peak.values():
         terms[term_of(block.get("frames") or [])] += block["size"]
     return PeakSplit(path=path, peak=peak, terms=terms, set_by=_site(setter.get("frames") or []), events=len(trace))

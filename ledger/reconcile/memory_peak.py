@@ -82,8 +82,8 @@ def peak_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None, n
     c = r.coords
     workspaces, provenance = workspaces_of(device_name)
     static = static_bytes(cfg, c["tp"], c["pp"], c["dp"], "after_first_step").total
-    persistent = persistent_bytes(cfg, workspaces)
-    phase = peak_phase(cfg, c["pp"])
+    persistent = persistent_bytes(cfg, workspaces, c["pp"], c["tp"])
+    phase = peak_phase(cfg, c["pp"], c["tp"])
     between = static + sum(persistent.values())
     terms = terms_of(static, persistent, phase)
     listed = "; ".join(f"{name} {_mib(n)}" for name, n in sorted(terms.items(), key=lambda kv: -kv[1]))

@@ -5,8 +5,9 @@ A stage's peak, on one TP rank of its largest DP rank (static_memory.py: the dis
 a few elements between DP ranks), after the first step:
     static (param and grad buffers, fp32 main params, grad copy, Adam m and v)
   + what the allocator keeps between steps beside it (`persistent`): the cuBLAS / cuBLASLt workspaces of the device
-    (a calibration constant, 64 MiB on an H200; zero where the device is not known) and Megatron-LM's global memory
-    buffer (core_attention.persistent_buffer_bytes)
+    (a calibration constant, 64 MiB on an H200; zero where the device is not known), Megatron-LM's global memory
+    buffer (core_attention.persistent_buffer_bytes) and the iteration's batches its rerun data iterator keeps
+    (peak_phases.kept_batch_bytes: TP rank 0 of the stages that load data, the largest of a stage's TP ranks)
   + the largest of the step's phases (peak_phases.py): saved activations at the schedule's peak, and for
     Megatron-LM's layers the transients beside them (the loss's 16-bit logits, unfused attention's score matrices,
     the optimizer's temporaries).
@@ -25,11 +26,12 @@ from dataclasses import dataclass, field
 from common.config import RunConfig
 from ledger.models.formulas.activations import logits_transient_bytes
 from ledger.models.formulas.core_attention import persistent_buffer_bytes
-from ledger.models.formulas.peak_phases import Phase, peak_phase
+from ledger.models.formulas.peak_phases import Phase, kept_batch_bytes, peak_phase
 from ledger.models.formulas.static_memory import StaticBytes, static_bytes_per_stage
 
 WORKSPACES = "cuBLAS / cuBLASLt workspaces"
 GLOBAL_BUFFER = "Megatron's global memory buffer"
+KEPT_BATCHES = "the iteration's batches (Megatron-LM's rerun data iterator keeps them)"
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,10 @@ class StagePeak:
         return self.between_steps + self.activations
 
 
-def persistent_bytes(cfg: RunConfig, workspaces: int = 0) -> dict[str, int]:
-    """What stays allocated between steps beside the static state, by name (zero terms left out)."""
-    terms = {WORKSPACES: workspaces, GLOBAL_BUFFER: persistent_buffer_bytes(cfg)}
+def persistent_bytes(cfg: RunConfig, workspaces: int = 0, pp_rank: int = 0, tp_rank: int = 0) -> dict[str, int]:
+    """What stays allocated between steps beside the static state on a rank, by name (zero terms left out)."""
+    terms = {WORKSPACES: workspaces, GLOBAL_BUFFER: persistent_buffer_bytes(cfg),
+             KEPT_BATCHES: kept_batch_bytes(cfg, pp_rank, tp_rank)}
     return {name: n for name, n in terms.items() if n}
 
 
@@ -62,11 +65,11 @@ def stage_peaks(cfg: RunConfig, static: list[StaticBytes] | None = None, workspa
     device's allocator workspaces (a hardware file's or a device calibration's; 0 when no device is named)."""
     pp = cfg.parallel.pipeline_model_parallel_size
     static = static_bytes_per_stage(cfg) if static is None else static
-    persistent = persistent_bytes(cfg, workspaces)
     peaks = []
-    for i in range(pp):
+    for i in range(pp):  # TP rank 0: the one that keeps the batches, where they are kept
         phase = peak_phase(cfg, i)
-        peaks.append(StagePeak(static=static[i], activations=phase.total, phase=phase, persistent=persistent,
+        peaks.append(StagePeak(static=static[i], activations=phase.total, phase=phase,
+                               persistent=persistent_bytes(cfg, workspaces, i),
                                logits_transient=logits_transient_bytes(cfg) if i == pp - 1 else 0))
     return peaks
 

@@ -16,7 +16,9 @@ Megatron-LM's layers (implementation transformer_impl local or transformer_engin
   optimizer step        no activations; torch's foreach AdamW allocates a 4-byte temporary (the sqrt of exp_avg_sq)
                         per element of its largest param group, taken here as every element the rank owns (the
                         norms' group is tiny)
-Every micro-batch in flight keeps the dataloader's attention mask while masked_fill_ holds it (core_attention).
+Every micro-batch in flight keeps the dataloader's attention mask while masked_fill_ holds it (core_attention),
+except where Megatron-LM's rerun data iterator keeps the iteration's batches anyway (kept_batch_bytes, counted between
+steps with the other persistent terms: docs/formulas.md, "The iteration's batches").
 """
 from __future__ import annotations
 
@@ -42,44 +44,78 @@ class Phase:
         return self.activations + sum(self.transients.values())
 
 
-def stage_phases(cfg: RunConfig, pp_rank: int) -> list[Phase]:
+def loads_batches(cfg: RunConfig, pp_rank: int, tp_rank: int) -> bool:
+    """Whether this rank draws its batches from the data iterator: Megatron-LM's get_batch on TP rank 0 of the first
+    and last stages (the other TP ranks receive a broadcast copy)."""
+    return tp_rank == 0 and pp_rank in (0, cfg.parallel.pipeline_model_parallel_size - 1)
+
+
+def kept_batches(cfg: RunConfig, pp_rank: int, tp_rank: int) -> bool:
+    """Whether the rank's iteration batches stay live until the next iteration (RerunDataIterator)."""
+    return cfg.implementation.keeps_iteration_batches and loads_batches(cfg, pp_rank, tp_rank)
+
+
+def kept_batch_bytes(cfg: RunConfig, pp_rank: int, tp_rank: int) -> int:
+    """Every micro-batch's device batch of an iteration where the rerun data iterator keeps them: tokens, labels and
+    position ids (int64), the loss mask (fp32) and the dataloader's [b, 1, s, s] boolean mask, whole-sequence (a
+    context-parallel rank slices a copy)."""
+    if not kept_batches(cfg, pp_rank, tp_rank):
+        return 0
+    b, s = cfg.train.micro_batch_size, cfg.model.seq_length
+    return cfg.num_microbatches * (b * s * (3 * 8 + FP32) + core_attention.mask_bytes(cfg))
+
+
+def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
+    """The stage's phases on TP rank `tp_rank`; where its batches are kept for the iteration, the masks and token ids
+    of the micro-batches in flight are among them (peak_memory.persistent_bytes) and not counted here again."""
     if not cfg.implementation.megatron:
         return [Phase("saved activations at the schedule's peak", activations.stage_activation_bytes(cfg, pp_rank))]
-    phases = [Phase("backward of the oldest micro-batch", activations.stage_activation_bytes(cfg, pp_rank))]
+    kept = kept_batches(cfg, pp_rank, tp_rank)
+    phases = [Phase("backward of the oldest micro-batch",
+                    activations.stage_activation_bytes(cfg, pp_rank) - _in_batches(cfg, pp_rank, kept))]
     if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
-        phases.append(loss_forward(cfg, pp_rank))
+        phases.append(loss_forward(cfg, pp_rank, kept))
     if cfg.implementation.unfused_attention:
-        phases += [attention_forward(cfg, pp_rank), attention_backward(cfg, pp_rank)]
+        phases += [attention_forward(cfg, pp_rank, kept), attention_backward(cfg, pp_rank, kept)]
     phases.append(optimizer_step(cfg, pp_rank))
     return phases
 
 
-def peak_phase(cfg: RunConfig, pp_rank: int) -> Phase:
-    return max(stage_phases(cfg, pp_rank), key=lambda p: p.total)
+def peak_phase(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> Phase:
+    return max(stage_phases(cfg, pp_rank, tp_rank), key=lambda p: p.total)
 
 
-def _unkept_mask(cfg: RunConfig) -> dict[str, int]:
-    """The running micro-batch's dataloader mask where no layer keeps it (it is alive through its forward)."""
-    if core_attention.keeps_mask(cfg) or not cfg.implementation.create_attention_mask:
+def _in_batches(cfg: RunConfig, pp_rank: int, kept: bool) -> int:
+    """What activations.py counts of the micro-batches in flight that a kept batch already holds: the kept masks and
+    the embedding's saved token ids (the batch's own tensors)."""
+    return activations.mask_bytes_in_flight(cfg, pp_rank) + activations.first_stage_bytes(cfg, pp_rank) if kept else 0
+
+
+def _unkept_mask(cfg: RunConfig, kept: bool) -> dict[str, int]:
+    """The running micro-batch's dataloader mask where no layer keeps it (it is alive through its forward) and no
+    kept batch holds it."""
+    if core_attention.keeps_mask(cfg) or not cfg.implementation.create_attention_mask or kept:
         return {}
     return {"attention mask (the running micro-batch's)": core_attention.mask_bytes(cfg)}
 
 
-def loss_forward(cfg: RunConfig, pp_rank: int) -> Phase:
+def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool = False) -> Phase:
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
     logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * vocab
-    return Phase("loss forward", activations.end_of_forward_bytes(cfg, pp_rank),
-                 {"output_layer.logits (16-bit, beside the loss's fp32 copy)": logits, **_unkept_mask(cfg)})
+    return Phase("loss forward", activations.end_of_forward_bytes(cfg, pp_rank) - _in_batches(cfg, pp_rank, kept),
+                 {"output_layer.logits (16-bit, beside the loss's fp32 copy)": logits, **_unkept_mask(cfg, kept)})
 
 
-def _before_last_layer(cfg: RunConfig, pp_rank: int) -> int:
+def _before_last_layer(cfg: RunConfig, pp_rank: int, kept: bool) -> int:
     """What the stage keeps when its running micro-batch reaches its chunk's last layer: the other micro-batches in
     flight, the stage's extras and this micro-batch's earlier layers."""
     held = activations.in_flight(cfg, pp_rank)
     layers = activations.layers_per_chunk(cfg)
     earlier = (held - 1) * activations.chunk_activation_bytes(cfg).saved + (layers - 1) * activations.layer_bytes(cfg)
+    if kept:  # the masks and the token ids are the kept batches'
+        return earlier
     masks = held * core_attention.mask_bytes(cfg) if core_attention.keeps_mask(cfg) else 0
     return earlier + activations.first_stage_bytes(cfg, pp_rank) + masks
 
@@ -96,14 +132,14 @@ def _qkv_output(cfg: RunConfig) -> dict[str, int]:
     return {"linear_qkv.output (the caller's views)": DTYPE_BYTES[cfg.train.params_dtype] * tokens * qkv}
 
 
-def attention_forward(cfg: RunConfig, pp_rank: int) -> Phase:
+def attention_forward(cfg: RunConfig, pp_rank: int, kept: bool = False) -> Phase:
     layer = sum(megatron_layer.before_core(cfg).values()) + sum(core_attention.saved_tensors(cfg).values())
-    return Phase("core attention forward (last layer)", _before_last_layer(cfg, pp_rank) + layer,
+    return Phase("core attention forward (last layer)", _before_last_layer(cfg, pp_rank, kept) + layer,
                  {"attention scores (held until DotProductAttention returns)": core_attention.forward_transient(cfg),
-                  **_qkv_output(cfg), **_unkept_mask(cfg)})
+                  **_qkv_output(cfg), **_unkept_mask(cfg, kept)})
 
 
-def attention_backward(cfg: RunConfig, pp_rank: int) -> Phase:
+def attention_backward(cfg: RunConfig, pp_rank: int, kept: bool = False) -> Phase:
     """Core attention's inputs stay (baddbmm's q and repeated k are used last); the repeated v went with bmm's
     backward; beside the score-sized gradients, the residual stream's gradient and v's."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
@@ -114,7 +150,7 @@ def attention_backward(cfg: RunConfig, pp_rank: int) -> Phase:
     grads = {"residual gradient": a * tokens * m.hidden_size // sp,
              "v gradient": a * tokens * m.num_attention_heads * m.head_dim // t}
     scores = core_attention.backward_transient(cfg)
-    return Phase("core attention backward (last layer)", _before_last_layer(cfg, pp_rank) + sum(inputs.values()),
+    return Phase("core attention backward (last layer)", _before_last_layer(cfg, pp_rank, kept) + sum(inputs.values()),
                  {"score gradients (AsStrided / CopySlices / masked_fill copies)": scores, **grads})
 
 
