@@ -75,3 +75,18 @@ def test_reconciling_a_megatron_run_with_the_h200_file_says_its_host_is_not_mode
         assert r.verdict == ("ok" if gap <= 0.10 else "warn" if gap <= WARN_FACTOR * 0.10 else "off")
     others = [r for r in terms if r not in device]
     assert others and all(r.predicted is None and "host recipes" in r.explanation for r in others)
+
+
+def test_megatrons_synchronising_timers_are_named_where_the_run_has_them():
+    """--timing-log-level 2 (the H200 fixtures): Megatron-LM's forward-compute and backward-compute timers call
+    torch.cuda.synchronize() in start() and stop(), so every pass starts on an idle device; the step time's
+    explanation says so. The 1-GPU run logged its timers at the default level 0: no such words."""
+    timed = read_run(FIXTURES / "megatron_lm_h200" / "local_l2_mbs2").config
+    untimed = read_run(MEGATRON_RUN).config
+    assert timed.implementation.timers_synchronise_passes and not untimed.implementation.timers_synchronise_passes
+    assert recipe.SYNCHRONISING_TIMERS in recipe.unmodelled_host(timed)
+    assert recipe.SYNCHRONISING_TIMERS not in recipe.unmodelled_host(untimed)
+    (step,) = [r for r in reconcile(FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
+                                    sources=TimeSources(hardware=load_hardware("H200"))).rows
+               if r.metric == "throughput.step_time"]
+    assert "timers synchronise the device at every forward's and backward's start and end" in step.explanation

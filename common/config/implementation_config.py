@@ -42,6 +42,9 @@ class ImplementationConfig:
     # Megatron-LM's RerunDataIterator (--rerun-mode other than disabled) keeps every micro-batch it yields until the
     # next iteration, so an iteration's device batches stay live through the step and after it
     keeps_iteration_batches: bool = False
+    # Megatron-LM's --timing-log-level 2: its forward-compute and backward-compute timers call
+    # torch.cuda.synchronize() at every pass's start and end, so no pass overlaps the host's work before the next
+    timers_synchronise_passes: bool = False
     optimizer_impl: str = FUSED_ADAM
 
     @property

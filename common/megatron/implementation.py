@@ -82,5 +82,6 @@ def implementation_of(arguments: dict[str, str]) -> tuple[ImplementationConfig, 
         apply_rope_fusion=_flag(arguments, "apply_rope_fusion", True),
         create_attention_mask=_flag(arguments, "create_attention_mask_in_dataloader", True),
         keeps_iteration_batches=arguments.get("rerun_mode", "validate_results") != "disabled",
+        timers_synchronise_passes=_number(arguments, "timing_log_level") >= 2,
         optimizer_impl=FOREACH_ADAM if impl == LOCAL else FUSED_ADAM)
     return config, notes

@@ -93,10 +93,18 @@ MEGATRON_HOST = ("host timeline off: the host recipes are this engine's calls (l
                  "code they do not describe")
 
 
+SYNCHRONISING_TIMERS = ("; its --timing-log-level 2 timers synchronise the device at every forward's and backward's "
+                        "start and end, so the host's work before each pass is not hidden behind the previous one "
+                        "(not modelled either)")
+
+
 def unmodelled_host(cfg: RunConfig) -> str | None:
     """Why the recipes cannot price cfg's host (Megatron-LM's own layers), None when they describe its code."""
     impl = cfg.implementation
-    return MEGATRON_HOST.format(impl=impl.transformer_impl) if impl.megatron else None
+    if not impl.megatron:
+        return None
+    return (MEGATRON_HOST.format(impl=impl.transformer_impl)
+            + (SYNCHRONISING_TIMERS if impl.timers_synchronise_passes else ""))
 
 
 def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
