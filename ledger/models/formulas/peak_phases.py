@@ -72,7 +72,7 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
         return [Phase("saved activations at the schedule's peak", activations.stage_activation_bytes(cfg, pp_rank))]
     kept = kept_batches(cfg, pp_rank, tp_rank)
     phases = [Phase("backward of the oldest micro-batch",
-                    activations.stage_activation_bytes(cfg, pp_rank) - _in_batches(cfg, pp_rank, kept))]
+                    activations.stage_activation_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0))]
     if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
         phases.append(loss_forward(cfg, pp_rank, kept))
     if cfg.implementation.unfused_attention:
@@ -85,10 +85,10 @@ def peak_phase(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> Phase:
     return max(stage_phases(cfg, pp_rank, tp_rank), key=lambda p: p.total)
 
 
-def _in_batches(cfg: RunConfig, pp_rank: int, kept: bool) -> int:
-    """What activations.py counts of the micro-batches in flight that a kept batch already holds: the kept masks and
-    the embedding's saved token ids (the batch's own tensors)."""
-    return activations.mask_bytes_in_flight(cfg, pp_rank) + activations.first_stage_bytes(cfg, pp_rank) if kept else 0
+def _in_batches(cfg: RunConfig, pp_rank: int) -> int:
+    """What activations.py counts of the micro-batches in flight that is their batches' own tensors: the masks the
+    layers keep and the embedding's saved token ids (a kept batch holds them already)."""
+    return activations.mask_bytes_in_flight(cfg, pp_rank) + activations.first_stage_bytes(cfg, pp_rank)
 
 
 def _unkept_mask(cfg: RunConfig, kept: bool) -> dict[str, int]:
@@ -99,12 +99,13 @@ def _unkept_mask(cfg: RunConfig, kept: bool) -> dict[str, int]:
     return {"attention mask (the running micro-batch's)": core_attention.mask_bytes(cfg)}
 
 
-def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool = False) -> Phase:
+def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
     logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * vocab
-    return Phase("loss forward", activations.end_of_forward_bytes(cfg, pp_rank) - _in_batches(cfg, pp_rank, kept),
+    saved = activations.end_of_forward_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0)
+    return Phase("loss forward", saved,
                  {"output_layer.logits (16-bit, beside the loss's fp32 copy)": logits, **_unkept_mask(cfg, kept)})
 
 
@@ -114,10 +115,7 @@ def _before_last_layer(cfg: RunConfig, pp_rank: int, kept: bool) -> int:
     held = activations.in_flight(cfg, pp_rank)
     layers = activations.layers_per_chunk(cfg)
     earlier = (held - 1) * activations.chunk_activation_bytes(cfg).saved + (layers - 1) * activations.layer_bytes(cfg)
-    if kept:  # the masks and the token ids are the kept batches'
-        return earlier
-    masks = held * core_attention.mask_bytes(cfg) if core_attention.keeps_mask(cfg) else 0
-    return earlier + activations.first_stage_bytes(cfg, pp_rank) + masks
+    return earlier + (0 if kept else _in_batches(cfg, pp_rank))  # a kept batch holds them
 
 
 def _qkv_output(cfg: RunConfig) -> dict[str, int]:
@@ -132,14 +130,14 @@ def _qkv_output(cfg: RunConfig) -> dict[str, int]:
     return {"linear_qkv.output (the caller's views)": DTYPE_BYTES[cfg.train.params_dtype] * tokens * qkv}
 
 
-def attention_forward(cfg: RunConfig, pp_rank: int, kept: bool = False) -> Phase:
+def attention_forward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
     layer = sum(megatron_layer.before_core(cfg).values()) + sum(core_attention.saved_tensors(cfg).values())
     return Phase("core attention forward (last layer)", _before_last_layer(cfg, pp_rank, kept) + layer,
                  {"attention scores (held until DotProductAttention returns)": core_attention.forward_transient(cfg),
                   **_qkv_output(cfg), **_unkept_mask(cfg, kept)})
 
 
-def attention_backward(cfg: RunConfig, pp_rank: int, kept: bool = False) -> Phase:
+def attention_backward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
     """Core attention's inputs stay (baddbmm's q and repeated k are used last); the repeated v went with bmm's
     backward; beside the score-sized gradients, the residual stream's gradient and v's."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
