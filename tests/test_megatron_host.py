@@ -90,3 +90,19 @@ def test_megatrons_synchronising_timers_are_named_where_the_run_has_them():
                                     sources=TimeSources(hardware=load_hardware("H200"))).rows
                if r.metric == "throughput.step_time"]
     assert "timers synchronise the device at every forward's and backward's start and end" in step.explanation
+
+
+def test_a_device_only_twin_judges_device_compute_and_leaves_the_other_terms_unpredicted():
+    """Plumbing (hand-made partition): the twin of a GPU run without a host timeline names device compute alone. A
+    prediction 3.5x off the measured device compute is "off", one at it is "ok"; the host's terms, which it does not
+    name, get no prediction (not zero: a complete twin's zero would judge them)."""
+    from ledger.evidence.step_partition import COMPUTE, HOST_BOUND, StepPartition
+    from ledger.reconcile.step_decomposition import term_rows
+
+    part = StepPartition(rank=0, step=5, start=0.0, end=400e3, terms=[(COMPUTE, 300e3), (HOST_BOUND, 100e3)])
+    for predicted, verdict in ((0.300, "ok"), (3.5 * 0.300, "off")):
+        device, host = term_rows(0, part, {COMPUTE: predicted}, "device only", complete=False)
+        assert (device.verdict, device.predicted) == (verdict, predicted)
+        assert host.predicted is None and host.verdict == "n/a"
+    _, host = term_rows(0, part, {COMPUTE: 0.300}, "complete")
+    assert host.predicted == 0.0 and host.verdict == "off"

@@ -121,3 +121,24 @@ def _split_of(trace: list[dict]) -> dict[str, int]:
         path = Path(d) / "s.pickle"
         path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}))
         return peak_split(path).terms
+
+
+def test_a_term_the_snapshot_measures_wrong_is_off():
+    """Plumbing: the real run's split with its static term doubled (a site rule that put activations there) judges
+    the static row "off" and leaves the others as they were."""
+    from dataclasses import replace
+
+    from ledger.models.formulas.peak_memory import persistent_bytes
+    from ledger.models.formulas.peak_phases import peak_phase
+    from ledger.models.formulas.static_memory import static_bytes
+    from ledger.reconcile.memory_peak import term_rows, terms_of
+
+    ev = read_run(RUN)
+    split = ev.ranks[0].memory_snapshot
+    cfg = ev.config
+    phase = peak_phase(cfg, 0, 0)
+    terms = terms_of(static_bytes(cfg, 0, 0, 0, "after_first_step").total, persistent_bytes(cfg, 0, 0, 0), phase)
+    wrong = replace(split, terms={**split.terms, STATIC: 2 * split.terms[STATIC]})
+    rows = {r.metric: r for r in term_rows(terms, phase, wrong, dict(rank=0, stage=0, source="events"))}
+    assert rows[f"memory.peak_term.{STATIC}"].verdict == "off"
+    assert rows[f"memory.peak_term.{GLOBAL_BUFFER}"].verdict == "ok"
