@@ -154,8 +154,10 @@ def test_a_training_run_with_the_fusion_is_the_unfused_run(monkeypatch):
     unfused, linear = runs
     assert_close_rel(linear["losses"], unfused["losses"], "loss")
     assert_close_rel(linear["grad_norms"], unfused["grad_norms"], "grad norm")
+    # Adam divides each gradient by its running RMS, so a weight whose gradient is at rounding level moves by more
+    # than the rounding: the weights agree to 1e-4 (6.6e-5 seen on one element of 22,528 on an AMD EPYC's kernels)
     for name, value in linear["params"].items():
-        torch.testing.assert_close(value, unfused["params"][name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(value, unfused["params"][name], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
