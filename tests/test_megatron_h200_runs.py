@@ -72,7 +72,8 @@ def test_device_compute_is_predicted_within_ten_percent(results, case):
     rows = [r for r in result.rows if r.metric == "step.decomposition.device_compute"]
     assert len(rows) == 3
     for r in rows:
-        assert r.predicted == model.step.device_compute[0] and r.verdict == "ok" and abs(r.rel_diff) <= 0.10
+        assert r.predicted == pytest.approx(model.step.device_compute[0], rel=1e-9)
+        assert r.verdict == "ok" and abs(r.rel_diff) <= 0.10
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -11,7 +11,7 @@ decomposition's predicted terms, under the plain or the profiled host costs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.config import RunConfig
 from common.ops import host as p
@@ -19,6 +19,7 @@ from ledger.evidence.step_partition import COMPUTE, DATA_WAIT, EXPOSED, HOST_BOU
 from ledger.models.formulas.params import chunk_layers, num_chunks
 from ledger.models.schedule import FORWARD, Item
 from ledger.models.time_model import host_recipe as recipe
+from ledger.models.time_model import megatron_host_recipe as megatron
 from ledger.models.time_model.calibration import Calibration
 from ledger.models.time_model.compute import entry_seconds
 from ledger.models.time_model.host_costs import HostCosts
@@ -74,17 +75,35 @@ def stage_host(cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, wo
 
 
 class _Program:
-    """The host's program of one stage's step as Segments, priced once per chunk and pass."""
+    """The host's program of one stage's step as Segments, priced once per chunk and pass: this engine's calls, or
+    Megatron-LM's (megatron_host_recipe.py) for a run of its local layers."""
 
     def __init__(self, cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, work: StageWork,
                  profiled: bool):
+        self.megatron = cfg.implementation.megatron
+        if host.context is None:
+            host = replace(host, context=megatron.CONTEXT if self.megatron else recipe.CONTEXT)
         self.cfg, self.cal, self.host, self.stage, self.work, self.profiled = cfg, cal, host, stage, work, profiled
         self.timers = cfg.probes.timers
+        # Megatron-LM's --timing-log-level 2 timers call torch.cuda.synchronize() as they start and stop
+        self.synchronising = cfg.implementation.timers_synchronise_passes
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
         self._passes: dict[tuple[int, str], list[Segment]] = {}
 
     def price(self, counts: recipe.Recipe) -> float:
         return self.host.price(counts, self.profiled)
+
+    def recipe(self, w, forward: bool) -> recipe.Recipe:
+        return megatron.entry(w, forward) if self.megatron else recipe.entry(w, forward, self.counts_on_device)
+
+    def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute") -> Segment:
+        """A Segment of `counts`, its reads of the device (ITEM) after its issue."""
+        counts = dict(counts)
+        reads = counts.pop(p.ITEM, 0)
+        return Segment(self.price(counts), device, kind, read=self.price({p.ITEM: reads}) if reads else None)
+
+    def sync(self) -> Segment:
+        return Segment(0.0, read=self.price({p.SYNC: 1}))
 
     def passes(self, chunk: int, kind: str) -> list[Segment]:
         key = (chunk, kind)
@@ -95,33 +114,48 @@ class _Program:
             for w in work:
                 seconds, _ = entry_seconds(w, self.cfg, self.cal)
                 group = w.op.group if isinstance(w.op, Collective) else "compute"
-                counts = dict(recipe.entry(w, forward, self.counts_on_device))
-                reads = counts.pop(p.ITEM, 0)
-                segments.append(Segment(self.price(counts), seconds, group,
-                                        read=self.price({p.ITEM: reads}) if reads else None))
+                segments.append(self.reads(self.recipe(w, forward), seconds, group))
             self._passes[key] = segments
         return self._passes[key]
 
     def range(self, name: str, work: list[Segment]) -> list[Segment]:
-        """A probe range around `work`: its CUDA events are recorded as it opens and as it closes (marks)."""
+        """A probe range around `work`: its CUDA events are recorded as it opens and as it closes (marks); a
+        synchronising timer waits for the device at both ends."""
         opening = self.price(recipe.probe_range(self.timers)) / 2
-        return [Segment(opening, mark=f"start {name}"), *work, Segment(opening, mark=f"end {name}")]
+        sync = [self.sync()] if self.synchronising else []
+        return [*sync, Segment(opening, mark=f"start {name}"), *work, Segment(opening, mark=f"end {name}"), *sync]
 
     def item(self, item: Item) -> list[Segment]:
         first, last = chunk_ends(self.cfg, self.stage, item.chunk)
         if item.kind == FORWARD:
-            start, end = recipe.forward_start(first), recipe.forward_end(last)
+            start = (megatron.forward_start if self.megatron else recipe.forward_start)(first)
+            end = self.loss(last)
         else:
-            start, end = recipe.BACKWARD_START, {}
-        return self.range(str(item), [Segment(self.price(start)), *self.passes(item.chunk, item.kind),
-                                      Segment(self.price(end))])
+            start, end = (megatron if self.megatron else recipe).BACKWARD_START, []
+        return self.range(str(item), [Segment(self.price(start)), *self.passes(item.chunk, item.kind), *end])
+
+    def loss(self, last_stage: bool) -> list[Segment]:
+        """After a forward's last entry: the loss on the last stage (Megatron-LM's with its NaN and Inf reads)."""
+        if not self.megatron:
+            return [Segment(self.price(recipe.forward_end(last_stage)))]
+        if not last_stage:
+            return []
+        return [Segment(self.price(megatron.LOSS)), *map(self.reads, megatron.LOSS_CHECKS),
+                Segment(self.price(megatron.LOSS_SCALE))]
 
     def step_start(self) -> list[Segment]:
         w = self.work
-        return [Segment(self.price(recipe.step_start(w.buffers, w.tensors, self.timers)), w.memset)]
+        counts = megatron.step_start(w.buffers, w.tensors) if self.megatron \
+            else recipe.step_start(w.buffers, w.tensors, self.timers)
+        return [Segment(self.price(counts), w.memset)]
 
     def step_end(self) -> list[Segment]:
         w, read = self.work, self.price({p.ITEM: 1})
+        if self.megatron:
+            update = Segment(self.price(megatron.optimizer(w.tensors, w.elements)), w.update, read=read)
+            syncs = [self.sync() for _ in range(megatron.OPTIMIZER_SYNCS if self.synchronising else 0)]
+            return [*self.range("optimizer", [update]), *syncs, Segment(self.price(megatron.STEP_END)),
+                    *(Segment(0.0, read=read) for _ in range(megatron.STEP_END_READS))]
         pipelined = self.cfg.parallel.pipeline_model_parallel_size > 1
         update = Segment(self.price(recipe.optimizer(w.tensors, w.elements)), w.update, read=read)
         return [*self.range("optimizer", [update]), Segment(self.price(recipe.step_end(pipelined)), read=read)]

@@ -10,7 +10,6 @@ from typing import Iterable, Mapping
 
 from common.events import HostRecord
 from common.ops import host as p
-from ledger.models.time_model import host_recipe as recipe
 
 # From a launch call's end to the device starting its kernel on an idle stream: the committed H200 traces' median
 # launch latency (9.9-13 µs from the call's start, BENCHMARKS.md "the execution graph's replay") less the launch
@@ -27,10 +26,12 @@ class HostCosts:
     profiled: Mapping[str, float]
     source: str
     launch_latency: float = LAUNCH_LATENCY
-    context: float = recipe.CONTEXT  # the engine's Python around the calls (host_recipe.CONTEXT)
+    # The Python around the calls in the code the recipes describe; None: that code's own (host_recipe.CONTEXT,
+    # megatron_host_recipe.CONTEXT), set by the host timeline
+    context: float | None = None
 
-    def price(self, counts: recipe.Recipe, profiled: bool = False) -> float:
-        """The host's seconds for `counts` of each primitive, in the engine's context: the calls (under the profiler,
+    def price(self, counts: Mapping[str, float], profiled: bool = False) -> float:
+        """The host's seconds for `counts` of each primitive in their code's context: the calls (under the profiler,
         at their profiled cost) and the Python around them, (context - 1) x their plain cost, which the profiler
         (recording ops, not Python calls) leaves as it is."""
         plain = sum(n * self.seconds[k] for k, n in counts.items())

@@ -9,9 +9,8 @@ code it stands for; tests/test_host_model.py holds the launches they imply to th
     optimizer, step_start, ... the optimizer step (foreach launches by elements), zero_grad, the loss's reduction
 A recipe prices the host; the device's time is the compute sweep's. CONTEXT is what the engine's Python around these
 calls adds, fitted once (runs/bench/host_model.py on the calibration runs BENCHMARKS.md names). The recipes describe
-this engine's code only: Megatron-LM's own layers (--transformer-impl local or transformer_engine, their unfused
-entries in common/ops/megatron.py) issue their kernels through other Python, so their host is not modelled
-(unmodelled_host says so, and the time model then runs on the device's clock alone).
+this engine's code only; megatron_host_recipe.py describes Megatron-LM's local layers, and where neither applies
+(unmodelled_host says so) the time model runs on the device's clock alone.
 """
 from __future__ import annotations
 
@@ -88,23 +87,18 @@ GROUPED = {"fprop": {p.EAGER: 1, p.VIEW: 1, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NOD
 COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
 
 
-MEGATRON_HOST = ("host timeline off: the host recipes are this engine's calls (ledger/models/time_model/"
-                 "host_recipe.py); Megatron-LM's own layers (--transformer-impl {impl}) issue their kernels through "
-                 "code they do not describe")
-
-
-SYNCHRONISING_TIMERS = ("; its --timing-log-level 2 timers synchronise the device at every forward's and backward's "
-                        "start and end, so the host's work before each pass is not hidden behind the previous one "
-                        "(not modelled either)")
+UNSUPPORTED_MEGATRON = ("host timeline off: the host recipes describe this engine's code and Megatron-LM's local "
+                        "layers (ledger/models/time_model/megatron_host_recipe.py), not {what}")
 
 
 def unmodelled_host(cfg: RunConfig) -> str | None:
-    """Why the recipes cannot price cfg's host (Megatron-LM's own layers), None when they describe its code."""
+    """Why no recipes price cfg's host (Megatron-LM's Transformer Engine layers, its MoE), None when they do."""
     impl = cfg.implementation
     if not impl.megatron:
         return None
-    return (MEGATRON_HOST.format(impl=impl.transformer_impl)
-            + (SYNCHRONISING_TIMERS if impl.timers_synchronise_passes else ""))
+    if impl.transformer_impl != "local":
+        return UNSUPPORTED_MEGATRON.format(what=f"--transformer-impl {impl.transformer_impl}")
+    return UNSUPPORTED_MEGATRON.format(what="its mixture of experts") if cfg.model.is_moe else None
 
 
 def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
@@ -121,7 +115,7 @@ def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
     if forward and w.param is not None and ".experts." in w.param and w.param.endswith("linear_fc1.weight"):
         extra.update(EXPERT_START)
     if counts_on_device and name == "moe.permute.fwd":
-        return _sum(extra, PERMUTE_COUNTS_ON_DEVICE)
+        return sum_of(extra, PERMUTE_COUNTS_ON_DEVICE)
     found = _linear(name) if name.rsplit(".", 1)[-1] in ("fprop", "dgrad", "wgrad") else None
     recipe = found or (FORWARD if forward else BACKWARD).get(name) or FORWARD.get(name) or BACKWARD.get(name)
     if recipe is None:
@@ -141,8 +135,8 @@ def _grouped(w: Work) -> Recipe:
     pass_ = w.op.name.rpartition(".")[2]
     experts = dict(w.op.dims)["experts"]
     if pass_ == "wgrad":
-        return _sum(GROUPED["wgrad"], {p.VIEW: experts}, *([NORM_GRAD_HOOK] * experts))
-    return _sum(GROUPED_START, GROUPED[pass_]) if w.op.name == "experts.linear_fc1.fprop" else GROUPED[pass_]
+        return sum_of(GROUPED["wgrad"], {p.VIEW: experts}, *([NORM_GRAD_HOOK] * experts))
+    return sum_of(GROUPED_START, GROUPED[pass_]) if w.op.name == "experts.linear_fc1.fprop" else GROUPED[pass_]
 
 
 def _linear(name: str) -> Recipe:
@@ -190,7 +184,7 @@ def optimizer(tensors: int, elements: int) -> Recipe:
 def step_start(buffers: int, tensors: int, timers: bool) -> Recipe:
     """zero_grad_buffer (one memset a buffer), the optimizer's zero_grad (Python over its main params), the
     iteration range."""
-    return _sum(probe_range(timers), {p.EAGER: buffers, p.MODULE: 1 + tensors // 10})
+    return sum_of(probe_range(timers), {p.EAGER: buffers, p.MODULE: 1 + tensors // 10})
 
 
 def step_end(pipelined: bool) -> Recipe:
@@ -198,7 +192,8 @@ def step_end(pipelined: bool) -> Recipe:
     return {p.MODULE: 2, p.EAGER: 2 + (2 if pipelined else 0)}
 
 
-def _sum(*recipes: Recipe) -> Recipe:
+def sum_of(*recipes: Recipe) -> Recipe:
+    """The recipes' counts added."""
     out: Counter = Counter()
     for r in recipes:
         out.update(r)
