@@ -3,11 +3,12 @@
     python3 runs/bench/host_model.py --calibrate RUN [RUN ...] --validate RUN [RUN ...] [--hardware H200]
 
 The time model prices each catalogue entry's host work as its recipe's primitives (ledger/models/time_model/
-host_recipe.py) at the host's costs (the run's host sweep, else the hardware file's `host` block); host_recipe.CONTEXT
-scales them for the engine's Python around those calls. --calibrate fits CONTEXT alone, on the named runs' measured
-step times (median of their steady steps; least squares in log), and prints it for host_recipe.py; --validate prints
-each other run's step, forward, backward and optimizer ranges predicted with that factor against measured (the
-run's own timers, unprofiled steps), for BENCHMARKS.md. A run is never in both lists.
+host_recipe.py for this engine, megatron_host_recipe.py for Megatron-LM's local layers) at the host's costs (the run's
+host sweep, else the hardware file's `host` block); the recipes' CONTEXT scales them for the Python around those
+calls. --calibrate fits CONTEXT alone, on the named runs' measured step times (median of their steady steps; least
+squares in log), and prints it for the recipes' file; --validate prints each other run's step, forward, backward and
+optimizer ranges predicted with that factor against measured (the run's own timers, unprofiled steps), for
+BENCHMARKS.md. A run is never in both lists, and all are of one code (this engine's or Megatron-LM's).
 """
 from __future__ import annotations
 
@@ -26,9 +27,14 @@ from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
 from ledger.models.simulate.hardware import load_hardware  # noqa: E402
-from ledger.models.time_model import Calibration, StepPrediction, predict_step  # noqa: E402
+from ledger.models.time_model import (  # noqa: E402
+    Calibration,
+    StepPrediction,
+    host_recipe,
+    megatron_host_recipe,
+    predict_step,
+)
 from ledger.models.time_model.host_costs import host_costs  # noqa: E402
-from ledger.models.time_model.host_recipe import CONTEXT  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -106,16 +112,21 @@ def main() -> int:
     overlap = {p.resolve() for p in args.calibrate} & {p.resolve() for p in args.validate}
     if overlap:
         ap.error(f"a run is either calibration or validation: {', '.join(sorted(map(str, overlap)))}")
-    calibrating = [load(p) for p in args.calibrate]
+    calibrating, validating = [load(p) for p in args.calibrate], [load(p) for p in args.validate]
+    codes = {r.ev.config.implementation.megatron for r in calibrating + validating}
+    if len(codes) > 1:
+        ap.error("the runs are of two codes (this engine's and Megatron-LM's): one CONTEXT cannot serve both")
+    recipes = megatron_host_recipe if codes.pop() else host_recipe
     context = fit(calibrating, args.hardware)
     names = ", ".join(r.path.name for r in calibrating)
-    print(f"CONTEXT = {context:.3f}  (host_recipe.py has {CONTEXT}); fitted on {names}")
+    file = recipes.__name__.rpartition(".")[2]
+    print(f"CONTEXT = {context:.3f}  ({file}.py has {recipes.CONTEXT}); fitted on {names}")
     print("| run | step predicted / measured | error | forward per micro-batch ms | backward | optimizer |")
     print("|---|---|---|---|---|---|")
     for r in calibrating:
         print(row(r, args.hardware, context, "calibration"))
-    for p in args.validate:
-        print(row(load(p), args.hardware, context, "validation"))
+    for r in validating:
+        print(row(r, args.hardware, context, "validation"))
     return 0
 
 

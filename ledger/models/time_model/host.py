@@ -24,7 +24,7 @@ from ledger.models.time_model.calibration import Calibration
 from ledger.models.time_model.compute import entry_seconds
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.host_timeline import Segment, Timeline, run
-from ledger.models.time_model.ops import Collective, chunk_backward, chunk_ends, chunk_forward
+from ledger.models.time_model.ops import Collective, Work, chunk_backward, chunk_ends, chunk_forward
 
 
 def decomposition(tl: Timeline, beside: dict[str, float], wait: float) -> dict[str, float]:
@@ -93,7 +93,8 @@ class _Program:
     def price(self, counts: recipe.Recipe) -> float:
         return self.host.price(counts, self.profiled)
 
-    def recipe(self, w, forward: bool) -> recipe.Recipe:
+    def entry(self, w: Work, forward: bool) -> recipe.Recipe:
+        """The primitives of one catalogue entry, as the run's code calls them."""
         return megatron.entry(w, forward) if self.megatron else recipe.entry(w, forward, self.counts_on_device)
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute") -> Segment:
@@ -114,7 +115,7 @@ class _Program:
             for w in work:
                 seconds, _ = entry_seconds(w, self.cfg, self.cal)
                 group = w.op.group if isinstance(w.op, Collective) else "compute"
-                segments.append(self.reads(self.recipe(w, forward), seconds, group))
+                segments.append(self.reads(self.entry(w, forward), seconds, group))
             self._passes[key] = segments
         return self._passes[key]
 
@@ -165,7 +166,7 @@ class _Program:
         optimizer, the items and each forward's data wait), each MoE layer's three routing counts read."""
         forwards = sum(1 for item in order if item.kind == FORWARD)
         ranges = 2 + len(order) + forwards if self.timers else 0
-        reads = [Segment(0.0, read=self.price({p.SYNC: 1})) for _ in range(2 * ranges)]
+        reads = [self.sync() for _ in range(2 * ranges)]
         moe = sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg))) \
             if self.cfg.model.is_moe else 0
         return reads + [Segment(0.0, read=self.price({p.ITEM: 1})) for _ in range(3 * moe)]
