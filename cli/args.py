@@ -15,6 +15,7 @@ from common.run_dir import LEDGER_DIR, check_writable
 
 if TYPE_CHECKING:
     from ledger.reconcile.run import TraceWork
+    from ledger.reconcile.time_rows import TimeSources
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -103,6 +104,24 @@ def add_trace_flags(p: CommandParser, reconciles: bool = True) -> None:
         p.add_argument("--replay-ranks", default="ends", metavar="RANKS",
                        help="traced ranks whose execution graphs the step decomposition replays: ends (the first and "
                             "the last, default), all, none, or ranks like 0,3,8-15")
+
+
+def add_time_source_flags(p: CommandParser) -> None:
+    """--calibration and --hardware: the time model's prices beyond a run's own sweeps (a Megatron-LM run has none)."""
+    p.add_argument("--calibration", metavar="FILE", help="a `train-ledger calibrate` file of the run's machine")
+    p.add_argument("--hardware", help="price what no sweep timed from a hardware file: H200, H100, ... or a path")
+
+
+def time_sources(a: argparse.Namespace) -> "TimeSources | None":
+    """The TimeSources of add_time_source_flags' flags, None where neither was given."""
+    from ledger.evidence.calibration_file import read_calibration
+    from ledger.models.simulate.hardware import load_hardware
+    from ledger.reconcile.time_rows import TimeSources
+
+    if a.hardware is None and a.calibration is None:
+        return None
+    return TimeSources(hardware=load_hardware(a.hardware) if a.hardware else None,
+                       calibration=read_calibration(a.calibration) if a.calibration else None)
 
 
 def trace_work(a: argparse.Namespace, command: str, quiet: bool = False) -> "TraceWork":

@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import sys
 
-from cli.args import CommandParser, add_trace_flags, ledger_output_dir, trace_work
+from cli.args import CommandParser, add_time_source_flags, add_trace_flags, ledger_output_dir, time_sources, trace_work
 
 
 def main(argv: list[str]) -> int:
-    from ledger.evidence.calibration_file import read_calibration
-    from ledger.models.simulate.hardware import load_hardware
     from ledger.reconcile.rows import reaches
     from ledger.reconcile.run import reconcile, write
     from ledger.reconcile.time_rows import TimeSources
@@ -31,15 +29,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--fail-on", choices=("off", "warn"))
     p.add_argument("--out", metavar="DIR", help="write the reconciliation here instead of RUN/ledger")
-    p.add_argument("--calibration", metavar="FILE", help="a `train-ledger calibrate` file of the run's machine")
-    p.add_argument("--hardware", help="price what no sweep timed from a hardware file: H200, H100, ... or a path")
+    add_time_source_flags(p)
     add_trace_flags(p)
     a = p.parse_args(argv)
     work = trace_work(a, "reconcile", quiet=a.json)
     out = ledger_output_dir(a.run, a.out)
-    sources = TimeSources(hardware=load_hardware(a.hardware) if a.hardware else None,
-                          calibration=read_calibration(a.calibration) if a.calibration else None)
-    result = reconcile(a.run, work, sources)
+    result = reconcile(a.run, work, time_sources(a) or TimeSources())
     json_path, csv_path = write(result, out)
     if a.json:
         print(json.dumps(result.to_dict(), default=str))

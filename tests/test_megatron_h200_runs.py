@@ -84,3 +84,25 @@ def test_export_trace_merges_the_run(case, tmp_path):
     assert [e["args"]["name"] for e in events if e.get("name") == "process_name"] == ["rank 0 (tp0 dp0 pp0)"]
     assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == \
         {"ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"}
+
+
+def test_report_prices_the_run_from_a_hardware_file(tmp_path, capsys):
+    """`report --hardware H200` (the fixture directory is read-only for the suite: --out): the report's step time
+    has the time model's prediction and a verdict, where the same report without it has none; an unknown hardware
+    name is one line and exit 2, before anything is written."""
+    run = str(RUNS / "local_l2_mbs2")
+    assert cli(["report", run, "--out", str(tmp_path / "priced"), "--hta-ranks", "none", "--hardware", "H200"]) == 0
+    assert cli(["report", run, "--out", str(tmp_path / "plain"), "--hta-ranks", "none"]) == 0
+
+    def step_row(folder: str) -> list[str]:
+        (line,) = [ln for ln in (tmp_path / folder / "report.md").read_text().splitlines()
+                   if ln.startswith("| throughput.step_time |")]
+        return [cell.strip() for cell in line.split("|")[1:-1]]
+
+    # metric, ranks, [formula,] measured, gap, verdict, explanation
+    assert step_row("priced")[2:6] == ["396 ms", "435 ms", "+9.77%", "**warn**"]
+    assert step_row("plain")[2:5] == ["435 ms", "—", "**n/a**"]
+    capsys.readouterr()
+    assert cli(["report", run, "--out", str(tmp_path / "bad"), "--hardware", "H999"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown hardware 'H999'" in err and not (tmp_path / "bad" / "report.md").exists()

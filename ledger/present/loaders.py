@@ -21,6 +21,7 @@ from ledger.present.units import rank_label
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
 from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, reconcile_evidence, run_steps
+from ledger.reconcile.time_rows import TimeSources
 
 
 @dataclass
@@ -28,13 +29,16 @@ class RunView:
     """Each part read on first use and kept: the manifest alone serves a runs table, the evidence a page."""
     run_dir: Path
     work: TraceWork = TraceWork()  # how a reconciliation computed here reads the run's traces
+    # the time model's prices beyond the run's sweeps (report --hardware / --calibration): a reconciliation computed
+    # with them, never the stored one
+    sources: TimeSources | None = None
     _manifest: dict[str, Any] | None = field(default=None, repr=False)
     _evidence: RunEvidence | None = field(default=None, repr=False)
     _reconciliation: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, evidence: RunEvidence) -> "RunView":
-        return cls(evidence.run_dir, TraceWork(), evidence.manifest, evidence)
+        return cls(evidence.run_dir, TraceWork(), None, evidence.manifest, evidence)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -53,21 +57,23 @@ class RunView:
 
     @property
     def reconciliation(self) -> dict[str, Any]:
-        """RUN/ledger/reconciliation.json when `train-ledger reconcile` wrote it, else computed now (not written)."""
+        """RUN/ledger/reconciliation.json when `train-ledger reconcile` wrote it and no sources are given, else
+        computed now (not written)."""
         if self._reconciliation is None:
             path = self.run_dir / LEDGER_DIR / JSON_NAME
-            if path.is_file():
+            if self.sources is None and path.is_file():
                 try:
                     self._reconciliation = json.loads(path.read_text(encoding="utf-8"))
                 except json.JSONDecodeError as exc:
                     raise InputError(path, f"corrupt JSON ({exc.msg}); rerun `train-ledger reconcile`") from None
             else:
-                self._reconciliation = reconcile_evidence(self.evidence, self.work).to_dict()
+                self._reconciliation = reconcile_evidence(self.evidence, self.work,
+                                                          self.sources or TimeSources()).to_dict()
         return self._reconciliation
 
 
-def open_run(run_dir: str | Path, work: TraceWork = TraceWork()) -> RunView:
-    return RunView(Path(run_dir), work)
+def open_run(run_dir: str | Path, work: TraceWork = TraceWork(), sources: TimeSources | None = None) -> RunView:
+    return RunView(Path(run_dir), work, sources)
 
 
 def list_runs(root: str, view_of: Callable[[Path], RunView] = open_run) -> list[dict[str, Any]]:

@@ -10,12 +10,15 @@ from ledger.present.report_html import render_html
 from ledger.present.report_md import render_markdown
 from ledger.present.report_view import build
 from ledger.reconcile.run import TraceWork
+from ledger.reconcile.time_rows import TimeSources
 
 
-def write(run: str | Path | RunView, out: Path | None = None, work: TraceWork = TraceWork()) -> tuple[Path, Path]:
+def write(run: str | Path | RunView, out: Path | None = None, work: TraceWork = TraceWork(),
+          sources: TimeSources | None = None) -> tuple[Path, Path]:
     """report.md and report.html into `out` (default RUN/ledger), from the run read once; `work`: how the
-    reconciliation reads traces when `reconcile` has not written one."""
-    run = run if isinstance(run, RunView) else open_run(run, work)
+    reconciliation reads traces when `reconcile` has not written one; `sources`: prices beyond the run's own sweeps
+    (then the reconciliation is computed with them)."""
+    run = run if isinstance(run, RunView) else open_run(run, work, sources)
     view = build(run)
     out = out if out is not None else run.run_dir / LEDGER_DIR
     md, page = out / "report.md", out / "report.html"
