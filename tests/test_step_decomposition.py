@@ -25,7 +25,7 @@ from ledger.evidence.step_partition import (
     with_arrivals,
 )
 from ledger.evidence.traces import Collective
-from ledger.present import report
+from ledger.present import report, units
 from ledger.reconcile.run import TraceWork, reconcile, write
 from ledger.reconcile.step_decomposition import REPLAY_METRIC, TERM_METRIC, group_of, term_of
 from tests.support.kineto import gpu, host, launch, runtime, step, write_trace
@@ -189,6 +189,13 @@ def test_report_md_shows_where_each_step_went(tmp_path: Path):
     section = text.split("## Where the step went", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("| 0 |")]
     assert [line.split(" | ")[1] for line in table] == ["4", "5", "6"]
-    assert "| device compute |" in section and "| sum = measured step | replayed |" in section
-    assert table[0].split(" | ")[-2] == "61.1 ms"  # the sum of the terms: step 4's window
+    assert "| device compute |" in section and "| sum = measured step | model's sum | replayed |" in section
+    assert table[0].split(" | ")[-3] == "61.1 ms"  # the sum of the terms: step 4's window
+    # each term beside the time model's twin of it (the host timeline's, from the config and the run's sweeps), and
+    # the twin's sum beside the measured one
+    rows = [r for r in reconcile(run).rows if r.metric.startswith("step.decomposition.") and r.step == 4]
+    twin = {r.metric: r.predicted for r in rows}
+    device = twin["step.decomposition.device_compute"]
+    assert f"; model {units.duration(device)}" in table[0].split(" | ")[2]
+    assert table[0].split(" | ")[-2] == units.duration(sum(twin.values()))
     assert "rank 0, step 4: host on thread" in section
