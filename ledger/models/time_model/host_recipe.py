@@ -101,6 +101,11 @@ def unmodelled_host(cfg: RunConfig) -> str | None:
     return UNSUPPORTED_MEGATRON.format(what="its mixture of experts") if cfg.model.is_moe else None
 
 
+def opens_layer(w: Work, forward: bool) -> bool:
+    """Whether w is a layer's first forward entry (its input norm), which carries the layer's own module calls."""
+    return forward and w.param is not None and w.param.endswith("input_layernorm.weight")
+
+
 def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
     """The host's primitives for one entry of a pass; counts_on_device: an MoE layer whose dispatcher keeps its
     counts on the device (--moe-grouped-gemm at EP 1)."""
@@ -110,7 +115,7 @@ def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
     if name.startswith("experts."):
         return _grouped(w)
     extra: Counter = Counter()
-    if forward and w.param is not None and w.param.endswith("input_layernorm.weight"):
+    if opens_layer(w, forward):
         extra.update(LAYER_START)
     if forward and w.param is not None and ".experts." in w.param and w.param.endswith("linear_fc1.weight"):
         extra.update(EXPERT_START)

@@ -102,7 +102,7 @@ def entry(w: Work, forward: bool) -> Recipe:
     if name == "main_grad.add":
         return MAIN_GRAD_ADD
     extra: Counter = Counter()
-    if forward and w.param is not None and w.param.endswith("input_layernorm.weight"):
+    if host_recipe.opens_layer(w, forward):
         extra.update(LAYER_START)
     pass_ = name.rsplit(".", 1)[-1]
     if pass_ in ("fprop", "dgrad", "wgrad") and not name.startswith("core_attention."):
