@@ -81,8 +81,9 @@ class _Program:
     def __init__(self, cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, work: StageWork,
                  profiled: bool):
         self.megatron = cfg.implementation.megatron
+        self.code = megatron if self.megatron else recipe  # the recipes of the code the run ran
         if host.context is None:
-            host = replace(host, context=megatron.CONTEXT if self.megatron else recipe.CONTEXT)
+            host = replace(host, context=self.code.CONTEXT)
         self.cfg, self.cal, self.host, self.stage, self.work, self.profiled = cfg, cal, host, stage, work, profiled
         self.timers = cfg.probes.timers
         # Megatron-LM's --timing-log-level 2 timers call torch.cuda.synchronize() as they start and stop
@@ -129,10 +130,9 @@ class _Program:
     def item(self, item: Item) -> list[Segment]:
         first, last = chunk_ends(self.cfg, self.stage, item.chunk)
         if item.kind == FORWARD:
-            start = (megatron.forward_start if self.megatron else recipe.forward_start)(first)
-            end = self.loss(last)
+            start, end = self.code.forward_start(first), self.loss(last)
         else:
-            start, end = (megatron if self.megatron else recipe).BACKWARD_START, []
+            start, end = self.code.BACKWARD_START, []
         return self.range(str(item), [Segment(self.price(start)), *self.passes(item.chunk, item.kind), *end])
 
     def loss(self, last_stage: bool) -> list[Segment]:
