@@ -38,7 +38,7 @@ class RunView:
 
     @classmethod
     def of(cls, evidence: RunEvidence) -> "RunView":
-        return cls(evidence.run_dir, TraceWork(), None, evidence.manifest, evidence)
+        return cls(evidence.run_dir, _manifest=evidence.manifest, _evidence=evidence)
 
     @property
     def manifest(self) -> dict[str, Any]:
