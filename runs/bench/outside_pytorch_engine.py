@@ -24,16 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "runs" / "bench"))
 
-from vs_megatron import ADAM, engine_run  # noqa: E402
+from vs_megatron import engine_argv, engine_run  # noqa: E402
 
 from common.arguments import parse_args  # noqa: E402
 from ledger.models.formulas.device_memory import DeviceOverheads, outside_pytorch  # noqa: E402
 
-BASE = ["--model", "llama3.2-1b", "--untie-embeddings-and-output-weights", "--seq-length", "4096", "--bf16",
-        "--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", "8", *ADAM]
-VARIANTS = {"all-probes": (["--all-probes"], {}), "all-probes-eager": (["--all-probes"], {"TRAIN_LEDGER_COMPILE": "0"}),
-            "nvml": (["--nvml-interval", "0.5"], {}), "nvml-eager": (["--nvml-interval", "0.5"],
-                                                                {"TRAIN_LEDGER_COMPILE": "0"})}
+SEQ, MICROBATCHES = 4096, 8
+EAGER = {"TRAIN_LEDGER_COMPILE": "0"}
+NVML = ("--nvml-interval", "0.5")
+VARIANTS = {"all-probes": (("--all-probes",), {}), "all-probes-eager": (("--all-probes",), EAGER),
+            "nvml": (NVML, {}), "nvml-eager": (NVML, EAGER)}
 
 
 def main() -> int:
@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     a = ap.parse_args()
     print("command: python " + " ".join(sys.argv), flush=True)
-    cfg = parse_args([*BASE, "--train-iters", str(a.steps)], world_size=1)
+    cfg = parse_args(engine_argv(SEQ, MICROBATCHES, a.steps, "unused", probes=NVML), world_size=1)
     h200 = DeviceOverheads.known("NVIDIA H200")
     predicted = outside_pytorch(cfg, 0, h200)
     out = {"predicted": predicted.terms, "predicted_total": predicted.total, "variants": {}}
@@ -50,8 +50,7 @@ def main() -> int:
           + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in predicted.terms.items()), flush=True)
     for name, (flags, env) in VARIANTS.items():
         with tempfile.TemporaryDirectory() as tmp:
-            argv = [*BASE, "--train-iters", str(a.steps), *flags, "--run-dir", str(Path(tmp) / "run")]
-            r = engine_run(argv, timed=2, env=env)
+            r = engine_run(engine_argv(SEQ, MICROBATCHES, a.steps, str(Path(tmp) / "run"), flags), timed=2, env=env)
         keep = {k: r[k] for k in ("nvml_used_max", "peak_reserved", "outside_pytorch", "peak_alloc", "wall_s", "argv")}
         out["variants"][name] = keep
         print(f"{name:18s} NVML used max {keep['nvml_used_max'] / 2**30:.3f} GiB, reserved max "

@@ -42,11 +42,12 @@ ADAM = ["--lr", "3e-4", "--min-lr", "3e-5", "--lr-warmup-iters", "1", "--weight-
         "--adam-beta2", "0.95", "--clip-grad", "1.0"]
 
 
-def engine_argv(seq: int, microbatches: int, steps: int, run_dir: str) -> list[str]:
+def engine_argv(seq: int, microbatches: int, steps: int, run_dir: str,
+                probes: tuple[str, ...] = ("--all-probes",)) -> list[str]:
     """Untied, as both anchors build the model (share_embeddings_and_output_weights=False; a separate nn.Linear)."""
     return ["--model", "llama3.2-1b", "--untie-embeddings-and-output-weights", "--seq-length", str(seq), "--bf16",
             "--use-distributed-optimizer", "--micro-batch-size", "1", "--global-batch-size", str(microbatches),
-            "--train-iters", str(steps), *ADAM, "--all-probes", "--run-dir", run_dir]
+            "--train-iters", str(steps), *ADAM, *probes, "--run-dir", run_dir]
 
 
 def gemm_ceiling_tflops() -> float:
