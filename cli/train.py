@@ -97,6 +97,8 @@ def main(argv: list[str], say_next: bool = True) -> int:
     check_output_dirs({"--run-dir": run_dir, "--save": run_config.checkpoint.save,
                        "--tensorboard-dir": run_config.probes.tensorboard_dir})
     check_fits(run_config, launch.nproc_per_node)
+    if run_config.implementation.graphed_layers and _gpu_total_bytes() is None:
+        raise ConfigError("--cuda-graph-impl local needs CUDA GPUs; this machine has none (NVML finds no device)")
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if run_dir is None:

@@ -21,8 +21,10 @@ from typing import Any, Sequence
 
 from common.config import (
     CROSS_ENTROPY_FUSION_IMPLS,
+    CUDA_GRAPH_IMPLS,
     PRESETS,
     CheckpointConfig,
+    ImplementationConfig,
     ModelConfig,
     ParallelConfig,
     ProbeConfig,
@@ -90,6 +92,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     fusion.add_argument("--cross-entropy-fusion-impl", choices=CROSS_ENTROPY_FUSION_IMPLS,
                         help="native (default): the whole [s, b, V/t] logits, then the loss; linear: the output "
                              "layer and the loss over chunks of tokens, the logits never held whole")
+    fusion.add_argument("--cuda-graph-impl", choices=CUDA_GRAPH_IMPLS, default="none",
+                        help="local: each transformer layer's forward and backward captured as CUDA graphs once and "
+                             "replayed, one launch each (one GPU or data parallelism only; docs/engine.md)")
 
     par = p.add_argument_group("parallel")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -209,7 +214,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     recompute = RecomputeConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(RecomputeConfig)})
     checkpoint = CheckpointConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(CheckpointConfig)})
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
-                    recompute=recompute, checkpoint=checkpoint)
+                    recompute=recompute, checkpoint=checkpoint,
+                    implementation=ImplementationConfig(cuda_graph_impl=ns.cuda_graph_impl))
     validate(cfg)
     check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)

@@ -85,7 +85,8 @@ class Event:
 class MemoryRecord(Event):
     """memory_stats (CUDA) or RSS and a tensor census (CPU) at a lifecycle point, a step's end, an OOM or a failure."""
     KIND: ClassVar[str] = "memory"
-    # after_model_build | after_ddp_buffers | after_optimizer_init | after_first_step | step | oom | failure
+    # after_model_build | after_ddp_buffers | after_optimizer_init | before_cuda_graphs | after_cuda_graphs |
+    # after_first_step | step | oom | failure
     point: str | None = None
     device: str | None = None
     stats: dict[str, int] = field(default_factory=dict)  # torch.cuda.memory_stats keys

@@ -55,6 +55,52 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+GRAPH_NODES = 33  # the longer graph's kernels: graph_node is the replay's cost per node beyond the first
+
+
+def _graph(x: torch.Tensor, nodes: int) -> torch.cuda.CUDAGraph:
+    """A captured graph of `nodes` tiny in-place kernels on x (captured before any profiler starts)."""
+    stream = torch.cuda.Stream(x.device)
+    with torch.cuda.stream(stream):  # warm-up outside the capture, as make_graphed_callables does
+        x.add_(1.0)
+    torch.cuda.current_stream(x.device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(nodes):
+            x.add_(1.0)
+    return graph
+
+
+class _Scales(torch.nn.Module):
+    """The graphed primitives' stand-in layer: prim.GRAPHED_PARAMS parameters, one multiply each (six kernels
+    forward, twelve backward: each multiply's input and weight gradients)."""
+
+    def __init__(self, like: torch.Tensor):
+        super().__init__()
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.ones_like(like)) for _ in range(prim.GRAPHED_PARAMS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.w:
+            x = x * w
+        return x
+
+
+def _drop_grad(param: torch.Tensor) -> None:  # as DDP's hook does once it has taken the gradient
+    param.grad = None
+
+
+def _graphed_layers(x: torch.Tensor, count: int) -> tuple[torch.nn.Module, ...]:
+    """`count` stand-in layers, each captured by make_graphed_callables (one pool), gradients dropped by a hook."""
+    layers = tuple(_Scales(x) for _ in range(count))
+    samples = tuple((x.detach().clone().requires_grad_(True),) for _ in layers)
+    graphed = torch.cuda.make_graphed_callables(layers, samples, num_warmup_iters=1)
+    for layer in graphed:
+        for w in layer.parameters():
+            w.grad = None
+            w.register_post_accumulate_grad_hook(_drop_grad)
+    return graphed
+
+
 class _Bench:
     """Tiny tensors on one device and the timing of calls and backward chains on them."""
 
@@ -67,6 +113,9 @@ class _Bench:
         self.calls, self.repeats, self.chain, self.warmup = SIZES["cuda" if self.cuda else "cpu"]
         # One compiled function for every measurement (a compile takes seconds): one fused kernel each way.
         self.compiled = torch.compile(lambda t: t * 2.0 + 1.0, fullgraph=True) if self.cuda else None
+        self.graphs = (_graph(self.x.clone(), 1), _graph(self.x.clone(), GRAPH_NODES)) if self.cuda else ()
+        with torch.enable_grad():
+            self.graphed = _graphed_layers(self.x, self.chain) if self.cuda else ()
 
     def drain(self) -> None:
         if self.cuda:
@@ -144,9 +193,27 @@ def _chains(b: _Bench) -> dict[str, Callable[[int], torch.Tensor]]:
     return chains
 
 
+def _graphed(b: _Bench) -> dict[str, float]:
+    """graph_node: each further node's share of a 33-node replay over a one-node one; graphed_call: a stand-in
+    layer's call on a new input (copied in, as a layer's always is); graphed_backward: one node of a chain of them."""
+    one, many = b.graphs
+    node = max(0.0, (b.per_call(many.replay) - b.per_call(one.replay)) / (GRAPH_NODES - 1))
+    first, x = b.graphed[0], b.leaf(b.x)
+
+    def chain(nodes: int) -> torch.Tensor:
+        out = b.leaf(b.x)
+        for layer in b.graphed[:nodes]:
+            out = layer(out)
+        return out
+    return {prim.GRAPH_NODE: node, prim.GRAPHED_CALL: b.per_call(lambda: first(x)),
+            prim.GRAPHED_BACKWARD: b.per_node(chain)}
+
+
 def _measure(b: _Bench) -> dict[str, float]:
     calls = _calls(b)
     seconds = {name: b.per_call(call) for name, call in calls.items()}
+    if b.cuda:
+        seconds.update(_graphed(b))
     chains = _chains(b)
     seconds.update({name: b.per_node(build) for name, build in chains.items()})
     view_chain = chains[prim.AUTOGRAD_NODE]
@@ -171,4 +238,4 @@ def run(device: torch.device, profiled: bool) -> list[dict[str, Any]]:
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               **({} if launches else {"note": CPU_NOTE})}
     return [{"op": op, "seconds": plain[op], **({"profiled_seconds": under[op]} if op in under else {}), **common}
-            for op in prim.HOST_PRIMITIVES if op in plain]
+            for op in (*prim.HOST_PRIMITIVES, *prim.GRAPH_PRIMITIVES) if op in plain]

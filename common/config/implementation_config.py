@@ -23,6 +23,9 @@ ATTENTION_BACKENDS = (FLASH, UNFUSED)
 FUSED_ADAM = "fused"  # one kernel per step, no temporary (Apex / Transformer Engine FusedAdam, torch's fused AdamW)
 FOREACH_ADAM = "foreach"  # torch.optim.AdamW's foreach kernels: a 4-byte temporary per element of a param group
 OPTIMIZER_IMPLS = (FUSED_ADAM, FOREACH_ADAM)
+NO_CUDA_GRAPH = "none"
+LOCAL_CUDA_GRAPH = "local"  # each transformer layer's forward and backward captured once and replayed
+CUDA_GRAPH_IMPLS = (NO_CUDA_GRAPH, LOCAL_CUDA_GRAPH)
 
 
 @dataclass
@@ -46,6 +49,12 @@ class ImplementationConfig:
     # torch.cuda.synchronize() at every pass's start and end, so no pass overlaps the host's work before the next
     timers_synchronise_passes: bool = False
     optimizer_impl: str = FUSED_ADAM
+    cuda_graph_impl: str = NO_CUDA_GRAPH  # Megatron-LM's --cuda-graph-impl (engine/transformer/cuda_graphs.py)
+
+    @property
+    def graphed_layers(self) -> bool:
+        """Each transformer layer's passes replayed from a CUDA graph (--cuda-graph-impl local)."""
+        return self.cuda_graph_impl == LOCAL_CUDA_GRAPH
 
     @property
     def megatron(self) -> bool:
@@ -60,7 +69,8 @@ class ImplementationConfig:
 def check_implementation(c: ImplementationConfig) -> None:
     for name, value, choices in (("transformer impl", c.transformer_impl, TRANSFORMER_IMPLS),
                                  ("attention backend", c.attention_backend, ATTENTION_BACKENDS),
-                                 ("optimizer implementation", c.optimizer_impl, OPTIMIZER_IMPLS)):
+                                 ("optimizer implementation", c.optimizer_impl, OPTIMIZER_IMPLS),
+                                 ("--cuda-graph-impl", c.cuda_graph_impl, CUDA_GRAPH_IMPLS)):
         if value not in choices:
             raise ConfigError(f"{name} {value!r}: expected one of {', '.join(choices)}")
     for flag, p in (("--attention-dropout", c.attention_dropout), ("--hidden-dropout", c.hidden_dropout)):

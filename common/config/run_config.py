@@ -143,3 +143,24 @@ def check_engine_support(cfg: RunConfig) -> None:
         raise ConfigError("--num-experts: this engine's MoE layer runs without tensor or context parallelism "
                           f"(tp {p.tensor_model_parallel_size}, cp {p.context_parallel_size}); plan, simulate and "
                           "search model those layouts")
+
+
+def check_cuda_graphs(cfg: RunConfig) -> None:
+    """--cuda-graph-impl local captures each layer's forward and backward once (engine/transformer/cuda_graphs.py):
+    what runs inside a layer must be kernels only, the same each micro-batch, one micro-batch in flight. Collectives
+    and probe ranges inside a layer (TP, CP, EP), several micro-batches in flight on a stage (PP), a re-run forward
+    (recompute) and DDP's per-module all-gather waits (--overlap-param-gather) are none of those."""
+    if not cfg.implementation.graphed_layers:
+        return
+    p, t = cfg.parallel, cfg.train
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    conflicts = [(tp > 1, f"--tensor-model-parallel-size {tp}"), (pp > 1, f"--pipeline-model-parallel-size {pp}"),
+                 (cp > 1, f"--context-parallel-size {cp}"),
+                 (cfg.model.is_moe, "--num-experts"),
+                 (cfg.recompute.recompute_granularity is not None,
+                  f"--recompute-granularity {cfg.recompute.recompute_granularity}"),
+                 (t.overlap_param_gather, "--overlap-param-gather")]
+    named = [flag for conflict, flag in conflicts if conflict]
+    if named:
+        raise ConfigError(f"--cuda-graph-impl local graphs whole layers of one micro-batch in flight, without "
+                          f"collectives inside: not with {named[0]}")

@@ -12,6 +12,7 @@ from common.config.recompute_config import check_recompute
 from common.config.run_config import (
     RunConfig,
     check_context_parallel,
+    check_cuda_graphs,
     check_moe,
     check_pipeline,
     check_sequence_parallel,
@@ -37,6 +38,7 @@ def validate(cfg: RunConfig) -> None:
     check_train(cfg.train)
     check_recompute(cfg.recompute)
     check_implementation(cfg.implementation)
+    check_cuda_graphs(cfg)
     check_checkpoint_flags(cfg.checkpoint, cfg.train.train_iters)
     check_lr_schedule(cfg.train)
     check_probes(cfg.probes, cfg.parallel.world_size)

@@ -21,6 +21,13 @@ than its dispatch, and what it includes is said once here:
   event_record      torch.cuda.Event.record (the timers' probe records two per range)
   sync              torch.cuda.synchronize on an idle device: the round trip
   item              Tensor.item of a device scalar on an idle device: the copy to host and its wait
+  graph_node        each kernel node of a replayed CUDA graph: (replay of 33 nodes - replay of 1) / 32
+  graphed_call      a make_graphed_callables module of six parameters (a layer's count here) called: the wrapper's
+                    Python, the input's copy into its static buffer, the autograd Function, the replay of six nodes
+  graphed_backward  one such module's backward node: the incoming gradient's copy, the replay of its twelve nodes,
+                    the six gradients returned, each parameter's AccumulateGrad and a hook that drops the gradient
+The three graph primitives price --cuda-graph-impl local's replays; a host sweep from before they existed lacks them,
+which only a graphed run needs (GRAPH_PRIMITIVES, apart from HOST_PRIMITIVES).
 A CPU rank has no launches (ops run on the calling thread): its host sweep times the primitives that exist there
 (eager, gemm, attention, view, function, module, the backward nodes, backward_call, item) and says so.
 """
@@ -42,8 +49,14 @@ BACKWARD_CALL = "backward_call"
 EVENT_RECORD = "event_record"
 SYNC = "sync"
 ITEM = "item"
+GRAPH_NODE = "graph_node"
+GRAPHED_CALL = "graphed_call"
+GRAPHED_BACKWARD = "graphed_backward"
+# The stand-in layer the two graphed primitives time: its parameters, its forward's and its backward's kernel nodes.
+GRAPHED_PARAMS, GRAPHED_FORWARD_NODES, GRAPHED_BACKWARD_NODES = 6, 6, 12
 HOST_PRIMITIVES = (LAUNCH, EAGER, GEMM, ATTENTION, VIEW, FUNCTION, MODULE, COMPILED, AUTOGRAD_NODE, EAGER_BACKWARD,
                    COMPILED_BACKWARD, ATTENTION_BACKWARD, BACKWARD_CALL, EVENT_RECORD, SYNC, ITEM)
+GRAPH_PRIMITIVES = (GRAPH_NODE, GRAPHED_CALL, GRAPHED_BACKWARD)
 # What a CPU rank cannot do: launch, compile (the engine's jit_fuser runs eagerly off CUDA), record device events,
 # synchronise a stream.
-DEVICE_ONLY = (LAUNCH, COMPILED, COMPILED_BACKWARD, EVENT_RECORD, SYNC)
+DEVICE_ONLY = (LAUNCH, COMPILED, COMPILED_BACKWARD, EVENT_RECORD, SYNC, *GRAPH_PRIMITIVES)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from common.config import RunConfig
 from common.events import ALLOCATED, PEAK
 from ledger.evidence.run import RankEvidence, RunEvidence
+from ledger.models.formulas.cuda_graphs import graph_bytes
 from ledger.models.formulas.device_memory import (
     DeviceOverheads,
     OutsidePyTorch,
@@ -26,13 +27,14 @@ from ledger.models.formulas.device_memory import (
 )
 from ledger.models.formulas.params import params_per_rank
 from ledger.models.formulas.static_memory import static_bytes
-from ledger.reconcile.memory_peak import peak_rows
+from ledger.reconcile.memory_peak import peak_rows, workspaces_of
 from ledger.reconcile.rows import NOT_ON_CPU, Row, identity_row, row, threshold_row
 
 HELD = "held_tensor_bytes"
 STATIC_TOL = 0.01
 WORKSPACES = ("; on CUDA the first step's GEMMs also allocate cuBLAS / cuBLASLt workspaces through the caching "
               "allocator (tens of MiB per stream), which this measurement includes and the formula does not")
+GRAPHS_TOL = 0.05  # an allocator figure, as the peak's
 OUTSIDE_TOL = 0.02  # of NVML used: issue 15's bar for device memory explained
 CENSUS_NOTE = ("; measured on CPU (no CUDA allocator): the storages behind the tensors the model and optimizer hold, "
                "by a census at the lifecycle point (torch's Adam adds a 4-byte step counter per parameter piece, which "
@@ -62,6 +64,11 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = 
     key, source, why_missing = static_measurement(r)
     meas_init = _point(r, "after_optimizer_init", key)
     meas_step = _point(r, "after_first_step", key)
+    graphs = graphs_measured(r)
+    if meas_step is not None and graphs is not None:  # the static state alone: the graphs have a row of their own
+        meas_step -= graphs
+    elif cfg is not None and cfg.implementation.graphed_layers:
+        why_missing += "; the graphs' buffers are in this measurement (no memory points around their capture)"
     workspaces = WORKSPACES if cuda else ""
     rows = [
         row("memory.static_after_optimizer_init", "rank", predicted=pred_init, inventory=inv_init,
@@ -87,12 +94,36 @@ def rank_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None = 
                         explanation=f"static bytes / {params:,} parameters on this rank (bucket padding and uneven "
                                     "distributed-optimizer shards move it off the textbook table)" + why_missing,
                         source=source, **where))
+    if cfg is not None and cfg.implementation.graphed_layers:
+        rows.append(graphs_row(cfg, r, graphs, device_name))
     peak = peak_rows(cfg, r, device_name, "" if cuda else f"; {NOT_ON_CPU}")
     split = cuda and cfg is not None and cfg.implementation.megatron
     rows += peak if split else [x for x in peak if x.metric == "memory.peak_allocated"]
     if cuda:
         rows += allocator_rows(r, predicted_outside(cfg, r, device_name))
     return rows
+
+
+def graphs_measured(r: RankEvidence) -> int | None:
+    """What the CUDA graphs' capture left allocated (the memory points around it), None without them."""
+    before, after = (r.memory_points.get(p) for p in ("before_cuda_graphs", "after_cuda_graphs"))
+    if before is None or after is None or before.allocated is None or after.allocated is None:
+        return None
+    return after.allocated - before.allocated
+
+
+def graphs_row(cfg: RunConfig, r: RankEvidence, measured: int | None, device_name: str | None) -> Row:
+    """memory.cuda_graphs: the capture's allocated bytes against what ledger/models/formulas/cuda_graphs.py says
+    make_graphed_callables keeps; the static rows' measurement leaves them out."""
+    workspaces, source = workspaces_of(device_name)
+    terms = graph_bytes(cfg, workspaces)
+    split = "; ".join(f"{name.removeprefix('CUDA graphs: ')} {n:,} B" for name, n in terms.items())
+    absent = "" if measured is not None else "; not measured: the run has no memory points around its capture"
+    return row("memory.cuda_graphs", "rank", predicted=sum(terms.values()), measured=measured, unit="bytes",
+               tolerance=GRAPHS_TOL, explanation=f"allocated by the capture of every layer's CUDA graphs: {split} "
+                                                  f"({source}; a capture allocated 5 MiB more than this on two H200 "
+                                                  f"shapes, not identified){absent}",
+               source="events", rank=r.rank, stage=r.stage)
 
 
 def static_measurement(r: RankEvidence) -> tuple[str, str, str]:

@@ -47,7 +47,7 @@ from ledger.models.time_model import (
     stage_time,
 )
 from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
-from ledger.models.time_model.host_recipe import unmodelled_host
+from ledger.models.time_model.host_recipe import unmodelled_host, unpriced_host
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.rows import Row, row
 
@@ -132,7 +132,7 @@ def calibration(ev: RunEvidence, sources: TimeSources = TimeSources()) -> Calibr
         cal = cal.over(Calibration.from_records(file.compute, file.bandwidth, host=file_host, host_note=file_note))
     if sources.hardware is not None and ev.config is not None:
         cal = cal.over(hardware_calibration(ev.config, sources.hardware))
-    why = unmodelled_host(ev.config) if ev.config is not None else None
+    why = unmodelled_host(ev.config) or unpriced_host(ev.config, cal.host) if ev.config is not None else None
     return replace(cal, host=None, host_note=why) if why else cal
 
 

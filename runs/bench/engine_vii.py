@@ -5,14 +5,18 @@ Sections, in priority order, each with a share of --budget-s (ENDS): a run that 
 skipped, and says so:
   dense   llama3.2-1b at seq 4096, 8 micro-batches of 1, bf16, distributed optimizer, every probe on (vs_megatron.py's
           shape and flags): our engine ("ours") and megatron-core alternated over --rounds, and in the first
-          --lever-rounds our engine with the fused linear cross-entropy ("ours-linear-ce"): tokens/s, TFLOP/s, MFU
+          --lever-rounds our engine with each of --levers (the fused linear cross-entropy, "ours-linear-ce"; every
+          layer replayed from CUDA graphs, "ours-graphed", not on --cpu-smoke): tokens/s, TFLOP/s, MFU
           against the 989 TFLOP/s datasheet, peak allocated, NVML's used bytes and what lay outside PyTorch (a
           one-GPU run now builds no communicator beyond the default group's), ratios to megatron-core;
   moe     mixtral-8x7b-2l on the one GPU (runs/bench/moe_cp_h200.sh's flags) with SequentialMLP and with
           --moe-grouped-gemm: step time, tokens/s, and from one profiled step's trace the forward passes' GPU idle
           (1 - kernel busy time / the forward's GPU window: first to last kernel it launched);
   small   a launch-bound shape (hidden 1024, 4 layers, 16 heads in 4 groups, vocab 32000, seq 512, micro-batch 2, 8
-          micro-batches) eager (TRAIN_LEDGER_COMPILE=0) and compiled;
+          micro-batches) eager (TRAIN_LEDGER_COMPILE=0), compiled (the engine's default) and compiled with every
+          layer replayed from CUDA graphs (--cuda-graph-impl local), alternated over --rounds: tokens/s, the ratios
+          to the compiled and the eager run, and whether the graphed run's losses equal the compiled run's bit for
+          bit (the same kernels, replayed);
   outside the ledger's prediction of memory outside PyTorch on one H200 for this engine and for the engine that built
           a communicator for every group, beside the dense runs' NVML figure.
 The JSON (--out) is rewritten after every run, so a section cut short keeps what it measured.
@@ -125,12 +129,13 @@ def trained(argv: list[str], timed: int, env: dict[str, str] | None = None) -> d
 def dense(a, budget: Budget, out: dict, save) -> None:
     makers = variant_makers(Path(a.anchors), 8, a.steps, a.timed)
     pair = ["ours"] + ([] if a.cpu_smoke else ["mcore"])
+    levers = [v for v in a.levers if not (a.cpu_smoke and v == "ours-graphed")]  # graphs need CUDA
     if a.cpu_smoke:
-        makers = {v: (lambda seq, v=v: smoke_variant(v, a)) for v in [*pair, "ours-linear-ce"]}
+        makers = {v: (lambda seq, v=v: smoke_variant(v, a)) for v in [*pair, *levers]}
     raw, seq = [], 32 if a.cpu_smoke else 4096
     out["dense"] = {"runs": raw, "failures": []}
-    for round_ in range(a.rounds):  # the lever's runs in the first --lever-rounds rounds only
-        for v in pair + (["ours-linear-ce"] if round_ < a.lever_rounds else []):
+    for round_ in range(a.rounds):  # the levers' runs in the first --lever-rounds rounds only
+        for v in pair + (levers if round_ < a.lever_rounds else []):
             if not budget.may_start("dense", f"{v} round {round_ + 1}"):
                 continue
             try:
@@ -175,16 +180,32 @@ def moe(a, budget: Budget, out: dict, save) -> None:
         save()
 
 
+SMALL_VARIANTS = {"eager": ("0", []), "compiled": ("1", []), "graphed": ("1", ["--cuda-graph-impl", "local"])}
+
+
 def small(a, budget: Budget, out: dict, save) -> None:
     base = SMOKE_SMALL if a.cpu_smoke else SMALL
-    out["small"] = {}
-    for name, compiled in (("eager", "0"), ("compiled", "1")):
-        if not budget.may_start("small", name):
-            continue
-        out["small"][name] = trained([*base, "--train-iters", str(2 * a.steps)], 2 * a.timed,
-                                     {"TRAIN_LEDGER_COMPILE": compiled})
-        save()
-        print(f"small {name}: {out['small'][name]['tokens_per_s']:,.0f} tokens/s", flush=True)
+    variants = [v for v in SMALL_VARIANTS if not (a.cpu_smoke and v == "graphed")]  # graphs need CUDA
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    out["small"] = {"runs": runs}
+    for round_ in range(a.rounds):
+        for name in variants:
+            if not budget.may_start("small", f"{name} round {round_ + 1}"):
+                continue
+            compiled, extra = SMALL_VARIANTS[name]
+            runs[name].append(trained([*base, *extra, "--train-iters", str(2 * a.steps)], 2 * a.timed,
+                                      {"TRAIN_LEDGER_COMPILE": compiled}))
+            save()
+            print(f"small {name} round {round_ + 1}: {runs[name][-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
+    best = {v: max(r["tokens_per_s"] for r in rs) for v, rs in runs.items() if rs}
+    out["small"]["tokens_per_s"] = best
+    if "graphed" in best:
+        out["small"]["graphed_over"] = {v: best["graphed"] / best[v] for v in best if v != "graphed"}
+        if runs["compiled"]:
+            out["small"]["losses_equal"] = runs["graphed"][0]["losses"] == runs["compiled"][0]["losses"]
+        print(f"small graphed over: {json.dumps(out['small']['graphed_over'])}; losses equal to the compiled run's: "
+              f"{out['small'].get('losses_equal')}", flush=True)
+    save()
 
 
 def outside(out: dict, save) -> None:
@@ -208,7 +229,9 @@ def main() -> None:
     p.add_argument("--out", default="engine_vii.json")
     p.add_argument("--budget-s", type=float, default=470.0, help="stop starting runs past this many seconds")
     p.add_argument("--rounds", type=int, default=2, help="dense rounds of ours and megatron-core, alternated")
-    p.add_argument("--lever-rounds", type=int, default=1, help="of them, the rounds that also run ours-linear-ce")
+    p.add_argument("--lever-rounds", type=int, default=1, help="of them, the rounds that also run the --levers")
+    p.add_argument("--levers", nargs="*", default=["ours-linear-ce"], choices=["ours-linear-ce", "ours-graphed"],
+                   help="our engine's variants measured beside the dense pair")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timed", type=int, default=6)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)

@@ -87,6 +87,7 @@ def anchor_variant(name: str, script: Path, extra: list[str], seq: int, mb: int,
 
 
 # Engine levers a variant may turn on (flags added to engine_argv's): the output layer fused into the loss.
+CUDA_GRAPHS = ["--cuda-graph-impl", "local"]  # every layer replayed from CUDA graphs
 LINEAR_CROSS_ENTROPY = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "linear"]
 
 
@@ -115,6 +116,7 @@ def engine_run(argv: list[str], timed: int, env: dict[str, str] | None = None) -
     nvml = [e.used_bytes for e in events if isinstance(e, NvmlRecord) and e.used_bytes is not None]
     peak_reserved = _largest([m.reserved for m in per_step])
     return dict(times=[s.step_time_s for s in steps_][-timed:], tokens_per_step=steps_[-1].tokens,
+                losses=[s.loss for s in steps_],
                 peak_alloc=_largest([m.peak for m in per_step]), peak_reserved=peak_reserved,
                 nvml_used_max=max(nvml) if nvml else None,
                 outside_pytorch=max(nvml) - peak_reserved if nvml and peak_reserved is not None else None,
@@ -162,6 +164,7 @@ def variant_makers(anchors: Path, mb: int, steps: int, timed: int) -> dict:
         "ours-eager": lambda s: engine_variant(s, mb, steps, timed, compile_=False),
         "ours-linear-ce": lambda s: engine_variant(s, mb, steps, timed, extra=LINEAR_CROSS_ENTROPY,
                                                    name="train-ledger linear-ce"),
+        "ours-graphed": lambda s: engine_variant(s, mb, steps, timed, extra=CUDA_GRAPHS, name="train-ledger graphed"),
     }
 
 

@@ -153,6 +153,10 @@ class ChunkActivations:
 
 
 def chunk_activation_bytes(cfg: RunConfig) -> ChunkActivations:
+    """Graphed layers (--cuda-graph-impl local) save into their graphs' pool, which the allocator counts as free
+    (cuda_graphs.py): nothing here."""
+    if cfg.implementation.graphed_layers:
+        return ChunkActivations(saved=0, backward_peak=0)
     layer, layer_input = layer_bytes(cfg), layer_input_bytes(cfg)
     held = peak = 0
     for layers, checkpointed in checkpoint_groups(cfg):

@@ -7,7 +7,8 @@ a few elements between DP ranks), after the first step:
   + what the allocator keeps between steps beside it (`persistent`): the cuBLAS / cuBLASLt workspaces of the device
     (a calibration constant, 64 MiB on an H200; zero where the device is not known), Megatron-LM's global memory
     buffer (core_attention.persistent_buffer_bytes) and the iteration's batches its rerun data iterator keeps
-    (peak_phases.kept_batch_bytes: TP rank 0 of the stages that load data, the largest of a stage's TP ranks)
+    (peak_phases.kept_batch_bytes: TP rank 0 of the stages that load data, the largest of a stage's TP ranks) and
+    under --cuda-graph-impl local what the graphs keep (cuda_graphs.py)
   + the largest of the step's phases (peak_phases.py): saved activations at the schedule's peak, and for
     Megatron-LM's layers the transients beside them (the loss's 16-bit logits, unfused attention's score matrices,
     the optimizer's temporaries).
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from common.config import RunConfig
 from ledger.models.formulas.activations import logits_transient_bytes
 from ledger.models.formulas.core_attention import persistent_buffer_bytes
+from ledger.models.formulas.cuda_graphs import graph_bytes
 from ledger.models.formulas.peak_phases import Phase, kept_batch_bytes, peak_phase
 from ledger.models.formulas.static_memory import StaticBytes, static_bytes_per_stage
 
@@ -55,7 +57,7 @@ class StagePeak:
 def persistent_bytes(cfg: RunConfig, workspaces: int = 0, pp_rank: int = 0, tp_rank: int = 0) -> dict[str, int]:
     """What stays allocated between steps beside the static state on a rank, by name (zero terms left out)."""
     terms = {WORKSPACES: workspaces, GLOBAL_BUFFER: persistent_buffer_bytes(cfg),
-             KEPT_BATCHES: kept_batch_bytes(cfg, pp_rank, tp_rank)}
+             KEPT_BATCHES: kept_batch_bytes(cfg, pp_rank, tp_rank), **graph_bytes(cfg, workspaces)}
     return {name: n for name, n in terms.items() if n}
 
 

@@ -26,7 +26,7 @@ from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
 from ledger.models.simulate.topology import comm_model
 from ledger.models.time_model.calibration import Calibration, KernelKey
-from ledger.models.time_model.host_recipe import unmodelled_host
+from ledger.models.time_model.host_recipe import unmodelled_host, unpriced_host
 from ledger.models.time_model.ops import kernels
 
 _KERNEL_SETS: dict[Shapes, frozenset[Kernel]] = {}
@@ -66,8 +66,8 @@ def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
     step = optimizer_rate(Shapes.of(cfg)).name
     rates = {(step, dtype): rate_seconds_per_element(hw, step, dtype, grad_dtype),
              ("grad_buffer.zero", grad_dtype): rate_seconds_per_element(hw, "grad_buffer.zero", dtype, grad_dtype)}
-    unmodelled = unmodelled_host(cfg) or (None if hw.host is not None else
-                                          f"host timeline off: {hw.path} has no host block")
+    unmodelled = unmodelled_host(cfg) or unpriced_host(cfg, hw.host) or (
+        None if hw.host is not None else f"host timeline off: {hw.path} has no host block")
     return Calibration(kernels=found, rates=rates, comm=comm_model(cfg, hw),
                        device=f"{hw.name} (hardware file {hw.version})",
                        sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)),

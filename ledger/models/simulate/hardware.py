@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from common.errors import ConfigError
-from common.ops.host import HOST_PRIMITIVES
+from common.ops.host import GRAPH_PRIMITIVES, HOST_PRIMITIVES
 from common.rank_info import RankInfo
 from ledger.models.formulas.device_memory import DeviceOverheads
 from ledger.models.time_model.host_costs import HostCosts
@@ -299,7 +299,8 @@ def _host(r: _Reader) -> HostCosts | None:
         absent = [op for op in HOST_PRIMITIVES if op not in table]
         if absent:
             raise r.fail(f"host.{key}", f"has no {', '.join(absent)}")
-        tables[key] = {op: r.check(f"host.{key}.{op}", table[op], zero=True) for op in HOST_PRIMITIVES}
+        found = (*HOST_PRIMITIVES, *(op for op in GRAPH_PRIMITIVES if op in table))  # graph prices are optional
+        tables[key] = {op: r.check(f"host.{key}.{op}", table[op], zero=True) for op in found}
     for field in ("cpu", "torch"):
         if not isinstance(block.get(field), str) or not block[field].strip():
             raise r.fail(f"host.{field}", "must name the host's " + ("CPU model" if field == "cpu" else "torch"))

@@ -24,7 +24,7 @@ from ledger.models.time_model.calibration import Calibration
 from ledger.models.time_model.compute import entry_seconds
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.host_timeline import Segment, Timeline, run
-from ledger.models.time_model.ops import Collective, Work, chunk_backward, chunk_ends, chunk_forward
+from ledger.models.time_model.ops import Collective, Work, chunk_blocks, chunk_ends
 
 
 def decomposition(tl: Timeline, beside: dict[str, float], wait: float) -> dict[str, float]:
@@ -89,6 +89,7 @@ class _Program:
         # Megatron-LM's --timing-log-level 2 timers call torch.cuda.synchronize() as they start and stop
         self.synchronising = cfg.implementation.timers_synchronise_passes
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
+        self.graphed = cfg.implementation.graphed_layers
         self._passes: dict[tuple[int, str], list[Segment]] = {}
 
     def price(self, counts: recipe.Recipe) -> float:
@@ -111,14 +112,22 @@ class _Program:
         key = (chunk, kind)
         if key not in self._passes:
             forward = kind == FORWARD
-            work = (chunk_forward if forward else chunk_backward)(self.cfg, self.stage, chunk)
             segments = []
-            for w in work:
-                seconds, _ = entry_seconds(w, self.cfg, self.cal)
-                group = w.op.group if isinstance(w.op, Collective) else "compute"
-                segments.append(self.reads(self.entry(w, forward), seconds, group))
+            for block in chunk_blocks(self.cfg, self.stage, chunk, forward):
+                if self.graphed and block.layer is not None:
+                    segments.append(self.graph_replay(block.work, forward))
+                    continue
+                for w in block.work:
+                    seconds, _ = entry_seconds(w, self.cfg, self.cal)
+                    group = w.op.group if isinstance(w.op, Collective) else "compute"
+                    segments.append(self.reads(self.entry(w, forward), seconds, group))
             self._passes[key] = segments
         return self._passes[key]
+
+    def graph_replay(self, work: list[Work], forward: bool) -> Segment:
+        """A graphed layer's pass: one issue on the host, its kernels back to back on the device."""
+        device = sum(entry_seconds(w, self.cfg, self.cal)[0] for w in work)
+        return Segment(self.price(recipe.graphed_layer(work, forward)), device)
 
     def range(self, name: str, work: list[Segment]) -> list[Segment]:
         """A probe range around `work`: its CUDA events are recorded as it opens and as it closes (marks); a

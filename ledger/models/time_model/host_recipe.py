@@ -19,6 +19,7 @@ from typing import Mapping
 
 from common.config import RunConfig
 from common.ops import host as p
+from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.ops import Collective, Work
 
 Recipe = Mapping[str, float]
@@ -85,6 +86,16 @@ GROUPED_START = {p.MODULE: 1, p.EAGER: 11, p.VIEW: 1}
 GROUPED = {"fprop": {p.EAGER: 1, p.VIEW: 1, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 2, p.GEMM: 1},
            "wgrad": {p.GEMM: 1, p.AUTOGRAD_NODE: 1}}
 COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
+
+# The kernels each primitive launches on an H200 (cuDNN's SDPA: a memset and its forward kernel; six backward): what
+# a graphed layer's replay holds, and what tests/test_host_model.py holds the recipes to against a real trace.
+KERNELS = {p.LAUNCH: 1, p.EAGER: 1, p.GEMM: 1, p.COMPILED: 1, p.EAGER_BACKWARD: 1, p.COMPILED_BACKWARD: 1,
+           p.ATTENTION: 2, p.ATTENTION_BACKWARD: 6}
+
+
+def launched(counts: Recipe) -> int:
+    """The kernels a recipe's primitives launch."""
+    return int(sum(n * KERNELS.get(k, 0) for k, n in counts.items()))
 
 
 UNSUPPORTED_MEGATRON = ("host timeline off: the host recipes describe this engine's code and Megatron-LM's local "
@@ -203,3 +214,30 @@ def sum_of(*recipes: Recipe) -> Recipe:
     for r in recipes:
         out.update(r)
     return dict(out)
+
+
+# --cuda-graph-impl local (engine/transformer/cuda_graphs.py): a graphed layer's pass is the host sweep's stand-in
+# layer's (graphed_call, graphed_backward: the wrapper, the copies, the replay, the parameters' AccumulateGrad and a
+# hook), its replay's nodes beyond the stand-in's at graph_node each, and around it: forward, the layer's forward
+# pre-hook (the fused weights' flags); backward, DDP's hook adding each norm's gradient into main_grad (the linears'
+# weight-gradient GEMMs add inside the graph), the hooks' Python for parameters beyond the stand-in's six.
+
+
+def graphed_layer(work: list[Work], forward: bool) -> Recipe:
+    """The host's primitives for one graphed layer's pass over the kernels its eager entries launch."""
+    kernels = sum(launched(entry(w, forward)) for w in work)
+    if forward:
+        return {p.GRAPHED_CALL: 1, p.GRAPH_NODE: kernels - p.GRAPHED_FORWARD_NODES, p.MODULE: 1}
+    params = [w for w in work if w.param is not None]
+    added = sum(1 for w in params if not w.op.name.endswith(".wgrad"))  # the norms' hook adds, outside the graph
+    return {p.GRAPHED_BACKWARD: 1, p.GRAPH_NODE: kernels - added - p.GRAPHED_BACKWARD_NODES, p.EAGER: added,
+            p.MODULE: len(params) - p.GRAPHED_PARAMS}
+
+
+def unpriced_host(cfg: RunConfig, host: HostCosts | None) -> str | None:
+    """Why `host` cannot price cfg's host (a graphed run priced by a host sweep from before the graph primitives),
+    None when it can."""
+    if host is None or not cfg.implementation.graphed_layers:
+        return None
+    absent = [op for op in p.GRAPH_PRIMITIVES if op not in host.seconds]
+    return f"host timeline off: the host costs have no {', '.join(absent)} (a graphed run)" if absent else None

@@ -336,31 +336,45 @@ def _with_companions(cfg: RunConfig, pp_rank: int, chunk: int, work: list[Work])
             for w in work]
 
 
-def chunk_forward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
+@dataclass(frozen=True)
+class Block:
+    """A run of a pass's entries: one transformer layer's (`layer`, its global number), or the rest's (None: the
+    embedding's, the head's, a checkpointed group's re-run forward). A graphed layer (--cuda-graph-impl local) is
+    one block on the host."""
+    layer: int | None
+    work: list[Work]
+
+
+def chunk_blocks(cfg: RunConfig, pp_rank: int, chunk: int, forward: bool) -> list[Block]:
+    """A chunk's forward or backward, block by block in the order it runs."""
     sh = Shapes.of(cfg)
     first, last = chunk_ends(cfg, pp_rank, chunk)
-    work = embedding_forward(sh) if first else []
-    for layer in chunk_layers(cfg, pp_rank, chunk):
-        work += layer_forward(sh, f"decoder.layers.{layer}.")
-    work += head_forward(sh, output_param(cfg, pp_rank, chunk)) if last else []
-    return _with_companions(cfg, pp_rank, chunk, work)
+    layers = list(chunk_layers(cfg, pp_rank, chunk))
+    if forward:
+        blocks = [Block(None, embedding_forward(sh))] if first else []
+        blocks += [Block(layer, layer_forward(sh, f"decoder.layers.{layer}.")) for layer in layers]
+        blocks += [Block(None, head_forward(sh, output_param(cfg, pp_rank, chunk)))] if last else []
+    else:
+        selective = cfg.recompute.recompute_granularity == "selective"
+        blocks = [Block(None, head_backward(sh, output_param(cfg, pp_rank, chunk)))] if last else []
+        groups, start = [], 0
+        for count, checkpointed in checkpoint_groups(cfg):
+            groups.append((layers[start:start + count], checkpointed))
+            start += count
+        for group, checkpointed in reversed(groups):
+            blocks += [Block(None, recomputed(sh, group))] if checkpointed else []
+            blocks += [Block(layer, layer_backward(sh, f"decoder.layers.{layer}.", selective))
+                       for layer in reversed(group)]
+        blocks += [Block(None, embedding_backward(sh))] if first else []
+    return [Block(b.layer, _with_companions(cfg, pp_rank, chunk, b.work)) for b in blocks if b.work]
+
+
+def chunk_forward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
+    return [w for b in chunk_blocks(cfg, pp_rank, chunk, True) for w in b.work]
 
 
 def chunk_backward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
-    sh = Shapes.of(cfg)
-    first, last = chunk_ends(cfg, pp_rank, chunk)
-    selective = cfg.recompute.recompute_granularity == "selective"
-    work = head_backward(sh, output_param(cfg, pp_rank, chunk)) if last else []
-    layers, groups, start = list(chunk_layers(cfg, pp_rank, chunk)), [], 0
-    for count, checkpointed in checkpoint_groups(cfg):
-        groups.append((layers[start:start + count], checkpointed))
-        start += count
-    for group, checkpointed in reversed(groups):
-        work += recomputed(sh, group) if checkpointed else []
-        for layer in reversed(group):
-            work += layer_backward(sh, f"decoder.layers.{layer}.", selective)
-    work += embedding_backward(sh) if first else []
-    return _with_companions(cfg, pp_rank, chunk, work)
+    return [w for b in chunk_blocks(cfg, pp_rank, chunk, False) for w in b.work]
 
 
 def kernels(cfg: RunConfig, pp_rank: int) -> set[Kernel]:
