@@ -4,6 +4,7 @@ the parallel layout, so that engine/training.py only trains.
     probes.inventory(inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)      # the sizes this run communicates
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)   # this rank's catalogue (common/ops)
+    probes.host_sweep(pass_timer(model, run_config, parallel_state, device))      # the host, and the model's passes
 
 The compute sweep times the engine's own functions (engine_kernels): its fused functions, its weight-gradient
 accumulation, its MoE layer's router and dispatcher, its ring attention; probes/compute_sweep/handles.py says what
@@ -12,11 +13,14 @@ each handle is.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import statistics
+import time
+from typing import Any, Callable
 
 import torch
 
 from common.config import RunConfig
+from common.ops import host
 from engine.distributed import DistributedDataParallel
 from engine.jit import COMPILE_DEVICE_TYPES
 from engine.parallel_state import ParallelState
@@ -117,3 +121,45 @@ def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: R
                          last_stage=parallel_state.is_pipeline_last_stage,
                          optimizer_numel=sum(p.numel() for p in optimizer.main_params),
                          grad_buffer_numel=sum(b.numel for chunk in model for b in chunk.buffers), kernels=kernels)
+
+
+PASS_WARMUP, PASS_REPEATS = 2, 5
+
+
+def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
+               device: torch.device) -> Callable[[], dict[str, float]] | None:
+    """What times the host's issue of one micro-batch's forward (tokens to the per-token loss) and backward of this
+    rank's model at the run's shapes, each the median of PASS_REPEATS after PASS_WARMUP (which compile), the device
+    drained before each and never waited for inside, under no_sync (no gradient reduction); the gradients it leaves
+    are cleared. None where a pass cannot run alone or waits for the device: a CPU rank, a pipeline stage (its input
+    is another stage's), context parallelism, an MoE layer (its dispatch reads counts), the per-module all-gather
+    waits of --overlap-param-gather."""
+    p, t, m = parallel_state, run_config.train, run_config.model
+    if (device.type != "cuda" or p.pp_size > 1 or len(model) > 1 or p.cp_size > 1 or m.is_moe
+            or t.overlap_param_gather):
+        return None
+    (chunk,) = model
+
+    def measure() -> dict[str, float]:
+        # any valid ids, drawn without the generators training uses
+        tokens = torch.arange(t.micro_batch_size * m.seq_length, device=device).remainder(m.vocab_size)
+        tokens = tokens.view(t.micro_batch_size, m.seq_length)
+        forward, backward = [], []
+        with chunk.no_sync():
+            for i in range(PASS_WARMUP + PASS_REPEATS):
+                torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                loss = chunk(tokens, tokens)
+                issued = time.perf_counter()
+                torch.cuda.synchronize(device)
+                begin = time.perf_counter()
+                torch.autograd.backward(loss, torch.ones_like(loss))
+                done = time.perf_counter()
+                if i >= PASS_WARMUP:
+                    forward.append(issued - start)
+                    backward.append(done - begin)
+        torch.cuda.synchronize(device)
+        chunk.zero_grad_buffer()
+        return {host.PASS_FORWARD: statistics.median(forward), host.PASS_BACKWARD: statistics.median(backward)}
+
+    return measure

@@ -27,7 +27,7 @@ from engine.optimizer import get_megatron_optimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
 from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
-from engine.probe_adapters import collective_sweep, compute_sweep, inventory
+from engine.probe_adapters import collective_sweep, compute_sweep, inventory, pass_timer
 from engine.tensor_parallel.layers import pad_vocab_size
 from engine.transformer.cuda_graphs import capture_layer_graphs
 from engine.transformer.moe.moe_layer import moe_step_figures
@@ -201,9 +201,9 @@ def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch
     probes.inventory(inventory(model, optimizer))
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
-    probes.host_sweep()
-    if run_config.implementation.graphed_layers:  # after the sweeps, which time the layers' kernels eagerly
+    if run_config.implementation.graphed_layers:  # after the compute sweep, which times the layers' kernels eagerly
         capture_layer_graphs(model, run_config, device, probes)
+    probes.host_sweep(pass_timer(model, run_config, parallel_state, device))  # the passes as they will run
     data_iterators = build_data_iterators(run_config, parallel_state, device, probes)
     checkpointer = Checkpointer(run_config, model, optimizer, scheduler, data_iterators, log=log, probes=probes)
     steps = train(forward_step_func, model, optimizer, scheduler, data_iterators, run_config, parallel_state,

@@ -221,21 +221,23 @@ def _measure(b: _Bench) -> dict[str, float]:
     return seconds
 
 
-def _profiled(b: _Bench) -> dict[str, float]:
-    with torch_profile():
-        return _measure(b)
-
-
-def run(device: torch.device, profiled: bool) -> list[dict[str, Any]]:
-    """This rank's `host` records: every primitive the device has, timed plain and (profiled) under the profiler."""
+def run(device: torch.device, profiled: bool,
+        passes: Callable[[], dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """This rank's `host` records: every primitive the device has, timed plain and (profiled) under the profiler;
+    `passes`, on a GPU rank: the seconds to issue the model's own passes (pass.forward, pass.backward)."""
     bench = _Bench(device)
+    timed_passes = passes if passes is not None and bench.cuda else None
     with torch.enable_grad():
-        plain = _measure(bench)
-        under = _profiled(bench) if profiled else {}
+        plain = _measure(bench) | (timed_passes() if timed_passes else {})
+        under = {}
+        if profiled:
+            with torch_profile():
+                under = _measure(bench) | (timed_passes() if timed_passes else {})
     launches = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if launches else "cpu"
     common = {"iters": bench.calls * bench.repeats, "launches": launches, "device": name, "cpu": cpu_model(),
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               **({} if launches else {"note": CPU_NOTE})}
     return [{"op": op, "seconds": plain[op], **({"profiled_seconds": under[op]} if op in under else {}), **common}
-            for op in (*prim.HOST_PRIMITIVES, *prim.GRAPH_PRIMITIVES) if op in plain]
+            for op in (*prim.HOST_PRIMITIVES, *prim.GRAPH_PRIMITIVES, prim.PASS_FORWARD, prim.PASS_BACKWARD)
+            if op in plain]

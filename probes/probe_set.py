@@ -53,7 +53,7 @@ class NullProbeSet:
     def comm_issue(self, name: str, category: str, issue: Callable[[], Any], **attrs: Any) -> tuple[Any, None]:
         return issue(), None
 
-    def host_sweep(self) -> None:
+    def host_sweep(self, passes: Callable[[], dict[str, float]] | None = None) -> None:
         pass
 
     def comm_end(self, token: Any) -> None:
@@ -173,13 +173,14 @@ class ProbeSet:
         self._in_turns("compute", lambda device: compute_sweep_mod.run(spec, device, kernels,
                                                                        use_cache=self.compute_sweep_cache))
 
-    def host_sweep(self) -> None:
-        """A no-op unless --host-sweep: the host's cost of each primitive call (probes.host_sweep), under the
-        profiler too when this rank has a profiler window. CPU ranks take turns (_in_turns)."""
+    def host_sweep(self, passes: Callable[[], dict[str, float]] | None = None) -> None:
+        """A no-op unless --host-sweep: the host's cost of each primitive call (probes.host_sweep), and on a GPU rank
+        of issuing the model's passes (`passes`), under the profiler too when this rank has a profiler window. CPU
+        ranks take turns (_in_turns)."""
         if not self.host_sweep_on:
             return
         profiled = self.window is not None and self.window.use_torch_profiler
-        self._in_turns("host", lambda device: host_sweep_mod.run(device, profiled))
+        self._in_turns("host", lambda device: host_sweep_mod.run(device, profiled, passes))
 
     def _in_turns(self, kind: str, measure: Callable[[torch.device], list[dict[str, Any]]]) -> None:
         """Write `measure`'s records on this rank's device. CPU ranks take turns (a barrier each), so that no

@@ -41,5 +41,6 @@ def test_both_gloo_ranks_are_aligned_on_their_dp_collectives(dp2_run, tmp_path, 
     assert rest == (f"from rank 0 over {2 * n + scalars} shared collectives (dp all_gather {n}, dp all_reduce "
                     f"{scalars}, dp reduce_scatter {n})")
     # one host, one clock: the median of the end differences is 0 within the jitter of gloo's worker threads on
-    # shared cores (milliseconds for a single collective; the median of 24 is far tighter)
-    assert abs(float(offset)) < 2000.0, line
+    # shared cores (milliseconds for a single collective; the median of 24 is tighter: 2.5 ms on two cores loaded by
+    # other work); a misaligned pair would be off by a collective's spacing or a step
+    assert abs(float(offset)) < 5000.0, line

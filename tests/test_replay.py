@@ -35,9 +35,9 @@ STATED = {
     "megatron_lm_h200/sdpa_l4_mbs2/torch_profile/rank-0.json.gz": {5: (354.452, 347.189), 6: (364.139, 356.848),
                                                                   7: (358.604, 351.315)},
     # every layer replayed from CUDA graphs: a cudaGraphLaunch and its 14 or 22 kernels
-    "h200_cuda_graphs/lb_h1024_l4_s512_graphed/traces/rank0.step5-6.json.gz": {5: (29.125, 28.989),
-                                                                              6: (28.757, 28.729),
-                                                                              7: (28.864, 28.846)},
+    "h200_cuda_graphs/lb_h1024_l4_s512_graphed/traces/rank0.step5-6.json.gz": {5: (27.584, 27.447),
+                                                                              6: (24.620, 24.599),
+                                                                              7: (25.418, 25.270)},
     "gloo_dp2_overlap/traces/rank0.step3-4.json.gz": {3: (39.095, 39.095), 4: (22.953, 22.953),
                                                       5: (30.993, 30.993)},
     "gloo_dp2_sweeps/traces/rank0.step4-5.json.gz": {4: (36.666, 36.666), 5: (36.007, 36.007),

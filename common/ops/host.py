@@ -26,6 +26,10 @@ than its dispatch, and what it includes is said once here:
                     Python, the input's copy into its static buffer, the autograd Function, the replay of six nodes
   graphed_backward  one such module's backward node: the incoming gradient's copy, the replay of its twelve nodes,
                     the six gradients returned, each parameter's AccumulateGrad and a hook that drops the gradient
+Beside the primitives, a GPU rank's host sweep times its own model's passes (`pass.forward`, `pass.backward`: the
+host's seconds to issue one micro-batch's forward through the loss, and its backward, on the run's shapes, the device
+drained before each and never waited for inside): the engine's calls in their real context, where the primitives'
+microbenchmark sees none of the Python between them (engine/probe_adapters.pass_timer).
 The three graph primitives price --cuda-graph-impl local's replays; a host sweep from before they existed lacks them,
 which only a graphed run needs (GRAPH_PRIMITIVES, apart from HOST_PRIMITIVES).
 A CPU rank has no launches (ops run on the calling thread): its host sweep times the primitives that exist there
@@ -57,6 +61,8 @@ GRAPHED_PARAMS, GRAPHED_FORWARD_NODES, GRAPHED_BACKWARD_NODES = 6, 6, 12
 HOST_PRIMITIVES = (LAUNCH, EAGER, GEMM, ATTENTION, VIEW, FUNCTION, MODULE, COMPILED, AUTOGRAD_NODE, EAGER_BACKWARD,
                    COMPILED_BACKWARD, ATTENTION_BACKWARD, BACKWARD_CALL, EVENT_RECORD, SYNC, ITEM)
 GRAPH_PRIMITIVES = (GRAPH_NODE, GRAPHED_CALL, GRAPHED_BACKWARD)
+PASS_FORWARD = "pass.forward"
+PASS_BACKWARD = "pass.backward"
 # What a CPU rank cannot do: launch, compile (the engine's jit_fuser runs eagerly off CUDA), record device events,
 # synchronise a stream.
 DEVICE_ONLY = (LAUNCH, COMPILED, COMPILED_BACKWARD, EVENT_RECORD, SYNC, *GRAPH_PRIMITIVES)

@@ -5,6 +5,9 @@
 #   runs      launch-bound shapes graphed and compiled, each with --all-probes (its own host and compute sweeps) and a
 #             profiler window: lb_h1024_l4_s512 (the committed launch-bound fixture's shape) and lb_h512_l12_s256;
 #             their run directories in $OUT/lb_runs.tgz, for the ledger to judge off the device
+#   gpubound  two GPU-bound shapes with --all-probes and a profiler window, each run directory into $OUT/gpubound.tgz:
+#             h200_2layer (llama3.2-1b cut to 2 layers, seq 1024, the host timeline's calibration shape) and
+#             llama1b_s4096 (all 16 layers, seq 4096, 4 micro-batches)
 #   snapshot  lb_h1024_l4_s512 graphed with --record-memory-history (what the graphs' pool holds), $OUT/snapshot.tgz
 #   small     runs/bench/engine_vii.py's launch-bound section: eager, compiled and graphed alternated over two
 #             rounds, tokens/s and whether the graphed losses equal the compiled ones
@@ -61,6 +64,13 @@ runs() {
   profiled lb_h512_l12_s256_compiled "${LB512[@]}"
   tar czf "$OUT/lb_runs.tgz" -C runs/out lb_h1024_l4_s512_graphed lb_h1024_l4_s512_compiled \
       lb_h512_l12_s256_graphed lb_h512_l12_s256_compiled
+}
+
+gpubound() {
+  profiled h200_2layer --model llama3.2-1b --num-layers 2 --seq-length 1024 --micro-batch-size 1 \
+      --global-batch-size 4
+  profiled llama1b_s4096 --model llama3.2-1b --seq-length 4096 --micro-batch-size 1 --global-batch-size 4
+  tar czf "$OUT/gpubound.tgz" -C runs/out h200_2layer llama1b_s4096
 }
 
 snapshot() {

@@ -91,6 +91,7 @@ class _Program:
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
         self.graphed = cfg.implementation.graphed_layers
         self._passes: dict[tuple[int, str], list[Segment]] = {}
+        self._scales: dict[tuple[int, str], float | None] = {}
 
     def price(self, counts: recipe.Recipe) -> float:
         return self.host.price(counts, self.profiled)
@@ -99,11 +100,14 @@ class _Program:
         """The primitives of one catalogue entry, as the run's code calls them."""
         return megatron.entry(w, forward) if self.megatron else recipe.entry(w, forward, self.counts_on_device)
 
-    def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute") -> Segment:
-        """A Segment of `counts`, its reads of the device (ITEM) after its issue."""
+    def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
+              scale: float | None = None) -> Segment:
+        """A Segment of `counts`, its reads of the device (ITEM) after its issue; `scale`: the calls' plain seconds
+        times it (a measured pass's context) instead of the recipes' CONTEXT."""
         counts = dict(counts)
         reads = counts.pop(p.ITEM, 0)
-        return Segment(self.price(counts), device, kind, read=self.price({p.ITEM: reads}) if reads else None)
+        issue = self.price(counts) if scale is None else scale * self.host.plain(counts)
+        return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None)
 
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
@@ -112,22 +116,29 @@ class _Program:
         key = (chunk, kind)
         if key not in self._passes:
             forward = kind == FORWARD
-            segments = []
+            entries = []  # (the host's counts, the device's seconds, the device's kind)
             for block in chunk_blocks(self.cfg, self.stage, chunk, forward):
-                if self.graphed and block.layer is not None:
-                    segments.append(self.graph_replay(block.work, forward))
+                if self.graphed and block.layer is not None:  # one replay for the layer's kernels
+                    device = sum(entry_seconds(w, self.cfg, self.cal)[0] for w in block.work)
+                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute"))
                     continue
                 for w in block.work:
-                    seconds, _ = entry_seconds(w, self.cfg, self.cal)
                     group = w.op.group if isinstance(w.op, Collective) else "compute"
-                    segments.append(self.reads(self.entry(w, forward), seconds, group))
-            self._passes[key] = segments
+                    entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group))
+            scale = self.measured_context([counts for counts, _, _ in entries], forward)
+            self._scales[key] = scale
+            self._passes[key] = [self.reads(counts, device, group, scale) for counts, device, group in entries]
         return self._passes[key]
 
-    def graph_replay(self, work: list[Work], forward: bool) -> Segment:
-        """A graphed layer's pass: one issue on the host, its kernels back to back on the device."""
-        device = sum(entry_seconds(w, self.cfg, self.cal)[0] for w in work)
-        return Segment(self.price(recipe.graphed_layer(work, forward)), device)
+    def measured_context(self, entries: list[recipe.Recipe], forward: bool) -> float | None:
+        """The run's own measured pass (the host sweep's pass.forward: the model's call through the loss;
+        pass.backward: torch.autograd.backward through it) over its calls' plain prices: the context of this code on
+        this host, measured; None for Megatron-LM's code or a sweep without the pass."""
+        measured = self.host.measured(p.PASS_FORWARD if forward else p.PASS_BACKWARD, self.profiled)
+        if measured is None or self.megatron:
+            return None
+        around = recipe.MODEL_CALL if forward else recipe.BACKWARD_START
+        return measured / self.host.plain(recipe.sum_of(around, *entries))
 
     def range(self, name: str, work: list[Segment]) -> list[Segment]:
         """A probe range around `work`: its CUDA events are recorded as it opens and as it closes (marks); a
@@ -138,11 +149,15 @@ class _Program:
 
     def item(self, item: Item) -> list[Segment]:
         first, last = chunk_ends(self.cfg, self.stage, item.chunk)
+        passes, scale = self.passes(item.chunk, item.kind), self._scales[(item.chunk, item.kind)]
         if item.kind == FORWARD:
-            start, end = self.code.forward_start(first), self.loss(last)
-        else:
-            start, end = self.code.BACKWARD_START, []
-        return self.range(str(item), [Segment(self.price(start)), *self.passes(item.chunk, item.kind), *end])
+            counts = self.code.forward_start(first)
+            if scale is not None:  # the model's calls are in the measured forward
+                counts = {k: n - recipe.MODEL_CALL.get(k, 0) for k, n in counts.items()}
+            start, end = Segment(self.price(counts)), self.loss(last)
+        else:  # the backward call is part of a measured backward pass
+            start, end = self.reads(self.code.BACKWARD_START, scale=scale), []
+        return self.range(str(item), [start, *passes, *end])
 
     def loss(self, last_stage: bool) -> list[Segment]:
         """After a forward's last entry: the loss on the last stage (Megatron-LM's with its NaN and Inf reads)."""

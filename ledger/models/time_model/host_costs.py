@@ -38,6 +38,14 @@ class HostCosts:
         calls = sum(n * self.profiled[k] for k, n in counts.items()) if profiled else plain
         return calls + (self.context - 1.0) * plain
 
+    def plain(self, counts: Mapping[str, float]) -> float:
+        """The calls' own seconds, no context: what a measured pass (PASS_FORWARD, PASS_BACKWARD) is set against."""
+        return sum(n * self.seconds[k] for k, n in counts.items())
+
+    def measured(self, op: str, profiled: bool = False) -> float | None:
+        """A measured pass's seconds (plain or under the profiler), None where the sweep did not time it."""
+        return (self.profiled if profiled else self.seconds).get(op)
+
     @property
     def has_profiled(self) -> bool:
         return all(k in self.profiled for k in self.seconds)

@@ -177,6 +177,7 @@ def forward_end(last_stage: bool) -> Recipe:
 
 
 BACKWARD_START = {p.BACKWARD_CALL: 1}  # torch.autograd.backward on the micro-batch's loss
+MODEL_CALL = {p.MODULE: 2}  # the DDP wrapper's and the model's calls (forward_start's), where a measured forward begins
 
 
 # torch's multi_tensor_apply: up to 110 tensors and 320 blocks of 65,536 elements a launch (a foreach pass).
