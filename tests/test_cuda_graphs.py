@@ -203,3 +203,17 @@ def test_the_measured_passes_bring_the_launch_bound_steps_closer(tmp_path):
     compiled, graphed = error(COMPILED), error(GRAPHED)
     assert -0.25 < compiled < -0.20 and -0.12 < graphed < -0.09
     assert error(without_passes(COMPILED, tmp_path)) < -0.45  # the primitives' prices alone: half the step
+
+
+def test_the_dashboards_waterfall_shows_the_graphs_apart_and_still_adds_up_to_nvml(tmp_path):
+    from cli.main import main as cli
+    from ledger.present import loaders
+
+    run = tmp_path / GRAPHED.name
+    shutil.copytree(GRAPHED, run)
+    assert cli(["reconcile", str(run), "--hta-ranks", "none"]) == 0
+    (rank0,) = loaders.memory_waterfall(loaders.open_run(run))
+    terms = {t["term"]: t for t in rank0["terms"]}
+    assert terms[loaders.CUDA_GRAPHS] == {"term": loaders.CUDA_GRAPHS, "predicted": 289_423_360,
+                                          "measured": 294_798_336}
+    assert sum(t["measured"] for t in rank0["terms"]) == rank0["nvml_used"]

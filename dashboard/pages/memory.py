@@ -12,7 +12,8 @@ from dashboard import state, tables
 from ledger.present import dashboard_data, loaders, units
 
 # loaders.memory_waterfall's measured terms beyond the static ones, under the waterfall's names
-MEASURED_TERMS = {"activations + transients": "activations", "reserved beyond peak": "fragmentation",
+MEASURED_TERMS = {loaders.CUDA_GRAPHS: "CUDA graphs", "activations + transients": "activations",
+                  "reserved beyond peak": "fragmentation",
                   "outside PyTorch (CUDA context, NCCL, cuBLAS)": "non-PyTorch"}
 LINES = {"peak": ("peak allocated", "#1565c0"), "reserved": ("reserved", "#6a1b9a"),
          "nvml_used": ("NVML used", "#c62828"), "census": ("static, CPU tensor census after step 1", "#2e7d32")}

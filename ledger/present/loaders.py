@@ -144,10 +144,13 @@ def memory_timeline(view: RunView) -> list[dict[str, Any]]:
     return out
 
 
+CUDA_GRAPHS = "CUDA graphs (static tensors, gradients, workspaces)"
+
+
 def memory_waterfall(view: RunView) -> list[dict[str, Any]]:
-    """Per rank, the terms that add up to NVML-measured memory, from the reconciliation rows: static, activations and
-    transients at the peak, reserved beyond the peak, memory outside PyTorch; each with its predicted value where
-    the formulas give one."""
+    """Per rank, the terms that add up to NVML-measured memory, from the reconciliation rows: static, what CUDA
+    graphs keep (a graphed run), activations and transients at the peak, reserved beyond the peak, memory outside
+    PyTorch; each with its predicted value where the formulas give one."""
     by_rank: dict[int, dict[str, dict[str, Any]]] = {}
     for row in load_rows(view):
         if row["metric"].startswith("memory.") and row["rank"] is not None:
@@ -156,15 +159,22 @@ def memory_waterfall(view: RunView) -> list[dict[str, Any]]:
     for rank, rows in sorted(by_rank.items()):
         static = rows.get("memory.static_after_first_step", {})
         peak = rows.get("memory.peak_allocated", {})
+        graphs = rows.get("memory.cuda_graphs")  # --cuda-graph-impl local: what the capture keeps, apart
+        held = {key: _sum(static.get(key), graphs.get(key) if graphs else 0) for key in ("predicted", "measured")}
         out.append({"rank": rank, "terms": [
             _term("static", static.get("predicted"), static.get("measured")),
-            _term("activations + transients", _gap(peak.get("predicted"), static.get("predicted")),
-                  _gap(peak.get("measured"), static.get("measured"))),
+            *([_term(CUDA_GRAPHS, graphs.get("predicted"), graphs.get("measured"))] if graphs else []),
+            _term("activations + transients", _gap(peak.get("predicted"), held["predicted"]),
+                  _gap(peak.get("measured"), held["measured"])),
             _term("reserved beyond peak", None, rows.get("memory.fragmentation", {}).get("measured")),
             _term("outside PyTorch (CUDA context, NCCL, cuBLAS)", None,
                   rows.get("memory.outside_pytorch", {}).get("measured")),
         ], "nvml_used": rows.get("memory.device_total", {}).get("measured")})
     return out
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    return a + b if a is not None and b is not None else None
 
 
 def _term(name: str, predicted: float | None, measured: float | None) -> dict[str, Any]:
