@@ -8,6 +8,9 @@ waited for inside: on tiny tensors each kernel is shorter than its dispatch, so 
 is the host's. A backward primitive is a node's share of a chain's backward: (time of `chain` nodes - time of one)
 / (chain - 1), so the backward call's own cost (`backward_call`, the time of one less that share) is apart. Each
 figure is the median of `repeats` repeats. docs/formulas.md, "Host timeline", says what each primitive stands for.
+On a GPU the sweep also replays CUDA graphs (a graph's nodes; a make_graphed_callables stand-in layer's call and
+backward) and, given the engine's pass timer, the model's own forward and backward issue (pass.forward,
+pass.backward), which the time model sets against the recipes' prices of the same calls.
 """
 from __future__ import annotations
 
