@@ -145,23 +145,14 @@ def test_grouped_gemms_at_ep1_read_no_counts_and_hook_every_experts_weight():
 
 
 # ---- the recipes against a real trace ------------------------------------------------------------------------
-# What each primitive launches on an H200 (cuDNN's SDPA: a memset and its forward kernel; six kernels backward).
-LAUNCHES = {p.LAUNCH: 1, p.EAGER: 1, p.GEMM: 1, p.COMPILED: 1, p.EAGER_BACKWARD: 1, p.COMPILED_BACKWARD: 1,
-            p.ATTENTION: 2, p.ATTENTION_BACKWARD: 6}
-
-
-def launched(counts) -> int:
-    return sum(n * LAUNCHES.get(k, 0) for k, n in counts.items())
-
-
 def test_the_recipes_launch_what_the_engine_launched_in_a_real_micro_batch():
     # lb_h1024_l4_s512 (the engine the recipes were read from): the GPU work launched in a micro-batch's forward
     # and backward ranges against the recipes' count; each recipe stands for what the engine calls around it.
     cfg = read_run(LAUNCH_BOUND).config
     first, last = chunk_ends(cfg, 0, 0)
-    forward = sum(launched(recipe.entry(w, True)) for w in chunk_forward(cfg, 0, 0)) \
-        + launched(recipe.forward_start(first)) + launched(recipe.forward_end(last))
-    backward = sum(launched(recipe.entry(w, False)) for w in chunk_backward(cfg, 0, 0))
+    forward = sum(recipe.launched(recipe.entry(w, True)) for w in chunk_forward(cfg, 0, 0)) \
+        + recipe.launched(recipe.forward_start(first)) + recipe.launched(recipe.forward_end(last))
+    backward = sum(recipe.launched(recipe.entry(w, False)) for w in chunk_backward(cfg, 0, 0))
     g = read_graph(next((LAUNCH_BOUND / "traces").glob("*.json.gz")))
     window = g.steps[min(g.steps)]
     ranges = {op.name: op for t in g.threads for op in t.ops if window.start <= op.start < window.end}
@@ -186,7 +177,7 @@ def test_the_optimizers_recipe_launches_what_the_engine_launched():
                   if op.name == "optimizer" and window.start <= op.start < window.end]
         kernels = [op for op in g.gpu_ops() if op.kind == "kernel" and op.launch is not None
                    and opt.start <= op.launch.start < opt.end]
-        assert launched(recipe.optimizer(tensors, elements)) == len(kernels) == 89
+        assert recipe.launched(recipe.optimizer(tensors, elements)) == len(kernels) == 89
 
 
 # ---- the step, on real runs ------------------------------------------------------------------------------------------
