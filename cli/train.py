@@ -96,9 +96,10 @@ def main(argv: list[str], say_next: bool = True) -> int:
         check_new_run_dir(Path(run_dir))
     check_output_dirs({"--run-dir": run_dir, "--save": run_config.checkpoint.save,
                        "--tensorboard-dir": run_config.probes.tensorboard_dir})
-    check_fits(run_config, launch.nproc_per_node)
-    if run_config.implementation.graphed_layers and _gpu_total_bytes() is None:
+    gpu_bytes = _gpu_total_bytes()
+    if run_config.implementation.graphed_layers and gpu_bytes is None:
         raise ConfigError("--cuda-graph-impl local needs CUDA GPUs; this machine has none (NVML finds no device)")
+    check_fits(run_config, launch.nproc_per_node, gpu_bytes)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if run_dir is None:
@@ -122,15 +123,14 @@ def next_steps(run_dir: Path) -> list[str]:
             f"--run {shlex.quote(run_dir.name)}"]
 
 
-def check_fits(run_config, ranks_here: int) -> None:
+def check_fits(run_config, ranks_here: int, gpu_bytes: int | None) -> None:
     """Refuse, before any rank starts, a run whose planned peak memory cannot fit: on the CPU the ranks of this node
-    share its RAM; on GPUs each rank needs its plan's peak on its own device (NVML's total, read without creating a
-    CUDA context in this launcher). The plan's peak leaves out what it cannot know (allocator cache, CUDA context),
-    so only what cannot fit even then is refused; a tight fit is left to the run."""
+    share its RAM; on GPUs each rank needs its plan's peak on its own device (`gpu_bytes`: NVML's total, read without
+    creating a CUDA context in this launcher; None without a GPU). The plan's peak leaves out what it cannot know
+    (allocator cache, CUDA context), so only what cannot fit even then is refused; a tight fit is left to the run."""
     from ledger.models.plan import build_plan
 
     peak = max(build_plan(run_config)["memory"]["peak_bytes_per_stage"])
-    gpu_bytes = _gpu_total_bytes()
     if gpu_bytes is not None and peak > gpu_bytes:
         raise ConfigError(f"the plan's peak memory per rank is {peak / 2**30:,.1f} GiB; this machine's GPUs hold "
                           f"{gpu_bytes / 2**30:,.1f} GiB (see `train-ledger plan` with the same flags)")
