@@ -154,7 +154,8 @@ def test_each_graphed_layer_is_one_issue_on_the_host_and_its_kernels_on_the_devi
     for kind in (FORWARD, BACKWARD):
         blocks = chunk_blocks(ev.config, 0, 0, kind == FORWARD)
         eager = sum(len(b.work) for b in blocks if b.layer is None)
-        assert len(program.passes(0, kind)) == eager + 4
+        segments, _ = program.passes(0, kind)
+        assert len(segments) == eager + 4
 
 
 def test_a_host_sweep_without_the_graph_primitives_turns_the_graphed_runs_host_timeline_off():
@@ -185,8 +186,7 @@ def test_a_measured_pass_sets_its_entries_host_in_the_recipes_proportions():
     ev = read_run(COMPILED)
     cal = calibration(ev)
     program = _Program(ev.config, cal, cal.host, 0, StageWork(0.0, 0.0, 1, 1, 1), False)
-    forward, backward = (program.passes(0, kind) for kind in (FORWARD, BACKWARD))
-    f_scale, b_scale = program._scales[(0, FORWARD)], program._scales[(0, BACKWARD)]
+    (forward, f_scale), (backward, b_scale) = (program.passes(0, kind) for kind in (FORWARD, BACKWARD))
     assert sum(s.host for s in forward) + f_scale * cal.host.plain(recipe.MODEL_CALL) == pytest.approx(
         cal.host.seconds[p.PASS_FORWARD], rel=1e-12)
     assert sum(s.host for s in backward) + b_scale * cal.host.plain(recipe.BACKWARD_START) == pytest.approx(

@@ -90,8 +90,7 @@ class _Program:
         self.synchronising = cfg.implementation.timers_synchronise_passes
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
         self.graphed = cfg.implementation.graphed_layers
-        self._passes: dict[tuple[int, str], list[Segment]] = {}
-        self._scales: dict[tuple[int, str], float | None] = {}
+        self._passes: dict[tuple[int, str], tuple[list[Segment], float | None]] = {}
 
     def price(self, counts: recipe.Recipe) -> float:
         return self.host.price(counts, self.profiled)
@@ -112,7 +111,8 @@ class _Program:
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
 
-    def passes(self, chunk: int, kind: str) -> list[Segment]:
+    def passes(self, chunk: int, kind: str) -> tuple[list[Segment], float | None]:
+        """A chunk's pass as Segments, and its measured context (measured_context) where the sweep timed it."""
         key = (chunk, kind)
         if key not in self._passes:
             forward = kind == FORWARD
@@ -126,8 +126,8 @@ class _Program:
                     group = w.op.group if isinstance(w.op, Collective) else "compute"
                     entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group))
             scale = self.measured_context([counts for counts, _, _ in entries], forward)
-            self._scales[key] = scale
-            self._passes[key] = [self.reads(counts, device, group, scale) for counts, device, group in entries]
+            self._passes[key] = ([self.reads(counts, device, group, scale) for counts, device, group in entries],
+                                 scale)
         return self._passes[key]
 
     def measured_context(self, entries: list[recipe.Recipe], forward: bool) -> float | None:
@@ -149,7 +149,7 @@ class _Program:
 
     def item(self, item: Item) -> list[Segment]:
         first, last = chunk_ends(self.cfg, self.stage, item.chunk)
-        passes, scale = self.passes(item.chunk, item.kind), self._scales[(item.chunk, item.kind)]
+        passes, scale = self.passes(item.chunk, item.kind)
         if item.kind == FORWARD:
             counts = self.code.forward_start(first)
             if scale is not None:  # the model's calls are in the measured forward
