@@ -122,6 +122,23 @@ def test_the_graphed_runs_peak_comes_within_half_a_percent_without_the_layers_sa
     assert row.verdict == "ok" and abs(row.predicted / row.measured - 1) < 0.005
 
 
+def test_a_capture_that_kept_a_fifth_more_than_the_graphs_need_is_off(tmp_path):
+    # The after-capture point's allocation raised by 20% of what the capture allocated (59 MB): a leak of that size
+    # is "off" (beyond twice the row's 5%), not hidden as a warning.
+    run = tmp_path / GRAPHED.name
+    shutil.copytree(GRAPHED, run)
+    events = run / "ranks" / "rank0" / "events.jsonl"
+    lines = []
+    for line in events.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("point") == "after_cuda_graphs":
+            record["allocated_bytes.all.current"] += 58_959_667
+        lines.append(json.dumps(record))
+    events.write_text("\n".join(lines) + "\n")
+    row = {r.metric: r for r in memory.memory_rows(read_run(run))}["memory.cuda_graphs"]
+    assert row.measured == 294_798_336 + 58_959_667 and row.verdict == "off"
+
+
 def test_a_formula_without_the_two_streams_workspaces_is_off(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "WORKSPACE_STREAMS", 0)
     row = {r.metric: r for r in memory.memory_rows(read_run(GRAPHED))}["memory.cuda_graphs"]
