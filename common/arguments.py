@@ -22,6 +22,8 @@ from typing import Any, Sequence
 from common.config import (
     CROSS_ENTROPY_FUSION_IMPLS,
     CUDA_GRAPH_IMPLS,
+    FP8_FORMATS,
+    FP8_RECIPES,
     PRESETS,
     CheckpointConfig,
     ImplementationConfig,
@@ -95,6 +97,11 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     fusion.add_argument("--cuda-graph-impl", choices=CUDA_GRAPH_IMPLS, default="none",
                         help="local: each transformer layer's forward and backward captured as CUDA graphs once and "
                              "replayed, one launch each (one GPU or data parallelism only; docs/engine.md)")
+    fusion.add_argument("--fp8-format", choices=FP8_FORMATS,
+                        help="the transformer layers' linears in fp8 through torchao (e4m3 everywhere, or hybrid: "
+                             "e5m2 gradients); the embedding and output layer stay in the run's dtype")
+    fusion.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
+                        help="scaling: tensorwise (dynamic, from each tensor's current amax) is the one built")
 
     par = p.add_argument_group("parallel")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -215,7 +222,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     checkpoint = CheckpointConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(CheckpointConfig)})
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
                     recompute=recompute, checkpoint=checkpoint,
-                    implementation=ImplementationConfig(cuda_graph_impl=ns.cuda_graph_impl))
+                    implementation=ImplementationConfig(cuda_graph_impl=ns.cuda_graph_impl, fp8_format=ns.fp8_format,
+                                                        fp8_recipe=ns.fp8_recipe))
     validate(cfg)
     check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)

@@ -26,6 +26,11 @@ OPTIMIZER_IMPLS = (FUSED_ADAM, FOREACH_ADAM)
 NO_CUDA_GRAPH = "none"
 LOCAL_CUDA_GRAPH = "local"  # each transformer layer's forward and backward captured once and replayed
 CUDA_GRAPH_IMPLS = (NO_CUDA_GRAPH, LOCAL_CUDA_GRAPH)
+# Megatron-LM's --fp8-format: e4m3 for every GEMM operand, or hybrid (e4m3 forward, e5m2 for the gradients)
+FP8_FORMATS = ("e4m3", "hybrid")
+TENSORWISE = "tensorwise"  # one scale per tensor, from its current amax (torchao's dynamic tensorwise)
+# Megatron-LM's --fp8-recipe choices; only tensorwise is built (engine/fp8_utils.py says why)
+FP8_RECIPES = (TENSORWISE, "delayed", "mxfp8", "blockwise")
 
 
 @dataclass
@@ -50,11 +55,18 @@ class ImplementationConfig:
     timers_synchronise_passes: bool = False
     optimizer_impl: str = FUSED_ADAM
     cuda_graph_impl: str = NO_CUDA_GRAPH  # Megatron-LM's --cuda-graph-impl (engine/transformer/cuda_graphs.py)
+    fp8_format: str | None = None  # Megatron-LM's --fp8-format: the layers' GEMMs in fp8 (engine/fp8_utils.py)
+    fp8_recipe: str = TENSORWISE  # Megatron-LM's --fp8-recipe
 
     @property
     def graphed_layers(self) -> bool:
         """Each transformer layer's passes replayed from a CUDA graph (--cuda-graph-impl local)."""
         return self.cuda_graph_impl == LOCAL_CUDA_GRAPH
+
+    @property
+    def fp8(self) -> bool:
+        """The transformer layers' linears compute in fp8 (--fp8-format)."""
+        return self.fp8_format is not None
 
     @property
     def megatron(self) -> bool:
@@ -70,11 +82,14 @@ def check_implementation(c: ImplementationConfig) -> None:
     for name, value, choices in (("transformer impl", c.transformer_impl, TRANSFORMER_IMPLS),
                                  ("attention backend", c.attention_backend, ATTENTION_BACKENDS),
                                  ("optimizer implementation", c.optimizer_impl, OPTIMIZER_IMPLS),
-                                 ("--cuda-graph-impl", c.cuda_graph_impl, CUDA_GRAPH_IMPLS)):
+                                 ("--cuda-graph-impl", c.cuda_graph_impl, CUDA_GRAPH_IMPLS),
+                                 ("--fp8-recipe", c.fp8_recipe, FP8_RECIPES)):
         if value not in choices:
             raise ConfigError(f"{name} {value!r}: expected one of {', '.join(choices)}")
     for flag, p in (("--attention-dropout", c.attention_dropout), ("--hidden-dropout", c.hidden_dropout)):
         if not (math.isfinite(p) and 0.0 <= p < 1.0):
             raise ConfigError(f"{flag} must be in [0, 1), got {p}")
+    if c.fp8_format is not None and c.fp8_format not in FP8_FORMATS:
+        raise ConfigError(f"--fp8-format {c.fp8_format!r}: expected one of {', '.join(FP8_FORMATS)}")
     if c.transformer_impl == ENGINE and (c.attention_dropout or c.hidden_dropout):
         raise ConfigError("dropout is not implemented by the engine; only 0.0 is accepted")

@@ -164,3 +164,33 @@ def check_cuda_graphs(cfg: RunConfig) -> None:
     if named:
         raise ConfigError(f"--cuda-graph-impl local graphs whole layers of one micro-batch in flight, without "
                           f"collectives inside: not with {named[0]}")
+
+
+FP8_DIM_MULTIPLE = 16  # cuBLAS's fp8 GEMM (torch._scaled_mm) takes operands whose dimensions are multiples of 16
+
+
+def check_fp8(cfg: RunConfig) -> None:
+    """--fp8-format: the transformer layers' linears through torchao's float8 matmul (engine/fp8_utils.py), each
+    GEMM on the rank's local shapes. Refused where a layer's linear is not one plain local GEMM of the layer's input
+    (sequence parallelism gathers inside it; MoE experts run grouped or per expert; a graph capture is untested),
+    for Megatron's recipes torchao does not implement, and for dimensions the fp8 GEMM cannot take."""
+    impl = cfg.implementation
+    if not impl.fp8:
+        return
+    if impl.fp8_recipe != "tensorwise":
+        raise ConfigError(f"--fp8-recipe {impl.fp8_recipe}: only tensorwise is implemented (torchao's dynamic "
+                          "scaling; it keeps no amax history, so there is no delayed recipe)")
+    p, m = cfg.parallel, cfg.model
+    conflicts = [(p.sequence_parallel, "--sequence-parallel"), (m.is_moe, "--num-experts"),
+                 (impl.graphed_layers, "--cuda-graph-impl local")]
+    named = [flag for conflict, flag in conflicts if conflict]
+    if named:
+        raise ConfigError(f"--fp8-format computes each layer's linears as one local fp8 GEMM: not with {named[0]}")
+    tp = p.tensor_model_parallel_size
+    dims = {"--hidden-size": m.hidden_size, "--ffn-hidden-size / tp": m.ffn_hidden_size // tp,
+            "the QKV width / tp": m.head_dim * (m.num_attention_heads + 2 * m.num_query_groups) // tp,
+            "the attention width / tp": m.head_dim * m.num_attention_heads // tp,
+            "tokens per micro-batch": m.seq_length // p.context_parallel_size * cfg.train.micro_batch_size}
+    odd = [f"{name} {value}" for name, value in dims.items() if value % FP8_DIM_MULTIPLE]
+    if odd:
+        raise ConfigError(f"--fp8-format needs GEMM dimensions that are multiples of {FP8_DIM_MULTIPLE}: {odd[0]}")

@@ -13,6 +13,7 @@ from common.config.run_config import (
     RunConfig,
     check_context_parallel,
     check_cuda_graphs,
+    check_fp8,
     check_moe,
     check_pipeline,
     check_sequence_parallel,
@@ -39,6 +40,7 @@ def validate(cfg: RunConfig) -> None:
     check_recompute(cfg.recompute)
     check_implementation(cfg.implementation)
     check_cuda_graphs(cfg)
+    check_fp8(cfg)
     check_checkpoint_flags(cfg.checkpoint, cfg.train.train_iters)
     check_lr_schedule(cfg.train)
     check_probes(cfg.probes, cfg.parallel.world_size)

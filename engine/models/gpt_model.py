@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from common.config import ModelConfig, RecomputeConfig, RunConfig
 from common.errors import ConfigError
+from engine.fp8_utils import convert_to_fp8
 from engine.fusions.fused_linear_cross_entropy import LinearCrossEntropyModule
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import (
@@ -159,7 +160,8 @@ class GPTModel(torch.nn.Module):
 
 def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch.device | str,
                        probes: ProbeSetProtocol = NullProbeSet()) -> list[GPTModel]:
-    """This rank's model: one GPTModel per virtual pipeline chunk (one without VPP)."""
+    """This rank's model: one GPTModel per virtual pipeline chunk (one without VPP); under --fp8-format its layers'
+    linears compute in fp8 (engine/fp8_utils.py)."""
     parallel, model_config = run_config.parallel, run_config.model
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     params_dtype = torch.bfloat16 if run_config.train.bf16 else torch.float32
@@ -174,4 +176,6 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
             layer_numbers=layers, sequence_parallel=parallel.sequence_parallel, params_dtype=params_dtype,
             device=device, probes=probes, seed=run_config.train.seed, recompute=run_config.recompute,
             num_microbatches=run_config.num_microbatches))
+    if run_config.implementation.fp8:
+        convert_to_fp8(chunks, run_config.implementation, torch.device(device))
     return chunks

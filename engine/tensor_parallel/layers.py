@@ -24,6 +24,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engine.fp8_utils import Fp8Recipe, fp8_matmul
 from engine.tensor_parallel.mappings import (
     TPGroup,
     _all_gather,
@@ -152,6 +153,15 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         return grad_input, grad_weight, None, None
 
 
+def _local_linear(x: torch.Tensor, weight: torch.Tensor, tp: TPGroup, sequence_parallel: bool,
+                  fp8: Fp8Recipe | None) -> torch.Tensor:
+    """The rank's GEMM of a parallel linear: torchao's float8 matmul under --fp8-format (never with sequence
+    parallelism: check_fp8), else _LinearWithGradAccumulation."""
+    if fp8 is not None:
+        return fp8_matmul(fp8)(x, weight)
+    return _LinearWithGradAccumulation.apply(x, weight, tp, sequence_parallel)
+
+
 class ColumnParallelLinear(torch.nn.Module):
     """Y = X A^T with A split by output rows: weight [output_size/tp, input_size], partition_dim 0.
 
@@ -175,6 +185,7 @@ class ColumnParallelLinear(torch.nn.Module):
         self.sequence_parallel = sequence_parallel and tp.size > 1
         self.weight = None if skip_weight_param_allocation else _sharded_parameter(
             init, (output_size, input_size), 0, stride, tp, params_dtype, torch.device(device))
+        self.fp8: Fp8Recipe | None = None  # set by engine/fp8_utils.convert_to_fp8
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """weight: the one to multiply by instead of self.weight (required without a weight of its own)."""
@@ -184,7 +195,7 @@ class ColumnParallelLinear(torch.nn.Module):
             weight = self.weight
         if not self.sequence_parallel:
             x = copy_to_tensor_model_parallel_region(x, self.tp)
-        out = _LinearWithGradAccumulation.apply(x, weight, self.tp, self.sequence_parallel)
+        out = _local_linear(x, weight, self.tp, self.sequence_parallel, self.fp8)
         return gather_from_tensor_model_parallel_region(out, self.tp) if self.gather_output else out
 
 
@@ -208,11 +219,12 @@ class RowParallelLinear(torch.nn.Module):
         self.sequence_parallel = sequence_parallel and tp.size > 1
         self.weight = _sharded_parameter(init, (output_size, input_size), 1, 1, tp, params_dtype,
                                          torch.device(device))
+        self.fp8: Fp8Recipe | None = None  # set by engine/fp8_utils.convert_to_fp8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.tp)
-        out = _LinearWithGradAccumulation.apply(x, self.weight, self.tp, False)
+        out = _local_linear(x, self.weight, self.tp, False, self.fp8)
         if self.sequence_parallel:
             return reduce_scatter_to_sequence_parallel_region(out, self.tp)
         return reduce_from_tensor_model_parallel_region(out, self.tp)
