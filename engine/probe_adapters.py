@@ -22,6 +22,7 @@ import torch
 from common.config import RunConfig
 from common.ops import host
 from engine.distributed import DistributedDataParallel
+from engine.fp8_utils import fp8_matmul, layer_linears
 from engine.jit import COMPILE_DEVICE_TYPES
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -103,14 +104,17 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
     """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), its
     weight-gradient accumulation (gradient-accumulation fusion where this device has it), the MoE layer's ops (None
     without an MoE layer in `model`), ring attention's blocks and loops (on a ring with no process group: no
-    exchange), the loss over `vocab_size` real entries on a TP group of one, so it issues no collective."""
+    exchange), the loss over `vocab_size` real entries on a TP group of one, so it issues no collective; under
+    --fp8-format the layers' float8 matmul (the recipe their linears carry)."""
+    recipes = {getattr(linear, "fp8", None) for chunk in model for linear in layer_linears(chunk)} - {None}
     return EngineKernels(
         split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu, wgrad=accumulate_weight_grad,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
                                         vocab_size=vocab_size),
         variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
         ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
-                         group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)))
+                         group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)),
+        fp8_linear=fp8_matmul(*recipes) if recipes else None)
 
 
 def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,

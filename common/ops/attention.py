@@ -84,10 +84,10 @@ def self_attention_ops(sh: Shapes) -> SelfAttentionOps:
     mg = sh.megatron
     unfused = mg is not None and mg.unfused_attention
     rotary = (unfused_rope(sh) if mg is not None and mg.unfused_rope else rope(sh)) if sh.rope else None
-    return SelfAttentionOps(qkv=linear("linear_qkv", sh.tokens, sh.qkv, sh.hidden), rope=rotary,
+    return SelfAttentionOps(qkv=linear("linear_qkv", sh.tokens, sh.qkv, sh.hidden, fp8=sh.fp8), rope=rotary,
                             core=core_attention(sh) if sh.cp == 1 and not unfused else None,
                             ring=ring_ops(sh) if sh.cp > 1 else None,
                             output_copy=kernel("attention_output.copy", numel=sh.tokens * sh.query),
-                            proj=linear("linear_proj", sh.tokens, sh.hidden, sh.query),
+                            proj=linear("linear_proj", sh.tokens, sh.hidden, sh.query, fp8=sh.fp8),
                             unfused=unfused_attention(sh) if unfused else None,
                             repeat_kv=repeat_kv(sh) if unfused and mg.repeat_kv else None)

@@ -8,7 +8,10 @@ the router's routed tokens):
 
 2 m n k FLOPs each (a multiply-add is 2), the same product for all three. A grouped linear (--moe-grouped-gemm:
 the rank's experts' weights stacked, each row multiplied by its expert's) is the same three GEMMs over all the
-experts' rows at once, keyed apart from a dense GEMM by `experts`.
+experts' rows at once, keyed apart from a dense GEMM by `experts`. An fp8 linear (--fp8-format: torchao's float8
+matmul, engine/fp8_utils.py) is keyed apart by `fp8`: its fprop includes the casts of the input and the weight, its
+dgrad and wgrad are its backward's (the casts of the output gradient and the operand; wgrad also DDP's hook adding
+the 16-bit gradient into main_grad: fp8 has no gradient-accumulation fusion).
 """
 from __future__ import annotations
 
@@ -30,15 +33,17 @@ class Linear(OpGroup):
     wgrad: Kernel
 
     def direct(self) -> tuple[Kernel, ...]:
-        """The GEMMs a caller runs without autograd: a dense linear's three; a grouped linear's fprop alone (its
-        dgrad and wgrad are the grouped GEMM's backward)."""
-        grouped = any(name == "experts" for name, _ in self.fprop.dims)
-        return (self.fprop,) if grouped else self.kernels()
+        """The GEMMs a caller runs without autograd: a dense linear's three; a grouped or fp8 linear's fprop alone
+        (its dgrad and wgrad are its autograd function's backward)."""
+        through_autograd = any(name in ("experts", "fp8") for name, _ in self.fprop.dims)
+        return (self.fprop,) if through_autograd else self.kernels()
 
 
-def linear(name: str, rows: int, out: int, inp: int) -> Linear:
-    return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp), dgrad=gemm(f"{name}.dgrad", rows, inp, out),
-                  wgrad=gemm(f"{name}.wgrad", out, inp, rows))
+def linear(name: str, rows: int, out: int, inp: int, *, fp8: bool = False) -> Linear:
+    group = {"fp8": 1} if fp8 else {}
+    return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp, **group),
+                  dgrad=gemm(f"{name}.dgrad", rows, inp, out, **group),
+                  wgrad=gemm(f"{name}.wgrad", out, inp, rows, **group))
 
 
 def grouped_linear(name: str, experts: int, rows: int, out: int, inp: int) -> Linear:

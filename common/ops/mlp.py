@@ -26,8 +26,8 @@ def mlp_ops(sh: Shapes) -> MLPOps:
     unfused = sh.megatron is not None and sh.megatron.unfused_swiglu
     activation = (unfused_swiglu(sh, sh.tokens, sh.fc1) if unfused
                   else passes("swiglu" if sh.swiglu else "gelu", tokens=sh.tokens, width=sh.fc1))
-    return MLPOps(fc1=linear("linear_fc1", sh.tokens, sh.fc1, sh.hidden), activation=activation,
-                  fc2=linear("linear_fc2", sh.tokens, sh.hidden, sh.ffn))
+    return MLPOps(fc1=linear("linear_fc1", sh.tokens, sh.fc1, sh.hidden, fp8=sh.fp8), activation=activation,
+                  fc2=linear("linear_fc2", sh.tokens, sh.hidden, sh.ffn, fp8=sh.fp8))
 
 
 def expert_ops(x: ExpertShapes, hidden: int, rows: int) -> MLPOps:

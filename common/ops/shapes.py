@@ -129,6 +129,7 @@ class Shapes:
     grad_dtype: str = "fp32"  # the main grads' (DDP's grad buffers)
     linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
     megatron: MegatronKernels | None = None  # Megatron-LM's layers; None: this engine's
+    fp8: bool = False  # --fp8-format: the layer linears' GEMMs in fp8 (common/ops/linear.py)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -144,7 +145,7 @@ class Shapes:
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
                    sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
                    grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
-                   megatron=MegatronKernels.of(cfg))
+                   megatron=MegatronKernels.of(cfg), fp8=cfg.implementation.fp8)
 
     @property
     def activation_bytes(self) -> int:

@@ -7,7 +7,9 @@ steps the profiler disturbed, whose time includes the profiler's cost (recording
 waits for). That cost is a figure of its own (`throughput.profiler_overhead`: profiled against steady median), so a
 slow profiled step explains itself instead of passing for a straggler. A real straggler stays visible: a rank whose
 median steady step time exceeds the other ranks' median is off. MFU is only computed for GPUs whose dense peak is
-known; on CPU the row says so rather than inventing a peak.
+known; on CPU the row says so rather than inventing a peak. An fp8 run (--fp8-format) states MFU in both conventions
+in use: over the 16-bit peak (comparable with every other run) and over the fp8 peak (`throughput.mfu_fp8_peak.*`),
+the explanation saying what share of the FLOPs ran in fp8.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from ledger.evidence.run import RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.flops import (
     H200_BF16_DENSE_PEAK,
+    H200_FP8_DENSE_PEAK,
+    fp8_flops_per_step,
     megatron_flops_per_step,
     palm_flops_per_token,
     tokens_per_step,
@@ -34,6 +38,7 @@ from ledger.reconcile.rows import (
 
 # Dense 16-bit peaks (FLOP/s) by device name fragment; MFU needs the device's own peak, never a guess.
 PEAKS = {"H200": H200_BF16_DENSE_PEAK, "H100": 989e12, "A100": 312e12}
+FP8_PEAKS = {"H200": H200_FP8_DENSE_PEAK, "H100": 1979e12}  # dense fp8 tensor-core peaks (datasheets); A100 has none
 STRAGGLER_TOL = 0.05
 STEP_TIME_TOL = 0.05
 
@@ -42,16 +47,17 @@ def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
     return [r for r in records if r.step_time_s]
 
 
-def device_peak(ev: RunEvidence) -> tuple[float | None, str]:
+def device_peak(ev: RunEvidence, peaks: dict[str, float] = PEAKS,
+                precision: str = "16-bit") -> tuple[float | None, str]:
     device = ev.device(min(ev.rank_infos)) if ev.rank_infos else None
     name = (device.name if device is not None else None) or ""
     if device is None or device.type != "cuda":
         kind = device.type if device is not None else "an unknown device"
         return None, f"no MFU on {kind}: no GPU peak to divide by"
-    for fragment, peak in PEAKS.items():
+    for fragment, peak in peaks.items():
         if fragment in name:
-            return peak, f"{name}: dense 16-bit peak {peak / 1e12:.0f} TFLOP/s"
-    return None, f"no known dense peak for {name!r}: MFU not computed"
+            return peak, f"{name}: dense {precision} peak {peak / 1e12:.0f} TFLOP/s"
+    return None, f"no known dense {precision} peak for {name!r}: MFU not computed"
 
 
 def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
@@ -100,6 +106,7 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
 def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
     cfg = ev.config
     peak, peak_note = device_peak(ev)
+    fp8_peak, fp8_note = device_peak(ev, FP8_PEAKS, "fp8") if cfg.implementation.fp8 else (None, "")
     conventions = {"megatron": megatron_flops_per_step(cfg),
                    "palm_6n": palm_flops_per_token(cfg) * tokens_per_step(cfg)}
     rows = []
@@ -110,6 +117,12 @@ def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
                                                    f"{ev.world_size} GPUs; {where}", source="events"))
         rows.append(row(f"throughput.mfu.{name}", "run", measured=per_gpu / peak if peak else None,
                         unit="fraction", tolerance=0.0, explanation=peak_note, source="events"))
+        if cfg.implementation.fp8:
+            share = fp8_flops_per_step(cfg) / flops
+            rows.append(row(f"throughput.mfu_fp8_peak.{name}", "run",
+                            measured=per_gpu / fp8_peak if fp8_peak else None, unit="fraction", tolerance=0.0,
+                            explanation=f"{fp8_note}; {share:.1%} of the FLOPs ran in fp8 (the layers' linears)",
+                            source="events"))
     return rows
 
 

@@ -35,7 +35,8 @@ class RingKernels:
 @dataclass(frozen=True)
 class EngineKernels:
     """The engine's own functions for the work it fuses, so the sweep times what runs; `variant` says how they run
-    (compiled or eager) and keys the cache; `moe` for a model with experts, `ring` under context parallelism."""
+    (compiled or eager) and keys the cache; `moe` for a model with experts, `ring` under context parallelism,
+    `fp8_linear` under --fp8-format."""
     split_qkv_and_rotate: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     swiglu: Callable[[torch.Tensor], torch.Tensor]
     cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [s, b, v], target [s, b])
@@ -45,3 +46,5 @@ class EngineKernels:
     variant: str
     moe: MoEKernels | None = None
     ring: RingKernels | None = None
+    # --fp8-format: (x [rows, inp], weight [out, inp]) -> x W^T through the engine's float8 matmul, with its autograd
+    fp8_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None

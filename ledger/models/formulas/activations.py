@@ -64,17 +64,19 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     if m.is_moe:
         mlp = moe_saved_tensors(cfg)
     else:
-        mlp = {"linear_fc1.input": a * s * b * h // sp,
+        mlp = {**_linear_input(cfg, "linear_fc1", s * b * h // sp),
                **({"swiglu.input=linear_fc1.output": a * s * b * 2 * f // t} if m.swiglu
                   else {"gelu.input=linear_fc1.output": a * s * b * f // t}),
-               "linear_fc2.input": a * s * b * f // t}
+               **_linear_input(cfg, "linear_fc2", s * b * f // t)}
+    proj_input = ({"attention.output": a * s * b * q // t, **_linear_input(cfg, "linear_proj", s * b * q // t)}
+                  if cfg.implementation.fp8 else {"attention.output=linear_proj.input": a * s * b * q // t})
     saved = {
         **norm_saved(cfg, "input_layernorm"),
-        "linear_qkv.input": a * s * b * h // sp,
+        **_linear_input(cfg, "linear_qkv", s * b * h // sp),
         "attention.q": a * s * b * q // t,
         "attention.k": a * s * b * kv // t,
         "attention.v": a * s * b * kv // t,
-        "attention.output=linear_proj.input": a * s * b * q // t,
+        **proj_input,
         "attention.logsumexp": 4 * b * (m.num_attention_heads // t) * s,
         **norm_saved(cfg, "pre_mlp_layernorm"),
         **mlp,
@@ -82,6 +84,15 @@ def layer_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     if cfg.recompute.recompute_granularity == "selective":
         saved = {name: n for name, n in saved.items() if name not in SELECTIVE_FREES}
     return saved
+
+
+def _linear_input(cfg: RunConfig, linear: str, numel: int) -> dict[str, int]:
+    """What a layer linear saves of its input: the input, or under --fp8-format its fp8 cast (one byte an element:
+    the compiled float8 matmul keeps the cast it multiplied, not the 16-bit tensor, which then goes unless another
+    op saves it too, as SDPA saves its output, linear_proj's input). Scales (a few fp32 scalars) left out."""
+    if cfg.implementation.fp8:
+        return {f"{linear}.input[fp8]": numel}
+    return {f"{linear}.input": activation_bytes(cfg) * numel}
 
 
 def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:

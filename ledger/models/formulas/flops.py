@@ -21,6 +21,9 @@ position table, another lookup. Tied, the word matrix is also the logit GEMM's w
 (torchtitan's literal count, deduplicated parameters minus nn.Embedding's, would drop the logit GEMM that still runs);
 the figure is the same tied or untied, as Megatron's. For an MoE model N is the parameters a token passes through:
 the dense ones and k of the E experts per layer (params.active_params).
+Under --fp8-format the layers' linears run in fp8 (the embedding, output layer and core attention do not): their
+share, 6 B s L (g h f + h (q + 2 kv) + q h), is the same in both conventions (fp8_flops_per_step), and MFU is also
+stated against the fp8 dense peak (ledger/reconcile/throughput.py).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from ledger.models.formulas.params import (
 )
 
 H200_BF16_DENSE_PEAK = 989e12
+H200_FP8_DENSE_PEAK = 1979e12  # NVIDIA H200 datasheet: 3,958 TFLOP/s fp8 with sparsity
 MEGATRON = ("megatron: num_floating_point_operations (GQA, SwiGLU 3 or GeLU 2 MLP GEMMs, causal-halved attention; "
             "MoE: k experts of f_moe per token), per global batch")
 PALM_6N = "palm_6n: 6(N - N_embedding) + 12*L*q*s per token (PaLM / torchtitan), x tokens per global batch"
@@ -42,18 +46,31 @@ def tokens_per_step(cfg: RunConfig) -> int:
     return cfg.train.global_batch_size * cfg.model.seq_length
 
 
-def megatron_flops_per_step(cfg: RunConfig) -> int:
+def _layer_linear_weights(cfg: RunConfig) -> int:
+    """A layer's GEMM weights a token passes through: MLP (g h f, or k experts' 3 h f_moe) and QKV and projection."""
     m = cfg.model
-    h, f, L, s = m.hidden_size, m.ffn_hidden_size, m.num_layers, m.seq_length
-    q, kv = m.num_attention_heads * m.head_dim, m.kv_channels
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
-    batch = cfg.train.global_batch_size
-    mlp_gemms = 3 if m.swiglu else 2
-    mlp = mlp_gemms * h * f
+    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.kv_channels
+    mlp = (3 if m.swiglu else 2) * h * m.ffn_hidden_size
     if m.is_moe:  # k SwiGLU experts of f_moe per token (the router left out, as Megatron: module docstring)
         mlp = 3 * h * m.expert_ffn_hidden_size * m.moe_router_topk
-    linear = mlp * L + L * (h * (q + 2 * kv) + q * h) + h * vocab
+    return mlp + h * (q + 2 * kv) + q * h
+
+
+def megatron_flops_per_step(cfg: RunConfig) -> int:
+    m = cfg.model
+    h, L, s = m.hidden_size, m.num_layers, m.seq_length
+    q = m.num_attention_heads * m.head_dim
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
+    batch = cfg.train.global_batch_size
+    linear = _layer_linear_weights(cfg) * L + h * vocab
     return 6 * batch * s * linear + 6 * batch * s * s * q * L
+
+
+def fp8_flops_per_step(cfg: RunConfig) -> int:
+    """What of either convention's count runs in fp8: the layers' linears under --fp8-format, else nothing."""
+    if not cfg.implementation.fp8:
+        return 0
+    return 6 * tokens_per_step(cfg) * _layer_linear_weights(cfg) * cfg.model.num_layers
 
 
 def palm_flops_per_token(cfg: RunConfig) -> int:
