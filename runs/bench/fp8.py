@@ -14,7 +14,7 @@ over the fp8 peak) and the ledger's memory rows (`train-ledger reconcile`); then
 two loss curves: the mean of the last 10 losses each and the spread of bf16's own last 10 (the noise the difference
 is held against). Run directories go to OUT/runs.tgz (traces left out), figures to OUT/fp8.json.
 
-    python runs/bench/fp8.py --out OUT [--iters 50] [--global-batch-size 4]
+    python runs/bench/fp8.py --out OUT [--iters 50] [--global-batch-size 4] [--seed N --no-layer]
     python runs/bench/fp8.py --cpu-smoke --out /tmp/fp8    # the same code paths, tiny, emulated fp8, gloo
 """
 from __future__ import annotations
@@ -118,6 +118,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--global-batch-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, help="the runs' --seed (another seed: the run-to-run noise of the losses)")
+    ap.add_argument("--no-layer", action="store_true", help="skip the one-layer saved-set measurement")
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args()
     out = a.out
@@ -134,8 +136,10 @@ def main() -> int:
             "--use-pytorch-profiler", "--profile-step-start", str(iters - 2), "--profile-step-end", str(iters - 1)]
     if not a.cpu_smoke:
         base.append("--bf16")
+    if a.seed is not None:
+        base += ["--seed", str(a.seed)]
     result: dict = {"commands": {}, "layer_saved": {}}
-    for name, fp8 in (("bf16", False), ("fp8", True)):
+    for name, fp8 in () if a.no_layer else (("bf16", False), ("fp8", True)):
         result["layer_saved"][name] = saved = layer_saved(fp8, a.cpu_smoke)
         print(f"one layer's forward, {name}: saved {saved['saved_bytes']:,} B, allocated while held "
               f"{saved['allocated_while_held']}", flush=True)

@@ -4,6 +4,8 @@ Variants, alternated A B C A B C per sequence length so that drift (clocks, ther
   A megatron-core GPTModel (local spec + SDPA core attention, fused AdamW, DistributedOptimizer, fp32 grad buffer)
     through the anchor harness runs/bench/anchors/mcore_anchor.py (the megatron-core wheel installed: its README);
   B plain PyTorch + torch.compile through runs/bench/anchors/torch_anchor.py --compile;
+  torchtitan 0.3.0's Llama 3 model with its parallelize_llama (FSDP2, per-block compile, FlexAttention) through
+    runs/bench/anchors/torchtitan_anchor.py ("torchtitan": its wheel and pure-Python dependencies installed);
   C train-ledger's engine: --bf16 --use-distributed-optimizer, every probe on except the profiler window
     (--all-probes), launched through torchrun like a user would; "ours-eager" is the same with
     TRAIN_LEDGER_COMPILE=0 (no compiled pointwise fusions), to show what the fusions buy.
@@ -160,6 +162,7 @@ def variant_makers(anchors: Path, mb: int, steps: int, timed: int) -> dict:
                                           ["--attn", "sdpa", "--fusedadam"], s, mb, steps, timed),
         "compile": lambda s: anchor_variant("torch.compile", anchors / "torch_anchor.py", ["--compile"], s, mb, steps,
                                             timed),
+        "torchtitan": lambda s: anchor_variant("torchtitan", anchors / "torchtitan_anchor.py", [], s, mb, steps, timed),
         "ours": lambda s: engine_variant(s, mb, steps, timed),
         "ours-eager": lambda s: engine_variant(s, mb, steps, timed, compile_=False),
         "ours-linear-ce": lambda s: engine_variant(s, mb, steps, timed, extra=LINEAR_CROSS_ENTROPY,
@@ -180,7 +183,7 @@ def merged_table(raw: list[dict], seqs: list[int], mb: int, ceiling: float) -> t
     by = {(t["variant"], t["seq"]): t for t in table}
     ours = sorted({v for v, _ in by if v.startswith("train-ledger")})
     ratios = {seq: {f"{mine} / {other}": by[(mine, seq)]["tokens_per_s"] / by[(other, seq)]["tokens_per_s"]
-                    for mine in ours for other in ("megatron-core", "torch.compile")
+                    for mine in ours for other in ("megatron-core", "torch.compile", "torchtitan")
                     if (mine, seq) in by and (other, seq) in by}
               for seq in seqs}
     return table, ratios
