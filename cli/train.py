@@ -97,8 +97,10 @@ def main(argv: list[str], say_next: bool = True) -> int:
     check_output_dirs({"--run-dir": run_dir, "--save": run_config.checkpoint.save,
                        "--tensorboard-dir": run_config.probes.tensorboard_dir})
     gpu_bytes = _gpu_total_bytes()
-    if run_config.implementation.graphed_layers and gpu_bytes is None:
-        raise ConfigError("--cuda-graph-impl local needs CUDA GPUs; this machine has none (NVML finds no device)")
+    for needs_gpu, flag in ((run_config.implementation.graphed_layers, "--cuda-graph-impl local"),
+                            (run_config.implementation.fused_attention, "--attention-backend fused")):
+        if needs_gpu and gpu_bytes is None:
+            raise ConfigError(f"{flag} needs CUDA GPUs; this machine has none (NVML finds no device)")
     check_fits(run_config, launch.nproc_per_node, gpu_bytes)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from common.config import (
     CROSS_ENTROPY_FUSION_IMPLS,
     CUDA_GRAPH_IMPLS,
+    ENGINE_ATTENTION_BACKENDS,
     FP8_FORMATS,
     FP8_RECIPES,
     PRESETS,
@@ -97,6 +98,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     fusion.add_argument("--cuda-graph-impl", choices=CUDA_GRAPH_IMPLS, default="none",
                         help="local: each transformer layer's forward and backward captured as CUDA graphs once and "
                              "replayed, one launch each (one GPU or data parallelism only; docs/engine.md)")
+    fusion.add_argument("--attention-backend", choices=ENGINE_ATTENTION_BACKENDS, default="flash",
+                        help="core attention's kernel: flash (torch's pick among its SDPA kernels) or fused (cuDNN's "
+                             "fused attention; a GPU only, not under context parallelism)")
     fusion.add_argument("--fp8-format", choices=FP8_FORMATS,
                         help="the transformer layers' linears in fp8 through torchao (e4m3 everywhere, or hybrid: "
                              "e5m2 gradients); the embedding and output layer stay in the run's dtype")
@@ -223,7 +227,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
     cfg = RunConfig(model=model, parallel=parallel, train=train, probes=probes, model_preset=ns.model,
                     recompute=recompute, checkpoint=checkpoint,
                     implementation=ImplementationConfig(cuda_graph_impl=ns.cuda_graph_impl, fp8_format=ns.fp8_format,
-                                                        fp8_recipe=ns.fp8_recipe))
+                                                        fp8_recipe=ns.fp8_recipe,
+                                                        attention_backend=ns.attention_backend))
     validate(cfg)
     check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)

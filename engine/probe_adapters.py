@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from common.config import RunConfig
+from common.config.implementation_config import FLASH
 from common.ops import host
 from engine.distributed import DistributedDataParallel
 from engine.fp8_utils import fp8_matmul, layer_linears
@@ -28,7 +29,7 @@ from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import accumulate_weight_grad
 from engine.tensor_parallel.mappings import TPGroup
-from engine.transformer.attention import split_qkv_and_rotate
+from engine.transformer.attention import SelfAttention, scaled_dot_product, split_qkv_and_rotate
 from engine.transformer.mlp import swiglu, swiglu_any_rows
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.experts import GroupedMLP
@@ -104,13 +105,16 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
     """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), its
     weight-gradient accumulation (gradient-accumulation fusion where this device has it), the MoE layer's ops (None
     without an MoE layer in `model`), ring attention's blocks and loops (on a ring with no process group: no
-    exchange), the loss over `vocab_size` real entries on a TP group of one, so it issues no collective; under
-    --fp8-format the layers' float8 matmul (the recipe their linears carry)."""
+    exchange), the loss over `vocab_size` real entries on a TP group of one, so it issues no collective; core
+    attention on the layers' --attention-backend kernel; under --fp8-format the layers' float8 matmul (the recipe
+    their linears carry)."""
     recipes = {getattr(linear, "fp8", None) for chunk in model for linear in layer_linears(chunk)} - {None}
+    backends = {m.attention_backend for chunk in model for m in chunk.modules() if isinstance(m, SelfAttention)}
     return EngineKernels(
         split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu, wgrad=accumulate_weight_grad,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
                                         vocab_size=vocab_size),
+        core_attention=functools.partial(scaled_dot_product, backend=backends.pop() if backends else FLASH),
         variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
         ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
                          group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)),

@@ -24,6 +24,7 @@ from common.config.checkpoint_layout import (
 )
 from common.config.implementation_config import (
     CUDA_GRAPH_IMPLS,
+    ENGINE_ATTENTION_BACKENDS,
     FP8_FORMATS,
     FP8_RECIPES,
     ImplementationConfig,
@@ -51,8 +52,8 @@ from common.config.train_config import TrainConfig, check_ddp_flags
 from common.config.validation import validate
 
 __all__ = [
-    "CROSS_ENTROPY_FUSION_IMPLS", "CUDA_GRAPH_IMPLS", "FP8_FORMATS", "FP8_RECIPES", "LINEAR_CROSS_ENTROPY_CHUNK_TOKENS",
-    "check_cross_entropy_fusion",
+    "CROSS_ENTROPY_FUSION_IMPLS", "CUDA_GRAPH_IMPLS", "ENGINE_ATTENTION_BACKENDS", "FP8_FORMATS", "FP8_RECIPES",
+    "LINEAR_CROSS_ENTROPY_CHUNK_TOKENS", "check_cross_entropy_fusion",
     "CHECKPOINT_LAYOUT_FILE", "LATEST_CHECKPOINT_FILE", "LAYOUT_DEFAULTS", "LAYOUT_MODEL_FIELDS", "MAX_LAYERS",
     "MAX_TOKENS", "MAX_WIDTH", "MAX_WORLD_SIZE", "PRESETS", "CheckpointConfig", "ImplementationConfig", "ModelConfig",
     "ParallelConfig", "ProbeConfig", "RecomputeConfig", "RunConfig", "TrainConfig", "check_checkpoint_flags",

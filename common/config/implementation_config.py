@@ -18,8 +18,12 @@ LOCAL = "local"  # Megatron-LM's --transformer-impl local (Megatron Core's own m
 TRANSFORMER_ENGINE = "transformer_engine"  # Megatron-LM's default: Transformer Engine's modules
 TRANSFORMER_IMPLS = (ENGINE, LOCAL, TRANSFORMER_ENGINE)
 FLASH = "flash"  # a kernel that keeps no [b, heads, s, s] tensor: flash / fused attention, torch's SDPA
+# cuDNN's fused attention (Megatron's --attention-backend fused, Transformer Engine's FusedAttention; the engine:
+# torch's cuDNN SDPA backend): also no [b, heads, s, s] tensor
+FUSED = "fused"
 UNFUSED = "unfused"  # Megatron's DotProductAttention: baddbmm, masked softmax, bmm on the full score matrix
-ATTENTION_BACKENDS = (FLASH, UNFUSED)
+ATTENTION_BACKENDS = (FLASH, FUSED, UNFUSED)
+ENGINE_ATTENTION_BACKENDS = (FLASH, FUSED)  # what `train --attention-backend` takes
 FUSED_ADAM = "fused"  # one kernel per step, no temporary (Apex / Transformer Engine FusedAdam, torch's fused AdamW)
 FOREACH_ADAM = "foreach"  # torch.optim.AdamW's foreach kernels: a 4-byte temporary per element of a param group
 OPTIMIZER_IMPLS = (FUSED_ADAM, FOREACH_ADAM)
@@ -72,6 +76,11 @@ class ImplementationConfig:
     def megatron(self) -> bool:
         """Megatron-LM's own layers (local or Transformer Engine), not this engine's."""
         return self.transformer_impl != ENGINE
+
+    @property
+    def fused_attention(self) -> bool:
+        """cuDNN's fused attention kernel (--attention-backend fused)."""
+        return self.attention_backend == FUSED
 
     @property
     def unfused_attention(self) -> bool:

@@ -60,6 +60,9 @@ def check_context_parallel(cfg: RunConfig) -> None:
     if cp > 1 and m.seq_length % (2 * cp):
         raise ConfigError(f"--seq-length {m.seq_length} is not divisible by 2 x --context-parallel-size {cp} "
                           "(context parallelism splits the sequence into 2 x cp chunks)")
+    if cp > 1 and cfg.implementation.fused_attention and not cfg.implementation.megatron:
+        raise ConfigError(f"--attention-backend fused: ring attention (--context-parallel-size {cp}) runs its own "
+                          "flash blocks; use --attention-backend flash")
 
 
 def check_tensor_parallel(cfg: RunConfig) -> None:

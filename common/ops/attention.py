@@ -60,8 +60,10 @@ def _forward_flops(sh: Shapes) -> float:
 
 
 def core_attention(sh: Shapes) -> Passes:
+    """Keyed apart by `fused` under the engine's --attention-backend fused (cuDNN's kernel, not torch's pick)."""
     forward = _forward_flops(sh)
-    return passes("core_attention", forward, forward * BACKWARD_OVER_FORWARD, **_heads(sh), head_dim=sh.head_dim)
+    return passes("core_attention", forward, forward * BACKWARD_OVER_FORWARD, **_heads(sh), head_dim=sh.head_dim,
+                  **({"fused": 1} if sh.fused_attention else {}))
 
 
 def ring_block(sh: Shapes, causal: bool) -> Passes:

@@ -130,6 +130,7 @@ class Shapes:
     linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
     megatron: MegatronKernels | None = None  # Megatron-LM's layers; None: this engine's
     fp8: bool = False  # --fp8-format: the layer linears' GEMMs in fp8 (common/ops/linear.py)
+    fused_attention: bool = False  # the engine's --attention-backend fused: cuDNN's kernel (common/ops/attention.py)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -145,7 +146,8 @@ class Shapes:
                    vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
                    sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
                    grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
-                   megatron=MegatronKernels.of(cfg), fp8=cfg.implementation.fp8)
+                   megatron=MegatronKernels.of(cfg), fp8=cfg.implementation.fp8,
+                   fused_attention=cfg.implementation.fused_attention and not cfg.implementation.megatron)
 
     @property
     def activation_bytes(self) -> int:

@@ -42,7 +42,7 @@ from engine.tensor_parallel.layers import (
 )
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
-from engine.transformer.attention import SelfAttention
+from engine.transformer.attention import SelfAttention, set_attention_backend
 from engine.transformer.moe.moe_layer import MoEContext
 from engine.transformer.ring_attention import CPGroup
 from engine.transformer.rotary import RotaryEmbedding
@@ -161,7 +161,7 @@ class GPTModel(torch.nn.Module):
 def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch.device | str,
                        probes: ProbeSetProtocol = NullProbeSet()) -> list[GPTModel]:
     """This rank's model: one GPTModel per virtual pipeline chunk (one without VPP); under --fp8-format its layers'
-    linears compute in fp8 (engine/fp8_utils.py)."""
+    linears compute in fp8 (engine/fp8_utils.py); core attention runs on --attention-backend's kernel."""
     parallel, model_config = run_config.parallel, run_config.model
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     params_dtype = torch.bfloat16 if run_config.train.bf16 else torch.float32
@@ -178,4 +178,5 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
             num_microbatches=run_config.num_microbatches))
     if run_config.implementation.fp8:
         convert_to_fp8(chunks, run_config.implementation, torch.device(device))
+    set_attention_backend(chunks, run_config.implementation.attention_backend)
     return chunks

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from common.config import ModelConfig
+from common.config.implementation_config import FLASH, FUSED
 from engine.jit import jit_fuser
 from engine.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from engine.tensor_parallel.mappings import TPGroup
@@ -55,6 +57,22 @@ def split_qkv_and_rotate(qkv: torch.Tensor, cos: torch.Tensor,
     return q, k, v.squeeze(3).contiguous()
 
 
+def scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool, backend: str) -> torch.Tensor:
+    """Causal SDPA on [b, heads, s, d]: torch's pick of kernel (flash), or on CUDA cuDNN's fused attention
+    (--attention-backend fused), which is the only kernel allowed then: a call it cannot take fails, not falls back."""
+    if backend == FUSED and q.is_cuda:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def set_attention_backend(chunks: list[torch.nn.Module], backend: str) -> None:
+    """Every SelfAttention of the model chunks runs its core attention with `backend` (--attention-backend)."""
+    for module in (m for chunk in chunks for m in chunk.modules()):
+        if isinstance(module, SelfAttention):
+            module.attention_backend = backend
+
+
 class SelfAttention(torch.nn.Module):
     def __init__(self, config: ModelConfig, prefix: str, *, tp: TPGroup, sequence_parallel: bool,
                  params_dtype: torch.dtype, device: torch.device | str, seed: int,
@@ -62,6 +80,7 @@ class SelfAttention(torch.nn.Module):
         super().__init__()
         self.checkpoint_core_attention = checkpoint_core_attention
         self.context_parallel: CPGroup | None = None
+        self.attention_backend = FLASH  # set_attention_backend
         n_q, n_kv, d = config.num_attention_heads, config.num_query_groups, config.head_dim
         if n_q % n_kv or n_kv % tp.size:
             raise ValueError(f"attention: {n_q} heads / {n_kv} query groups do not split over TP {tp.size}")
@@ -100,4 +119,4 @@ class SelfAttention(torch.nn.Module):
         """softmax(q k^T / sqrt(d), causal) v on [b, heads, s, d]; GQA reads KV head i // heads per group."""
         if self.context_parallel is not None:
             return ring_attention(q, k, v, self.context_parallel)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads_per_group > 1)
+        return scaled_dot_product(q, k, v, self.heads_per_group > 1, self.attention_backend)

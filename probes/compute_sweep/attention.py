@@ -1,17 +1,16 @@
-"""Core attention: F.scaled_dot_product_attention, causal, GQA, on [b, heads, s, d] views of [s, b, heads, d]
-tensors as the engine calls it; under context parallelism (C > 1) ring attention's block kernels
-(EngineKernels.ring: the engine's own, flash on CUDA in 16 bits, the maths elsewhere) at the ring's two shapes, the
-causal diagonal block (L x L) and an unmasked half block (L/2 queries of the rank's second chunk against a whole
-L-key block), forward, and backward given that block's out and log-sum-exp; and ring_attention.merge: the engine's
-ring loop on a ring of C without exchanges, its blocks answered by precomputed results, so what is timed is the
-online-softmax merges (forward) and the dQ / dK-dV accumulations (backward). The exchanges are the bandwidth
-sweep's."""
+"""Core attention: the engine's causal SDPA (EngineKernels.core_attention: on the run's --attention-backend kernel),
+GQA, on [b, heads, s, d] views of [s, b, heads, d] tensors as the engine calls it; under context parallelism (C > 1)
+ring attention's block kernels (EngineKernels.ring: the engine's own, flash on CUDA in 16 bits, the maths elsewhere)
+at the ring's two shapes, the causal diagonal block (L x L) and an unmasked half block (L/2 queries of the rank's
+second chunk against a whole L-key block), forward, and backward given that block's out and log-sum-exp; and
+ring_attention.merge: the engine's ring loop on a ring of C without exchanges, its blocks answered by precomputed
+results, so what is timed is the online-softmax merges (forward) and the dQ / dK-dV accumulations (backward). The
+exchanges are the bandwidth sweep's."""
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 
 from probes.compute_sweep.calls import Backward, Bench, Builder, Call, Op
 
@@ -25,7 +24,7 @@ def dense(b: Bench) -> dict[str, Builder]:
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
         q, k, v = (x.permute(1, 2, 0, 3) for x in (q, k, v))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return b.kernels.core_attention(q, k, v, gqa)
 
     def forward(d: dict[str, int]) -> Op:
         q, k, v = leaves(d, False)

@@ -40,6 +40,8 @@ class EngineKernels:
     split_qkv_and_rotate: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     swiglu: Callable[[torch.Tensor], torch.Tensor]
     cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [s, b, v], target [s, b])
+    # (q, k, v [b, heads, s, d], gqa) -> causal attention on the run's --attention-backend kernel
+    core_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
     # (main_grad [out, inp], grad_output [rows, out], input [rows, inp]): main_grad += grad_output^T input, as a
     # linear's backward leaves a weight's gradient (tensor_parallel.layers.accumulate_weight_grad)
     wgrad: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]

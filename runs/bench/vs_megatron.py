@@ -91,6 +91,7 @@ def anchor_variant(name: str, script: Path, extra: list[str], seq: int, mb: int,
 # Engine levers a variant may turn on (flags added to engine_argv's): the output layer fused into the loss.
 CUDA_GRAPHS = ["--cuda-graph-impl", "local"]  # every layer replayed from CUDA graphs
 LINEAR_CROSS_ENTROPY = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "linear"]
+FUSED_ATTENTION = ["--attention-backend", "fused"]  # cuDNN's fused attention kernel
 
 
 def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = True, extra: tuple[str, ...] = (),
@@ -168,6 +169,8 @@ def variant_makers(anchors: Path, mb: int, steps: int, timed: int) -> dict:
         "ours-linear-ce": lambda s: engine_variant(s, mb, steps, timed, extra=LINEAR_CROSS_ENTROPY,
                                                    name="train-ledger linear-ce"),
         "ours-graphed": lambda s: engine_variant(s, mb, steps, timed, extra=CUDA_GRAPHS, name="train-ledger graphed"),
+        "ours-fused-attention": lambda s: engine_variant(s, mb, steps, timed, extra=FUSED_ATTENTION,
+                                                         name="train-ledger fused-attention"),
     }
 
 

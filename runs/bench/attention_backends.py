@@ -1,0 +1,78 @@
+"""Core attention by SDPA backend on one GPU: torch's default pick (flash), cuDNN's fused attention and the
+memory-efficient kernel, causal with GQA, on [b, heads, s, d] views of [s, b, heads, d] tensors as the engine calls
+them (engine/transformer/attention.py): forward, and forward + backward, milliseconds and TFLOP/s (causal: 2 x 2 b s^2
+heads d / 2 forward, 2.5x that backward). A backend that cannot run the call says why.
+
+    python runs/bench/attention_backends.py [--iters 20]
+
+Prints one JSON line per shape and backend, then 'BEST <shape> <backend>' for the fastest forward + backward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+SHAPES = {"llama3.2-1b s4096": (4096, 32, 8, 64), "llama3.1-8b s8192": (8192, 32, 8, 128)}
+BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def timed(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def measure(shape: tuple[int, int, int, int], backend: SDPBackend | None, iters: int) -> dict:
+    s, heads, kv, d = shape
+    q, k, v = (torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True).permute(1, 2, 0, 3)
+               for n in (heads, kv, kv))
+    grad = torch.randn(s, 1, heads, d, device="cuda", dtype=torch.bfloat16).permute(1, 2, 0, 3)
+
+    def forward():
+        with sdpa_kernel([backend] if backend is not None else list(BACKENDS_ALL)):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def both():
+        torch.autograd.backward(forward(), grad)
+
+    flops = 2 * 2 * s * s * heads * d / 2
+    with torch.no_grad():
+        fwd = timed(forward, iters)
+    step = timed(both, iters)
+    return {"fwd_ms": fwd, "fwd_bwd_ms": step, "fwd_tflops": flops / fwd / 1e9,
+            "fwd_bwd_tflops": 3.5 * flops / step / 1e9}
+
+
+BACKENDS_ALL = [b for b in BACKENDS.values() if b is not None]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
+    for shape_name, shape in SHAPES.items():
+        results = {}
+        for name, backend in BACKENDS.items():
+            try:
+                results[name] = measure(shape, backend, a.iters)
+            except RuntimeError as e:
+                results[name] = {"error": str(e).splitlines()[0][:300]}
+            print(json.dumps({"shape": shape_name, "backend": name, **results[name]}), flush=True)
+        ran = {n: r for n, r in results.items() if "fwd_bwd_ms" in r}
+        print(f"BEST {shape_name} {min(ran, key=lambda n: ran[n]['fwd_bwd_ms'])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
