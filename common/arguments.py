@@ -104,6 +104,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     fusion.add_argument("--fp8-format", choices=FP8_FORMATS,
                         help="the transformer layers' linears in fp8 through torchao (e4m3 everywhere, or hybrid: "
                              "e5m2 gradients); the embedding and output layer stay in the run's dtype")
+    fusion.add_argument("--fp8-output-layer", action="store_true",
+                        help="with --fp8-format: the output layer's GEMMs in fp8 too (not Megatron's: it keeps the "
+                             "output layer in 16 bits)")
     fusion.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
                         help="scaling: tensorwise (dynamic, from each tensor's current amax) is the one built")
 
@@ -228,6 +231,7 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                     recompute=recompute, checkpoint=checkpoint,
                     implementation=ImplementationConfig(cuda_graph_impl=ns.cuda_graph_impl, fp8_format=ns.fp8_format,
                                                         fp8_recipe=ns.fp8_recipe,
+                                                        fp8_output_layer=ns.fp8_output_layer,
                                                         attention_backend=ns.attention_backend))
     validate(cfg)
     check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)

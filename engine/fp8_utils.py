@@ -2,14 +2,15 @@
 
 Which GEMMs: the transformer layers' four linears (QKV, attention output, fc1, fc2), as Megatron's fp8 with
 Transformer Engine: the embedding and the output layer stay in the run's dtype (torchtitan leaves the output layer
-out too). Each GEMM is torchao's `matmul_with_hp_or_float8_args`, the function inside its `Float8Linear`, with the
-config and GEMM settings a `Float8Linear` of that recipe carries: so what runs is torchao's float8 linear, on this
-engine's weights, without swapping its modules.
+out too, by default); --fp8-output-layer (this engine's flag) adds the output layer. Each GEMM is torchao's
+`matmul_with_hp_or_float8_args`, the function inside its `Float8Linear`, with the config and GEMM settings a
+`Float8Linear` of that recipe carries: so what runs is torchao's float8 linear, on this engine's weights, without
+swapping its modules.
 
 The recipe is tensorwise dynamic scaling: each operand's scale comes from its current amax, so nothing is carried
 from step to step (no amax history, no persistent fp8 copy of a weight: each cast lives for its GEMM). hybrid:
-e4m3 inputs and weights, e5m2 gradients; e4m3: e4m3 everywhere. torchao saves the high-precision input and weight
-for backward and casts them again there, so a layer saves what its bf16 linear saves (docs/engine.md, "FP8").
+e4m3 inputs and weights, e5m2 gradients; e4m3: e4m3 everywhere. Compiled, the matmul saves for backward the 1-byte
+cast of its input instead of the input (eager, torchao saves the 16-bit input and weight): docs/formulas.md, "FP8".
 
 On CUDA the matmul is compiled (engine/jit.py): amax, scale and cast fuse into a kernel or two per operand, where
 eager PyTorch makes five passes over each. On CPU it runs in torchao's emulation (the casts' rounding, the GEMM in
@@ -80,11 +81,14 @@ def layer_linears(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def convert_to_fp8(chunks: list[torch.nn.Module], impl: ImplementationConfig, device: torch.device) -> int:
-    """Set every layer linear of the model chunks to compute in fp8 (as torchao's convert_to_float8_training swaps
-    nn.Linear for Float8Linear); returns how many. The weights stay where they are: in DDP's buffers."""
+    """Set every layer linear of the model chunks (and with --fp8-output-layer the output layer) to compute in fp8,
+    as torchao's convert_to_float8_training swaps nn.Linear for Float8Linear; returns how many. The weights stay
+    where they are: in DDP's buffers."""
     recipe = Fp8Recipe.from_implementation(impl, device)
     fp8_matmul(recipe)  # torchao is imported now: a missing one is one line before any step
     linears = [linear for chunk in chunks for linear in layer_linears(chunk)]
+    if impl.fp8_output_layer:
+        linears += [chunk.output_layer for chunk in chunks if getattr(chunk, "output_layer", None) is not None]
     for linear in linears:
         linear.fp8 = recipe
     return len(linears)

@@ -109,6 +109,13 @@ def test_the_layers_four_linears_are_converted_and_nothing_else():
     assert all(getattr(m, "fp8", None) is None for m in _tiny_chunk([]).modules())
 
 
+def test_fp8_output_layer_converts_the_output_layer_too():
+    chunk = _tiny_chunk(["--fp8-format", "hybrid", "--fp8-output-layer", "--untie-embeddings-and-output-weights",
+                         "--make-vocab-size-divisible-by", "128"])
+    assert chunk.output_layer.fp8 is not None
+    assert sum(getattr(m, "fp8", None) is not None for m in chunk.modules()) == 17
+
+
 def test_convert_to_fp8_counts_what_it_set():
     chunk = _tiny_chunk([])
     cfg = parse_args(["--model", "tiny", "--fp8-format", "e4m3"], world_size=1)
@@ -169,6 +176,9 @@ def test_the_compute_sweep_times_an_fp8_linears_three_passes_through_the_engines
     (["--tensor-model-parallel-size", "2", "--sequence-parallel"], "--sequence-parallel"),
     (["--hidden-size", "72", "--num-attention-heads", "8"], "--hidden-size 72"),
     (["--seq-length", "24", "--micro-batch-size", "1"], "tokens per micro-batch 24"),
+    (["--fp8-output-layer"], "--make-vocab-size-divisible-by 8"),
+    (["--fp8-output-layer", "--make-vocab-size-divisible-by", "128", "--cross-entropy-loss-fusion",
+      "--cross-entropy-fusion-impl", "linear"], "--cross-entropy-fusion-impl linear"),
 ])
 def test_what_fp8_cannot_run_is_refused_in_one_line(flags, named):
     with pytest.raises(ConfigError, match=named.replace("-", r"\-")):
@@ -177,6 +187,11 @@ def test_what_fp8_cannot_run_is_refused_in_one_line(flags, named):
 
 def _rank(rank: int, world_size: int, argv: list[str]) -> dict:
     return train_and_collect(parse_args(argv, world_size=world_size))
+
+
+def test_the_output_layer_in_fp8_needs_fp8():
+    with pytest.raises(ConfigError, match="--fp8-output-layer needs --fp8-format"):
+        parse_args(["--model", "tiny", "--fp8-output-layer"], world_size=1)
 
 
 @pytest.mark.slow
@@ -273,3 +288,17 @@ def test_the_sweep_times_each_layer_linear_through_the_fp8_matmul_and_the_step_i
     row = rows(FP8_RUN)["throughput.step_time"]
     assert row.verdict == "ok" and abs(row.rel_diff) < 0.05
     assert rows(BF16)["throughput.step_time"].predicted / row.measured - 1 > 0.15
+
+
+def test_the_output_layer_in_fp8_keeps_its_inputs_and_weights_casts_as_the_h200_measured():
+    """--fp8-output-layer (tests/fixtures/h200_fp8/bench_output_layer.json, the pair again with the output layer in
+    fp8, another call): the compiled matmul keeps the 1-byte casts of its input (s b h) and of its weight (V h) from
+    the forward to its backward, beside the 16-bit input, which is still live through the loss. The two runs' measured
+    peaks differ by that, 8192 x 4096 + 128,256 x 4096 = 558,891,008 B, to 1 MiB."""
+    output_layer = json.loads((RUNS / "bench_output_layer.json").read_text())["fp8"]["memory"]["memory.peak_allocated"]
+    layers_only = rows(FP8_RUN)["memory.peak_allocated"]
+    bf16, fp8 = (parse_args([*SHAPE, *HYBRID, *extra], world_size=1) for extra in ([], ["--fp8-output-layer"]))
+    formula = activations.last_stage_extra_bytes(fp8) - activations.last_stage_extra_bytes(bf16)
+    assert formula == 8192 * 4096 + 128_256 * 4096 == 558_891_008
+    assert abs((output_layer["measured"] - layers_only.measured) - formula) < MIB
+    assert abs((layers_only.predicted + formula) / output_layer["measured"] - 1) < 0.001

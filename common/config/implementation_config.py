@@ -61,6 +61,9 @@ class ImplementationConfig:
     cuda_graph_impl: str = NO_CUDA_GRAPH  # Megatron-LM's --cuda-graph-impl (engine/transformer/cuda_graphs.py)
     fp8_format: str | None = None  # Megatron-LM's --fp8-format: the layers' GEMMs in fp8 (engine/fp8_utils.py)
     fp8_recipe: str = TENSORWISE  # Megatron-LM's --fp8-recipe
+    # the output layer's GEMMs in fp8 too (this engine's flag; torchtitan's float8 converter includes it when its
+    # filter_fqns leaves "output" out); Megatron with Transformer Engine keeps it in 16 bits
+    fp8_output_layer: bool = False
 
     @property
     def graphed_layers(self) -> bool:

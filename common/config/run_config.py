@@ -178,6 +178,8 @@ def check_fp8(cfg: RunConfig) -> None:
     (sequence parallelism gathers inside it; MoE experts run grouped or per expert; a graph capture is untested),
     for Megatron's recipes torchao does not implement, and for dimensions the fp8 GEMM cannot take."""
     impl = cfg.implementation
+    if impl.fp8_output_layer and not impl.fp8:
+        raise ConfigError("--fp8-output-layer needs --fp8-format")
     if not impl.fp8:
         return
     if impl.fp8_recipe != "tensorwise":
@@ -185,7 +187,8 @@ def check_fp8(cfg: RunConfig) -> None:
                           "scaling; it keeps no amax history, so there is no delayed recipe)")
     p, m = cfg.parallel, cfg.model
     conflicts = [(p.sequence_parallel, "--sequence-parallel"), (m.is_moe, "--num-experts"),
-                 (impl.graphed_layers, "--cuda-graph-impl local")]
+                 (impl.graphed_layers, "--cuda-graph-impl local"),
+                 (impl.fp8_output_layer and m.linear_cross_entropy, "--cross-entropy-fusion-impl linear")]
     named = [flag for conflict, flag in conflicts if conflict]
     if named:
         raise ConfigError(f"--fp8-format computes each layer's linears as one local fp8 GEMM: not with {named[0]}")
@@ -193,7 +196,9 @@ def check_fp8(cfg: RunConfig) -> None:
     dims = {"--hidden-size": m.hidden_size, "--ffn-hidden-size / tp": m.ffn_hidden_size // tp,
             "the QKV width / tp": m.head_dim * (m.num_attention_heads + 2 * m.num_query_groups) // tp,
             "the attention width / tp": m.head_dim * m.num_attention_heads // tp,
-            "tokens per micro-batch": m.seq_length // p.context_parallel_size * cfg.train.micro_batch_size}
+            "tokens per micro-batch": m.seq_length // p.context_parallel_size * cfg.train.micro_batch_size,
+            # the output layer's rows: a multiple of this on every TP rank, whatever the vocabulary
+            **({"--make-vocab-size-divisible-by": m.make_vocab_size_divisible_by} if impl.fp8_output_layer else {})}
     odd = [f"{name} {value}" for name, value in dims.items() if value % FP8_DIM_MULTIPLE]
     if odd:
         raise ConfigError(f"--fp8-format needs GEMM dimensions that are multiples of {FP8_DIM_MULTIPLE}: {odd[0]}")

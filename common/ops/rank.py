@@ -56,7 +56,8 @@ def head(sh: Shapes) -> HeadOps:
     """Megatron-LM's own layers compute the loss in fp32 (vocab_parallel_cross_entropy, megatron.py)."""
     loss = (fp32_cross_entropy(sh) if sh.megatron is not None
             else passes("cross_entropy", tokens=sh.tokens, vocab=sh.vocab))
-    return HeadOps(output_layer=linear("output_layer", sh.tokens, sh.vocab, sh.hidden), cross_entropy=loss)
+    return HeadOps(output_layer=linear("output_layer", sh.tokens, sh.vocab, sh.hidden, fp8=sh.fp8_output_layer),
+                   cross_entropy=loss)
 
 
 def optimizer_rate(sh: Shapes) -> Rate:

@@ -130,6 +130,7 @@ class Shapes:
     linear_cross_entropy: bool = False  # the loss fused with the output layer over chunks (recomputes the logits)
     megatron: MegatronKernels | None = None  # Megatron-LM's layers; None: this engine's
     fp8: bool = False  # --fp8-format: the layer linears' GEMMs in fp8 (common/ops/linear.py)
+    fp8_output_layer: bool = False  # --fp8-output-layer: the output layer's too
     fused_attention: bool = False  # the engine's --attention-backend fused: cuDNN's kernel (common/ops/attention.py)
 
     @classmethod
@@ -147,6 +148,7 @@ class Shapes:
                    sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
                    grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
                    megatron=MegatronKernels.of(cfg), fp8=cfg.implementation.fp8,
+                   fp8_output_layer=cfg.implementation.fp8_output_layer,
                    fused_attention=cfg.implementation.fused_attention and not cfg.implementation.megatron)
 
     @property

@@ -121,7 +121,8 @@ def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
             share = fp8_flops_per_step(cfg) / flops
             rows.append(row(f"throughput.mfu_fp8_peak.{name}", "run",
                             measured=per_gpu / fp8_peak if fp8_peak else None, unit="fraction", tolerance=0.0,
-                            explanation=f"{fp8_note}; {share:.1%} of the FLOPs ran in fp8 (the layers' linears)",
+                            explanation=f"{fp8_note}; {share:.1%} of the FLOPs ran in fp8 (the layers' linears"
+                                        f"{' and the output layer' if cfg.implementation.fp8_output_layer else ''})",
                             source="events"))
     return rows
 

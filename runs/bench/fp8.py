@@ -15,6 +15,7 @@ two loss curves: the mean of the last 10 losses each and the spread of bf16's ow
 is held against). Run directories go to OUT/runs.tgz (traces left out), figures to OUT/fp8.json.
 
     python runs/bench/fp8.py --out OUT [--iters 50] [--global-batch-size 4] [--seed N --no-layer]
+        [--output-layer] [--runs bf16 fp8]    # the fp8 run with --fp8-output-layer; which runs to make
     python runs/bench/fp8.py --cpu-smoke --out /tmp/fp8    # the same code paths, tiny, emulated fp8, gloo
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT / "runs" / "bench"))
 from data_and_checkpoint import corpus  # noqa: E402
 
 SHAPE = ["--model", "llama3.1-8b", "--num-layers", "4", "--seq-length", "8192", "--max-position-embeddings", "8192"]
-SMOKE_SHAPE = ["--model", "tiny", "--num-layers", "2"]
+SMOKE_SHAPE = ["--model", "tiny", "--num-layers", "2", "--make-vocab-size-divisible-by", "128"]
 ADAM = ["--lr", "3e-4", "--min-lr", "3e-5", "--lr-warmup-iters", "5", "--weight-decay", "0.1", "--clip-grad", "1.0"]
 FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
 LAST = 10  # losses averaged at the end of each curve
@@ -120,6 +121,8 @@ def main() -> int:
     ap.add_argument("--global-batch-size", type=int, default=4)
     ap.add_argument("--seed", type=int, help="the runs' --seed (another seed: the run-to-run noise of the losses)")
     ap.add_argument("--no-layer", action="store_true", help="skip the one-layer saved-set measurement")
+    ap.add_argument("--output-layer", action="store_true", help="the fp8 run with --fp8-output-layer")
+    ap.add_argument("--runs", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args()
     out = a.out
@@ -145,7 +148,8 @@ def main() -> int:
               f"{saved['allocated_while_held']}", flush=True)
         for shape, dtype, nbytes in saved["saved"]:
             print(f"  {dtype:22s} {str(shape):24s} {nbytes:>14,}")
-    for name, extra in (("bf16", []), ("fp8", FP8)):
+    fp8 = FP8 + (["--fp8-output-layer"] if a.output_layer else [])
+    for name, extra in [(n, e) for n, e in (("bf16", []), ("fp8", fp8)) if n in a.runs]:
         run = out / "runs" / name
         cli(*base, *extra, "--run-dir", str(run))
         result["commands"][name] = shlex.join(["train-ledger", *base, *extra, "--run-dir", str(run)])
@@ -159,6 +163,8 @@ def main() -> int:
 
 def report(result: dict) -> None:
     for name in ("bf16", "fp8"):
+        if name not in result:
+            continue
         r = result[name]
         print(f"\n{name}: {result['commands'][name]}")
         for metric, value in sorted(r["throughput"].items()):
@@ -167,6 +173,8 @@ def report(result: dict) -> None:
         for metric, row in sorted(r["memory"].items()):
             print(f"  {metric:40s} predicted {row['predicted']} measured {row['measured']} rel_diff {row['rel_diff']} "
                   f"{row['verdict']}")
+    if "bf16" not in result or "fp8" not in result:
+        return
     bf16, fp8 = result["bf16"], result["fp8"]
     speed = fp8["throughput"]["throughput.tokens_per_s"] / bf16["throughput"]["throughput.tokens_per_s"]
     tail = {name: result[name]["losses"][-LAST:] for name in ("bf16", "fp8")}

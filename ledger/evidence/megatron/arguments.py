@@ -25,6 +25,7 @@ from pathlib import Path
 from common.arguments import build_parser, resolve
 from common.config import RunConfig, validate
 from common.errors import ConfigError, InputError
+from common.megatron.flag_effects import IMPLEMENTATION_DESTS
 from common.megatron.implementation import implementation_of
 
 # Megatron arguments whose value the formulas assume; another value is named as not modelled. Absent ones (other
@@ -52,7 +53,8 @@ def our_view(arguments: dict[str, str]) -> dict[str, str]:
 
 def flags_from_arguments(arguments: dict[str, str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
     """(argv for `parser`, "name=value" of the arguments the formulas do not model). A dense run's MoE knobs (Megatron
-    logs its defaults, e.g. moe_token_dispatcher_type=allgather, with num_experts None) describe nothing that ran."""
+    logs its defaults, e.g. moe_token_dispatcher_type=allgather, with num_experts None) describe nothing that ran.
+    The implementation's arguments (--attention-backend among them) are implementation_of's to read, not flags."""
     view = our_view(arguments)
     dense = view.get("num_experts") in (None, "None")
     argv: list[str] = []
@@ -60,7 +62,8 @@ def flags_from_arguments(arguments: dict[str, str], parser: argparse.ArgumentPar
                   if name in arguments and arguments[name] != value]
     for action in parser._actions:  # noqa: SLF001 - argparse offers no public list of a parser's options
         value = view.get(action.dest)
-        if not action.option_strings or value in (None, "None") or (dense and action.dest.startswith("moe_")):
+        if (not action.option_strings or value in (None, "None") or (dense and action.dest.startswith("moe_"))
+                or action.dest in IMPLEMENTATION_DESTS):
             continue
         flag = action.option_strings[0]
         if action.nargs == 0:  # a switch: store_true (Megatron's value "True") or store_false ("False")

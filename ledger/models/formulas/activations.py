@@ -190,8 +190,8 @@ def loss_chunk_tokens(cfg: RunConfig) -> int:
 
 
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
-    """Final norm input + rstd (+ mean), output layer input, and the loss: a bool target mask and int64 masked
-    targets per token, and
+    """Final norm input + rstd (+ mean), output layer input (and under --fp8-output-layer its input's and weight's fp8
+    casts), and the loss: a bool target mask and int64 masked targets per token, and
     - unfused (Megatron's vocab-parallel cross-entropy): the fp32 softmax over the local vocab slice;
     - fused over chunks of tokens (linear): two fp32 figures per token (the max and the sum of exponentials), and one
       chunk's logits and their gradient, which the loss's backward holds at once while every activation is still
@@ -202,7 +202,9 @@ def last_stage_extra_bytes(cfg: RunConfig) -> int:
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     loss = (8 * s * b + 2 * a * loss_chunk_tokens(cfg) * vocab // t if m.linear_cross_entropy
             else 4 * s * b * vocab // t)
-    return (sum(norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp
+    # --fp8-output-layer: the compiled matmul also keeps its input's and its weight's 1-byte casts (FP8)
+    fp8_head = s * b * m.hidden_size // sp + vocab // t * m.hidden_size if cfg.implementation.fp8_output_layer else 0
+    return (sum(norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp + fp8_head
             + loss + s * b * (1 + 8))
 
 

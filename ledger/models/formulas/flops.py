@@ -67,10 +67,14 @@ def megatron_flops_per_step(cfg: RunConfig) -> int:
 
 
 def fp8_flops_per_step(cfg: RunConfig) -> int:
-    """What of either convention's count runs in fp8: the layers' linears under --fp8-format, else nothing."""
-    if not cfg.implementation.fp8:
+    """What of either convention's count runs in fp8: the layers' linears under --fp8-format (and the logit GEMM
+    under --fp8-output-layer), else nothing."""
+    impl, m = cfg.implementation, cfg.model
+    if not impl.fp8:
         return 0
-    return 6 * tokens_per_step(cfg) * _layer_linear_weights(cfg) * cfg.model.num_layers
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
+    logits = m.hidden_size * vocab if impl.fp8_output_layer else 0
+    return 6 * tokens_per_step(cfg) * (_layer_linear_weights(cfg) * m.num_layers + logits)
 
 
 def palm_flops_per_token(cfg: RunConfig) -> int:
