@@ -52,10 +52,12 @@ def stage_kernels(cfg: RunConfig) -> frozenset[Kernel]:
 
 def layer_efficiency(hw: Hardware, cfg: RunConfig, found: dict[KernelKey, float], dtype: str) -> float:
     """Isolated efficiency of one decoder layer's compute-bound kernels (those of the sweep's sustained.layer record
-    that count FLOPs): their FLOPs over peak x their seconds."""
+    that count FLOPs): their FLOPs, each over the peak of the precision it runs in (an fp8 linear's the fp8 peak),
+    over their seconds."""
     layer = [k for k in layer_ops(Shapes.of(cfg)).sustained() if k.flops > 0]
     seconds = sum(found[(k.name, k.dims, dtype)] for k in layer)
-    return sum(k.flops for k in layer) / (hw.peak(dtype) * seconds) if seconds > 0 else 0.0
+    at_peak = sum(k.flops / hw.peak("fp8" if dict(k.dims).get("fp8") else dtype) for k in layer)
+    return at_peak / seconds if seconds > 0 else 0.0
 
 
 def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:

@@ -10,6 +10,11 @@ GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
   Fitted on the H200's sweep records (runs/bench/hardware_h200.py): the fixed term is launch, ramp and tail wave, the
   epilogue term what makes a wgrad with a short reduction (k = tokens = 1,024) run at half the efficiency of one
   with k = 8,192. efficiency(shape) = flops / (peak x seconds).
+fp8 linears (dims fp8 = 1, --fp8-format; common/ops/linear.py): the GEMM at the file's fp8 peak with the 16-bit fit's
+  fixed term and efficiency, plus its two operands' casts, memory-bound: each operand read twice (its amax, then the
+  cast) and written once in one byte (5 bytes an element in bf16), at the residual add's efficiency; its output in
+  16 bits, and a wgrad's then added into main_grad by DDP's hook (read the 16-bit gradient, read and write main_grad).
+  Not fitted on any fp8 run: a datasheet peak and the 16-bit fits (docs/formulas.md, "FP8").
 Flash attention (`core_attention.fwd / .bwd`): flops / (peak x efficiency(pass, head_dim, seq, batch x heads)).
   Under context parallelism the same for each of ring attention's blocks (common/ops/attention.py: the causal diagonal
   and the half block, dims `queries` and `causal` beside seq = s/C) at its FLOPs, with the efficiency at seq = s/C, the
@@ -63,6 +68,19 @@ def gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bool, 
             + out / (hw.hbm_bandwidth * g.epilogue_efficiency))
 
 
+FP8_CAST_PROXY = "residual_add"  # a plain streaming elementwise kernel's efficiency
+
+
+def fp8_gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bool, grad_bytes: int) -> float:
+    """An fp8 linear's pass (module docstring). Each pass's operands are [m, k] and [k, n]."""
+    g, a = hw.gemm, DTYPE_BYTES[dtype]
+    casts = (2 * a + 1) * (m * k + k * n)  # each element read twice (amax, cast) and written in one byte
+    add = m * n * (a + 2 * grad_bytes) if wgrad else 0  # DDP's hook: the 16-bit gradient into main_grad
+    return (g.fixed_s + 2.0 * m * n * k / (hw.peak("fp8") * g.compute_efficiency)
+            + m * n * a / (hw.hbm_bandwidth * g.epilogue_efficiency)
+            + memory_seconds(hw, FP8_CAST_PROXY, casts + add))
+
+
 def attention_seconds(hw: Hardware, kernel: Kernel, dtype: str) -> float:
     d = dict(kernel.dims)
     pass_ = kernel.name.rsplit(".", 1)[1]
@@ -79,7 +97,8 @@ def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) ->
     pass_ = kernel.name.rpartition(".")[2]
     if pass_ in GEMM_PASSES:
         d = dict(kernel.dims)
-        return gemm_seconds(hw, dtype, d["m"], d["n"], d["k"], pass_ == "wgrad", DTYPE_BYTES[grad_dtype])
+        cost = fp8_gemm_seconds if d.get("fp8") else gemm_seconds
+        return cost(hw, dtype, d["m"], d["n"], d["k"], pass_ == "wgrad", DTYPE_BYTES[grad_dtype])
     if is_flash_attention(kernel.name):
         return attention_seconds(hw, kernel, dtype)
     try:
