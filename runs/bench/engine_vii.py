@@ -10,7 +10,9 @@ skipped, and says so:
           against the 989 TFLOP/s datasheet, peak allocated, NVML's used bytes and what lay outside PyTorch (a
           one-GPU run now builds no communicator beyond the default group's), ratios to megatron-core;
   moe     mixtral-8x7b-2l on the one GPU (runs/bench/moe_cp_h200.sh's flags) with SequentialMLP and with
-          --moe-grouped-gemm: step time, tokens/s, and from one profiled step's trace the forward passes' GPU idle
+          --moe-grouped-gemm, and megatron-core's MoE at the same shape (--moe-variants; mcore_anchor.py --moe: its
+          SequentialMLP, no Transformer Engine): step time, tokens/s, the ratios, and from one profiled step's trace
+          the forward passes' GPU idle
           (1 - kernel busy time / the forward's GPU window: first to last kernel it launched);
   small   a launch-bound shape (hidden 1024, 4 layers, 16 heads in 4 groups, vocab 32000, seq 512, micro-batch 2, 8
           micro-batches) eager (TRAIN_LEDGER_COMPILE=0), compiled (the engine's default) and compiled with every
@@ -40,7 +42,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "runs" / "bench"))
 
-from vs_megatron import engine_run, gemm_ceiling_tflops, merged_table, print_table, summarize, variant_makers  # noqa: E402,E501
+from vs_megatron import (  # noqa: E402
+    anchor_variant,
+    engine_run,
+    gemm_ceiling_tflops,
+    merged_table,
+    print_table,
+    summarize,
+    variant_makers,
+)
 
 from common.arguments import parse_args  # noqa: E402
 from common.intervals import union  # noqa: E402
@@ -161,23 +171,35 @@ def smoke_variant(variant: str, a) -> dict:
     return dict(r, variant=f"train-ledger{' linear-ce' if extra else ''}", seq=32)
 
 
+MOE_VARIANTS = {"sequential": [], "grouped-gemm": ["--moe-grouped-gemm"]}
+
+
 def moe(a, budget: Budget, out: dict, save) -> None:
+    """Ours (--moe-variants of MOE_VARIANTS) and, on a GPU, megatron-core's MoE (its SequentialMLP through
+    mcore_anchor.py --moe, the same shape) when "mcore" is among them; each ours / megatron-core ratio."""
     base = SMOKE_MOE if a.cpu_smoke else MOE
     steps = a.steps
     flags = ["--train-iters", str(steps), "--profile-step-start", str(steps - 1), "--profile-step-end", str(steps - 1)]
     out["moe"] = {}
-    for name, extra in (("sequential", []), ("grouped-gemm", ["--moe-grouped-gemm"])):
-        if not budget.may_start("moe", name):
+    for name in a.moe_variants:
+        if not budget.may_start("moe", name) or (name == "mcore" and a.cpu_smoke):
             continue
-        out["moe"][name] = trained([*base, *flags, *extra], a.timed)
+        if name == "mcore":
+            r = anchor_variant("megatron-core MoE", Path(a.anchors) / "mcore_anchor.py",
+                               ["--attn", "sdpa", "--fusedadam", "--moe"], 4096, 8, steps, a.timed)
+            mean = sum(r["times"]) / len(r["times"])
+            out["moe"][name] = r = dict(r, step_ms_mean=mean * 1e3, tokens_per_s=8 * 4096 / mean, forward_idle=None)
+        else:
+            out["moe"][name] = r = trained([*base, *flags, *MOE_VARIANTS[name]], a.timed)
         save()
-        r = out["moe"][name]
         print(f"moe {name}: {r['step_ms_mean']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, forward idle "
               f"{json.dumps(r['forward_idle'])}", flush=True)
-    if len(out["moe"]) == 2:
-        out["moe"]["speedup"] = out["moe"]["grouped-gemm"]["tokens_per_s"] / out["moe"]["sequential"]["tokens_per_s"]
-        print(f"moe grouped / sequential tokens/s: {out['moe']['speedup']:.3f}", flush=True)
-        save()
+    ratios = {f"{mine} / {other}": out["moe"][mine]["tokens_per_s"] / out["moe"][other]["tokens_per_s"]
+              for mine, other in (("grouped-gemm", "sequential"), ("sequential", "mcore"), ("grouped-gemm", "mcore"))
+              if mine in out["moe"] and other in out["moe"]}
+    out["moe"]["ratios"] = ratios
+    print(f"moe tokens/s ratios: {json.dumps(ratios)}", flush=True)
+    save()
 
 
 SMALL_VARIANTS = {"eager": ("0", []), "compiled": ("1", []), "graphed": ("1", ["--cuda-graph-impl", "local"])}
@@ -235,6 +257,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timed", type=int, default=6)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--moe-variants", nargs="+", default=[*MOE_VARIANTS, "mcore"], choices=[*MOE_VARIANTS, "mcore"],
+                   help="the moe section's runs, in this order (mcore: megatron-core's MoE, GPU only)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU, no anchors: a dry run")
     a = p.parse_args()
     print("command: python " + shlex.join(sys.argv), flush=True)

@@ -6,6 +6,7 @@
 # measures; every run's exact command is printed before it starts. Prepare once, as runs/bench/vs_megatron.sh says:
 # .whl/ holds the megatron-core wheel and its dependencies (runs/bench/anchors/README.md). Then, on the GPU machine:
 #     OUT=dir bash runs/bench/engine_vii_h200.sh        # BUDGET_S=seconds to stop starting runs (default 470)
+# ARGS adds engine_vii.py flags, e.g. ARGS="--sections moe --moe-variants grouped-gemm mcore --steps 8 --timed 4".
 # Results: OUT/engine_vii.json (rewritten after every run) and OUT/engine_vii.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,5 +17,5 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.csv"
-python3 runs/bench/engine_vii.py --out "$OUT/engine_vii.json" --budget-s "${BUDGET_S:-470}" 2>&1 \
+python3 runs/bench/engine_vii.py --out "$OUT/engine_vii.json" --budget-s "${BUDGET_S:-470}" ${ARGS:-} 2>&1 \
   | tee "$OUT/engine_vii.log"

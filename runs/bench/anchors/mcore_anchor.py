@@ -20,6 +20,7 @@ p.add_argument("--steps", type=int, default=15)
 p.add_argument("--timed", type=int, default=10)
 p.add_argument("--distopt", type=int, default=1)
 p.add_argument("--fusedadam", action="store_true")  # patch torch AdamW -> fused=True
+p.add_argument("--moe", action="store_true")  # mixtral-8x7b-2l: 8 experts, top-2, SequentialMLP (no grouped GEMM)
 p.add_argument("--tiny", action="store_true")  # CPU smoke test of construction only
 p.add_argument("--cpu", action="store_true")
 args = p.parse_args()
@@ -39,10 +40,15 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module, MegatronModule  # noqa: E402 (after the environment above)
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402 (after the environment above)
 
-# Llama-3.2-1B / train-ledger shape
+# Llama-3.2-1B / train-ledger shape; --moe: train-ledger's mixtral-8x7b-2l (Mixtral 8x7B's layer, 2 layers)
 L, H, FFN, NH, NKV, V = 16, 2048, 8192, 32, 8, 128256
+EXPERTS, TOPK, ROTARY_BASE, ROPE_SCALING = None, 2, 500000, True
+if args.moe:
+    L, H, FFN, NH, NKV, V = 2, 4096, 14336, 32, 8, 32000
+    EXPERTS, ROTARY_BASE, ROPE_SCALING = 8, 1000000, False
 if args.tiny:
     L, H, FFN, NH, NKV, V = 2, 256, 1024, 4, 2, 1000
+    EXPERTS = 4 if args.moe else None
 HD = H // NH
 
 
@@ -84,14 +90,17 @@ def main():
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
         bias_activation_fusion=False, bias_dropout_fusion=False,
         attention_softmax_in_fp32=True, use_cpu_initialization=args.cpu,
+        **(dict(num_moe_experts=EXPERTS, moe_router_topk=TOPK, moe_aux_loss_coeff=0.02,
+                moe_router_load_balancing_type="aux_loss", moe_token_dispatcher_type="alltoall",
+                moe_grouped_gemm=False) if EXPERTS else {}),
     )
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False, normalization="RMSNorm")
     if args.attn == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=V,
                      max_sequence_length=args.seq, pre_process=True, post_process=True,
                      share_embeddings_and_output_weights=False, position_embedding_type="rope",
-                     rotary_base=500000, rope_scaling=True, rope_scaling_factor=32.0,
+                     rotary_base=ROTARY_BASE, rope_scaling=ROPE_SCALING, rope_scaling_factor=32.0,
                      parallel_output=True)
     n_params = sum(p.numel() for p in model.parameters())
     print("params", n_params, "dtype", next(model.parameters()).dtype, flush=True)
@@ -187,7 +196,8 @@ def main():
     ms = torch.cuda.memory_stats()
     tt = times[-args.timed:]
     step_s = sum(tt) / len(tt)
-    res = dict(variant=f"mcore-{args.attn}-distopt{args.distopt}" + ("-fusedadam" if args.fusedadam else ""),
+    res = dict(variant=f"mcore-{args.attn}-distopt{args.distopt}" + ("-fusedadam" if args.fusedadam else "")
+               + ("-moe" if args.moe else ""),
                fb_s=sum(t_fb[-args.timed:]) / args.timed, opt_s=sum(t_opt[-args.timed:]) / args.timed,
                seq=S, mbs=B, n_params=n_params,
                step_s=step_s, step_min_s=min(tt), tokens_per_s=B * S * args.microbatches / step_s,
