@@ -8,8 +8,6 @@ run it is refused in one line.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from common.errors import ConfigError
 from common.ops.layer import layer_ops
 from common.ops.shapes import Shapes
 from engine.transformer.attention import SelfAttention, scaled_dot_product
+from tests.support.cli import train_refusal
 from tests.support.gloo import world_of_one
 
 
@@ -76,10 +75,6 @@ def test_fused_attention_is_refused_under_context_parallelism():
 
 
 def test_train_refuses_fused_attention_on_a_machine_without_a_gpu_before_any_rank_starts(tmp_path):
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "cli", "train", "--model", "tiny", "--attention-backend", "fused",
-                           "--train-iters", "1", "--run-dir", str(run_dir)], capture_output=True, text=True)
-    assert done.returncode == 2 and not run_dir.exists()
-    assert done.stderr.strip().splitlines() == [
+    assert train_refusal(tmp_path, ["--attention-backend", "fused"]) == [
         "train-ledger train: error: --attention-backend fused needs CUDA GPUs; this machine has none (NVML finds no "
         "device)"]

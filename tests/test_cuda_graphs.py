@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +31,7 @@ from ledger.reconcile import memory
 from ledger.reconcile.hta import HtaChoice
 from ledger.reconcile.run import TraceWork, reconcile
 from ledger.reconcile.time_rows import calibration
+from tests.support.cli import train_refusal
 from tests.support.recorded_runs import FIXTURES, only
 
 RUNS = FIXTURES / "h200_cuda_graphs"
@@ -70,11 +69,7 @@ def test_graphs_are_accepted_with_data_parallelism_and_only_the_local_implementa
 
 
 def test_train_refuses_graphs_on_a_machine_without_a_gpu_before_any_rank_starts(tmp_path):
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "cli", "train", "--model", "tiny", "--cuda-graph-impl", "local",
-                           "--train-iters", "1", "--run-dir", str(run_dir)], capture_output=True, text=True)
-    assert done.returncode == 2 and not run_dir.exists()
-    assert done.stderr.strip().splitlines() == [
+    assert train_refusal(tmp_path, ["--cuda-graph-impl", "local"]) == [
         "train-ledger train: error: --cuda-graph-impl local needs CUDA GPUs; this machine has none (NVML finds no "
         "device)"]
 
