@@ -8,6 +8,7 @@ The flags are validated here, for the whole world, before any process starts: ba
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -101,6 +102,8 @@ def main(argv: list[str], say_next: bool = True) -> int:
                             (run_config.implementation.fused_attention, "--attention-backend fused")):
         if needs_gpu and gpu_bytes is None:
             raise ConfigError(f"{flag} needs CUDA GPUs; this machine has none (NVML finds no device)")
+    if run_config.implementation.fp8 and importlib.util.find_spec("torchao") is None:
+        raise ConfigError("--fp8-format needs torchao, which is not installed: pip install -e '.[fp8]'")
     check_fits(run_config, launch.nproc_per_node, gpu_bytes)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")

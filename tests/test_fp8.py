@@ -189,6 +189,20 @@ def _rank(rank: int, world_size: int, argv: list[str]) -> dict:
     return train_and_collect(parse_args(argv, world_size=world_size))
 
 
+def test_train_without_torchao_says_so_in_one_line_before_any_rank_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    from tests.support.cli import run
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else found(name, *a))
+    status, _, err = run(["train", "--model", "tiny", "--fp8-format", "hybrid", "--train-iters", "1",
+                          "--run-dir", str(tmp_path / "run")])
+    assert status == 2 and not (tmp_path / "run").exists()
+    assert err.strip().splitlines() == ["train-ledger train: error: --fp8-format needs torchao, which is not "
+                                        "installed: pip install -e '.[fp8]'"]
+
+
 def test_the_output_layer_in_fp8_needs_fp8():
     with pytest.raises(ConfigError, match="--fp8-output-layer needs --fp8-format"):
         parse_args(["--model", "tiny", "--fp8-output-layer"], world_size=1)
