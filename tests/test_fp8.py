@@ -352,6 +352,18 @@ def test_simulate_predicts_the_real_fp8_run_within_5_percent_without_its_sweep()
 
 
 @pytest.mark.slow
+def test_pipeline_parallel_fp8_training_is_the_single_process_fp8_run():
+    """PP 2 (1F1B over 4 micro-batches, one layer a stage): every tensor a layer casts is the single process's, so
+    the bar is DP's, 1e-5 over two steps."""
+    base = ("--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "4",
+            "--train-iters", "2", "--lr", "3e-3", "--clip-grad", "0.05", "--mock-data", "--fp8-format", "hybrid")
+    results = run_distributed(_rank, 2, [*base, "--pipeline-model-parallel-size", "2"])
+    ref = reference(base, 1)
+    for rank, res in enumerate(results):
+        assert_rank_matches(res, ref, rank)
+
+
+@pytest.mark.slow
 def test_tensor_parallel_fp8_training_stays_within_fp8s_rounding_of_the_single_process_run():
     """TP 2 (no sequence parallelism): each rank casts its own shard of a weight and its own partial activations,
     so each GEMM's scales are per shard, not the whole tensor's: the maths is not the single process's, and the bar is
