@@ -19,16 +19,11 @@ from common.ops.layer import layer_ops
 from common.ops.shapes import Shapes
 from engine.transformer.attention import SelfAttention, scaled_dot_product
 from tests.support.cli import train_refusal
-from tests.support.gloo import world_of_one
+from tests.support.parity import built_alone
 
 
 def _chunk(flags: list[str]):
-    from engine.models.gpt_model import build_model_chunks
-    from engine.parallel_state import ParallelState
-
-    cfg = parse_args(["--model", "tiny", *flags], world_size=1)
-    with world_of_one():
-        return build_model_chunks(cfg, ParallelState.from_run_config(cfg), "cpu")[0]
+    return built_alone(["--model", "tiny", *flags])
 
 
 @pytest.mark.parametrize("flags, backend", [([], FLASH), (["--attention-backend", "fused"], FUSED)])

@@ -27,7 +27,7 @@ from ledger.models.formulas.peak_memory import stage_peaks
 from ledger.reconcile.rows import Row
 from ledger.reconcile.run import reconcile_evidence
 from tests.support.gloo import run_distributed, world_of_one
-from tests.support.parity import assert_close_rel, assert_rank_matches, reference, train_and_collect
+from tests.support.parity import assert_close_rel, assert_rank_matches, built_alone, reference, train_and_collect
 from tests.support.recorded_runs import FIXTURES
 
 float8 = pytest.importorskip("torchao.float8")
@@ -90,12 +90,7 @@ def test_hybrid_casts_the_gradients_to_e5m2_and_e4m3_does_not():
 
 
 def _tiny_chunk(flags: list[str]):
-    from engine.models.gpt_model import build_model_chunks
-    from engine.parallel_state import ParallelState
-
-    cfg = parse_args(["--model", "tiny", "--bf16", *flags], world_size=1)
-    with world_of_one():
-        return build_model_chunks(cfg, ParallelState.from_run_config(cfg), "cpu")[0]
+    return built_alone(["--model", "tiny", "--bf16", *flags])
 
 
 def test_the_layers_four_linears_are_converted_and_nothing_else():

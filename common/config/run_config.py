@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config.checkpoint_config import CheckpointConfig
-from common.config.implementation_config import ImplementationConfig
+from common.config.implementation_config import TENSORWISE, ImplementationConfig
 from common.config.model_config import ModelConfig
 from common.config.parallel_config import ParallelConfig
 from common.config.probe_config import ProbeConfig
@@ -182,7 +182,7 @@ def check_fp8(cfg: RunConfig) -> None:
         raise ConfigError("--fp8-output-layer needs --fp8-format")
     if not impl.fp8:
         return
-    if impl.fp8_recipe != "tensorwise":
+    if impl.fp8_recipe != TENSORWISE:
         raise ConfigError(f"--fp8-recipe {impl.fp8_recipe}: only tensorwise is implemented (torchao's dynamic "
                           "scaling; it keeps no amax history, so there is no delayed recipe)")
     p, m = cfg.parallel, cfg.model

@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from common.ops.kernel import Kernel, OpGroup, kernel
 
 GEMM_PASSES = ("fprop", "dgrad", "wgrad")
+FP8 = "fp8"  # the dim that keys an fp8 linear's GEMMs apart (value 1)
+
+
+def runs_in_fp8(k: Kernel) -> bool:
+    """An fp8 linear's GEMM (--fp8-format): priced at the fp8 peak, timed through the engine's float8 matmul."""
+    return dict(k.dims).get(FP8) == 1
 
 
 def gemm(name: str, m: int, n: int, k: int, **group: int) -> Kernel:
@@ -35,12 +41,12 @@ class Linear(OpGroup):
     def direct(self) -> tuple[Kernel, ...]:
         """The GEMMs a caller runs without autograd: a dense linear's three; a grouped or fp8 linear's fprop alone
         (its dgrad and wgrad are its autograd function's backward)."""
-        through_autograd = any(name in ("experts", "fp8") for name, _ in self.fprop.dims)
-        return (self.fprop,) if through_autograd else self.kernels()
+        grouped = any(name == "experts" for name, _ in self.fprop.dims)
+        return (self.fprop,) if grouped or runs_in_fp8(self.fprop) else self.kernels()
 
 
 def linear(name: str, rows: int, out: int, inp: int, *, fp8: bool = False) -> Linear:
-    group = {"fp8": 1} if fp8 else {}
+    group = {FP8: 1} if fp8 else {}
     return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp, **group),
                   dgrad=gemm(f"{name}.dgrad", rows, inp, out, **group),
                   wgrad=gemm(f"{name}.wgrad", out, inp, rows, **group))

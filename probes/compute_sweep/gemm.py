@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from common.ops.linear import FP8
 from probes.compute_sweep.calls import Backward, Bench, Builder, Call, Op
 
 
@@ -17,22 +18,23 @@ def builders(b: Bench) -> dict[str, Builder]:
 
     def fprop(d: dict[str, int]) -> Op:
         x, w = t.randn(d["m"], d["k"]), t.randn(d["n"], d["k"])
-        if d.get("fp8"):
-            return Call(lambda: _fp8_linear(b)(x, w))
+        if d.get(FP8):
+            fp8 = _fp8_linear(b)
+            return Call(lambda: fp8(x, w))
         return Call(lambda: F.linear(x, w))
 
     def dgrad(d: dict[str, int]) -> Op:
-        if d.get("fp8"):  # rows m, input width n, output width k
-            x, w = t.randn(d["m"], d["n"], grad=True), t.randn(d["k"], d["n"])
-            return Backward(lambda: _fp8_linear(b)(x, w), (x,), (t.randn(d["m"], d["k"]),))
+        if d.get(FP8):  # rows m, input width n, output width k
+            fp8, x, w = _fp8_linear(b), t.randn(d["m"], d["n"], grad=True), t.randn(d["k"], d["n"])
+            return Backward(lambda: fp8(x, w), (x,), (t.randn(d["m"], d["k"]),))
         g, w = t.randn(d["m"], d["k"]), t.randn(d["k"], d["n"])
         return Call(lambda: g.matmul(w))
 
     def wgrad(d: dict[str, int]) -> Op:
         main_grad = torch.zeros(d["m"], d["n"], device=t.device, dtype=b.grad_dtype)
-        if d.get("fp8"):  # output width m, input width n, rows k
-            x, w = t.randn(d["k"], d["n"]), t.randn(d["m"], d["n"], grad=True)
-            return Backward(lambda: _fp8_linear(b)(x, w), (w,), (t.randn(d["k"], d["m"]),),
+        if d.get(FP8):  # output width m, input width n, rows k
+            fp8, x, w = _fp8_linear(b), t.randn(d["k"], d["n"]), t.randn(d["m"], d["n"], grad=True)
+            return Backward(lambda: fp8(x, w), (w,), (t.randn(d["k"], d["m"]),),
                             after=lambda grads: main_grad.add_(grads[0]))
         g, x = t.randn(d["k"], d["m"]), t.randn(d["k"], d["n"])
         return Call(lambda: b.kernels.wgrad(main_grad, g, x))

@@ -99,6 +99,16 @@ def train_alone(argv: list[str], probes: Any = None) -> dict[str, Any]:
         return train_and_collect(parse_args(argv, world_size=1), probes=probes)
 
 
+def built_alone(argv: list[str]) -> torch.nn.Module:
+    """The model of these flags on a world of one, on the CPU, untrained: its one chunk (no DDP wrapper)."""
+    from engine.models.gpt_model import build_model_chunks
+
+    cfg = parse_args(argv, world_size=1)
+    with world_of_one():
+        (chunk,) = build_model_chunks(cfg, ParallelState.from_run_config(cfg), "cpu")
+    return chunk
+
+
 def train_rank(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:
     """One gloo rank of a parity test (tests.support.gloo.run_distributed calls it by name)."""
     return train_and_collect(parse_args(argv, world_size=world_size))

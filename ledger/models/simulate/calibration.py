@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from common.config import RunConfig
 from common.ops import Kernel, Shapes, layer_ops
+from common.ops.linear import runs_in_fp8
 from common.ops.rank import optimizer_rate
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
@@ -56,7 +57,7 @@ def layer_efficiency(hw: Hardware, cfg: RunConfig, found: dict[KernelKey, float]
     over their seconds."""
     layer = [k for k in layer_ops(Shapes.of(cfg)).sustained() if k.flops > 0]
     seconds = sum(found[(k.name, k.dims, dtype)] for k in layer)
-    at_peak = sum(k.flops / hw.peak("fp8" if dict(k.dims).get("fp8") else dtype) for k in layer)
+    at_peak = sum(k.flops / hw.peak("fp8" if runs_in_fp8(k) else dtype) for k in layer)
     return at_peak / seconds if seconds > 0 else 0.0
 
 

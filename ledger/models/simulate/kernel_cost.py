@@ -35,6 +35,7 @@ bytes per element (common/ops/traffic.py) at HBM bandwidth x their fitted effici
 from __future__ import annotations
 
 from common.ops import GEMM_PASSES, Kernel, bytes_moved, bytes_per_element
+from common.ops.linear import runs_in_fp8
 from common.ops.sizes import DTYPE_BYTES
 from common.ops.traffic import gemm_output_bytes
 from ledger.models.simulate.hardware import Hardware
@@ -97,7 +98,7 @@ def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) ->
     pass_ = kernel.name.rpartition(".")[2]
     if pass_ in GEMM_PASSES:
         d = dict(kernel.dims)
-        cost = fp8_gemm_seconds if d.get("fp8") else gemm_seconds
+        cost = fp8_gemm_seconds if runs_in_fp8(kernel) else gemm_seconds
         return cost(hw, dtype, d["m"], d["n"], d["k"], pass_ == "wgrad", DTYPE_BYTES[grad_dtype])
     if is_flash_attention(kernel.name):
         return attention_seconds(hw, kernel, dtype)
