@@ -179,6 +179,18 @@ class NvmlRecord(Event):
     mem_util_pct: float | None = None
     power_w: float | None = None
     sm_clock_mhz: float | None = None
+    # NVML's per-process accounting of the device (probes/nvml.py): the compute processes it lists, this process's
+    # bytes and the other processes' (None where NVML does not list this process or gives no per-process bytes)
+    processes: int | None = amount()
+    own_bytes: int | None = amount()
+    other_processes_bytes: int | None = amount()
+
+    @property
+    def used_without_others(self) -> int | None:
+        """The device's used bytes less what other processes hold: this process's and the driver's."""
+        if self.used_bytes is None:
+            return None
+        return self.used_bytes - (self.other_processes_bytes or 0)
 
 
 @dataclass(slots=True)

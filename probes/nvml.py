@@ -1,13 +1,16 @@
 """A per-rank NVML sampler thread: device used memory, utilisation, power and SM clock every --nvml-interval s.
 
 NVML sees the whole device (CUDA context, NCCL buffers, other processes), which is what the ledger compares against
-memory_stats' reserved bytes. The thread only appends to a buffer; the main thread drains it at step end and writes
+memory_stats' reserved bytes; each sample also splits it by process (NVML's per-process accounting, matched by pid),
+so that what another process holds on the same GPU (a notebook, a second job, a bench harness) is not read as this
+run's memory outside PyTorch. The thread only appends to a buffer; the main thread drains it at step end and writes
 the `nvml` records, so the event file has one writer. The thread is a daemon, stopped by `stop()` (close, failure)
 and by atexit, so it can neither keep a dead run alive nor outlive a clean one.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from typing import Any
@@ -89,4 +92,26 @@ def _sample(pynvml: Any, handle: Any) -> dict[str, Any]:
         "mem_util_pct": int(util.memory),
         "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
         "sm_clock_mhz": int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+        **_processes(pynvml, handle),
     }
+
+
+def _processes(pynvml: Any, handle: Any) -> dict[str, int]:
+    """The sample's per-process fields, or none where the driver refuses the process list."""
+    try:
+        listed = [(proc.pid, proc.usedGpuMemory) for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    except pynvml.NVMLError:
+        return {}
+    return process_split(listed, os.getpid())
+
+
+def process_split(listed: list[tuple[int, int | None]], own_pid: int) -> dict[str, int]:
+    """`processes` (how many NVML lists), and where it can tell them apart, `own_bytes` (the process `own_pid`) and
+    `other_processes_bytes` (the rest): not where this process is not listed (NVML reports pids of another PID
+    namespace) or a listed process has no byte figure (NVML_VALUE_NOT_AVAILABLE, read as None)."""
+    split = {"processes": len(listed)}
+    own = [used for pid, used in listed if pid == own_pid]
+    others = [used for pid, used in listed if pid != own_pid]
+    if len(own) == 1 and own[0] is not None and None not in others:
+        split |= {"own_bytes": int(own[0]), "other_processes_bytes": int(sum(others))}
+    return split

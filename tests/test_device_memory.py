@@ -92,6 +92,56 @@ def test_memory_nobody_predicted_is_off(tmp_path):
     assert reconciled_row(tmp_path, "s4096", another_process_takes_3_gib).verdict == "off"
 
 
+def with_another_process(held: int, listed_with_pids: bool = True):
+    """An edit of a run's NVML samples (plumbing: the figures are made up): another process holds `held` bytes on
+    the GPU, and NVML's per-process fields say so, or list two processes none of which is this one."""
+    def edit(run: Path) -> None:
+        path = run / "ranks/rank0/events.jsonl"
+        lines = [json.loads(line) for line in path.open()]
+        for e in lines:
+            if e["kind"] == "nvml":
+                own = e["used_bytes"] - 615 * MiB
+                e["used_bytes"] += held
+                e |= {"processes": 2, "own_bytes": own, "other_processes_bytes": held} if listed_with_pids \
+                    else {"processes": 2}
+        path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    return edit
+
+
+def reconciled_rows(tmp_path, name: str, edit) -> dict[str, object]:
+    run = tmp_path / name
+    shutil.copytree(FIXTURES / name, run)
+    edit(run)
+    return {r.metric: r for r in reconcile(run).rows if r.metric.startswith("memory.")}
+
+
+def test_another_process_on_the_gpu_is_subtracted_and_named(tmp_path):
+    rows = reconciled_rows(tmp_path, "s4096", with_another_process(3 * 2**30))
+    alone = reconciled_row(tmp_path / "alone", "s4096")
+    outside, others = rows["memory.outside_pytorch"], rows["memory.other_processes"]
+    assert outside.verdict == "ok" and outside.measured == alone.measured
+    assert "other processes' 3,221,225,472 B" in outside.explanation
+    assert others.measured == 3 * 2**30 and others.verdict == "off"  # beyond 2% of NVML used
+    total = rows["memory.device_total"]
+    assert str(f"other processes {3 * 2**30:,}") in total.explanation
+
+
+def test_a_few_mib_of_another_process_only_warn(tmp_path):
+    others = reconciled_rows(tmp_path, "s4096", with_another_process(64 * MiB))["memory.other_processes"]
+    assert others.verdict == "warn"
+
+
+def test_processes_nvml_cannot_tell_apart_are_counted_and_said(tmp_path):
+    rows = reconciled_rows(tmp_path, "s4096", with_another_process(3 * 2**30, listed_with_pids=False))
+    assert rows["memory.outside_pytorch"].verdict == "off"
+    others = rows["memory.other_processes"]
+    assert others.measured is None and "PID namespace" in others.explanation
+
+
+def test_a_run_recorded_without_the_split_has_no_other_processes_row(tmp_path):
+    assert "memory.other_processes" not in reconciled_rows(tmp_path, "s4096", lambda run: None)
+
+
 def test_an_uncalibrated_device_is_measured_only_and_says_how_to_calibrate(tmp_path):
     def rename_device(run: Path) -> None:
         manifest = json.loads((run / "manifest.json").read_text())

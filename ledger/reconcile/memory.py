@@ -169,25 +169,7 @@ def allocator_rows(r: RankEvidence, outside: tuple[OutsidePyTorch | None, str] =
                                           "allocator holds beyond the step's own peak demand, fragmentation included "
                                           "(try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); warn above 15% of "
                                           "reserved, off above 35%", source="events", **where))
-    nvml_used = max((n.used_bytes for n in r.nvml if n.used_bytes is not None), default=None)
-    non_torch = nvml_used - reserved if nvml_used is not None else None
-    predicted, provenance = outside
-    terms = ", ".join(f"{name} {b / 2**20:,.0f} MiB" for name, b in predicted.terms.items()) if predicted else ""
-    rows.append(row("memory.outside_pytorch", "rank", measured=non_torch, unit="bytes",
-                    predicted=predicted.total if predicted else None, tolerance=0.0,
-                    abs_tolerance=OUTSIDE_TOL * nvml_used if nvml_used is not None else 0.0,
-                    explanation="NVML used - reserved" + (f" = {terms}" if terms else "")
-                                + f"; {provenance}; judged to {OUTSIDE_TOL:.0%} of NVML used (multi-rank "
-                                "communicators' peer buffers are not in the calibration); NVML counts every "
-                                "process on the GPU" + ("" if r.nvml else "; no NVML samples (--nvml-interval)"),
-                    source="nvml", **where))
-    peak = _step_max(r, PEAK)
-    if nvml_used is not None and peak is not None:
-        rows.append(identity_row("memory.device_total", "rank", measured=nvml_used, unit="bytes",
-                                 explanation=f"NVML used = peak allocated {peak:,} + reserved beyond peak {frag:,} + "
-                                             f"outside PyTorch {non_torch:,}: every term is measured, so the sum "
-                                             "equals the measurement by construction (the peak is judged on "
-                                             "memory.peak_allocated)", source="nvml", **where))
+    rows += nvml_rows(r, reserved, frag, outside)
     retries = _step_max(r, "num_alloc_retries") or 0
     ooms = _step_max(r, "num_ooms") or 0
     rows.append(threshold_row("memory.alloc_retries", "rank", measured=retries, warn_at=1, off_at=100,
@@ -196,6 +178,60 @@ def allocator_rows(r: RankEvidence, outside: tuple[OutsidePyTorch | None, str] =
     rows.append(threshold_row("memory.ooms", "rank", measured=ooms, warn_at=1, off_at=1, unit="count",
                               explanation="out-of-memory errors the allocator raised", source="events", **where))
     return rows
+
+
+def nvml_rows(r: RankEvidence, reserved: int, frag: int,
+              outside: tuple[OutsidePyTorch | None, str]) -> list[Row]:
+    """Memory outside PyTorch, other processes on the GPU and the device total, from the NVML sample where the
+    device held the most for this process (its used bytes less what other processes held then)."""
+    where = dict(rank=r.rank, stage=r.stage)
+    samples = [n for n in r.nvml if n.used_without_others is not None]
+    top = max(samples, key=lambda n: n.used_without_others or 0, default=None)
+    own_used = top.used_without_others if top is not None else None
+    non_torch = own_used - reserved if own_used is not None else None
+    others = (top.other_processes_bytes or 0) if top is not None else 0
+    predicted, provenance = outside
+    terms = ", ".join(f"{name} {b / 2**20:,.0f} MiB" for name, b in predicted.terms.items()) if predicted else ""
+    rows = [row("memory.outside_pytorch", "rank", measured=non_torch, unit="bytes",
+                predicted=predicted.total if predicted else None, tolerance=0.0,
+                abs_tolerance=OUTSIDE_TOL * own_used if own_used is not None else 0.0,
+                explanation="NVML used" + (f" - other processes' {others:,} B" if others else "") + " - reserved"
+                            + (f" = {terms}" if terms else "") + f"; {provenance}; judged to {OUTSIDE_TOL:.0%} of "
+                            "NVML used (multi-rank communicators' peer buffers are not in the calibration)"
+                            + ("" if r.nvml else "; no NVML samples (--nvml-interval)"), source="nvml", **where)]
+    rows += other_process_rows(r, own_used)
+    peak = _step_max(r, PEAK)
+    if top is not None and peak is not None:
+        rows.append(identity_row("memory.device_total", "rank", measured=top.used_bytes, unit="bytes",
+                                 explanation=f"NVML used = peak allocated {peak:,} + reserved beyond peak {frag:,} + "
+                                             f"outside PyTorch {non_torch:,} + other processes {others:,}: every "
+                                             "term is measured, so the sum equals the measurement by construction "
+                                             "(the peak is judged on memory.peak_allocated)", source="nvml", **where))
+    return rows
+
+
+def other_process_rows(r: RankEvidence, own_used: int | None) -> list[Row]:
+    """memory.other_processes where NVML listed the device's processes: what the others held at most, which also
+    compute beside the run. Warn at any byte; off from the outside-PyTorch row's bar (2% of NVML used), what
+    would have put that row off had it not been subtracted."""
+    where = dict(rank=r.rank, stage=r.stage)
+    listed = [n for n in r.nvml if n.processes is not None]
+    if not listed:
+        return []
+    split = [n.other_processes_bytes for n in listed if n.other_processes_bytes is not None]
+    most = max(n.processes or 0 for n in listed)
+    if not split:
+        return [row("memory.other_processes", "rank", measured=None, unit="bytes", tolerance=0.0,
+                    explanation=f"NVML lists up to {most} process(es) on this GPU but not this one (pids of another "
+                                "PID namespace): what others hold cannot be told apart, so memory.outside_pytorch "
+                                "counts it", source="nvml", **where)]
+    return [threshold_row("memory.other_processes", "rank", measured=max(split), warn_at=1,
+                          off_at=OUTSIDE_TOL * (own_used or 0) or 1, unit="bytes",
+                          explanation=f"the most other processes held on this GPU at once (NVML's per-process "
+                                      f"bytes; up to {most} process(es) listed): subtracted from NVML used before "
+                                      "memory.outside_pytorch; they also computed beside the run, so its times are "
+                                      "not this run's alone; warn at any byte, off from 2% of NVML used",
+                          source="nvml", **where)]
 
 
 def _point(r: RankEvidence, point: str, key: str) -> int | None:

@@ -142,18 +142,20 @@ def main() -> int:
     if a.seed is not None:
         base += ["--seed", str(a.seed)]
     result: dict = {"commands": {}, "layer_saved": {}}
-    for name, fp8 in () if a.no_layer else (("bf16", False), ("fp8", True)):
-        result["layer_saved"][name] = saved = layer_saved(fp8, a.cpu_smoke)
-        print(f"one layer's forward, {name}: saved {saved['saved_bytes']:,} B, allocated while held "
-              f"{saved['allocated_while_held']}", flush=True)
-        for shape, dtype, nbytes in saved["saved"]:
-            print(f"  {dtype:22s} {str(shape):24s} {nbytes:>14,}")
     fp8 = FP8 + (["--fp8-output-layer"] if a.output_layer else [])
     for name, extra in [(n, e) for n, e in (("bf16", []), ("fp8", fp8)) if n in a.runs]:
         run = out / "runs" / name
         cli(*base, *extra, "--run-dir", str(run))
         result["commands"][name] = shlex.join(["train-ledger", *base, *extra, "--run-dir", str(run)])
         result[name] = figures(run, ledger_rows(run, out / "ledgers" / name))
+        (out / "fp8.json").write_text(json.dumps(result, indent=1))
+    # after the runs: this process's CUDA context and cache would otherwise sit on the GPU the runs are measured on
+    for name, fp8_layer in () if a.no_layer else (("bf16", False), ("fp8", True)):
+        result["layer_saved"][name] = saved = layer_saved(fp8_layer, a.cpu_smoke)
+        print(f"one layer's forward, {name}: saved {saved['saved_bytes']:,} B, allocated while held "
+              f"{saved['allocated_while_held']}", flush=True)
+        for shape, dtype, nbytes in saved["saved"]:
+            print(f"  {dtype:22s} {str(shape):24s} {nbytes:>14,}")
         (out / "fp8.json").write_text(json.dumps(result, indent=1))
     with tarfile.open(out / "runs.tgz", "w:gz") as tar:
         tar.add(out / "runs", arcname="runs", filter=lambda t: None if "/traces" in t.name else t)

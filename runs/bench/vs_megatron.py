@@ -52,19 +52,26 @@ def engine_argv(seq: int, microbatches: int, steps: int, run_dir: str,
             "--train-iters", str(steps), *ADAM, *probes, "--run-dir", run_dir]
 
 
-def gemm_ceiling_tflops() -> float:
-    import torch
+CEILING = """
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+for _ in range(3):
+    a @ b
+torch.cuda.synchronize()
+start, reps = time.perf_counter(), 20
+for _ in range(reps):
+    a @ b
+torch.cuda.synchronize()
+print(2 * 8192 ** 3 * reps / (time.perf_counter() - start) / 1e12)
+"""
 
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    start, reps = time.perf_counter(), 20
-    for _ in range(reps):
-        a @ b
-    torch.cuda.synchronize()
-    return 2 * 8192 ** 3 * reps / (time.perf_counter() - start) / 1e12
+
+def gemm_ceiling_tflops() -> float:
+    """A square bf16 GEMM's TFLOP/s, in a child process: this harness must hold no CUDA context while the runs it
+    launches are measured (NVML counts every process on the GPU; a context and this GEMM's cache held ~1 GiB)."""
+    out, _ = run([sys.executable, "-c", CEILING], timeout=300)
+    return float(out.strip().splitlines()[-1])
 
 
 def run(cmd: list[str], timeout: int, env: dict[str, str] | None = None) -> tuple[str, float]:
