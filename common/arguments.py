@@ -107,6 +107,10 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     fusion.add_argument("--fp8-output-layer", action="store_true",
                         help="with --fp8-format: the output layer's GEMMs in fp8 too (not Megatron's: it keeps the "
                              "output layer in 16 bits)")
+    fusion.add_argument("--no-embedding-gradient-accumulation-fusion", action="store_false",
+                        dest="embedding_gradient_accumulation_fusion",
+                        help="the embedding's dense [V, h] gradient, added into main_grad by DDP's hook (Megatron's "
+                             "way); by default the lookup adds its rows' gradients into main_grad itself")
     fusion.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
                         help="scaling: tensorwise (dynamic, from each tensor's current amax) is the one built")
 
@@ -232,7 +236,9 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                     implementation=ImplementationConfig(cuda_graph_impl=ns.cuda_graph_impl, fp8_format=ns.fp8_format,
                                                         fp8_recipe=ns.fp8_recipe,
                                                         fp8_output_layer=ns.fp8_output_layer,
-                                                        attention_backend=ns.attention_backend))
+                                                        attention_backend=ns.attention_backend,
+                                                        embedding_gradient_accumulation_fusion=(
+                                                            ns.embedding_gradient_accumulation_fusion)))
     validate(cfg)
     check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)

@@ -27,7 +27,7 @@ from engine.fp8_utils import fp8_matmul, layer_linears
 from engine.jit import COMPILE_DEVICE_TYPES
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import accumulate_weight_grad
+from engine.tensor_parallel.layers import accumulate_embedding_grad, accumulate_weight_grad
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import SelfAttention, scaled_dot_product, split_qkv_and_rotate
 from engine.transformer.mlp import swiglu, swiglu_any_rows
@@ -112,6 +112,7 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
     backends = {m.attention_backend for chunk in model for m in chunk.modules() if isinstance(m, SelfAttention)}
     return EngineKernels(
         split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu, wgrad=accumulate_weight_grad,
+        embedding_grad=accumulate_embedding_grad,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
                                         vocab_size=vocab_size),
         core_attention=functools.partial(scaled_dot_product, backend=backends.pop() if backends else FLASH),

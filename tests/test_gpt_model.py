@@ -9,7 +9,7 @@ from common.arguments import parse_args
 from common.config import PRESETS, ModelConfig
 from common.errors import ConfigError
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from engine.models.gpt_model import GPTModel, build_model_chunks
+from engine.models.gpt_model import GPTModel, build_model_chunks, set_embedding_gradient_fusion
 from engine.parallel_state import ParallelState
 from engine.transformer.transformer_block import get_layer_numbers
 from tests.support.gloo import run_distributed, world_of_one
@@ -229,20 +229,47 @@ def test_tied_embedding_gradient_sums_both_uses():
     torch.testing.assert_close(tied.embedding.weight.grad, both)
 
 
-def test_tied_embedding_gradient_under_ddp_grad_accumulation_fusion():
-    """DDP's main_grad gets both uses' gradients: the output layer's GEMM adds its part itself (gradient-accumulation
-    fusion) and hands autograd zeros to sum with the lookup's gradient, which DDP's hook then adds."""
+@pytest.mark.parametrize("lookup_fusion", [True, False])
+def test_tied_embedding_gradient_under_ddp_grad_accumulation_fusion(lookup_fusion):
+    """DDP's main_grad gets both uses' gradients. The output layer's GEMM adds its part itself (gradient-accumulation
+    fusion); so does the lookup (its rows, index_put_), leaving autograd the linear's placeholder, which DDP's hook
+    drops; with the lookup's fusion off (--no-embedding-gradient-accumulation-fusion) the linear hands autograd zeros
+    (Megatron's zero_out_wgrad) to sum with the lookup's dense gradient, which the hook adds."""
     tied = _whole_model(_single_process_state())
+    set_embedding_gradient_fusion([tied], lookup_fusion)
+    assert getattr(tied.embedding.weight, "zero_out_wgrad", False) is not lookup_fusion
     untied = _untied_twin(tied)
     input_ids, labels = _tokens()
     untied(input_ids, labels).mean().backward()
     with world_of_one():
         ddp = DistributedDataParallel(DistributedDataParallelConfig(grad_reduce_in_fp32=True), tied,
                                       ParallelState.initialize())
-        assert tied.embedding.weight.zero_out_wgrad
         ddp(input_ids, labels).mean().backward()
     both = untied.embedding.weight.grad + untied.output_layer.weight.grad
     torch.testing.assert_close(tied.embedding.weight.main_grad, both)
+    assert tied.embedding.weight.grad is None  # the hook dropped what autograd held
+
+
+def test_the_lookup_adds_its_rows_into_main_grad_and_leaves_no_dense_gradient():
+    """Untied, two micro-batches under DDP: the embedding's main_grad is the sum of the dense gradients autograd
+    gives the same model without DDP, while the weight never holds a [V, h] gradient; repeated ids are summed."""
+    model = _whole_model(_single_process_state(), config=UNTIED)
+    twin = _whole_model(_single_process_state(), config=UNTIED)
+    twin.load_state_dict(model.state_dict())
+    batches = [_tokens(seed) for seed in (0, 1)]
+    for input_ids, _ in batches:
+        input_ids[:, 1::2] = input_ids[:, :-1:2]  # every id twice: rows to sum
+    for input_ids, labels in batches:
+        twin(input_ids, labels).mean().backward()
+    handed: list[torch.Tensor | None] = []  # what autograd hands the weight, seen before DDP's hook drops it
+    model.embedding.weight.register_post_accumulate_grad_hook(lambda weight: handed.append(weight.grad))
+    with world_of_one():
+        ddp = DistributedDataParallel(DistributedDataParallelConfig(grad_reduce_in_fp32=True), model,
+                                      ParallelState.initialize())
+        for input_ids, labels in batches:
+            ddp(input_ids, labels).mean().backward()
+    assert handed == [None, None]
+    torch.testing.assert_close(model.embedding.weight.main_grad, twin.embedding.weight.grad)
 
 
 def test_bf16_run_builds_bf16_parameters():

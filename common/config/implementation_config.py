@@ -48,6 +48,9 @@ class ImplementationConfig:
     hidden_dropout: float = 0.0
     # the weight gradient accumulated straight into the fp32 main_grad (off: a 16-bit wgrad, then added)
     gradient_accumulation_fusion: bool = True
+    # the embedding's lookup adds its rows' gradients into main_grad itself (this engine's; off: the dense [V, h]
+    # gradient autograd builds, zeroed, scattered into and added by DDP's hook, as Megatron-LM and engines before it)
+    embedding_gradient_accumulation_fusion: bool = True
     bias_swiglu_fusion: bool = True  # SwiGLU as one function that keeps its input only
     apply_rope_fusion: bool = True  # RoPE keeps nothing per call (off: Megatron's unfused cos / sin per q and k)
     create_attention_mask: bool = False  # the dataloader's [b, 1, s, s] boolean mask on the device

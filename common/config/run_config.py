@@ -48,7 +48,9 @@ class RunConfig:
                   model_preset=d.get("model_preset"),
                   recompute=RecomputeConfig(**d.get("recompute", {})),  # manifests before recompute lack it
                   checkpoint=CheckpointConfig(**d.get("checkpoint", {})),  # nor before checkpoints
-                  implementation=ImplementationConfig(**d.get("implementation", {})))  # nor before Megatron-LM's
+                  # nor before Megatron-LM's; before the embedding's fusion its gradient was dense
+                  implementation=ImplementationConfig(**{"embedding_gradient_accumulation_fusion": False,
+                                                         **d.get("implementation", {})}))
         for name in ("model", "parallel", "train", "probes", "recompute", "checkpoint", "implementation"):
             check_fields(getattr(cfg, name), name)  # a stored config is JSON: its types are not Python's to trust
         return cfg

@@ -78,6 +78,7 @@ def implementation_of(arguments: dict[str, str]) -> tuple[ImplementationConfig, 
         attention_dropout=_number(arguments, "attention_dropout"),
         hidden_dropout=_number(arguments, "hidden_dropout"),
         gradient_accumulation_fusion=_flag(arguments, "gradient_accumulation_fusion", True),
+        embedding_gradient_accumulation_fusion=False,  # Megatron-LM's lookup leaves autograd its dense gradient
         bias_swiglu_fusion=_flag(arguments, "bias_swiglu_fusion", True),
         apply_rope_fusion=_flag(arguments, "apply_rope_fusion", True),
         create_attention_mask=_flag(arguments, "create_attention_mask_in_dataloader", True),

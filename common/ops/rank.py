@@ -47,9 +47,14 @@ class RankOps(OpGroup):
         return self.optimizer, self.grad_buffer
 
 
+INTO_MAIN_GRAD = "into_main_grad"  # embedding.bwd's dim: the lookup adds its rows into main_grad, no dense gradient
+
+
 def embedding(sh: Shapes) -> Passes:
-    """The word embedding's lookup and its dense gradient added into main_grad (as DDP's hook does)."""
-    return passes("embedding", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden)
+    """The word embedding's lookup and its gradient: the rows added into main_grad by the lookup itself (this
+    engine), or dense and added into main_grad by DDP's hook (Megatron-LM, and this engine's runs before)."""
+    fused = {INTO_MAIN_GRAD: 1} if sh.embedding_into_main_grad else {}
+    return passes("embedding", tokens=sh.tokens, vocab=sh.vocab, hidden=sh.hidden, **fused)
 
 
 def head(sh: Shapes) -> HeadOps:

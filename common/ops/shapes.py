@@ -132,6 +132,7 @@ class Shapes:
     fp8: bool = False  # --fp8-format: the layer linears' GEMMs in fp8 (common/ops/linear.py)
     fp8_output_layer: bool = False  # --fp8-output-layer: the output layer's too
     fused_attention: bool = False  # the engine's --attention-backend fused: cuDNN's kernel (common/ops/attention.py)
+    embedding_into_main_grad: bool = False  # the lookup's backward adds its rows into main_grad (no dense gradient)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -149,7 +150,9 @@ class Shapes:
                    grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
                    megatron=MegatronKernels.of(cfg), fp8=cfg.implementation.fp8,
                    fp8_output_layer=cfg.implementation.fp8_output_layer,
-                   fused_attention=cfg.implementation.fused_attention and not cfg.implementation.megatron)
+                   fused_attention=cfg.implementation.fused_attention and not cfg.implementation.megatron,
+                   embedding_into_main_grad=(cfg.implementation.embedding_gradient_accumulation_fusion
+                                             and not cfg.implementation.megatron))
 
     @property
     def activation_bytes(self) -> int:

@@ -48,6 +48,8 @@ def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
         return 3 * a * d["tokens"] * d["width"]
     if name == "embedding.fwd":  # gather t rows, write them
         return 2 * a * d["tokens"] * d["hidden"]
+    if name == "embedding.bwd" and d.get("into_main_grad"):  # t rows read, cast to main_grad's dtype, read again
+        return (a + 4 * grad_bytes) * d["tokens"] * d["hidden"]  # and added into theirs (read and written)
     if name == "embedding.bwd":  # a dense [V, h] grad zeroed and scattered into, then added into main_grad
         return d["vocab"] * d["hidden"] * (2 * a + 2 * grad_bytes) + 3 * a * d["tokens"] * d["hidden"]
     if name == "cross_entropy.fwd":  # read the logits

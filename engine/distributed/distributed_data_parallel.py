@@ -109,9 +109,10 @@ class DistributedDataParallel(torch.nn.Module):
         return groups
 
     def _backward_post_hook(self, param: torch.nn.Parameter) -> None:
-        # A weight the linear accumulated into main_grad itself has a placeholder grad, unless it also feeds another
-        # op (zero_out_wgrad: a tied embedding): then the grad is that op's, on zeros, and is added too.
-        if not param.grad_added_to_main_grad or getattr(param, "zero_out_wgrad", False):
+        # A weight the linear accumulated into main_grad itself has a placeholder grad (and the flag), unless it also
+        # feeds a lookup that does not accumulate (zero_out_wgrad): then the grad is the lookup's, on zeros, and is
+        # added too. One the lookup accumulated into main_grad has none (tensor_parallel/layers.py).
+        if param.grad is not None and (not param.grad_added_to_main_grad or getattr(param, "zero_out_wgrad", False)):
             param.main_grad.add_(param.grad)
         param.grad_added_to_main_grad = False
         param.grad = None

@@ -113,10 +113,7 @@ class GPTModel(torch.nn.Module):
         if weight is None:
             return
         if self.pre_process and self.post_process:
-            # Used by the embedding and the output layer: the linear's fused wgrad must hand autograd zeros, not
-            # garbage, to sum with the embedding's gradient (layers._LinearWithGradAccumulation).
-            weight.zero_out_wgrad = True
-            return
+            return  # used by the embedding and the output layer: set_embedding_gradient_fusion says how they sum
         if parallel_state.pp_size == 1:
             raise ConfigError("tied embeddings need the embedding and the output layer in one model chunk or on "
                               "different pipeline ranks; use --untie-embeddings-and-output-weights with a virtual "
@@ -179,4 +176,16 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
     if run_config.implementation.fp8:
         convert_to_fp8(chunks, run_config.implementation, torch.device(device))
     set_attention_backend(chunks, run_config.implementation.attention_backend)
+    set_embedding_gradient_fusion(chunks, run_config.implementation.embedding_gradient_accumulation_fusion)
     return chunks
+
+
+def set_embedding_gradient_fusion(chunks: list[GPTModel], on: bool) -> None:
+    """Whether the embedding's lookup adds its gradient into main_grad itself (tensor_parallel/layers.py). Off, a
+    weight tied to the output layer in the same chunk gets Megatron's zero_out_wgrad: the output layer's fused
+    wgrad then hands autograd zeros, not a placeholder, to sum with the lookup's dense gradient."""
+    for chunk in chunks:
+        if chunk.pre_process:
+            chunk.embedding.gradient_accumulation_fusion = on
+            if not on and chunk.post_process and chunk.share_embeddings_and_output_weights:
+                chunk.embedding.weight.zero_out_wgrad = True

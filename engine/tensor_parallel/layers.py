@@ -15,6 +15,10 @@ LinearWithGradAccumulationAndAsyncCommunication), which does two things F.linear
   inputs) instead of being written as a 16-bit tensor that DDP's hook reads back and adds: per micro-batch that
   saves the hook's pass over every weight's gradient (~12 GB of memory traffic for 1.5 B parameters in bf16) and
   rounds the product once (to fp32) instead of twice. TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION=0 turns it off.
+
+The embedding's lookup does the same for its weight (this engine's, not Megatron's, which lets autograd build the
+dense [V, h] gradient): its backward adds the looked-up rows' gradients into main_grad (index_put_, accumulating)
+and hands autograd no gradient, so the dense gradient, its zeroing and DDP's pass over it are never made.
 """
 from __future__ import annotations
 
@@ -116,14 +120,53 @@ def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
     return torch.zeros_like(weight) if getattr(weight, "zero_out_wgrad", False) else torch.empty_like(weight)
 
 
+def embedding_fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
+    """Whether the lookup adds its gradient into DDP's main_grad itself: whenever DDP owns the weight's gradient and
+    the fusion is on (index_put_ accumulates in any dtype), so wherever a linear fuses into the same weight."""
+    return GRADIENT_ACCUMULATION_FUSION and hasattr(weight, "grad_added_to_main_grad")
+
+
+def accumulate_embedding_grad(main_grad: torch.Tensor, ids: torch.Tensor, grad_output: torch.Tensor) -> None:
+    """main_grad[ids] += grad_output's rows, duplicates summed, in main_grad's dtype: the lookup's backward under
+    the fusion, and what the compute sweep times as `embedding.bwd` with `into_main_grad`."""
+    rows = grad_output.reshape(-1, grad_output.shape[-1]).to(main_grad.dtype)
+    main_grad.index_put_((ids.reshape(-1),), rows, accumulate=True)
+
+
+class _EmbeddingWithGradAccumulation(torch.autograd.Function):
+    """F.embedding whose backward adds the rows' gradients into weight.main_grad and returns None for the weight: no
+    dense gradient. DDP's hook still runs (autograd calls it with no gradient, or with a tied output layer's
+    placeholder) and adds nothing the flag or a None says is already in main_grad."""
+
+    @staticmethod
+    def forward(ctx, ids, weight):
+        ctx.save_for_backward(ids, weight)
+        return F.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ids, weight = ctx.saved_tensors
+        accumulate_embedding_grad(weight.main_grad, ids, grad_output)
+        return None, None
+
+
+def embedding_lookup(ids: torch.Tensor, weight: torch.nn.Parameter, fusion: bool = True) -> torch.Tensor:
+    """The lookup, with its gradient fused into main_grad where `fusion` is on and DDP owns the gradient
+    (embedding_fuses_weight_grad)."""
+    if fusion and weight.requires_grad and embedding_fuses_weight_grad(weight):
+        return _EmbeddingWithGradAccumulation.apply(ids, weight)
+    return F.embedding(ids, weight)
+
+
 class _LinearWithGradAccumulation(torch.autograd.Function):
     """y = x W^T, x all-gathered along the sequence first under sequence parallelism (see the module docstring).
 
     With fusion, backward adds dL/dW into weight.main_grad, sets weight.grad_added_to_main_grad and returns an
     uninitialised tensor of the weight's shape as its gradient: only so that autograd still runs DDP's
     post-accumulate-grad hook (bucket bookkeeping), which drops it and clears the flag. A weight that also feeds
-    another op (the output layer tied to the embedding on one stage) carries Megatron's `zero_out_wgrad`: then the
-    returned gradient is zeros, autograd adds the other op's gradient to it, and DDP's hook adds that sum too.
+    the embedding (tied, on a stage that holds both ends) needs nothing more while the lookup adds its own part into
+    main_grad too; with the lookup's fusion off it carries Megatron's `zero_out_wgrad`: then the returned gradient is
+    zeros, autograd adds the lookup's dense gradient to it, and DDP's hook adds that sum.
     """
 
     @staticmethod
@@ -249,16 +292,20 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.vocab_start_index = tp.rank * per_partition
         self.vocab_end_index = self.vocab_start_index + per_partition
         self.reduce_scatter_embeddings = reduce_scatter_embeddings and tp.size > 1
+        # the lookup's gradient added into main_grad by the lookup (engine's default; set from the run's config by
+        # gpt_model.set_embedding_gradient_fusion)
+        self.gradient_accumulation_fusion = True
         self.weight = _sharded_parameter(init, (num_embeddings, embedding_dim), 0, 1, tp, params_dtype,
                                          torch.device(device))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = input_ids.t()  # [s, b]: the lookup then writes [s, b, h] directly, no transpose copy of the output
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return embedding_lookup(ids, self.weight, self.gradient_accumulation_fusion)
         outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)
         local_ids = (ids - self.vocab_start_index).masked_fill_(outside, 0)
-        out = F.embedding(local_ids, self.weight).masked_fill_(outside.unsqueeze(-1), 0.0)
+        out = embedding_lookup(local_ids, self.weight, self.gradient_accumulation_fusion)
+        out = out.masked_fill_(outside.unsqueeze(-1), 0.0)
         if self.reduce_scatter_embeddings:
             return reduce_scatter_to_sequence_parallel_region(out, self.tp)
         return reduce_from_tensor_model_parallel_region(out, self.tp)

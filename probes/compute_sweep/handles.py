@@ -45,6 +45,9 @@ class EngineKernels:
     # (main_grad [out, inp], grad_output [rows, out], input [rows, inp]): main_grad += grad_output^T input, as a
     # linear's backward leaves a weight's gradient (tensor_parallel.layers.accumulate_weight_grad)
     wgrad: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+    # (main_grad [V, h], ids [s, b], grad_output [s, b, h]): main_grad[ids] += the rows, as the embedding's lookup
+    # leaves its gradient (tensor_parallel.layers.accumulate_embedding_grad)
+    embedding_grad: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
     variant: str
     moe: MoEKernels | None = None
     ring: RingKernels | None = None

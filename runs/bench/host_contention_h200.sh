@@ -8,6 +8,8 @@
 #               with --all-probes (the start-up pass timings) under runs/bench/host_contention.py's variants:
 #               default, prefetch-all (the loader thread idle during steps), prefetch-all,gc-off; run directories
 #               in $OUT/contention_runs.tgz and the ranges per variant in contention.txt
+#   conditions  the same shape compiled and graphed, 12 steps, with the pass-conditions variant: the start-up passes
+#               timed after the host slept, spun or read memory, beside the training ranges (conditions.txt)
 # Needs the wheels of ../.whl (nvtx, pynvml, msgspec).
 #     OUT=dir [ROUNDS=2] PARTS="nvml contention" bash runs/bench/host_contention_h200.sh
 set -uo pipefail
@@ -100,6 +102,20 @@ contention() {
   done
   summary "${names[@]}" | tee "$OUT/contention.txt"
   tar czf "$OUT/contention_runs.tgz" -C runs/out $(for n in "${names[@]}"; do basename "$n"; done)
+}
+
+conditions() {
+  local names=()
+  for kind in compiled graphed; do
+    local name="lb_${kind}_conditions" extra=()
+    [ "$kind" = graphed ] && extra=(--cuda-graph-impl local)
+    rm -rf "runs/out/$name"
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 runs/bench/host_contention.py \
+        --variant pass-conditions -- "${BASE[@]}" "${LB1024[@]}" --all-probes --train-iters 12 "${extra[@]}" \
+        --run-dir "runs/out/$name" 2>&1 | grep -E "PASS_CONDITIONS|Error|error" | tee -a "$OUT/conditions.txt"
+    names+=("runs/out/$name")
+  done
+  summary "${names[@]}" | tee -a "$OUT/conditions.txt"
 }
 
 for part in $PARTS; do "$part"; done

@@ -99,16 +99,20 @@ def anchor_variant(name: str, script: Path, extra: list[str], seq: int, mb: int,
 CUDA_GRAPHS = ["--cuda-graph-impl", "local"]  # every layer replayed from CUDA graphs
 LINEAR_CROSS_ENTROPY = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "linear"]
 FUSED_ATTENTION = ["--attention-backend", "fused"]  # cuDNN's fused attention kernel
+DENSE_EMBEDDING_GRAD = ["--no-embedding-gradient-accumulation-fusion"]  # the lookup's dense gradient, as Megatron
 
 
 def engine_variant(seq: int, mb: int, steps: int, timed: int, compile_: bool = True, extra: tuple[str, ...] = (),
-                   name: str | None = None) -> dict:
+                   name: str | None = None, keep: Path | None = None) -> dict:
     """Our engine at the anchors' shape; compile_=False sets TRAIN_LEDGER_COMPILE=0 (the eager model, engine/jit.py);
-    extra: flags added to engine_argv's (a lever), reported under `name`."""
+    extra: flags added to engine_argv's (a lever), reported under `name`; keep: a folder the run directory is kept
+    in (for the ledger), else a temporary one."""
+    variant = name or ("train-ledger" if compile_ else "train-ledger eager")
     with tempfile.TemporaryDirectory() as tmp:
-        result = engine_run(engine_argv(seq, mb, steps, os.path.join(tmp, "run")) + list(extra), timed,
+        run_dir = Path(tmp) / "run" if keep is None else keep / f"{variant.replace(' ', '_')}_s{seq}_{time.time_ns()}"
+        result = engine_run(engine_argv(seq, mb, steps, str(run_dir)) + list(extra), timed,
                             {"TRAIN_LEDGER_COMPILE": "1" if compile_ else "0"})
-    return dict(result, variant=name or ("train-ledger" if compile_ else "train-ledger eager"), seq=seq)
+    return dict(result, variant=variant, seq=seq, run_dir=str(run_dir) if keep is not None else None)
 
 
 def engine_run(argv: list[str], timed: int, env: dict[str, str] | None = None) -> dict:
@@ -123,7 +127,7 @@ def engine_run(argv: list[str], timed: int, env: dict[str, str] | None = None) -
     memory = {e.point: e for e in events if isinstance(e, MemoryRecord) and e.point != "step"}
     per_step = [e for e in events if isinstance(e, MemoryRecord) and e.point == "step"]
     inventory = [e for e in events if isinstance(e, InventoryRecord) and e.tensor_kind == "param_buffer"]
-    nvml = [e.used_bytes for e in events if isinstance(e, NvmlRecord) and e.used_bytes is not None]
+    nvml = [e.used_without_others for e in events if isinstance(e, NvmlRecord) and e.used_bytes is not None]
     peak_reserved = _largest([m.reserved for m in per_step])
     return dict(times=[s.step_time_s for s in steps_][-timed:], tokens_per_step=steps_[-1].tokens,
                 losses=[s.loss for s in steps_],
@@ -163,27 +167,31 @@ def _gib(n: int | None) -> float | None:
     return n / 2 ** 30 if n is not None else None
 
 
-def variant_makers(anchors: Path, mb: int, steps: int, timed: int) -> dict:
-    """--variants name -> a function of the sequence length that runs it and returns its raw record."""
+def variant_makers(anchors: Path, mb: int, steps: int, timed: int, keep: Path | None = None) -> dict:
+    """--variants name -> a function of the sequence length that runs it and returns its raw record; `keep`: where
+    our runs' directories stay."""
     return {
         "mcore": lambda s: anchor_variant("megatron-core", anchors / "mcore_anchor.py",
                                           ["--attn", "sdpa", "--fusedadam"], s, mb, steps, timed),
         "compile": lambda s: anchor_variant("torch.compile", anchors / "torch_anchor.py", ["--compile"], s, mb, steps,
                                             timed),
         "torchtitan": lambda s: anchor_variant("torchtitan", anchors / "torchtitan_anchor.py", [], s, mb, steps, timed),
-        "ours": lambda s: engine_variant(s, mb, steps, timed),
-        "ours-eager": lambda s: engine_variant(s, mb, steps, timed, compile_=False),
+        "ours": lambda s: engine_variant(s, mb, steps, timed, keep=keep),
+        "ours-eager": lambda s: engine_variant(s, mb, steps, timed, compile_=False, keep=keep),
         "ours-linear-ce": lambda s: engine_variant(s, mb, steps, timed, extra=LINEAR_CROSS_ENTROPY,
-                                                   name="train-ledger linear-ce"),
-        "ours-graphed": lambda s: engine_variant(s, mb, steps, timed, extra=CUDA_GRAPHS, name="train-ledger graphed"),
+                                                   name="train-ledger linear-ce", keep=keep),
+        "ours-graphed": lambda s: engine_variant(s, mb, steps, timed, extra=CUDA_GRAPHS, name="train-ledger graphed",
+                                                 keep=keep),
         "ours-fused-attention": lambda s: engine_variant(s, mb, steps, timed, extra=FUSED_ATTENTION,
-                                                         name="train-ledger fused-attention"),
+                                                         name="train-ledger fused-attention", keep=keep),
+        "ours-dense-embedding-grad": lambda s: engine_variant(s, mb, steps, timed, extra=DENSE_EMBEDDING_GRAD,
+                                                              name="train-ledger dense-embedding-grad", keep=keep),
     }
 
 
 def merged_table(raw: list[dict], seqs: list[int], mb: int, ceiling: float) -> tuple[list[dict], dict]:
     """Each variant's runs of a sequence length merged (their timed steps pooled) and summarised, and each of our
-    variants' tokens/s over each anchor's."""
+    variants' tokens/s over each anchor's and over our default's (a lever's gain)."""
     table = []
     for seq in seqs:
         for v in sorted({r["variant"] for r in raw if r["seq"] == seq}):
@@ -192,9 +200,9 @@ def merged_table(raw: list[dict], seqs: list[int], mb: int, ceiling: float) -> t
             table.append(summarize(merged, mb, ceiling))
     by = {(t["variant"], t["seq"]): t for t in table}
     ours = sorted({v for v, _ in by if v.startswith("train-ledger")})
+    others = ("megatron-core", "torch.compile", "torchtitan", "train-ledger")  # the anchors, and our default
     ratios = {seq: {f"{mine} / {other}": by[(mine, seq)]["tokens_per_s"] / by[(other, seq)]["tokens_per_s"]
-                    for mine in ours for other in ("megatron-core", "torch.compile", "torchtitan")
-                    if (mine, seq) in by and (other, seq) in by}
+                    for mine in ours for other in others if mine != other and (mine, seq) in by and (other, seq) in by}
               for seq in seqs}
     return table, ratios
 
@@ -220,11 +228,12 @@ def main() -> None:
     p.add_argument("--timed", type=int, default=8)
     p.add_argument("--variants", nargs="+", default=["mcore", "compile", "ours"])
     p.add_argument("--out", default="vs_megatron.json")
+    p.add_argument("--keep-runs", type=Path, help="keep our runs' directories here (for train-ledger reconcile)")
     a = p.parse_args()
     print("command: python " + shlex.join(sys.argv), flush=True)
     ceiling = gemm_ceiling_tflops()
     print(f"bf16 GEMM ceiling (8192^3, random): {ceiling:.0f} TFLOP/s", flush=True)
-    makers = variant_makers(Path(a.anchors), a.microbatches, a.steps, a.timed)
+    makers = variant_makers(Path(a.anchors), a.microbatches, a.steps, a.timed, a.keep_runs)
     raw: list[dict] = []
     failures: list[dict] = []
     for seq in a.seq:

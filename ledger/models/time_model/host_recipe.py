@@ -19,6 +19,7 @@ from typing import Mapping
 
 from common.config import RunConfig
 from common.ops import host as p
+from common.ops.rank import INTO_MAIN_GRAD
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.ops import Collective, Work
 
@@ -72,6 +73,12 @@ BACKWARD: dict[str, Recipe] = {
     "moe.unpermute.bwd": {p.EAGER_BACKWARD: 5, p.AUTOGRAD_NODE: 4, p.LAUNCH: 2},  # and the experts' cat's node
     "ring_attention.merge.bwd": {p.EAGER_BACKWARD: 4},
 }
+# The lookup through _EmbeddingWithGradAccumulation (tensor_parallel/layers.py): forward, the Function around the
+# lookup; backward, its node runs the Function's Python (the rows' reshape and cast, index_put_'s sort and
+# accumulation), then the weight's AccumulateGrad node and DDP's hook with no gradient to add.
+EMBEDDING_INTO_MAIN_GRAD = {"embedding.fwd": {p.MODULE: 3, p.VIEW: 1, p.FUNCTION: 1, p.EAGER: 1},
+                            "embedding.bwd": {p.AUTOGRAD_NODE: 2, p.FUNCTION: 1, p.VIEW: 2, p.EAGER: 1, p.LAUNCH: 4,
+                                              p.MODULE: 1}}
 # A layer's own module calls (TransformerLayer, SelfAttention, the MLP or MoE layer), charged to its first entry.
 LAYER_START = {p.MODULE: 3}
 EXPERT_START = {p.MODULE: 1, p.VIEW: 1}  # an expert's MLP module and its slice of the rows
@@ -132,6 +139,8 @@ def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
         extra.update(EXPERT_START)
     if counts_on_device and name == "moe.permute.fwd":
         return sum_of(extra, PERMUTE_COUNTS_ON_DEVICE)
+    if dict(w.op.dims).get(INTO_MAIN_GRAD):
+        return EMBEDDING_INTO_MAIN_GRAD[name]
     found = _linear(name) if name.rsplit(".", 1)[-1] in ("fprop", "dgrad", "wgrad") else None
     recipe = found or (FORWARD if forward else BACKWARD).get(name) or FORWARD.get(name) or BACKWARD.get(name)
     if recipe is None:
