@@ -139,8 +139,9 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
                device: torch.device) -> Callable[[], dict[str, float]] | None:
     """What times the host's issue of one micro-batch's forward (tokens to the per-token loss) and backward of this
     rank's model at the run's shapes, each the median of PASS_REPEATS after PASS_WARMUP (which compile), the device
-    drained before each and never waited for inside, under no_sync (no gradient reduction); the gradients it leaves
-    are cleared. None where a pass cannot run alone or waits for the device: a CPU rank, a pipeline stage (its input
+    drained before each and never waited for inside, under no_sync (no gradient reduction); then the forward again
+    with the host asleep for IDLE_BEFORE_PASS_S first (a step's first micro-batch); the gradients it leaves are
+    cleared. None where a pass cannot run alone or waits for the device: a CPU rank, a pipeline stage (its input
     is another stage's), context parallelism, an MoE layer (its dispatch reads counts), the per-module all-gather
     waits of --overlap-param-gather."""
     p, t, m = parallel_state, run_config.train, run_config.model
@@ -167,8 +168,17 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
                 if i >= PASS_WARMUP:
                     forward.append(issued - start)
                     backward.append(done - begin)
+            after_idle = []
+            for _ in range(PASS_REPEATS):
+                torch.cuda.synchronize(device)
+                time.sleep(host.IDLE_BEFORE_PASS_S)
+                start = time.perf_counter()
+                loss = chunk(tokens, tokens)
+                after_idle.append(time.perf_counter() - start)
+                torch.autograd.backward(loss, torch.ones_like(loss))
         torch.cuda.synchronize(device)
         chunk.zero_grad_buffer()
-        return {host.PASS_FORWARD: statistics.median(forward), host.PASS_BACKWARD: statistics.median(backward)}
+        return {host.PASS_FORWARD: statistics.median(forward), host.PASS_BACKWARD: statistics.median(backward),
+                host.PASS_FORWARD_AFTER_IDLE: statistics.median(after_idle)}
 
     return measure

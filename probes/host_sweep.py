@@ -242,5 +242,6 @@ def run(device: torch.device, profiled: bool,
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               **({} if launches else {"note": CPU_NOTE})}
     return [{"op": op, "seconds": plain[op], **({"profiled_seconds": under[op]} if op in under else {}), **common}
-            for op in (*prim.HOST_PRIMITIVES, *prim.GRAPH_PRIMITIVES, prim.PASS_FORWARD, prim.PASS_BACKWARD)
+            for op in (*prim.HOST_PRIMITIVES, *prim.GRAPH_PRIMITIVES, prim.PASS_FORWARD, prim.PASS_BACKWARD,
+                       prim.PASS_FORWARD_AFTER_IDLE)
             if op in plain]

@@ -229,3 +229,27 @@ def test_the_dashboards_waterfall_shows_the_graphs_apart_and_still_adds_up_to_nv
     assert terms[loaders.CUDA_GRAPHS] == {"term": loaders.CUDA_GRAPHS, "predicted": 289_423_360,
                                           "measured": 294_798_336}
     assert sum(t["measured"] for t in rank0["terms"]) == rank0["nvml_used"]
+
+
+def test_the_steps_first_forward_is_priced_at_the_pass_timed_after_the_host_slept(tmp_path):
+    """Plumbing (the fixture's sweep predates pass.forward_after_idle; the record added here is made up: 1.6x its
+    pass.forward): the first forward item's host is priced at that pass's context, the other items keep
+    pass.forward's, and a sweep without the record prices every forward alike."""
+    run = tmp_path / GRAPHED.name
+    shutil.copytree(GRAPHED, run)
+    events = run / "ranks" / "rank0" / "events.jsonl"
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    (forward,) = [e for e in lines if e.get("op") == p.PASS_FORWARD]
+    idle = dict(forward, op=p.PASS_FORWARD_AFTER_IDLE, seconds=1.6 * forward["seconds"],
+                profiled_seconds=1.6 * forward["profiled_seconds"])
+    events.write_text("".join(json.dumps(e) + "\n" for e in [*lines, idle]))
+
+    def forward_host(path: Path, after_idle: bool) -> float:
+        cal = calibration(read_run(path))
+        program = _Program(read_run(path).config, cal, cal.host, 0, StageWork(0.0, 0.0, 1, 1, 1), False)
+        segments, scale = program.passes(0, FORWARD, after_idle)
+        return sum(s.host for s in segments) + scale * cal.host.plain(recipe.MODEL_CALL)
+
+    assert forward_host(run, True) == pytest.approx(idle["seconds"], rel=1e-12)
+    assert forward_host(run, False) == pytest.approx(forward["seconds"], rel=1e-12)
+    assert forward_host(GRAPHED, True) == pytest.approx(forward["seconds"], rel=1e-12)

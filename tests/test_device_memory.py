@@ -151,3 +151,42 @@ def test_an_uncalibrated_device_is_measured_only_and_says_how_to_calibrate(tmp_p
     row = reconciled_row(tmp_path, "s4096", rename_device)
     assert row.predicted is None and row.verdict == "n/a"
     assert "runs/bench/outside_pytorch.py" in row.explanation
+
+
+PROCESSES = Path(__file__).parent / "fixtures" / "h200_nvml_processes"
+
+
+def real_memory_rows(tmp_path, name: str, edit=None) -> dict[str, object]:
+    run = tmp_path / name
+    shutil.copytree(PROCESSES / name, run)
+    if edit is not None:
+        edit(run)
+    return {r.metric: r for r in reconcile(run).rows if r.metric.startswith("memory.")}
+
+
+def without_the_split(run: Path) -> None:
+    """The samples as the probe wrote them before it split NVML's used bytes by process."""
+    path = run / "ranks/rank0/events.jsonl"
+    lines = [json.loads(line) for line in path.open()]
+    for e in lines:
+        for key in ("processes", "own_bytes", "other_processes_bytes"):
+            e.pop(key, None)
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def test_on_a_real_h200_another_processes_4_gib_are_named_and_not_counted_as_the_runs(tmp_path):
+    """The same run alone and beside a process holding a 4 GiB tensor (nvidia-smi: 4,614 MiB, its context included):
+    the split names exactly that, and memory outside PyTorch is the run's own in both, within the 2% bar."""
+    alone, beside = real_memory_rows(tmp_path, "alone"), real_memory_rows(tmp_path, "cotenant")
+    assert alone["memory.other_processes"].measured == 0 and alone["memory.other_processes"].verdict == "ok"
+    others = beside["memory.other_processes"]
+    assert others.measured == 4614 * MiB and others.verdict == "off"
+    for rows in (alone, beside):
+        assert rows["memory.outside_pytorch"].verdict == "ok", rows["memory.outside_pytorch"]
+    assert abs(beside["memory.outside_pytorch"].measured - alone["memory.outside_pytorch"].measured) < 16 * MiB
+
+
+def test_without_the_split_the_other_process_lands_outside_pytorch(tmp_path):
+    rows = real_memory_rows(tmp_path, "cotenant", without_the_split)
+    assert rows["memory.outside_pytorch"].verdict == "off"
+    assert "memory.other_processes" not in rows

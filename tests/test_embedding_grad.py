@@ -72,3 +72,35 @@ def test_the_flag_turns_the_lookup_back_to_the_dense_gradient_and_the_ledger_fol
     assert off.implementation.embedding_gradient_accumulation_fusion is False
     assert INTO_MAIN_GRAD not in dict(embedding_backward(off).dims)
     assert RunConfig.from_dict(off.to_dict()).implementation.embedding_gradient_accumulation_fusion is False
+
+
+def backward_rows(name: str) -> tuple[float, float]:
+    """(measured, predicted) of a recorded run's time.backward_per_microbatch, the time model priced by the run's
+    own compute and host sweeps."""
+    from ledger.reconcile.run import reconcile
+    from tests.support.recorded_runs import FIXTURES, only
+
+    row = only(reconcile(FIXTURES / "h200_embedding_grad" / name), "time.backward_per_microbatch",
+               rank=0)
+    assert row.verdict == "ok", row
+    return row.measured, row.predicted
+
+
+def test_on_a_real_h200_the_time_model_sees_what_the_lookups_fusion_saves():
+    """The launch-bound graphed shape with and without the fusion (vocabulary 128,256, tied): measured, each
+    backward 0.52 ms shorter with the rows; predicted from each run's own sweep (dense embedding.bwd 595 us, the
+    rows 41 us), 0.42 ms. Both backward rows within their tolerance, the saving within a quarter."""
+    rows, dense = backward_rows("lb_graphed_rows"), backward_rows("lb_graphed_dense")
+    measured, predicted = dense[0] - rows[0], dense[1] - rows[1]
+    assert measured > 0.4e-3
+    assert 0.75 <= predicted / measured <= 1.25
+
+
+def test_simulate_prices_the_dense_shapes_run_from_the_h200_file_alone():
+    """Engine VII's dense shape recorded with the fusion, held out: GPU-bound, so within issue Ledger IV's 3% on
+    step time (+1.96% when recorded) and the 3% goal on the allocator's peak."""
+    from ledger.reconcile.validation import validate_run
+    from tests.support.recorded_runs import FIXTURES
+
+    errors = validate_run(FIXTURES / "h200_embedding_grad" / "llama1b_s4096_rows").errors()
+    assert abs(errors["step_time"]) < 0.03 and abs(errors["peak_bytes"]) < 0.03, errors

@@ -10,6 +10,9 @@
 #               in $OUT/contention_runs.tgz and the ranges per variant in contention.txt
 #   conditions  the same shape compiled and graphed, 12 steps, with the pass-conditions variant: the start-up passes
 #               timed after the host slept, spun or read memory, beside the training ranges (conditions.txt)
+#   idle        runs whose host sweep times pass.forward_after_idle, for the time model's first forward: lb_h1024
+#               graphed, lb_h512_l12_s256 graphed and compiled, and the 2-layer llama3.2-1b at seq 1024, 20 steps
+#               with --all-probes; run directories in $OUT/idle_runs.tgz, the ranges in idle.txt
 # Needs the wheels of ../.whl (nvtx, pynvml, msgspec).
 #     OUT=dir [ROUNDS=2] PARTS="nvml contention" bash runs/bench/host_contention_h200.sh
 set -uo pipefail
@@ -86,7 +89,8 @@ for run in sys.argv[1:]:
           f"{max(steps) * 1e3:6.2f}) | forward mb0 {med(ranges.get(('forward', True), [])):6.2f} others "
           f"{med(ranges.get(('forward', False), [])):6.2f} | backward mb0 {med(ranges.get(('backward', True), [])):6.2f}"
           f" others {med(ranges.get(('backward', False), [])):6.2f} | start-up pass forward "
-          f"{passes.get('pass.forward', float('nan')) * 1e3:5.2f} backward {passes.get('pass.backward', float('nan')) * 1e3:5.2f}")
+          f"{passes.get('pass.forward', float('nan')) * 1e3:5.2f} backward {passes.get('pass.backward', float('nan')) * 1e3:5.2f}"
+          f" forward after idle {passes.get('pass.forward_after_idle', float('nan')) * 1e3:5.2f}")
 PY
 }
 contention() {
@@ -116,6 +120,20 @@ conditions() {
     names+=("runs/out/$name")
   done
   summary "${names[@]}" | tee -a "$OUT/conditions.txt"
+}
+
+LB512=(--model llama3.2-1b --num-layers 12 --hidden-size 512 --ffn-hidden-size 2048 --num-attention-heads 8
+       --num-query-groups 8 --seq-length 256 --max-position-embeddings 256 --micro-batch-size 4 --global-batch-size 16)
+idle() {
+  train idle_lb_h1024_graphed "${LB1024[@]}" --all-probes --train-iters 20 --cuda-graph-impl local
+  train idle_lb_h512_graphed "${LB512[@]}" --all-probes --train-iters 20 --cuda-graph-impl local
+  train idle_lb_h512_compiled "${LB512[@]}" --all-probes --train-iters 20
+  train idle_h200_2layer --model llama3.2-1b --num-layers 2 --seq-length 1024 --micro-batch-size 1 \
+      --global-batch-size 4 --all-probes --train-iters 20
+  local names=(runs/out/idle_lb_h1024_graphed runs/out/idle_lb_h512_graphed runs/out/idle_lb_h512_compiled
+               runs/out/idle_h200_2layer)
+  summary "${names[@]}" | tee "$OUT/idle.txt"
+  tar czf "$OUT/idle_runs.tgz" -C runs/out $(for n in "${names[@]}"; do basename "$n"; done)
 }
 
 for part in $PARTS; do "$part"; done

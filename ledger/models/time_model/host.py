@@ -62,7 +62,7 @@ def stage_host(cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, wo
                profiled: bool = False, window: bool = False) -> StageHost:
     """`stage`'s step in the order `order` of its items (the schedule's); `window`: up to the end of a profiler
     step's window, which also holds the probes' step end (the timers read back, the MoE routing counts)."""
-    program = _Program(cfg, cal, host, stage, work, profiled)
+    program = _Program(cfg, cal, host, stage, work, profiled, first=order[0])
     segments = program.step_start()
     for item in order:
         segments += program.item(item)
@@ -79,7 +79,7 @@ class _Program:
     Megatron-LM's (megatron_host_recipe.py) for a run of its local layers."""
 
     def __init__(self, cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, work: StageWork,
-                 profiled: bool):
+                 profiled: bool, first: Item | None = None):
         self.megatron = cfg.implementation.megatron
         self.code = megatron if self.megatron else recipe  # the recipes of the code the run ran
         if host.context is None:
@@ -90,7 +90,8 @@ class _Program:
         self.synchronising = cfg.implementation.timers_synchronise_passes
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
         self.graphed = cfg.implementation.graphed_layers
-        self._passes: dict[tuple[int, str], tuple[list[Segment], float | None]] = {}
+        self.first = first  # the step's first item: its forward follows the step end's waits for the device
+        self._passes: dict[tuple[int, str, bool], tuple[list[Segment], float | None]] = {}
 
     def price(self, counts: recipe.Recipe) -> float:
         return self.host.price(counts, self.profiled)
@@ -111,9 +112,10 @@ class _Program:
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
 
-    def passes(self, chunk: int, kind: str) -> tuple[list[Segment], float | None]:
-        """A chunk's pass as Segments, and its measured context (measured_context) where the sweep timed it."""
-        key = (chunk, kind)
+    def passes(self, chunk: int, kind: str, after_idle: bool = False) -> tuple[list[Segment], float | None]:
+        """A chunk's pass as Segments, and its measured context (measured_context) where the sweep timed it;
+        `after_idle`: the step's first forward, priced at the pass measured after the host slept."""
+        key = (chunk, kind, after_idle)
         if key not in self._passes:
             forward = kind == FORWARD
             entries = []  # (the host's counts, the device's seconds, the device's kind)
@@ -125,16 +127,20 @@ class _Program:
                 for w in block.work:
                     group = w.op.group if isinstance(w.op, Collective) else "compute"
                     entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group))
-            scale = self.measured_context([counts for counts, _, _ in entries], forward)
+            scale = self.measured_context([counts for counts, _, _ in entries], forward, after_idle)
             self._passes[key] = ([self.reads(counts, device, group, scale) for counts, device, group in entries],
                                  scale)
         return self._passes[key]
 
-    def measured_context(self, entries: list[recipe.Recipe], forward: bool) -> float | None:
+    def measured_context(self, entries: list[recipe.Recipe], forward: bool, after_idle: bool = False) -> float | None:
         """The run's own measured pass (the host sweep's pass.forward: the model's call through the loss;
-        pass.backward: torch.autograd.backward through it) over its calls' plain prices: the context of this code on
-        this host, measured; None for Megatron-LM's code or a sweep without the pass."""
-        measured = self.host.measured(p.PASS_FORWARD if forward else p.PASS_BACKWARD, self.profiled)
+        pass.backward: torch.autograd.backward through it; pass.forward_after_idle, `after_idle`: the forward after
+        the host slept, where the sweep has it) over its calls' plain prices: the context of this code on this
+        host, measured; None for Megatron-LM's code or a sweep without the pass."""
+        op = p.PASS_FORWARD if forward else p.PASS_BACKWARD
+        if after_idle and forward and self.host.measured(p.PASS_FORWARD_AFTER_IDLE, self.profiled) is not None:
+            op = p.PASS_FORWARD_AFTER_IDLE
+        measured = self.host.measured(op, self.profiled)
         if measured is None or self.megatron:
             return None
         around = recipe.MODEL_CALL if forward else recipe.BACKWARD_START
@@ -149,7 +155,7 @@ class _Program:
 
     def item(self, item: Item) -> list[Segment]:
         first, last = chunk_ends(self.cfg, self.stage, item.chunk)
-        passes, scale = self.passes(item.chunk, item.kind)
+        passes, scale = self.passes(item.chunk, item.kind, after_idle=item == self.first)
         if item.kind == FORWARD:
             counts = self.code.forward_start(first)
             if scale is not None:  # the model's calls are in the measured forward
