@@ -18,12 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/cuda_graphs_h200}
 PARTS=${PARTS:-sweep runs snapshot small}
-mkdir -p "$OUT" runs/out
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print(torch.__version__)"
-  lscpu | grep -E "Model name|^CPU\(s\)"; git rev-parse HEAD 2>/dev/null; } > "$OUT/device.txt"
+source runs/bench/device_setup.sh
 
 sweep() {
   python3 - "$OUT/host_sweep.jsonl" <<'PY'

@@ -19,12 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/host_contention_h200}
 PARTS=${PARTS:-nvml contention}
-mkdir -p "$OUT" runs/out
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print(torch.__version__)"
-  lscpu | grep -E "Model name|^CPU\(s\)"; git rev-parse HEAD 2>/dev/null; } > "$OUT/device.txt"
+source runs/bench/device_setup.sh
 
 ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
 BASE=(--bf16 --use-distributed-optimizer "${ADAM[@]}")
