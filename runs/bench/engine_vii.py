@@ -171,7 +171,9 @@ def smoke_variant(variant: str, a) -> dict:
     return dict(r, variant=f"train-ledger{' linear-ce' if extra else ''}", seq=32)
 
 
-MOE_VARIANTS = {"sequential": [], "grouped-gemm": ["--moe-grouped-gemm"]}
+MOE_VARIANTS = {"sequential": [], "grouped-gemm": ["--moe-grouped-gemm"],
+               # the embedding's dense gradient (Megatron's way), the lever the default's lookup fusion is measured by
+               "sequential-dense-embedding-grad": ["--no-embedding-gradient-accumulation-fusion"]}
 
 
 def moe(a, budget: Budget, out: dict, save) -> None:
@@ -195,7 +197,8 @@ def moe(a, budget: Budget, out: dict, save) -> None:
         print(f"moe {name}: {r['step_ms_mean']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, forward idle "
               f"{json.dumps(r['forward_idle'])}", flush=True)
     ratios = {f"{mine} / {other}": out["moe"][mine]["tokens_per_s"] / out["moe"][other]["tokens_per_s"]
-              for mine, other in (("grouped-gemm", "sequential"), ("sequential", "mcore"), ("grouped-gemm", "mcore"))
+              for mine, other in (("grouped-gemm", "sequential"), ("sequential", "mcore"), ("grouped-gemm", "mcore"),
+                                  ("sequential", "sequential-dense-embedding-grad"))
               if mine in out["moe"] and other in out["moe"]}
     out["moe"]["ratios"] = ratios
     print(f"moe tokens/s ratios: {json.dumps(ratios)}", flush=True)
@@ -257,7 +260,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timed", type=int, default=6)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    p.add_argument("--moe-variants", nargs="+", default=[*MOE_VARIANTS, "mcore"], choices=[*MOE_VARIANTS, "mcore"],
+    p.add_argument("--moe-variants", nargs="+", default=["sequential", "grouped-gemm", "mcore"],
+                   choices=[*MOE_VARIANTS, "mcore"],
                    help="the moe section's runs, in this order (mcore: megatron-core's MoE, GPU only)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU, no anchors: a dry run")
     a = p.parse_args()
