@@ -135,6 +135,21 @@ def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: R
 PASS_WARMUP, PASS_REPEATS = 2, 5
 
 
+def _timed_pass(chunk: DistributedDataParallel, tokens: torch.Tensor, device: torch.device,
+                idle_s: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) host seconds to issue one pass, the device drained before each and, before the forward,
+    the host asleep for idle_s."""
+    torch.cuda.synchronize(device)
+    time.sleep(idle_s)
+    start = time.perf_counter()
+    loss = chunk(tokens, tokens)
+    issued = time.perf_counter()
+    torch.cuda.synchronize(device)
+    begin = time.perf_counter()
+    torch.autograd.backward(loss, torch.ones_like(loss))
+    return issued - start, time.perf_counter() - begin
+
+
 def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
                device: torch.device) -> Callable[[], dict[str, float]] | None:
     """What times the host's issue of one micro-batch's forward (tokens to the per-token loss) and backward of this
@@ -154,31 +169,14 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
         # any valid ids, drawn without the generators training uses
         tokens = torch.arange(t.micro_batch_size * m.seq_length, device=device).remainder(m.vocab_size)
         tokens = tokens.view(t.micro_batch_size, m.seq_length)
-        forward, backward = [], []
         with chunk.no_sync():
-            for i in range(PASS_WARMUP + PASS_REPEATS):
-                torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                loss = chunk(tokens, tokens)
-                issued = time.perf_counter()
-                torch.cuda.synchronize(device)
-                begin = time.perf_counter()
-                torch.autograd.backward(loss, torch.ones_like(loss))
-                done = time.perf_counter()
-                if i >= PASS_WARMUP:
-                    forward.append(issued - start)
-                    backward.append(done - begin)
-            after_idle = []
-            for _ in range(PASS_REPEATS):
-                torch.cuda.synchronize(device)
-                time.sleep(host.IDLE_BEFORE_PASS_S)
-                start = time.perf_counter()
-                loss = chunk(tokens, tokens)
-                after_idle.append(time.perf_counter() - start)
-                torch.autograd.backward(loss, torch.ones_like(loss))
+            warm = [_timed_pass(chunk, tokens, device) for _ in range(PASS_WARMUP + PASS_REPEATS)][PASS_WARMUP:]
+            after_idle = [_timed_pass(chunk, tokens, device, idle_s=host.IDLE_BEFORE_PASS_S)
+                          for _ in range(PASS_REPEATS)]
         torch.cuda.synchronize(device)
         chunk.zero_grad_buffer()
-        return {host.PASS_FORWARD: statistics.median(forward), host.PASS_BACKWARD: statistics.median(backward),
-                host.PASS_FORWARD_AFTER_IDLE: statistics.median(after_idle)}
+        return {host.PASS_FORWARD: statistics.median(f for f, _ in warm),
+                host.PASS_BACKWARD: statistics.median(b for _, b in warm),
+                host.PASS_FORWARD_AFTER_IDLE: statistics.median(f for f, _ in after_idle)}
 
     return measure

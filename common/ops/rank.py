@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.ops.kernel import OpGroup, Passes, passes
+from common.ops.kernel import Kernel, OpGroup, Passes, passes
 from common.ops.layer import LayerOps, layer_ops
 from common.ops.linear import Linear, linear
 from common.ops.megatron import OPTIMIZER_STEP_FOREACH, fp32_cross_entropy
@@ -47,7 +47,12 @@ class RankOps(OpGroup):
         return self.optimizer, self.grad_buffer
 
 
-INTO_MAIN_GRAD = "into_main_grad"  # embedding.bwd's dim: the lookup adds its rows into main_grad, no dense gradient
+INTO_MAIN_GRAD = "into_main_grad"  # the embedding's dim: the lookup adds its rows into main_grad, no dense gradient
+
+
+def into_main_grad(k: Kernel) -> bool:
+    """An embedding kernel of this engine's lookup that adds its rows into main_grad (bytes, host recipe)."""
+    return dict(k.dims).get(INTO_MAIN_GRAD) == 1
 
 
 def embedding(sh: Shapes) -> Passes:

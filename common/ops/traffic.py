@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from common.ops.kernel import Kernel
 from common.ops.megatron import MAIN_GRAD_ADD, OPTIMIZER_STEP_FOREACH
-from common.ops.rank import OPTIMIZER_STEP
+from common.ops.rank import OPTIMIZER_STEP, into_main_grad
 from common.ops.sizes import DTYPE_BYTES
 
 FP32 = 4
@@ -48,7 +48,7 @@ def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
         return 3 * a * d["tokens"] * d["width"]
     if name == "embedding.fwd":  # gather t rows, write them
         return 2 * a * d["tokens"] * d["hidden"]
-    if name == "embedding.bwd" and d.get("into_main_grad"):  # t rows read, cast to main_grad's dtype, read again
+    if name == "embedding.bwd" and into_main_grad(kernel):  # t rows read, cast to main_grad's dtype, read again
         return (a + 4 * grad_bytes) * d["tokens"] * d["hidden"]  # and added into theirs (read and written)
     if name == "embedding.bwd":  # a dense [V, h] grad zeroed and scattered into, then added into main_grad
         return d["vocab"] * d["hidden"] * (2 * a + 2 * grad_bytes) + 3 * a * d["tokens"] * d["hidden"]

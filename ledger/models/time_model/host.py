@@ -137,10 +137,9 @@ class _Program:
         pass.backward: torch.autograd.backward through it; pass.forward_after_idle, `after_idle`: the forward after
         the host slept, where the sweep has it) over its calls' plain prices: the context of this code on this
         host, measured; None for Megatron-LM's code or a sweep without the pass."""
-        op = p.PASS_FORWARD if forward else p.PASS_BACKWARD
-        if after_idle and forward and self.host.measured(p.PASS_FORWARD_AFTER_IDLE, self.profiled) is not None:
-            op = p.PASS_FORWARD_AFTER_IDLE
-        measured = self.host.measured(op, self.profiled)
+        measured = self.host.measured(p.PASS_FORWARD_AFTER_IDLE, self.profiled) if after_idle and forward else None
+        if measured is None:
+            measured = self.host.measured(p.PASS_FORWARD if forward else p.PASS_BACKWARD, self.profiled)
         if measured is None or self.megatron:
             return None
         around = recipe.MODEL_CALL if forward else recipe.BACKWARD_START

@@ -19,7 +19,7 @@ from typing import Mapping
 
 from common.config import RunConfig
 from common.ops import host as p
-from common.ops.rank import INTO_MAIN_GRAD
+from common.ops.rank import into_main_grad
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.ops import Collective, Work
 
@@ -139,7 +139,7 @@ def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
         extra.update(EXPERT_START)
     if counts_on_device and name == "moe.permute.fwd":
         return sum_of(extra, PERMUTE_COUNTS_ON_DEVICE)
-    if dict(w.op.dims).get(INTO_MAIN_GRAD):
+    if into_main_grad(w.op):
         return EMBEDDING_INTO_MAIN_GRAD[name]
     found = _linear(name) if name.rsplit(".", 1)[-1] in ("fprop", "dgrad", "wgrad") else None
     recipe = found or (FORWARD if forward else BACKWARD).get(name) or FORWARD.get(name) or BACKWARD.get(name)
