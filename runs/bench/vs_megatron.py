@@ -4,7 +4,8 @@ Variants, alternated A B C A B C per sequence length so that drift (clocks, ther
   A megatron-core GPTModel (local spec + SDPA core attention, fused AdamW, DistributedOptimizer, fp32 grad buffer)
     through the anchor harness runs/bench/anchors/mcore_anchor.py (the megatron-core wheel installed: its README);
   B plain PyTorch + torch.compile through runs/bench/anchors/torch_anchor.py --compile;
-  torchtitan 0.3.0's Llama 3 model with its parallelize_llama (FSDP2, per-block compile, FlexAttention) through
+  torchtitan's Llama 3 model with its parallelize_llama (0.3.0: FSDP2, FlexAttention; 0.2.2: autocast, SDPA on one
+    GPU; per-block compile either way) through
     runs/bench/anchors/torchtitan_anchor.py ("torchtitan": its wheel and pure-Python dependencies installed);
   C train-ledger's engine: --bf16 --use-distributed-optimizer, every probe on except the profiler window
     (--all-probes), launched through torchrun like a user would; "ours-eager" is the same with
