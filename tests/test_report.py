@@ -100,6 +100,18 @@ def test_what_is_off_comes_first_with_its_explanation(tmp_path):
     assert "<div class='off'><b>memory.peak_allocated</b>" in page
 
 
+def test_an_off_threshold_on_a_real_run_names_no_worst_gap(tmp_path):
+    """memory.other_processes is judged against a bar, not a reference (the H200 run beside a 4 GiB process): its
+    item says what was measured and why it is off, with no empty 'worst' in between."""
+    run = tmp_path / "cotenant"
+    shutil.copytree(FIXTURES / "h200_nvml_processes/cotenant", run)
+    md, page = reported(run)
+    items = " ".join(md.split("## What is off")[1].split("\n## ")[0].split("\n  ")).splitlines()
+    (item,) = [line for line in items if line.startswith("- **memory.other_processes**")]
+    assert "measured 4.51 GiB. the most other processes held" in item
+    assert "worst" not in item and "worst —" not in page
+
+
 def test_figures_use_one_formatter(tmp_path):
     run, _ = make_run(tmp_path / "run", Spec(tp=2, pp=2, dp=2))
     md, page = reported(run)

@@ -119,8 +119,11 @@ def off_list(view: View) -> OffList:
 
 
 def off_item(line: Line, explanation: str) -> str:
-    """What follows an off line's metric: '(where): measured ... against ...; worst ... . explanation'."""
-    return f"({line.where()}): {against(line)}; worst {line.gap()}. {explanation}"
+    """What follows an off line's metric: '(where): measured ... against ...; worst ... . explanation' (no worst gap
+    for a line judged against a bar rather than a reference: a threshold on a measured condition has none)."""
+    gap = line.gap()
+    worst = f"; worst {gap}" if gap != units.DASH else ""
+    return f"({line.where()}): {against(line)}{worst}. {explanation}"
 
 
 def against(line: Line) -> str:
