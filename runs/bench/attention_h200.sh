@@ -13,13 +13,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attention_h200}
 PARTS=${PARTS:-kernels dense ledger}
-mkdir -p "$OUT" runs/out
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch; print(torch.__version__, 'cudnn', torch.backends.cudnn.version())"
-  lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/device.txt" 2>&1
+source runs/bench/device_setup.sh
+python3 -c "import torch; print('cudnn', torch.backends.cudnn.version())" >> "$OUT/device.txt" 2>&1
 
 kernels() { python3 runs/bench/attention_backends.py 2>&1 | tee "$OUT/attention_backends.log"; }
 dense() {

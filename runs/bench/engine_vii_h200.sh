@@ -11,11 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/engine_vii}
-mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source runs/bench/device_setup.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.csv"
 python3 runs/bench/engine_vii.py --out "$OUT/engine_vii.json" --budget-s "${BUDGET_S:-470}" ${ARGS:-} 2>&1 \
   | tee "$OUT/engine_vii.log"

@@ -12,13 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/fp8_h200}
 PARTS=${PARTS:-pair}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch, torchao; print(torch.__version__, 'torchao', torchao.__version__)"
-  lscpu | grep -E "Model name|^CPU\(s\)"; git rev-parse HEAD 2>/dev/null; } > "$OUT/device.txt" 2>&1
+source runs/bench/device_setup.sh
+python3 -c "import torchao; print('torchao', torchao.__version__)" >> "$OUT/device.txt" 2>&1
 
 pair() {
   python3 runs/bench/fp8.py --out /tmp/fp8_work --iters "${ITERS:-50}" > "$OUT/fp8.log" 2>&1

@@ -9,11 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/host_sweep_h200}
-mkdir -p "$OUT" runs/out
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/device.txt"
+source runs/bench/device_setup.sh
 lscpu > "$OUT/lscpu.txt"
 # (a) the host sweep alone, on the GPU, plain and profiled
 python3 - "$OUT/host_sweep.jsonl" <<'PY'

@@ -5,11 +5,9 @@
 # then run this script on the GPU machine (with .whl/ beside the project). Results: $OUT or ./bench-out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-bench-out}"
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-bench-out}"
+source runs/bench/device_setup.sh
 for seq in 4096 8192; do
   python3 runs/bench/vs_megatron.py --seq "$seq" --rounds 2 --variants ours mcore compile \
-    --steps 10 --timed 6 --out "$out/vs_megatron_$seq.json"
+    --steps 10 --timed 6 --out "$OUT/vs_megatron_$seq.json"
 done
