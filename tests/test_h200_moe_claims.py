@@ -18,7 +18,11 @@ import shutil
 
 import pytest
 
+from ledger.evidence.critical_path import critical_path
+from ledger.evidence.exec_graph import read_graph
 from ledger.evidence.read import read_run
+from ledger.evidence.replay import HOST, replay
+from ledger.evidence.step_partition import HOST_BOUND, partition_step
 from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
 from ledger.reconcile.moe import kept_of
 from ledger.reconcile.run import Reconciliation, reconcile
@@ -87,3 +91,22 @@ def test_the_time_model_prices_the_expert_backward_and_the_optimizer(result, met
 def test_the_host_bound_moe_forward_is_shown_off(result):
     r = only(result, "time.forward_per_microbatch")
     assert r.verdict == "off" and r.measured > 1.3 * r.predicted
+
+
+PROFILED = FIXTURES / "h200_moe" / "mixtral-8x7b-2l_profiled"
+
+
+def test_the_profiled_moe_step_waits_on_the_hosts_expert_gemm_calls():
+    """The profiled run of the same shape (the fixture README): the step's critical path, from the replayed execution
+    graph, holds 74-107 ms of host `aten::mm` in a 507-527 ms step (a few expert GEMMs whose host call took 4-7 ms),
+    and the GPU idles through them: the decomposition's host-bound idle is a fifth of the step. A step whose host
+    only launched would show neither."""
+    g = read_graph(PROFILED / "traces" / "rank0.step7-7.json.gz")
+    rp = replay([g])
+    for s in rp.steps:
+        path = critical_path(rp, s.rank, s.step)
+        mm = sum(seg.duration for seg in path.segments
+                 if seg.kind == HOST and seg.op is not None and seg.op.name == "aten::mm")
+        assert 70e3 < mm < 0.25 * s.replayed, (s.step, mm)
+        idle = dict(partition_step(g, s.step, []).terms)[HOST_BOUND]
+        assert 0.18 * s.measured < idle < 0.25 * s.measured, (s.step, idle)

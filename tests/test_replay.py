@@ -38,6 +38,8 @@ STATED = {
     "h200_cuda_graphs/lb_h1024_l4_s512_graphed/traces/rank0.step5-6.json.gz": {5: (27.584, 27.447),
                                                                               6: (24.620, 24.599),
                                                                               7: (25.418, 25.270)},
+    # mixtral-8x7b-2l: 8 experts run one after another, 5,035 GPU ops a step
+    "h200_moe/mixtral-8x7b-2l_profiled/traces/rank0.step7-7.json.gz": {7: (527.083, 527.546), 8: (506.584, 507.149)},
     "gloo_dp2_overlap/traces/rank0.step3-4.json.gz": {3: (39.095, 39.095), 4: (22.953, 22.953),
                                                       5: (30.993, 30.993)},
     "gloo_dp2_sweeps/traces/rank0.step4-5.json.gz": {4: (36.666, 36.666), 5: (36.007, 36.007),
