@@ -88,6 +88,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                      help="each expert takes at most factor x tokens x topk / experts tokens; the rest are dropped")
     moe.add_argument("--moe-grouped-gemm", action="store_true",
                      help="each linear of the rank's experts as one grouped GEMM, the row counts kept on the device")
+    moe.add_argument("--moe-pad-expert-rows", type=int, metavar="N",
+                     help="pad each expert's rows with zero rows to a multiple of N, so its GEMMs see few shapes "
+                          "(this engine's flag; SequentialMLP experts only)")
     fusion = p.add_argument_group("fusions")
     fusion.add_argument("--cross-entropy-loss-fusion", action="store_true",
                         help="fuse the loss (the engine's vocab-parallel cross entropy is always fused; with "
@@ -293,7 +296,7 @@ def check_load_path(load: str | None, save: str | None) -> None:
 _LLAMA_STYLE = {f.name: f.default for f in dataclasses.fields(ModelConfig)
                 if f.name in ("swiglu", "add_bias_linear", "normalization", "position_embedding_type")}
 _MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_aux_loss_coeff",
-              "moe_expert_capacity_factor")
+              "moe_expert_capacity_factor", "moe_pad_expert_rows")
 _SHAPE_FLAGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                 "vocab_size", "seq_length", "max_position_embeddings")
 

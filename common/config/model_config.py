@@ -48,6 +48,10 @@ class ModelConfig:
     # with the per-expert row counts left on the device (docs/engine.md, "Mixture of experts"); without it each
     # expert's MLP runs on its own rows (SequentialMLP), whose sizes the host reads every layer.
     moe_grouped_gemm: bool = False
+    # This engine's --moe-pad-expert-rows N (SequentialMLP): each expert's rows padded with zero rows up to a multiple
+    # of N, so its GEMMs run at a few row counts: cuBLAS picks a kernel on the host the first time it sees a shape,
+    # at some small row counts in milliseconds (docs/engine.md, "Mixture of experts"). None: no padding.
+    moe_pad_expert_rows: int | None = None
     # Megatron's --cross-entropy-loss-fusion and --cross-entropy-fusion-impl. The engine's loss is always its fused
     # vocab-parallel cross entropy over the output layer's whole [s, b, V/t] logits ("native"); "linear" (with the
     # fusion on) fuses the output layer into the loss over chunks of tokens, so no [s, b, V/t] tensor is ever held,

@@ -17,6 +17,8 @@ from common.config.train_config import TrainConfig
 from common.errors import ConfigError
 from common.typecheck import check_fields
 
+MAX_PAD_EXPERT_ROWS = 4096  # a multiple beyond a micro-batch's rows pads every expert to a whole extra micro-batch
+
 
 @dataclass
 class RunConfig:
@@ -126,7 +128,16 @@ def check_moe(cfg: RunConfig) -> None:
             raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
         if m.moe_grouped_gemm:
             raise ConfigError("--moe-grouped-gemm needs --num-experts")
+        if m.moe_pad_expert_rows is not None:
+            raise ConfigError("--moe-pad-expert-rows needs --num-experts")
         return
+    if m.moe_pad_expert_rows is not None:
+        if not 1 <= m.moe_pad_expert_rows <= MAX_PAD_EXPERT_ROWS:
+            raise ConfigError(f"--moe-pad-expert-rows must be in [1, {MAX_PAD_EXPERT_ROWS}], got "
+                              f"{m.moe_pad_expert_rows}")
+        if m.moe_grouped_gemm:
+            raise ConfigError("--moe-pad-expert-rows pads SequentialMLP's experts; --moe-grouped-gemm runs one "
+                              "GEMM over all rows at a fixed shape and takes no padding")
     if m.moe_router_topk > m.num_experts:
         raise ConfigError(f"--moe-router-topk {m.moe_router_topk} exceeds --num-experts {m.num_experts}")
     if m.num_experts % ep:

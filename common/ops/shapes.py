@@ -18,6 +18,7 @@ from common.ops.sizes import (
     expert_capacity,
     fc1_width,
     local_seq_length,
+    padded_rows,
     padded_vocab_size,
     routed_tokens,
     uniform_kept_assignments,
@@ -27,8 +28,9 @@ from common.ops.sizes import (
 @dataclass(frozen=True)
 class ExpertShapes:
     """One micro-batch's MoE layer on one rank under uniform routing: `tokens` routed (T), `routed` kept assignments
-    (R: permuted rows, sent and, every rank alike, received), `rows` per local expert (split as evenly as they go),
-    widths local to the TP rank; the router's options that change its kernels."""
+    (R: permuted rows, sent and, every rank alike, received), `rows` each local expert's GEMMs run at (R split as
+    evenly as it goes, padded under --moe-pad-expert-rows), widths local to the TP rank; the router's options that
+    change its kernels."""
     experts: int  # E, global
     topk: int
     tokens: int
@@ -51,7 +53,8 @@ class ExpertShapes:
         routed = uniform_kept_assignments(tokens, m)
         each, extra = divmod(routed, m.num_experts // ep)
         return cls(experts=m.num_experts, topk=m.moe_router_topk, tokens=tokens, routed=routed,
-                   rows=tuple(each + (i < extra) for i in range(m.num_experts // ep)),
+                   rows=tuple(padded_rows(each + (i < extra), m.moe_pad_expert_rows)
+                              for i in range(m.num_experts // ep)),
                    ffn=m.expert_ffn_hidden_size // cfg.parallel.tensor_model_parallel_size, ep=ep,
                    aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None),
                    capacity=expert_capacity(tokens, m), grouped=m.moe_grouped_gemm)

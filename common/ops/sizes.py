@@ -45,6 +45,11 @@ def expert_capacity(tokens: int, model: ModelConfig) -> int | None:
     return math.ceil(tokens * model.moe_router_topk / model.num_experts * cf)
 
 
+def padded_rows(rows: int, multiple: int | None) -> int:
+    """An expert's rows under --moe-pad-expert-rows: up to a multiple of it (None: as they are)."""
+    return -(-rows // multiple) * multiple if multiple else rows
+
+
 def uniform_kept_assignments(tokens: int, model: ModelConfig) -> int:
     """Kept assignments of one rank's micro-batch under uniform routing (each expert gets T k / E, capped at its
     capacity): what the rank sends, and, every rank routing alike, what its experts receive."""

@@ -1,10 +1,11 @@
-"""The host's cost of a GEMM whose shape cuBLAS has not seen: torch.mm's call time on the host (no sync) for the
-MoE experts' three GEMMs (mixtral-8x7b's fc1 fprop, fc2 fprop, fc1 wgrad) at row counts M never used before in the
-process, then the same counts again, then counts rounded up to a multiple of --multiple once every such count was
-seen. Why: a profiled mixtral-8x7b-2l step showed 19 expert mm calls of 4-7 ms on the host, each at a new row count,
-the GPU idle meanwhile (BENCHMARKS.md).
+"""The host's cost of an expert GEMM at a row count cuBLAS has not seen: torch.mm's call time on the host (no sync)
+for mixtral-8x7b's expert linears as SequentialMLP calls them (fc1 and fc2 forward, their input gradients; the
+weights as the modules store them), at row counts M never used before in the process, then the same counts again,
+then the counts rounded up to a multiple of --multiple once every such multiple was seen. Why: a profiled
+mixtral-8x7b-2l step showed 19 expert mm calls of 4-7 ms on the host, each at a new, small row count (154-1088),
+the GPU idle meanwhile (tests/fixtures/h200_moe/README.md, BENCHMARKS.md).
 
-    python runs/bench/gemm_shape_host.py [--counts 24] [--multiple 64]
+    python runs/bench/gemm_shape_host.py [--counts 32] [--multiple 64]
 """
 from __future__ import annotations
 
@@ -22,44 +23,42 @@ def host_us(a: torch.Tensor, b: torch.Tensor) -> float:
     return (time.perf_counter() - start) * 1e6
 
 
+def rounded(m: int, multiple: int) -> int:
+    return -(-m // multiple) * multiple
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--counts", type=int, default=24)
+    ap.add_argument("--counts", type=int, default=32)
     ap.add_argument("--multiple", type=int, default=64)
     args = ap.parse_args()
     dev, bf = torch.device("cuda"), torch.bfloat16
-    h, f = 4096, 14336
-    shapes = {"fc1 fprop [M,h]x[h,2f]": (h, 2 * f, False), "fc2 fprop [M,f]x[f,h]": (f, h, False),
-              "fc1 wgrad [2f,M]x[M,h]": (h, 2 * f, True)}
-    rng = random.Random(0)
-    counts = rng.sample(range(100, 3000), args.counts)
-    for name, (k, n, wgrad) in shapes.items():
-        x = torch.randn(4096, k, device=dev, dtype=bf)
-        w = torch.randn(k, n, device=dev, dtype=bf)
-        gy = torch.randn(4096, n, device=dev, dtype=bf)
-
-        def operands(m: int) -> tuple[torch.Tensor, torch.Tensor]:
-            """fprop: x[M, k] @ w[k, n]; wgrad: gy[M, n]^T @ x[M, k], as a linear's backward calls it."""
-            return (gy[:m].t(), x[:m]) if wgrad else (x[:m], w)
-        torch.mm(*operands(64))
+    h, f, rows = 4096, 14336, 4096
+    w1 = torch.randn(2 * f, h, device=dev, dtype=bf)  # linear_fc1.weight [2f, h]
+    w2 = torch.randn(h, f, device=dev, dtype=bf)  # linear_fc2.weight [h, f]
+    x, act = torch.randn(rows, h, device=dev, dtype=bf), torch.randn(rows, f, device=dev, dtype=bf)
+    dy1 = torch.randn(rows, 2 * f, device=dev, dtype=bf)
+    calls = {"fc1 fprop x W1^T": lambda m: (x[:m], w1.t()), "fc2 fprop a W2^T": lambda m: (act[:m], w2.t()),
+             "fc1 dgrad dy W1": lambda m: (dy1[:m], w1), "fc2 dgrad dy W2": lambda m: (x[:m], w2)}
+    counts = random.Random(0).sample(range(64, 1400), args.counts)
+    for name, operands in calls.items():
+        torch.mm(*operands(rows))
         torch.cuda.synchronize()
         first = [host_us(*operands(m)) for m in counts]
         torch.cuda.synchronize()
         again = [host_us(*operands(m)) for m in counts]
-        torch.cuda.synchronize()
-        padded = sorted({-(-m // args.multiple) * args.multiple for m in range(1, 3001)})
-        for m in padded:  # every multiple seen once
+        for m in range(args.multiple, rows + 1, args.multiple):  # every multiple seen once
             torch.mm(*operands(m))
         torch.cuda.synchronize()
-        rounded = [host_us(*operands(-(-m // args.multiple) * args.multiple)) for m in counts]
+        padded = [host_us(*operands(rounded(m, args.multiple))) for m in counts]
         torch.cuda.synchronize()
-        print(f"{name}: host us per call, median (max) over {len(counts)} counts: new count "
-              f"{statistics.median(first):,.0f} ({max(first):,.0f}); seen {statistics.median(again):,.0f}; "
-              f"rounded to {args.multiple} after warm-up {statistics.median(rounded):,.0f} ({max(rounded):,.0f})",
-              flush=True)
+        slow = sorted(m for m, us in zip(counts, first) if us > 1000)
+        print(f"{name}: host us per call over {len(counts)} counts in [64, 1400), median / max: new "
+              f"{statistics.median(first):,.0f} / {max(first):,.0f} ({len(slow)} over 1 ms, at {slow}); seen again "
+              f"{statistics.median(again):,.0f} / {max(again):,.0f}; rounded to {args.multiple} after warm-up "
+              f"{statistics.median(padded):,.0f} / {max(padded):,.0f}", flush=True)
     print(f"torch {torch.__version__}, cuBLAS {torch.backends.cuda.preferred_blas_library()}")
-    print("command: python runs/bench/gemm_shape_host.py "
-          f"--counts {args.counts} --multiple {args.multiple}")
+    print(f"command: python runs/bench/gemm_shape_host.py --counts {args.counts} --multiple {args.multiple}")
 
 
 if __name__ == "__main__":

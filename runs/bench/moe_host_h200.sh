@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The MoE step's host stalls at new expert row counts (BENCHMARKS.md, 2026-12-03), on one H200. PARTS, in order:
-#   shapes  runs/bench/gemm_shape_host.py: torch.mm's host time at row counts new to the process, seen, and rounded
+#   shapes  runs/bench/gemm_shape_host.py: torch.mm's host time at expert row counts new to the process, seen, and rounded
 #           up to a multiple, with CUDA's lazy module loading (the default) and with CUDA_MODULE_LOADING=EAGER
-#   moe     mixtral-8x7b-2l (seq 4096, micro-batch 1, 8 micro-batches, --all-probes), $ITERS steps, once with lazy
-#           loading and once with CUDA_MODULE_LOADING=EAGER; the step times of each
-# PARTS must not be empty (an empty PARTS means the default).   OUT=dir [PARTS="shapes moe"] [ITERS=16] bash this
+#   moe     mixtral-8x7b-2l (seq 4096, micro-batch 1, 8 micro-batches, --all-probes), $ITERS steps (default 16), one run
+#           per --moe-pad-expert-rows value in $PADS (default "none 64 128"; none: no padding), one after another;
+#           each run's step times
+# PARTS must not be empty (an empty PARTS means the default).
+#     OUT=dir [PARTS="shapes moe"] [ITERS=16] [PADS="none 64"] bash runs/bench/moe_host_h200.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/moe_host_h200}
@@ -16,12 +18,15 @@ shapes() {
   CUDA_MODULE_LOADING=EAGER python3 runs/bench/gemm_shape_host.py > "$OUT/gemm_shape_host_eager.txt" 2>&1
   tail -n 5 "$OUT"/gemm_shape_host_*.txt
 }
-moe_run() {  # $1: lazy | eager
-  local env=(); [ "$1" = eager ] && env=(CUDA_MODULE_LOADING=EAGER)
-  env ${env[@]+"${env[@]}"} python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m engine.train \
+moe_run() {  # $1: none | a multiple
+  local pad=(); [ "$1" != none ] && pad=(--moe-pad-expert-rows "$1")
+  python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m engine.train \
     --model mixtral-8x7b-2l --bf16 --micro-batch-size 1 --global-batch-size 8 --moe-aux-loss-coeff 0.02 \
-    --all-probes --train-iters "${ITERS:-16}" --run-dir "/tmp/moe_$1" > "$OUT/moe_$1.log" 2>&1
-  echo "moe $1 exit $?"; grep -o "iteration *[0-9]*/.*step time (ms): [0-9.]*" "$OUT/moe_$1.log" | sed 's/|.*step/ step/'
+    --all-probes --train-iters "${ITERS:-16}" ${pad[@]+"${pad[@]}"} --run-dir "/tmp/moe_pad_$1" > "$OUT/moe_pad_$1.log" 2>&1
+  echo "moe pad $1 exit $?"; grep -o "iteration *[0-9]*/.*step time (ms): [0-9.]*" "$OUT/moe_pad_$1.log" | sed 's/|.*step/ step/'
 }
-moe() { moe_run lazy; moe_run eager; }
+moe() {
+  for pad in ${PADS:-none 64 128}; do moe_run "$pad"; done
+  tar czf "$OUT/moe_runs.tar.gz" --exclude tb -C /tmp $(cd /tmp && ls -d moe_pad_*)
+}
 for part in $PARTS; do "$part"; done

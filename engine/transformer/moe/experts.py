@@ -7,12 +7,18 @@ its parameters are `decoder.layers.{n}.mlp.experts.{e}.linear_fc1.weight` (and l
 name seeds its initial value (MasterWeightInit), so every EP split starts from the single-process model, and
 checkpoints and parity tests match experts by it. Every expert parameter carries `allreduce = False` (Megatron's
 marker): its gradient is reduced over the expert-data-parallel group, not the dense DP group.
+
+Under --moe-pad-expert-rows N, SequentialMLP runs each expert on its rows padded with zero rows to a multiple of N
+and keeps the first rows of the output: the zero rows' outputs go nowhere, so their gradients are zero and add
+nothing to the weights' (the maths is unchanged), while cuBLAS sees a handful of row counts instead of a new one at
+almost every call (its first call at a shape chooses a kernel on the host: milliseconds at some small counts).
 """
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 
 from common.config import ModelConfig
 from engine.tensor_parallel.mappings import TPGroup
@@ -38,11 +44,19 @@ class SequentialMLP(torch.nn.Module):
                                         params_dtype=params_dtype, device=device, seed=seed, any_rows=True))
         for param in self.parameters():
             param.allreduce = False
+        self.pad_rows = config.moe_pad_expert_rows
 
     def forward(self, tokens: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
         """tokens [N, h] grouped by local expert, tokens_per_expert[i] rows for the i-th -> outputs [N, h]."""
         chunks = tokens.split(tokens_per_expert)
-        return torch.cat([expert(chunk) for expert, chunk in zip(self.children(), chunks)])
+        return torch.cat([self._expert(expert, chunk) for expert, chunk in zip(self.children(), chunks)])
+
+    def _expert(self, expert: MLP, rows: torch.Tensor) -> torch.Tensor:
+        """One expert on its rows, padded under --moe-pad-expert-rows (module docstring)."""
+        pad = -rows.shape[0] % self.pad_rows if self.pad_rows else 0
+        if pad == 0:
+            return expert(rows)
+        return expert(F.pad(rows, (0, 0, 0, pad)))[:rows.shape[0]]
 
 
 class GroupedMLP(SequentialMLP):

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
+from common.ops.shapes import ExpertShapes
 from common.ops.sizes import local_seq_length
 from ledger.models.formulas import core_attention, megatron_layer
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
@@ -100,11 +101,12 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP). Grouped GEMMs
     (--moe-grouped-gemm) also keep the experts' stacked weights and the groups' int32 offsets, and at EP 1 carry
     every assignment's row (T k: the counts stay on the device), with a bool mask of the kept ones under a
-    capacity factor."""
+    capacity factor. Under --moe-pad-expert-rows the experts' tensors hold each expert's padded rows."""
     m, t, ep = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.parallel.expert_model_parallel_size
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size // _sp_div(cfg)
     a, h, f, k = activation_bytes(cfg), m.hidden_size, m.expert_ffn_hidden_size, m.moe_router_topk
     rows = tokens * k if m.moe_grouped_gemm and ep == 1 else uniform_kept_assignments(tokens, m)
+    expert_rows = rows if m.moe_grouped_gemm else sum(ExpertShapes.of(cfg).rows)
     aux = {"router.softmax_all_experts[fp32]": 4 * tokens * m.num_experts} if m.moe_aux_loss_coeff > 0 else {}
     local = m.num_experts // ep
     grouped = {"experts.stacked_weights": a * local * 3 * f // t * h, "experts.group_offsets[int32]": 4 * local,
@@ -116,9 +118,9 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "router.probs[fp32]": 4 * tokens * k,
         **aux,
         "dispatch.row_index[int64]": 8 * rows,
-        "experts.linear_fc1.input": a * rows * h,
-        "experts.swiglu.input=linear_fc1.output": a * rows * 2 * f // t,
-        "experts.linear_fc2.input": a * rows * f // t,
+        "experts.linear_fc1.input": a * expert_rows * h,
+        "experts.swiglu.input=linear_fc1.output": a * expert_rows * 2 * f // t,
+        "experts.linear_fc2.input": a * expert_rows * f // t,
         **grouped,
         "combine.slot_index[int64]": 8 * tokens * k,
         "combine.expert_rows[fp32]": 4 * tokens * k * h,
