@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from common.config import ModelConfig
+from common.ops.sizes import padded_rows
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.mlp import MLP, swiglu, swiglu_any_rows
 from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_linear
@@ -53,7 +54,7 @@ class SequentialMLP(torch.nn.Module):
 
     def _expert(self, expert: MLP, rows: torch.Tensor) -> torch.Tensor:
         """One expert on its rows, padded under --moe-pad-expert-rows (module docstring)."""
-        pad = -rows.shape[0] % self.pad_rows if self.pad_rows else 0
+        pad = padded_rows(rows.shape[0], self.pad_rows) - rows.shape[0]
         if pad == 0:
             return expert(rows)
         return expert(F.pad(rows, (0, 0, 0, pad)))[:rows.shape[0]]
