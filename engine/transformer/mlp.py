@@ -25,7 +25,7 @@ def _swiglu(gate_and_up: torch.Tensor) -> torch.Tensor:
 
 
 swiglu = jit_fuser(_swiglu)
-swiglu_any_rows = jit_fuser(_swiglu, dynamic=True)  # an MoE expert's: its row count changes every micro-batch
+swiglu_any_rows = jit_fuser(_swiglu, dynamic_rows=True)  # an MoE expert's: its row count changes every micro-batch
 
 
 class MLP(torch.nn.Module):

@@ -9,11 +9,11 @@ skipped, and says so:
           layer replayed from CUDA graphs, "ours-graphed", not on --cpu-smoke): tokens/s, TFLOP/s, MFU
           against the 989 TFLOP/s datasheet, peak allocated, NVML's used bytes and what lay outside PyTorch (a
           one-GPU run now builds no communicator beyond the default group's), ratios to megatron-core;
-  moe     mixtral-8x7b-2l on the one GPU (runs/bench/moe_cp_h200.sh's flags) with SequentialMLP and with
-          --moe-grouped-gemm, and megatron-core's MoE at the same shape (--moe-variants; mcore_anchor.py --moe: its
-          SequentialMLP, no Transformer Engine): step time, tokens/s, the ratios, and from one profiled step's trace
-          the forward passes' GPU idle
-          (1 - kernel busy time / the forward's GPU window: first to last kernel it launched);
+  moe     mixtral-8x7b-2l on the one GPU (runs/bench/moe_cp_h200.sh's flags) with SequentialMLP, with its rows
+          padded to multiples of 128, with --moe-grouped-gemm, and megatron-core's MoE at the same shape
+          (--moe-variants; mcore_anchor.py --moe: its SequentialMLP, no Transformer Engine): step time, tokens/s,
+          the ratios, and from one profiled step's trace the forward passes' GPU idle (1 - kernel busy time / the
+          forward's GPU window: first to last kernel it launched) and the step's top kernels;
   small   a launch-bound shape (hidden 1024, 4 layers, 16 heads in 4 groups, vocab 32000, seq 512, micro-batch 2, 8
           micro-batches) eager (TRAIN_LEDGER_COMPILE=0), compiled (the engine's default) and compiled with every
           layer replayed from CUDA graphs (--cuda-graph-impl local), alternated over --rounds: tokens/s, the ratios
@@ -123,14 +123,29 @@ def forward_gpu_idle(trace: Path) -> dict | None:
             "kernel_busy_ms_mean": sum(busy) / len(windows) / 1e3, "gpu_idle_fraction": 1 - sum(busy) / gpu_window}
 
 
+def top_kernels(trace: Path, top: int = 12) -> list[dict] | None:
+    """The profiled step's kernels by total time, grouped by name: what a lever's time went to. None on CPU."""
+    with gzip.open(trace, "rt") as f:
+        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    if not kernels:
+        return None
+    total: dict[str, list[float]] = {}
+    for k in kernels:
+        total.setdefault(k["name"], []).append(k.get("dur", 0))
+    rows = sorted(total.items(), key=lambda item: -sum(item[1]))[:top]
+    return [{"kernel": name[:100], "ms": sum(d) / 1e3, "calls": len(d), "median_us": sorted(d)[len(d) // 2]}
+            for name, d in rows]
+
+
 def trained(argv: list[str], timed: int, env: dict[str, str] | None = None) -> dict:
     """engine_run in a run directory of its own, with tokens/s and, where the run was profiled, its trace's forward
-    GPU idle (the trace is read here, not kept: it can be hundreds of MB)."""
+    GPU idle and top kernels (the trace is read here, not kept: it can be hundreds of MB)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = str(Path(tmp) / "run")
         result = engine_run([*argv, "--run-dir", run_dir], timed, env)
         traces = trace_files(run_dir)
         result["forward_idle"] = forward_gpu_idle(traces[0][3]) if traces else None
+        result["top_kernels"] = top_kernels(traces[0][3]) if traces else None
     mean = sum(result["times"]) / len(result["times"])
     result.update(step_ms_mean=mean * 1e3, tokens_per_s=result["tokens_per_step"] / mean)
     return result
@@ -172,6 +187,8 @@ def smoke_variant(variant: str, a) -> dict:
 
 
 MOE_VARIANTS = {"sequential": [], "grouped-gemm": ["--moe-grouped-gemm"],
+               # few GEMM shapes: no per-shape kernel choice on the host mid-step (docs/engine.md)
+               "sequential-padded": ["--moe-pad-expert-rows", "128"],
                # the embedding's dense gradient (Megatron's way), the lever the default's lookup fusion is measured by
                "sequential-dense-embedding-grad": ["--no-embedding-gradient-accumulation-fusion"]}
 
@@ -196,8 +213,11 @@ def moe(a, budget: Budget, out: dict, save) -> None:
         save()
         print(f"moe {name}: {r['step_ms_mean']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, forward idle "
               f"{json.dumps(r['forward_idle'])}", flush=True)
+        for k in r.get("top_kernels") or []:
+            print(f"  {k['ms']:8.2f} ms {k['calls']:5d} calls, median {k['median_us']:7.1f} us  {k['kernel']}")
     ratios = {f"{mine} / {other}": out["moe"][mine]["tokens_per_s"] / out["moe"][other]["tokens_per_s"]
               for mine, other in (("grouped-gemm", "sequential"), ("sequential", "mcore"), ("grouped-gemm", "mcore"),
+                                  ("sequential-padded", "sequential"), ("sequential-padded", "mcore"),
                                   ("sequential", "sequential-dense-embedding-grad"))
               if mine in out["moe"] and other in out["moe"]}
     out["moe"]["ratios"] = ratios
