@@ -14,6 +14,7 @@ import torch
 
 from engine import jit
 from engine.transformer.mlp import _swiglu
+from engine.transformer.moe.token_dispatcher import _unpermute, unpermute
 
 
 @pytest.fixture
@@ -57,3 +58,15 @@ def test_off_the_compile_devices_the_function_runs_eagerly(graphs, monkeypatch):
     x = torch.randn(4, 16)
     torch.testing.assert_close(jit.jit_fuser(_swiglu, dynamic_rows=True)(x), _swiglu(x), rtol=0, atol=0)
     assert graphs == []
+
+
+def test_the_moe_combine_is_one_graph_for_every_kept_row_count(graphs):
+    """unpermute's rows are the experts' output: their count varies under EP > 1 (and with dropped slots), the
+    hidden size and the [T, k] routing do not. A dropped slot points at row N, the zero row."""
+    tokens, topk, hidden = 8, 2, 16
+    for kept in (13, 15, 16):
+        rows = torch.randn(kept, hidden)
+        slots = torch.randperm(tokens * topk).clamp(max=kept).view(tokens, topk)
+        probs = torch.rand(tokens, topk)
+        torch.testing.assert_close(unpermute(rows, slots, probs), _unpermute(rows, slots, probs), rtol=0, atol=0)
+    assert graphs == [[(True, False), (False, False), (False, False)]]

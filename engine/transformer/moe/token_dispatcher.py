@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.jit import jit_fuser
 from engine.transformer.moe.expert_parallel import EPGroup, all_to_all, exchange_counts
 from engine.transformer.moe.router import Routing, count_per_expert
 
@@ -32,6 +33,17 @@ class DispatchPlan:
     slot_rows: torch.Tensor  # [T, k] row of each assignment in the permuted rows; N (a zero row) if dropped
     send_splits: list[int]  # rows sent to each EP rank
     receive_counts: list[list[int]]  # [source rank][local expert] rows received; [] while the counts stay on device
+
+
+def _unpermute(rows: torch.Tensor, slot_rows: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """rows [N, h], slot_rows [T, k] (N: a dropped slot's zero row), probs [T, k] -> [T, h]: each token's
+    probability-weighted sum of its slots' rows, in fp32, rounded once."""
+    padded = torch.cat((rows, rows.new_zeros((1, rows.shape[-1]))))
+    return (padded[slot_rows].float() * probs.unsqueeze(-1)).sum(dim=1).to(rows.dtype)
+
+
+# One gather-multiply-sum kernel each way on GPU instead of a chain over [T, k, h] fp32 copies; N varies under EP > 1.
+unpermute = jit_fuser(_unpermute, dynamic_rows=True)
 
 
 def _reorder_chunks(rows: torch.Tensor, counts: list[list[int]]) -> torch.Tensor:
@@ -89,6 +101,4 @@ class MoEAlltoAllTokenDispatcher:
             by_source = _reorder_chunks(expert_output, _transpose(plan.receive_counts))
             expert_output = all_to_all(by_source, self.ep, plan.send_splits, [sum(c) for c in plan.receive_counts],
                                        f"ep all-to-all combine layer{self.layer_number}", self.layer_number)
-        padded = torch.cat((expert_output, expert_output.new_zeros((1, expert_output.shape[-1]))))
-        per_slot = padded[plan.slot_rows]  # [T, k, h]
-        return (per_slot.float() * plan.probs.unsqueeze(-1)).sum(dim=1).to(expert_output.dtype)
+        return unpermute(expert_output, plan.slot_rows, plan.probs)

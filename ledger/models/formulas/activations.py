@@ -123,7 +123,7 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
         "experts.linear_fc2.input": a * expert_rows * f // t,
         **grouped,
         "combine.slot_index[int64]": 8 * tokens * k,
-        "combine.expert_rows[fp32]": 4 * tokens * k * h,
+        "combine.expert_rows=experts.output": a * (rows + 1) * h,
     }
 
 
