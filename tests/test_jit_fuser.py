@@ -7,18 +7,17 @@ placeholders carry the symbolic shapes inductor would compile.
 """
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 from engine import jit
 from engine.transformer.mlp import _swiglu
 from engine.transformer.moe.token_dispatcher import _unpermute, unpermute
+from tests.support.compiled import compiled_as_on_gpu
 
 
 @pytest.fixture
-def graphs(monkeypatch) -> list[list[tuple[bool, ...]]]:
+def graphs() -> list[list[tuple[bool, ...]]]:
     """Compile on CPU through a backend that records, per graph, each tensor input's dims as symbolic or not."""
     recorded: list[list[tuple[bool, ...]]] = []
 
@@ -28,13 +27,8 @@ def graphs(monkeypatch) -> list[list[tuple[bool, ...]]]:
                          for v in values if isinstance(v, torch.Tensor)])
         return gm.forward
 
-    monkeypatch.setattr(jit, "COMPILE_DEVICE_TYPES", {"cpu"})
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=recorder))
-    torch._dynamo.reset()
-    jit.compiled.cache_clear()
-    yield recorded
-    torch._dynamo.reset()
-    jit.compiled.cache_clear()
+    with compiled_as_on_gpu(recorder):
+        yield recorded
 
 
 def test_an_expert_swiglu_compiles_once_for_every_row_count_with_its_width_a_constant(graphs):
