@@ -4,9 +4,9 @@
 #           up to a multiple, with CUDA's lazy module loading (the default) and with CUDA_MODULE_LOADING=EAGER
 #   moe     mixtral-8x7b-2l (seq 4096, micro-batch 1, 8 micro-batches, --all-probes), $ITERS steps (default 16), one run
 #           per --moe-pad-expert-rows value in $PADS (default "none 64 128"; none: no padding), one after another;
-#           each run's step times
+#           each run's step times; PROFILE=1 adds the PyTorch profiler over step ITERS-1 (its trace goes into the tar)
 # PARTS must not be empty (an empty PARTS means the default).
-#     OUT=dir [PARTS="shapes moe"] [ITERS=16] [PADS="none 64"] bash runs/bench/moe_host_h200.sh
+#     OUT=dir [PARTS="shapes moe"] [ITERS=16] [PADS="none 64"] [PROFILE=1] bash runs/bench/moe_host_h200.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/moe_host_h200}
@@ -19,10 +19,12 @@ shapes() {
   tail -n 5 "$OUT"/gemm_shape_host_*.txt
 }
 moe_run() {  # $1: none | a multiple
-  local pad=(); [ "$1" != none ] && pad=(--moe-pad-expert-rows "$1")
+  local extra=(); [ "$1" != none ] && extra=(--moe-pad-expert-rows "$1")
+  local last=$((${ITERS:-16} - 1))
+  [ -n "${PROFILE:-}" ] && extra+=(--use-pytorch-profiler --profile-step-start "$last" --profile-step-end "$last")
   python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m engine.train \
     --model mixtral-8x7b-2l --bf16 --micro-batch-size 1 --global-batch-size 8 --moe-aux-loss-coeff 0.02 \
-    --all-probes --train-iters "${ITERS:-16}" ${pad[@]+"${pad[@]}"} --run-dir "/tmp/moe_pad_$1" > "$OUT/moe_pad_$1.log" 2>&1
+    --all-probes --train-iters "${ITERS:-16}" ${extra[@]+"${extra[@]}"} --run-dir "/tmp/moe_pad_$1" > "$OUT/moe_pad_$1.log" 2>&1
   echo "moe pad $1 exit $?"; grep -o "iteration *[0-9]*/.*step time (ms): [0-9.]*" "$OUT/moe_pad_$1.log" | sed 's/|.*step/ step/'
 }
 moe() {
