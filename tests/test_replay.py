@@ -40,6 +40,8 @@ STATED = {
                                                                               7: (25.418, 25.270)},
     # mixtral-8x7b-2l: 8 experts run one after another, 5,035 GPU ops a step
     "h200_moe/mixtral-8x7b-2l_profiled/traces/rank0.step7-7.json.gz": {7: (527.083, 527.546), 8: (506.584, 507.149)},
+    "h200_moe/mixtral-8x7b-2l_fused/traces/rank0.step15-15.json.gz": {15: (448.366, 448.784),
+                                                                     16: (453.837, 454.226)},
     "gloo_dp2_overlap/traces/rank0.step3-4.json.gz": {3: (39.095, 39.095), 4: (22.953, 22.953),
                                                       5: (30.993, 30.993)},
     "gloo_dp2_sweeps/traces/rank0.step4-5.json.gz": {4: (36.666, 36.666), 5: (36.007, 36.007),
