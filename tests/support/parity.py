@@ -99,6 +99,20 @@ def train_alone(argv: list[str], probes: Any = None) -> dict[str, Any]:
         return train_and_collect(parse_args(argv, world_size=1), probes=probes)
 
 
+def assert_flags_change_no_training(base: list[str], flags: list[str], *, param_rtol: float = 1e-5,
+                                    param_atol: float = 1e-6) -> None:
+    """Training with `flags` added to `base` (each on a world of one) is training without them: the same losses and
+    grad norms to 1e-5 relative, the same parameters to param_rtol / param_atol. What a lever that must not change
+    the maths (a fusion, another GEMM path, padding) is held to."""
+    plain, changed = train_alone(base), train_alone(base + flags)
+    assert_close_rel(changed["losses"], plain["losses"], "loss")
+    assert_close_rel(changed["grad_norms"], plain["grad_norms"], "grad norm")
+    assert changed["params"].keys() == plain["params"].keys()
+    for name, value in changed["params"].items():
+        torch.testing.assert_close(value, plain["params"][name], rtol=param_rtol, atol=param_atol,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
 def built_alone(argv: list[str]) -> torch.nn.Module:
     """The model of these flags on a world of one, on the CPU, untrained: its one chunk (no DDP wrapper)."""
     from engine.models.gpt_model import build_model_chunks
