@@ -55,7 +55,8 @@ FORWARD: dict[str, Recipe] = {
     "router.topk.fwd": {p.EAGER: 16, p.FUNCTION: 1, p.VIEW: 1},
     # dispatch: the sort key, argsort, counts, the slot rows, counts.tolist() (a read of the device), the gather
     "moe.permute.fwd": {p.EAGER: 9, p.VIEW: 4, p.ITEM: 1},
-    "moe.unpermute.fwd": {p.EAGER: 8, p.VIEW: 3},  # the experts' cat, the zero row, the slots' gather, fp32 sum
+    # the experts' cat, then unpermute compiled (engine/jit.py): its zero row's cat, the gather-weight-sum; the view
+    "moe.unpermute.fwd": {p.EAGER: 1, p.COMPILED: 1, p.LAUNCH: 1, p.VIEW: 1},
     "ring_attention.merge.fwd": {p.EAGER: 6},
 }
 BACKWARD: dict[str, Recipe] = {
@@ -70,7 +71,8 @@ BACKWARD: dict[str, Recipe] = {
     # the aux loss's Function and its nodes, the softmax's and top-k's backward (a scatter)
     "router.topk.bwd": {p.FUNCTION: 1, p.EAGER: 1, p.EAGER_BACKWARD: 9, p.AUTOGRAD_NODE: 2},
     "moe.permute.bwd": {p.EAGER_BACKWARD: 1, p.LAUNCH: 1, p.AUTOGRAD_NODE: 1},  # the gather's index_put
-    "moe.unpermute.bwd": {p.EAGER_BACKWARD: 5, p.AUTOGRAD_NODE: 4, p.LAUNCH: 2},  # and the experts' cat's node
+    # the compiled backward (the rows' zeros, the scatter and the probabilities' sum), the view's and the cat's nodes
+    "moe.unpermute.bwd": {p.COMPILED_BACKWARD: 1, p.LAUNCH: 1, p.AUTOGRAD_NODE: 2},
     "ring_attention.merge.bwd": {p.EAGER_BACKWARD: 4},
 }
 # The lookup through _EmbeddingWithGradAccumulation (tensor_parallel/layers.py): forward, the Function around the
