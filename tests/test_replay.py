@@ -38,6 +38,8 @@ STATED = {
     "h200_cuda_graphs/lb_h1024_l4_s512_graphed/traces/rank0.step5-6.json.gz": {5: (27.584, 27.447),
                                                                               6: (24.620, 24.599),
                                                                               7: (25.418, 25.270)},
+    # llama3.2-1b at seq 4096, GPU-bound: its kernels 95% of the step
+    "h200_llama1b/s4096_profiled/traces/rank0.step7-7.json.gz": {7: (553.888, 555.274), 8: (634.448, 634.682)},
     # mixtral-8x7b-2l: 8 experts run one after another, 5,035 GPU ops a step
     "h200_moe/mixtral-8x7b-2l_profiled/traces/rank0.step7-7.json.gz": {7: (527.083, 527.546), 8: (506.584, 507.149)},
     "h200_moe/mixtral-8x7b-2l_fused/traces/rank0.step15-15.json.gz": {15: (448.366, 448.784),
