@@ -7,15 +7,15 @@ twice (~1.4x the least bytes: read gate, up, dy, write both halves). Variants:
   concat      the same function compiled with inductor's pointwise cat off (max_pointwise_cat_inputs=0): the two
               halves may become one loop over [t, f] writing both
   stacked     gate and up as the two rows of a [t, 2, f] view, the gradient as their stack
-Each at the dense llama3.2-1b shape (4,096 x 16,384) and an MoE expert's (1,024 x 28,672, rows dynamic): median of
---iters CUDA-event timings of forward alone and of forward + backward, and the least bytes over the backward's time.
+Each at the dense llama3.2-1b shape (4,096 x 16,384) and an MoE expert's (1,024 x 28,672, rows dynamic), timed by the
+compute sweep's harness (probes/compute_sweep/harness.py: the device's time; a backward's forward untimed): the
+forward, the backward, and the least bytes over the backward's time.
 
     python runs/bench/swiglu_kernels.py [--iters 50]
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -26,6 +26,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.transformer.mlp import _swiglu, swiglu, swiglu_any_rows  # noqa: E402
+from probes.compute_sweep.calls import Backward, Call  # noqa: E402
+from probes.compute_sweep.harness import median_seconds  # noqa: E402
 
 
 def _concat(gate_and_up: torch.Tensor) -> torch.Tensor:
@@ -52,34 +54,13 @@ def variants(dynamic_rows: bool) -> dict[str, Callable]:
             "stacked": marked(torch.compile(_stacked, fullgraph=True, dynamic=False))}
 
 
-def timed(run: Callable[[], None], iters: int) -> float:
-    """Median seconds of run() over iters, by CUDA events (wall clock on CPU)."""
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(iters):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            import time
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--scale", type=int, default=1, help="divide the shapes' rows by this (a CPU smoke run)")
     a = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     for label, rows, width, dynamic in (("dense", 4096, 16384, False), ("moe expert", 1024, 28672, True)):
         rows //= a.scale
         x = torch.randn(rows, width, device=device, dtype=dtype, requires_grad=True)
@@ -89,11 +70,11 @@ def main() -> None:
         for name, fn in variants(dynamic).items():
             got = torch.autograd.grad(fn(x), x, dy)[0]
             same = torch.allclose(got.float(), reference.float(), rtol=2e-2, atol=2e-2)
-            fwd = timed(lambda: fn(x), a.iters)
-            both = timed(lambda: torch.autograd.grad(fn(x), x, dy), a.iters)
+            fwd = median_seconds(Call(lambda fn=fn: fn(x)), 3, a.iters, cuda)
+            bwd = median_seconds(Backward(lambda fn=fn: fn(x), (x,), (dy,)), 3, a.iters, cuda)
             print(f"{label:10s} {name:8s} rows {rows} width {width}: forward {fwd * 1e6:7.1f} us, backward "
-                  f"{(both - fwd) * 1e6:7.1f} us ({least / max(both - fwd, 1e-9) / 1e12:.2f} TB/s of the least "
-                  f"bytes), gradient as the eager one's: {same}", flush=True)
+                  f"{bwd * 1e6:7.1f} us ({least / bwd / 1e12:.2f} TB/s of the least bytes), gradient as the eager "
+                  f"one's: {same}", flush=True)
     print(f"torch {torch.__version__}; command: python {' '.join(sys.argv)}")
 
 
