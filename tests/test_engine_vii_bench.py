@@ -45,7 +45,7 @@ def test_forward_idle_is_the_uncovered_share_of_each_forwards_gpu_window(tmp_pat
               _launch(5, 1), _launch(40, 2), _launch(120, 3), _launch(205, 4), _launch(230, 5),
               _kernel(10, 20, 1), _kernel(50, 20, 2), _kernel(80, 10, 3), _kernel(210, 40, 4),
               {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 240, "dur": 20, "args": {"correlation": 5}}]
-    idle = engine_vii.forward_gpu_idle(_write(tmp_path / "t.json.gz", events))
+    idle = engine_vii.forward_gpu_idle(engine_vii.trace_events(_write(tmp_path / "t.json.gz", events)))
     assert idle["forwards"] == 2
     assert idle["gpu_window_ms_mean"] == pytest.approx((60 + 50) / 2 / 1e3)
     assert idle["kernel_busy_ms_mean"] == pytest.approx((40 + 50) / 2 / 1e3)
@@ -56,4 +56,4 @@ def test_forward_idle_is_the_uncovered_share_of_each_forwards_gpu_window(tmp_pat
 def test_a_trace_without_device_work_has_no_idle_figure(tmp_path, engine_vii):
     events = [{"cat": "user_annotation", "name": "forward stage0 mb0", "ts": 0, "dur": 100},
               {"cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 50}]
-    assert engine_vii.forward_gpu_idle(_write(tmp_path / "cpu.json.gz", events)) is None
+    assert engine_vii.forward_gpu_idle(engine_vii.trace_events(_write(tmp_path / "cpu.json.gz", events))) is None

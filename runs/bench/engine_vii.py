@@ -94,12 +94,16 @@ class Budget:
         return False
 
 
-def forward_gpu_idle(trace: Path) -> dict | None:
+def trace_events(trace: Path) -> list[dict]:
+    """A gzipped Kineto trace's events, read once for every figure taken from it (it can be hundreds of MB)."""
+    with gzip.open(trace, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def forward_gpu_idle(events: list[dict]) -> dict | None:
     """Over the profiled step's forward ranges ("forward stage0 mbN"): each one's GPU window (first start to last end
     of the kernels, copies and memsets it launched, matched by correlation id) and the union of all device work
     inside it. None on a trace without device work (CPU)."""
-    with gzip.open(trace, "rt") as f:
-        events = json.load(f)["traceEvents"]
     launched = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     device = [(e["ts"], e["ts"] + e.get("dur", 0), e.get("args", {}).get("correlation")) for e in events
@@ -123,10 +127,9 @@ def forward_gpu_idle(trace: Path) -> dict | None:
             "kernel_busy_ms_mean": sum(busy) / len(windows) / 1e3, "gpu_idle_fraction": 1 - sum(busy) / gpu_window}
 
 
-def top_kernels(trace: Path, top: int = 12) -> list[dict] | None:
+def top_kernels(events: list[dict], top: int = 12) -> list[dict] | None:
     """The profiled step's kernels by total time, grouped by name: what a lever's time went to. None on CPU."""
-    with gzip.open(trace, "rt") as f:
-        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
     if not kernels:
         return None
     total: dict[str, list[float]] = {}
@@ -144,8 +147,9 @@ def trained(argv: list[str], timed: int, env: dict[str, str] | None = None) -> d
         run_dir = str(Path(tmp) / "run")
         result = engine_run([*argv, "--run-dir", run_dir], timed, env)
         traces = trace_files(run_dir)
-        result["forward_idle"] = forward_gpu_idle(traces[0][3]) if traces else None
-        result["top_kernels"] = top_kernels(traces[0][3]) if traces else None
+        events = trace_events(traces[0][3]) if traces else None
+        result["forward_idle"] = forward_gpu_idle(events) if events is not None else None
+        result["top_kernels"] = top_kernels(events) if events is not None else None
     mean = sum(result["times"]) / len(result["times"])
     result.update(step_ms_mean=mean * 1e3, tokens_per_s=result["tokens_per_step"] / mean)
     return result
