@@ -11,12 +11,12 @@ OUT=${OUT:-/tmp/dense_profile_h200}
 source runs/bench/device_setup.sh
 ITERS=${ITERS:-8}
 rm -rf /tmp/dense_run
-python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m engine.train \
-  --model llama3.2-1b --untie-embeddings-and-output-weights --seq-length 4096 --bf16 --use-distributed-optimizer \
-  --micro-batch-size 1 --global-batch-size 8 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 \
-  --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --all-probes --train-iters "$ITERS" --use-pytorch-profiler \
-  --profile-step-start $((ITERS - 1)) --profile-step-end $((ITERS - 1)) --run-dir /tmp/dense_run \
-  > "$OUT/dense_run.log" 2>&1
+# vs_megatron.py's own engine flags (engine_argv), so that this step stays the shape that script compares
+FLAGS=$(python3 -c "import sys; sys.path.insert(0, 'runs/bench'); from vs_megatron import engine_argv
+print(' '.join(engine_argv(4096, 8, $ITERS, '/tmp/dense_run')))")
+# shellcheck disable=SC2086  # FLAGS holds no spaces inside a flag
+python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m engine.train $FLAGS --use-pytorch-profiler \
+  --profile-step-start $((ITERS - 1)) --profile-step-end $((ITERS - 1)) > "$OUT/dense_run.log" 2>&1
 echo "dense run exit $?"
 grep -o "iteration *[0-9]*/.*" "$OUT/dense_run.log" | sed 's/| learning rate[^|]*|//'
 tar czf "$OUT/dense_run.tgz" --exclude tb -C /tmp dense_run
