@@ -145,7 +145,7 @@ def swiglu_backward_bandwidth(run) -> float:
     graph = read_graph(next((run / "traces").glob("*.json.gz")))
     durations = [op.end - op.start for ops in graph.streams.values() for op in ops if op.name == SWIGLU_BACKWARD]
     m = cfg.model
-    steps = len(durations) / (m.num_experts * m.num_layers * cfg.train.global_batch_size)
+    steps = len(durations) / (m.num_experts * m.num_layers * cfg.num_microbatches)
     rows = cfg.train.global_batch_size * m.seq_length * m.moe_router_topk * m.num_layers
     step_bytes = bytes_moved(kernel("swiglu.bwd", tokens=rows, width=2 * m.expert_ffn_hidden_size), 2, 4)
     return steps * step_bytes / (sum(durations) * 1e-6)

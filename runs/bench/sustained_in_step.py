@@ -33,11 +33,10 @@ def isolated_seconds(run: Path) -> tuple[float, float]:
     cfg = ev.config
     cal = Calibration.from_records([r for e in ev.ranks.values() for r in e.compute], [])
     dtype = cfg.train.params_dtype
-    microbatches = cfg.train.global_batch_size // (cfg.train.micro_batch_size * cfg.parallel.data_parallel_size)
     work = chunk_forward(cfg, 0, 0) + chunk_backward(cfg, 0, 0)
     per_microbatch = sum(cal.kernels[(w.op.name, w.op.dims, dtype)] for w in work
                          if isinstance(w.op, Kernel) and w.op.flops > 0)
-    return per_microbatch * microbatches, cal.sustained
+    return per_microbatch * cfg.num_microbatches, cal.sustained
 
 
 def in_step_seconds(run: Path) -> float:
