@@ -24,6 +24,7 @@ from ledger.evidence.step_partition import (
     DATA_WAIT,
     EXPOSED,
     HOST_BOUND,
+    LAUNCH,
     PIPELINE_WAIT,
     SLOWER_RANK,
     SYNC,
@@ -56,7 +57,8 @@ def test_a_device_faster_than_its_host_waits_for_each_issue():
     tl = run([Segment(10 * US, 1 * US) for _ in range(3)], latency=2 * US)
     assert tl.device_end == pytest.approx(30 * US + 2 * US + 1 * US)
     assert tl.busy == {"compute": pytest.approx(3 * US)} and tl.reading == 0.0
-    assert tl.host_bound_idle == pytest.approx(tl.end - 3 * US) and tl.end == pytest.approx(30 * US)
+    assert tl.latency == pytest.approx(3 * 2 * US)  # each issue's latency, the device idle with the kernel given
+    assert tl.host_bound_idle == pytest.approx(tl.end - 3 * US - 6 * US) and tl.end == pytest.approx(30 * US)
 
 
 def test_a_device_slower_than_its_host_runs_back_to_back_and_a_read_waits_for_it_to_drain():
@@ -67,7 +69,18 @@ def test_a_device_slower_than_its_host_runs_back_to_back_and_a_read_waits_for_it
     assert tl.waiting == pytest.approx(drained - 4 * US)  # the host had issued everything at 4 µs
     assert tl.end == pytest.approx(drained + 5 * US) and tl.reading == pytest.approx(5 * US)
     assert tl.marks["after"] == pytest.approx(drained)  # an event recorded behind the kernels fires when they end
-    assert tl.host_bound_idle == pytest.approx(tl.end - 30 * US - 5 * US)  # the read's own time is not idle host
+    assert tl.latency == pytest.approx(2 * US)  # only the first issue found the device idle
+    # the read's own time is not idle host, nor is the first kernel's latency
+    assert tl.host_bound_idle == pytest.approx(tl.end - 30 * US - 5 * US - 2 * US)
+
+
+def test_the_gaps_between_kernels_the_device_already_holds_are_booked_out_of_their_device_seconds():
+    # three issues of four kernels each, the device slower than the host: the first issue's first kernel waits for
+    # its latency, every other kernel follows one the device already held, `gap` after it (inside its seconds)
+    tl = run([Segment(1 * US, 10 * US, kernels=4) for _ in range(3)], latency=2 * US, gap=0.5 * US)
+    assert tl.gaps == pytest.approx((3 + 4 + 4) * 0.5 * US) and tl.latency == pytest.approx(2 * US)
+    assert tl.busy == {"compute": pytest.approx(30 * US)}  # the step's span does not move
+    assert tl.device_end == pytest.approx(1 * US + 2 * US + 30 * US)
 
 
 def test_a_ranges_span_on_the_device_is_its_end_event_less_its_start_event():
@@ -232,19 +245,22 @@ def term_rows_of(run: Path) -> dict[int, dict[str, object]]:
 
 
 def test_the_launch_bound_runs_steps_are_predicted_term_by_term():
-    # Out of sample: the device's 17.2 ms within 1%, the reads' round trips within 0.2 ms, no data wait to speak of;
-    # the host's idle short on every step by 15-35% (its host is slower than the calibration run's, whose costs the
+    # Out of sample: the device's 17.2 ms within 4% (the sweep's seconds less the gaps between enqueued kernels,
+    # which the launch latency term holds; in the step its memory-bound kernels ran slower than the sweep timed them
+    # alone), the launch latency within 1 ms, the reads' round trips within 0.2 ms, no data wait to speak of; the
+    # host's idle short on every step by 15-35% (its host is slower than the calibration run's, whose costs the
     # H200 file holds): within 25% on step 6, a warning on the others (step 5 also carries the profiler's warm-up).
     verdicts = []
     for n, terms in term_rows_of(LAUNCH_BOUND).items():
-        assert terms[COMPUTE].verdict == "ok" and abs(terms[COMPUTE].rel_diff) < 0.01
+        assert terms[COMPUTE].verdict == "ok" and abs(terms[COMPUTE].rel_diff) < 0.04
+        assert terms[LAUNCH].verdict == "ok"
         assert terms[SYNC].verdict == "ok" and terms[DATA_WAIT].verdict == "ok"
         assert 0.15 < terms[HOST_BOUND].rel_diff < 0.35
         verdicts.append(terms[HOST_BOUND].verdict)
     assert verdicts == ["warn", "ok", "warn"]
 
 
-JUDGED = [COMPUTE, HOST_BOUND, SYNC]
+JUDGED = [COMPUTE, LAUNCH, HOST_BOUND, SYNC]
 
 
 @pytest.mark.parametrize("term", JUDGED)
@@ -260,7 +276,7 @@ def test_a_twin_is_the_time_models_not_a_copy_of_the_measurement(term: str):
 # ---- each judged term can be off (hand-made partitions) ---------------------------------------------------------
 # docs/formulas.md, "Tolerances": (relative, absolute floor in s, floor as a fraction of the step); written out here,
 # not read from the code, so that a tolerance widened there is a test failing here.
-SPEC = {COMPUTE: (0.10, 0.0, 0.0), HOST_BOUND: (0.25, 1e-3, 0.0), SYNC: (0.5, 0.2e-3, 0.0),
+SPEC = {COMPUTE: (0.10, 0.0, 0.0), HOST_BOUND: (0.25, 1e-3, 0.0), LAUNCH: (0.25, 1e-3, 0.0), SYNC: (0.5, 0.2e-3, 0.0),
         DATA_WAIT: (0.0, 1e-3, 0.01), SLOWER_RANK: (0.0, 1e-3, 0.01), PIPELINE_WAIT: (0.25, 2e-3, 0.0),
         f"{EXPOSED} dp": (0.25, 2e-3, 0.0)}
 

@@ -14,6 +14,7 @@ import pytest
 
 from cli.main import main as cli
 from ledger.evidence.read import read_run
+from ledger.evidence.step_partition import COMPUTE
 from ledger.models.simulate.hardware import load_hardware
 from ledger.reconcile.hta import HtaChoice
 from ledger.reconcile.run import TraceWork, reconcile
@@ -72,7 +73,7 @@ def test_device_compute_is_predicted_within_ten_percent(results, case):
     rows = [r for r in result.rows if r.metric == "step.decomposition.device_compute"]
     assert len(rows) == 3
     for r in rows:
-        assert r.predicted == pytest.approx(model.step.device_compute[0], rel=1e-9)
+        assert r.predicted == pytest.approx(model.step.decompositions[0][COMPUTE], rel=1e-9)
         assert r.verdict == "ok" and abs(r.rel_diff) <= 0.10
 
 
@@ -100,7 +101,7 @@ def test_report_prices_the_run_from_a_hardware_file(tmp_path, capsys):
         return [cell.strip() for cell in line.split("|")[1:-1]]
 
     # metric, ranks, [formula,] measured, gap, verdict, explanation
-    assert step_row("priced")[2:6] == ["396 ms", "435 ms", "+9.77%", "**warn**"]
+    assert step_row("priced")[2:6] == ["396 ms", "435 ms", "+9.78%", "**warn**"]
     assert step_row("plain")[2:5] == ["435 ms", "—", "**n/a**"]
     capsys.readouterr()
     assert cli(["report", run, "--out", str(tmp_path / "bad"), "--hardware", "H999"]) == 2

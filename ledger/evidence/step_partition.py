@@ -7,9 +7,11 @@ docs/formulas.md, "Step decomposition", defines it. In priority order, an instan
      arrived, or at any time when the peers were not traced);
   3. pipeline wait: otherwise, a point-to-point transfer waits for its peer stage to arrive;
   4. waiting for a slower rank: otherwise, a collective waits for the last member of its group to arrive;
-  5. data wait: otherwise (the device idle), the host is inside a data-wait range;
-  6. synchronisation: otherwise, a host thread is blocked in a sync call or reading a value (aten::item);
-  7. host-bound idle: the rest: the device waits while the host works (launches, Python, untraced code).
+  5. launch latency: otherwise (the device idle), GPU work whose launch call has returned has not started: the
+     device getting to work it already holds (the gap between back-to-back kernels, a late launch's latency);
+  6. data wait: otherwise, the host is inside a data-wait range;
+  7. synchronisation: otherwise, a host thread is blocked in a sync call or reading a value (aten::item);
+  8. host-bound idle: the rest: the device waits while the host works (launches, Python, untraced code).
 Each term is the length of its instants, so the terms sum to the window (to float rounding) by construction.
 """
 from __future__ import annotations
@@ -22,9 +24,10 @@ from ledger.evidence.exec_graph import CPU_OP, GLOO_PREFIX, CollectiveId, ExecGr
 from ledger.evidence.traces import STALL_PREFIX
 
 COMPUTE, PIPELINE_WAIT, SLOWER_RANK = "device compute", "pipeline wait", "waiting for a slower rank"
-DATA_WAIT, SYNC, HOST_BOUND = "data wait", "synchronisation", "host-bound idle"
+LAUNCH, DATA_WAIT, SYNC, HOST_BOUND = "launch latency", "data wait", "synchronisation", "host-bound idle"
 EXPOSED = "exposed communication"
-TERMS = (COMPUTE, PIPELINE_WAIT, SLOWER_RANK, DATA_WAIT, SYNC, HOST_BOUND)  # and EXPOSED per group, after COMPUTE
+# and EXPOSED per group, after COMPUTE
+TERMS = (COMPUTE, PIPELINE_WAIT, SLOWER_RANK, LAUNCH, DATA_WAIT, SYNC, HOST_BOUND)
 GROUP_ORDER = ("tp", "cp", "ep", "dp", "pp", "embedding", "other", "unknown")
 NOT_COMPUTE = ("c10d::", GLOO_PREFIX, STALL_PREFIX)  # host ranges that communicate or wait
 
@@ -76,6 +79,7 @@ def partition_step(graph: ExecGraph, step: int, comm: list[CommSpan]) -> StepPar
                                     for c in comm if c.group == group])
     take(PIPELINE_WAIT, [(c.start, min(c.end, c.ready)) for c in comm if c.p2p and c.ready is not None])
     take(SLOWER_RANK, [(c.start, min(c.end, c.ready)) for c in comm if not c.p2p and c.ready is not None])
+    take(LAUNCH, enqueued_idle(graph))
     take(DATA_WAIT, [(op.start, op.end) for op in graph.data_waits])
     take(SYNC, [(s.call.start, s.call.end) for s in graph.syncs] + [(op.start, op.end) for op in graph.reads])
     terms.append((HOST_BOUND, length(rest)))
@@ -97,6 +101,12 @@ def device_compute(graph: ExecGraph) -> list[Interval]:
                       + [(op.start, op.end) for op in graph.data_waits])
         busy += subtract(ops, holes)
     return union(busy)
+
+
+def enqueued_idle(graph: ExecGraph) -> list[Interval]:
+    """When some GPU work (not an NCCL kernel) was on its stream, its launch call returned, and had not started."""
+    return [(op.launch.end, op.start) for op in graph.gpu_ops()
+            if op.collective is None and op.launch is not None and op.launch.end < op.start]
 
 
 def with_arrivals(items: list[tuple[int, CollectiveId, CommSpan]]) -> list[CommSpan]:

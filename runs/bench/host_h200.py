@@ -38,8 +38,9 @@ LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")
 VIEWS = ("aten::permute", "aten::view", "aten::t", "aten::reshape")
 NO_KERNEL_NODES = ("PermuteBackward0", "ViewBackward0", "TBackward0", "AddBackward0", "UnsafeViewBackward0")
 NODE = "autograd::engine::evaluate_function: "
-LATENCY_SOURCE = ("the committed H200 traces' median launch latency (9.9-13 us from a launch call's start, "
-                  "BENCHMARKS.md 'the execution graph's replay') less the launch call's own 7-9 us")
+LATENCY_SOURCE = ("the calibration run h200_2layer_profiled's mean time from a launch call's return to its "
+                  "kernel's start, over the kernels launched after the device had gone idle (1.30-1.58 us in its "
+                  "three profiled steps)")
 
 
 class _Trace:

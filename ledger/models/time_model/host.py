@@ -15,7 +15,16 @@ from dataclasses import dataclass, replace
 
 from common.config import RunConfig
 from common.ops import host as p
-from ledger.evidence.step_partition import COMPUTE, DATA_WAIT, EXPOSED, HOST_BOUND, PIPELINE_WAIT, SLOWER_RANK, SYNC
+from ledger.evidence.step_partition import (
+    COMPUTE,
+    DATA_WAIT,
+    EXPOSED,
+    HOST_BOUND,
+    LAUNCH,
+    PIPELINE_WAIT,
+    SLOWER_RANK,
+    SYNC,
+)
 from ledger.models.formulas.params import chunk_layers, num_chunks
 from ledger.models.schedule import FORWARD, Item
 from ledger.models.time_model import host_recipe as recipe
@@ -30,12 +39,13 @@ from ledger.models.time_model.ops import Collective, Work, chunk_blocks, chunk_e
 def decomposition(tl: Timeline, beside: dict[str, float], wait: float) -> dict[str, float]:
     """The step decomposition's terms (ledger.evidence.step_partition's names) of a window run on two clocks: the
     device's busy time on compute, the collectives on the compute stream (tp, cp, ep) and those `beside` it (the
-    replay's dp, pp, embedding exposure) by group, the wait for other stages, the reads, and the host-bound rest."""
-    terms = {COMPUTE: tl.busy.get("compute", 0.0)}
+    replay's dp, pp, embedding exposure) by group, the wait for other stages, the gaps between enqueued kernels and
+    late launches' latency, the reads, and the host-bound rest."""
+    terms = {COMPUTE: tl.busy.get("compute", 0.0) - tl.gaps}
     exposed = {g: tl.busy.get(g, 0.0) for g in ("tp", "cp", "ep")} | beside
     terms |= {f"{EXPOSED} {g}": t for g, t in exposed.items() if t > 0}
-    return terms | {PIPELINE_WAIT: wait, SLOWER_RANK: 0.0, DATA_WAIT: 0.0, SYNC: tl.reading,
-                    HOST_BOUND: tl.host_bound_idle}
+    return terms | {PIPELINE_WAIT: wait, SLOWER_RANK: 0.0, LAUNCH: tl.latency + tl.gaps, DATA_WAIT: 0.0,
+                    SYNC: tl.reading, HOST_BOUND: tl.host_bound_idle}
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ def stage_host(cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, wo
     for item in order:
         segments += program.item(item)
     segments += program.step_end() + (program.probes_end(order) if window else [])
-    tl = run(segments, host.launch_latency)
+    tl = run(segments, host.launch_latency, host.kernel_gap)
     first, last = order[0], order[-1]
     items = {item: tl.marks[f"end {item}"] - tl.marks[f"start {item}"] for item in order}
     return StageHost(items=items, lead=tl.marks[f"start {first}"], tail=tl.end - tl.marks[f"end {last}"],
@@ -107,7 +117,8 @@ class _Program:
         counts = dict(counts)
         reads = counts.pop(p.ITEM, 0)
         issue = self.price(counts) if scale is None else scale * self.host.plain(counts)
-        return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None)
+        return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None,
+                       kernels=recipe.launched(counts) if kind == "compute" else 0)
 
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
@@ -177,17 +188,21 @@ class _Program:
         w = self.work
         counts = megatron.step_start(w.buffers, w.tensors) if self.megatron \
             else recipe.step_start(w.buffers, w.tensors, self.timers)
-        return [Segment(self.price(counts), w.memset)]
+        return [Segment(self.price(counts), w.memset, kernels=recipe.launched(counts))]
+
+    def update(self, counts: recipe.Recipe, read: float) -> Segment:
+        """The optimizer's step: its calls, the device's update, the grad norm's read."""
+        return Segment(self.price(counts), self.work.update, read=read, kernels=recipe.launched(counts))
 
     def step_end(self) -> list[Segment]:
         w, read = self.work, self.price({p.ITEM: 1})
         if self.megatron:
-            update = Segment(self.price(megatron.optimizer(w.tensors, w.elements)), w.update, read=read)
+            update = self.update(megatron.optimizer(w.tensors, w.elements), read)
             syncs = [self.sync() for _ in range(megatron.OPTIMIZER_SYNCS if self.synchronising else 0)]
             return [*self.range("optimizer", [update]), *syncs, Segment(self.price(megatron.STEP_END)),
                     *(Segment(0.0, read=read) for _ in range(megatron.STEP_END_READS))]
         pipelined = self.cfg.parallel.pipeline_model_parallel_size > 1
-        update = Segment(self.price(recipe.optimizer(w.tensors, w.elements)), w.update, read=read)
+        update = self.update(recipe.optimizer(w.tensors, w.elements), read)
         return [*self.range("optimizer", [update]), Segment(self.price(recipe.step_end(pipelined)), read=read)]
 
     def probes_end(self, order: list[Item]) -> list[Segment]:

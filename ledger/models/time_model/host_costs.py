@@ -11,10 +11,14 @@ from typing import Iterable, Mapping
 from common.events import HostRecord
 from common.ops import host as p
 
-# From a launch call's end to the device starting its kernel on an idle stream: the committed H200 traces' median
-# launch latency (9.9-13 µs from the call's start, BENCHMARKS.md "the execution graph's replay") less the launch
-# call itself (7-9 µs there).
-LAUNCH_LATENCY = 4e-6
+# From a launch call's end to the device starting its kernel on an idle stream: the calibration run
+# h200_2layer_profiled's mean over the kernels launched after the device had gone idle (1.30-1.58 µs in its three
+# profiled steps; tests/test_step_decomposition.py).
+LAUNCH_LATENCY = 1.45e-6
+# Between two kernels the device already holds, under the profiler: the calibration run h200_2layer_profiled's mean
+# gap over its queued kernels (1.64-1.71 µs in its three steps; tests/test_step_decomposition.py). Inside the compute
+# sweep's seconds (each kernel timed with its start-up); the step decomposition books it as launch latency.
+KERNEL_GAP = 1.66e-6
 CPU_NOTE = ("host timeline off: a CPU rank runs its ops on the calling thread (no launch), and the compute sweep's "
             "timings hold their dispatch")
 
@@ -26,6 +30,7 @@ class HostCosts:
     profiled: Mapping[str, float]
     source: str
     launch_latency: float = LAUNCH_LATENCY
+    kernel_gap: float = KERNEL_GAP
     # The Python around the calls in the code the recipes describe; None: that code's own (host_recipe.CONTEXT,
     # megatron_host_recipe.CONTEXT), set by the host timeline
     context: float | None = None

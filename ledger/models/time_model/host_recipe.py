@@ -99,7 +99,8 @@ COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream a
 # The kernels each primitive launches on an H200 (cuDNN's SDPA: a memset and its forward kernel; six backward): what
 # a graphed layer's replay holds, and what tests/test_host_model.py holds the recipes to against a real trace.
 KERNELS = {p.LAUNCH: 1, p.EAGER: 1, p.GEMM: 1, p.COMPILED: 1, p.EAGER_BACKWARD: 1, p.COMPILED_BACKWARD: 1,
-           p.ATTENTION: 2, p.ATTENTION_BACKWARD: 6}
+           p.ATTENTION: 2, p.ATTENTION_BACKWARD: 6, p.GRAPH_NODE: 1, p.GRAPHED_CALL: p.GRAPHED_FORWARD_NODES,
+           p.GRAPHED_BACKWARD: p.GRAPHED_BACKWARD_NODES}
 
 
 def launched(counts: Recipe) -> int:

@@ -7,6 +7,11 @@ A Segment is the host's seconds to issue it, then the device's seconds for it (0
 the host wait for every earlier device work and then pay the read's own seconds (the device idle meanwhile); a
 `mark` is a device event recorded there (a probe range's CUDA event: zero device time, in stream order), which is
 how a range's device-side span is read back. docs/formulas.md, "Host timeline".
+
+The device's seconds are the compute sweep's, each kernel timed with its start-up inside, so the time between
+kernels that were already enqueued is in them; `run` books it apart (`gaps`, `kernels` x the gap per kernel, the
+first kernel of a late segment excepted) beside a late segment's launch latency (`latency`): the step
+decomposition's launch-latency term, which a profiled trace measures on its own.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ class Segment:
     kind: str = "compute"  # what the device time is: compute, or a collective's group
     read: float | None = None  # a read of the device after this segment's issue: its seconds once drained
     mark: str | None = None
+    kernels: int = 0  # the kernels its device seconds run (host_recipe.launched)
 
 
 @dataclass
@@ -30,6 +36,8 @@ class Timeline:
     busy: dict[str, float] = field(default_factory=dict)  # device seconds by kind
     reading: float = 0.0  # host blocked in reads after the device drained (the device idle)
     waiting: float = 0.0  # host blocked in reads while the device still ran
+    latency: float = 0.0  # the device idle from a late issue's end to its start
+    gaps: float = 0.0  # inside busy: the device between kernels it already held
 
     @property
     def device_busy(self) -> float:
@@ -38,20 +46,23 @@ class Timeline:
     @property
     def host_bound_idle(self) -> float:
         """The device idle while the host works (issues, Python): the rest of the program's span."""
-        return self.end - self.device_busy - self.reading
+        return self.end - self.device_busy - self.reading - self.latency
 
 
-def run(segments: list[Segment], latency: float) -> Timeline:
+def run(segments: list[Segment], latency: float, gap: float = 0.0) -> Timeline:
     """The program on both clocks from 0 (device idle, queue empty); `latency`: from an issue's end to the device
-    being able to start it."""
+    being able to start it; `gap`: between two enqueued kernels, inside their device seconds."""
     host = device = 0.0
     tl = Timeline(end=0.0, device_end=0.0)
     for s in segments:
         host += s.host
+        if s.device > 0:
+            late = max(0.0, host + latency - max(device, host))
+            tl.latency += late
+            tl.gaps += gap * max(0, s.kernels - (late > 0))
+            tl.busy[s.kind] = tl.busy.get(s.kind, 0.0) + s.device
         if s.device > 0 or s.mark is not None:
             device = max(device, host + latency) + s.device
-            if s.device > 0:
-                tl.busy[s.kind] = tl.busy.get(s.kind, 0.0) + s.device
             if s.mark is not None:
                 tl.marks[s.mark] = device
         if s.read is not None:
