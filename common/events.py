@@ -150,6 +150,9 @@ class TimingRecord(Event):
     duration_s: float | None = amount()
     t_start: float | None = None
     t_end: float | None = None
+    # time.perf_counter seconds from the step's anchor when the host opened and closed the range (probes/timers.py)
+    host_start_s: float | None = None
+    host_end_s: float | None = None
     clock: str | None = None
     stage: int | None = None
     microbatch: int | None = None

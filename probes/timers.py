@@ -9,6 +9,11 @@ timeline (bubble) and per-bucket comm intervals need. Without CUDA the clock is 
 Absolute times: `t_start` / `t_end` = host wall time at step begin + the relative time. On CUDA that mixes clocks
 (the GPU may run behind the host), so absolute times there are aligned to the step start, not to the host.
 
+Host times: `host_start_s` / `host_end_s` are time.perf_counter seconds from the step's anchor when the host opened
+and closed the range, always. On CUDA the device reaches those points later, by however far the host runs ahead;
+the engine begins a step with the device drained (the last step's reads), so the two clocks share their origin to
+within a launch's latency and a range's host and device times can be set side by side (how far ahead the host ran).
+
 Async collectives (`comm_begin` at issue, `comm_end` after the wait returned): `issue_s` and `wait_return_s` are the
 host times of those two calls, always. On CUDA `start_s` / `end_s` are events recorded at the same two calls, i.e.
 when the issuing stream reached the issue point and when it could proceed past the wait (the collective done, as
@@ -33,11 +38,12 @@ class _Anchor:
 
 
 class _Interval:
-    __slots__ = ("name", "category", "attrs", "anchor", "start", "end", "issue", "wait_return")
+    __slots__ = ("name", "category", "attrs", "anchor", "start", "end", "host_start", "host_end", "issue",
+                 "wait_return")
 
     def __init__(self, name: str, category: str, attrs: dict[str, Any], anchor: _Anchor):
         self.name, self.category, self.attrs, self.anchor = name, category, attrs, anchor
-        self.start = self.end = self.issue = self.wait_return = None
+        self.start = self.end = self.host_start = self.host_end = self.issue = self.wait_return = None
 
 
 class StepTimer:
@@ -68,12 +74,14 @@ class StepTimer:
 
     def start(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
         interval = _Interval(name, category, attrs, self._anchor)
+        interval.host_start = time.perf_counter()
         interval.start = self._mark()
         self._open.append(interval)
         return interval
 
     def stop(self, interval: _Interval) -> None:
         interval.end = self._mark()
+        interval.host_end = time.perf_counter()
 
     def comm_begin(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
         interval = self.start(name, category, attrs)
@@ -104,7 +112,8 @@ class StepTimer:
         start_s, end_s = self._relative(a, i.start), self._relative(a, i.end)
         record = {"step": a.step, "name": i.name, "category": i.category, "start_s": start_s, "end_s": end_s,
                   "duration_s": end_s - start_s, "t_start": a.wall0 + start_s, "t_end": a.wall0 + end_s,
-                  "clock": self.clock, **i.attrs}
+                  "host_start_s": i.host_start - a.perf0, "host_end_s": i.host_end - a.perf0, "clock": self.clock,
+                  **i.attrs}
         if i.issue is not None:
             record.update(async_comm=True, issue_s=i.issue - a.perf0, wait_return_s=i.wait_return - a.perf0)
         return record

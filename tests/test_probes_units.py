@@ -146,6 +146,9 @@ def test_cpu_timer_intervals_nest_and_span_steps() -> None:
     fwd = first[0]
     assert fwd["step"] == 1 and fwd["microbatch"] == 0 and fwd["duration_s"] >= 0.01 and "async_comm" not in fwd
     assert fwd["t_end"] - fwd["t_start"] == pytest.approx(fwd["duration_s"], abs=1e-6)
+    # the host's clock of the same range: on the CPU it is the range's own clock, so the two agree
+    assert fwd["host_end_s"] - fwd["host_start_s"] == pytest.approx(fwd["duration_s"], abs=1e-4)
+    assert 0 <= fwd["host_start_s"] <= fwd["start_s"] + 1e-4
     assert first[1]["async_comm"] and first[1]["issue_s"] <= first[1]["wait_return_s"]
     timer.stop(outer)
     timer.step_begin(2)

@@ -35,6 +35,7 @@ from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import padded_vocab_size
+from ledger.models.schedule import BACKWARD, FORWARD
 from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import Hardware, hardware_for, run_device
 from ledger.models.time_model import (
@@ -54,6 +55,7 @@ from ledger.reconcile.rows import Row, row
 STEP_TOL = 0.05
 STAGE_TOL = 0.10
 OPTIMIZER_TOL = 0.10
+HOST_RANGE_TOL = 0.25  # the host's pace, as the step decomposition's host-bound idle (docs/formulas.md "Tolerances")
 # A term this small is the float residue of the difference that defines it (a single stage's bubble), not time.
 NEGLIGIBLE_S = 1e-9
 
@@ -218,8 +220,29 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                             measured=median(measured) if measured else None, unit="s", tolerance=STAGE_TOL,
                             explanation=f"{text}; measured: median of {len(measured)} timer range(s), {chosen}",
                             stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
+            rows += _host_range_row(model, s, kind, ranks, steps, chosen)
         rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
     return rows
+
+
+def _host_range_row(model: TimeModel, s: int, kind: str, ranks: list[RankEvidence], steps: set[int],
+                    chosen: str) -> list[Row]:
+    """A forward (backward) range on the host's clock, opened to closed: what the host took to issue it, unprofiled,
+    against the host timeline's; none for a run whose timers kept no host times, or timed on the host alone (CPU)."""
+    measured = [t.host_end_s - t.host_start_s for r in ranks for t in r.timing
+                if t.category == kind and t.step in steps and t.clock == "cuda_event"
+                and t.host_start_s is not None and t.host_end_s is not None]
+    if not measured:
+        return []
+    hosted = model.step.stages[s].host_ranges if model.step is not None else {}
+    predicted = hosted.get(FORWARD if kind == "forward" else BACKWARD)
+    why = (model.calibration.host_note if model.calibration is not None else None) or "; ".join(model.missing)
+    text = (f"host timeline: the {kind} range's issue on the host, mean over the step's ranges, host costs "
+            f"{model.calibration.host.source}" if predicted is not None else f"no prediction: {why or 'no host costs'}")
+    return [row(f"time.host_{kind}_per_microbatch", "stage", predicted=predicted, measured=median(measured), unit="s",
+                tolerance=HOST_RANGE_TOL, stage=s, rank=ranks[0].rank if ranks else None, source="timers",
+                explanation=f"{text}; measured: median of {len(measured)} range(s) from the host's opening call to "
+                            f"its closing one, {chosen}")]
 
 
 def _paced(model: TimeModel, stage: int, kind: str) -> float | None:

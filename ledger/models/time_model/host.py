@@ -62,6 +62,7 @@ class StageWork:
 class StageHost:
     """One stage's step on two clocks (its own items in its order, no wait for another stage)."""
     items: dict[Item, float]  # each range's span on the device
+    host_items: dict[Item, float]  # each range's span on the host (its issue: what the timers' host times measure)
     lead: float  # step start to the first range's start on the device
     tail: float  # the last range's end to the step's end (optimizer, reads)
     optimizer: float  # the optimizer range's span on the device
@@ -80,7 +81,9 @@ def stage_host(cfg: RunConfig, cal: Calibration, host: HostCosts, stage: int, wo
     tl = run(segments, host.launch_latency, host.kernel_gap)
     first, last = order[0], order[-1]
     items = {item: tl.marks[f"end {item}"] - tl.marks[f"start {item}"] for item in order}
-    return StageHost(items=items, lead=tl.marks[f"start {first}"], tail=tl.end - tl.marks[f"end {last}"],
+    host_items = {item: tl.host_marks[f"end {item}"] - tl.host_marks[f"start {item}"] for item in order}
+    return StageHost(items=items, host_items=host_items, lead=tl.marks[f"start {first}"],
+                     tail=tl.end - tl.marks[f"end {last}"],
                      optimizer=tl.marks["end optimizer"] - tl.marks["start optimizer"], timeline=tl)
 
 

@@ -33,6 +33,7 @@ class Timeline:
     end: float  # the host's clock when the program ends
     device_end: float
     marks: dict[str, float] = field(default_factory=dict)  # device time of each mark's event
+    host_marks: dict[str, float] = field(default_factory=dict)  # host time as each mark's event was recorded
     busy: dict[str, float] = field(default_factory=dict)  # device seconds by kind
     reading: float = 0.0  # host blocked in reads after the device drained (the device idle)
     waiting: float = 0.0  # host blocked in reads while the device still ran
@@ -64,7 +65,7 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0) -> Timeline:
         if s.device > 0 or s.mark is not None:
             device = max(device, host + latency) + s.device
             if s.mark is not None:
-                tl.marks[s.mark] = device
+                tl.marks[s.mark], tl.host_marks[s.mark] = device, host
         if s.read is not None:
             tl.waiting += max(0.0, device - host)
             host = max(host, device) + s.read

@@ -85,6 +85,9 @@ class StagePrediction:
     grads_done: float  # when finalize_model_grads returns
     forward: float  # one forward range on the device, mean over its chunks: the compute's, or the host's pace
     backward: float
+    # the same ranges on the host's clock (from its opening to its closing call: what it took to issue), by kind;
+    # empty without a host timeline
+    host_ranges: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,14 @@ class _Replay:
         """A forward (or backward) range of stage s, mean over its micro-batches and chunks."""
         items = [i for i in stage_order(self.p, s, self.m, self.v) if i.kind == kind]
         return sum(self.base(s, i) for i in items) / len(items)
+
+    def host_ranges(self, s: int) -> dict[str, float]:
+        """Stage s's forward and backward ranges on the host's clock, each kind's mean over its items."""
+        if self.host is None:
+            return {}
+        spans = self.host[s].host_items
+        return {kind: sum(t for i, t in spans.items() if i.kind == kind) / sum(1 for i in spans if i.kind == kind)
+                for kind in (FORWARD, BACKWARD)}
 
     def device(self, s: int, item: Item) -> float:
         t = self.stages[s].times.chunks[item.chunk]
@@ -398,7 +409,7 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                  **({"ep": r.m * sum(t.forward.ep_comm + t.backward.ep_comm for t in st.times.chunks)}
                     if cfg.parallel.expert_model_parallel_size > 1 else {})},
         optimizer=optimizer_start - f.grads_done + rng + x, grads_done=f.grads_done,
-        forward=r.mean_range(s, FORWARD), backward=r.mean_range(s, BACKWARD))
+        forward=r.mean_range(s, FORWARD), backward=r.mean_range(s, BACKWARD), host_ranges=r.host_ranges(s))
         for s, (st, f, rng, x) in enumerate(zip(r.stages, figures, ranges, extra)))
     terms = _terms(r, tl, figures[critical], critical, tails[critical], scalar, lead, step_time)
     waits = [_terms(r, tl, figures[s], s, tails[s], scalar, lead, step_time) for s in range(r.p)]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Where the host is in an unprofiled step, on one H200: each run below with --all-probes (its own compute and host
+# sweeps; the timers now keep each range's host times beside its device times) and no profiler, so that the time
+# model's host timeline is judged per forward and backward range (time.host_{forward,backward}_per_microbatch) on
+# steps the profiler did not slow. The run directories (no TensorBoard) in $OUT/host_ranges.tgz, each run's last
+# lines in $OUT/host_ranges.log; then runs/bench/swiglu_kernels.py (issue Engine VII's SwiGLU formulations) into
+# $OUT/swiglu_kernels.txt. About 5 minutes.
+#     OUT=dir bash runs/bench/host_ranges_h200.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/host_ranges_h200}
+source runs/bench/device_setup.sh
+ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
+LB1024=(--model llama3.2-1b --num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
+        --num-query-groups 4 --seq-length 512 --max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 8)
+LB512=(--model llama3.2-1b --num-layers 12 --hidden-size 512 --ffn-hidden-size 2048 --num-attention-heads 8
+       --num-query-groups 8 --seq-length 256 --max-position-embeddings 256 --micro-batch-size 4 --global-batch-size 16)
+NAMES=()
+train() {
+  local name=$1 iters=$2; shift 2
+  rm -rf "runs/out/$name"
+  local t0=$SECONDS
+  { python3 -m cli train --nproc-per-node 1 --bf16 --use-distributed-optimizer "${ADAM[@]}" --all-probes \
+      --train-iters "$iters" "$@" --run-dir "runs/out/$name" 2>&1 | tail -n 2
+    echo "$name: $((SECONDS - t0)) s"; } | tee -a "$OUT/host_ranges.log"
+  NAMES+=("$name")
+}
+train lb_h1024_l4_s512 12 "${LB1024[@]}"
+train lb_h1024_l4_s512_graphed 12 "${LB1024[@]}" --cuda-graph-impl local
+train lb_h512_l12_s256_graphed 12 "${LB512[@]}" --cuda-graph-impl local
+train llama1b_l2_s1024 12 --model llama3.2-1b --num-layers 2 --seq-length 1024 --micro-batch-size 1 \
+    --global-batch-size 4
+train llama1b_s2048_gbs4 10 --model llama3.2-1b --seq-length 2048 --micro-batch-size 1 --global-batch-size 4
+train llama1b_s4096 8 --model llama3.2-1b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8
+tar czf "$OUT/host_ranges.tgz" --exclude tb -C runs/out "${NAMES[@]}"
+python3 runs/bench/swiglu_kernels.py > "$OUT/swiglu_kernels.txt" 2>&1 || echo "swiglu_kernels.py failed" >> "$OUT/swiglu_kernels.txt"
+tail -n 20 "$OUT/swiglu_kernels.txt"
+ls -la "$OUT"
