@@ -15,7 +15,7 @@ import pytest
 
 from common.arguments import parse_args
 from common.errors import ConfigError
-from common.ops.host import HOST_PRIMITIVES
+from common.ops.host import GRAPH_PRIMITIVES, HOST_PRIMITIVES
 from ledger.models.simulate.fit import fit_hardware
 from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware
 from ledger.models.simulate.simulation import simulate
@@ -193,12 +193,14 @@ def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change,
 
 def test_the_h200_file_prices_the_host_and_says_from_which_runs_the_other_kinds_have_none():
     # The host block is a stand-in estimated from the calibration run's trace until the host sweep of
-    # runs/bench/host_sweep_h200.sh replaces it; the kinds never measured have none (the host timeline is off there).
+    # runs/bench/host_sweep_h200.sh replaces it, with the graph primitives a host sweep timed alone (no training
+    # run); the kinds never measured have none (the host timeline is off there).
     host = load_hardware("H200").host
-    assert set(host.seconds) == set(HOST_PRIMITIVES) and host.has_profiled
-    assert all(host.profiled[k] >= host.seconds[k] for k in HOST_PRIMITIVES)  # the profiler only adds
+    assert set(host.seconds) == set(HOST_PRIMITIVES) | set(GRAPH_PRIMITIVES) and host.has_profiled
+    assert all(host.profiled[k] >= host.seconds[k] for k in host.seconds)  # the profiler only adds
     source = raw("H200")["host"]["source"]
     assert "runs/bench/host_h200.py --traces" in source and "h200_2layer_profiled" in source
+    assert "host sweep alone" in raw("H200")["host"]["graphs_source"]
     assert all(load_hardware(name).host is None for name in ("H100", "A100-80GB", "A100-40GB"))
 
 

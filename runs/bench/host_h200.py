@@ -2,7 +2,7 @@
 the H200 runs ran on, plain and under torch.profiler.
 
     python3 runs/bench/host_h200.py --sweep RUN_OR_JSONL [--write] [--out F]  # measured: a host sweep's records
-    python3 runs/bench/host_h200.py --traces RUN [RUN ...] [--write]          # estimated from calibration traces
+    python3 runs/bench/host_h200.py --traces RUN [RUN ...] [--graphs JSONL] [--write]  # estimated from traces
 
 --sweep reads the records of `runs/bench/host_sweep_h200.sh` (a run directory, or its host_sweep.jsonl): the block
 is the sweep's medians, measured. --traces is the stand-in until a sweep exists: each primitive's in-context
@@ -182,13 +182,31 @@ def from_traces(runs: list[Path]) -> dict:
             "profiled_seconds": {k: round(median(profiled[k]), 9) for k in p.HOST_PRIMITIVES}}
 
 
-def from_sweep(path: Path) -> dict:
+def sweep_records(path: Path) -> dict[str, list]:
+    """A host sweep's records by primitive: a run directory's, or a host_sweep.jsonl's."""
     lines = (path.read_text().splitlines() if path.is_file()
              else [line for f in sorted(path.glob("ranks/rank*/events.jsonl")) for line in f.read_text().splitlines()])
     records = [r for r in (parse_event(json.loads(line)) for line in lines if line.strip()) if r and r.kind == "host"]
     by_op = defaultdict(list)
     for r in records:
         by_op[r.op].append(r)
+    return by_op
+
+
+def with_graphs(block: dict, path: Path) -> dict:
+    """The block with the graph primitives (a graphed run's replay, its wrapper and backward) of a host sweep that
+    timed them alone: measured, where the rest of a --traces block is estimated from a run without graphs."""
+    by_op = sweep_records(path)
+    for key, field in (("seconds", "seconds"), ("profiled_seconds", "profiled_seconds")):
+        block[key] |= {k: getattr(by_op[k][0], field) for k in p.GRAPH_PRIMITIVES}
+    block["graphs_source"] = (f"graph_node, graphed_call, graphed_backward measured by the host sweep alone (no "
+                              f"training run), {path.name}: `PARTS=sweep bash runs/bench/cuda_graphs_h200.sh`")
+    return block
+
+
+def from_sweep(path: Path) -> dict:
+    by_op = sweep_records(path)
+    records = [r for rs in by_op.values() for r in rs]
     block = {"source": f"measured by the host sweep (probes/host_sweep.py) of {path.name}, "
                        f"`bash runs/bench/host_sweep_h200.sh` on one H200's host",
              "cpu": records[0].cpu, "torch": records[0].torch, "launch_latency_s": LAUNCH_LATENCY,
@@ -204,10 +222,14 @@ def main() -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--traces", nargs="+", type=Path, help="calibration run directories with a profiler trace")
     src.add_argument("--sweep", type=Path, help="a run directory with `host` records, or a host_sweep.jsonl")
+    ap.add_argument("--graphs", type=Path, help="with --traces: a host sweep's records (a host_sweep.jsonl) for the "
+                                                 "graph primitives")
     ap.add_argument("--write", action="store_true", help="store the block in ledger/models/hardware/h200.json")
     ap.add_argument("--out", type=Path, help="write the block to this file (a hardware file's `host` entry)")
     args = ap.parse_args()
     block = from_traces(args.traces) if args.traces else from_sweep(args.sweep)
+    if args.graphs is not None:
+        block = with_graphs(block, args.graphs)
     print(json.dumps(block, indent=1))
     if args.out:
         args.out.write_text(json.dumps({"host": block}, indent=1) + "\n")
