@@ -6,6 +6,9 @@ the RowParallelLinear down projection it holds.
 
 silu(gate) * up is a jit_fuser function: compiled on GPU it is one kernel each way (eager: two forward, four
 backward), and autograd keeps only the fc1 output for backward (eager also keeps silu(gate), f values per token).
+Gate and up are read as the two rows of a [.., 2, f] view of that output, so the backward's gradient is their stack:
+inductor writes both halves from one loop (3.1 TB/s on an H200, where the halves as a chunk and a cat ran at 2.5:
+BENCHMARKS.md, runs/bench/swiglu_kernels.py); the memory layout is the same [gate | up].
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from engine.tensor_parallel.random import MasterWeightInit, scaled_init_std
 
 
 def _swiglu(gate_and_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_and_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    halves = gate_and_up.view(*gate_and_up.shape[:-1], 2, gate_and_up.shape[-1] // 2)
+    return F.silu(halves[..., 0, :]) * halves[..., 1, :]
 
 
 swiglu = jit_fuser(_swiglu)

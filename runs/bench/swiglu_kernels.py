@@ -1,12 +1,12 @@
 """SwiGLU compiled three ways, forward and backward timed on the device: which formulation moves its bytes fastest.
 
-The engine's compiled SwiGLU (engine/transformer/mlp.py) splits [t, 2f] into gate and up; inductor writes the
-backward's [t, 2f] gradient as one pointwise cat, each element computed by its own thread, so gate and dy are read
-twice (~1.4x the least bytes: read gate, up, dy, write both halves). Variants:
-  engine      the engine's function as it runs (static shapes; rows marked dynamic for the MoE shape)
-  concat      the same function compiled with inductor's pointwise cat off (max_pointwise_cat_inputs=0): the two
-              halves may become one loop over [t, f] writing both
-  stacked     gate and up as the two rows of a [t, 2, f] view, the gradient as their stack
+Split into gate and up by chunk (the engine's formulation until 2026-12-03), inductor writes the backward's [t, 2f]
+gradient as one pointwise cat, each element computed by its own thread, so gate and dy are read twice (~1.4x the
+least bytes: read gate, up, dy, write both halves). Variants:
+  engine      the engine's function as it runs (engine/transformer/mlp.py: gate and up as the two rows of a
+              [t, 2, f] view, the gradient as their stack; static shapes, rows marked dynamic for the MoE shape)
+  chunk       gate and up by chunk
+  concat      the chunk function compiled with inductor's pointwise cat off (max_pointwise_cat_inputs=0)
 Each at the dense llama3.2-1b shape (4,096 x 16,384) and an MoE expert's (1,024 x 28,672, rows dynamic), timed by the
 compute sweep's harness (probes/compute_sweep/harness.py: the device's time; a backward's forward untimed): the
 forward, the backward, and the least bytes over the backward's time.
@@ -25,19 +25,19 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.transformer.mlp import _swiglu, swiglu, swiglu_any_rows  # noqa: E402
+from engine.transformer.mlp import swiglu, swiglu_any_rows  # noqa: E402
 from probes.compute_sweep.calls import Backward, Call  # noqa: E402
 from probes.compute_sweep.harness import median_seconds  # noqa: E402
 
 
+def _chunk(gate_and_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_and_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def _concat(gate_and_up: torch.Tensor) -> torch.Tensor:
-    """_swiglu under a code object of its own, so that dynamo keeps its graph apart from the engine's."""
-    return _swiglu(gate_and_up)
-
-
-def _stacked(gate_and_up: torch.Tensor) -> torch.Tensor:
-    halves = gate_and_up.view(*gate_and_up.shape[:-1], 2, gate_and_up.shape[-1] // 2)
-    return F.silu(halves[..., 0, :]) * halves[..., 1, :]
+    """_chunk under a code object of its own, so that dynamo keeps the two compilations apart."""
+    return _chunk(gate_and_up)
 
 
 def variants(dynamic_rows: bool) -> dict[str, Callable]:
@@ -49,9 +49,9 @@ def variants(dynamic_rows: bool) -> dict[str, Callable]:
         return call
 
     return {"engine": swiglu_any_rows if dynamic_rows else swiglu,
+            "chunk": marked(torch.compile(_chunk, fullgraph=True, dynamic=False)),
             "concat": marked(torch.compile(_concat, fullgraph=True, dynamic=False,
-                                           options={"max_pointwise_cat_inputs": 0})),
-            "stacked": marked(torch.compile(_stacked, fullgraph=True, dynamic=False))}
+                                           options={"max_pointwise_cat_inputs": 0}))}
 
 
 def main() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
         rows //= a.scale
         x = torch.randn(rows, width, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn(rows, width // 2, device=device, dtype=dtype)
-        reference = torch.autograd.grad(_swiglu(x), x, dy)[0]
+        reference = torch.autograd.grad(_chunk(x), x, dy)[0]
         least = 5 * rows * (width // 2) * x.element_size()  # read gate, up, dy; write both halves
         for name, fn in variants(dynamic).items():
             got = torch.autograd.grad(fn(x), x, dy)[0]
