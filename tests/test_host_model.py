@@ -83,6 +83,17 @@ def test_the_gaps_between_kernels_the_device_already_holds_are_booked_out_of_the
     assert tl.device_end == pytest.approx(1 * US + 2 * US + 30 * US)
 
 
+def test_a_full_launch_queue_holds_the_host_until_the_device_starts_the_kernel_that_frees_a_slot():
+    # a queue of 4 kernels, segments of 2 kernels issued in 1 µs each and run in 10 µs: the first two segments fill
+    # the queue; the third waits until the device starts the first (at 1 µs + latency), the fourth the second
+    segments = [Segment(1 * US, 10 * US, kernels=2) for _ in range(4)] + [Segment(0.0, mark="issued")]
+    tl = run(segments, latency=1 * US, queue=4)
+    assert tl.host_marks["issued"] == pytest.approx(2 * US + 10 * US)  # the second segment started at 12 µs
+    assert tl.device_end == pytest.approx(2 * US + 40 * US)  # the device's clock does not move
+    free = run(segments, latency=1 * US, queue=1024)
+    assert free.host_marks["issued"] == pytest.approx(4 * US) and free.device_end == tl.device_end
+
+
 def test_a_ranges_span_on_the_device_is_its_end_event_less_its_start_event():
     tl = run([Segment(0.0, mark="start"), Segment(4 * US, 1 * US), Segment(4 * US, 1 * US), Segment(0.0, mark="end")],
              latency=0.0)

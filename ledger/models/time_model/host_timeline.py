@@ -12,10 +12,17 @@ The device's seconds are the compute sweep's, each kernel timed with its start-u
 kernels that were already enqueued is in them; `run` books it apart (`gaps`, `kernels` x the gap per kernel, the
 first kernel of a late segment excepted) beside a late segment's launch latency (`latency`): the step
 decomposition's launch-latency term, which a profiled trace measures on its own.
+
+The host gets at most `queue` kernels ahead of the device: a launch into a full queue waits until the device starts
+the kernel that frees its slot (LAUNCH_QUEUE: the dense seq-4096 H200 run's host lead stopped at 85-91 ms of device
+work, about a thousand of its kernels; tests/test_host_ranges.py). It moves the host's clock, not the device's.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+
+LAUNCH_QUEUE = 1024  # kernels enqueued and not yet started, at most
 
 
 @dataclass(frozen=True)
@@ -50,18 +57,27 @@ class Timeline:
         return self.end - self.device_busy - self.reading - self.latency
 
 
-def run(segments: list[Segment], latency: float, gap: float = 0.0) -> Timeline:
+def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = LAUNCH_QUEUE) -> Timeline:
     """The program on both clocks from 0 (device idle, queue empty); `latency`: from an issue's end to the device
-    being able to start it; `gap`: between two enqueued kernels, inside their device seconds."""
+    being able to start it; `gap`: between two enqueued kernels, inside their device seconds; `queue`: the kernels
+    the host may have enqueued ahead of the device."""
     host = device = 0.0
     tl = Timeline(end=0.0, device_end=0.0)
+    issued: list[int] = [0]  # kernels issued up to each kernel-launching segment, and when the device starts it
+    starts: list[float] = [0.0]
     for s in segments:
         host += s.host
+        if s.kernels:  # wait for the device to start the kernel whose start frees the last slot this issue needs
+            freeing = min(issued[-1], issued[-1] + s.kernels - queue)
+            host = max(host, starts[bisect_left(issued, freeing)]) if freeing > 0 else host
         if s.device > 0:
             late = max(0.0, host + latency - max(device, host))
             tl.latency += late
             tl.gaps += gap * max(0, s.kernels - (late > 0))
             tl.busy[s.kind] = tl.busy.get(s.kind, 0.0) + s.device
+        if s.kernels:
+            issued.append(issued[-1] + s.kernels)
+            starts.append(max(device, host + latency))
         if s.device > 0 or s.mark is not None:
             device = max(device, host + latency) + s.device
             if s.mark is not None:
