@@ -110,6 +110,9 @@ def test_the_host_timeline_holds_the_dense_host_at_its_launch_queue():
     # the queue the model's 23.6 ms issue was 28% short).
     row = rows("llama1b_s4096")["time.host_backward_per_microbatch"]
     assert row.verdict == "ok" and abs(row.rel_diff) < 0.10
+    # the row says how far behind the device was: the queue's depth here, nothing on a host-bound run
+    assert "87.8 ms behind the host" in row.explanation
+    assert "0 ms behind the host" in rows("lb_h1024_l4_s512")["time.host_backward_per_microbatch"].explanation
 
 
 def test_the_moe_hosts_miss_is_where_its_counts_are_not_read():

@@ -229,11 +229,12 @@ def _host_range_row(model: TimeModel, s: int, kind: str, ranks: list[RankEvidenc
                     chosen: str) -> list[Row]:
     """A forward (backward) range on the host's clock, opened to closed: what the host took to issue it, unprofiled,
     against the host timeline's; none for a run whose timers kept no host times, or timed on the host alone (CPU)."""
-    measured = [t.host_end_s - t.host_start_s for r in ranks for t in r.timing
-                if t.category == kind and t.step in steps and t.clock == "cuda_event"
-                and t.host_start_s is not None and t.host_end_s is not None]
-    if not measured:
+    timed = [t for r in ranks for t in r.timing if t.category == kind and t.step in steps and t.clock == "cuda_event"
+             and t.host_start_s is not None and t.host_end_s is not None]
+    if not timed:
         return []
+    measured = [t.host_end_s - t.host_start_s for t in timed]
+    behind = max(0.0, median(t.end_s - t.host_end_s for t in timed))  # ~0: the host sets the pace
     hosted = model.step.stages[s].host_ranges if model.step is not None else {}
     predicted = hosted.get(FORWARD if kind == "forward" else BACKWARD)
     why = (model.calibration.host_note if model.calibration is not None else None) or "; ".join(model.missing)
@@ -242,7 +243,8 @@ def _host_range_row(model: TimeModel, s: int, kind: str, ranks: list[RankEvidenc
     return [row(f"time.host_{kind}_per_microbatch", "stage", predicted=predicted, measured=median(measured), unit="s",
                 tolerance=HOST_RANGE_TOL, stage=s, rank=ranks[0].rank if ranks else None, source="timers",
                 explanation=f"{text}; measured: median of {len(measured)} range(s) from the host's opening call to "
-                            f"its closing one, {chosen}")]
+                            f"its closing one, {chosen}; the device was {_ms(behind)} behind the host as it closed the "
+                            f"range (median; near 0 where the host sets the pace)")]
 
 
 def _paced(model: TimeModel, stage: int, kind: str) -> float | None:
