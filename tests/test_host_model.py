@@ -35,7 +35,7 @@ from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import simulate
 from ledger.models.time_model import host_recipe as recipe
 from ledger.models.time_model import ops, predict_step
-from ledger.models.time_model.host_costs import CPU_NOTE, HostCosts, host_costs
+from ledger.models.time_model.host_costs import CPU_NOTE, PROFILER_START, RECORD_WRITE, HostCosts, host_costs
 from ledger.models.time_model.host_timeline import Segment, run
 from ledger.models.time_model.ops import chunk_backward, chunk_ends, chunk_forward
 from ledger.reconcile.run import reconcile
@@ -259,16 +259,16 @@ def test_the_launch_bound_runs_steps_are_predicted_term_by_term():
     # Out of sample: the device's 17.2 ms within 4% (the sweep's seconds less the gaps between enqueued kernels,
     # which the launch latency term holds; in the step its memory-bound kernels ran slower than the sweep timed them
     # alone), the launch latency within 1 ms, the reads' round trips within 0.2 ms, no data wait to speak of; the
-    # host's idle short on every step by 15-35% (its host is slower than the calibration run's, whose costs the
-    # H200 file holds): within 25% on step 6, a warning on the others (step 5 also carries the profiler's warm-up).
+    # host's idle short on every step by 15-27% (its host is slower than the calibration run's, whose costs the
+    # H200 file holds): within 25% on steps 5 and 6 (step 5's twin with the profiler's own start), a warning on 7.
     verdicts = []
     for n, terms in term_rows_of(LAUNCH_BOUND).items():
         assert terms[COMPUTE].verdict == "ok" and abs(terms[COMPUTE].rel_diff) < 0.04
         assert terms[LAUNCH].verdict == "ok"
         assert terms[SYNC].verdict == "ok" and terms[DATA_WAIT].verdict == "ok"
-        assert 0.15 < terms[HOST_BOUND].rel_diff < 0.35
+        assert 0.15 < terms[HOST_BOUND].rel_diff < 0.27
         verdicts.append(terms[HOST_BOUND].verdict)
-    assert verdicts == ["warn", "ok", "warn"]
+    assert verdicts == ["ok", "ok", "warn"]
 
 
 def test_the_gpu_bound_steps_launch_latency_is_its_kernels_times_the_calibration_runs_gap():
@@ -285,12 +285,30 @@ JUDGED = [COMPUTE, LAUNCH, HOST_BOUND, SYNC]
 
 @pytest.mark.parametrize("term", JUDGED)
 def test_a_twin_is_the_time_models_not_a_copy_of_the_measurement(term: str):
-    # Every profiled step gets the same twin (the model knows nothing of a step's own trace) while the measured term
-    # moves from step to step: a predictor that returned the measurement would differ step to step.
-    twin = predict_run(read_run(LAUNCH_BOUND)).step.decompositions[0][term]
-    rows = [terms[term] for terms in term_rows_of(LAUNCH_BOUND).values()]
-    assert all(r.predicted == pytest.approx(twin) for r in rows)
-    assert len({round(r.measured, 9) for r in rows}) == len(rows)
+    # Every profiled step gets the same twin (the model knows nothing of a step's own trace; the window's first step
+    # adds the profiler's own start to its host-bound idle) while the measured term moves from step to step: a
+    # predictor that returned the measurement would differ step to step.
+    model = predict_run(read_run(LAUNCH_BOUND))
+    twin = model.step.decompositions[0][term]
+    first, *rest = [terms[term] for _, terms in sorted(term_rows_of(LAUNCH_BOUND).items())]
+    assert all(r.predicted == pytest.approx(twin) for r in rest)
+    start = model.calibration.host.profiler_start if term == HOST_BOUND else 0.0
+    assert first.predicted == pytest.approx(twin + start)
+    assert len({round(r.measured, 9) for r in (first, *rest)}) == len(rest) + 1
+
+
+def test_the_profilers_start_and_the_probes_records_are_the_calibration_runs():
+    # PROFILER_START: the calibration trace's first window step's host time before its first event record (2.29 ms);
+    # RECORD_WRITE: its windows' mean tail after the last event sync over the step's 10 timer ranges (0.60-0.65 ms).
+    g = read_graph(next((CALIBRATION / "traces").glob("*.json.gz")))
+    steps = sorted(g.steps.items())
+    records = [op for t in g.threads for op in t.ops if op.name.startswith("cudaEventRecord")]
+    syncs = [op for t in g.threads for op in t.ops if op.name == "cudaEventSynchronize"]
+    _, window = steps[0]
+    first = min(op.start for op in records if window.start <= op.start < window.end) - window.start
+    assert first * US == pytest.approx(PROFILER_START, rel=0.01)
+    tails = [window.end - max(op.end for op in syncs if window.start <= op.start < window.end) for _, window in steps]
+    assert sum(tails) / len(tails) * US / 10 == pytest.approx(RECORD_WRITE, rel=0.02)
 
 
 # ---- each judged term can be off (hand-made partitions) ---------------------------------------------------------

@@ -96,7 +96,7 @@ def test_the_gpu_bound_h200_step_idles_between_enqueued_kernels_more_than_for_it
 def test_a_profiler_windows_first_step_begins_with_the_profilers_own_start():
     # Every committed H200 trace whose window opens on its first ProfilerStep: 2.2-3.0 ms pass on the host before the
     # step's first event record (the timers' step begin), against 0.03-0.5 ms in the window's later steps. That time
-    # is host-bound idle of the first step only, and no twin predicts it (the twin is one per window).
+    # is host-bound idle of the first step only (the twin adds PROFILER_START there).
     for trace in (TRACES[0], TRACES[1], TRACES[8], TRACES[-1]):
         g = graph(trace)
         starts = []

@@ -112,7 +112,7 @@ class StepDecomposition:
         comm = [[next(spans) for _ in t.comm] for t in self.traced]
         traced = sorted(t.rank for t in self.traced)
         chosen = choice.pick(traced)
-        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank))
+        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank), profiler_start=self._profiler_start())
                 for t, spans_of_rank in zip(self.traced, comm) if t.rank in chosen]
         count = pool_size(workers, [j.path for j in jobs])
         if jobs:
@@ -139,6 +139,11 @@ class StepDecomposition:
         return twin, ("predicted: the time model's host and device timelines of stage "
                       f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")"), True
 
+    def _profiler_start(self) -> float:
+        """What the host timeline's twin adds to a window's first step: the profiler's own start (host costs)."""
+        cal = self.model.calibration if self.model is not None else None
+        return cal.host.profiler_start if cal is not None and cal.host is not None else 0.0
+
     def _why(self) -> str:
         m = self.model
         if m is None or m.calibration is None:
@@ -154,6 +159,7 @@ class _RankJob:
     twin: dict[str, float] | None
     why: str
     complete: bool  # the twin names every term (else the terms it lacks are not predicted)
+    profiler_start: float = 0.0  # host-bound time the twin adds to the window's first step (the profiler's start)
 
 
 def _rank_rows(job: _RankJob) -> list[Row]:
@@ -163,9 +169,12 @@ def _rank_rows(job: _RankJob) -> list[Row]:
         graph = read_graph(job.path)
         rp = replay([graph])
         out: list[Row] = []
+        first = min(graph.steps, default=None)
         for s in rp.steps:
-            out += term_rows(job.rank, partition_step(graph, s.step, job.spans), job.twin, job.why,
-                             job.complete)
+            twin = job.twin
+            if twin is not None and s.step == first and job.profiler_start:
+                twin = twin | {HOST_BOUND: twin.get(HOST_BOUND, 0.0) + job.profiler_start}
+            out += term_rows(job.rank, partition_step(graph, s.step, job.spans), twin, job.why, job.complete)
             out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
     return out
 

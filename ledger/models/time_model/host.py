@@ -210,10 +210,12 @@ class _Program:
 
     def probes_end(self, order: list[Item]) -> list[Segment]:
         """probes.step_end after the step: each timer range's two events waited for and read (the iteration, the
-        optimizer, the items and each forward's data wait), each MoE layer's three routing counts read."""
+        optimizer, the items and each forward's data wait), each MoE layer's three routing counts read, then each
+        range's record written."""
         forwards = sum(1 for item in order if item.kind == FORWARD)
         ranges = 2 + len(order) + forwards if self.timers else 0
         reads = [self.sync() for _ in range(2 * ranges)]
         moe = sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg))) \
             if self.cfg.model.is_moe else 0
-        return reads + [Segment(0.0, read=self.price({p.ITEM: 1})) for _ in range(3 * moe)]
+        return reads + [Segment(0.0, read=self.price({p.ITEM: 1})) for _ in range(3 * moe)] \
+            + [Segment(ranges * self.host.record_write)]

@@ -19,6 +19,12 @@ LAUNCH_LATENCY = 1.45e-6
 # gap over its queued kernels (1.64-1.71 µs in its three steps; tests/test_step_decomposition.py). Inside the compute
 # sweep's seconds (each kernel timed with its start-up); the step decomposition books it as launch latency.
 KERNEL_GAP = 1.66e-6
+# The probes' step end writes one record per timer range (probes/probe_set.py step_end), in Python, with the device
+# idle: the calibration run's window ends 0.60-0.65 ms after its last event sync, over its 10 ranges a step.
+RECORD_WRITE = 62e-6
+# A profiler window's first step begins with the profiler's own start on the host: 2.29 ms before the calibration
+# run's first event record in its window's first step (0.03-0.09 ms in the later ones).
+PROFILER_START = 2.29e-3
 CPU_NOTE = ("host timeline off: a CPU rank runs its ops on the calling thread (no launch), and the compute sweep's "
             "timings hold their dispatch")
 
@@ -31,6 +37,8 @@ class HostCosts:
     source: str
     launch_latency: float = LAUNCH_LATENCY
     kernel_gap: float = KERNEL_GAP
+    record_write: float = RECORD_WRITE
+    profiler_start: float = PROFILER_START
     # The Python around the calls in the code the recipes describe; None: that code's own (host_recipe.CONTEXT,
     # megatron_host_recipe.CONTEXT), set by the host timeline
     context: float | None = None
