@@ -140,9 +140,13 @@ class StepDecomposition:
                       f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")"), True
 
     def _profiler_start(self) -> float:
-        """What the host timeline's twin adds to a window's first step: the profiler's own start (host costs)."""
+        """What the host timeline's twin adds to a window's first step: the profiler's own start (host costs), which
+        this engine's window (no warm-up steps) records; Megatron-LM's schedule starts the profiler in a warm-up
+        step before its window (its traces' first steps open 0.2 ms before their first op, as the later ones)."""
         cal = self.model.calibration if self.model is not None else None
-        return cal.host.profiler_start if cal is not None and cal.host is not None else 0.0
+        if cal is None or cal.host is None or self.ev.config is None or self.ev.config.implementation.megatron:
+            return 0.0
+        return cal.host.profiler_start
 
     def _why(self) -> str:
         m = self.model
