@@ -38,12 +38,12 @@ class _Anchor:
 
 
 class _Interval:
-    __slots__ = ("name", "category", "attrs", "anchor", "start", "end", "host_start", "host_end", "issue",
-                 "wait_return")
+    __slots__ = ("name", "category", "attrs", "anchor", "start", "end", "host_start", "host_end", "async_comm")
 
     def __init__(self, name: str, category: str, attrs: dict[str, Any], anchor: _Anchor):
         self.name, self.category, self.attrs, self.anchor = name, category, attrs, anchor
-        self.start = self.end = self.host_start = self.host_end = self.issue = self.wait_return = None
+        self.start = self.end = self.host_start = self.host_end = None
+        self.async_comm = False
 
 
 class StepTimer:
@@ -85,11 +85,10 @@ class StepTimer:
 
     def comm_begin(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
         interval = self.start(name, category, attrs)
-        interval.issue = time.perf_counter()
+        interval.async_comm = True
         return interval
 
     def comm_end(self, interval: _Interval) -> None:
-        interval.wait_return = time.perf_counter()
         self.stop(interval)
 
     def collect(self) -> list[dict[str, Any]]:
@@ -114,6 +113,6 @@ class StepTimer:
                   "duration_s": end_s - start_s, "t_start": a.wall0 + start_s, "t_end": a.wall0 + end_s,
                   "host_start_s": i.host_start - a.perf0, "host_end_s": i.host_end - a.perf0, "clock": self.clock,
                   **i.attrs}
-        if i.issue is not None:
-            record.update(async_comm=True, issue_s=i.issue - a.perf0, wait_return_s=i.wait_return - a.perf0)
+        if i.async_comm:  # its host times are the issue's and the wait's return
+            record.update(async_comm=True, issue_s=record["host_start_s"], wait_return_s=record["host_end_s"])
         return record
