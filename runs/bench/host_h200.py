@@ -193,12 +193,17 @@ def sweep_records(path: Path) -> dict[str, list]:
     return by_op
 
 
+def medians(by_op: dict[str, list], ops: tuple[str, ...], field: str) -> dict[str, float]:
+    """Each primitive's median `field` (seconds, profiled_seconds) over a sweep's records of it."""
+    return {k: median(getattr(r, field) for r in by_op[k]) for k in ops}
+
+
 def with_graphs(block: dict, path: Path) -> dict:
     """The block with the graph primitives (a graphed run's replay, its wrapper and backward) of a host sweep that
     timed them alone: measured, where the rest of a --traces block is estimated from a run without graphs."""
     by_op = sweep_records(path)
-    for key, field in (("seconds", "seconds"), ("profiled_seconds", "profiled_seconds")):
-        block[key] |= {k: getattr(by_op[k][0], field) for k in p.GRAPH_PRIMITIVES}
+    for key in ("seconds", "profiled_seconds"):
+        block[key] |= medians(by_op, p.GRAPH_PRIMITIVES, key)
     block["graphs_source"] = (f"graph_node, graphed_call, graphed_backward measured by the host sweep alone (no "
                               f"training run), {path.name}: `PARTS=sweep bash runs/bench/cuda_graphs_h200.sh`")
     return block
@@ -211,9 +216,9 @@ def from_sweep(path: Path) -> dict:
                        f"`bash runs/bench/host_sweep_h200.sh` on one H200's host",
              "cpu": records[0].cpu, "torch": records[0].torch, "launch_latency_s": LAUNCH_LATENCY,
              "launch_latency_source": LATENCY_SOURCE,
-             "seconds": {k: median(r.seconds for r in by_op[k]) for k in p.HOST_PRIMITIVES}}
+             "seconds": medians(by_op, p.HOST_PRIMITIVES, "seconds")}
     if all(r.profiled_seconds is not None for r in records):
-        block["profiled_seconds"] = {k: median(r.profiled_seconds for r in by_op[k]) for k in p.HOST_PRIMITIVES}
+        block["profiled_seconds"] = medians(by_op, p.HOST_PRIMITIVES, "profiled_seconds")
     return block
 
 
