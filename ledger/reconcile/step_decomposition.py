@@ -112,7 +112,8 @@ class StepDecomposition:
         comm = [[next(spans) for _ in t.comm] for t in self.traced]
         traced = sorted(t.rank for t in self.traced)
         chosen = choice.pick(traced)
-        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank), profiler_start=self._profiler_start())
+        start = self._profiler_start()
+        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank), profiler_start=start)
                 for t, spans_of_rank in zip(self.traced, comm) if t.rank in chosen]
         count = pool_size(workers, [j.path for j in jobs])
         if jobs:
