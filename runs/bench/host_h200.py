@@ -198,10 +198,10 @@ def medians(by_op: dict[str, list], ops: tuple[str, ...], field: str) -> dict[st
     return {k: median(getattr(r, field) for r in by_op[k]) for k in ops}
 
 
-def with_graphs(block: dict, path: Path) -> dict:
+def with_graphs(block: dict, by_op: dict[str, list], path: Path) -> dict:
     """The block with the graph primitives (a graphed run's replay, its wrapper and backward) of a host sweep that
-    timed them alone: measured, where the rest of a --traces block is estimated from a run without graphs."""
-    by_op = sweep_records(path)
+    timed them alone (its records `by_op`, read from `path`): measured, where the rest of a --traces block is
+    estimated from a run without graphs."""
     for key in ("seconds", "profiled_seconds"):
         block[key] |= medians(by_op, p.GRAPH_PRIMITIVES, key)
     block["graphs_source"] = (f"graph_node, graphed_call, graphed_backward measured by the host sweep alone (no "
@@ -232,9 +232,13 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="store the block in ledger/models/hardware/h200.json")
     ap.add_argument("--out", type=Path, help="write the block to this file (a hardware file's `host` entry)")
     args = ap.parse_args()
+    graphs = sweep_records(args.graphs) if args.graphs is not None and args.graphs.exists() else {}
+    absent = [op for op in p.GRAPH_PRIMITIVES if not graphs.get(op)]
+    if args.graphs is not None and absent:
+        ap.error(f"--graphs {args.graphs}: no host sweep record of {', '.join(absent)}")
     block = from_traces(args.traces) if args.traces else from_sweep(args.sweep)
     if args.graphs is not None:
-        block = with_graphs(block, args.graphs)
+        block = with_graphs(block, graphs, args.graphs)
     print(json.dumps(block, indent=1))
     if args.out:
         args.out.write_text(json.dumps({"host": block}, indent=1) + "\n")
