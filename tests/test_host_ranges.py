@@ -49,6 +49,7 @@ def test_the_host_forward_is_predicted_within_its_tolerance_on_every_held_out_ru
     # (-19% to +11%; the tolerance, 25% as docs/formulas.md "Tolerances" gives it, written out here)
     row = rows(name)["time.host_forward_per_microbatch"]
     assert row.predicted is not None and row.verdict == "ok" and abs(row.rel_diff) <= 0.25
+    assert row.tolerance == 0.25 and rows(name)["time.host_backward_per_microbatch"].tolerance == 0.25
 
 
 def test_the_host_backward_is_predicted_where_the_sweep_timed_it_as_the_step_runs_it():
