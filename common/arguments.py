@@ -91,6 +91,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     moe.add_argument("--moe-pad-expert-rows", type=int, metavar="N",
                      help="pad each expert's rows with zero rows to a multiple of N, so its GEMMs see few shapes "
                           "(this engine's flag; SequentialMLP experts only)")
+    moe.add_argument("--moe-delay-expert-wgrad", action="store_true",
+                     help="each expert's weight gradients computed once a step over all micro-batches' rows, their "
+                          "operands held until then (this engine's flag; SequentialMLP experts only)")
     fusion = p.add_argument_group("fusions")
     fusion.add_argument("--cross-entropy-loss-fusion", action="store_true",
                         help="fuse the loss (the engine's vocab-parallel cross entropy is always fused; with "
@@ -275,6 +278,7 @@ def _model_config(ns: argparse.Namespace, *, megatron_model: bool) -> ModelConfi
     # Megatron's (there is no flag that ties).
     untie = shape.pop("untie_embeddings_and_output_weights", False) or ns.untie_embeddings_and_output_weights
     return ModelConfig(**shape, untie_embeddings_and_output_weights=untie, moe_grouped_gemm=ns.moe_grouped_gemm,
+                       moe_delay_expert_wgrad=ns.moe_delay_expert_wgrad,
                        cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion)
 
 

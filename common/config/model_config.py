@@ -52,6 +52,11 @@ class ModelConfig:
     # of N, so its GEMMs run at a few row counts: cuBLAS picks a kernel on the host the first time it sees a shape,
     # at some small row counts in milliseconds (docs/engine.md, "Mixture of experts"). None: no padding.
     moe_pad_expert_rows: int | None = None
+    # This engine's --moe-delay-expert-wgrad (SequentialMLP): each expert linear's weight gradient computed once a
+    # step, over every micro-batch's rows, instead of once per micro-batch into the fp32 main_grad: one GEMM with a
+    # long reduction instead of m short ones that each read and write the whole gradient. Its operands are held from
+    # each micro-batch's backward to the step's end (docs/engine.md, "Mixture of experts").
+    moe_delay_expert_wgrad: bool = False
     # Megatron's --cross-entropy-loss-fusion and --cross-entropy-fusion-impl. The engine's loss is always its fused
     # vocab-parallel cross entropy over the output layer's whole [s, b, V/t] logits ("native"); "linear" (with the
     # fusion on) fuses the output layer into the loss over chunks of tokens, so no [s, b, V/t] tensor is ever held,

@@ -130,7 +130,11 @@ def check_moe(cfg: RunConfig) -> None:
             raise ConfigError("--moe-grouped-gemm needs --num-experts")
         if m.moe_pad_expert_rows is not None:
             raise ConfigError("--moe-pad-expert-rows needs --num-experts")
+        if m.moe_delay_expert_wgrad:
+            raise ConfigError("--moe-delay-expert-wgrad needs --num-experts")
         return
+    if m.moe_delay_expert_wgrad:
+        check_delayed_expert_wgrad(cfg)
     if m.moe_pad_expert_rows is not None:
         if not 1 <= m.moe_pad_expert_rows <= MAX_PAD_EXPERT_ROWS:
             raise ConfigError(f"--moe-pad-expert-rows must be in [1, {MAX_PAD_EXPERT_ROWS}], got "
@@ -149,6 +153,18 @@ def check_moe(cfg: RunConfig) -> None:
     if m.moe_ffn_hidden_size is not None and m.moe_ffn_hidden_size % p.tensor_model_parallel_size:
         raise ConfigError(f"--moe-ffn-hidden-size {m.moe_ffn_hidden_size} is not divisible by "
                           f"--tensor-model-parallel-size {p.tensor_model_parallel_size}")
+
+
+def check_delayed_expert_wgrad(cfg: RunConfig) -> None:
+    """--moe-delay-expert-wgrad adds the experts' weight gradients after the last backward, before the gradients are
+    reduced: an overlapped reduction would send the expert buckets before they hold them, and the grouped experts'
+    weight gradient is not a per-expert GEMM into main_grad."""
+    if cfg.model.moe_grouped_gemm:
+        raise ConfigError("--moe-delay-expert-wgrad delays SequentialMLP's per-expert weight-gradient GEMMs; "
+                          "--moe-grouped-gemm computes them grouped, in each backward")
+    if cfg.train.overlap_grad_reduce:
+        raise ConfigError("--moe-delay-expert-wgrad adds the experts' gradients after the last backward: not with "
+                          "--overlap-grad-reduce, whose buckets are reduced during it")
 
 
 def check_engine_support(cfg: RunConfig) -> None:

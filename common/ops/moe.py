@@ -9,13 +9,15 @@
   moe.unpermute each token's probability-weighted sum over its k slots, in fp32
   experts       each local expert's MLP at its row count (one entry per distinct count), or under
                 --moe-grouped-gemm one grouped MLP over all of them (`grouped`: mlp.grouped_expert_ops)
+  delayed_wgrad under --moe-delay-expert-wgrad, each expert linear's one wgrad a step, over every micro-batch's
+                rows (k = m x its rows; one entry per distinct count): the experts' backward has no wgrad then
 The all-to-alls between them are collectives (the time model's), not kernels.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.ops.kernel import OpGroup, Passes, passes
+from common.ops.kernel import Kernel, OpGroup, Passes, passes
 from common.ops.linear import Linear, linear
 from common.ops.mlp import MLPOps, expert_ops, grouped_expert_ops
 from common.ops.shapes import ExpertShapes
@@ -29,9 +31,15 @@ class MoEOps(OpGroup):
     unpermute: Passes
     experts: tuple[tuple[int, MLPOps], ...]  # (rows, that expert's MLP) at ExpertShapes.row_counts; () if grouped
     grouped: MLPOps | None = None  # --moe-grouped-gemm: the experts' grouped GEMMs and one SwiGLU
+    # --moe-delay-expert-wgrad: (rows a micro-batch, fc1's and fc2's wgrad over every micro-batch's rows)
+    delayed_wgrad: tuple[tuple[int, tuple[Kernel, Kernel]], ...] = ()
 
     def expert(self, rows: int) -> MLPOps:
         return dict(self.experts)[rows]
+
+    def delayed(self, rows: int) -> tuple[Kernel, Kernel]:
+        """fc1's and fc2's wgrad a step of an expert with `rows` rows a micro-batch, under --moe-delay-expert-wgrad."""
+        return dict(self.delayed_wgrad)[rows]
 
     @property
     def mlps(self) -> tuple[MLPOps, ...]:
@@ -46,4 +54,11 @@ def moe_ops(x: ExpertShapes, h: int) -> MoEOps:
                               dropping=x.dropping),
                   permute=passes("moe.permute", **copies), unpermute=passes("moe.unpermute", **copies),
                   experts=() if x.grouped else tuple((rows, expert_ops(x, h, rows)) for rows in x.row_counts),
-                  grouped=grouped_expert_ops(x, h) if x.grouped else None)
+                  grouped=grouped_expert_ops(x, h) if x.grouped else None,
+                  delayed_wgrad=tuple((rows, _wgrads(x, h, total))
+                                      for rows, total in zip(x.row_counts, x.delayed_wgrad_rows)))
+
+
+def _wgrads(x: ExpertShapes, h: int, rows: int) -> tuple[Kernel, Kernel]:
+    mlp = expert_ops(x, h, rows)
+    return mlp.fc1.wgrad, mlp.fc2.wgrad

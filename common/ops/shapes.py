@@ -42,6 +42,9 @@ class ExpertShapes:
     dropping: int  # 1 with a capacity factor (the drop policy's sorts), else 0
     capacity: int | None = None  # assignments an expert keeps of the rank's micro-batch (None: all)
     grouped: bool = False  # --moe-grouped-gemm: each expert linear one grouped GEMM over `grouped_rows`
+    # --moe-delay-expert-wgrad: the micro-batches each expert weight's one wgrad GEMM a step runs over (None: a wgrad
+    # in every backward)
+    delayed_wgrad_microbatches: int | None = None
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "ExpertShapes | None":
@@ -57,7 +60,8 @@ class ExpertShapes:
                               for i in range(m.num_experts // ep)),
                    ffn=m.expert_ffn_hidden_size // cfg.parallel.tensor_model_parallel_size, ep=ep,
                    aux_loss=int(m.moe_aux_loss_coeff > 0), dropping=int(m.moe_expert_capacity_factor is not None),
-                   capacity=expert_capacity(tokens, m), grouped=m.moe_grouped_gemm)
+                   capacity=expert_capacity(tokens, m), grouped=m.moe_grouped_gemm,
+                   delayed_wgrad_microbatches=cfg.num_microbatches if m.moe_delay_expert_wgrad else None)
 
     @property
     def fc1(self) -> int:
@@ -77,6 +81,13 @@ class ExpertShapes:
     def row_counts(self) -> tuple[int, ...]:
         """The distinct row counts of the rank's experts (one or two), none empty."""
         return tuple(sorted({r for r in self.rows if r > 0}))
+
+    @property
+    def delayed_wgrad_rows(self) -> tuple[int, ...]:
+        """Under --moe-delay-expert-wgrad, the rows of each distinct expert's one wgrad GEMM a step: its rows in
+        every micro-batch (none otherwise)."""
+        m = self.delayed_wgrad_microbatches
+        return tuple(m * r for r in self.row_counts) if m else ()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ LinearWithGradAccumulationAndAsyncCommunication), which does two things F.linear
   saves the hook's pass over every weight's gradient (~12 GB of memory traffic for 1.5 B parameters in bf16) and
   rounds the product once (to fp32) instead of twice. TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION=0 turns it off.
 
+- a delayed weight gradient (this engine's --moe-delay-expert-wgrad, for SequentialMLP's experts): a weight marked by
+  `delay_weight_grad` has its backward's two operands held instead of its wgrad GEMM run, and
+  `flush_delayed_weight_grads` adds dL/dW for all of them at once after the last micro-batch: one GEMM whose
+  reduction runs over every micro-batch's rows, where an expert sees ~T k / E rows a micro-batch.
+
 The embedding's lookup does the same for its weight (this engine's, not Megatron's, which lets autograd build the
 dense [V, h] gradient): its backward adds the looked-up rows' gradients into main_grad (index_put_, accumulating)
 and hands autograd no gradient, so the dense gradient, its zeroing and DDP's pass over it are never made.
@@ -113,6 +118,28 @@ def accumulate_weight_grad(main_grad: torch.Tensor, grad_output: torch.Tensor, t
         main_grad.add_(grad_output.t().matmul(total_input))
 
 
+def delay_weight_grad(weight: torch.nn.Parameter) -> None:
+    """Hold `weight`'s weight-gradient operands in each backward, for flush_delayed_weight_grads (DDP must own its
+    gradient: elsewhere its backward computes the gradient as usual)."""
+    weight.delayed_wgrad = []
+
+
+def _holds_weight_grad(weight: torch.nn.Parameter) -> bool:
+    return getattr(weight, "delayed_wgrad", None) is not None and hasattr(weight, "grad_added_to_main_grad")
+
+
+@torch.no_grad()
+def flush_delayed_weight_grads(module: torch.nn.Module) -> None:
+    """main_grad += (every held grad_output)^T (every held input) for each delayed weight of `module`, one GEMM a
+    weight, the held operands dropped as it goes (so at most one weight's concatenation exists beside them)."""
+    for param in module.parameters():
+        held = getattr(param, "delayed_wgrad", None)
+        if held:
+            grads, inputs = zip(*held)
+            held.clear()
+            accumulate_weight_grad(param.main_grad, torch.cat(grads), torch.cat(inputs))
+
+
 def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
     """After the wgrad GEMMs added dL/dW into main_grad: set DDP's flag and return what autograd gets as the weight's
     gradient (see _LinearWithGradAccumulation)."""
@@ -188,7 +215,10 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_output = grad_output.reshape(-1, grad_output.shape[-1])
             total_input = total_input.reshape(-1, total_input.shape[-1])
-            if fuses_weight_grad(weight):
+            if _holds_weight_grad(weight):
+                weight.delayed_wgrad.append((grad_output, total_input))
+                grad_weight = fused_weight_grad_placeholder(weight)
+            elif fuses_weight_grad(weight):
                 addmm_into(weight.main_grad, grad_output.t(), total_input)
                 grad_weight = fused_weight_grad_placeholder(weight)
             else:

@@ -12,6 +12,10 @@ Under --moe-pad-expert-rows N, SequentialMLP runs each expert on its rows padded
 and keeps the first rows of the output: the zero rows' outputs go nowhere, so their gradients are zero and add
 nothing to the weights' (the maths is unchanged), while cuBLAS sees a handful of row counts instead of a new one at
 almost every call (its first call at a shape chooses a kernel on the host: milliseconds at some small counts).
+
+Under --moe-delay-expert-wgrad every expert weight's gradient waits for the step's end (tensor_parallel/layers.py
+delay_weight_grad): each micro-batch's backward holds its input rows and output gradient, and finalize_model_grads
+computes dL/dW once over all of them, at ~m T k / E rows instead of m GEMMs of ~T k / E rows each.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 
 from common.config import ModelConfig
 from common.ops.sizes import padded_rows
+from engine.tensor_parallel.layers import delay_weight_grad
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.mlp import MLP, swiglu, swiglu_any_rows
 from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_linear
@@ -45,6 +50,8 @@ class SequentialMLP(torch.nn.Module):
                                         params_dtype=params_dtype, device=device, seed=seed, any_rows=True))
         for param in self.parameters():
             param.allreduce = False
+            if config.moe_delay_expert_wgrad:
+                delay_weight_grad(param)
         self.pad_rows = config.moe_pad_expert_rows
 
     def forward(self, tokens: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:

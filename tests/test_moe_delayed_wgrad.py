@@ -1,0 +1,128 @@
+"""--moe-delay-expert-wgrad: each expert weight's gradient computed once a step, over every micro-batch's rows.
+
+Each backward holds the expert linears' two weight-gradient operands instead of running the GEMM; finalize_model_grads
+adds (all held grad_outputs)^T (all held inputs) into main_grad, one GEMM a weight. The sum over micro-batches is the
+same sum in another order, so the gradients and a whole training run are the per-micro-batch ones (fp32, CPU, 1e-5).
+Why it exists: on an H200 an expert's wgrad at ~1,000 rows into the fp32 main_grad ran at 410-430 TFLOP/s, and once
+over 8 micro-batches' rows at 680-690 (BENCHMARKS.md, runs/bench/expert_wgrad.py).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cli.main import main as cli
+from common.arguments import parse_args
+from engine.tensor_parallel.layers import flush_delayed_weight_grads
+from engine.tensor_parallel.mappings import TPGroup
+from engine.transformer.moe.expert_parallel import EPGroup
+from engine.transformer.moe.moe_layer import MoEContext, MoELayer
+from ledger.models.formulas.activations import delayed_wgrad_bytes, delayed_wgrad_flush_bytes
+from ledger.models.formulas.peak_phases import stage_phases
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.pricing import Pricing
+from ledger.models.time_model.ops import chunk_backward, delayed_expert_wgrad
+from tests.support.parity import assert_flags_change_no_training
+
+MOE = "--model tiny --num-experts 4 --moe-router-topk 2 --seq-length 32 --micro-batch-size 2"
+MICROBATCHES = 3
+
+
+def _layer(delay: bool) -> MoELayer:
+    """The layer with every parameter's main_grad owned as DDP owns it (zeroed, the fusion's flag down)."""
+    cfg = parse_args((MOE + (" --moe-delay-expert-wgrad" if delay else "")).split())
+    layer = MoELayer(cfg.model, 0, moe=MoEContext(ep=EPGroup(None, 1, 0)), tp=TPGroup(None, 1, 0),
+                     params_dtype=torch.float32, device="cpu", seed=3)
+    for param in layer.parameters():
+        param.main_grad = torch.zeros_like(param)
+        param.grad_added_to_main_grad = False
+    return layer
+
+
+def _backwards(layer: MoELayer) -> None:
+    """MICROBATCHES forward-backward passes, each gradient that autograd leaves in .grad added to main_grad as DDP's
+    hook would (skipped where the linear added into main_grad itself)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(MICROBATCHES):
+        y = layer(torch.randn(32, 2, 64, generator=gen))
+        y.backward(torch.randn(y.shape, generator=gen))
+        for param in layer.parameters():
+            if param.grad is not None and not param.grad_added_to_main_grad:
+                param.main_grad += param.grad
+            param.grad, param.grad_added_to_main_grad = None, False
+
+
+def _experts(layer: MoELayer) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in layer.named_parameters() if n.startswith("experts.")}
+
+
+def test_the_experts_gradients_wait_for_the_flush_then_equal_the_per_microbatch_sums():
+    plain, delayed = _layer(False), _layer(True)
+    _backwards(plain)
+    _backwards(delayed)
+    for name, param in _experts(delayed).items():
+        held = param.delayed_wgrad
+        assert len(held) == MICROBATCHES and not param.main_grad.any(), name  # held, nothing added yet
+    flush_delayed_weight_grads(delayed)
+    expected = dict(plain.named_parameters())
+    for name, param in delayed.named_parameters():
+        assert not getattr(param, "delayed_wgrad", None)  # dropped once added
+        torch.testing.assert_close(param.main_grad, expected[name].main_grad, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert all(not hasattr(p, "delayed_wgrad") for n, p in delayed.named_parameters() if not n.startswith("experts."))
+
+
+def test_a_training_run_with_delayed_expert_gradients_is_the_per_microbatch_run():
+    base = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "4",
+            "--train-iters", "4", "--lr", "3e-3", "--clip-grad", "0.05", "--mock-data", "--num-experts", "4",
+            "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01"]
+    # The losses and grad norms to 1e-5; the parameters to 2e-6 absolute: the experts' gradients are the same sums in
+    # another order, and Adam's m / sqrt(v) moves an element whose gradient is near zero by that rounding's ratio.
+    assert_flags_change_no_training(base, ["--moe-delay-expert-wgrad"], param_atol=2e-6)
+
+
+@pytest.mark.parametrize("flags, problem", [
+    ("--model tiny", "--moe-delay-expert-wgrad needs --num-experts"),
+    (MOE + " --moe-grouped-gemm", "--moe-grouped-gemm computes them grouped"),
+    (MOE + " --overlap-grad-reduce --use-distributed-optimizer", "not with --overlap-grad-reduce")])
+def test_where_the_delay_cannot_hold_it_is_one_line_and_exit_2(capsys, flags, problem):
+    code = cli(["plan", *flags.split(), "--moe-delay-expert-wgrad"])
+    err = capsys.readouterr().err
+    assert code == 2 and problem in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+MIXTRAL = ("--model mixtral-8x7b-2l --bf16 --micro-batch-size 1 --global-batch-size 8 --moe-pad-expert-rows 16 "
+           "--moe-delay-expert-wgrad")
+ROW_BYTES = 2 * (2 * 4096 + 2 * 14336 + 14336)  # bf16: fc1's input and output gradient, fc2's input and output gradient
+
+
+def test_the_ledger_holds_each_backwards_expert_operands_until_the_flush():
+    """mixtral-8x7b-2l at seq 4096: T k = 4,096 x 2 = 8,192 rows a layer (1,024 an expert, a multiple of 16), each
+    leaving h + 2f + f + h = 51,200 bf16 values held: 838,860,800 B a layer and micro-batch, 8 x 2 of them by the
+    flush, beside one fc1's concatenated operands (8 x 1,024 rows x (2f + h)). The last steady backward holds the
+    7 earlier micro-batches' and, as the loss's backward starts, the logits' gradient and the output weight's
+    placeholder (32,000 x 4,096 bf16 each)."""
+    cfg = parse_args(MIXTRAL.split())
+    assert delayed_wgrad_bytes(cfg) == 8192 * ROW_BYTES == 838_860_800
+    assert delayed_wgrad_flush_bytes(cfg) == 8 * 1024 * (2 * 14336 + 4096) * 2
+    saved, last, flush = stage_phases(cfg, 0)
+    assert last.activations == saved.activations + 7 * 2 * 838_860_800
+    assert last.transients == {"the loss's gradient (logits)": 262_144_000,
+                               "output weight's gradient placeholder": 262_144_000}
+    assert flush.activations == 8 * 2 * 838_860_800
+    assert stage_phases(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()), 0) == [saved]
+
+
+def test_the_time_model_moves_each_experts_wgrad_to_one_gemm_over_the_steps_rows():
+    """No expert wgrad in the micro-batch's backward; after it, fc2's and fc1's of each of the 2 x 8 experts with
+    k = 8 x 1,024 rows, priced as the step's own term before the optimizer."""
+    cfg = parse_args(MIXTRAL.split())
+    backward = [w.op.name for w in chunk_backward(cfg, 0, 0)]
+    assert not [n for n in backward if n.startswith("linear_fc") and n.endswith(".wgrad")]
+    flush = delayed_expert_wgrad(cfg, 0)
+    assert [w.op.name for w in flush] == ["linear_fc2.wgrad", "linear_fc1.wgrad"] * 16
+    assert {dict(w.op.dims)["k"] for w in flush} == {8 * 1024}
+    step = Pricing(load_hardware("H200")).predict(cfg)
+    assert step.terms["delayed expert weight gradients"] > 0
+    plain = Pricing(load_hardware("H200")).predict(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()))
+    assert plain.terms["delayed expert weight gradients"] == 0
