@@ -27,7 +27,7 @@ from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import recompute_label
 from ledger.models.formulas.bubble import bubble
 from ledger.models.formulas.params import num_chunks
-from ledger.models.time_model.ops import RECOMPUTE, chunk_backward, chunk_forward
+from ledger.models.time_model.ops import RECOMPUTE, chunk_backward, chunk_forward, delayed_expert_wgrad
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.time_rows import TimeModel
 
@@ -163,6 +163,15 @@ def recomputed_share(cfg: RunConfig, stage: int) -> float:
     return sum(flops(chunk_backward(cfg, stage, c), True) for c in chunks) / forward if forward else 0.0
 
 
+def delayed_share(cfg: RunConfig, stage: int) -> float:
+    """The FLOPs per micro-batch of the weight gradients a stage's backward leaves to the step's end
+    (--moe-delay-expert-wgrad: the experts') over its forward's FLOPs, from the time model's op lists."""
+    forward = sum(w.op.flops for c in range(num_chunks(cfg)) for w in chunk_forward(cfg, stage, c)
+                  if isinstance(w.op, Kernel))
+    delayed = sum(w.op.flops for w in delayed_expert_wgrad(cfg, stage)) / cfg.num_microbatches
+    return delayed / forward if forward else 0.0
+
+
 def balance_rows(cfg: RunConfig | None, column: list[RankEvidence], slots: list[StageSlot]) -> list[Row]:
     """Mean forward and backward time per micro-batch on each stage, against the pipeline's mean and the 2x rule
     plus the forward the backward re-runs (docs/formulas.md, "Backward over forward")."""
@@ -186,10 +195,14 @@ def balance_rows(cfg: RunConfig | None, column: list[RankEvidence], slots: list[
                                         "against the mean over stages (embedding / output layer make the ends "
                                         "heavier)", **where))
         share = recomputed_share(cfg, stage) if cfg is not None else 0.0
+        delayed = delayed_share(cfg, stage) if cfg is not None else 0.0
         mode = recompute_label(cfg.recompute) if cfg is not None else "none"
         rerun = (f", plus the forward it re-runs (recompute {mode}): {share:.1%} of the forward's FLOPs"
                  if mode != "none" else " (no recompute)")
-        rows.append(row("pipeline.backward_over_forward", "stage", predicted=BACKWARD_OVER_FORWARD + share,
+        if delayed:
+            rerun += (f", less the experts' weight gradients computed after the last backward "
+                      f"(--moe-delay-expert-wgrad): {delayed:.1%} of the forward's FLOPs")
+        rows.append(row("pipeline.backward_over_forward", "stage", predicted=BACKWARD_OVER_FORWARD + share - delayed,
                         measured=bwd / fwd if fwd else None, unit="ratio", tolerance=RATIO_TOL,
                         explanation=f"backward computes input and weight gradients: twice the forward's GEMM "
                                     f"FLOPs{rerun} (docs/formulas.md, \"Backward over forward\")", **where))

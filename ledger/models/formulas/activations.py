@@ -127,6 +127,25 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     }
 
 
+def delayed_wgrad_bytes(cfg: RunConfig) -> int:
+    """Under --moe-delay-expert-wgrad, what one MoE layer's backward of one micro-batch leaves held until the step's
+    end on one rank: each expert linear's input and output gradient at the experts' rows (fc1 [rows, h] and
+    [rows, 2f/t], fc2 [rows, f/t] and [rows, h]); 0 otherwise."""
+    x = ExpertShapes.of(cfg)
+    if x is None or not x.delayed_wgrad_microbatches:
+        return 0
+    return activation_bytes(cfg) * sum(x.rows) * (2 * cfg.model.hidden_size + x.fc1 + x.ffn)
+
+
+def delayed_wgrad_flush_bytes(cfg: RunConfig) -> int:
+    """The largest concatenation beside the held operands as they are flushed: one fc1 weight's, its rows over every
+    micro-batch ([M, 2f/t] and [M, h]); 0 without --moe-delay-expert-wgrad."""
+    x = ExpertShapes.of(cfg)
+    if x is None or not x.delayed_wgrad_rows:
+        return 0
+    return activation_bytes(cfg) * max(x.delayed_wgrad_rows) * (x.fc1 + cfg.model.hidden_size)
+
+
 def layer_bytes(cfg: RunConfig) -> int:
     """Saved bytes of one layer (outside any full recompute group) for one micro-batch while it waits for its
     backward."""
@@ -219,6 +238,14 @@ def logits_transient_bytes(cfg: RunConfig) -> int:
         return 0
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * vocab // t
+
+
+def output_weight_bytes(cfg: RunConfig) -> int:
+    """The output layer's weight on one TP rank ([V/t, h], 16-bit): the placeholder gradient its backward returns
+    once the wgrad GEMM added into main_grad (engine/tensor_parallel/layers.py) is one of its size."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    return activation_bytes(cfg) * vocab // t * m.hidden_size
 
 
 def in_flight(cfg: RunConfig, pp_rank: int) -> int:

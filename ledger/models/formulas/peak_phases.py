@@ -2,8 +2,14 @@
 micro-batches in flight keep plus named transients; the peak is the largest (docs/formulas.md, "The peak's
 phases").
 
-This engine (one phase): the saved activations at the schedule's peak (activations.stage_activation_bytes); its
-runs' measured peaks equal static + that within 0.3% with nothing added (tests/test_h200_claims.py).
+This engine: the saved activations at the schedule's peak (activations.stage_activation_bytes); its runs' measured
+peaks equal static + that within 0.3% with nothing added (tests/test_h200_claims.py). Under --moe-delay-expert-wgrad
+two more, as every backward leaves its experts' weight-gradient operands held (activations.delayed_wgrad_bytes):
+  last steady backward  the schedule's peak with the operands of the backwards before it (m v - in flight of them);
+                        on the last stage as its backward starts, beside them, the loss's gradient (the logits
+                        transient) and the output weight's gradient placeholder (its linear added into main_grad)
+  delayed wgrads        after the last backward: every chunk-micro-batch's operands, and the flush's largest
+                        concatenation beside them (activations.delayed_wgrad_flush_bytes)
 Megatron-LM's layers (implementation transformer_impl local or transformer_engine):
   loss forward          the last stage's micro-batch at its cross-entropy: every layer's saved tensors, the fp32
                         softmax the loss keeps, and the 16-bit logits beside it (GPTModel.forward still holds them)
@@ -28,6 +34,7 @@ from common.config import RunConfig
 from common.config.implementation_config import FOREACH_ADAM
 from common.ops.sizes import DTYPE_BYTES, local_seq_length, padded_vocab_size
 from ledger.models.formulas import activations, core_attention, megatron_layer
+from ledger.models.formulas.params import num_chunks
 from ledger.models.formulas.static_memory import owned_per_dp_rank
 
 FP32 = 4
@@ -69,7 +76,8 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
     """The stage's phases on TP rank `tp_rank`; where its batches are kept for the iteration, the masks and token ids
     of the micro-batches in flight are among them (peak_memory.persistent_bytes) and not counted here again."""
     if not cfg.implementation.megatron:
-        return [Phase("saved activations at the schedule's peak", activations.stage_activation_bytes(cfg, pp_rank))]
+        saved = activations.stage_activation_bytes(cfg, pp_rank)
+        return [Phase("saved activations at the schedule's peak", saved), *delayed_wgrad_phases(cfg, pp_rank, saved)]
     kept = kept_batches(cfg, pp_rank, tp_rank)
     phases = [Phase("backward of the oldest micro-batch",
                     activations.stage_activation_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0))]
@@ -79,6 +87,23 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
         phases += [attention_forward(cfg, pp_rank, kept), attention_backward(cfg, pp_rank, kept)]
     phases.append(optimizer_step(cfg, pp_rank))
     return phases
+
+
+def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase]:
+    """The two moments --moe-delay-expert-wgrad adds (module docstring); none without it."""
+    per_chunk = activations.layers_per_chunk(cfg) * activations.delayed_wgrad_bytes(cfg)
+    if not per_chunk:
+        return []
+    total = cfg.num_microbatches * num_chunks(cfg)
+    before_last = max(0, total - activations.in_flight(cfg, pp_rank))
+    loss = {}
+    if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
+        loss = {"the loss's gradient (logits)": activations.logits_transient_bytes(cfg),
+                "output weight's gradient placeholder": activations.output_weight_bytes(cfg)}
+    return [Phase("last steady backward, the earlier backwards' expert operands held", saved + before_last * per_chunk,
+                  loss),
+            Phase("delayed expert wgrads", total * per_chunk,
+                  {"one weight's operands concatenated": activations.delayed_wgrad_flush_bytes(cfg)})]
 
 
 def peak_phase(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> Phase:

@@ -56,6 +56,8 @@ class StageWork:
     buffers: int  # grad buffers (one memset each)
     tensors: int  # main params the optimizer loops over
     elements: int  # main-param elements it updates
+    delayed_wgrad: float = 0.0  # --moe-delay-expert-wgrad: the experts' wgrads' device seconds after the last backward
+    delayed_weights: int = 0  # the weights they are for (one GEMM each)
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,16 @@ class _Program:
                     *(Segment(0.0, read=read) for _ in range(megatron.STEP_END_READS))]
         pipelined = self.cfg.parallel.pipeline_model_parallel_size > 1
         update = self.update(recipe.optimizer(w.tensors, w.elements), read)
-        return [*self.range("optimizer", [update]), Segment(self.price(recipe.step_end(pipelined)), read=read)]
+        return [*self.delayed_wgrad(), *self.range("optimizer", [update]),
+                Segment(self.price(recipe.step_end(pipelined)), read=read)]
+
+    def delayed_wgrad(self) -> list[Segment]:
+        """finalize_model_grads' delayed expert wgrads (--moe-delay-expert-wgrad), before the optimizer's range."""
+        w = self.work
+        if not w.delayed_weights:
+            return []
+        counts = recipe.delayed_wgrad(w.delayed_weights)
+        return [Segment(self.price(counts), w.delayed_wgrad, kernels=recipe.launched(counts))]
 
     def probes_end(self, order: list[Item]) -> list[Segment]:
         """probes.step_end after the step: each timer range's two events waited for and read (the iteration, the

@@ -210,6 +210,12 @@ def optimizer(tensors: int, elements: int) -> Recipe:
             p.MODULE: tensors}
 
 
+def delayed_wgrad(weights: int) -> Recipe:
+    """flush_delayed_weight_grads (engine/tensor_parallel/layers.py): per delayed weight the held pairs' two cats,
+    the transpose and the wgrad GEMM into main_grad, over the Python of every parameter it looks at."""
+    return {p.EAGER: 2 * weights, p.VIEW: weights, p.GEMM: weights, p.MODULE: weights}
+
+
 def step_start(buffers: int, tensors: int, timers: bool) -> Recipe:
     """zero_grad_buffer (one memset a buffer), the optimizer's zero_grad (Python over its main params), the
     iteration range."""

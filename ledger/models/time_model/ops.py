@@ -229,11 +229,35 @@ def moe_backward(sh: Shapes, prefix: str) -> list[Work]:
     else:
         for rows, e in reversed(_experts(sh, prefix)):
             expert = moe.expert(rows)
-            work += [*_linear_backward(sh, expert.fc2, e + "linear_fc2.weight", False),
+            work += [*_expert_linear_backward(sh, expert.fc2, e + "linear_fc2.weight"),
                      Work(expert.activation.bwd, LAYERS),
-                     *_linear_backward(sh, expert.fc1, e + "linear_fc1.weight", False)]
+                     *_expert_linear_backward(sh, expert.fc1, e + "linear_fc1.weight")]
     return work + [*_ep(sh), Work(moe.permute.bwd, LAYERS), Work(moe.topk.bwd, LAYERS),
                    *_linear_backward(sh, moe.router, prefix + "mlp.router.weight", False)]
+
+
+def _expert_linear_backward(sh: Shapes, linear: Linear, param: str) -> list[Work]:
+    """An expert linear's backward: its dgrad alone under --moe-delay-expert-wgrad (the wgrad waits for the step's
+    end: delayed_expert_wgrad)."""
+    if sh.moe.delayed_wgrad_microbatches:
+        return [Work(linear.dgrad, LAYERS)]
+    return _linear_backward(sh, linear, param, False)
+
+
+def delayed_expert_wgrad(cfg: RunConfig, pp_rank: int) -> list[Work]:
+    """Under --moe-delay-expert-wgrad, what finalize_model_grads runs before the gradients are reduced: each local
+    expert's fc2 and fc1 wgrad of every MoE layer of the stage, over all the step's micro-batches (none otherwise)."""
+    sh = Shapes.of(cfg)
+    if sh.moe is None or not sh.moe.delayed_wgrad_microbatches:
+        return []
+    moe = layer_ops(sh).moe
+    work = []
+    for chunk in range(num_chunks(cfg)):
+        for layer in chunk_layers(cfg, pp_rank, chunk):
+            for rows, e in _experts(sh, f"decoder.layers.{layer}."):
+                fc1, fc2 = moe.delayed(rows)
+                work += [Work(fc2, LAYERS, e + "linear_fc2.weight"), Work(fc1, LAYERS, e + "linear_fc1.weight")]
+    return work
 
 
 def _linear_backward(sh: Shapes, linear: Linear, param: str | None, column: bool, term: str = LAYERS) -> list[Work]:

@@ -64,8 +64,9 @@ from ledger.models.formulas.params import (
 from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate, stage_order
 from ledger.models.time_model import buckets
 from ledger.models.time_model.calibration import Calibration
-from ledger.models.time_model.compute import StageTime, stage_time
+from ledger.models.time_model.compute import StageTime, entry_seconds, stage_time
 from ledger.models.time_model.host import StageHost, StageWork, decomposition, stage_host
+from ledger.models.time_model.ops import delayed_expert_wgrad
 
 CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
 EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
@@ -130,6 +131,7 @@ class _Stage:
     layouts: list
     memset: float
     optimizer: float
+    delayed_wgrad: float  # --moe-delay-expert-wgrad: the experts' wgrads after the last backward (0 without)
     gather_seconds: list[list[float]]  # per chunk, per bucket
     grad_seconds: list[list[float]]
     grad_bytes: list[list[int]]
@@ -176,14 +178,18 @@ class _Replay:
         memset = self.cal.rate_seconds("grad_buffer.zero", train.grad_dtype,
                                        sum(lay.numel for lay in layouts + experts))
         optimizer = self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements)
+        flush = delayed_expert_wgrad(cfg, s)
+        delayed = sum(entry_seconds(w, cfg, self.cal)[0] for w in flush)
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
+            delayed_wgrad=delayed,
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
                             for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
             grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
             grad_bytes=grad_bytes, param_bytes=param_bytes,
             work=StageWork(memset=memset, update=optimizer, buffers=len(layouts + experts),
-                           tensors=sum(len(lay.param_ranges) for lay in layouts + experts), elements=elements))
+                           tensors=sum(len(lay.param_ranges) for lay in layouts + experts), elements=elements,
+                           delayed_wgrad=delayed, delayed_weights=len(flush)))
 
     # --- the schedule, with the first forwards' stalls found by iterating to a fixed point ---------------------
     def base(self, s: int, item: Item) -> float:
@@ -261,7 +267,7 @@ class _Replay:
         """(chunk, bucket, issue time) of every grad collective of stage s, in issue order."""
         train, st = self.cfg.train, self.stages[s]
         spans = tl.stages[s]
-        end = spans[-1][1]
+        end = spans[-1][1] + st.delayed_wgrad  # the buckets are reduced once the delayed wgrads are in
         nbuckets = [len(layout.buckets) for layout in st.layouts]
         if not train.overlap_grad_reduce:
             return [(c, b, end) for c in range(self.v) for b in range(nbuckets[c])]
@@ -331,9 +337,11 @@ def _figures(r: _Replay, s: int, tl: Timeline, prefix: dict, gathers: dict, comp
                                         buckets.exposed([(begin, end)], busy_union)))
     last_end = tl.stages[s][-1][1]
     sp, embedding = r.stage_collectives(s)
+    # under the host timeline the delayed wgrads are the start of the host's tail (host.py), not of grads_done
+    ready = max([last_end + st.delayed_wgrad] + [e for _, e in runs]) - (st.delayed_wgrad if r.host else 0.0)
     return _Figures(busy=sum(e - b for b, e in compute), device=sum(r.device(s, item) for _, _, item in tl.stages[s]),
                     busy_union=busy_union, last_end=last_end,
-                    grads_done=max([last_end] + [e for _, e in runs]) + sp + embedding,
+                    grads_done=ready + sp + embedding,
                     waits=sum(g.total_wait for g in mine.values()),
                     sends=r.transfer * sum(1 for _, _, item in tl.stages[s] if _sends(r.p, r.v, s, item)),
                     sp=sp, embedding=embedding, dp_exposed=buckets.exposed(intervals + runs, busy_union),
@@ -351,10 +359,13 @@ def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: flo
            step_time: float) -> dict[str, float]:
     """The critical stage's step, term by term; the last term is whatever it waits for the other stages."""
     memset = max(0.0, r.memset_end(s) - tl.stages[s][0][0])
+    delayed = r.stages[s].delayed_wgrad
+    in_tail = delayed if r.host is not None else 0.0  # the host's tail starts with them (host.py)
     terms = {"grad buffer memset": memset, "forward/backward compute": f.device, "param all-gather waits": f.waits,
              "P2P transfers": f.sends, "pipeline bubble": f.last_end - f.busy - f.waits - f.sends - memset,
-             "DP grad reduction tail": f.grads_done - f.sp - f.embedding - f.last_end,
-             "SP norm-grad all-reduce": f.sp, "embedding grad all-reduce": f.embedding, "optimizer": tail,
+             "delayed expert weight gradients": delayed,
+             "DP grad reduction tail": f.grads_done - f.sp - f.embedding - f.last_end - (delayed - in_tail),
+             "SP norm-grad all-reduce": f.sp, "embedding grad all-reduce": f.embedding, "optimizer": tail - in_tail,
              "loss all-reduce": loss}
     if r.host is not None:
         # the host's tail is the optimizer range, its grad-norm read and the loss's read
@@ -375,7 +386,8 @@ def _device_compute(r: _Replay, s: int) -> float:
     and the update."""
     st = r.stages[s]
     passes = [pt for t in st.times.chunks for pt in (t.forward, t.backward)]
-    return r.m * sum(pt.seconds - pt.comm - pt.ep_comm - pt.cp_exposed for pt in passes) + st.memset + st.optimizer
+    return (r.m * sum(pt.seconds - pt.comm - pt.ep_comm - pt.cp_exposed for pt in passes) + st.memset + st.optimizer
+            + st.delayed_wgrad)
 
 
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
