@@ -13,6 +13,8 @@ import torch
 
 from cli.main import main as cli
 from common.arguments import parse_args
+from common.ops.moe import DELAYED_CAT
+from common.ops.traffic import bytes_moved
 from engine.tensor_parallel.layers import flush_delayed_weight_grads
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.expert_parallel import EPGroup
@@ -114,14 +116,18 @@ def test_the_ledger_holds_each_backwards_expert_operands_until_the_flush():
 
 
 def test_the_time_model_moves_each_experts_wgrad_to_one_gemm_over_the_steps_rows():
-    """No expert wgrad in the micro-batch's backward; after it, fc2's and fc1's of each of the 2 x 8 experts with
-    k = 8 x 1,024 rows, priced as the step's own term before the optimizer."""
+    """No expert wgrad in the micro-batch's backward; after it, for each of the 2 x 8 experts, fc2's and then fc1's
+    held operands concatenated and their wgrad with k = 8 x 1,024 rows, priced as the step's own term before the
+    optimizer."""
     cfg = parse_args(MIXTRAL.split())
     backward = [w.op.name for w in chunk_backward(cfg, 0, 0)]
     assert not [n for n in backward if n.startswith("linear_fc") and n.endswith(".wgrad")]
     flush = delayed_expert_wgrad(cfg, 0)
-    assert [w.op.name for w in flush] == ["linear_fc2.wgrad", "linear_fc1.wgrad"] * 16
-    assert {dict(w.op.dims)["k"] for w in flush} == {8 * 1024}
+    assert [w.op.name for w in flush] == [DELAYED_CAT, "linear_fc2.wgrad", DELAYED_CAT, "linear_fc1.wgrad"] * 16
+    assert {dict(w.op.dims)["k"] for w in flush if w.op.name != DELAYED_CAT} == {8 * 1024}
+    fc2_cat, _, fc1_cat, _ = flush[:4]  # each concatenation reads and writes its [M, out + in] operands once
+    assert bytes_moved(fc2_cat.op, 2, 4) == 2 * 2 * 8192 * (4096 + 14336)
+    assert bytes_moved(fc1_cat.op, 2, 4) == 2 * 2 * 8192 * (2 * 14336 + 4096)
     step = Pricing(load_hardware("H200")).predict(cfg)
     assert step.terms["delayed expert weight gradients"] > 0
     plain = Pricing(load_hardware("H200")).predict(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()))

@@ -10,17 +10,31 @@
   experts       each local expert's MLP at its row count (one entry per distinct count), or under
                 --moe-grouped-gemm one grouped MLP over all of them (`grouped`: mlp.grouped_expert_ops)
   delayed_wgrad under --moe-delay-expert-wgrad, each expert linear's one wgrad a step, over every micro-batch's
-                rows (k = m x its rows; one entry per distinct count): the experts' backward has no wgrad then
+                rows (k = m x its rows; one entry per distinct count), after `moe.delayed_wgrad.cat`: the held
+                operands concatenated (the output gradients [M, out] and the inputs [M, in], M = m x rows); the
+                experts' backward has no wgrad then
 The all-to-alls between them are collectives (the time model's), not kernels.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.ops.kernel import Kernel, OpGroup, Passes, passes
+from common.ops.kernel import Kernel, OpGroup, Passes, kernel, passes
 from common.ops.linear import Linear, linear
 from common.ops.mlp import MLPOps, expert_ops, grouped_expert_ops
 from common.ops.shapes import ExpertShapes
+
+DELAYED_CAT = "moe.delayed_wgrad.cat"  # a weight's held operands made contiguous for its one wgrad
+
+
+@dataclass(frozen=True)
+class DelayedWgradOps(OpGroup):
+    """One expert's flush (engine/tensor_parallel/layers.py flush_delayed_weight_grads): per linear, its held
+    operands concatenated, then its wgrad over all of them."""
+    fc2_operands: Kernel
+    fc2: Kernel
+    fc1_operands: Kernel
+    fc1: Kernel
 
 
 @dataclass(frozen=True)
@@ -31,14 +45,14 @@ class MoEOps(OpGroup):
     unpermute: Passes
     experts: tuple[tuple[int, MLPOps], ...]  # (rows, that expert's MLP) at ExpertShapes.row_counts; () if grouped
     grouped: MLPOps | None = None  # --moe-grouped-gemm: the experts' grouped GEMMs and one SwiGLU
-    # --moe-delay-expert-wgrad: (rows a micro-batch, fc1's and fc2's wgrad over every micro-batch's rows)
-    delayed_wgrad: tuple[tuple[int, tuple[Kernel, Kernel]], ...] = ()
+    # --moe-delay-expert-wgrad: (rows a micro-batch, its fc1's and fc2's flush over every micro-batch's rows)
+    delayed_wgrad: tuple[tuple[int, DelayedWgradOps], ...] = ()
 
     def expert(self, rows: int) -> MLPOps:
         return dict(self.experts)[rows]
 
-    def delayed(self, rows: int) -> tuple[Kernel, Kernel]:
-        """fc1's and fc2's wgrad a step of an expert with `rows` rows a micro-batch, under --moe-delay-expert-wgrad."""
+    def delayed(self, rows: int) -> DelayedWgradOps:
+        """The flush of an expert with `rows` rows a micro-batch, under --moe-delay-expert-wgrad."""
         return dict(self.delayed_wgrad)[rows]
 
     @property
@@ -59,6 +73,9 @@ def moe_ops(x: ExpertShapes, h: int) -> MoEOps:
                                       for rows, total in zip(x.row_counts, x.delayed_wgrad_rows)))
 
 
-def _wgrads(x: ExpertShapes, h: int, rows: int) -> tuple[Kernel, Kernel]:
-    mlp = expert_ops(x, h, rows)
-    return mlp.fc1.wgrad, mlp.fc2.wgrad
+def _wgrads(x: ExpertShapes, h: int, rows: int) -> DelayedWgradOps:
+    """An expert's flush over `rows` rows (every micro-batch's): fc2's output gradients [rows, h] and inputs [rows, f],
+    fc1's [rows, 2f] and [rows, h], each pair concatenated from the m micro-batches' pieces, then each wgrad."""
+    mlp, m = expert_ops(x, h, rows), x.delayed_wgrad_microbatches
+    return DelayedWgradOps(fc2_operands=kernel(DELAYED_CAT, rows=rows, width=h + x.ffn, pieces=m), fc2=mlp.fc2.wgrad,
+                           fc1_operands=kernel(DELAYED_CAT, rows=rows, width=x.fc1 + h, pieces=m), fc1=mlp.fc1.wgrad)

@@ -60,6 +60,8 @@ def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:
         return a * d["tokens"] * d["experts"] * (1 + d["aux_loss"]) + (8 + FP32) * d["tokens"] * d["topk"]
     if name == "router.topk.bwd":  # read the k probs' grads (and the logits with the loss), write the logits' grad
         return a * d["tokens"] * d["experts"] * (1 + d["aux_loss"]) + FP32 * d["tokens"] * d["topk"]
+    if name == "moe.delayed_wgrad.cat":  # read the held pieces, write them contiguous
+        return 2 * a * d["rows"] * d["width"]
     if name == "moe.permute.fwd":  # gather the R routed rows
         return 2 * a * d["rows"] * d["hidden"]
     if name == "moe.permute.bwd":  # read the R rows' grads, write the tokens' [T, h] grad

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from common.ops import ExpertShapes
+from common.ops.moe import DELAYED_CAT
 from probes.compute_sweep.calls import Backward, Bench, Builder, Call, Op, Tensors
 
 
@@ -68,7 +69,12 @@ def builders(b: Bench) -> dict[str, Builder]:
                             (t.randn(x.tokens, h),))
         return build
 
-    out: dict[str, Builder] = {}
+    def concatenate(d: dict[str, int]) -> Op:
+        """--moe-delay-expert-wgrad's flush: a weight's held operands, `pieces` micro-batches' rows, made one."""
+        pieces = [t.randn(d["rows"] // d["pieces"], d["width"]) for _ in range(d["pieces"])]
+        return Call(lambda: torch.cat(pieces))
+
+    out: dict[str, Builder] = {DELAYED_CAT: concatenate}
     for p, backward in (("fwd", False), ("bwd", True)):
         out |= {f"router.topk.{p}": route(backward), f"moe.permute.{p}": permute(backward),
                 f"moe.unpermute.{p}": unpermute(backward)}

@@ -193,6 +193,9 @@ def smoke_variant(variant: str, a) -> dict:
 MOE_VARIANTS = {"sequential": [], "grouped-gemm": ["--moe-grouped-gemm"],
                # few GEMM shapes: no per-shape kernel choice on the host mid-step (docs/engine.md)
                "sequential-padded": ["--moe-pad-expert-rows", "128"],
+               "sequential-padded-16": ["--moe-pad-expert-rows", "16"],
+               # each expert's weight gradients once a step over all micro-batches' rows (docs/engine.md)
+               "sequential-delayed": ["--moe-pad-expert-rows", "16", "--moe-delay-expert-wgrad"],
                # the embedding's dense gradient (Megatron's way), the lever the default's lookup fusion is measured by
                "sequential-dense-embedding-grad": ["--no-embedding-gradient-accumulation-fusion"]}
 
@@ -222,7 +225,8 @@ def moe(a, budget: Budget, out: dict, save) -> None:
     ratios = {f"{mine} / {other}": out["moe"][mine]["tokens_per_s"] / out["moe"][other]["tokens_per_s"]
               for mine, other in (("grouped-gemm", "sequential"), ("sequential", "mcore"), ("grouped-gemm", "mcore"),
                                   ("sequential-padded", "sequential"), ("sequential-padded", "mcore"),
-                                  ("sequential", "sequential-dense-embedding-grad"))
+                                  ("sequential", "sequential-dense-embedding-grad"),
+                                  ("sequential-delayed", "sequential-padded-16"), ("sequential-delayed", "mcore"))
               if mine in out["moe"] and other in out["moe"]}
     out["moe"]["ratios"] = ratios
     print(f"moe tokens/s ratios: {json.dumps(ratios)}", flush=True)

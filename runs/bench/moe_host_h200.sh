@@ -4,8 +4,9 @@
 #           up to a multiple, with CUDA's lazy module loading (the default) and with CUDA_MODULE_LOADING=EAGER
 #   moe     mixtral-8x7b-2l (seq 4096, micro-batch 1, 8 micro-batches, --all-probes), $ITERS steps (default 16), one run
 #           per --moe-pad-expert-rows value in $PADS (default "none 64 128"; none: no padding; a value may repeat, to
-#           alternate), one after another, the n-th in /tmp/moe_pad_<value>_<n>; each run's step times and median;
-#           PROFILE=1 adds the PyTorch profiler over step ITERS-1 (its trace goes into the tar)
+#           alternate; a value ending in +delay adds --moe-delay-expert-wgrad), one after another, the n-th in
+#           /tmp/moe_pad_<value>_<n>; each run's step times and median; PROFILE=1 adds the PyTorch profiler over step
+#           ITERS-1 (its trace goes into the run's tar)
 # PARTS must not be empty (an empty PARTS means the default).
 #     OUT=dir [PARTS="shapes moe"] [ITERS=16] [PADS="none 64"] [PROFILE=1] bash runs/bench/moe_host_h200.sh
 set -uo pipefail
@@ -19,8 +20,9 @@ shapes() {
   CUDA_MODULE_LOADING=EAGER python3 runs/bench/gemm_shape_host.py > "$OUT/gemm_shape_host_eager.txt" 2>&1
   tail -n 5 "$OUT"/gemm_shape_host_*.txt
 }
-moe_run() {  # $1: none | a multiple, $2: the run's place in PADS
-  local extra=(); [ "$1" != none ] && extra=(--moe-pad-expert-rows "$1")
+moe_run() {  # $1: none | a multiple, either with +delay, $2: the run's place in PADS
+  local extra=() pad=${1%+delay}; [ "$pad" != none ] && extra=(--moe-pad-expert-rows "$pad")
+  [ "$pad" != "$1" ] && extra+=(--moe-delay-expert-wgrad)
   local last=$((${ITERS:-16} - 1))
   [ -n "${PROFILE:-}" ] && extra+=(--use-pytorch-profiler --profile-step-start "$last" --profile-step-end "$last")
   rm -rf "/tmp/moe_pad_$1_$2"  # a warm machine keeps the last call's
@@ -31,9 +33,12 @@ moe_run() {  # $1: none | a multiple, $2: the run's place in PADS
   grep -o "step time (ms): [0-9.]*" "$OUT/moe_pad_$1_$2.log" | tail -n +2 | awk '{print $4}' | sort -n \
     | awk '{t[NR] = $1} END {printf "  steps 2-%d: min %.1f median %.1f max %.1f ms\n", NR + 1, t[1], t[int((NR + 1) / 2)], t[NR]}'
 }
-moe() {
+moe() {  # one tar a run (its directory and log), so that each stays under the device's per-file limit
   local n=0
-  for pad in ${PADS:-none 64 128}; do n=$((n + 1)); moe_run "$pad" "$n"; done
-  tar czf "$OUT/moe_runs.tar.gz" --exclude tb -C /tmp $(cd /tmp && ls -d moe_pad_*)
+  for pad in ${PADS:-none 64 128}; do
+    n=$((n + 1)); moe_run "$pad" "$n"
+    mv "$OUT/moe_pad_${pad}_$n.log" "/tmp/moe_pad_${pad}_$n/"
+    tar czf "$OUT/moe_pad_${pad//+/_}_$n.tar.gz" --exclude tb -C /tmp "moe_pad_${pad}_$n"  # no "+": $OUT's names
+  done
 }
 for part in $PARTS; do "$part"; done

@@ -255,8 +255,9 @@ def delayed_expert_wgrad(cfg: RunConfig, pp_rank: int) -> list[Work]:
     for chunk in range(num_chunks(cfg)):
         for layer in chunk_layers(cfg, pp_rank, chunk):
             for rows, e in _experts(sh, f"decoder.layers.{layer}."):
-                fc1, fc2 = moe.delayed(rows)
-                work += [Work(fc2, LAYERS, e + "linear_fc2.weight"), Work(fc1, LAYERS, e + "linear_fc1.weight")]
+                flush = moe.delayed(rows)
+                work += [Work(flush.fc2_operands, LAYERS), Work(flush.fc2, LAYERS, e + "linear_fc2.weight"),
+                         Work(flush.fc1_operands, LAYERS), Work(flush.fc1, LAYERS, e + "linear_fc1.weight")]
     return work
 
 
