@@ -41,6 +41,7 @@ TRACES = ["h200_2layer_profiled/traces/rank0.step4-5.json.gz", "gpu_h200_llama1b
           "h200_cuda_graphs/lb_h1024_l4_s512_graphed/traces/rank0.step5-6.json.gz",
           "h200_moe/mixtral-8x7b-2l_profiled/traces/rank0.step7-7.json.gz",
           "h200_moe/mixtral-8x7b-2l_fused/traces/rank0.step15-15.json.gz",
+          "h200_moe/delayed_wgrad/pad16_delayed/traces/rank0.step15-15.json.gz",
           "h200_llama1b/s4096_profiled/traces/rank0.step7-7.json.gz"]
 
 
