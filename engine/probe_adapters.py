@@ -25,6 +25,7 @@ from common.ops import host
 from engine.distributed import DistributedDataParallel
 from engine.fp8_utils import fp8_matmul, layer_linears
 from engine.jit import COMPILE_DEVICE_TYPES
+from engine.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import accumulate_embedding_grad, accumulate_weight_grad
@@ -112,7 +113,7 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
     backends = {m.attention_backend for chunk in model for m in chunk.modules() if isinstance(m, SelfAttention)}
     return EngineKernels(
         split_qkv_and_rotate=split_qkv_and_rotate, swiglu=swiglu, wgrad=accumulate_weight_grad,
-        embedding_grad=accumulate_embedding_grad,
+        embedding_grad=accumulate_embedding_grad, clip=clip_grad_by_total_norm_fp32,
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
                                         vocab_size=vocab_size),
         core_attention=functools.partial(scaled_dot_product, backend=backends.pop() if backends else FLASH),

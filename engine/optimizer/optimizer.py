@@ -160,7 +160,7 @@ class MegatronOptimizer:
                                         ((False, True) if self.has_experts else (False,))], self.device,
                                        self.probes)
         if self.train.clip_grad > 0.0 and main_grads:
-            clip_grad_by_total_norm_fp32(main_grads, self.train.clip_grad, grad_norm)
+            clip_grad_by_total_norm_fp32(main_grads, self.train.clip_grad, grad_norm, self.optimizer)
         self.optimizer.step()
         _copy_pieces(self.model_params, self.main_params)
         self._sync_params()

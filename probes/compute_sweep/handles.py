@@ -48,6 +48,9 @@ class EngineKernels:
     # (main_grad [V, h], ids [s, b], grad_output [s, b, h]): main_grad[ids] += the rows, as the embedding's lookup
     # leaves its gradient (tensor_parallel.layers.accumulate_embedding_grad)
     embedding_grad: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+    # (grads, max_norm, total_norm, optimizer): the clip as the engine's optimizer step applies it (in the fused
+    # update's grad_scale, or in place: optimizer.clip_grads.clip_grad_by_total_norm_fp32)
+    clip: Callable[[list[torch.Tensor], float, torch.Tensor, torch.optim.Optimizer], None]
     variant: str
     moe: MoEKernels | None = None
     ring: RingKernels | None = None

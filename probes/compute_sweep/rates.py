@@ -1,9 +1,9 @@
 """The per-element work (common/ops RATE_OPS), at up to RATE_NUMEL_CAP elements (the time model scales the
 seconds to the run's counts): optimizer.step, one update as the engine's optimizer runs it (the grad copied into
-the fp32 main grad when the grads are 16-bit, the grad norm, the clip, fused AdamW on CUDA (foreach elsewhere), the
-fp32 -> param copy), and grad_buffer.zero, a grad buffer's memset; under Megatron-LM's local implementation
-optimizer.step_foreach, its fallback: torch's foreach AdamW, with Megatron's local clip (a norm per tensor, then
-`dst.copy_(src * scale)`) and the copy to the 16-bit param."""
+the fp32 main grad when the grads are 16-bit, the grad norm, the engine's clip, fused AdamW on CUDA with the clip in
+its update, foreach elsewhere after an in-place clip, the fp32 -> param copy), and grad_buffer.zero, a grad buffer's
+memset; under Megatron-LM's local implementation optimizer.step_foreach, its fallback: torch's foreach AdamW, with
+Megatron's local clip (a norm per tensor, then `dst.copy_(src * scale)`) and the copy to the 16-bit param."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +16,7 @@ RATE_NUMEL_CAP = 1 << 26
 
 
 def builders(b: Bench) -> dict[str, Builder]:
-    t, dtype, grad_dtype = b.tensors, b.tensors.dtype, b.grad_dtype
+    t, dtype, grad_dtype, clip = b.tensors, b.tensors.dtype, b.grad_dtype, b.kernels.clip
 
     def step(d: dict[str, int]) -> Op:
         main = t.randn(d["numel"], dtype=torch.float32)
@@ -31,7 +31,7 @@ def builders(b: Bench) -> dict[str, Builder]:
             if main.grad is not grads:
                 main.grad.copy_(grads)
             norm = torch.stack(torch._foreach_norm([main.grad])).square().sum().sqrt()
-            torch._foreach_mul_([main.grad], (1.0 / (norm + 1e-6)).clamp(max=1.0))
+            clip([main.grad], 1.0, norm, optimizer)
             optimizer.step()
             if model is not main:
                 model.copy_(main)
