@@ -1,7 +1,8 @@
 """Expert parallelism trains exactly the single-process MoE model: EP2 (world 2), EP2 x expert-DP2 (world 4, with the
 distributed optimizer, overlapped grad reduction and full recompute, whose re-run repeats the all-to-alls) and
-EP2 x PP2 (world 4: a stage's all-to-alls interleaved with the pipeline's exchanges) and EP2 with grouped expert
-GEMMs (--moe-grouped-gemm) against one process (SequentialMLP), to 1e-5 relative in fp32 on gloo.
+EP2 x PP2 (world 4: a stage's all-to-alls interleaved with the pipeline's exchanges), EP2 with grouped expert
+GEMMs (--moe-grouped-gemm) and EP2 x expert-DP2 with each expert's weight gradient computed once a step
+(--moe-delay-expert-wgrad, full recompute) against one process (SequentialMLP), to 1e-5 relative in fp32 on gloo.
 
 One run per layout serves every assertion: losses, grad norms (clipping active), parameters (each expert lives on
 one EP rank, so the union of the ranks' parameters is the single-process model), the routing counts of the step
@@ -39,6 +40,9 @@ LAYOUTS = {
     "ep2-pp2": (4, ["--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
     # grouped GEMMs at EP 2 (the counts read on the host for the all-to-alls) against SequentialMLP on one process
     "ep2-grouped-gemm": (2, ["--expert-model-parallel-size", "2", "--moe-grouped-gemm"]),
+    # each expert's weight gradient once a step: the flush before the expert-DP reduction, under full recompute
+    "ep2-expert-dp2-delayed-wgrad": (4, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                                         *RECOMPUTE, "--moe-delay-expert-wgrad"]),
 }
 
 

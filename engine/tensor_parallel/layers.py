@@ -199,6 +199,9 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, tp, sequence_parallel):
         ctx.tp, ctx.sequence_parallel = tp, sequence_parallel
+        # The Parameter itself, for its DDP attributes (main_grad, the fusion's flag, held operands): under full
+        # recompute (non-reentrant checkpoint) the saved weight comes back as a detached alias without them.
+        ctx.param = weight
         ctx.save_for_backward(x, weight)
         return F.linear(_all_gather(x, tp, 0, "sp all-gather") if sequence_parallel else x, weight)
 
@@ -215,12 +218,13 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_output = grad_output.reshape(-1, grad_output.shape[-1])
             total_input = total_input.reshape(-1, total_input.shape[-1])
-            if _holds_weight_grad(weight):
-                weight.delayed_wgrad.append((grad_output, total_input))
-                grad_weight = fused_weight_grad_placeholder(weight)
-            elif fuses_weight_grad(weight):
-                addmm_into(weight.main_grad, grad_output.t(), total_input)
-                grad_weight = fused_weight_grad_placeholder(weight)
+            param = ctx.param
+            if _holds_weight_grad(param):
+                param.delayed_wgrad.append((grad_output, total_input))
+                grad_weight = fused_weight_grad_placeholder(param)
+            elif fuses_weight_grad(param):
+                addmm_into(param.main_grad, grad_output.t(), total_input)
+                grad_weight = fused_weight_grad_placeholder(param)
             else:
                 grad_weight = grad_output.t().matmul(total_input)
         return grad_input, grad_weight, None, None
