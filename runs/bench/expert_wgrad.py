@@ -11,7 +11,6 @@ row counts near `--rows` against one call over their concatenated rows (the cat 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,21 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.tensor_parallel.layers import addmm_into  # noqa: E402
-
-
-def timed(fn, repeats: int) -> float:
-    """Median seconds of fn() over `repeats` runs after two warm-ups."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+from runs.bench.cp_ring_cuda import cuda_median  # noqa: E402
 
 
 def compare(out: int, inp: int, counts: list[int], repeats: int) -> tuple[float, float]:
@@ -51,7 +36,7 @@ def compare(out: int, inp: int, counts: list[int], repeats: int) -> tuple[float,
     def once() -> None:
         addmm_into(main_grad, torch.cat(dys).t(), torch.cat(xs))
 
-    return timed(per_microbatch, repeats), timed(once, repeats)
+    return cuda_median(per_microbatch, repeats, warmup=2), cuda_median(once, repeats, warmup=2)
 
 
 def main() -> int:
