@@ -28,7 +28,11 @@ from engine.jit import COMPILE_DEVICE_TYPES
 from engine.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from engine.tensor_parallel.layers import accumulate_embedding_grad, accumulate_weight_grad
+from engine.tensor_parallel.layers import (
+    GRADIENT_ACCUMULATION_FUSION,
+    accumulate_embedding_grad,
+    accumulate_weight_grad,
+)
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import SelfAttention, scaled_dot_product, split_qkv_and_rotate
 from engine.transformer.mlp import swiglu, swiglu_any_rows
@@ -117,7 +121,8 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
         cross_entropy=functools.partial(vocab_parallel_cross_entropy, tp=TPGroup(group=None, size=1, rank=0),
                                         vocab_size=vocab_size),
         core_attention=functools.partial(scaled_dot_product, backend=backends.pop() if backends else FLASH),
-        variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager", moe=moe_kernels(model),
+        variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager",
+        wgrad_fusion=GRADIENT_ACCUMULATION_FUSION, moe=moe_kernels(model),
         ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
                          group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)),
         fp8_linear=fp8_matmul(*recipes) if recipes else None)

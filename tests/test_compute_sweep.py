@@ -114,6 +114,17 @@ def test_other_shapes_are_measured_not_read_from_anothers_cache_entry(cache):
     assert len(list(cache.glob("*.json"))) == 2
 
 
+def test_a_run_without_the_wgrad_fusion_is_measured_not_read_from_a_fused_runs_entry(cache):
+    """TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION=0 times each wgrad with its add into main_grad: another measurement
+    (on an H200 a seq-8192 run without the fusion had read the fused run's entry: BENCHMARKS.md, 2026-12-03)."""
+    c = parse_args(SINGLE.split())
+    sweep(c)
+    unfused = compute_sweep.run(spec(c, 0), CPU, dataclasses.replace(kernels(c), wgrad_fusion=False), warmup=1,
+                                iters=2)
+    assert not any(r["cached"] for r in unfused)
+    assert len(list(cache.glob("*.json"))) == 2
+
+
 def test_a_cache_that_cannot_be_written_costs_a_measurement_not_the_run(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")

@@ -1,5 +1,7 @@
 """The sweep's disk cache under $XDG_CACHE_HOME/train-ledger/compute (default ~/.cache), keyed by device name, torch
-version, the planned ops with their dims and dtypes, the engine's kernel variant and (CPU) the thread count, so that
+version, the planned ops with their dims and dtypes, the engine's kernel variant, whether its weight-gradient GEMMs
+accumulate into main_grad themselves (the fusion; off, each wgrad is timed with its add) and (CPU) the thread count,
+so that
 a later run on the same machine and shapes skips the measurement. Best effort: an entry that cannot be written (a
 read-only home) costs a later run a measurement, never this run."""
 from __future__ import annotations
@@ -18,7 +20,9 @@ from common.run_dir import atomic_write_text
 from probes.compute_sweep.handles import EngineKernels
 from probes.compute_sweep.planned import Planned
 
-SWEEP_VERSION = 3  # bump when what a record measures changes: older cache entries are then not read
+# bump when what a record measures changes: older cache entries are then not read (4: optimizer.step's clip in the
+# fused update)
+SWEEP_VERSION = 4
 
 
 def cache_dir() -> Path:
@@ -33,7 +37,8 @@ def device_name(device: torch.device) -> str:
 
 def cache_key(planned: list[Planned], device: torch.device, kernels: EngineKernels) -> dict[str, Any]:
     return {"version": SWEEP_VERSION, "device": device_name(device), "torch": torch.__version__,
-            "variant": kernels.variant, "threads": torch.get_num_threads() if device.type == "cpu" else None,
+            "variant": kernels.variant, "wgrad_fusion": kernels.wgrad_fusion,
+            "threads": torch.get_num_threads() if device.type == "cpu" else None,
             "ops": [[p.op, p.dims, p.dtype] for p in planned]}
 
 
