@@ -13,11 +13,14 @@ import torch
 
 from cli.main import main as cli
 from common.arguments import parse_args
-from common.ops.shapes import ExpertShapes
+from common.ops import layer_ops
+from common.ops.shapes import ExpertShapes, Shapes
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
 from ledger.models.formulas.activations import moe_saved_tensors
+from ledger.models.time_model import host_recipe as recipe
+from ledger.models.time_model.ops import Work
 from tests.support.parity import assert_flags_change_no_training
 
 MOE = "--model tiny --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01 --seq-length 32 --micro-batch-size 2"
@@ -72,3 +75,17 @@ def test_a_bad_multiple_is_one_line_and_exit_2(capsys, value, problem):
     code = cli(["plan", *MOE.split(), "--moe-pad-expert-rows", value])
     err = capsys.readouterr().err
     assert code == 2 and problem in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_host_timeline_prices_each_experts_pad_and_its_backward():
+    """The host recipes of a padded MoE model add, per expert and micro-batch, F.pad and the output's slice to the
+    forward (fc1's entry) and their two autograd nodes to the backward (fc1's dgrad); an unpadded model, a dense one
+    and a multiple of 1 (nothing to pad) add nothing."""
+    cfg = parse_args((MOE + " --moe-pad-expert-rows 16").split())
+    expert = layer_ops(Shapes.of(cfg)).moe.experts[0][1]
+    fprop, dgrad = Work(expert.fc1.fprop, "layers"), Work(expert.fc1.dgrad, "layers")
+    for w, forward, pad in ((fprop, True, recipe.PAD_ROWS_FWD), (dgrad, False, recipe.PAD_ROWS_BWD)):
+        plain, padded = recipe.entry(w, forward), recipe.entry(w, forward, padded_experts=True)
+        assert {k: padded[k] - plain.get(k, 0) for k in padded if padded[k] != plain.get(k, 0)} == pad
+    assert recipe.PAD_ROWS_FWD == {"eager": 1, "launch": 1, "view": 1}
+    assert recipe.PAD_ROWS_BWD == {"autograd_node": 2, "eager_backward": 2, "launch": 1}

@@ -104,6 +104,7 @@ class _Program:
         # Megatron-LM's --timing-log-level 2 timers call torch.cuda.synchronize() as they start and stop
         self.synchronising = cfg.implementation.timers_synchronise_passes
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
+        self.padded_experts = cfg.model.is_moe and (cfg.model.moe_pad_expert_rows or 1) > 1
         self.graphed = cfg.implementation.graphed_layers
         self.first = first  # the step's first item: its forward follows the step end's waits for the device
         self._passes: dict[tuple[int, str, bool], tuple[list[Segment], float | None]] = {}
@@ -113,7 +114,8 @@ class _Program:
 
     def entry(self, w: Work, forward: bool) -> recipe.Recipe:
         """The primitives of one catalogue entry, as the run's code calls them."""
-        return megatron.entry(w, forward) if self.megatron else recipe.entry(w, forward, self.counts_on_device)
+        return megatron.entry(w, forward) if self.megatron else recipe.entry(w, forward, self.counts_on_device,
+                                                                          self.padded_experts)
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
               scale: float | None = None) -> Segment:

@@ -84,6 +84,11 @@ EMBEDDING_INTO_MAIN_GRAD = {"embedding.fwd": {p.MODULE: 3, p.VIEW: 1, p.FUNCTION
 # A layer's own module calls (TransformerLayer, SelfAttention, the MLP or MoE layer), charged to its first entry.
 LAYER_START = {p.MODULE: 3}
 EXPERT_START = {p.MODULE: 1, p.VIEW: 1}  # an expert's MLP module and its slice of the rows
+# --moe-pad-expert-rows N (experts.py SequentialMLP._expert): F.pad of the expert's rows (the padded tensor's fill and
+# the rows' copy) and the output's slice; in backward the slice's node (zeros of the padded size, the rows' copy) and
+# the pad's (the rows cut out: a copy). Priced for every expert: a routed count is a multiple of N once in N.
+PAD_ROWS_FWD = {p.EAGER: 1, p.LAUNCH: 1, p.VIEW: 1}
+PAD_ROWS_BWD = {p.AUTOGRAD_NODE: 2, p.EAGER_BACKWARD: 2, p.LAUNCH: 1}
 # At EP 1 under --moe-grouped-gemm the dispatcher keeps the counts on the device: its permute reads nothing back.
 PERMUTE_COUNTS_ON_DEVICE = {p.EAGER: 9, p.VIEW: 4}
 # --moe-grouped-gemm (engine/transformer/moe/experts.py GroupedMLP, grouped_gemm_util.py): the module's call and the
@@ -127,9 +132,10 @@ def opens_layer(w: Work, forward: bool) -> bool:
     return forward and w.param is not None and w.param.endswith("input_layernorm.weight")
 
 
-def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
+def entry(w: Work, forward: bool, counts_on_device: bool = False, padded_experts: bool = False) -> Recipe:
     """The host's primitives for one entry of a pass; counts_on_device: an MoE layer whose dispatcher keeps its
-    counts on the device (--moe-grouped-gemm at EP 1)."""
+    counts on the device (--moe-grouped-gemm at EP 1); padded_experts: SequentialMLP's experts pad their rows
+    (--moe-pad-expert-rows; in an MoE model every linear_fc1 is an expert's)."""
     if isinstance(w.op, Collective):
         return COLLECTIVE
     name = w.op.name
@@ -140,6 +146,8 @@ def entry(w: Work, forward: bool, counts_on_device: bool = False) -> Recipe:
         extra.update(LAYER_START)
     if forward and w.param is not None and ".experts." in w.param and w.param.endswith("linear_fc1.weight"):
         extra.update(EXPERT_START)
+    if padded_experts and name == ("linear_fc1.fprop" if forward else "linear_fc1.dgrad"):
+        extra.update(PAD_ROWS_FWD if forward else PAD_ROWS_BWD)
     if counts_on_device and name == "moe.permute.fwd":
         return sum_of(extra, PERMUTE_COUNTS_ON_DEVICE)
     if into_main_grad(w.op):
