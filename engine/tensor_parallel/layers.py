@@ -5,7 +5,7 @@ A sharded parameter is a plain nn.Parameter of the local shape that carries Mega
 inventory read them to tell a shard from a TP-replicated parameter.
 
 Every parallel linear's GEMMs run in `_LinearWithGradAccumulation` (Megatron's
-LinearWithGradAccumulationAndAsyncCommunication), which does two things F.linear's autograd cannot:
+LinearWithGradAccumulationAndAsyncCommunication), which does three things F.linear's autograd cannot:
 
 - sequence parallelism: the input of a ColumnParallelLinear is [s/tp, b, h]; the function all-gathers it for the
   GEMM but saves only the *local* shard, gathering it again in backward (saving the gathered input would keep tp
