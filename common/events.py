@@ -17,7 +17,7 @@ from common.typecheck import TypeMismatch, checked, optional
 
 # Probe range categories and what each means (probes.nvtx_range gives each a colour).
 RANGE_CATEGORIES = ("iteration", "forward", "backward", "optimizer", "dp-comm", "pp-comm", "tp-comm", "dp-wait",
-                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm", "mp-comm")
+                    "embd-comm", "checkpoint", "data-wait", "cp-comm", "cp-wait", "ep-comm", "mp-comm", "wgrad")
 COMPUTE_CATEGORIES = ("forward", "backward")
 STALL_CATEGORIES = ("dp-wait", "data-wait", "cp-wait")  # a stall: blocked time nested in compute ("wait ..." names)
 # The group kind each communication category's collectives run on.

@@ -35,6 +35,7 @@ CATEGORY_COLOURS: dict[str, str] = {
     "cp-wait": "white",  # a stall: attention waits for a ring exchange still in flight
     "ep-comm": "olive",  # MoE token dispatch / combine all-to-all over the expert-parallel group
     "mp-comm": "brown",  # the grad norm's all-reduce over the model-parallel group
+    "wgrad": "darkblue",  # weight gradients computed apart from the backward (--moe-delay-expert-wgrad's flush)
 }
 assert tuple(CATEGORY_COLOURS) == RANGE_CATEGORIES, "a colour for each of common.events' categories"
 CATEGORIES = RANGE_CATEGORIES

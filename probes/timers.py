@@ -72,16 +72,24 @@ class StepTimer:
         profiler trace) cannot land in the last step's figures."""
         self._anchor = _Anchor(None, self._mark())
 
+    def _host_and_mark(self) -> tuple[float, Any]:
+        """The host's clock and the range's mark, read together: without CUDA the mark is that same reading (two
+        reads could straddle a preemption and disagree by a scheduler's slice)."""
+        host = time.perf_counter()
+        return host, (self._mark() if self.use_cuda else host)
+
     def start(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
         interval = _Interval(name, category, attrs, self._anchor)
-        interval.host_start = time.perf_counter()
-        interval.start = self._mark()
+        interval.host_start, interval.start = self._host_and_mark()
         self._open.append(interval)
         return interval
 
     def stop(self, interval: _Interval) -> None:
-        interval.end = self._mark()
-        interval.host_end = time.perf_counter()
+        if self.use_cuda:
+            interval.end = self._mark()
+            interval.host_end = time.perf_counter()
+        else:
+            interval.host_end, interval.end = self._host_and_mark()
 
     def comm_begin(self, name: str, category: str, attrs: dict[str, Any]) -> _Interval:
         interval = self.start(name, category, attrs)

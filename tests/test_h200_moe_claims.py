@@ -191,8 +191,9 @@ def test_delayed_expert_wgrads_buy_back_the_short_reductions_and_the_ledger_pric
     """Two runs of the same shape on one lease (the fixture README): with each expert's weight gradient one GEMM a
     step over 8 micro-batches' rows, the step is 9% shorter; the time model, from the run's own sweeps, prices the
     flush (the operands' concatenations and the wgrads) within 7% of the kernels it added between the last backward
-    and the optimizer in the profiled steps; the peak rises by the held operands and the formula's phases follow it
-    within 1.5% (the plain run's within 0.5%)."""
+    and the optimizer in the profiled steps, and its own timer range (`wgrad`) on the unprofiled ones within 10%
+    (time.delayed_wgrad_per_step); the peak rises by the held operands and the formula's phases follow it within 1.5%
+    (the plain run's within 0.5%)."""
     plain, delayed = (reconcile(shutil.copytree(DELAYED / name, tmp_path / name))
                       for name in ("pad16", "pad16_delayed"))
     step_plain, step_delayed = only(plain, "throughput.step_time"), only(delayed, "throughput.step_time")
@@ -203,6 +204,9 @@ def test_delayed_expert_wgrads_buy_back_the_short_reductions_and_the_ledger_pric
     measured = [t - rest for t in flush_kernel_seconds(DELAYED / "pad16_delayed")]
     assert rest < 0.01 and len(measured) == 2
     assert all(abs(priced / m - 1) < 0.07 for m in measured), (priced, measured)
+    flush = only(delayed, "time.delayed_wgrad_per_step")
+    assert flush.verdict == "ok" and flush.predicted == priced and abs(flush.measured / priced - 1) < 0.10
+    assert not [r for r in plain.rows if r.metric == "time.delayed_wgrad_per_step"]
     peak_plain, peak_delayed = only(plain, "memory.peak_allocated"), only(delayed, "memory.peak_allocated")
     assert peak_plain.verdict == "ok" and abs(peak_plain.measured / peak_plain.predicted - 1) < 0.005
     assert peak_delayed.verdict == "ok" and abs(peak_delayed.measured / peak_delayed.predicted - 1) < 0.015

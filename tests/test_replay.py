@@ -45,9 +45,9 @@ STATED = {
     "h200_moe/mixtral-8x7b-2l_fused/traces/rank0.step15-15.json.gz": {15: (448.366, 448.784),
                                                                      16: (453.837, 454.226)},
     # the same with rows padded to 16, then with each expert's wgrad once a step (a 72 ms flush before the optimizer)
-    "h200_moe/delayed_wgrad/pad16/traces/rank0.step15-15.json.gz": {15: (462.774, 463.288), 16: (456.293, 456.840)},
-    "h200_moe/delayed_wgrad/pad16_delayed/traces/rank0.step15-15.json.gz": {15: (444.205, 443.059),
-                                                                           16: (588.142, 587.354)},
+    "h200_moe/delayed_wgrad/pad16/traces/rank0.step15-15.json.gz": {15: (531.412, 530.837), 16: (580.056, 579.125)},
+    "h200_moe/delayed_wgrad/pad16_delayed/traces/rank0.step15-15.json.gz": {15: (439.400, 438.794),
+                                                                           16: (460.381, 459.791)},
     "gloo_dp2_overlap/traces/rank0.step3-4.json.gz": {3: (39.095, 39.095), 4: (22.953, 22.953),
                                                       5: (30.993, 30.993)},
     "gloo_dp2_sweeps/traces/rank0.step4-5.json.gz": {4: (36.666, 36.666), 5: (36.007, 36.007),

@@ -1,7 +1,8 @@
 """finalize_model_grads: everything between the last backward and optimizer.step() (docs/engine.md).
 
 0. Under --moe-delay-expert-wgrad, the experts' weight gradients held since each backward, added into main_grad
-   (tensor_parallel/layers.py flush_delayed_weight_grads) before anything reads or reduces them.
+   (tensor_parallel/layers.py flush_delayed_weight_grads) before anything reads or reduces them: a probe range of
+   category `wgrad`, which the ledger's time.delayed_wgrad_per_step row judges.
 1. Finish the DP reduction of every model chunk (waits for the overlapped collectives, or runs them now): its dense
    buckets over dp x cp and, in an MoE model, its expert buckets over the expert-data-parallel group (DDP's
    bucket_groups hold both).
@@ -22,15 +23,17 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from engine.tensor_parallel.layers import flush_delayed_weight_grads
+from engine.tensor_parallel.layers import flush_delayed_weight_grads, holds_weight_grads
 from probes.probe_set import NullProbeSet
 from probes.protocol import ProbeSetProtocol
 
 
 def finalize_model_grads(model_chunks: list[torch.nn.Module], parallel_state: Any,
                          probes: ProbeSetProtocol = NullProbeSet()) -> None:
-    for chunk in model_chunks:
-        flush_delayed_weight_grads(chunk)
+    if any(holds_weight_grads(chunk) for chunk in model_chunks):
+        with probes.range("delayed expert wgrad", "wgrad"):
+            for chunk in model_chunks:
+                flush_delayed_weight_grads(chunk)
     for chunk in model_chunks:
         chunk.finish_grad_sync()
     _allreduce_sequence_parallel_grads(model_chunks, parallel_state, probes)

@@ -128,6 +128,11 @@ def _holds_weight_grad(weight: torch.nn.Parameter) -> bool:
     return getattr(weight, "delayed_wgrad", None) is not None and hasattr(weight, "grad_added_to_main_grad")
 
 
+def holds_weight_grads(module: torch.nn.Module) -> bool:
+    """Whether a delayed weight of `module` holds operands to flush."""
+    return any(getattr(param, "delayed_wgrad", None) for param in module.parameters())
+
+
 @torch.no_grad()
 def flush_delayed_weight_grads(module: torch.nn.Module) -> None:
     """main_grad += (every held grad_output)^T (every held input) for each delayed weight of `module`, one GEMM a

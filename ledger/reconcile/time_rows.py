@@ -11,6 +11,8 @@ tolerances and why):
   time.backward_per_microbatch  stage  the same for backward (recompute included)                               10%
   time.optimizer_step           stage  the optimizer range: waiting at the grad-norm all-reduce for the slowest
                                        stage, the update, the synchronous param all-gather                     10%
+  time.delayed_wgrad_per_step   stage  --moe-delay-expert-wgrad's flush (its `wgrad` range): the held operands'
+                                       concatenations and a wgrad GEMM per expert weight                       10%
   time.tokens_per_s             run    tokens per step / predicted step time, against tokens / median step time  5%
   time.data_wait_per_step       rank   0 (the loader builds ahead), against the step records' data_wait_s,
                                        mean over steady steps (ledger/reconcile/data_wait.py)   max(1 ms, 1% step)
@@ -222,6 +224,7 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                             stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
             rows += _host_range_row(model, s, kind, ranks, steps, chosen)
         rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
+        rows += _delayed_wgrad_row(ev, model, s, ranks, steps, chosen)
     return rows
 
 
@@ -268,6 +271,24 @@ def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEv
                 unit="s", tolerance=OPTIMIZER_TOL,
                 explanation=f"{text}; measured: median of {len(measured)} optimizer range(s), {chosen}", stage=s,
                 rank=ranks[0].rank if ranks else None, source="timers")]
+
+
+def _delayed_wgrad_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEvidence], steps: set[int],
+                       chosen: str) -> list[Row]:
+    """--moe-delay-expert-wgrad's flush, its `wgrad` range against the time model's: the held operands'
+    concatenations and one wgrad GEMM per expert weight (no row without the flag)."""
+    if not ev.config.model.moe_delay_expert_wgrad:
+        return []
+    measured = _ranges(ranks, "wgrad", steps)
+    predicted = model.step.stages[s].delayed_wgrad if model.step is not None else None
+    text = ("time model: per expert weight, its held operands concatenated and one wgrad GEMM over every "
+            "micro-batch's rows" if predicted is not None else f"no prediction: {'; '.join(model.missing)}")
+    seen = (f"median of {len(measured)} wgrad range(s), {chosen}" if measured
+            else "no wgrad range in the run (recorded before the flush had one)")
+    return [row("time.delayed_wgrad_per_step", "stage", predicted=predicted,
+                measured=median(measured) if measured else None, unit="s", tolerance=STAGE_TOL,
+                explanation=f"{text}; measured: {seen}", stage=s, rank=ranks[0].rank if ranks else None,
+                source="timers")]
 
 
 def tokens_row(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> list[Row]:

@@ -214,19 +214,21 @@ class _Program:
                 Segment(self.price(recipe.step_end(pipelined)), read=read)]
 
     def delayed_wgrad(self) -> list[Segment]:
-        """finalize_model_grads' delayed expert wgrads (--moe-delay-expert-wgrad), before the optimizer's range."""
+        """finalize_model_grads' delayed expert wgrads (--moe-delay-expert-wgrad), a probe range before the
+        optimizer's."""
         w = self.work
         if not w.delayed_weights:
             return []
         counts = recipe.delayed_wgrad(w.delayed_weights)
-        return [Segment(self.price(counts), w.delayed_wgrad, kernels=recipe.launched(counts))]
+        return self.range("delayed wgrad", [Segment(self.price(counts), w.delayed_wgrad,
+                                                     kernels=recipe.launched(counts))])
 
     def probes_end(self, order: list[Item]) -> list[Segment]:
         """probes.step_end after the step: each timer range's two events waited for and read (the iteration, the
-        optimizer, the items and each forward's data wait), each MoE layer's three routing counts read, then each
-        range's record written."""
+        optimizer, the items, each forward's data wait and the delayed wgrads' flush), each MoE layer's three
+        routing counts read, then each range's record written."""
         forwards = sum(1 for item in order if item.kind == FORWARD)
-        ranges = 2 + len(order) + forwards if self.timers else 0
+        ranges = 2 + len(order) + forwards + (1 if self.work.delayed_weights else 0) if self.timers else 0
         reads = [self.sync() for _ in range(2 * ranges)]
         moe = sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg))) \
             if self.cfg.model.is_moe else 0

@@ -86,6 +86,7 @@ class StagePrediction:
     grads_done: float  # when finalize_model_grads returns
     forward: float  # one forward range on the device, mean over its chunks: the compute's, or the host's pace
     backward: float
+    delayed_wgrad: float  # --moe-delay-expert-wgrad's flush on the device (its `wgrad` range); 0 without
     # the same ranges on the host's clock (from its opening to its closing call: what it took to issue), by kind;
     # empty without a host timeline
     host_ranges: dict[str, float] = field(default_factory=dict)
@@ -421,7 +422,8 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                  **({"ep": r.m * sum(t.forward.ep_comm + t.backward.ep_comm for t in st.times.chunks)}
                     if cfg.parallel.expert_model_parallel_size > 1 else {})},
         optimizer=optimizer_start - f.grads_done + rng + x, grads_done=f.grads_done,
-        forward=r.mean_range(s, FORWARD), backward=r.mean_range(s, BACKWARD), host_ranges=r.host_ranges(s))
+        forward=r.mean_range(s, FORWARD), backward=r.mean_range(s, BACKWARD), delayed_wgrad=st.delayed_wgrad,
+        host_ranges=r.host_ranges(s))
         for s, (st, f, rng, x) in enumerate(zip(r.stages, figures, ranges, extra)))
     terms = _terms(r, tl, figures[critical], critical, tails[critical], scalar, lead, step_time)
     waits = [_terms(r, tl, figures[s], s, tails[s], scalar, lead, step_time) for s in range(r.p)]
