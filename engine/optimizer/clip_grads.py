@@ -72,8 +72,8 @@ def clip_grad_by_total_norm_fp32(grads: list[torch.Tensor], max_norm: float, tot
     step's `optimizer` is torch's fused Adam(W), the scale rides in its update instead: its `grad_scale` (what AMP's
     unscaling uses; the kernel divides each gradient by it) is the inverse, so no pass reads and writes the grads
     (2 x 4 bytes a parameter: ~26 GB a step at 3.2 B parameters). Other optimizers: the grads scaled in place."""
-    if optimizer is not None and optimizer.defaults.get("fused"):
-        optimizer.grad_scale = ((total_norm + 1.0e-6) / max_norm).clamp(min=1.0).float()
-        return
     coeff = (max_norm / (total_norm + 1.0e-6)).clamp(max=1.0)
-    torch._foreach_mul_(grads, coeff)
+    if optimizer is not None and optimizer.defaults.get("fused"):
+        optimizer.grad_scale = (1.0 / coeff).float()
+    else:
+        torch._foreach_mul_(grads, coeff)
