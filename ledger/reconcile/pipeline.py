@@ -152,23 +152,29 @@ def model_bubble_row(model: TimeModel | None, stage: int, measured: float, textb
                            f"{BUBBLE_ABS_TOL:.0%} of the step (absolute)", **where)
 
 
+def _flops(work, recomputed: bool = False) -> float:
+    """The kernels' FLOPs among `work` (only the recompute's with `recomputed`)."""
+    return sum(w.op.flops for w in work if isinstance(w.op, Kernel) and (not recomputed or w.term == RECOMPUTE))
+
+
+def _forward_flops(cfg: RunConfig, stage: int) -> float:
+    """A stage's forward FLOPs per micro-batch, all its chunks, from the time model's op lists."""
+    return sum(_flops(chunk_forward(cfg, stage, c)) for c in range(num_chunks(cfg)))
+
+
 def recomputed_share(cfg: RunConfig, stage: int) -> float:
     """The FLOPs a stage's backward re-runs of its forward (full recompute: each checkpointed group's forward;
     selective: core attention's) over its forward's FLOPs, per micro-batch, from the time model's op lists."""
-    def flops(work, recomputed: bool = False) -> float:
-        return sum(w.op.flops for w in work if isinstance(w.op, Kernel) and (not recomputed or w.term == RECOMPUTE))
-
-    chunks = range(num_chunks(cfg))
-    forward = sum(flops(chunk_forward(cfg, stage, c)) for c in chunks)
-    return sum(flops(chunk_backward(cfg, stage, c), True) for c in chunks) / forward if forward else 0.0
+    forward = _forward_flops(cfg, stage)
+    rerun = sum(_flops(chunk_backward(cfg, stage, c), True) for c in range(num_chunks(cfg)))
+    return rerun / forward if forward else 0.0
 
 
 def delayed_share(cfg: RunConfig, stage: int) -> float:
     """The FLOPs per micro-batch of the weight gradients a stage's backward leaves to the step's end
     (--moe-delay-expert-wgrad: the experts') over its forward's FLOPs, from the time model's op lists."""
-    forward = sum(w.op.flops for c in range(num_chunks(cfg)) for w in chunk_forward(cfg, stage, c)
-                  if isinstance(w.op, Kernel))
-    delayed = sum(w.op.flops for w in delayed_expert_wgrad(cfg, stage)) / cfg.num_microbatches
+    forward = _forward_flops(cfg, stage)
+    delayed = _flops(delayed_expert_wgrad(cfg, stage)) / cfg.num_microbatches
     return delayed / forward if forward else 0.0
 
 

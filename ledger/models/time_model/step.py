@@ -160,6 +160,11 @@ class _Replay:
         return stage_host(self.cfg, self.cal, self.cal.host, s, self.stages[s].work,
                           stage_order(self.p, s, self.m, self.v), profiled, window)
 
+    def flush_in_tail(self, s: int) -> float:
+        """Stage s's delayed wgrads where the host timeline runs them as the start of its tail (host.py) rather than
+        as the end of grads_done: all of them under it, none on the device's clock alone."""
+        return self.stages[s].delayed_wgrad if self.host is not None else 0.0
+
     def memset_end(self, s: int) -> float:
         """When stage s's grad-buffer memset ends on the replay's clock: under the host timeline it runs before the
         first range opens (in the step's lead), so never after the clock's 0."""
@@ -338,8 +343,7 @@ def _figures(r: _Replay, s: int, tl: Timeline, prefix: dict, gathers: dict, comp
                                         buckets.exposed([(begin, end)], busy_union)))
     last_end = tl.stages[s][-1][1]
     sp, embedding = r.stage_collectives(s)
-    # under the host timeline the delayed wgrads are the start of the host's tail (host.py), not of grads_done
-    ready = max([last_end + st.delayed_wgrad] + [e for _, e in runs]) - (st.delayed_wgrad if r.host else 0.0)
+    ready = max([last_end + st.delayed_wgrad] + [e for _, e in runs]) - r.flush_in_tail(s)
     return _Figures(busy=sum(e - b for b, e in compute), device=sum(r.device(s, item) for _, _, item in tl.stages[s]),
                     busy_union=busy_union, last_end=last_end,
                     grads_done=ready + sp + embedding,
@@ -360,8 +364,7 @@ def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: flo
            step_time: float) -> dict[str, float]:
     """The critical stage's step, term by term; the last term is whatever it waits for the other stages."""
     memset = max(0.0, r.memset_end(s) - tl.stages[s][0][0])
-    delayed = r.stages[s].delayed_wgrad
-    in_tail = delayed if r.host is not None else 0.0  # the host's tail starts with them (host.py)
+    delayed, in_tail = r.stages[s].delayed_wgrad, r.flush_in_tail(s)
     terms = {"grad buffer memset": memset, "forward/backward compute": f.device, "param all-gather waits": f.waits,
              "P2P transfers": f.sends, "pipeline bubble": f.last_end - f.busy - f.waits - f.sends - memset,
              "delayed expert weight gradients": delayed,
