@@ -30,6 +30,7 @@ from ledger.reconcile.moe import kept_of
 from ledger.reconcile.run import Reconciliation, reconcile
 from ledger.reconcile.time_rows import predict_run
 from tests.support.recorded_runs import FIXTURES, only
+from tests.support.records import rewrite_events, stretch_range
 
 RUN = FIXTURES / "h200_moe" / "mixtral-8x7b-2l"
 PASS_BAR = 0.10  # issue 15's bar for a pass per micro-batch
@@ -211,3 +212,20 @@ def test_delayed_expert_wgrads_buy_back_the_short_reductions_and_the_ledger_pric
     assert peak_plain.verdict == "ok" and abs(peak_plain.measured / peak_plain.predicted - 1) < 0.005
     assert peak_delayed.verdict == "ok" and abs(peak_delayed.measured / peak_delayed.predicted - 1) < 0.015
     assert peak_delayed.measured - peak_plain.measured > 12e9
+    ratio = only(delayed, "pipeline.backward_over_forward")  # the textbook 2 less the wgrads moved out: 1.26
+    assert ratio.verdict == "ok" and ratio.predicted < 1.3
+    assert only(plain, "pipeline.backward_over_forward").predicted == 2
+
+
+@pytest.mark.parametrize("factor", [1.5, 0.6])
+def test_the_flush_row_goes_off_when_its_measured_range_is_wrong_and_its_prediction_stays(tmp_path, factor):
+    """The delayed run with its `wgrad` ranges stretched (each range's end, end_s, t_end and duration_s moved
+    together): time.delayed_wgrad_per_step reads "off" and its prediction does not move, so it is not built from the
+    range it is judged against."""
+    run = shutil.copytree(DELAYED / "pad16_delayed", tmp_path / "real")
+    corrupt = shutil.copytree(run, tmp_path / "corrupt")
+    rewrite_events(corrupt / "ranks" / "rank0" / "events.jsonl",
+                   lambda e: stretch_range(e, factor) if e["kind"] == "timing" and e["category"] == "wgrad" else None)
+    real, wrong = (only(reconcile(d), "time.delayed_wgrad_per_step") for d in (run, corrupt))
+    assert real.verdict == "ok" and wrong.verdict == "off"
+    assert wrong.predicted == real.predicted and wrong.measured == pytest.approx(factor * real.measured, rel=1e-6)

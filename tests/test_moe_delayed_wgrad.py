@@ -13,6 +13,7 @@ import torch
 
 from cli.main import main as cli
 from common.arguments import parse_args
+from common.ops.kernel import Kernel
 from common.ops.moe import DELAYED_CAT
 from common.ops.traffic import bytes_moved
 from engine.tensor_parallel.layers import flush_delayed_weight_grads
@@ -23,7 +24,8 @@ from ledger.models.formulas.activations import delayed_wgrad_bytes, delayed_wgra
 from ledger.models.formulas.peak_phases import stage_phases
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.pricing import Pricing
-from ledger.models.time_model.ops import chunk_backward, delayed_expert_wgrad
+from ledger.models.time_model.ops import chunk_backward, chunk_forward, delayed_expert_wgrad
+from ledger.reconcile.pipeline import delayed_share
 from tests.support.parity import assert_flags_change_no_training
 
 MOE = "--model tiny --num-experts 4 --moe-router-topk 2 --seq-length 32 --micro-batch-size 2"
@@ -132,3 +134,14 @@ def test_the_time_model_moves_each_experts_wgrad_to_one_gemm_over_the_steps_rows
     assert step.terms["delayed expert weight gradients"] > 0
     plain = Pricing(load_hardware("H200")).predict(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()))
     assert plain.terms["delayed expert weight gradients"] == 0
+
+
+def test_backward_over_forward_leaves_out_the_delayed_wgrads():
+    """The textbook 2 (dgrad and wgrad per forward GEMM) less the experts' wgrads the backward no longer runs: per
+    micro-batch 2 layers x 8,192 rows x 2 x 4,096 x (2 x 14,336 + 14,336) FLOPs, the experts' forward GEMMs."""
+    cfg = parse_args(MIXTRAL.split())
+    experts = 2 * 8192 * 2 * 4096 * (2 * 14336 + 14336)
+    forward = sum(w.op.flops for w in chunk_forward(cfg, 0, 0) if isinstance(w.op, Kernel))
+    assert delayed_share(cfg, 0) == pytest.approx(experts / forward, rel=1e-12)
+    assert 0.7 < delayed_share(cfg, 0) < 0.8
+    assert delayed_share(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()), 0) == 0.0
