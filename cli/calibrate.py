@@ -31,7 +31,7 @@ def sweep_records(cfg: RunConfig, device, use_cache: bool) -> tuple[list[dict], 
     from ledger.models.formulas.static_memory import owned_per_dp_rank
     from probes import compute_sweep
 
-    kernels = engine_kernels([], cfg.model.vocab_size, device)
+    kernels = engine_kernels([], cfg.model.vocab_size, device, cfg.implementation.gradient_accumulation_fusion)
     p = cfg.parallel.pipeline_model_parallel_size
     records, seen = [], set()
     for stage in range(p):

@@ -117,6 +117,10 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                         dest="embedding_gradient_accumulation_fusion",
                         help="the embedding's dense [V, h] gradient, added into main_grad by DDP's hook (Megatron's "
                              "way); by default the lookup adds its rows' gradients into main_grad itself")
+    fusion.add_argument("--no-gradient-accumulation-fusion", action="store_false",
+                        dest="gradient_accumulation_fusion",
+                        help="each linear's weight gradient as a 16-bit GEMM that DDP's hook adds into main_grad "
+                             "(Megatron's flag); by default the GEMM accumulates into the fp32 main_grad itself")
     fusion.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
                         help="scaling: tensorwise (dynamic, from each tensor's current amax) is the one built")
 
@@ -243,6 +247,7 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                                                         fp8_recipe=ns.fp8_recipe,
                                                         fp8_output_layer=ns.fp8_output_layer,
                                                         attention_backend=ns.attention_backend,
+                                                        gradient_accumulation_fusion=ns.gradient_accumulation_fusion,
                                                         embedding_gradient_accumulation_fusion=(
                                                             ns.embedding_gradient_accumulation_fusion)))
     validate(cfg)

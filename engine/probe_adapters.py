@@ -29,7 +29,6 @@ from engine.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from engine.parallel_state import ParallelState
 from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import (
-    GRADIENT_ACCUMULATION_FUSION,
     accumulate_embedding_grad,
     accumulate_weight_grad,
 )
@@ -106,9 +105,11 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
                       grouped_linear=grouped_linear if isinstance(layer.experts, GroupedMLP) else None)
 
 
-def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.device) -> EngineKernels:
+def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.device,
+                   wgrad_fusion: bool = True) -> EngineKernels:
     """What the compute sweep times: the engine's own fused functions as they run here (compiled or eager), its
-    weight-gradient accumulation (gradient-accumulation fusion where this device has it), the MoE layer's ops (None
+    weight-gradient accumulation (gradient-accumulation fusion where this device has it; without `wgrad_fusion`
+    the sweep times the 16-bit GEMM DDP's hook adds after), the MoE layer's ops (None
     without an MoE layer in `model`), ring attention's blocks and loops (on a ring with no process group: no
     exchange), the loss over `vocab_size` real entries on a TP group of one, so it issues no collective; core
     attention on the layers' --attention-backend kernel; under --fp8-format the layers' float8 matmul (the recipe
@@ -122,7 +123,7 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
                                         vocab_size=vocab_size),
         core_attention=functools.partial(scaled_dot_product, backend=backends.pop() if backends else FLASH),
         variant="compiled" if device.type in COMPILE_DEVICE_TYPES else "eager",
-        wgrad_fusion=GRADIENT_ACCUMULATION_FUSION, moe=moe_kernels(model),
+        wgrad_fusion=wgrad_fusion, moe=moe_kernels(model),
         ring=RingKernels(blocks=block_kernels, forward=ring_forward, backward=ring_backward,
                          group=functools.partial(CPGroup, None, rank=0, next_rank=None, prev_rank=None)),
         fp8_linear=fp8_matmul(*recipes) if recipes else None)
@@ -131,7 +132,8 @@ def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.
 def compute_sweep(model: list[DistributedDataParallel], optimizer, run_config: RunConfig,
                   parallel_state: ParallelState, device: torch.device, probes: ProbeSetProtocol) -> None:
     """The start-up compute sweep (a no-op unless --compute-sweep) at this rank's shapes (engine_kernels)."""
-    kernels = engine_kernels(model, run_config.model.vocab_size, device)
+    kernels = engine_kernels(model, run_config.model.vocab_size, device,
+                             run_config.implementation.gradient_accumulation_fusion)
     probes.compute_sweep(run_config, first_stage=parallel_state.is_pipeline_first_stage,
                          last_stage=parallel_state.is_pipeline_last_stage,
                          optimizer_numel=sum(p.numel() for p in optimizer.main_params),

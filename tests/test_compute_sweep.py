@@ -115,7 +115,7 @@ def test_other_shapes_are_measured_not_read_from_anothers_cache_entry(cache):
 
 
 def test_a_run_without_the_wgrad_fusion_is_measured_not_read_from_a_fused_runs_entry(cache):
-    """TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION=0 times each wgrad with its add into main_grad: another measurement
+    """--no-gradient-accumulation-fusion times each wgrad with its add into main_grad: another measurement
     (on an H200 a seq-8192 run without the fusion had read the fused run's entry: BENCHMARKS.md, 2026-12-03)."""
     c = parse_args(SINGLE.split())
     sweep(c)

@@ -70,11 +70,13 @@ def test_compiled_cross_entropy_masks_vocabulary_padding(monkeypatch):
     torch.testing.assert_close(local.grad, oracle_logits.grad)
 
 
-def _linear_under_ddp(params_dtype: torch.dtype) -> ColumnParallelLinear:
+def _linear_under_ddp(params_dtype: torch.dtype, fusion: bool = True) -> ColumnParallelLinear:
     """A linear whose weight is set up as DDP sets its parameters up: an fp32 main_grad, the fusion flag, and a
-    post-accumulate-grad hook that adds .grad into main_grad unless the flag says the layer already did."""
+    post-accumulate-grad hook that adds .grad into main_grad unless the flag says the layer already did; `fusion` as
+    the model builder sets it from --no-gradient-accumulation-fusion."""
     layer = ColumnParallelLinear(12, 16, tp=TPGroup(None, 1, 0), init=MasterWeightInit(0.5, 7, "w"),
                                  params_dtype=params_dtype, device="cpu")
+    layers.set_gradient_accumulation_fusion(layer, fusion)
     weight = layer.weight
     weight.main_grad = torch.zeros(weight.shape, dtype=torch.float32)
     weight.grad_added_to_main_grad = False
@@ -94,11 +96,10 @@ def _linear_under_ddp(params_dtype: torch.dtype) -> ColumnParallelLinear:
 
 @pytest.mark.parametrize("fusion", [True, False])
 @pytest.mark.parametrize("params_dtype", [torch.float32, torch.bfloat16])
-def test_gradient_accumulation_fusion_accumulates_like_ddp(monkeypatch, fusion, params_dtype):
+def test_gradient_accumulation_fusion_accumulates_like_ddp(fusion, params_dtype):
     """Two micro-batches: main_grad holds the sum of the weight gradients whether the GEMM added them (fusion; on
     CPU only for fp32 weights, there is no bf16 x bf16 -> fp32 addmm here) or DDP's hook did."""
-    monkeypatch.setattr(layers, "GRADIENT_ACCUMULATION_FUSION", fusion)
-    layer = _linear_under_ddp(params_dtype)
+    layer = _linear_under_ddp(params_dtype, fusion)
     expected = torch.zeros(16, 12)
     for seed in (1, 2):
         x = torch.randn(S, B, 12, generator=torch.Generator().manual_seed(seed)).to(params_dtype)

@@ -88,7 +88,8 @@ def test_a_training_run_with_delayed_expert_gradients_is_the_per_microbatch_run(
 @pytest.mark.parametrize("flags, problem", [
     ("--model tiny", "--moe-delay-expert-wgrad needs --num-experts"),
     (MOE + " --moe-grouped-gemm", "--moe-grouped-gemm computes them grouped"),
-    (MOE + " --overlap-grad-reduce --use-distributed-optimizer", "not with --overlap-grad-reduce")])
+    (MOE + " --overlap-grad-reduce --use-distributed-optimizer", "not with --overlap-grad-reduce"),
+    (MOE + " --no-gradient-accumulation-fusion", "not with --no-gradient-accumulation-fusion")])
 def test_where_the_delay_cannot_hold_it_is_one_line_and_exit_2(capsys, flags, problem):
     code = cli(["plan", *flags.split(), "--moe-delay-expert-wgrad"])
     err = capsys.readouterr().err

@@ -98,7 +98,6 @@ class MegatronKernels:
     repeat_kv: bool  # K and V repeated to every head (unfused attention under GQA)
     unfused_rope: bool
     unfused_swiglu: bool
-    unfused_wgrad: bool  # no gradient-accumulation fusion: a 16-bit wgrad, then added into main_grad
     foreach_optimizer: bool  # torch's AdamW (foreach)
 
     @classmethod
@@ -112,7 +111,6 @@ class MegatronKernels:
                    repeat_kv=unfused and m.num_attention_heads > m.num_query_groups,
                    unfused_rope=not impl.apply_rope_fusion and not m.learned_positions,
                    unfused_swiglu=m.swiglu and not impl.bias_swiglu_fusion,
-                   unfused_wgrad=not impl.gradient_accumulation_fusion,
                    foreach_optimizer=impl.optimizer_impl == FOREACH_ADAM)
 
 
@@ -147,6 +145,9 @@ class Shapes:
     fp8_output_layer: bool = False  # --fp8-output-layer: the output layer's too
     fused_attention: bool = False  # the engine's --attention-backend fused: cuDNN's kernel (common/ops/attention.py)
     embedding_into_main_grad: bool = False  # the lookup's backward adds its rows into main_grad (no dense gradient)
+    # no gradient-accumulation fusion (--no-gradient-accumulation-fusion, ours or Megatron-LM's): each linear's
+    # 16-bit wgrad, then DDP's hook adds it into main_grad
+    unfused_wgrad: bool = False
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Shapes":
@@ -166,7 +167,8 @@ class Shapes:
                    fp8_output_layer=cfg.implementation.fp8_output_layer,
                    fused_attention=cfg.implementation.fused_attention and not cfg.implementation.megatron,
                    embedding_into_main_grad=(cfg.implementation.embedding_gradient_accumulation_fusion
-                                             and not cfg.implementation.megatron))
+                                             and not cfg.implementation.megatron),
+                   unfused_wgrad=not cfg.implementation.gradient_accumulation_fusion)
 
     @property
     def activation_bytes(self) -> int:

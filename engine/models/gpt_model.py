@@ -39,6 +39,7 @@ from engine.tensor_parallel.layers import (
     ColumnParallelLinear,
     VocabParallelEmbedding,
     pad_vocab_size,
+    set_gradient_accumulation_fusion,
 )
 from engine.tensor_parallel.mappings import TPGroup
 from engine.tensor_parallel.random import MasterWeightInit
@@ -176,6 +177,8 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
     if run_config.implementation.fp8:
         convert_to_fp8(chunks, run_config.implementation, torch.device(device))
     set_attention_backend(chunks, run_config.implementation.attention_backend)
+    for chunk in chunks:
+        set_gradient_accumulation_fusion(chunk, run_config.implementation.gradient_accumulation_fusion)
     set_embedding_gradient_fusion(chunks, run_config.implementation.embedding_gradient_accumulation_fusion)
     return chunks
 

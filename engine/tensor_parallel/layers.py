@@ -14,7 +14,8 @@ LinearWithGradAccumulationAndAsyncCommunication), which does three things F.line
   dL/dW is added into DDP's fp32 `main_grad` by the weight-gradient GEMM itself (beta = 1, fp32 output from 16-bit
   inputs) instead of being written as a 16-bit tensor that DDP's hook reads back and adds: per micro-batch that
   saves the hook's pass over every weight's gradient (~12 GB of memory traffic for 1.5 B parameters in bf16) and
-  rounds the product once (to fp32) instead of twice. TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION=0 turns it off.
+  rounds the product once (to fp32) instead of twice. Megatron's --no-gradient-accumulation-fusion turns it off:
+  each weight then carries `gradient_accumulation_fusion = False` (set_gradient_accumulation_fusion).
 
 - a delayed weight gradient (this engine's --moe-delay-expert-wgrad, for SequentialMLP's experts): a weight marked by
   `delay_weight_grad` has its backward's two operands held instead of its wgrad GEMM run, and
@@ -28,7 +29,6 @@ and hands autograd no gradient, so the dense gradient, its zeroing and DDP's pas
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -70,9 +70,6 @@ def _sharded_parameter(init: MasterWeightInit, full_shape: tuple[int, int], part
     return weight
 
 
-GRADIENT_ACCUMULATION_FUSION = os.environ.get("TRAIN_LEDGER_GRADIENT_ACCUMULATION_FUSION", "1") != "0"
-
-
 def addmm_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """c += a @ b in one GEMM (beta = 1), accumulating in c's dtype even when a and b are 16-bit."""
     if c.dtype == a.dtype:
@@ -95,23 +92,29 @@ def _mixed_addmm_works(device: torch.device, in_dtype: torch.dtype, out_dtype: t
 
 
 def _fusion_works(device: torch.device, dtype: torch.dtype, main_grad_dtype: torch.dtype) -> bool:
-    """Whether gradient-accumulation fusion is on and the weight-gradient GEMM can accumulate `dtype` products in a
-    `main_grad_dtype` main_grad on this device."""
-    return GRADIENT_ACCUMULATION_FUSION and (main_grad_dtype == dtype
-                                             or _mixed_addmm_works(device, dtype, main_grad_dtype))
+    """Whether the weight-gradient GEMM can accumulate `dtype` products in a `main_grad_dtype` main_grad here."""
+    return main_grad_dtype == dtype or _mixed_addmm_works(device, dtype, main_grad_dtype)
+
+
+def set_gradient_accumulation_fusion(module: torch.nn.Module, on: bool) -> None:
+    """Every weight of `module` fuses its gradient into main_grad (on) or leaves it to DDP's add (off: Megatron's
+    --no-gradient-accumulation-fusion); a weight that never had it set fuses."""
+    for param in module.parameters():
+        param.gradient_accumulation_fusion = on
 
 
 def fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
     """DDP marks the weights whose gradient it accumulates in main_grad with `grad_added_to_main_grad` (its promise
-    to skip its own add while the flag is set); the GEMM must also be able to accumulate in main_grad's dtype."""
-    return hasattr(weight, "grad_added_to_main_grad") and _fusion_works(weight.device, weight.dtype,
-                                                                         weight.main_grad.dtype)
+    to skip its own add while the flag is set); the fusion must be on for the weight and the GEMM able to
+    accumulate in main_grad's dtype."""
+    return (getattr(weight, "gradient_accumulation_fusion", True) and hasattr(weight, "grad_added_to_main_grad")
+            and _fusion_works(weight.device, weight.dtype, weight.main_grad.dtype))
 
 
 def accumulate_weight_grad(main_grad: torch.Tensor, grad_output: torch.Tensor, total_input: torch.Tensor) -> None:
     """main_grad += grad_output^T total_input ([out, rows] x [rows, inp]), as a backward leaves a DDP-owned weight's
-    gradient: in the weight-gradient GEMM itself where fusion works, else that GEMM in the weight's dtype and DDP's
-    hook's add. What the compute sweep times as a linear's `.wgrad` (EngineKernels.wgrad)."""
+    gradient: in the weight-gradient GEMM itself where fusion works, else that GEMM in the weight's dtype
+    and DDP's hook's add. What the compute sweep times as a linear's `.wgrad` (EngineKernels.wgrad)."""
     if _fusion_works(main_grad.device, total_input.dtype, main_grad.dtype):
         addmm_into(main_grad, grad_output.t(), total_input)
     else:
@@ -153,9 +156,10 @@ def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
 
 
 def embedding_fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
-    """Whether the lookup adds its gradient into DDP's main_grad itself: whenever DDP owns the weight's gradient and
-    the fusion is on (index_put_ accumulates in any dtype), so wherever a linear fuses into the same weight."""
-    return GRADIENT_ACCUMULATION_FUSION and hasattr(weight, "grad_added_to_main_grad")
+    """Whether the lookup adds its gradient into DDP's main_grad itself: whenever DDP owns the weight's gradient
+    (index_put_ accumulates in any dtype). Its own switch is the embedding's (embedding_lookup's `fusion`), not the
+    linears' gradient_accumulation_fusion."""
+    return hasattr(weight, "grad_added_to_main_grad")
 
 
 def accumulate_embedding_grad(main_grad: torch.Tensor, ids: torch.Tensor, grad_output: torch.Tensor) -> None:

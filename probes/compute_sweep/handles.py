@@ -52,7 +52,7 @@ class EngineKernels:
     # update's grad_scale, or in place: optimizer.clip_grads.clip_grad_by_total_norm_fp32)
     clip: Callable[[list[torch.Tensor], float, torch.Tensor, torch.optim.Optimizer], None]
     variant: str
-    wgrad_fusion: bool = True  # `wgrad` adds into main_grad in the GEMM (off: a 16-bit GEMM, then the add)
+    wgrad_fusion: bool = True  # `wgrad` adds into main_grad in the GEMM (off: the 16-bit GEMM alone is timed)
     moe: MoEKernels | None = None
     ring: RingKernels | None = None
     # --fp8-format: (x [rows, inp], weight [out, inp]) -> x W^T through the engine's float8 matmul, with its autograd

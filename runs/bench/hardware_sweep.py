@@ -79,7 +79,7 @@ def megatron_specs():
     points = [(m, seq, mbs) for seq in (4096, 2048, 8192) for mbs in (1, 2) for m in MODELS[:2] + MODELS[3:4]]
     for i, ((label, h, f, heads, kv, vocab, tps), seq, mbs) in enumerate(points):
         kernels = MegatronKernels(unfused_attention=True, softmax_fp32=bool(i % 2), repeat_kv=heads > kv,
-                                  unfused_rope=True, unfused_swiglu=True, unfused_wgrad=True, foreach_optimizer=True)
+                                  unfused_rope=True, unfused_swiglu=True, foreach_optimizer=True)
         yield (f"{label} tp{tps[0]} s{seq} mbs{mbs} megatron{' fp32' if i % 2 else ''}", vocab,
                _spec(h, f, heads, kv, vocab, tps[0], seq, mbs, kernels))
 

@@ -66,6 +66,8 @@ BACKWARD: dict[str, Recipe] = {
     "core_attention.bwd": {p.ATTENTION_BACKWARD: 1, p.AUTOGRAD_NODE: 2},  # and the output's permute and view nodes
     "residual_add": {p.AUTOGRAD_NODE: 1, p.EAGER: 1},  # AddBackward, the two branches' grads summed
     "swiglu.bwd": {p.COMPILED_BACKWARD: 1}, "gelu.bwd": {p.EAGER_BACKWARD: 1},
+    # --no-gradient-accumulation-fusion: DDP's hook adds the 16-bit wgrad (the node and the hook are LINEAR_WGRAD's)
+    "main_grad.add": {p.EAGER: 1},
     "embedding.bwd": {p.EAGER_BACKWARD: 1, p.LAUNCH: 4, p.AUTOGRAD_NODE: 1, **NORM_GRAD_HOOK},  # dense backward
     "cross_entropy.bwd": {p.AUTOGRAD_NODE: 1, p.FUNCTION: 1, p.COMPILED: 1, p.EAGER_BACKWARD: 2},  # and the mean's
     # the aux loss's Function and its nodes, the softmax's and top-k's backward (a scatter)

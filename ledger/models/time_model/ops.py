@@ -264,9 +264,10 @@ def delayed_expert_wgrad(cfg: RunConfig, pp_rank: int) -> list[Work]:
 def _linear_backward(sh: Shapes, linear: Linear, param: str | None, column: bool, term: str = LAYERS) -> list[Work]:
     """dgrad then wgrad in one autograd Function; a column-parallel linear under SP re-gathers its saved input first
     and reduce-scatters its input gradient before the wgrad; without SP its input gradient is all-reduced after.
-    Without gradient-accumulation fusion (Megatron-LM's flag) DDP's hook adds the 16-bit wgrad into main_grad."""
+    Without gradient-accumulation fusion (--no-gradient-accumulation-fusion) DDP's hook adds the 16-bit wgrad into
+    main_grad."""
     dgrad = Work(linear.dgrad, term)
-    if sh.megatron is not None and sh.megatron.unfused_wgrad:
+    if sh.unfused_wgrad:
         d = dict(linear.wgrad.dims)
         wgrad = [Work(linear.wgrad, term), Work(main_grad_add(d["m"] * d["n"]), term, param)]
     else:
@@ -409,7 +410,7 @@ def kernels(cfg: RunConfig, pp_rank: int) -> set[Kernel]:
     last = cfg.parallel.pipeline_model_parallel_size - 1
     sh = Shapes.of(cfg)
     found = set(rank_ops(sh, pp_rank == 0, pp_rank == last).kernels())
-    if sh.megatron is not None and sh.megatron.unfused_wgrad:
+    if sh.unfused_wgrad:
         found |= {w.op for chunk in range(num_chunks(cfg)) for w in chunk_backward(cfg, pp_rank, chunk)
                   if isinstance(w.op, Kernel) and w.op.name == MAIN_GRAD_ADD}
     return found
