@@ -14,7 +14,7 @@ import pytest
 from common.arguments import parse_args
 from common.config import RunConfig
 from ledger.models.formulas.device_memory import DeviceOverheads, communicators, outside_pytorch
-from ledger.reconcile.run import reconcile
+from tests.support.recorded_runs import reconcile_recorded
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200_llama1b"
 RUNS = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers")
@@ -66,7 +66,7 @@ def reconciled_row(tmp_path, name: str, edit=None):
     shutil.copytree(FIXTURES / name, run)
     if edit is not None:
         edit(run)
-    (row,) = [r for r in reconcile(run).rows if r.metric == "memory.outside_pytorch"]
+    (row,) = [r for r in reconcile_recorded(run).rows if r.metric == "memory.outside_pytorch"]
     return row
 
 
@@ -112,7 +112,7 @@ def reconciled_rows(tmp_path, name: str, edit) -> dict[str, object]:
     run = tmp_path / name
     shutil.copytree(FIXTURES / name, run)
     edit(run)
-    return {r.metric: r for r in reconcile(run).rows if r.metric.startswith("memory.")}
+    return {r.metric: r for r in reconcile_recorded(run).rows if r.metric.startswith("memory.")}
 
 
 def test_another_process_on_the_gpu_is_subtracted_and_named(tmp_path):
@@ -161,7 +161,7 @@ def real_memory_rows(tmp_path, name: str, edit=None) -> dict[str, object]:
     shutil.copytree(PROCESSES / name, run)
     if edit is not None:
         edit(run)
-    return {r.metric: r for r in reconcile(run).rows if r.metric.startswith("memory.")}
+    return {r.metric: r for r in reconcile_recorded(run).rows if r.metric.startswith("memory.")}
 
 
 def without_the_split(run: Path) -> None:

@@ -13,6 +13,7 @@ from common.ops.rank import INTO_MAIN_GRAD
 from engine.tensor_parallel.layers import accumulate_embedding_grad
 from ledger.models.time_model import host_recipe
 from ledger.models.time_model.ops import Work
+from tests.support.recorded_runs import reconcile_recorded
 
 LLAMA_1B = "--model llama3.2-1b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --bf16"
 
@@ -77,10 +78,9 @@ def test_the_flag_turns_the_lookup_back_to_the_dense_gradient_and_the_ledger_fol
 def backward_rows(name: str) -> tuple[float, float]:
     """(measured, predicted) of a recorded run's time.backward_per_microbatch, the time model priced by the run's
     own compute and host sweeps."""
-    from ledger.reconcile.run import reconcile
     from tests.support.recorded_runs import FIXTURES, only
 
-    row = only(reconcile(FIXTURES / "h200_embedding_grad" / name), "time.backward_per_microbatch",
+    row = only(reconcile_recorded(FIXTURES / "h200_embedding_grad" / name), "time.backward_per_microbatch",
                rank=0)
     assert row.verdict == "ok", row
     return row.measured, row.predicted

@@ -29,8 +29,8 @@ import pytest
 
 from common.ops.sizes import padded_vocab_size
 from ledger.evidence.read import read_run
-from ledger.reconcile.run import Reconciliation, reconcile, run_steps
-from tests.support.recorded_runs import FIXTURES, only
+from ledger.reconcile.run import Reconciliation, run_steps
+from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 from tests.support.records import rewrite_events, stretch_range
 
 LARGE = ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers", "s16384", "s2048-mbs4",
@@ -48,13 +48,13 @@ def copy(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def large(tmp_path_factory) -> dict[str, Reconciliation]:
     root = tmp_path_factory.mktemp("h200_llama1b")
-    return {name: reconcile(copy(FIXTURES / "h200_llama1b" / name, root / name)) for name in LARGE}
+    return {name: reconcile_recorded(copy(FIXTURES / "h200_llama1b" / name, root / name)) for name in LARGE}
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> tuple[Path, Reconciliation]:
     run = copy(FIXTURES / "h200_2layer_profiled", tmp_path_factory.mktemp("h200_2layer") / "run")
-    return run, reconcile(run)
+    return run, reconcile_recorded(run)
 
 
 def error(r) -> float:
@@ -213,7 +213,7 @@ def test_scaled_measurements_turn_their_rows_off_and_only_theirs(large, tmp_path
     moved rows go off."""
     before = verdicts(large["s4096"])
     assert set(before.values()) == {"ok"}
-    result = reconcile(corrupted(FIXTURES / "h200_llama1b" / "s4096", tmp_path / "run", factor, what))
+    result = reconcile_recorded(corrupted(FIXTURES / "h200_llama1b" / "s4096", tmp_path / "run", factor, what))
     after = verdicts(result)
     assert predictions(result) == predictions(large["s4096"])
     assert {m for m, v in after.items() if v == "off"} == off
@@ -225,7 +225,7 @@ def test_without_the_compute_sweep_the_time_rows_say_what_is_missing(tmp_path):
     events = run / "ranks" / "rank0" / "events.jsonl"
     events.write_text("".join(line + "\n" for line in events.read_text().splitlines()
                               if json.loads(line)["kind"] != "compute"))
-    result = reconcile(run)
+    result = reconcile_recorded(run)
     assert any("no compute sweep records (--compute-sweep)" in m for m in result.missing)
     for metric in TIME_METRICS:
         r = only(result, metric)

@@ -28,9 +28,9 @@ from ledger.evidence.replay import HOST, replay
 from ledger.evidence.step_partition import HOST_BOUND, partition_step
 from ledger.models.formulas.buffer_layout import expert_rank_buffers, rank_buffers
 from ledger.reconcile.moe import kept_of
-from ledger.reconcile.run import Reconciliation, reconcile
+from ledger.reconcile.run import Reconciliation
 from ledger.reconcile.time_rows import predict_run
-from tests.support.recorded_runs import FIXTURES, only
+from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 from tests.support.records import rewrite_events, stretch_range
 
 RUN = FIXTURES / "h200_moe" / "mixtral-8x7b-2l"
@@ -41,7 +41,7 @@ MEMORY_ROWS = ("memory.static_after_optimizer_init", "memory.static_after_first_
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> Reconciliation:
-    return reconcile(shutil.copytree(RUN, tmp_path_factory.mktemp("moe") / "run"))
+    return reconcile_recorded(shutil.copytree(RUN, tmp_path_factory.mktemp("moe") / "run"))
 
 
 def test_the_expert_buffers_hold_every_expert_weight():
@@ -67,7 +67,7 @@ def test_a_formula_without_the_experts_is_off(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["config"]["model"]["num_experts"] = None
     (run / "manifest.json").write_text(json.dumps(manifest))
-    dense = reconcile(run)
+    dense = reconcile_recorded(run)
     assert only(dense, "memory.static_after_first_step").verdict == "off"
 
 
@@ -126,7 +126,7 @@ def test_padded_expert_rows_take_the_hosts_stalls_out_of_the_step(tmp_path):
     time model prices kernels and launches, not that, so the run is 7% over it and its forward 29% over. With every
     expert's rows padded to a multiple of 128 the GEMMs meet a few shapes: the step lands within 2% of the model, which
     prices both runs alike (uniform routing's 1,024 rows an expert need no padding)."""
-    none, padded = (reconcile(shutil.copytree(PAD_ROWS / name, tmp_path / name)) for name in ("none", "128"))
+    none, padded = (reconcile_recorded(shutil.copytree(PAD_ROWS / name, tmp_path / name)) for name in ("none", "128"))
     step_none, step_padded = only(none, "throughput.step_time"), only(padded, "throughput.step_time")
     assert step_padded.verdict == "ok" and abs(step_padded.measured / step_padded.predicted - 1) < 0.02
     assert step_none.verdict != "ok" and step_none.measured > 1.05 * step_none.predicted
@@ -166,7 +166,7 @@ def test_the_peak_counts_the_rows_the_compiled_combine_keeps(tmp_path):
     """The run of the compiled combine: its allocated peak is the formula's within 0.1%. The formula of the eager
     combine, which kept its [T, k, h] fp32 product (4 T k h a layer instead of a (R + 1) h), is 0.15% over."""
     cfg = read_run(FUSED).config
-    peak = only(reconcile(shutil.copytree(FUSED, tmp_path / "run")), "memory.peak_allocated")
+    peak = only(reconcile_recorded(shutil.copytree(FUSED, tmp_path / "run")), "memory.peak_allocated")
     assert peak.verdict == "ok" and abs(peak.measured / peak.predicted - 1) < 1e-3
     m = cfg.model
     tokens = m.seq_length * cfg.train.micro_batch_size
@@ -196,7 +196,7 @@ def test_delayed_expert_wgrads_buy_back_the_short_reductions_and_the_ledger_pric
     and the optimizer in the profiled steps, and its own timer range (`wgrad`) on the unprofiled ones within 10%
     (time.delayed_wgrad_per_step); the peak rises by the held operands and the formula's phases follow it within 1.5%
     (the plain run's within 0.5%)."""
-    plain, delayed = (reconcile(shutil.copytree(DELAYED / name, tmp_path / name))
+    plain, delayed = (reconcile_recorded(shutil.copytree(DELAYED / name, tmp_path / name))
                       for name in ("pad16", "pad16_delayed"))
     step_plain, step_delayed = only(plain, "throughput.step_time"), only(delayed, "throughput.step_time")
     assert step_delayed.measured < 0.93 * step_plain.measured
@@ -227,7 +227,7 @@ def test_the_flush_row_goes_off_when_its_measured_range_is_wrong_and_its_predict
     corrupt = shutil.copytree(run, tmp_path / "corrupt")
     rewrite_events(corrupt / "ranks" / "rank0" / "events.jsonl",
                    lambda e: stretch_range(e, factor) if e["kind"] == "timing" and e["category"] == "wgrad" else None)
-    wrong = only(reconcile(corrupt), "time.delayed_wgrad_per_step")
+    wrong = only(reconcile_recorded(corrupt), "time.delayed_wgrad_per_step")
     events = [json.loads(line) for line in (run / "ranks" / "rank0" / "events.jsonl").read_text().splitlines()]
     real = [e["duration_s"] for e in events
             if e["kind"] == "timing" and e["category"] == "wgrad" and 2 <= e["step"] <= 14]  # its steady steps

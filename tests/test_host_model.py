@@ -38,11 +38,10 @@ from ledger.models.time_model import ops, predict_step
 from ledger.models.time_model.host_costs import CPU_NOTE, PROFILER_START, RECORD_WRITE, HostCosts, host_costs
 from ledger.models.time_model.host_timeline import Segment, run
 from ledger.models.time_model.ops import chunk_backward, chunk_ends, chunk_forward
-from ledger.reconcile.run import reconcile
 from ledger.reconcile.step_decomposition import TERM_METRIC, term_of, term_rows
 from ledger.reconcile.time_rows import predict_run
 from ledger.reconcile.validation import validate_run
-from tests.support.recorded_runs import FIXTURES
+from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 from tests.support.records import typed
 
 LAUNCH_BOUND = FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"
@@ -251,7 +250,7 @@ def test_a_runs_own_host_sweep_prices_its_host_over_the_hardware_files(tmp_path:
 # ---- the step decomposition's twins ----------------------------------------------------------------------------
 @lru_cache(maxsize=None)
 def term_rows_of(run: Path) -> dict[int, dict[str, object]]:
-    rows = [r for r in reconcile(run).rows if r.metric.startswith(TERM_METRIC)]
+    rows = [r for r in reconcile_recorded(run).rows if r.metric.startswith(TERM_METRIC)]
     return {n: {term_of(r.metric): r for r in rows if r.step == n} for n in sorted({r.step for r in rows})}
 
 

@@ -13,8 +13,7 @@ from statistics import median
 import pytest
 
 from ledger.evidence.read import read_run
-from ledger.reconcile.run import reconcile
-from tests.support.recorded_runs import FIXTURES
+from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 
 RUNS = FIXTURES / "h200_host_ranges"
 NAMES = ["lb_h1024_l4_s512", "lb_h1024_l4_s512_graphed", "lb_h512_l12_s256_graphed", "llama1b_l2_s1024",
@@ -25,7 +24,7 @@ HOST_ROWS = ("time.host_forward_per_microbatch", "time.host_backward_per_microba
 
 @lru_cache(maxsize=None)
 def rows(name: str) -> dict[str, object]:
-    return {r.metric: r for r in reconcile(RUNS / name).rows if r.metric.startswith("time.")}
+    return {r.metric: r for r in reconcile_recorded(RUNS / name).rows if r.metric.startswith("time.")}
 
 
 def ranges(name: str, category: str, steps: range) -> list:
@@ -144,7 +143,7 @@ def test_a_host_range_row_measures_the_timers_host_times_and_predicts_from_the_m
             record["host_end_s"] = record["host_start_s"] + 2 * (record["host_end_s"] - record["host_start_s"])
         lines.append(json.dumps(record))
     events.write_text("\n".join(lines) + "\n")
-    stretched = {r.metric: r for r in reconcile(run).rows if r.metric in HOST_ROWS}
+    stretched = {r.metric: r for r in reconcile_recorded(run).rows if r.metric in HOST_ROWS}
     for metric in HOST_ROWS:
         before = rows("lb_h1024_l4_s512_graphed")[metric]
         assert stretched[metric].predicted == pytest.approx(before.predicted)

@@ -20,9 +20,8 @@ from ledger.models.simulate.simulation import simulate
 from ledger.models.time_model import host_recipe as recipe
 from ledger.models.time_model import megatron_host_recipe as megatron
 from ledger.models.time_model.ops import Collective, chunk_backward, chunk_forward
-from ledger.reconcile.run import reconcile
 from ledger.reconcile.time_rows import TimeSources, predict_run
-from tests.support.recorded_runs import FIXTURES
+from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 MEGATRON_RUN = FIXTURES / "megatron_lm_1gpu"
@@ -95,7 +94,7 @@ def test_an_h200_run_it_did_not_see_comes_within_ten_percent_and_not_without_its
     10% of the measured. Without the host timeline (the device's clock alone) the local run misses by more: the host
     is what closes it."""
     sources = TimeSources(hardware=load_hardware("H200"))
-    (step,) = [r for r in reconcile(run, sources=sources).rows if r.metric == "throughput.step_time"]
+    (step,) = [r for r in reconcile_recorded(run, sources=sources).rows if r.metric == "throughput.step_time"]
     assert abs(step.rel_diff) <= 0.10
     ev = read_run(run)
     model = predict_run(ev, sources)
@@ -122,7 +121,7 @@ def test_reconciling_megatron_runs_predicts_every_term_of_the_decomposition():
     """With the host timeline the twin is whole: every term of every profiled step has a prediction from the config
     and the H200 file (a device-only twin leaves the host's terms unpredicted)."""
     for run in (MEGATRON_RUN, *H200_RUNS):
-        result = reconcile(run, sources=TimeSources(hardware=load_hardware("H200")))
+        result = reconcile_recorded(run, sources=TimeSources(hardware=load_hardware("H200")))
         terms = [r for r in result.rows if r.metric.startswith("step.decomposition.")]
         assert len(terms) == 3 * 7 and all(r.predicted is not None for r in terms)  # 3 steps, 7 terms
 
@@ -130,7 +129,7 @@ def test_reconciling_megatron_runs_predicts_every_term_of_the_decomposition():
 def test_megatrons_window_steps_share_one_twin_as_its_profiler_starts_before_them():
     # Megatron-LM's profiler schedule starts tracing in a warm-up step before its window: the first recorded step
     # opens like the others, so its twin has no profiler start added (this engine's windows do: test_host_model.py).
-    result = reconcile(MEGATRON_RUN, sources=TimeSources(hardware=load_hardware("H200")))
+    result = reconcile_recorded(MEGATRON_RUN, sources=TimeSources(hardware=load_hardware("H200")))
     twins = {r.predicted for r in result.rows if r.metric == "step.decomposition.host_bound_idle"}
     assert len(twins) == 1
 

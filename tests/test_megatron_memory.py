@@ -14,6 +14,7 @@ from ledger.evidence.megatron.arguments import run_config_of
 from ledger.evidence.read import read_run
 from ledger.models.formulas.activations import end_of_forward_bytes, layer_saved_tensors
 from ledger.models.formulas.peak_phases import kept_batches, peak_phase, stage_phases
+from tests.support.recorded_runs import reconcile_recorded
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CPU = sorted((FIXTURES / "megatron_lm_cpu_memory").glob("*.json"))
@@ -86,9 +87,8 @@ def test_real_run_memory_rows_name_their_side_of_the_peak():
     """reconcile on the H200 Megatron-LM run: the peak within 5%, split into what is held between steps (static,
     the H200's 64 MiB of cuBLAS workspaces, Megatron's 4 MiB score buffer; within 8 MiB) and the step's peak above
     it (within 1%), each term a row of its own."""
-    from ledger.reconcile.run import reconcile
-
-    rows = {r.metric: r for r in reconcile(FIXTURES / "megatron_lm_1gpu").rows if r.metric.startswith("memory.")}
+    rows = {r.metric: r for r in reconcile_recorded(FIXTURES / "megatron_lm_1gpu").rows
+            if r.metric.startswith("memory.")}
     assert abs(rows["memory.peak_allocated"].rel_diff) < 0.05 and rows["memory.peak_allocated"].verdict == "ok"
     between = rows["memory.allocated_after_step"]
     assert abs(between.diff) < 8 * MIB and between.verdict == "ok"

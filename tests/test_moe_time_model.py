@@ -27,10 +27,10 @@ from engine.transformer.moe.moe_layer import MoEContext, MoELayer
 from ledger.models.formulas.params import params_total
 from ledger.models.time_model import Calibration, CommModel, LinkFit, ops, predict_step
 from ledger.models.time_model.compute import price
-from ledger.reconcile.run import reconcile
 from probes import compute_sweep
 from probes.bandwidth import to_dtype
 from probes.compute_sweep import EngineKernels, SweepSpec
+from tests.support.recorded_runs import reconcile_recorded
 
 NS = 1e-9
 MEMORY_S, ALPHA, BETA = 1e-6, 10e-6, 1e-9
@@ -187,7 +187,7 @@ def test_an_moe_sweep_without_the_engines_moe_handles_is_refused():
 
 @pytest.mark.slow
 def test_reconcile_replays_an_moe_runs_step_from_its_sweep(ep2_run):
-    result = reconcile(ep2_run)
+    result = reconcile_recorded(ep2_run)
     predicted = {r.metric: r.predicted for r in result.rows if r.metric in (
         "throughput.step_time", "time.forward_per_microbatch", "time.backward_per_microbatch", "time.optimizer_step")}
     assert len(predicted) == 4 and all(p is not None and p > 0 for p in predicted.values())

@@ -18,7 +18,8 @@ from ledger.evidence.megatron.arguments import flags_from_arguments
 from ledger.evidence.read import read_run
 from ledger.evidence.traces import summarize
 from ledger.present.loaders import list_runs
-from ledger.reconcile.run import reconcile, run_steps
+from ledger.reconcile.run import run_steps
+from tests.support.recorded_runs import reconcile_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,7 @@ def test_run_sh_writes_the_ingest_layout(megatron_run):
 
 
 def test_megatron_run_reconciles(megatron_run):
-    result = reconcile(megatron_run)
+    result = reconcile_recorded(megatron_run)
     assert result.run["framework"] == "megatron-lm" and result.run["status"] == "complete"
     peak = [r for r in result.rows if r.metric == "memory.peak_allocated"]
     # TensorBoard stores scalars as float32: byte counts survive to about 7 significant digits
@@ -214,7 +215,7 @@ def test_torch_profiler_counts_only_with_profile():
 
 def test_own_layout_reconciles(tmp_path):
     run = own_layout_run(tmp_path)
-    result = reconcile(run)
+    result = reconcile_recorded(run)
     assert result.run["framework"] == "megatron-lm" and result.run["world_size"] == 1
     assert result.run["status"] == "complete"  # the scalars reach --train-iters 12
     assert result.run["traces"] == ["torch_profile/rank-0.json.gz"]
@@ -235,7 +236,7 @@ def test_steps_the_profiler_disturbed_are_flagged_from_megatron_schedule(tmp_pat
 
 
 def test_a_run_whose_scalars_stop_early_is_not_complete(tmp_path):
-    result = reconcile(own_layout_run(tmp_path, last=7))
+    result = reconcile_recorded(own_layout_run(tmp_path, last=7))
     assert result.run["status"] == "running"
     assert any("iteration 7 of 12" in m for m in result.missing)
 
@@ -360,7 +361,7 @@ def test_real_run_scalars_and_trace_are_where_megatron_writes_them():
 
 @needs_real_run
 def test_real_run_reconciles(tmp_path):
-    result = reconcile(REAL_RUN)
+    result = reconcile_recorded(REAL_RUN)
     peak = next(r for r in result.rows if r.metric == "memory.peak_allocated")
     assert peak.measured is not None and peak.predicted is not None
     assert any(r.metric == "throughput.tokens_per_step" and r.measured == 8 * 512 for r in result.rows)
@@ -388,7 +389,7 @@ def test_megatrons_timers_are_judged_against_the_time_model(tmp_path):
                "throughput": dict.fromkeys(range(2, 13), 1.0)}
     write_event_file(run / "tensorboard", REAL_ARGUMENTS, scalars)
     write_profile_trace(run, 0, range(5, 8))
-    rows = {r.metric: r for r in reconcile(run, sources=sources).rows if r.metric.startswith("megatron.")}
+    rows = {r.metric: r for r in reconcile_recorded(run, sources=sources).rows if r.metric.startswith("megatron.")}
     assert rows["megatron.timer.forward-compute"].verdict == "ok"
     assert rows["megatron.timer.forward-compute"].predicted == pytest.approx(m * stage.compute.forward)
     assert rows["megatron.timer.backward-compute"].verdict == "off"
@@ -400,7 +401,7 @@ def test_megatrons_timers_are_judged_against_the_time_model(tmp_path):
 def test_megatrons_flop_count_is_the_ledgers():
     """The H200 run's throughput scalar x iteration time is Megatron's num_floating_point_operations for a step:
     the ledger's count of the same convention agrees to the float32 the scalar was stored in."""
-    result = reconcile(REPO / "tests/fixtures/megatron_lm_1gpu")
+    result = reconcile_recorded(REPO / "tests/fixtures/megatron_lm_1gpu")
     (flops,) = [r for r in result.rows if r.metric == "megatron.flops_per_step"]
     assert abs(flops.rel_diff) < 1e-6 and flops.verdict == "ok"
 

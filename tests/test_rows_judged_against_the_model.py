@@ -18,9 +18,9 @@ from common.events import COMPUTE_CATEGORIES
 from ledger.evidence.read import read_run
 from ledger.reconcile.pipeline import BUBBLE_ABS_TOL, model_bubble_row
 from ledger.reconcile.rows import WARN_FACTOR
-from ledger.reconcile.run import Reconciliation, reconcile
+from ledger.reconcile.run import Reconciliation
 from ledger.reconcile.time_rows import TimeModel, predict_run
-from tests.support.recorded_runs import FIXTURES, only
+from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 from tests.support.records import rewrite_events, stretch_range
 
 PP2, DP2 = "gloo_pp2_sweeps", "gloo_dp2_sweeps"
@@ -35,7 +35,7 @@ def model(fixture: str) -> TimeModel:
 @pytest.fixture(scope="module")
 def reconciled(tmp_path_factory) -> dict[str, Reconciliation]:
     root = tmp_path_factory.mktemp("judged")
-    return {name: reconcile(shutil.copytree(FIXTURES / name, root / name)) for name in (PP2, DP2)}
+    return {name: reconcile_recorded(shutil.copytree(FIXTURES / name, root / name)) for name in (PP2, DP2)}
 
 
 def shrunk_compute(src: Path, dst: Path, rank: int, factor: float) -> Path:
@@ -65,7 +65,7 @@ def test_a_moved_measured_bubble_leaves_the_prediction_where_it_was(reconciled, 
     (start kept, end moved) leave it idle for longer, so its measured bubble grows, while the prediction, which no
     timer feeds, does not move."""
     before = only(reconciled[PP2], MODEL_BUBBLE, stage=1)
-    after = only(reconcile(shrunk_compute(FIXTURES / PP2, tmp_path / "run", rank=1, factor=0.5)), MODEL_BUBBLE,
+    after = only(reconcile_recorded(shrunk_compute(FIXTURES / PP2, tmp_path / "run", rank=1, factor=0.5)), MODEL_BUBBLE,
                  stage=1)
     assert after.measured > before.measured + 0.05
     assert after.predicted == before.predicted

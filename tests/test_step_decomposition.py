@@ -31,6 +31,7 @@ from ledger.present import report, units
 from ledger.reconcile.run import TraceWork, reconcile, write
 from ledger.reconcile.step_decomposition import REPLAY_METRIC, TERM_METRIC, group_of, term_of
 from tests.support.kineto import gpu, host, launch, runtime, step, write_trace
+from tests.support.recorded_runs import reconcile_recorded
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRACES = ["h200_2layer_profiled/traces/rank0.step4-5.json.gz", "gpu_h200_llama1b_l2/traces/rank0.step3-4.json.gz",
@@ -178,7 +179,7 @@ def test_a_collective_on_the_cp_or_ep_group_is_named_after_it():
 # --- rows and report, on the committed run directories ---------------------------------------------------------
 @lru_cache(maxsize=None)
 def step_rows(fixture: str) -> tuple:
-    return tuple(r for r in reconcile(FIXTURES / fixture).rows if r.metric.startswith("step."))
+    return tuple(r for r in reconcile_recorded(FIXTURES / fixture).rows if r.metric.startswith("step."))
 
 
 @pytest.mark.parametrize("fixture", ["h200_2layer_profiled", "megatron_lm_1gpu", "gloo_dp2_overlap", "gloo_pp2"])

@@ -29,6 +29,7 @@ from ledger.models.time_model import (
     stage_time,
 )
 from ledger.models.time_model.calibration import MAX_SUSTAINED
+from tests.support.recorded_runs import reconcile_recorded
 from tests.support.records import typed
 
 MS = 1e-3
@@ -404,9 +405,8 @@ def test_an_end_stages_term_names_its_parameters_exactly(tmp_path):
     import shutil
     from pathlib import Path
 
-    from ledger.reconcile.run import reconcile
 
     shutil.copytree(Path(__file__).parent / "fixtures" / "gloo_4ranks_2cores", tmp_path / "run")
-    forward = [r for r in reconcile(tmp_path / "run").rows if r.metric == "time.forward_per_microbatch"]
+    forward = [r for r in reconcile_recorded(tmp_path / "run").rows if r.metric == "time.forward_per_microbatch"]
     assert any("embedding" in r.explanation and "(64,000 params)" in r.explanation for r in forward)
     assert not any(" M params" in r.explanation for r in forward)

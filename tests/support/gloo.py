@@ -19,7 +19,7 @@ import traceback
 from typing import Any, Callable, Iterator
 
 # What the forkserver imports before it forks a rank: what every rank imports first, and nothing with state of ours.
-PRELOAD = ["torch", "torch.distributed"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 
 
 def _worker(rank: int, world_size: int, tmp: str, fn: Callable, args: tuple, env: dict[str, str], cwd: str) -> None:
