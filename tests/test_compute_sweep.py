@@ -34,6 +34,8 @@ GPT = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 10
        "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel --global-batch-size 2")
 CASES = {"first": (PIPELINED, 0), "middle": (PIPELINED, 1), "last": (PIPELINED, 2), "single": (SINGLE, 0),
          "single-untied-fp32": (SINGLE.replace("--bf16", "--untie-embeddings-and-output-weights"), 0),
+         # DDP's hook adds each 16-bit wgrad: main_grad.add at each weight size (qkv, proj, fc1, fc2, output layer)
+         "single-unfused": (SINGLE + " --no-gradient-accumulation-fusion", 0),
          "cp2": (SINGLE + " --context-parallel-size 2 --world-size 2", 0), "gpt-tp2-sp": (GPT, 0),
          "last-fused-loss": (PIPELINED + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl linear", 2)}
 
@@ -52,6 +54,8 @@ def test_the_sweep_times_exactly_the_catalogues_entries(case, cache):
              ("grad_buffer.zero", [("numel", numel)], c.train.grad_dtype, 0.0)]
     assert [(r["op"], list(r["dims"].items()), r["dtype"], r["flops"]) for r in records] == entries + rates
     assert all(r["seconds"] > 0 for r in records)
+    adds = {r["dims"]["numel"] for r in records if r["op"] == "main_grad.add"}
+    assert len(adds) == (5 if case == "single-unfused" else 0)
 
 
 def test_a_linears_wgrad_is_timed_through_the_engines_weight_gradient_accumulation():

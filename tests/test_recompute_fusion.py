@@ -15,8 +15,8 @@ import engine.tensor_parallel.layers as layers
 from cli.main import main as cli
 from common.arguments import parse_args
 from common.config import RunConfig
-from common.ops.megatron import MAIN_GRAD_ADD
-from ledger.models.time_model.ops import chunk_backward
+from common.ops.linear import MAIN_GRAD_ADD
+from ledger.models.time_model.ops import chunk_backward, kernels
 from tests.support.parity import train_alone
 
 BASE = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "2",
@@ -55,6 +55,7 @@ def test_no_gradient_accumulation_fusion_is_the_runs_config_the_engines_and_the_
     # one a linear: the layers' 2 x 4 finalise their weights; the tied output layer's is final at the embedding's
     assert len(adds) == 2 * 4 + 1 and sum(w.param is not None for w in adds) == 2 * 4
     assert len(unfused) == len(fused) + len(adds)
+    assert {w.op for w in adds} <= kernels(off, 0), "the catalogue (what the sweep times) lists every add"
 
 
 def test_simulate_prices_the_unfused_wgrads_add_on_host_and_device(capsys):

@@ -11,7 +11,9 @@ the rank's experts' weights stacked, each row multiplied by its expert's) is the
 experts' rows at once, keyed apart from a dense GEMM by `experts`. An fp8 linear (--fp8-format: torchao's float8
 matmul, engine/fp8_utils.py) is keyed apart by `fp8`: its fprop includes the casts of the input and the weight, its
 dgrad and wgrad are its backward's (the casts of the output gradient and the operand; wgrad also DDP's hook adding
-the 16-bit gradient into main_grad: fp8 has no gradient-accumulation fusion).
+the 16-bit gradient into main_grad: fp8 has no gradient-accumulation fusion). Without gradient-accumulation fusion
+(--no-gradient-accumulation-fusion, ours or Megatron-LM's) the wgrad writes a 16-bit gradient that DDP's hook adds
+into main_grad after it: `main_grad.add`, keyed by the weight's elements.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from common.ops.kernel import Kernel, OpGroup, kernel
 
 GEMM_PASSES = ("fprop", "dgrad", "wgrad")
+MAIN_GRAD_ADD = "main_grad.add"
 FP8 = "fp8"  # the dim that keys an fp8 linear's GEMMs apart (value 1)
 
 
@@ -30,6 +33,12 @@ def runs_in_fp8(k: Kernel) -> bool:
 
 def gemm(name: str, m: int, n: int, k: int, **group: int) -> Kernel:
     return kernel(name, 2.0 * m * n * k, **group, m=m, n=n, k=k)
+
+
+def main_grad_add(wgrad: Kernel) -> Kernel:
+    """DDP's hook adding a 16-bit `wgrad`'s [m, n] gradient into its main_grad (no gradient-accumulation fusion)."""
+    d = dict(wgrad.dims)
+    return kernel(MAIN_GRAD_ADD, numel=d["m"] * d["n"])
 
 
 @dataclass(frozen=True)

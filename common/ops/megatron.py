@@ -19,7 +19,7 @@ bytes its kernels move together (traffic.py) or, for the batched matrix products
   cross_entropy_fp32                Megatron's vocab_parallel_cross_entropy: the fp32 copy of the logits, max, sub,
                                     exp, sum, div in place (bwd: the in-place gradient, scaled, cast to 16 bits)
   main_grad.add                     without gradient-accumulation fusion: a linear's 16-bit weight gradient added
-                                    into its fp32 main_grad by DDP's hook (dims: the weight's elements)
+                                    into its fp32 main_grad by DDP's hook (linear.py; this engine's runs too)
   optimizer.step_foreach            torch's foreach AdamW per main param, with Megatron's clip and copy-out
 docs/formulas.md, "Megatron-LM's kernels", counts each one's bytes.
 """
@@ -27,11 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.ops.kernel import Kernel, OpGroup, Passes, kernel, passes
-from common.ops.linear import gemm
+from common.ops.kernel import Kernel, OpGroup, Passes, passes
+from common.ops.linear import MAIN_GRAD_ADD, gemm
 from common.ops.shapes import Shapes
 
-MAIN_GRAD_ADD = "main_grad.add"
 OPTIMIZER_STEP_FOREACH = "optimizer.step_foreach"
 # The memory-bound chains only Megatron-LM's layers run (each with a .fwd and a .bwd entry)
 CHAINS = ("core_attention.softmax", "attention.repeat_kv", "rope_unfused", "swiglu_unfused", "cross_entropy_fp32")
@@ -78,6 +77,3 @@ def unfused_swiglu(sh: Shapes, rows: int, width: int) -> Passes:
 def fp32_cross_entropy(sh: Shapes) -> Passes:
     return passes("cross_entropy_fp32", tokens=sh.tokens, vocab=sh.vocab)
 
-
-def main_grad_add(numel: int) -> Kernel:
-    return kernel(MAIN_GRAD_ADD, numel=numel)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from common.ops.kernel import Kernel, OpGroup, Passes, passes
 from common.ops.layer import LayerOps, layer_ops
-from common.ops.linear import Linear, linear
+from common.ops.linear import Linear, linear, main_grad_add, runs_in_fp8
 from common.ops.megatron import OPTIMIZER_STEP_FOREACH, fp32_cross_entropy
 from common.ops.shapes import Shapes
 
@@ -41,10 +41,20 @@ class RankOps(OpGroup):
     head: HeadOps | None  # last stage
     optimizer: Rate
     grad_buffer: Rate
+    main_grad_adds: tuple[Kernel, ...] = ()  # without gradient-accumulation fusion (unfused_wgrad_adds)
 
     @property
     def rates(self) -> tuple[Rate, Rate]:
         return self.optimizer, self.grad_buffer
+
+
+def unfused_wgrad_adds(sh: Shapes, groups: tuple[OpGroup, ...]) -> tuple[Kernel, ...]:
+    """Without gradient-accumulation fusion, DDP's hook's add after each 16-bit wgrad of `groups` (an fp8 linear's
+    wgrad includes its own add): one entry a weight size."""
+    if not sh.unfused_wgrad:
+        return ()
+    wgrads = [k for g in groups for k in g.kernels() if k.name.endswith(".wgrad") and not runs_in_fp8(k)]
+    return tuple(dict.fromkeys(main_grad_add(k) for k in wgrads))
 
 
 INTO_MAIN_GRAD = "into_main_grad"  # the embedding's dim: the lookup adds its rows into main_grad, no dense gradient
@@ -76,6 +86,7 @@ def optimizer_rate(sh: Shapes) -> Rate:
 
 
 def rank_ops(sh: Shapes, first_stage: bool, last_stage: bool) -> RankOps:
-    return RankOps(shapes=sh, layer=layer_ops(sh), embedding=embedding(sh) if first_stage else None,
-                   head=head(sh) if last_stage else None, optimizer=optimizer_rate(sh),
-                   grad_buffer=Rate(GRAD_BUFFER_ZERO, sh.grad_dtype))
+    layer, last = layer_ops(sh), head(sh) if last_stage else None
+    return RankOps(shapes=sh, layer=layer, embedding=embedding(sh) if first_stage else None, head=last,
+                   optimizer=optimizer_rate(sh), grad_buffer=Rate(GRAD_BUFFER_ZERO, sh.grad_dtype),
+                   main_grad_adds=unfused_wgrad_adds(sh, (layer,) if last is None else (layer, last)))

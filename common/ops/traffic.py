@@ -13,7 +13,8 @@ writes one grad-dtype element.
 from __future__ import annotations
 
 from common.ops.kernel import Kernel
-from common.ops.megatron import MAIN_GRAD_ADD, OPTIMIZER_STEP_FOREACH
+from common.ops.linear import MAIN_GRAD_ADD
+from common.ops.megatron import OPTIMIZER_STEP_FOREACH
 from common.ops.rank import OPTIMIZER_STEP, into_main_grad
 from common.ops.sizes import DTYPE_BYTES
 

@@ -2,12 +2,14 @@
 style) forward / backward, residual_add, the attention output's [b, h, s, d] -> [s, b, h d] copy, and the engine's
 own fused functions (EngineKernels: compiled on GPU as the engine compiles them): rope (split_qkv_and_rotate) and
 swiglu forward / backward (an expert's at its rows through the MoE layer's own); the GPT style's gelu is Megatron's
-bias_gelu as torch's tanh GeLU of the input plus a bias (the engine runs none)."""
+bias_gelu as torch's tanh GeLU of the input plus a bias (the engine runs none); without gradient-accumulation fusion,
+DDP's hook adding a 16-bit weight gradient into its main_grad (main_grad.add)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from common.ops.linear import MAIN_GRAD_ADD
 from probes.compute_sweep.calls import Backward, Bench, Builder, Call, Op
 
 
@@ -34,6 +36,10 @@ def builders(b: Bench) -> dict[str, Builder]:
     def add(d: dict[str, int]) -> Op:
         x, y = t.randn(d["numel"]), t.randn(d["numel"])
         return Call(lambda: torch.add(x, y))
+
+    def grad_add(d: dict[str, int]) -> Op:
+        main_grad, grad = torch.zeros(d["numel"], device=t.device, dtype=b.grad_dtype), t.randn(d["numel"])
+        return Call(lambda: main_grad.add_(grad))
 
     def copy(d: dict[str, int]) -> Op:
         x = t.randn(batch, sh.heads, s, sh.head_dim)
@@ -70,7 +76,7 @@ def builders(b: Bench) -> dict[str, Builder]:
             return Backward(lambda: F.gelu(x + bias, approximate="tanh"), (x, bias), (t.randn(s, batch, d["width"]),))
         return build
 
-    out: dict[str, Builder] = {"residual_add": add, "attention_output.copy": copy}
+    out: dict[str, Builder] = {"residual_add": add, "attention_output.copy": copy, MAIN_GRAD_ADD: grad_add}
     for p, backward in (("fwd", False), ("bwd", True)):
         out |= {f"rms_norm.{p}": norm(False, backward), f"layer_norm.{p}": norm(True, backward),
                 f"rope.{p}": rotary(backward), f"swiglu.{p}": gated(backward), f"gelu.{p}": bias_gelu(backward)}

@@ -14,7 +14,7 @@ CPU = torch.device("cpu")
 
 def kernels(c: RunConfig) -> EngineKernels:
     """The engine's own functions as engine/probe_adapters.py hands them to the sweep (eager on CPU; no MoE layer)."""
-    return engine_kernels([], c.model.vocab_size, CPU)
+    return engine_kernels([], c.model.vocab_size, CPU, c.implementation.gradient_accumulation_fusion)
 
 
 def spec(c: RunConfig, stage: int) -> SweepSpec:

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.ops import Kernel, Linear, Shapes, layer_ops, rank_ops
-from common.ops.megatron import MAIN_GRAD_ADD, main_grad_add
+from common.ops.linear import main_grad_add, runs_in_fp8
 from common.ops.rank import embedding, head
 from common.ops.sizes import DTYPE_BYTES
 from ledger.models.formulas.activations import checkpoint_groups
@@ -267,9 +267,8 @@ def _linear_backward(sh: Shapes, linear: Linear, param: str | None, column: bool
     Without gradient-accumulation fusion (--no-gradient-accumulation-fusion) DDP's hook adds the 16-bit wgrad into
     main_grad."""
     dgrad = Work(linear.dgrad, term)
-    if sh.unfused_wgrad:
-        d = dict(linear.wgrad.dims)
-        wgrad = [Work(linear.wgrad, term), Work(main_grad_add(d["m"] * d["n"]), term, param)]
+    if sh.unfused_wgrad and not runs_in_fp8(linear.wgrad):  # fp8's wgrad includes the add
+        wgrad = [Work(linear.wgrad, term), Work(main_grad_add(linear.wgrad), term, param)]
     else:
         wgrad = [Work(linear.wgrad, term, param)]
     if not column:
@@ -405,12 +404,7 @@ def chunk_backward(cfg: RunConfig, pp_rank: int, chunk: int) -> list[Work]:
 
 def kernels(cfg: RunConfig, pp_rank: int) -> set[Kernel]:
     """Every distinct kernel a pipeline rank runs in a step: the catalogue's for its stage (all its chunks, both
-    passes; recompute re-runs kernels already among them), and without gradient-accumulation fusion each weight's
-    main_grad add."""
+    passes; recompute re-runs kernels already among them; without gradient-accumulation fusion each weight's
+    main_grad add)."""
     last = cfg.parallel.pipeline_model_parallel_size - 1
-    sh = Shapes.of(cfg)
-    found = set(rank_ops(sh, pp_rank == 0, pp_rank == last).kernels())
-    if sh.unfused_wgrad:
-        found |= {w.op for chunk in range(num_chunks(cfg)) for w in chunk_backward(cfg, pp_rank, chunk)
-                  if isinstance(w.op, Kernel) and w.op.name == MAIN_GRAD_ADD}
-    return found
+    return set(rank_ops(Shapes.of(cfg), pp_rank == 0, pp_rank == last).kernels())
