@@ -31,6 +31,7 @@ from engine.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from engine.tensor_parallel.layers import (
     accumulate_embedding_grad,
     accumulate_weight_grad,
+    drop_delayed_weight_grads,
 )
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.attention import SelfAttention, scaled_dot_product, split_qkv_and_rotate
@@ -38,7 +39,7 @@ from engine.transformer.mlp import swiglu, swiglu_any_rows
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.experts import GroupedMLP
 from engine.transformer.moe.grouped_gemm_util import grouped_linear as moe_grouped_linear
-from engine.transformer.moe.moe_layer import MoELayer
+from engine.transformer.moe.moe_layer import MoELayer, moe_step_figures
 from engine.transformer.moe.router import Routing
 from engine.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from engine.transformer.ring_attention import (
@@ -155,7 +156,9 @@ def _timed_pass(chunk: DistributedDataParallel, tokens: torch.Tensor, device: to
     torch.cuda.synchronize(device)
     begin = time.perf_counter()
     torch.autograd.backward(loss, torch.ones_like(loss))
-    return issued - start, time.perf_counter() - begin
+    backward = time.perf_counter() - begin
+    drop_delayed_weight_grads(chunk)  # --moe-delay-expert-wgrad's held operands: no step flushes these
+    return issued - start, backward
 
 
 def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, parallel_state: ParallelState,
@@ -164,11 +167,13 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
     rank's model at the run's shapes, each the median of PASS_REPEATS after PASS_WARMUP (which compile), the device
     drained before each and never waited for inside, under no_sync (no gradient reduction); then the forward again
     with the host asleep for IDLE_BEFORE_PASS_S first (a step's first micro-batch); the gradients it leaves are
-    cleared. None where a pass cannot run alone or waits for the device: a CPU rank, a pipeline stage (its input
-    is another stage's), context parallelism, an MoE layer (its dispatch reads counts), the per-module all-gather
-    waits of --overlap-param-gather."""
+    cleared. An MoE model's backward alone: its forward waits for the device where the dispatcher reads the counts;
+    its passes' routing counts and delayed expert operands are dropped with the gradients. None where a pass cannot
+    run alone or waits for the device: a CPU rank, a pipeline stage (its input is another stage's), context
+    parallelism, expert parallelism (its all-to-alls wait for the peers), the per-module all-gather waits of
+    --overlap-param-gather."""
     p, t, m = parallel_state, run_config.train, run_config.model
-    if (device.type != "cuda" or p.pp_size > 1 or len(model) > 1 or p.cp_size > 1 or m.is_moe
+    if (device.type != "cuda" or p.pp_size > 1 or len(model) > 1 or p.cp_size > 1 or p.ep_size > 1
             or t.overlap_param_gather):
         return None
     (chunk,) = model
@@ -179,6 +184,10 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
         tokens = tokens.view(t.micro_batch_size, m.seq_length)
         with chunk.no_sync():
             warm = [_timed_pass(chunk, tokens, device) for _ in range(PASS_WARMUP + PASS_REPEATS)][PASS_WARMUP:]
+            if m.is_moe:
+                moe_step_figures([chunk])  # taken and dropped: these forwards are no step's
+                chunk.zero_grad_buffer()
+                return {host.PASS_BACKWARD: statistics.median(b for _, b in warm)}
             after_idle = [_timed_pass(chunk, tokens, device, idle_s=host.IDLE_BEFORE_PASS_S)
                           for _ in range(PASS_REPEATS)]
         torch.cuda.synchronize(device)

@@ -148,6 +148,14 @@ def flush_delayed_weight_grads(module: torch.nn.Module) -> None:
             accumulate_weight_grad(param.main_grad, torch.cat(grads), torch.cat(inputs))
 
 
+def drop_delayed_weight_grads(module: torch.nn.Module) -> None:
+    """Forget the operands `module`'s delayed weights hold (a pass that must leave no gradient: the start-up pass
+    timer)."""
+    for param in module.parameters():
+        if getattr(param, "delayed_wgrad", None):
+            param.delayed_wgrad.clear()
+
+
 def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
     """After the wgrad GEMMs added dL/dW into main_grad: set DDP's flag and return what autograd gets as the weight's
     gradient (see _LinearWithGradAccumulation)."""
