@@ -184,14 +184,13 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
         tokens = tokens.view(t.micro_batch_size, m.seq_length)
         with chunk.no_sync():
             warm = [_timed_pass(chunk, tokens, device) for _ in range(PASS_WARMUP + PASS_REPEATS)][PASS_WARMUP:]
-            if m.is_moe:
-                moe_step_figures([chunk])  # taken and dropped: these forwards are no step's
-                chunk.zero_grad_buffer()
-                return {host.PASS_BACKWARD: statistics.median(b for _, b in warm)}
-            after_idle = [_timed_pass(chunk, tokens, device, idle_s=host.IDLE_BEFORE_PASS_S)
-                          for _ in range(PASS_REPEATS)]
+            after_idle = [] if m.is_moe else [_timed_pass(chunk, tokens, device, idle_s=host.IDLE_BEFORE_PASS_S)
+                                              for _ in range(PASS_REPEATS)]
         torch.cuda.synchronize(device)
         chunk.zero_grad_buffer()
+        if m.is_moe:
+            moe_step_figures([chunk])  # taken and dropped: these forwards are no step's
+            return {host.PASS_BACKWARD: statistics.median(b for _, b in warm)}
         return {host.PASS_FORWARD: statistics.median(f for f, _ in warm),
                 host.PASS_BACKWARD: statistics.median(b for _, b in warm),
                 host.PASS_FORWARD_AFTER_IDLE: statistics.median(f for f, _ in after_idle)}
