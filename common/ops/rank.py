@@ -48,13 +48,16 @@ class RankOps(OpGroup):
         return self.optimizer, self.grad_buffer
 
 
+def hook_add(sh: Shapes, wgrad: Kernel) -> Kernel | None:
+    """DDP's hook's add after `wgrad`, where its gradient is a 16-bit tensor: without gradient-accumulation fusion,
+    except an fp8 linear's wgrad, which includes its own add."""
+    return main_grad_add(wgrad) if sh.unfused_wgrad and not runs_in_fp8(wgrad) else None
+
+
 def unfused_wgrad_adds(sh: Shapes, groups: tuple[OpGroup, ...]) -> tuple[Kernel, ...]:
-    """Without gradient-accumulation fusion, DDP's hook's add after each 16-bit wgrad of `groups` (an fp8 linear's
-    wgrad includes its own add): one entry a weight size."""
-    if not sh.unfused_wgrad:
-        return ()
-    wgrads = [k for g in groups for k in g.kernels() if k.name.endswith(".wgrad") and not runs_in_fp8(k)]
-    return tuple(dict.fromkeys(main_grad_add(k) for k in wgrads))
+    """hook_add of each wgrad of `groups`: one entry a weight size (none with the fusion)."""
+    adds = (hook_add(sh, k) for g in groups for k in g.kernels() if k.name.endswith(".wgrad"))
+    return tuple(dict.fromkeys(a for a in adds if a is not None))
 
 
 INTO_MAIN_GRAD = "into_main_grad"  # the embedding's dim: the lookup adds its rows into main_grad, no dense gradient

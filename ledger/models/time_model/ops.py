@@ -58,8 +58,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.ops import Kernel, Linear, Shapes, layer_ops, rank_ops
-from common.ops.linear import main_grad_add, runs_in_fp8
-from common.ops.rank import embedding, head
+from common.ops.rank import embedding, head, hook_add
 from common.ops.sizes import DTYPE_BYTES
 from ledger.models.formulas.activations import checkpoint_groups
 from ledger.models.formulas.comm import ring_messages
@@ -267,10 +266,8 @@ def _linear_backward(sh: Shapes, linear: Linear, param: str | None, column: bool
     Without gradient-accumulation fusion (--no-gradient-accumulation-fusion) DDP's hook adds the 16-bit wgrad into
     main_grad."""
     dgrad = Work(linear.dgrad, term)
-    if sh.unfused_wgrad and not runs_in_fp8(linear.wgrad):  # fp8's wgrad includes the add
-        wgrad = [Work(linear.wgrad, term), Work(main_grad_add(linear.wgrad), term, param)]
-    else:
-        wgrad = [Work(linear.wgrad, term, param)]
+    add = hook_add(sh, linear.wgrad)
+    wgrad = [Work(linear.wgrad, term, param)] if add is None else [Work(linear.wgrad, term), Work(add, term, param)]
     if not column:
         return [dgrad, *wgrad]
     if sh.sequence_parallel:
