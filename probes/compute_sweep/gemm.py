@@ -31,14 +31,15 @@ def builders(b: Bench) -> dict[str, Builder]:
         return Call(lambda: g.matmul(w))
 
     def wgrad(d: dict[str, int]) -> Op:
-        main_grad = torch.zeros(d["m"], d["n"], device=t.device, dtype=b.grad_dtype)
         if d.get(FP8):  # output width m, input width n, rows k
             fp8, x, w = _fp8_linear(b), t.randn(d["k"], d["n"]), t.randn(d["m"], d["n"], grad=True)
+            main_grad = torch.zeros(d["m"], d["n"], device=t.device, dtype=b.grad_dtype)
             return Backward(lambda: fp8(x, w), (w,), (t.randn(d["k"], d["m"]),),
                             after=lambda grads: main_grad.add_(grads[0]))
         g, x = t.randn(d["k"], d["m"]), t.randn(d["k"], d["n"])
         if not b.kernels.wgrad_fusion:  # the 16-bit GEMM; DDP's hook's add is the catalogue's main_grad.add
             return Call(lambda: g.t().matmul(x))
+        main_grad = torch.zeros(d["m"], d["n"], device=t.device, dtype=b.grad_dtype)
         return Call(lambda: b.kernels.wgrad(main_grad, g, x))
 
     return {"fprop": fprop, "dgrad": dgrad, "wgrad": wgrad}
