@@ -113,8 +113,8 @@ def fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
 
 def accumulate_weight_grad(main_grad: torch.Tensor, grad_output: torch.Tensor, total_input: torch.Tensor) -> None:
     """main_grad += grad_output^T total_input ([out, rows] x [rows, inp]), as a backward leaves a DDP-owned weight's
-    gradient: in the weight-gradient GEMM itself where fusion works, else that GEMM in the weight's dtype
-    and DDP's hook's add. What the compute sweep times as a linear's `.wgrad` (EngineKernels.wgrad)."""
+    gradient: in the weight-gradient GEMM itself where fusion works, else that GEMM in the weight's dtype and DDP's
+    hook's add. What the compute sweep times as a linear's `.wgrad` (EngineKernels.wgrad)."""
     if _fusion_works(main_grad.device, total_input.dtype, main_grad.dtype):
         addmm_into(main_grad, grad_output.t(), total_input)
     else:
