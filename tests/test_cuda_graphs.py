@@ -33,6 +33,7 @@ from ledger.reconcile.run import TraceWork, reconcile
 from ledger.reconcile.time_rows import calibration
 from tests.support.cli import train_refusal
 from tests.support.recorded_runs import FIXTURES, only
+from tests.support.records import copy_without
 
 RUNS = FIXTURES / "h200_cuda_graphs"
 GRAPHED, COMPILED = RUNS / "lb_h1024_l4_s512_graphed", RUNS / "lb_h1024_l4_s512_compiled"
@@ -186,12 +187,7 @@ NO_HTA = TraceWork(hta=HtaChoice.parse("none"))  # the HTA cross-check is not wh
 
 def without_passes(run: Path, tmp_path: Path) -> Path:
     """A copy of the run whose host sweep lacks the measured passes (as a sweep from before them)."""
-    copy = tmp_path / run.name
-    shutil.copytree(run, copy)
-    events = copy / "ranks" / "rank0" / "events.jsonl"
-    events.write_text("".join(line for line in events.read_text().splitlines(keepends=True)
-                              if not str(json.loads(line).get("op", "")).startswith("pass.")))
-    return copy
+    return copy_without(run, tmp_path / run.name, lambda e: str(e.get("op", "")).startswith("pass."))
 
 
 def test_a_measured_pass_sets_its_entries_host_in_the_recipes_proportions():
@@ -273,9 +269,4 @@ def test_the_pass_timed_after_idle_brings_held_out_host_bound_steps_closer(tmp_p
 
 
 def without_after_idle(run: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / run.name
-    shutil.copytree(run, copy)
-    events = copy / "ranks" / "rank0" / "events.jsonl"
-    events.write_text("".join(line for line in events.read_text().splitlines(keepends=True)
-                              if json.loads(line).get("op") != p.PASS_FORWARD_AFTER_IDLE))
-    return copy
+    return copy_without(run, tmp_path / run.name, lambda e: e.get("op") == p.PASS_FORWARD_AFTER_IDLE)

@@ -5,8 +5,6 @@ forward waits for the device). The timed passes leave no trace in the step: thei
 experts' held operands are dropped."""
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,31 +12,22 @@ import pytest
 from common.ops import host
 from ledger.evidence.read import read_run
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
+from tests.support.records import copy_without
 
 RUNS = FIXTURES / "h200_moe" / "pass_backward"
 NAMES = ("pad16", "pad16_delayed")
 
 
-def host_records(run: Path) -> dict[str, dict]:
-    events = (json.loads(line) for line in (run / "ranks" / "rank0" / "events.jsonl").open())
-    return {e["op"]: e for e in events if e["kind"] == "host"}
-
-
 def without_the_pass(run: Path, to: Path) -> Path:
     """The run as it would read had the sweep not timed the backward pass."""
-    shutil.copytree(run, to)
-    events = to / "ranks" / "rank0" / "events.jsonl"
-    lines = [line for line in events.read_text().splitlines()
-             if not (json.loads(line)["kind"] == "host" and json.loads(line)["op"] == host.PASS_BACKWARD)]
-    events.write_text("\n".join(lines) + "\n")
-    return to
+    return copy_without(run, to, lambda e: e["kind"] == "host" and e["op"] == host.PASS_BACKWARD)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_moe_backwards_host_is_priced_in_its_measured_context(name, tmp_path):
     """Measured 18.3 / 14.2 ms a micro-batch (padded / delayed); in the measured context 13.9 / 10.8 ms (-24%, the
     step's backward still takes longer than the pass alone); from the recipes alone 9.5 / 7.7 ms, about half."""
-    swept = host_records(RUNS / name)
+    swept = {record.op for record in read_run(RUNS / name).ranks[0].host}
     assert host.PASS_BACKWARD in swept and host.PASS_FORWARD not in swept
     in_context = only(reconcile_recorded(RUNS / name), "time.host_backward_per_microbatch", rank=0)
     recipes = only(reconcile_recorded(without_the_pass(RUNS / name, tmp_path / name)),

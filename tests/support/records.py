@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -19,6 +20,16 @@ def rewrite_events(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     for e in records:
         edit(e)
     path.write_text("".join(json.dumps(e) + "\n" for e in records))
+
+
+def copy_without(run: Path, to: Path, drop: Callable[[dict[str, Any]], bool]) -> Path:
+    """A copy of the run directory at `to` whose rank 0 events leave out the records `drop` picks: the run as it
+    would read had it never recorded them."""
+    shutil.copytree(run, to)
+    events = to / "ranks" / "rank0" / "events.jsonl"
+    events.write_text("".join(line for line in events.read_text().splitlines(keepends=True)
+                              if not drop(json.loads(line))))
+    return to
 
 
 def stretch_range(e: dict[str, Any], factor: float) -> None:
