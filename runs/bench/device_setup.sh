@@ -1,10 +1,16 @@
 # Sourced by runs/bench's device scripts once they have cd'd to the repository root and set OUT: NCCL without NVLink
 # multicast (the device docs ask it), the wheels carried in .whl installed into /tmp/site and put first on
-# PYTHONPATH, and $OUT/device.txt naming the GPU, its driver, torch and the host's CPU. (No git revision: the device's
-# copy of the checkout can carry a stale one; the commit goes into BENCHMARKS.md instead.)
+# PYTHONPATH, and $OUT/device.txt naming the GPU, its driver, torch and the host's CPU (no git revision: the device's
+# copy of the checkout can carry a stale one; the commit goes into BENCHMARKS.md instead); step_summary LOG prints a
+# training log's steps after the first: min, median, max.
 mkdir -p "$OUT" runs/out
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print(torch.__version__)"
   lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/device.txt"
+
+step_summary() {  # $1: an `engine.train` log
+  grep -o "step time (ms): [0-9.]*" "$1" | tail -n +2 | awk '{print $4}' | sort -n \
+    | awk '{t[NR] = $1} END {printf "  steps 2-%d: min %.1f median %.1f max %.1f ms\n", NR + 1, t[1], t[int((NR + 1) / 2)], t[NR]}'
+}

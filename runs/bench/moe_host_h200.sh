@@ -30,8 +30,7 @@ moe_run() {  # $1: none | a multiple, either with +delay, $2: the run's place in
     --model mixtral-8x7b-2l --bf16 --micro-batch-size 1 --global-batch-size 8 --moe-aux-loss-coeff 0.02 \
     --all-probes --train-iters "${ITERS:-16}" ${extra[@]+"${extra[@]}"} --run-dir "/tmp/moe_pad_$1_$2" > "$OUT/moe_pad_$1_$2.log" 2>&1
   echo "moe pad $1 (run $2) exit $?"
-  grep -o "step time (ms): [0-9.]*" "$OUT/moe_pad_$1_$2.log" | tail -n +2 | awk '{print $4}' | sort -n \
-    | awk '{t[NR] = $1} END {printf "  steps 2-%d: min %.1f median %.1f max %.1f ms\n", NR + 1, t[1], t[int((NR + 1) / 2)], t[NR]}'
+  step_summary "$OUT/moe_pad_$1_$2.log"
 }
 moe() {  # one tar a run (its directory and log), so that each stays under the device's per-file limit
   local n=0

@@ -25,8 +25,7 @@ for mode in ${ORDER:-on off on}; do
     --global-batch-size 8 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 \
     --all-probes --train-iters "${ITERS:-8}" $fusion --run-dir "$dir" > "$dir.log" 2>&1
   echo "run $n fusion $mode exit $?"
-  grep -o "step time (ms): [0-9.]*" "$dir.log" | tail -n +2 | awk '{print $4}' | sort -n \
-    | awk '{t[NR] = $1} END {printf "  steps 2-%d: min %.1f median %.1f max %.1f ms\n", NR + 1, t[1], t[int((NR + 1) / 2)], t[NR]}'
+  step_summary "$dir.log"
   mv "$dir.log" "$dir/"
   tar czf "$OUT/${SHAPE}_${n}_$mode.tar.gz" --exclude tb -C /tmp "$(basename "$dir")"
 done
