@@ -102,8 +102,22 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
     def grouped_linear(rows: torch.Tensor, weights: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
         return moe_grouped_linear(rows, weights, layer.experts.groups(rows.shape[0], counts))
 
+    grouped = isinstance(layer.experts, GroupedMLP)
     return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows,
-                      grouped_linear=grouped_linear if isinstance(layer.experts, GroupedMLP) else None)
+                      grouped_linear=grouped_linear if grouped else None,
+                      expert_weights=expert_weights if grouped else None)
+
+
+def expert_weights(stacked: torch.Tensor, main_grad: torch.Tensor | None,
+                   requires_grad: bool) -> list[torch.nn.Parameter]:
+    """GroupedMLP's experts' weights as DDP leaves them: views of one buffer, first expert first (the grouped GEMMs
+    read them in place), each holding its slice of `main_grad` where given (DDP's marks: the weight gradients are
+    then added into it)."""
+    weights = [torch.nn.Parameter(w, requires_grad=requires_grad) for w in stacked.detach().unbind(0)]
+    if main_grad is not None:
+        for weight, grad in zip(weights, main_grad.unbind(0)):
+            weight.main_grad, weight.grad_added_to_main_grad = grad, False
+    return weights
 
 
 def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.device,

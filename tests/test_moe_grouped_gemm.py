@@ -16,9 +16,10 @@ from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe import grouped_gemm_util
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.experts import GroupedMLP
-from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_gemm
+from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_gemm, stacked_weights
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
 from tests.support.compiled import compiled_as_on_gpu
+from tests.support.gloo import world_of_one
 from tests.support.parity import assert_flags_change_no_training
 
 EP1 = MoEContext(ep=EPGroup(None, 1, 0))
@@ -79,9 +80,10 @@ def test_grouped_experts_give_sequential_mlps_outputs_and_gradients(monkeypatch,
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("capacity_factor", [None, 0.5], ids=["no-capacity", "dropping"])
-def test_at_ep1_the_grouped_layer_reads_nothing_from_the_device(monkeypatch, impl, capacity_factor):
-    """Forward and backward on fake tensors (no values: an op that needs one on the host raises). SequentialMLP's
-    layer cannot: it reads the counts to split the rows."""
+def test_at_ep1_the_grouped_layers_forward_reads_nothing_from_the_device(monkeypatch, impl, capacity_factor):
+    """The forward on fake tensors (no values: an op that needs one on the host raises). SequentialMLP's layer
+    cannot: it reads the counts to split the rows. (The grouped backward reads them, from the copy its forward
+    started without waiting: grouped_gemm_util.HostCounts.)"""
     monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", IMPLS[impl])
     for grouped in (True, False):
         config = moe_config(moe_expert_capacity_factor=capacity_factor, moe_grouped_gemm=grouped)
@@ -90,11 +92,10 @@ def test_at_ep1_the_grouped_layer_reads_nothing_from_the_device(monkeypatch, imp
         with FakeTensorMode(allow_non_fake_inputs=True):
             x = torch.randn(8, 2, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
             if grouped:
-                layer(x).sum().backward()
-                assert x.grad.shape == x.shape
+                assert layer(x).shape == x.shape
             else:
                 with pytest.raises(DataDependentOutputException):
-                    layer(x).sum().backward()
+                    layer(x)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
@@ -102,7 +103,7 @@ def test_at_ep1_the_grouped_layer_reads_nothing_from_the_device(monkeypatch, imp
 def test_what_the_layer_saves_is_the_ledgers_moe_formula(monkeypatch, grouped, capacity):
     """Every distinct storage autograd saves in one MoE layer's forward (fp32, CPU, torch._grouped_mm and the
     compiled SwiGLU and combine as on a GPU), parameters aside, against
-    ledger/models/formulas/activations.moe_saved_tensors: grouped, the stacked weights and offsets, and at EP 1 all
+    ledger/models/formulas/activations.moe_saved_tensors: grouped, the offsets (not the weights), and at EP 1 all
     T k = 128 rows carried (the kept 64 under the capacity); beyond it only the load-balancing loss's scalar and
     its [E] assignment fractions."""
     monkeypatch.setattr(grouped_gemm_util, "GROUPED_MM_DEVICE_TYPES", {"cpu"})
@@ -125,7 +126,7 @@ def test_what_the_layer_saves_is_the_ledgers_moe_formula(monkeypatch, grouped, c
     formula = activations.moe_saved_tensors(cfg)
     rows = formula["dispatch.row_index[int64]"] // 8
     assert rows == (128 if grouped or not capacity else 64)
-    assert ("experts.stacked_weights" in formula) == grouped
+    assert ("experts.group_offsets[int32]" in formula) == grouped
     assert measured == sum(formula.values()) + 4 + 4 * 4
 
 
@@ -161,3 +162,43 @@ def test_a_training_run_with_grouped_gemms_is_the_sequential_run():
             "--train-iters", "4", "--lr", "3e-3", "--clip-grad", "0.05", "--mock-data", "--num-experts", "4",
             "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01", "--moe-expert-capacity-factor", "1.0"]
     assert_flags_change_no_training(base, ["--moe-grouped-gemm"])
+
+
+def test_weights_one_stride_apart_are_read_in_place_and_others_are_copied():
+    """Three [4, 8] weights at elements 0, 40 and 80 of one buffer (a stride of 40, 8 elements of padding between
+    them) are one [3, 4, 8] view of it; out of order, unevenly spaced or in separate tensors, a stacked copy."""
+    buffer = torch.arange(120.0)
+    views = [buffer[o:o + 32].view(4, 8) for o in (0, 40, 80)]
+    stacked = stacked_weights(views)
+    assert stacked.data_ptr() == buffer.data_ptr() and stacked.stride() == (40, 8, 1)
+    assert torch.equal(stacked, torch.stack(views))
+    for weights in (views[::-1], [buffer[o:o + 32].view(4, 8) for o in (0, 40, 88)], [v.clone() for v in views]):
+        copy = stacked_weights(weights)
+        assert copy.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+        assert torch.equal(copy, torch.stack(weights))
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["ddp", "distopt"])
+def test_in_ddps_buffer_the_grouped_experts_weights_are_one_view_and_sequentials_are_not(distributed_optimizer):
+    """DDP lays parameters out last-first: GroupedMLP registers its experts last-first, so each linear's weights
+    lie one stride apart, first expert first, and the grouped GEMMs read them where they are (under the distributed
+    optimizer's 64-element alignment too). SequentialMLP's order puts them last expert first: a copy."""
+    from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from engine.models.gpt_model import GPTModel
+    from engine.parallel_state import ParallelState
+
+    for grouped in (True, False):
+        cfg = parse_args(["--model", "tiny", "--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2",
+                          *(["--moe-grouped-gemm"] if grouped else [])])
+        with world_of_one():
+            state = ParallelState.initialize(moe=True)
+            model = GPTModel(cfg.model, state, pre_process=True, post_process=True, layer_numbers=[0, 1],
+                             sequence_parallel=False, params_dtype=torch.float32, device="cpu")
+            DistributedDataParallel(DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer),
+                                    model, state)
+            for layer in model.decoder.layers:
+                experts = layer.mlp.experts.local_experts()
+                for linear in ("linear_fc1", "linear_fc2"):
+                    weights = [getattr(e, linear).weight for e in experts]
+                    in_place = stacked_weights(weights).data_ptr() == weights[0].data_ptr()
+                    assert in_place == grouped, (grouped, linear)

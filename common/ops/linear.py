@@ -7,8 +7,9 @@ the router's routed tokens):
                                                                      the engine's gradient-accumulation fusion does)
 
 2 m n k FLOPs each (a multiply-add is 2), the same product for all three. A grouped linear (--moe-grouped-gemm:
-the rank's experts' weights stacked, each row multiplied by its expert's) is the same three GEMMs over all the
-experts' rows at once, keyed apart from a dense GEMM by `experts`. An fp8 linear (--fp8-format: torchao's float8
+the rank's experts' weights as one [E, n, k] tensor, each row multiplied by its expert's) is the same three GEMMs
+over all the experts' rows at once, keyed apart from a dense GEMM by `experts`; its wgrad is each expert's own GEMM
+over its rows (k in all) and, unfused, DDP's adds of all E gradients. An fp8 linear (--fp8-format: torchao's float8
 matmul, engine/fp8_utils.py) is keyed apart by `fp8`: its fprop includes the casts of the input and the weight, its
 dgrad and wgrad are its backward's (the casts of the output gradient and the operand; wgrad also DDP's hook adding
 the 16-bit gradient into main_grad: fp8 has no gradient-accumulation fusion). Without gradient-accumulation fusion
@@ -38,7 +39,7 @@ def gemm(name: str, m: int, n: int, k: int, **group: int) -> Kernel:
 def main_grad_add(wgrad: Kernel) -> Kernel:
     """DDP's hook adding a 16-bit `wgrad`'s [m, n] gradient into its main_grad (no gradient-accumulation fusion)."""
     d = dict(wgrad.dims)
-    return kernel(MAIN_GRAD_ADD, numel=d["m"] * d["n"])
+    return kernel(MAIN_GRAD_ADD, numel=d["m"] * d["n"] * d.get("experts", 1))
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,19 @@ def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
     return torch.zeros_like(weight) if getattr(weight, "zero_out_wgrad", False) else torch.empty_like(weight)
 
 
+def weight_grad(param: torch.nn.Parameter, grad_output: torch.Tensor, total_input: torch.Tensor) -> torch.Tensor:
+    """What a linear's backward hands autograd for `param` from its wgrad GEMM's operands ([rows, out], [rows, inp]):
+    the operands held for the flush (a delayed weight) or dL/dW added into main_grad (fusion), each with DDP's
+    placeholder, else the 16-bit dL/dW itself."""
+    if _holds_weight_grad(param):
+        param.delayed_wgrad.append((grad_output, total_input))
+        return fused_weight_grad_placeholder(param)
+    if fuses_weight_grad(param):
+        addmm_into(param.main_grad, grad_output.t(), total_input)
+        return fused_weight_grad_placeholder(param)
+    return grad_output.t().matmul(total_input)
+
+
 def embedding_fuses_weight_grad(weight: torch.nn.Parameter) -> bool:
     """Whether the lookup adds its gradient into DDP's main_grad itself: whenever DDP owns the weight's gradient
     (index_put_ accumulates in any dtype). Its own switch is the embedding's (embedding_lookup's `fusion`), not the
@@ -233,17 +246,8 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
                 grad_input = _reduce_scatter_dim0(grad_input, ctx.tp, "sp reduce-scatter (linear bwd)")
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            grad_output = grad_output.reshape(-1, grad_output.shape[-1])
-            total_input = total_input.reshape(-1, total_input.shape[-1])
-            param = ctx.param
-            if _holds_weight_grad(param):
-                param.delayed_wgrad.append((grad_output, total_input))
-                grad_weight = fused_weight_grad_placeholder(param)
-            elif fuses_weight_grad(param):
-                addmm_into(param.main_grad, grad_output.t(), total_input)
-                grad_weight = fused_weight_grad_placeholder(param)
-            else:
-                grad_weight = grad_output.t().matmul(total_input)
+            grad_weight = weight_grad(ctx.param, grad_output.reshape(-1, grad_output.shape[-1]),
+                                      total_input.reshape(-1, total_input.shape[-1]))
         return grad_input, grad_weight, None, None
 
 

@@ -18,8 +18,11 @@ class MoEKernels:
     unpermute: Callable[[torch.Tensor, Any], torch.Tensor]  # (expert rows, plan) -> [T, h]
     swiglu: Callable[[torch.Tensor], torch.Tensor]  # the experts' (compiled for any row count)
     # --moe-grouped-gemm: (rows [N, k] grouped by expert, the experts' weights [n, k] each, counts [E] on the device)
-    # -> [N, n], the weights stacked and multiplied as the engine's GroupedMLP does; None for SequentialMLP
+    # -> [N, n], as the engine's GroupedMLP multiplies them; None for SequentialMLP
     grouped_linear: Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
+    # --moe-grouped-gemm: (weights [E, n, k], main_grad [E, n, k] or None, requires_grad) -> the experts' weights as
+    # DDP leaves GroupedMLP's (views of one buffer, first expert first), each with its slice of main_grad if given
+    expert_weights: Callable[[torch.Tensor, torch.Tensor | None, bool], list[torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ and capacity drops where configured), moe.permute (the rows sorted by expert and
 (the experts' outputs concatenated, as SequentialMLP does, and combined per token), forward and backward. The
 experts' MLPs are gemm.py's and elementwise.py's, except under --moe-grouped-gemm: each linear's grouped GEMM
 (experts.linear_fc1 / .linear_fc2 .fprop / .dgrad / .wgrad) through the engine's own (EngineKernels.moe
-.grouped_linear: the weights stacked in fprop, as GroupedMLP does every forward; dgrad and wgrad through its autograd
-backward), the rows split per expert as uniform routing splits them. The all-to-alls are the bandwidth sweep's."""
+.grouped_linear, on weights laid out as DDP lays GroupedMLP's out: .expert_weights; dgrad and wgrad through its
+autograd backward, wgrad each expert's GEMM into main_grad), the rows split per expert as uniform routing splits
+them. The all-to-alls are the bandwidth sweep's."""
 from __future__ import annotations
 
 from typing import Callable
@@ -86,13 +87,16 @@ def grouped_builders(b: Bench) -> dict[str, Builder]:
     through `experts` weights [n, k]; dgrad and wgrad as the backward of that fprop (rows m, out n, in k for dgrad;
     out m, in n, rows k for wgrad)."""
     t, x, kernels = b.tensors, b.shapes.moe, b.kernels.moe
-    if kernels.grouped_linear is None:
-        raise ValueError("a sweep of grouped expert GEMMs needs the engine's (MoEKernels.grouped_linear)")
+    if kernels.grouped_linear is None or kernels.expert_weights is None:
+        raise ValueError("a sweep of grouped expert GEMMs needs the engine's (MoEKernels.grouped_linear, "
+                         ".expert_weights)")
     counts = torch.tensor(x.rows, device=t.device)
 
     def call(rows: int, out: int, inp: int, grad: str | None) -> Op:
         a = t.randn(rows, inp, grad=grad == "dgrad")
-        weights = [t.randn(out, inp, grad=grad == "wgrad") for _ in range(x.local_experts)]
+        fused = grad == "wgrad" and b.kernels.wgrad_fusion  # else the 16-bit GEMMs; DDP's adds are main_grad.add
+        main_grad = torch.zeros(x.local_experts, out, inp, device=t.device, dtype=b.grad_dtype) if fused else None
+        weights = kernels.expert_weights(t.randn(x.local_experts, out, inp), main_grad, grad == "wgrad")
         if grad is None:
             return Call(lambda: kernels.grouped_linear(a, weights, counts))
         inputs = (a,) if grad == "dgrad" else tuple(weights)

@@ -3,8 +3,9 @@
 #   shapes  runs/bench/gemm_shape_host.py: torch.mm's host time at expert row counts new to the process, seen, and rounded
 #           up to a multiple, with CUDA's lazy module loading (the default) and with CUDA_MODULE_LOADING=EAGER
 #   moe     mixtral-8x7b-2l (seq 4096, micro-batch 1, 8 micro-batches, --all-probes), $ITERS steps (default 16), one run
-#           per --moe-pad-expert-rows value in $PADS (default "none 64 128"; none: no padding; a value may repeat, to
-#           alternate; a value ending in +delay adds --moe-delay-expert-wgrad), one after another, the n-th in
+#           per --moe-pad-expert-rows value in $PADS (default "none 64 128"; none: no padding; grouped: none and
+#           --moe-grouped-gemm; a value may repeat, to alternate; a value ending in +delay adds
+#           --moe-delay-expert-wgrad), one after another, the n-th in
 #           /tmp/moe_pad_<value>_<n>; each run's step times and median; PROFILE=1 adds the PyTorch profiler over step
 #           ITERS-1 (its trace goes into the run's tar)
 # PARTS must not be empty (an empty PARTS means the default).
@@ -20,8 +21,9 @@ shapes() {
   CUDA_MODULE_LOADING=EAGER python3 runs/bench/gemm_shape_host.py > "$OUT/gemm_shape_host_eager.txt" 2>&1
   tail -n 5 "$OUT"/gemm_shape_host_*.txt
 }
-moe_run() {  # $1: none | a multiple, either with +delay, $2: the run's place in PADS
-  local extra=() pad=${1%+delay}; [ "$pad" != none ] && extra=(--moe-pad-expert-rows "$pad")
+moe_run() {  # $1: none | grouped | a multiple, either with +delay, $2: the run's place in PADS
+  local extra=() pad=${1%+delay}
+  case "$pad" in none) ;; grouped) extra=(--moe-grouped-gemm) ;; *) extra=(--moe-pad-expert-rows "$pad") ;; esac
   [ "$pad" != "$1" ] && extra+=(--moe-delay-expert-wgrad)
   local last=$((${ITERS:-16} - 1))
   [ -n "${PROFILE:-}" ] && extra+=(--use-pytorch-profiler --profile-step-start "$last" --profile-step-end "$last")

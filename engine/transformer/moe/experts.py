@@ -20,6 +20,7 @@ computes dL/dW once over all of them, at ~m T k / E rows instead of m GEMMs of ~
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ class SequentialMLP(torch.nn.Module):
         super().__init__()
         self.global_indices = local_expert_indices(config.num_experts, ep_size, ep_rank)
         expert_config = dataclasses.replace(config, ffn_hidden_size=config.expert_ffn_hidden_size)
-        for e in self.global_indices:
+        for e in self.registration_order():
             self.add_module(str(e), MLP(expert_config, f"{prefix}.experts.{e}", tp=tp, sequence_parallel=False,
                                         params_dtype=params_dtype, device=device, seed=seed, any_rows=True))
         for param in self.parameters():
@@ -54,10 +55,18 @@ class SequentialMLP(torch.nn.Module):
                 delay_weight_grad(param)
         self.pad_rows = config.moe_pad_expert_rows
 
+    def registration_order(self) -> Sequence[int]:
+        """The order the experts are registered in, hence their parameters' order (by global index)."""
+        return self.global_indices
+
+    def local_experts(self) -> list[MLP]:
+        """This rank's experts by global index."""
+        return [self.get_submodule(str(e)) for e in self.global_indices]
+
     def forward(self, tokens: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
         """tokens [N, h] grouped by local expert, tokens_per_expert[i] rows for the i-th -> outputs [N, h]."""
         chunks = tokens.split(tokens_per_expert)
-        return torch.cat([self._expert(expert, chunk) for expert, chunk in zip(self.children(), chunks)])
+        return torch.cat([self._expert(expert, chunk) for expert, chunk in zip(self.local_experts(), chunks)])
 
     def _expert(self, expert: MLP, rows: torch.Tensor) -> torch.Tensor:
         """One expert on its rows, padded under --moe-pad-expert-rows (module docstring)."""
@@ -68,14 +77,14 @@ class SequentialMLP(torch.nn.Module):
 
 
 class GroupedMLP(SequentialMLP):
-    """SequentialMLP's experts (the same parameters, names and initial values, so checkpoints, the ledger's tensor
-    list and parity tests see no difference), computed as two grouped GEMMs and one SwiGLU over all the rows
-    (grouped_gemm_util.py) instead of a GEMM pair per expert, on the row counts as a device tensor: at EP 1 the
-    host never reads them (SequentialMLP must, to split the rows).
+    """SequentialMLP's experts (the same parameters, names and initial values, so checkpoints and parity tests see
+    no difference), computed as two grouped GEMMs and one SwiGLU over all the rows (grouped_gemm_util.py) instead of
+    a GEMM pair per expert, on the row counts as a device tensor: at EP 1 the forward never waits for them
+    (SequentialMLP must, to split the rows); the backward's per-expert weight gradients read the forward's copy.
 
-    The experts' weights are stacked per forward ([E, 2f, h] and [E, h, f]: torch.stack, whose backward hands each
-    expert its slice of the stacked gradient), a copy of the rank's expert weights that the GEMMs save for backward.
-    Rows past the counts (assignments dropped over capacity, at EP 1) come out as zeros.
+    The experts are registered last-first: DDP lays parameters out in reverse order, so each linear's weights then
+    lie one stride apart, first expert first, and the grouped GEMMs read them as one [E, n, k] view of the buffer
+    (no copy: stacked_weights). Rows past the counts (assignments dropped over capacity, at EP 1) come out as zeros.
     """
     # Its forward reads the experts' weights without calling their modules: DDP's forward pre-hook, which waits for
     # parameters' all-gather under --overlap-param-gather, must wait for them here (distributed_data_parallel.py).
@@ -93,16 +102,20 @@ class GroupedMLP(SequentialMLP):
         """tokens [N, h] grouped by local expert; tokens_per_expert [E/EP]: a device tensor (EP 1: the dispatcher
         keeps the counts there, N = T k rows, the dropped ones last) or the host's list (EP > 1, all N rows kept)."""
         groups = self.groups(tokens.shape[0], tokens_per_expert)
-        experts = list(self.children())
+        experts = self.local_experts()
         hidden = grouped_linear(tokens, [e.linear_fc1.weight for e in experts], groups)
         return grouped_linear(self.activation(hidden), [e.linear_fc2.weight for e in experts], groups)
+
+    def registration_order(self) -> Sequence[int]:
+        return self.global_indices[::-1]
 
     def groups(self, rows: int, tokens_per_expert: torch.Tensor | list[int]) -> ExpertGroups:
         """Where each of the `rows` rows goes (grouped_gemm_util.ExpertGroups), on the device."""
         on_host = isinstance(tokens_per_expert, list)
         counts = torch.as_tensor(tokens_per_expert, dtype=torch.long, device=next(self.parameters()).device)
         return ExpertGroups.of(counts, rows, self._max_rows(rows, tokens_per_expert),
-                               may_drop=not on_host and self.capacity_factor is not None)
+                               may_drop=not on_host and self.capacity_factor is not None,
+                               host_counts=tokens_per_expert if on_host else None)
 
     def _max_rows(self, rows: int, tokens_per_expert: torch.Tensor | list[int]) -> int:
         """A bound on every expert's rows that the host knows without reading the device (the fallback's padded

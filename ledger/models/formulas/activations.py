@@ -99,7 +99,8 @@ def _linear_input(cfg: RunConfig, linear: str, numel: int) -> dict[str, int]:
 def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     """What an MoE layer's MLP part saves for one micro-batch on one rank (module docstring), with the rows its
     experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP). Grouped GEMMs
-    (--moe-grouped-gemm) also keep the experts' stacked weights and the groups' int32 offsets, and at EP 1 carry
+    (--moe-grouped-gemm) also keep the groups' int32 offsets (the experts' weights they read as a view of DDP's buffer,
+or stack again in backward: grouped_gemm_util.py), and at EP 1 carry
     every assignment's row (T k: the counts stay on the device), with a bool mask of the kept ones under a
     capacity factor. Under --moe-pad-expert-rows the experts' tensors hold each expert's padded rows."""
     m, t, ep = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.parallel.expert_model_parallel_size
@@ -109,7 +110,7 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     expert_rows = rows if m.moe_grouped_gemm else sum(ExpertShapes.of(cfg).rows)
     aux = {"router.softmax_all_experts[fp32]": 4 * tokens * m.num_experts} if m.moe_aux_loss_coeff > 0 else {}
     local = m.num_experts // ep
-    grouped = {"experts.stacked_weights": a * local * 3 * f // t * h, "experts.group_offsets[int32]": 4 * local,
+    grouped = {"experts.group_offsets[int32]": 4 * local,
                **({"experts.kept_rows[bool]": rows} if ep == 1 and m.moe_expert_capacity_factor is not None else {})
                } if m.moe_grouped_gemm else {}
     return {
