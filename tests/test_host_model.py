@@ -93,6 +93,21 @@ def test_a_full_launch_queue_holds_the_host_until_the_device_starts_the_kernel_t
     assert free.host_marks["issued"] == pytest.approx(4 * US) and free.device_end == tl.device_end
 
 
+def test_a_wait_holds_the_host_until_the_device_starts_the_oldest_pending_event_of_its_name():
+    # Two forwards (each a 100 µs segment, then one recording "counts" as its 10 µs starts, issued in 1 µs each) and
+    # their two backwards (each waiting for "counts", then 1 µs of issue): the first wait reaches the device at the
+    # first event (101 µs, the device behind the host), the second at the second (211 µs); the device's clock does
+    # not move and the waits are the host's, not the device's idle.
+    forward = [Segment(1 * US, 100 * US), Segment(1 * US, 10 * US, event="counts")]
+    backward = Segment(1 * US, wait="counts", mark="waited")
+    tl = run([*forward, Segment(0.0, mark="first"), *forward, backward, backward], latency=0.0)
+    assert tl.host_marks["waited"] == pytest.approx(211 * US + 1 * US)
+    assert tl.waiting == pytest.approx((101 - 4) * US + (211 - 102) * US)
+    assert tl.device_end == pytest.approx(221 * US) and tl.reading == 0.0
+    unheld = run([*forward, Segment(1 * US, mark="waited")], latency=0.0)  # no wait: the host runs ahead
+    assert unheld.host_marks["waited"] == pytest.approx(3 * US)
+
+
 def test_a_ranges_span_on_the_device_is_its_end_event_less_its_start_event():
     tl = run([Segment(0.0, mark="start"), Segment(4 * US, 1 * US), Segment(4 * US, 1 * US), Segment(0.0, mark="end")],
              latency=0.0)
@@ -147,7 +162,7 @@ def test_a_step_reads_the_device_where_the_engine_does(fixture: Path, reads: dic
 def test_grouped_gemms_at_ep1_read_no_counts_and_hook_every_experts_weight():
     """--moe-grouped-gemm at EP 1 keeps the routing counts on the device: the MoE run's forwards read nothing (the
     16 per-layer reads of test_a_step_reads_the_device_where_the_engine_does go; the window's end still reads the
-    routing figures), and a grouped wgrad ends with each local expert weight's AccumulateGrad and DDP hook."""
+    routing figures), and a grouped wgrad is each local expert's GEMM, AccumulateGrad and DDP hook."""
     ev = read_run(FIXTURES / "h200_moe" / "mixtral-8x7b-2l")
     cfg = ev.config
     assert cfg.parallel.expert_model_parallel_size == 1
@@ -164,7 +179,8 @@ def test_grouped_gemms_at_ep1_read_no_counts_and_hook_every_experts_weight():
                 if isinstance(w.op, Kernel) and w.op.name == "experts.linear_fc1.wgrad" and "layers.0." in w.param]
     experts = grouped.model.num_experts
     assert len(wgrad.params) == experts
-    assert recipe.entry(wgrad, False)[p.AUTOGRAD_NODE] == 1 + experts  # the GEMM's node, then one per weight
+    counts = recipe.entry(wgrad, False)
+    assert counts[p.AUTOGRAD_NODE] == counts[p.GEMM] == experts  # a GEMM and an AccumulateGrad a weight
 
 
 # ---- the recipes against a real trace ------------------------------------------------------------------------

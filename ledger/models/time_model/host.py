@@ -118,14 +118,26 @@ class _Program:
                                                                           self.padded_experts)
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
-              scale: float | None = None) -> Segment:
+              scale: float | None = None, w: Work | None = None) -> Segment:
         """A Segment of `counts`, its reads of the device (ITEM) after its issue; `scale`: the calls' plain seconds
-        times it (a measured pass's context) instead of the recipes' CONTEXT."""
+        times it (a measured pass's context) instead of the recipes' CONTEXT; `w`: the entry it issues, for the
+        counts' copy it starts or waits for (counts_copy)."""
         counts = dict(counts)
         reads = counts.pop(p.ITEM, 0)
         issue = self.price(counts) if scale is None else scale * self.host.plain(counts)
+        event, wait = self.counts_copy(w) if w is not None else (None, None)
         return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None,
-                       kernels=recipe.launched(counts) if kind == "compute" else 0)
+                       kernels=recipe.launched(counts) if kind == "compute" else 0, event=event, wait=wait)
+
+    def counts_copy(self, w: Work) -> tuple[str | None, str | None]:
+        """(event, wait) of an entry: with the counts on the device (--moe-grouped-gemm at EP 1) a layer's grouped
+        fc1 fprop copies them to the host without waiting, and its backward's first expert weight gradients (fc2's)
+        wait for that copy to be done (engine/transformer/moe/grouped_gemm_util.py HostCounts)."""
+        if not self.counts_on_device or w.param is None:
+            return None, None
+        layer = f"counts {w.param.partition('experts.')[0]}"
+        return (layer if w.op.name == "experts.linear_fc1.fprop" else None,
+                layer if w.op.name == "experts.linear_fc2.wgrad" else None)
 
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
@@ -136,17 +148,17 @@ class _Program:
         key = (chunk, kind, after_idle)
         if key not in self._passes:
             forward = kind == FORWARD
-            entries = []  # (the host's counts, the device's seconds, the device's kind)
+            entries = []  # (the host's counts, the device's seconds, the device's kind, the entry)
             for block in chunk_blocks(self.cfg, self.stage, chunk, forward):
                 if self.graphed and block.layer is not None:  # one replay for the layer's kernels
                     device = sum(entry_seconds(w, self.cfg, self.cal)[0] for w in block.work)
-                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute"))
+                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute", None))
                     continue
                 for w in block.work:
                     group = w.op.group if isinstance(w.op, Collective) else "compute"
-                    entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group))
-            scale = self.measured_context([counts for counts, _, _ in entries], forward, after_idle)
-            self._passes[key] = ([self.reads(counts, device, group, scale) for counts, device, group in entries],
+                    entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group, w))
+            scale = self.measured_context([counts for counts, _, _, _ in entries], forward, after_idle)
+            self._passes[key] = ([self.reads(counts, device, group, scale, w) for counts, device, group, w in entries],
                                  scale)
         return self._passes[key]
 

@@ -94,13 +94,16 @@ PAD_ROWS_BWD = {p.AUTOGRAD_NODE: 2, p.EAGER_BACKWARD: 2, p.LAUNCH: 1}
 # At EP 1 under --moe-grouped-gemm the dispatcher keeps the counts on the device: its permute reads nothing back.
 PERMUTE_COUNTS_ON_DEVICE = {p.EAGER: 9, p.VIEW: 4}
 # --moe-grouped-gemm (engine/transformer/moe/experts.py GroupedMLP, grouped_gemm_util.py): the module's call and the
-# rows' groups from the device counts (ExpertGroups.of: cumsum, arange, searchsorted, the masks and places, the
-# int32 offsets), charged to linear_fc1's fprop; each fprop stacks the experts' weights and runs one grouped GEMM on
-# the transposed stack; its backward node runs the dgrad GEMM (and the transpose's node), the wgrad GEMM, stack's
-# backward (a view per expert), then each expert weight's AccumulateGrad and DDP's hook add (no fusion here).
-GROUPED_START = {p.MODULE: 1, p.EAGER: 11, p.VIEW: 1}
-GROUPED = {"fprop": {p.EAGER: 1, p.VIEW: 1, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 2, p.GEMM: 1},
-           "wgrad": {p.GEMM: 1, p.AUTOGRAD_NODE: 1}}
+# rows' groups from the device counts (ExpertGroups.of: the cumsum, the int32 offsets, the pinned buffer and the
+# counts' copy into it, the event behind it), charged to linear_fc1's fprop; each fprop is the Function's call, the
+# weights' view (detach, as_strided), the grouped GEMM on its transpose; its backward node runs the Function's
+# backward: the dgrad GEMM on the view, then each expert's wgrad as a linear's (LINEAR_WGRAD: its rows' two slices
+# instead of reshapes), the first of a layer (fc2's) after reading the counts' copy. A capacity factor's masks
+# (torch.where on the rows in and out) are not counted.
+GROUPED_START = {p.MODULE: 1, p.EAGER: 4, p.EVENT_RECORD: 1}
+GROUPED = {"fprop": {p.FUNCTION: 1, p.VIEW: 3, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 1, p.FUNCTION: 1, p.VIEW: 4,
+                                                                     p.GEMM: 1}}
+COUNTS_READ = {p.EAGER: 1}  # the copy's event (long done) and its tolist
 COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
 
 # The kernels each primitive launches on an H200 (cuDNN's SDPA: a memset and its forward kernel; six backward): what
@@ -169,11 +172,11 @@ ROUTER = {"fprop": {p.MODULE: 1, p.GEMM: 1, p.VIEW: 1}, "dgrad": {p.AUTOGRAD_NOD
 
 
 def _grouped(w: Work) -> Recipe:
-    """A grouped expert GEMM (GROUPED); its wgrad ends with every local expert's weight gradient hook."""
+    """A grouped expert GEMM (GROUPED); its wgrad is each local expert's, as a linear's."""
     pass_ = w.op.name.rpartition(".")[2]
-    experts = dict(w.op.dims)["experts"]
     if pass_ == "wgrad":
-        return sum_of(GROUPED["wgrad"], {p.VIEW: experts}, *([NORM_GRAD_HOOK] * experts))
+        wgrads = [LINEAR_WGRAD] * dict(w.op.dims)["experts"]
+        return sum_of(COUNTS_READ, *wgrads) if w.op.name == "experts.linear_fc2.wgrad" else sum_of(*wgrads)
     return sum_of(GROUPED_START, GROUPED[pass_]) if w.op.name == "experts.linear_fc1.fprop" else GROUPED[pass_]
 
 

@@ -6,7 +6,10 @@ the host has issued it, and a read of a device value holds the host until the de
 A Segment is the host's seconds to issue it, then the device's seconds for it (0: host work only); a `read` makes
 the host wait for every earlier device work and then pay the read's own seconds (the device idle meanwhile); a
 `mark` is a device event recorded there (a probe range's CUDA event: zero device time, in stream order), which is
-how a range's device-side span is read back. docs/formulas.md, "Host timeline".
+how a range's device-side span is read back; an `event` is a device event recorded as the segment's device work
+starts, which a later segment's `wait` for that name holds the host for (the oldest one not yet waited for: a
+forward's copy of its MoE counts, waited for by the same micro-batch's backward). docs/formulas.md, "Host
+timeline".
 
 The device's seconds are the compute sweep's, each kernel timed with its start-up inside, so the time between
 kernels that were already enqueued is in them; `run` books it apart (`gaps`, `kernels` x the gap per kernel, the
@@ -20,6 +23,7 @@ work, about a thousand of its kernels; tests/test_host_ranges.py). It moves the 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
 
 LAUNCH_QUEUE = 1024  # kernels enqueued and not yet started, at most
@@ -33,6 +37,8 @@ class Segment:
     read: float | None = None  # a read of the device after this segment's issue: its seconds once drained
     mark: str | None = None
     kernels: int = 0  # the kernels its device seconds run (host_recipe.launched)
+    event: str | None = None  # a device event recorded as its device work starts, for a later `wait`
+    wait: str | None = None  # before its issue, the host waits for the oldest pending `event` of this name
 
 
 @dataclass
@@ -65,7 +71,12 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = 
     tl = Timeline(end=0.0, device_end=0.0)
     issued: list[int] = [0]  # kernels issued up to each kernel-launching segment, and when the device starts it
     starts: list[float] = [0.0]
+    events: dict[str, deque[float]] = {}  # device times of the events not yet waited for, oldest first
     for s in segments:
+        if s.wait is not None and events.get(s.wait):
+            reached = events[s.wait].popleft()
+            tl.waiting += max(0.0, reached - host)
+            host = max(host, reached)
         host += s.host
         if s.kernels:  # wait for the device to start the kernel whose start frees the last slot this issue needs
             freeing = min(issued[-1], issued[-1] + s.kernels - queue)
@@ -78,6 +89,8 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = 
         if s.kernels:
             issued.append(issued[-1] + s.kernels)
             starts.append(max(device, host + latency))
+        if s.event is not None:
+            events.setdefault(s.event, deque()).append(max(device, host + latency))
         if s.device > 0 or s.mark is not None:
             device = max(device, host + latency) + s.device
             if s.mark is not None:
