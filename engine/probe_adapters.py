@@ -102,22 +102,8 @@ def moe_kernels(model: list[torch.nn.Module]) -> MoEKernels | None:
     def grouped_linear(rows: torch.Tensor, weights: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
         return moe_grouped_linear(rows, weights, layer.experts.groups(rows.shape[0], counts))
 
-    grouped = isinstance(layer.experts, GroupedMLP)
     return MoEKernels(route=route, permute=permute, unpermute=local.combine, swiglu=swiglu_any_rows,
-                      grouped_linear=grouped_linear if grouped else None,
-                      expert_weights=expert_weights if grouped else None)
-
-
-def expert_weights(stacked: torch.Tensor, main_grad: torch.Tensor | None,
-                   requires_grad: bool) -> list[torch.nn.Parameter]:
-    """GroupedMLP's experts' weights as DDP leaves them: views of one buffer, first expert first (the grouped GEMMs
-    read them in place), each holding its slice of `main_grad` where given (DDP's marks: the weight gradients are
-    then added into it)."""
-    weights = [torch.nn.Parameter(w, requires_grad=requires_grad) for w in stacked.detach().unbind(0)]
-    if main_grad is not None:
-        for weight, grad in zip(weights, main_grad.unbind(0)):
-            weight.main_grad, weight.grad_added_to_main_grad = grad, False
-    return weights
+                      grouped_linear=grouped_linear if isinstance(layer.experts, GroupedMLP) else None)
 
 
 def engine_kernels(model: list[torch.nn.Module], vocab_size: int, device: torch.device,
@@ -181,8 +167,9 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
     rank's model at the run's shapes, each the median of PASS_REPEATS after PASS_WARMUP (which compile), the device
     drained before each and never waited for inside, under no_sync (no gradient reduction); then the forward again
     with the host asleep for IDLE_BEFORE_PASS_S first (a step's first micro-batch); the gradients it leaves are
-    cleared. An MoE model's backward alone: its forward waits for the device where the dispatcher reads the counts;
-    its passes' routing counts and delayed expert operands are dropped with the gradients. None where a pass cannot
+    cleared. An MoE model's passes' routing counts and delayed expert operands are dropped with the gradients, and
+    its backward alone is timed where the forward waits for the device (SequentialMLP's dispatcher reads the
+    counts; --moe-grouped-gemm keeps them on the device at EP 1). None where a pass cannot
     run alone or waits for the device: a CPU rank, a pipeline stage (its input is another stage's), context
     parallelism, expert parallelism (its all-to-alls wait for the peers), the per-module all-gather waits of
     --overlap-param-gather."""
@@ -191,6 +178,7 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
             or t.overlap_param_gather):
         return None
     (chunk,) = model
+    backward_alone = m.is_moe and not m.moe_grouped_gemm
 
     def measure() -> dict[str, float]:
         # any valid ids, drawn without the generators training uses
@@ -198,12 +186,12 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
         tokens = tokens.view(t.micro_batch_size, m.seq_length)
         with chunk.no_sync():
             warm = [_timed_pass(chunk, tokens, device) for _ in range(PASS_WARMUP + PASS_REPEATS)][PASS_WARMUP:]
-            after_idle = [] if m.is_moe else [_timed_pass(chunk, tokens, device, idle_s=host.IDLE_BEFORE_PASS_S)
-                                              for _ in range(PASS_REPEATS)]
+            after_idle = [] if backward_alone else [
+                _timed_pass(chunk, tokens, device, idle_s=host.IDLE_BEFORE_PASS_S) for _ in range(PASS_REPEATS)]
         torch.cuda.synchronize(device)
         chunk.zero_grad_buffer()
-        if m.is_moe:
-            moe_step_figures([chunk])  # taken and dropped: these forwards are no step's
+        moe_step_figures([chunk])  # taken and dropped (nothing for a dense model): these forwards are no step's
+        if backward_alone:
             return {host.PASS_BACKWARD: statistics.median(b for _, b in warm)}
         return {host.PASS_FORWARD: statistics.median(f for f, _ in warm),
                 host.PASS_BACKWARD: statistics.median(b for _, b in warm),

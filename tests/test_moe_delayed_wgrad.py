@@ -76,10 +76,11 @@ def test_the_experts_gradients_wait_for_the_flush_then_equal_the_per_microbatch_
     assert all(not hasattr(p, "delayed_wgrad") for n, p in delayed.named_parameters() if not n.startswith("experts."))
 
 
-def test_a_training_run_with_delayed_expert_gradients_is_the_per_microbatch_run():
+@pytest.mark.parametrize("experts", [[], ["--moe-grouped-gemm"]], ids=["sequential", "grouped"])
+def test_a_training_run_with_delayed_expert_gradients_is_the_per_microbatch_run(experts):
     base = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "4",
             "--train-iters", "4", "--lr", "3e-3", "--clip-grad", "0.05", "--mock-data", "--num-experts", "4",
-            "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01"]
+            "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01", *experts]
     # The losses and grad norms to 1e-5; the parameters to 2e-6 absolute: the experts' gradients are the same sums in
     # another order, and Adam's m / sqrt(v) moves an element whose gradient is near zero by that rounding's ratio.
     assert_flags_change_no_training(base, ["--moe-delay-expert-wgrad"], param_atol=2e-6)
@@ -87,7 +88,6 @@ def test_a_training_run_with_delayed_expert_gradients_is_the_per_microbatch_run(
 
 @pytest.mark.parametrize("flags, problem", [
     ("--model tiny", "--moe-delay-expert-wgrad needs --num-experts"),
-    (MOE + " --moe-grouped-gemm", "--moe-grouped-gemm computes them grouped"),
     (MOE + " --overlap-grad-reduce --use-distributed-optimizer", "not with --overlap-grad-reduce"),
     (MOE + " --no-gradient-accumulation-fusion", "not with --no-gradient-accumulation-fusion")])
 def test_where_the_delay_cannot_hold_it_is_one_line_and_exit_2(capsys, flags, problem):
@@ -116,6 +116,21 @@ def test_the_ledger_holds_each_backwards_expert_operands_until_the_flush():
                                "output weight's gradient placeholder": 262_144_000}
     assert flush.activations == 8 * 2 * 838_860_800
     assert stage_phases(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()), 0) == [saved]
+
+
+def test_grouped_the_held_operands_are_every_rows_and_the_flush_each_experts():
+    """--moe-grouped-gemm at EP 1 carries every assignment's row (T k = 8,192, the dropped ones too): each expert's
+    held operands are slices of the whole tensors, so a layer and micro-batch holds all 8,192 rows' (as SequentialMLP
+    padded to 16 does here: 1,024 an expert); no grouped wgrad runs in the backward, and the flush is each expert's
+    over the step's 8 x 1,024 rows."""
+    cfg = parse_args(MIXTRAL.replace("--moe-pad-expert-rows 16", "--moe-grouped-gemm").split())
+    assert delayed_wgrad_bytes(cfg) == 8192 * ROW_BYTES
+    backward = [w.op.name for w in chunk_backward(cfg, 0, 0)]
+    assert "experts.linear_fc1.dgrad" in backward and not [n for n in backward if n.endswith(".wgrad")
+                                                           and "experts" in n]
+    flush = delayed_expert_wgrad(cfg, 0)
+    assert [w.op.name for w in flush] == [DELAYED_CAT, "linear_fc2.wgrad", DELAYED_CAT, "linear_fc1.wgrad"] * 16
+    assert {dict(w.op.dims)["k"] for w in flush if w.op.name != DELAYED_CAT} == {8 * 1024}
 
 
 def test_the_time_model_moves_each_experts_wgrad_to_one_gemm_over_the_steps_rows():

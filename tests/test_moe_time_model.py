@@ -84,26 +84,28 @@ def test_an_moe_layer_costs_its_router_experts_copies_and_all_to_alls_by_hand():
         backward)
 
 
-@pytest.mark.parametrize("capacity, rows", [("", 64), ("--moe-expert-capacity-factor 0.5", 64)])
-def test_grouped_gemms_price_one_kernel_per_linear_over_every_assignment_at_ep1(capacity, rows):
-    """--moe-grouped-gemm at EP 1: fc1 and fc2 each one grouped GEMM (fprop; dgrad and wgrad backward) over all
-    T k = 64 assignments (the counts stay on the device, so the dropped rows under a capacity are carried too), one
-    SwiGLU over them; the same FLOPs as four experts' GEMMs of 16 rows, fewer kernels."""
+@pytest.mark.parametrize("capacity, kept", [("", 64), ("--moe-expert-capacity-factor 0.5", 32)])
+def test_grouped_gemms_price_one_kernel_per_linear_over_every_assignment_at_ep1(capacity, kept):
+    """--moe-grouped-gemm at EP 1: fc1 and fc2 each one grouped GEMM (fprop; dgrad in backward) over all T k = 64
+    assignments (the counts stay on the device, so the dropped rows under a capacity are carried too), one SwiGLU
+    over them; each expert's wgrad a dense one over its kept rows (16 each, or the capacity's 8), which makes that
+    expert's weight final."""
     c = cfg(*f"--moe-grouped-gemm {capacity}".split())
     sh, cal = ops.Shapes.of(c), synthetic(c)
     x = sh.moe
-    assert x.grouped and x.grouped_rows == rows and x.local_experts == 4
-    router, fc1, fc2 = 2 * 32 * 4 * 64, 2 * rows * 352 * 64, 2 * rows * 64 * 176
+    assert x.grouped and x.grouped_rows == 64 and x.local_experts == 4 and x.routed == kept
+    router, fc1, fc2 = 2 * 32 * 4 * 64, 2 * 64 * 352 * 64, 2 * 64 * 64 * 176
+    wgrads = 2 * kept * 352 * 64 + 2 * kept * 64 * 176
     forward = price(ops.moe_forward(sh, PREFIX), c, cal, forward=True)
     backward = price(ops.moe_backward(sh, PREFIX), c, cal, forward=False)
     # the memory-bound kernels: top-k, permute, the one SwiGLU, unpermute
     assert forward.seconds == pytest.approx((router + fc1 + fc2) * NS + 4 * MEMORY_S)
-    assert backward.seconds == pytest.approx(2 * (router + fc1 + fc2) * NS + 4 * MEMORY_S)
+    assert backward.seconds == pytest.approx((2 * router + fc1 + fc2 + wgrads) * NS + 4 * MEMORY_S)
     names = [w.op.name for w in ops.moe_forward(sh, PREFIX) if isinstance(w.op, ops.Kernel)]
     assert names.count("swiglu.fwd") == 1 and "experts.linear_fc1.fprop" in names and "linear_fc1.fprop" not in names
-    # the grouped wgrad makes every local expert's fc1 weight final at once
-    wgrad = next(w for w in ops.moe_backward(sh, PREFIX) if getattr(w.op, "name", "") == "experts.linear_fc1.wgrad")
-    assert wgrad.params == tuple(f"{PREFIX}mlp.experts.{e}.linear_fc1.weight" for e in range(4))
+    wgrad = [w for w in ops.moe_backward(sh, PREFIX) if getattr(w.op, "name", "") == "linear_fc1.wgrad"]
+    assert [w.params for w in wgrad] == [(f"{PREFIX}mlp.experts.{e}.linear_fc1.weight",) for e in range(4)]
+    assert {dict(w.op.dims)["k"] for w in wgrad} == {kept // 4}
 
 
 def test_grouped_gemms_under_ep2_run_over_the_kept_rows_received():
@@ -166,13 +168,14 @@ def test_a_dense_models_sweep_has_no_moe_ops_and_needs_no_moe_handles():
 
 def test_grouped_gemms_are_timed_through_the_engines_and_need_them(tmp_path, monkeypatch):
     """Under --moe-grouped-gemm the experts' GEMMs are the grouped kernels (keyed by the local expert count), timed
-    through MoEKernels.grouped_linear; SequentialMLP's handles have none, and the sweep refuses to time them."""
+    through MoEKernels.grouped_linear (each expert's wgrad a dense one, at its rows); SequentialMLP's handles have
+    none, and the sweep refuses to time them."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     c = cfg("--moe-grouped-gemm")
     records = compute_sweep.run(spec(c), CPU, engine_kernels(c), warmup=0, iters=1)
     timed = {r["op"]: r["dims"] for r in records if r["seconds"] > 0}
     assert {f"experts.{linear}.{gemm}" for linear in ("linear_fc1", "linear_fc2")
-            for gemm in ("fprop", "dgrad", "wgrad")} <= set(timed)
+            for gemm in ("fprop", "dgrad")} | {"linear_fc1.wgrad", "linear_fc2.wgrad"} <= set(timed)
     assert timed["experts.linear_fc1.fprop"]["experts"] == 4
     assert not {"linear_fc1.fprop", "linear_fc2.fprop"} & set(timed)  # no per-expert GEMM beside them
     sequential = engine_kernels(cfg())

@@ -24,6 +24,7 @@ from common.ops import (
     bytes_moved,
     rank_ops,
 )
+from common.ops.linear import GroupedLinear
 from ledger.evidence.run import collect_run
 from ledger.models.formulas.flops import megatron_flops_per_step
 from ledger.models.formulas.params import num_chunks
@@ -57,9 +58,11 @@ def last_stage(cfg: RunConfig) -> int:
     return cfg.parallel.pipeline_model_parallel_size - 1
 
 
-def gemm_flops(linear: Linear) -> float:
-    """fprop, dgrad and wgrad, each counted (two of them can share dims, and so be one kernel)."""
-    return linear.fprop.flops + linear.dgrad.flops + linear.wgrad.flops
+def gemm_flops(linear: Linear | GroupedLinear, expert_rows: tuple[int, ...] = ()) -> float:
+    """fprop, dgrad and wgrad, each counted (two of them can share dims, and so be one kernel); a grouped linear's
+    wgrad once an expert, at its rows."""
+    wgrads = [linear.wgrad(r) for r in expert_rows] if isinstance(linear, GroupedLinear) else [linear.wgrad]
+    return linear.fprop.flops + linear.dgrad.flops + sum(w.flops for w in wgrads)
 
 
 def layer_flops(rank: RankOps) -> float:
@@ -74,7 +77,8 @@ def layer_flops(rank: RankOps) -> float:
         mlps = [layer.mlp]
     else:
         mlps = [layer.moe.grouped] if layer.moe.grouped else [layer.moe.expert(r) for r in sh.moe.rows if r > 0]
-    gemms = sum(gemm_flops(linear) for linear in [a.qkv, a.proj] + [x for m in mlps for x in (m.fc1, m.fc2)])
+    rows = tuple(r for r in sh.moe.rows if r > 0) if layer.moe is not None else ()
+    gemms = sum(gemm_flops(linear, rows) for linear in [a.qkv, a.proj] + [x for m in mlps for x in (m.fc1, m.fc2)])
     attention = a.core.fwd.flops if a.ring is None else a.ring.causal.fwd.flops + (sh.cp - 1) * a.ring.half.fwd.flops
     return gemms + 3 * attention
 

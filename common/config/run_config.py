@@ -157,11 +157,8 @@ def check_moe(cfg: RunConfig) -> None:
 
 def check_delayed_expert_wgrad(cfg: RunConfig) -> None:
     """--moe-delay-expert-wgrad adds the experts' weight gradients after the last backward, before the gradients are
-    reduced: an overlapped reduction would send the expert buckets before they hold them, the grouped experts'
-    weight gradient is not a per-expert GEMM into main_grad, and its one GEMM a weight is the fused accumulation."""
-    if cfg.model.moe_grouped_gemm:
-        raise ConfigError("--moe-delay-expert-wgrad delays SequentialMLP's per-expert weight-gradient GEMMs; "
-                          "--moe-grouped-gemm computes them grouped, in each backward")
+    reduced: an overlapped reduction would send the expert buckets before they hold them, and its one GEMM a weight
+    is the fused accumulation."""
     if cfg.train.overlap_grad_reduce:
         raise ConfigError("--moe-delay-expert-wgrad adds the experts' gradients after the last backward: not with "
                           "--overlap-grad-reduce, whose buckets are reduced during it")

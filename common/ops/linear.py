@@ -7,9 +7,9 @@ the router's routed tokens):
                                                                      the engine's gradient-accumulation fusion does)
 
 2 m n k FLOPs each (a multiply-add is 2), the same product for all three. A grouped linear (--moe-grouped-gemm:
-the rank's experts' weights as one [E, n, k] tensor, each row multiplied by its expert's) is the same three GEMMs
-over all the experts' rows at once, keyed apart from a dense GEMM by `experts`; its wgrad is each expert's own GEMM
-over its rows (k in all) and, unfused, DDP's adds of all E gradients. An fp8 linear (--fp8-format: torchao's float8
+the rank's experts' weights as one [E, n, k] tensor, each row multiplied by its expert's) runs its fprop and dgrad
+as one GEMM over all the experts' rows, keyed apart from a dense GEMM by `experts`, and its wgrad as each expert's own
+GEMM over its rows: a dense linear's wgrad (GroupedLinear). An fp8 linear (--fp8-format: torchao's float8
 matmul, engine/fp8_utils.py) is keyed apart by `fp8`: its fprop includes the casts of the input and the weight, its
 dgrad and wgrad are its backward's (the casts of the output gradient and the operand; wgrad also DDP's hook adding
 the 16-bit gradient into main_grad: fp8 has no gradient-accumulation fusion). Without gradient-accumulation fusion
@@ -39,7 +39,7 @@ def gemm(name: str, m: int, n: int, k: int, **group: int) -> Kernel:
 def main_grad_add(wgrad: Kernel) -> Kernel:
     """DDP's hook adding a 16-bit `wgrad`'s [m, n] gradient into its main_grad (no gradient-accumulation fusion)."""
     d = dict(wgrad.dims)
-    return kernel(MAIN_GRAD_ADD, numel=d["m"] * d["n"] * d.get("experts", 1))
+    return kernel(MAIN_GRAD_ADD, numel=d["m"] * d["n"])
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,9 @@ class Linear(OpGroup):
     wgrad: Kernel
 
     def direct(self) -> tuple[Kernel, ...]:
-        """The GEMMs a caller runs without autograd: a dense linear's three; a grouped or fp8 linear's fprop alone
-        (its dgrad and wgrad are its autograd function's backward)."""
-        grouped = any(name == "experts" for name, _ in self.fprop.dims)
-        return (self.fprop,) if grouped or runs_in_fp8(self.fprop) else self.kernels()
+        """The GEMMs a caller runs without autograd: a dense linear's three; an fp8 linear's fprop alone (its dgrad
+        and wgrad are its autograd function's backward)."""
+        return (self.fprop,) if runs_in_fp8(self.fprop) else self.kernels()
 
 
 def linear(name: str, rows: int, out: int, inp: int, *, fp8: bool = False) -> Linear:
@@ -62,8 +61,26 @@ def linear(name: str, rows: int, out: int, inp: int, *, fp8: bool = False) -> Li
                   wgrad=gemm(f"{name}.wgrad", out, inp, rows, **group))
 
 
-def grouped_linear(name: str, experts: int, rows: int, out: int, inp: int) -> Linear:
-    """One grouped GEMM a pass over `experts` experts' `rows` rows in all (module docstring)."""
-    return Linear(fprop=gemm(f"{name}.fprop", rows, out, inp, experts=experts),
-                  dgrad=gemm(f"{name}.dgrad", rows, inp, out, experts=experts),
-                  wgrad=gemm(f"{name}.wgrad", out, inp, rows, experts=experts))
+@dataclass(frozen=True)
+class GroupedLinear(OpGroup):
+    """`experts.{name}`'s fprop and dgrad, each one grouped GEMM over all the experts' rows, and each expert's wgrad
+    over its own rows: `{name}.wgrad`, one entry per distinct row count (rows, kernel)."""
+    fprop: Kernel
+    dgrad: Kernel
+    wgrads: tuple[tuple[int, Kernel], ...]
+
+    def wgrad(self, rows: int) -> Kernel:
+        return dict(self.wgrads)[rows]
+
+    def direct(self) -> tuple[Kernel, ...]:
+        """The fprop alone: its dgrad and wgrads are its autograd function's backward."""
+        return (self.fprop,)
+
+
+def grouped_linear(name: str, experts: int, rows: int, out: int, inp: int,
+                   expert_rows: tuple[int, ...]) -> GroupedLinear:
+    """`experts` experts' linear `name` over `rows` rows in all, `expert_rows` the distinct rows an expert has
+    (module docstring)."""
+    return GroupedLinear(fprop=gemm(f"experts.{name}.fprop", rows, out, inp, experts=experts),
+                         dgrad=gemm(f"experts.{name}.dgrad", rows, inp, out, experts=experts),
+                         wgrads=tuple((r, linear(name, r, out, inp).wgrad) for r in expert_rows))

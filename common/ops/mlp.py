@@ -10,16 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.ops.kernel import OpGroup, Passes, passes
-from common.ops.linear import Linear, grouped_linear, linear
+from common.ops.linear import GroupedLinear, Linear, grouped_linear, linear
 from common.ops.megatron import unfused_swiglu
 from common.ops.shapes import ExpertShapes, Shapes
 
 
 @dataclass(frozen=True)
 class MLPOps(OpGroup):
-    fc1: Linear
+    fc1: Linear | GroupedLinear
     activation: Passes
-    fc2: Linear
+    fc2: Linear | GroupedLinear
 
 
 def mlp_ops(sh: Shapes) -> MLPOps:
@@ -37,10 +37,10 @@ def expert_ops(x: ExpertShapes, hidden: int, rows: int) -> MLPOps:
 
 
 def grouped_expert_ops(x: ExpertShapes, hidden: int) -> MLPOps:
-    """The rank's experts under --moe-grouped-gemm: each linear one grouped GEMM (`experts.linear_fc1`, ...; its
-    fprop includes stacking the experts' weights, as the engine does every forward) and one SwiGLU over all the
+    """The rank's experts under --moe-grouped-gemm: each linear's fprop and dgrad one grouped GEMM
+    (`experts.linear_fc1`, ...) and its wgrads each expert's (at the experts' row counts), one SwiGLU over all the
     grouped rows."""
     rows, n = x.grouped_rows, x.local_experts
-    return MLPOps(fc1=grouped_linear("experts.linear_fc1", n, rows, x.fc1, hidden),
+    return MLPOps(fc1=grouped_linear("linear_fc1", n, rows, x.fc1, hidden, x.row_counts),
                   activation=passes("swiglu", tokens=rows, width=x.fc1),
-                  fc2=grouped_linear("experts.linear_fc2", n, rows, hidden, x.ffn))
+                  fc2=grouped_linear("linear_fc2", n, rows, hidden, x.ffn, x.row_counts))

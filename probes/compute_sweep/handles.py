@@ -20,9 +20,6 @@ class MoEKernels:
     # --moe-grouped-gemm: (rows [N, k] grouped by expert, the experts' weights [n, k] each, counts [E] on the device)
     # -> [N, n], as the engine's GroupedMLP multiplies them; None for SequentialMLP
     grouped_linear: Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
-    # --moe-grouped-gemm: (weights [E, n, k], main_grad [E, n, k] or None, requires_grad) -> the experts' weights as
-    # DDP leaves GroupedMLP's (views of one buffer, first expert first), each with its slice of main_grad if given
-    expert_weights: Callable[[torch.Tensor, torch.Tensor | None, bool], list[torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@ the GEMM, its dispatcher at EP 1) on uniform routing: router.topk (top-k, softma
 and capacity drops where configured), moe.permute (the rows sorted by expert and split per expert) and moe.unpermute
 (the experts' outputs concatenated, as SequentialMLP does, and combined per token), forward and backward. The
 experts' MLPs are gemm.py's and elementwise.py's, except under --moe-grouped-gemm: each linear's grouped GEMM
-(experts.linear_fc1 / .linear_fc2 .fprop / .dgrad / .wgrad) through the engine's own (EngineKernels.moe
-.grouped_linear, on weights laid out as DDP lays GroupedMLP's out: .expert_weights; dgrad and wgrad through its
-autograd backward, wgrad each expert's GEMM into main_grad), the rows split per expert as uniform routing splits
-them. The all-to-alls are the bandwidth sweep's."""
+(experts.linear_fc1 / .linear_fc2 .fprop / .dgrad) through the engine's own (EngineKernels.moe.grouped_linear,
+on weights one stride apart in one tensor as DDP lays GroupedMLP's out, so that it reads them in place; dgrad
+through its autograd backward), the rows split per expert as uniform routing splits them (each expert's wgrad is a
+dense linear's: gemm.py's). The all-to-alls are the bandwidth sweep's."""
 from __future__ import annotations
 
 from typing import Callable
@@ -87,23 +87,18 @@ def grouped_builders(b: Bench) -> dict[str, Builder]:
     through `experts` weights [n, k]; dgrad and wgrad as the backward of that fprop (rows m, out n, in k for dgrad;
     out m, in n, rows k for wgrad)."""
     t, x, kernels = b.tensors, b.shapes.moe, b.kernels.moe
-    if kernels.grouped_linear is None or kernels.expert_weights is None:
-        raise ValueError("a sweep of grouped expert GEMMs needs the engine's (MoEKernels.grouped_linear, "
-                         ".expert_weights)")
+    if kernels.grouped_linear is None:
+        raise ValueError("a sweep of grouped expert GEMMs needs the engine's (MoEKernels.grouped_linear)")
     counts = torch.tensor(x.rows, device=t.device)
 
-    def call(rows: int, out: int, inp: int, grad: str | None) -> Op:
-        a = t.randn(rows, inp, grad=grad == "dgrad")
-        fused = grad == "wgrad" and b.kernels.wgrad_fusion  # else the 16-bit GEMMs; DDP's adds are main_grad.add
-        main_grad = torch.zeros(x.local_experts, out, inp, device=t.device, dtype=b.grad_dtype) if fused else None
-        weights = kernels.expert_weights(t.randn(x.local_experts, out, inp), main_grad, grad == "wgrad")
-        if grad is None:
+    def call(rows: int, out: int, inp: int, dgrad: bool) -> Op:
+        a = t.randn(rows, inp, grad=dgrad)
+        weights = list(t.randn(x.local_experts, out, inp).unbind(0))
+        if not dgrad:
             return Call(lambda: kernels.grouped_linear(a, weights, counts))
-        inputs = (a,) if grad == "dgrad" else tuple(weights)
-        return Backward(lambda: kernels.grouped_linear(a, weights, counts), inputs, (t.randn(rows, out),))
+        return Backward(lambda: kernels.grouped_linear(a, weights, counts), (a,), (t.randn(rows, out),))
 
     passes: dict[str, Builder] = {
-        "fprop": lambda d: call(d["m"], d["n"], d["k"], None),
-        "dgrad": lambda d: call(d["m"], d["k"], d["n"], "dgrad"),
-        "wgrad": lambda d: call(d["k"], d["m"], d["n"], "wgrad")}
+        "fprop": lambda d: call(d["m"], d["n"], d["k"], False),
+        "dgrad": lambda d: call(d["m"], d["k"], d["n"], True)}
     return {f"experts.{linear}.{p}": build for linear in ("linear_fc1", "linear_fc2") for p, build in passes.items()}

@@ -131,11 +131,13 @@ or stack again in backward: grouped_gemm_util.py), and at EP 1 carry
 def delayed_wgrad_bytes(cfg: RunConfig) -> int:
     """Under --moe-delay-expert-wgrad, what one MoE layer's backward of one micro-batch leaves held until the step's
     end on one rank: each expert linear's input and output gradient at the experts' rows (fc1 [rows, h] and
-    [rows, 2f/t], fc2 [rows, f/t] and [rows, h]); 0 otherwise."""
+    [rows, 2f/t], fc2 [rows, f/t] and [rows, h]; grouped, each expert's are slices of the whole [N, .] tensors,
+    which they keep); 0 otherwise."""
     x = ExpertShapes.of(cfg)
     if x is None or not x.delayed_wgrad_microbatches:
         return 0
-    return activation_bytes(cfg) * sum(x.rows) * (2 * cfg.model.hidden_size + x.fc1 + x.ffn)
+    rows = x.grouped_rows if x.grouped else sum(x.rows)
+    return activation_bytes(cfg) * rows * (2 * cfg.model.hidden_size + x.fc1 + x.ffn)
 
 
 def delayed_wgrad_flush_bytes(cfg: RunConfig) -> int:

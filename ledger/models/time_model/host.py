@@ -118,26 +118,27 @@ class _Program:
                                                                           self.padded_experts)
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
-              scale: float | None = None, w: Work | None = None) -> Segment:
+              scale: float | None = None, copy: tuple[str | None, str | None] = (None, None)) -> Segment:
         """A Segment of `counts`, its reads of the device (ITEM) after its issue; `scale`: the calls' plain seconds
-        times it (a measured pass's context) instead of the recipes' CONTEXT; `w`: the entry it issues, for the
-        counts' copy it starts or waits for (counts_copy)."""
+        times it (a measured pass's context) instead of the recipes' CONTEXT; `copy`: the counts' copy it starts and
+        the one it waits for (counts_copy)."""
         counts = dict(counts)
         reads = counts.pop(p.ITEM, 0)
         issue = self.price(counts) if scale is None else scale * self.host.plain(counts)
-        event, wait = self.counts_copy(w) if w is not None else (None, None)
         return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None,
-                       kernels=recipe.launched(counts) if kind == "compute" else 0, event=event, wait=wait)
+                       kernels=recipe.launched(counts) if kind == "compute" else 0, event=copy[0], wait=copy[1])
 
-    def counts_copy(self, w: Work) -> tuple[str | None, str | None]:
-        """(event, wait) of an entry: with the counts on the device (--moe-grouped-gemm at EP 1) a layer's grouped
-        fc1 fprop copies them to the host without waiting, and its backward's first expert weight gradients (fc2's)
-        wait for that copy to be done (engine/transformer/moe/grouped_gemm_util.py HostCounts)."""
-        if not self.counts_on_device or w.param is None:
+    def counts_copy(self, w: Work, layer: int | None) -> tuple[str | None, str | None]:
+        """(event, wait) of an entry of `layer`: with the counts on the device (--moe-grouped-gemm at EP 1) a layer's
+        grouped fc1 fprop copies them to the host without waiting, and its backward waits for that copy with fc2's
+        dgrad (the engine: once it has issued it, before the experts' wgrads; engine/transformer/moe/
+        grouped_gemm_util.py HostCounts). A re-run forward's copy (full recompute: no layer) is not followed: the
+        wait is for the first forward's."""
+        if not self.counts_on_device or layer is None:
             return None, None
-        layer = f"counts {w.param.partition('experts.')[0]}"
-        return (layer if w.op.name == "experts.linear_fc1.fprop" else None,
-                layer if w.op.name == "experts.linear_fc2.wgrad" else None)
+        name = f"counts {layer}"
+        return (name if w.op.name == "experts.linear_fc1.fprop" else None,
+                name if w.op.name == "experts.linear_fc2.dgrad" else None)
 
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
@@ -148,18 +149,19 @@ class _Program:
         key = (chunk, kind, after_idle)
         if key not in self._passes:
             forward = kind == FORWARD
-            entries = []  # (the host's counts, the device's seconds, the device's kind, the entry)
+            entries = []  # (the host's counts, the device's seconds, the device's kind, the counts' copy)
             for block in chunk_blocks(self.cfg, self.stage, chunk, forward):
                 if self.graphed and block.layer is not None:  # one replay for the layer's kernels
                     device = sum(entry_seconds(w, self.cfg, self.cal)[0] for w in block.work)
-                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute", None))
+                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute", (None, None)))
                     continue
                 for w in block.work:
                     group = w.op.group if isinstance(w.op, Collective) else "compute"
-                    entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group, w))
+                    entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group,
+                                    self.counts_copy(w, block.layer)))
             scale = self.measured_context([counts for counts, _, _, _ in entries], forward, after_idle)
-            self._passes[key] = ([self.reads(counts, device, group, scale, w) for counts, device, group, w in entries],
-                                 scale)
+            self._passes[key] = ([self.reads(counts, device, group, scale, copy)
+                                  for counts, device, group, copy in entries], scale)
         return self._passes[key]
 
     def measured_context(self, entries: list[recipe.Recipe], forward: bool, after_idle: bool = False) -> float | None:

@@ -97,8 +97,8 @@ PERMUTE_COUNTS_ON_DEVICE = {p.EAGER: 9, p.VIEW: 4}
 # rows' groups from the device counts (ExpertGroups.of: the cumsum, the int32 offsets, the pinned buffer and the
 # counts' copy into it, the event behind it), charged to linear_fc1's fprop; each fprop is the Function's call, the
 # weights' view (detach, as_strided), the grouped GEMM on its transpose; its backward node runs the Function's
-# backward: the dgrad GEMM on the view, then each expert's wgrad as a linear's (LINEAR_WGRAD: its rows' two slices
-# instead of reshapes), the first of a layer (fc2's) after reading the counts' copy. A capacity factor's masks
+# backward: the dgrad GEMM on the view, then (fc2's: the layer's first) the counts' copy read; each expert's wgrad
+# after it is a linear's entry (LINEAR_WGRAD: its rows' two slices instead of reshapes). A capacity factor's masks
 # (torch.where on the rows in and out) are not counted.
 GROUPED_START = {p.MODULE: 1, p.EAGER: 4, p.EVENT_RECORD: 1}
 GROUPED = {"fprop": {p.FUNCTION: 1, p.VIEW: 3, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 1, p.FUNCTION: 1, p.VIEW: 4,
@@ -172,11 +172,10 @@ ROUTER = {"fprop": {p.MODULE: 1, p.GEMM: 1, p.VIEW: 1}, "dgrad": {p.AUTOGRAD_NOD
 
 
 def _grouped(w: Work) -> Recipe:
-    """A grouped expert GEMM (GROUPED); its wgrad is each local expert's, as a linear's."""
+    """A grouped expert GEMM's (GROUPED; the experts' wgrads are linears', LINEAR_WGRAD)."""
     pass_ = w.op.name.rpartition(".")[2]
-    if pass_ == "wgrad":
-        wgrads = [LINEAR_WGRAD] * dict(w.op.dims)["experts"]
-        return sum_of(COUNTS_READ, *wgrads) if w.op.name == "experts.linear_fc2.wgrad" else sum_of(*wgrads)
+    if w.op.name == "experts.linear_fc2.dgrad":
+        return sum_of(GROUPED[pass_], COUNTS_READ)
     return sum_of(GROUPED_START, GROUPED[pass_]) if w.op.name == "experts.linear_fc1.fprop" else GROUPED[pass_]
 
 

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.ops import Kernel, Linear, Shapes, layer_ops, rank_ops
+from common.ops.linear import GroupedLinear
 from common.ops.rank import embedding, head, hook_add
 from common.ops.sizes import DTYPE_BYTES
 from ledger.models.formulas.activations import checkpoint_groups
@@ -196,11 +197,18 @@ def _grouped_forward(sh: Shapes, prefix: str) -> list[Work]:
 
 
 def _grouped_backward(sh: Shapes, prefix: str) -> list[Work]:
+    """Each linear's grouped dgrad, then each expert's wgrad in expert order (none under --moe-delay-expert-wgrad:
+    delayed_expert_wgrad)."""
     grouped = layer_ops(sh).moe.grouped
-    fc1, fc2 = (_expert_params(sh, prefix, linear) for linear in ("linear_fc1", "linear_fc2"))
-    return [Work(grouped.fc2.dgrad, LAYERS), Work(grouped.fc2.wgrad, LAYERS, fc2[0], fc2[1:]),
-            Work(grouped.activation.bwd, LAYERS),
-            Work(grouped.fc1.dgrad, LAYERS), Work(grouped.fc1.wgrad, LAYERS, fc1[0], fc1[1:])]
+
+    def wgrads(linear: GroupedLinear, name: str) -> list[Work]:
+        if sh.moe.delayed_wgrad_microbatches:
+            return []
+        return [w for rows, e in _experts(sh, prefix) for w in _wgrad(sh, linear.wgrad(rows), e + name)]
+
+    return [Work(grouped.fc2.dgrad, LAYERS), *wgrads(grouped.fc2, "linear_fc2.weight"),
+            Work(grouped.activation.bwd, LAYERS), Work(grouped.fc1.dgrad, LAYERS),
+            *wgrads(grouped.fc1, "linear_fc1.weight")]
 
 
 def moe_forward(sh: Shapes, prefix: str) -> list[Work]:
@@ -260,14 +268,20 @@ def delayed_expert_wgrad(cfg: RunConfig, pp_rank: int) -> list[Work]:
     return work
 
 
+def _wgrad(sh: Shapes, wgrad: Kernel, param: str | None, term: str = LAYERS) -> list[Work]:
+    """A weight's wgrad, then (no gradient-accumulation fusion) DDP's hook adding it into main_grad: the last entry
+    leaves the weight's gradient final."""
+    add = hook_add(sh, wgrad)
+    return [Work(wgrad, term, param)] if add is None else [Work(wgrad, term), Work(add, term, param)]
+
+
 def _linear_backward(sh: Shapes, linear: Linear, param: str | None, column: bool, term: str = LAYERS) -> list[Work]:
     """dgrad then wgrad in one autograd Function; a column-parallel linear under SP re-gathers its saved input first
     and reduce-scatters its input gradient before the wgrad; without SP its input gradient is all-reduced after.
     Without gradient-accumulation fusion (--no-gradient-accumulation-fusion) DDP's hook adds the 16-bit wgrad into
     main_grad."""
     dgrad = Work(linear.dgrad, term)
-    add = hook_add(sh, linear.wgrad)
-    wgrad = [Work(linear.wgrad, term, param)] if add is None else [Work(linear.wgrad, term), Work(add, term, param)]
+    wgrad = _wgrad(sh, linear.wgrad, param, term)
     if not column:
         return [dgrad, *wgrad]
     if sh.sequence_parallel:
