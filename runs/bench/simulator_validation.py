@@ -3,9 +3,10 @@ bubble, per run, with the error.
 
     python runs/bench/simulator_validation.py [--evidence runs/bench/evidence/2gpu-2026-12-01]
 
-1. Every run directory committed in the repository (tests/fixtures: our H200 runs, and Megatron-LM's own 1-GPU run,
-   whose event files do not name the GPU: simulated on the H200 file, on which it ran), through
-   `train-ledger simulate --validate` (ledger/reconcile/validation.py).
+1. Every one-GPU run directory committed in the repository (tests/fixtures: each of ours whose manifest names one
+   CUDA rank, found by `one_gpu_runs`, and Megatron-LM's own runs, whose event files do not name the GPU: simulated
+   on the H200 file, on which they ran), through `train-ledger simulate --validate` (ledger/reconcile/validation.py).
+   A run recorded by an older engine is priced as the engine runs now (its fixture's README gives its commit).
 2. The real 2-GPU runs (2 H200s, NVLink) committed as reconciliation outputs (runs/bench/evidence/2gpu-2026-12-01:
    rec_<name>.json.gz) and their flags (README.md there): each layout rebuilt from those flags (the engine of that day
    untied the embeddings: --untie-embeddings-and-output-weights), simulated on the H200 file, and judged on the measured
@@ -30,9 +31,6 @@ from ledger.models.simulate.simulation import simulate  # noqa: E402
 from ledger.reconcile.validation import Validation, measured, validate_run  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
-OURS = sorted(p for p in (FIXTURES / "h200_llama1b").iterdir() if p.is_dir()) + [
-    FIXTURES / "h200_2layer_profiled", FIXTURES / "gpu_h200_llama1b_l2", FIXTURES / "h200_moe" / "mixtral-8x7b-2l",
-    FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"]
 MEGATRON = [FIXTURES / "megatron_lm_1gpu", FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
             FIXTURES / "megatron_lm_h200" / "sdpa_l4_mbs2"]
 # The 2-GPU evidence's flags (its README): common to every run, then each run's layout and world size.
@@ -47,6 +45,16 @@ EVIDENCE = {
 }
 
 
+def one_gpu_runs(root: Path) -> list[Path]:
+    """Every run directory under `root` whose manifest has one rank, on a CUDA device."""
+    runs = []
+    for manifest in sorted(root.rglob("manifest.json")):
+        ranks = json.loads(manifest.read_text()).get("ranks") or []
+        if len(ranks) == 1 and (ranks[0].get("device") or {}).get("type") == "cuda":
+            runs.append(manifest.parent)
+    return runs
+
+
 def evidence_run(folder: Path, name: str) -> Validation:
     world, flags = EVIDENCE[name]
     cfg = parse_args([*EVIDENCE_COMMON, *flags], world_size=world)
@@ -59,7 +67,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, default=ROOT / "runs" / "bench" / "evidence" / "2gpu-2026-12-01")
     args = ap.parse_args()
-    results = [validate_run(run) for run in OURS] + [validate_run(run, "H200") for run in MEGATRON]
+    results = [validate_run(run) for run in one_gpu_runs(FIXTURES)] + [validate_run(run, "H200") for run in MEGATRON]
     if args.evidence.is_dir():
         results += [evidence_run(args.evidence, name) for name in EVIDENCE]
     else:
