@@ -203,21 +203,24 @@ MOE_VARIANTS = {"sequential": [], "grouped-gemm": ["--moe-grouped-gemm"],
 
 def moe(a, budget: Budget, out: dict, save) -> None:
     """Ours (--moe-variants of MOE_VARIANTS) and, on a GPU, megatron-core's MoE (its SequentialMLP through
-    mcore_anchor.py --moe, the same shape) when "mcore" is among them; each ours / megatron-core ratio."""
+    mcore_anchor.py --moe, the same shape) when "mcore" is among them; every pair's ratio. A variant named twice
+    (alternated runs) is kept under "name #2" the second time."""
     base = SMOKE_MOE if a.cpu_smoke else MOE
     steps = a.steps
     flags = ["--train-iters", str(steps), "--profile-step-start", str(steps - 1), "--profile-step-end", str(steps - 1)]
     out["moe"] = {}
-    for name in a.moe_variants:
-        if not budget.may_start("moe", name) or (name == "mcore" and a.cpu_smoke):
+    for i, variant in enumerate(a.moe_variants):
+        if not budget.may_start("moe", variant) or (variant == "mcore" and a.cpu_smoke):
             continue
-        if name == "mcore":
+        repeat = a.moe_variants[:i].count(variant)
+        name = f"{variant} #{repeat + 1}" if repeat else variant
+        if variant == "mcore":
             r = anchor_variant("megatron-core MoE", Path(a.anchors) / "mcore_anchor.py",
                                ["--attn", "sdpa", "--fusedadam", "--moe"], 4096, 8, steps, a.timed)
             mean = sum(r["times"]) / len(r["times"])
             out["moe"][name] = r = dict(r, step_ms_mean=mean * 1e3, tokens_per_s=8 * 4096 / mean, forward_idle=None)
         else:
-            out["moe"][name] = r = trained([*base, *flags, *MOE_VARIANTS[name]], a.timed)
+            out["moe"][name] = r = trained([*base, *flags, *MOE_VARIANTS[variant]], a.timed)
         save()
         print(f"moe {name}: {r['step_ms_mean']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, forward idle "
               f"{json.dumps(r['forward_idle'])}", flush=True)

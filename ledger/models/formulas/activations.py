@@ -101,7 +101,8 @@ def moe_saved_tensors(cfg: RunConfig) -> dict[str, int]:
     experts process taken under uniform routing; T = the rank's tokens (s/C x b, /t under SP). Grouped GEMMs
     (--moe-grouped-gemm) also keep the groups' int32 offsets (the experts' weights they read in place, a view of
     DDP's buffer: grouped_gemm_util.py), and at EP 1 carry every assignment's row (T k: the counts stay on the
-    device), with a bool mask of the kept ones under a capacity factor. Under --moe-pad-expert-rows the experts' tensors hold each expert's padded rows."""
+    device), with a bool mask of the kept ones under a capacity factor. Under --moe-pad-expert-rows the experts'
+    tensors hold each expert's padded rows."""
     m, t, ep = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.parallel.expert_model_parallel_size
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size // _sp_div(cfg)
     a, h, f, k = activation_bytes(cfg), m.hidden_size, m.expert_ffn_hidden_size, m.moe_router_topk
