@@ -57,3 +57,18 @@ def test_a_trace_without_device_work_has_no_idle_figure(tmp_path, engine_vii):
     events = [{"cat": "user_annotation", "name": "forward stage0 mb0", "ts": 0, "dur": 100},
               {"cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 50}]
     assert engine_vii.forward_gpu_idle(engine_vii.trace_events(_write(tmp_path / "cpu.json.gz", events))) is None
+
+
+def test_a_moe_variant_run_twice_keeps_both_runs_and_every_pair_has_its_ratio(engine_vii, monkeypatch):
+    """Plumbing (no run: `trained` stands in, tokens/s by the variant's flags): alternated runs of a variant are kept
+    as "name" and "name #2", and the ratios cover every pair in the order they ran."""
+    speed = {"--moe-grouped-gemm": 120.0}
+    monkeypatch.setattr(engine_vii, "trained", lambda flags, timed: {
+        "step_ms_mean": 1.0, "forward_idle": None, "tokens_per_s": max([100.0] + [speed.get(f, 0) for f in flags])})
+    args = type("Args", (), dict(cpu_smoke=True, steps=4, timed=2, anchors=".",
+                                 moe_variants=["sequential", "grouped-gemm", "sequential"]))()
+    out: dict = {}
+    engine_vii.moe(args, engine_vii.Budget(1e9), out, lambda: None)
+    assert list(out["moe"]) == ["sequential", "grouped-gemm", "sequential #2", "ratios"]
+    assert out["moe"]["ratios"] == {"sequential / grouped-gemm": 100 / 120, "sequential / sequential #2": 1.0,
+                                    "grouped-gemm / sequential #2": 1.2}
