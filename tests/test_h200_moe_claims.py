@@ -31,7 +31,7 @@ from ledger.reconcile.moe import kept_of
 from ledger.reconcile.run import Reconciliation
 from ledger.reconcile.time_rows import predict_run
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
-from tests.support.records import rewrite_events, stretch_range
+from tests.support.records import copy_untraced, rewrite_events, stretch_range
 
 RUN = FIXTURES / "h200_moe" / "mixtral-8x7b-2l"
 PASS_BAR = 0.10  # issue 15's bar for a pass per micro-batch
@@ -166,7 +166,7 @@ def test_the_peak_counts_the_rows_the_compiled_combine_keeps(tmp_path):
     """The run of the compiled combine: its allocated peak is the formula's within 0.1%. The formula of the eager
     combine, which kept its [T, k, h] fp32 product (4 T k h a layer instead of a (R + 1) h), is 0.15% over."""
     cfg = read_run(FUSED).config
-    peak = only(reconcile_recorded(shutil.copytree(FUSED, tmp_path / "run")), "memory.peak_allocated")
+    peak = only(reconcile_recorded(copy_untraced(FUSED, tmp_path / "run")), "memory.peak_allocated")
     assert peak.verdict == "ok" and abs(peak.measured / peak.predicted - 1) < 1e-3
     m = cfg.model
     tokens = m.seq_length * cfg.train.micro_batch_size
@@ -196,7 +196,7 @@ def test_delayed_expert_wgrads_buy_back_the_short_reductions_and_the_ledger_pric
     and the optimizer in the profiled steps, and its own timer range (`wgrad`) on the unprofiled ones within 10%
     (time.delayed_wgrad_per_step); the peak rises by the held operands and the formula's phases follow it within 1.5%
     (the plain run's within 0.5%)."""
-    plain, delayed = (reconcile_recorded(shutil.copytree(DELAYED / name, tmp_path / name))
+    plain, delayed = (reconcile_recorded(copy_untraced(DELAYED / name, tmp_path / name))
                       for name in ("pad16", "pad16_delayed"))
     step_plain, step_delayed = only(plain, "throughput.step_time"), only(delayed, "throughput.step_time")
     assert step_delayed.measured < 0.93 * step_plain.measured
@@ -224,7 +224,7 @@ def test_the_flush_row_goes_off_when_its_measured_range_is_wrong_and_its_predict
     together): time.delayed_wgrad_per_step reads "off" and its prediction does not move, so it is not built from the
     range it is judged against."""
     run = DELAYED / "pad16_delayed"  # its own reconciliation: the delayed test above (the row "ok")
-    corrupt = shutil.copytree(run, tmp_path / "corrupt")
+    corrupt = copy_untraced(run, tmp_path / "corrupt")
     rewrite_events(corrupt / "ranks" / "rank0" / "events.jsonl",
                    lambda e: stretch_range(e, factor) if e["kind"] == "timing" and e["category"] == "wgrad" else None)
     wrong = only(reconcile_recorded(corrupt), "time.delayed_wgrad_per_step")

@@ -6,6 +6,7 @@ seventeenth entry); nothing in the model was changed after they were recorded.""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Callable
 
 import pytest
 
@@ -15,19 +16,21 @@ from ledger.models.time_model import host as host_timeline
 from ledger.reconcile.run import Reconciliation
 from ledger.reconcile.validation import validate_run
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
+from tests.support.records import copy_untraced
 
 RUNS = FIXTURES / "h200_moe" / "grouped"
 NAMES = ("in_place", "in_place_delayed")
 SEQUENTIAL = FIXTURES / "h200_moe" / "pass_backward" / "pad16"  # SequentialMLP, the same model, seed and data
 
 
-@lru_cache(maxsize=None)
-def reconciled(name: str) -> Reconciliation:
-    return reconcile_recorded(RUNS / name)
+@pytest.fixture(scope="module")
+def reconciled() -> Callable[[str], Reconciliation]:
+    """Each run reconciled once (module scope: the file's tests then run on one worker, tests/conftest.py)."""
+    return lru_cache(maxsize=None)(lambda name: reconcile_recorded(RUNS / name))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_step_is_predicted_from_the_runs_sweeps_and_from_the_h200_file(name):
+def test_the_step_is_predicted_from_the_runs_sweeps_and_from_the_h200_file(name, reconciled):
     # Own sweeps: 424 / 406 ms and 374 / 380 ms (within 5%); the H200 file alone: -1.9% and -1.2% (GPU-bound: 3%).
     step = only(reconciled(name), "throughput.step_time")
     assert step.verdict == "ok" and abs(step.rel_diff) < 0.05
@@ -36,7 +39,7 @@ def test_the_step_is_predicted_from_the_runs_sweeps_and_from_the_h200_file(name)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_peak_holds_no_stacked_copy_of_the_experts_weights(name):
+def test_the_peak_holds_no_stacked_copy_of_the_experts_weights(name, reconciled):
     # The formula (no stacked weights) within 2% of the measured peak (1.8% and 1.2%); the earlier engine's copy,
     # E x 3 f h bf16 values a layer (2.82 GB) kept for backward in each of the 2 layers, would sit 7-9% above it.
     cfg = read_run(RUNS / name).config
@@ -49,7 +52,7 @@ def test_the_peak_holds_no_stacked_copy_of_the_experts_weights(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_gpu_is_idle_for_the_host_under_two_percent_of_a_profiled_step(name):
+def test_the_gpu_is_idle_for_the_host_under_two_percent_of_a_profiled_step(name, reconciled):
     # The trace's step decomposition: host-bound idle 3.0-6.4 ms of 380-410 ms steps (SequentialMLP's forward read
     # its counts every layer: 97.5-117 ms of each profiled step, tests/fixtures/h200_moe/README.md).
     idle = [r for r in reconciled(name).rows if r.metric == "step.decomposition.host_bound_idle"]
@@ -69,19 +72,19 @@ def test_the_first_step_is_sequential_mlps(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_backward_waits_for_its_forwards_copy_of_the_counts(name, monkeypatch):
+def test_the_backward_waits_for_its_forwards_copy_of_the_counts(name, reconciled, monkeypatch, tmp_path):
     # Measured 38.0 / 23.9 ms of host a backward, predicted 38.1 / 24.2 (the device ~30 ms behind the host, which
     # waits at each layer's backward for the count copy its forward started). Without the wait the host timeline
     # runs the host ahead of the device and predicts about half.
     backward = only(reconciled(name), "time.host_backward_per_microbatch")
     assert backward.verdict == "ok" and abs(backward.rel_diff) < 0.05
     monkeypatch.setattr(host_timeline._Program, "counts_copy", lambda self, w, layer: (None, None))
-    unheld = only(reconcile_recorded(RUNS / name), "time.host_backward_per_microbatch")
+    unheld = only(reconcile_recorded(copy_untraced(RUNS / name, tmp_path / name)), "time.host_backward_per_microbatch")
     assert unheld.verdict == "off" and unheld.predicted < 0.75 * unheld.measured
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_forwards_host_is_timed_at_start_up_and_prices_the_steps(name):
+def test_the_forwards_host_is_timed_at_start_up_and_prices_the_steps(name, reconciled):
     # With the counts on the device the forward waits for nothing, so the pass timer times it (SequentialMLP's
     # backward alone): the forward's issue 5.5 / 5.4 ms predicted against 6.2 / 6.9 measured (+13%, +30%).
     swept = {record.op for record in read_run(RUNS / name).ranks[0].host}
@@ -90,7 +93,7 @@ def test_the_forwards_host_is_timed_at_start_up_and_prices_the_steps(name):
     assert 0 < forward.measured / forward.predicted - 1 < 0.35
 
 
-def test_the_delayed_flush_is_priced_from_the_runs_sweep():
+def test_the_delayed_flush_is_priced_from_the_runs_sweep(reconciled):
     # Each expert's two wgrads once a step over 8 micro-batches' rows: 75.9 ms predicted, 74.6 measured.
     flush = only(reconciled("in_place_delayed"), "time.delayed_wgrad_per_step")
     assert flush.verdict == "ok" and abs(flush.rel_diff) < 0.05

@@ -110,8 +110,8 @@ def _gloo_run(run: Path) -> Path:
         [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "4", "--model", "tiny",
          "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
          "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "10000", "--micro-batch-size", "1",
-         "--global-batch-size", "4", "--train-iters", "4", "--timers", "--use-pytorch-profiler",
-         "--profile-step-start", "2", "--profile-step-end", "3", "--profile-ranks", "0", "1", "2", "3",
+         "--global-batch-size", "4", "--train-iters", "3", "--timers", "--use-pytorch-profiler",
+         "--profile-step-start", "2", "--profile-step-end", "2", "--profile-ranks", "0", "1", "2", "3",
          "--run-dir", str(run)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]

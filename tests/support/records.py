@@ -32,6 +32,12 @@ def copy_without(run: Path, to: Path, drop: Callable[[dict[str, Any]], bool]) ->
     return to
 
 
+def copy_untraced(run: Path, to: Path) -> Path:
+    """A copy of the run directory at `to` without its profiler traces: for claims about rows the traces do not
+    feed (memory, the timers' time rows), which then skip parsing them (seconds a trace of a big run)."""
+    return Path(shutil.copytree(run, to, ignore=shutil.ignore_patterns("traces")))
+
+
 def stretch_range(e: dict[str, Any], factor: float) -> None:
     """A timing record's range taking `factor` times its measured time from the same start: every field that says
     when it ended moves together (duration_s, end_s, t_end)."""
