@@ -16,7 +16,7 @@ from ledger.models.time_model import host as host_timeline
 from ledger.reconcile.run import Reconciliation
 from ledger.reconcile.validation import validate_run
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
-from tests.support.records import copy_untraced
+from tests.support.records import copy_untraced, copy_without
 
 RUNS = FIXTURES / "h200_moe" / "grouped"
 NAMES = ("in_place", "in_place_delayed")
@@ -91,6 +91,14 @@ def test_the_forwards_host_is_timed_at_start_up_and_prices_the_steps(name, recon
     assert {host.PASS_FORWARD, host.PASS_BACKWARD} <= swept
     forward = only(reconciled(name), "time.host_forward_per_microbatch")
     assert 0 < forward.measured / forward.predicted - 1 < 0.35
+
+
+def test_without_the_measured_forward_the_recipes_alone_are_a_third_of_the_forwards_host(tmp_path):
+    # The same run read as if its sweep had not timed the forward: 1.9 ms predicted against 6.2 ms, "off".
+    passes = (host.PASS_FORWARD, host.PASS_FORWARD_AFTER_IDLE)
+    run = copy_without(RUNS / "in_place", tmp_path / "run", lambda e: e["kind"] == "host" and e["op"] in passes)
+    forward = only(reconcile_recorded(run), "time.host_forward_per_microbatch")
+    assert forward.verdict == "off" and forward.measured > 2.5 * forward.predicted
 
 
 def test_the_delayed_flush_is_priced_from_the_runs_sweep(reconciled):
