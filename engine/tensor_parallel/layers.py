@@ -171,7 +171,7 @@ def weight_grad(param: torch.nn.Parameter, grad_output: torch.Tensor, total_inpu
         param.delayed_wgrad.append((grad_output, total_input))
         return fused_weight_grad_placeholder(param)
     if fuses_weight_grad(param):
-        addmm_into(param.main_grad, grad_output.t(), total_input)
+        accumulate_weight_grad(param.main_grad, grad_output, total_input)  # the fused GEMM, as the sweep times it
         return fused_weight_grad_placeholder(param)
     return grad_output.t().matmul(total_input)
 
