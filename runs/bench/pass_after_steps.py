@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common.arguments import parse_args  # noqa: E402
+from common.errors import ConfigError  # noqa: E402
 from common.ops import host  # noqa: E402
 from engine.data import build_data_iterators  # noqa: E402
 from engine.model_builder import get_model  # noqa: E402
@@ -58,8 +59,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("engine", nargs=argparse.REMAINDER, help="engine.train flags, after --")
     args = ap.parse_args()
+    if args.steps < 2 or args.rounds < 1:
+        ap.error(f"--steps must be >= 2 (the first is left out) and --rounds >= 1, got {args.steps} and {args.rounds}")
     flags = [f for f in args.engine if f != "--"]
-    cfg = parse_args(flags, world_size=1)
+    try:
+        cfg = parse_args(flags, world_size=1)
+    except ConfigError as exc:
+        ap.error(str(exc))
     device = init_distributed()
     state = ParallelState.from_run_config(cfg)
     torch.manual_seed(cfg.train.seed)
