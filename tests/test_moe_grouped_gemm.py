@@ -202,3 +202,36 @@ def test_in_ddps_buffer_the_grouped_experts_weights_are_one_view_and_sequentials
                     weights = [getattr(e, linear).weight for e in experts]
                     in_place = stacked_weights(weights).data_ptr() == weights[0].data_ptr()
                     assert in_place == grouped, (grouped, linear)
+
+
+# moe-ffn 99: fc2's [64, 99] weights are no multiple of the 128-element bucket end, so a bucket closing between two
+# experts would pad there; each bucket size below reaches its size inside some layer's experts.
+@pytest.mark.parametrize("ffn, bucket_size", [(99, 20000), (99, 40000), (99, 60000), (128, 20000)])
+def test_no_bucket_splits_a_grouped_layers_experts_in_the_engine_or_the_ledger(ffn, bucket_size):
+    """A bucket of DDP's buffer never closes inside a grouped MoE layer's experts (their bucket group), so each
+    linear's weights stay one stride apart and its grouped GEMMs read them in place whatever --ddp-bucket-size;
+    the ledger's layout (ledger/models/formulas/buffer_layout.py) keeps the same rule, bucket for bucket."""
+    from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from engine.models.gpt_model import GPTModel
+    from engine.parallel_state import ParallelState
+    from ledger.models.formulas.buffer_layout import expert_rank_buffers
+
+    cfg = parse_args(["--model", "tiny", "--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2",
+                      "--moe-grouped-gemm", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                      "--moe-ffn-hidden-size", str(ffn), "--ddp-bucket-size", str(bucket_size)])
+    with world_of_one():
+        state = ParallelState.initialize(moe=True)
+        model = GPTModel(cfg.model, state, pre_process=True, post_process=True, layer_numbers=[0, 1],
+                         sequence_parallel=False, params_dtype=torch.float32, device="cpu")
+        ddp = DistributedDataParallel(DistributedDataParallelConfig.from_train_config(cfg.train, 1), model, state)
+    (buffer,) = [b for b in ddp.buffers if b.expert]
+    predicted = expert_rank_buffers(cfg, 0)[0]
+    assert len(buffer.layout.bucket_ranges) > 1  # the bucket size bites
+    assert list(buffer.layout.bucket_ranges) == predicted.buckets
+    assert {ddp.param_to_name[p]: r for p, r in buffer.param_index_map.items()} == {
+        name: (start, end) for name, (start, end, _) in predicted.param_ranges.items()}
+    for layer in model.decoder.layers:
+        experts = layer.mlp.experts.local_experts()
+        for linear in ("linear_fc1", "linear_fc2"):
+            weights = [getattr(e, linear).weight for e in experts]
+            assert stacked_weights(weights).data_ptr() == weights[0].data_ptr(), linear

@@ -73,17 +73,21 @@ def padding_rule(dp_size: int, use_distributed_optimizer: bool, alignment_paddin
 
 def build_buffer_layout(param_numels: Sequence[int], bucket_size: int | None, dp_size: int,
                         use_distributed_optimizer: bool, alignment_padding: bool = True,
-                        shared_embedding: Sequence[bool] = ()) -> BufferLayout:
-    """Lay params out last-first; a bucket closes once it holds >= bucket_size elements (None: one bucket).
+                        shared_embedding: Sequence[bool] = (), bucket_groups: Sequence[str] = ()) -> BufferLayout:
+    """Lay params out last-first; a bucket closes once it holds >= bucket_size elements (None: one bucket), but
+    never between two params of one bucket group (bucket_groups[i], "" for none).
 
     Under the distributed optimizer a shared embedding (shared_embedding[i]: a copy of tied word embeddings on the
     first or last pipeline stage) gets a bucket of its own, as in Megatron: laid out alike on both stages, the same
     DP rank owns the same elements of both copies, so the embedding all-reduce after the reduce-scatter adds shards
-    that match.
+    that match. A bucket group is a GroupedMLP layer's expert weights: a bucket's end padding between them would
+    break the one stride its grouped GEMMs read them at (as Megatron's GroupedMLP, whose experts are one parameter
+    per linear, which no bucket splits).
     """
     start_multiple, end_multiple = padding_rule(dp_size, use_distributed_optimizer, alignment_padding)
     n = len(param_numels)
     own_bucket = [use_distributed_optimizer and bool(s) for s in (shared_embedding or [False] * n)]
+    groups = list(bucket_groups) or [""] * n
     ranges: list[tuple[int, int]] = [(0, 0)] * n
     buckets: list[int] = [0] * n
     bucket_ranges: list[tuple[int, int]] = []
@@ -98,7 +102,8 @@ def build_buffer_layout(param_numels: Sequence[int], bucket_size: int | None, dp
         end = start + param_numels[i]
         ranges[i], buckets[i], open_bucket = (start, end), len(bucket_ranges), True
         cursor = end
-        if own_bucket[i] or (bucket_size is not None and end - bucket_start >= bucket_size):
+        group_continues = i > 0 and groups[i] != "" and groups[i - 1] == groups[i]
+        if own_bucket[i] or (bucket_size is not None and end - bucket_start >= bucket_size and not group_continues):
             cursor = _round_up(end, end_multiple)
             bucket_ranges.append((bucket_start, cursor))
             bucket_start, open_bucket = cursor, False
@@ -274,7 +279,8 @@ class _ParamAndGradBuffer:
         self.dp_size = data_parallel_group.size()
         self.layout = build_buffer_layout([p.numel() for p in params], bucket_size, self.dp_size,
                                           ddp_config.use_distributed_optimizer, ddp_config.alignment_padding,
-                                          [getattr(p, "shared_embedding", False) for p in params])
+                                          [getattr(p, "shared_embedding", False) for p in params],
+                                          [getattr(p, "bucket_group", "") for p in params])
         self.numel = self.layout.numel
         device = params[0].device
         self.param_data = torch.zeros(self.numel, dtype=param_dtype, device=device)

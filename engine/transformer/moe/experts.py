@@ -97,6 +97,8 @@ class GroupedMLP(SequentialMLP):
         self.topk, self.capacity_factor = config.moe_router_topk, config.moe_expert_capacity_factor
         self.num_experts = config.num_experts
         self.activation = swiglu if ep_size == 1 else swiglu_any_rows  # at EP 1 the row count is always T k
+        for param in self.parameters():  # DDP's buckets keep the layer's experts together (one stride apart)
+            param.bucket_group = prefix
 
     def forward(self, tokens: torch.Tensor, tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
         """tokens [N, h] grouped by local expert; tokens_per_expert [E/EP]: a device tensor (EP 1: the dispatcher

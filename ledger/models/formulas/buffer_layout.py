@@ -69,7 +69,8 @@ def layout_buffer(params: list[ParamTensor], bucket_size: int | None, dp: int,
         buckets.append((bucket_start, padded))
         return padded
 
-    for p in reversed(params):
+    in_buffer_order = params[::-1]
+    for i, p in enumerate(in_buffer_order):
         start = round_up(cursor, PARAM_ALIGNMENT) if distributed_optimizer else cursor
         own_bucket = distributed_optimizer and p.shared_embedding
         if own_bucket and open_bucket:
@@ -77,7 +78,9 @@ def layout_buffer(params: list[ParamTensor], bucket_size: int | None, dp: int,
         end = start + p.numel
         ranges[p.name] = (start, end, len(buckets))
         open_bucket = True
-        if own_bucket or (bucket_size is not None and end - bucket_start >= bucket_size):
+        following = in_buffer_order[i + 1] if i + 1 < len(in_buffer_order) else None
+        group_continues = p.bucket_group != "" and following is not None and following.bucket_group == p.bucket_group
+        if own_bucket or (bucket_size is not None and end - bucket_start >= bucket_size and not group_continues):
             bucket_start = cursor = close(end)
             open_bucket = False
         else:

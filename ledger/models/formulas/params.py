@@ -47,6 +47,7 @@ class ParamTensor:
     replicated: bool = False
     sequence_parallel: bool = False
     expert: bool = False  # an expert's weight (Megatron's allreduce=False): expert buffers, expert-dp group
+    bucket_group: str = ""  # a grouped MoE layer's experts: no bucket closes between them (buffer_layout.py)
 
     @property
     def numel(self) -> int:
@@ -97,14 +98,18 @@ def local_experts(model: ModelConfig, ep: int, ep_rank: int) -> range:
 
 def moe_tensors(model: ModelConfig, tp: int, prefix: str, ep: int, ep_rank: int) -> list[ParamTensor]:
     """An MoE layer's router (dense: whole on every TP rank, all-reduced over TP under SP, as Megatron marks it) and
-    this EP rank's experts, each a SwiGLU MLP of width f_moe split over TP, marked expert."""
+    this EP rank's experts, each a SwiGLU MLP of width f_moe split over TP, marked expert. Under --moe-grouped-gemm
+    (the engine's GroupedMLP) the experts are registered last-first, so that the buffer lays them first expert first,
+    and are one bucket group."""
     h, f = model.hidden_size, model.expert_ffn_hidden_size
     router = ParamTensor(prefix + "router.weight", (model.num_experts, h), replicated=True, sequence_parallel=True)
     experts = []
-    for e in local_experts(model, ep, ep_rank):
+    order = local_experts(model, ep, ep_rank)
+    group = prefix + "experts" if model.moe_grouped_gemm else ""
+    for e in reversed(order) if model.moe_grouped_gemm else order:
         name = f"{prefix}experts.{e}."
-        experts += [ParamTensor(name + "linear_fc1.weight", (2 * f // tp, h), expert=True),
-                    ParamTensor(name + "linear_fc2.weight", (h, f // tp), expert=True)]
+        experts += [ParamTensor(name + "linear_fc1.weight", (2 * f // tp, h), expert=True, bucket_group=group),
+                    ParamTensor(name + "linear_fc2.weight", (h, f // tp), expert=True, bucket_group=group)]
     return [router, *experts]
 
 
