@@ -28,10 +28,16 @@ import torch
 
 from common.run_dir import atomic_open, trace_path
 
+# Kineto's log level above its highest (USDT): torch 2.13's Kineto prints a start and a stop line for every window
+# on every rank, which buried a run's own output. A user's own KINETO_LOG_LEVEL is kept; a window that records
+# nothing still shows, in the trace the ledger reads.
+KINETO_QUIET = "6"
+
 
 def torch_profile() -> torch.profiler.profile:
     """The profiler as the window runs it (CPU and, where present, CUDA activities; shapes recorded): the host sweep
     times its primitives under the same one."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)

@@ -124,6 +124,14 @@ def test_progress_is_shown_phase_by_phase(demo) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_TIMEOUT + 60)
+def test_the_profiler_window_adds_no_kineto_lines(demo) -> None:
+    """torch 2.13's Kineto logs a start and a stop line per window and rank (32 in the demo) unless told not to
+    (probes/profiler.py)."""
+    assert "SyncActivityProfilerHandler" not in demo[1].stdout + demo[1].stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT + 60)
 def test_run_directory_is_complete_for_eight_ranks(run: Path) -> None:
     m = manifest(run)
     assert m["status"] == "complete" and m["world_size"] == 8
