@@ -23,7 +23,7 @@ from engine.checkpointing import Checkpointer
 from engine.data import MicroBatch, build_data_iterators, data_wait_figures
 from engine.distributed import DistributedDataParallel, finalize_model_grads
 from engine.model_builder import get_model, held_tensors
-from engine.optimizer import get_megatron_optimizer
+from engine.optimizer import MegatronOptimizer, get_megatron_optimizer
 from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler
 from engine.parallel_state import ParallelState
 from engine.pipeline_parallel.schedules import ScheduleConfig, get_forward_backward_func
@@ -190,15 +190,24 @@ def train(forward_step_func: Callable, model: list[DistributedDataParallel], opt
     return steps
 
 
-def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
-             probes: ProbeSetProtocol | None = None, *, forward_step_func: Callable = forward_step,
-             log: bool = False) -> TrainResult:
-    probes = probes if probes is not None else NullProbeSet()
+def setup_model_and_optimizer(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
+                              probes: ProbeSetProtocol) -> tuple[list[DistributedDataParallel], MegatronOptimizer,
+                                                                 OptimizerParamScheduler]:
+    """Megatron's setup_model_and_optimizer: the model chunks in DDP, the optimizer over their buffers and its
+    schedule; the probes' memory point after the optimizer and the inventory of what they hold."""
     model = get_model(run_config, parallel_state, device, probes)
     optimizer = get_megatron_optimizer(run_config.train, model, parallel_state)
     scheduler = OptimizerParamScheduler.from_train_config(optimizer, run_config.train)
     probes.memory_point("after_optimizer_init", lambda: held_tensors(model, optimizer))
     probes.inventory(inventory(model, optimizer))
+    return model, optimizer, scheduler
+
+
+def pretrain(run_config: RunConfig, parallel_state: ParallelState, device: torch.device,
+             probes: ProbeSetProtocol | None = None, *, forward_step_func: Callable = forward_step,
+             log: bool = False) -> TrainResult:
+    probes = probes if probes is not None else NullProbeSet()
+    model, optimizer, scheduler = setup_model_and_optimizer(run_config, parallel_state, device, probes)
     collective_sweep(model, run_config, parallel_state, probes)
     compute_sweep(model, optimizer, run_config, parallel_state, device, probes)
     if run_config.implementation.graphed_layers:  # after the compute sweep, which times the layers' kernels eagerly

@@ -32,14 +32,11 @@ from common.arguments import parse_args  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
 from common.ops import host  # noqa: E402
 from engine.data import build_data_iterators  # noqa: E402
-from engine.model_builder import get_model  # noqa: E402
-from engine.optimizer import get_megatron_optimizer  # noqa: E402
-from engine.optimizer.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from engine.parallel_state import ParallelState  # noqa: E402
 from engine.pipeline_parallel import schedules  # noqa: E402
 from engine.probe_adapters import pass_timer  # noqa: E402
 from engine.train import init_distributed  # noqa: E402
-from engine.training import build_schedule_config, forward_step, train_step  # noqa: E402
+from engine.training import build_schedule_config, forward_step, setup_model_and_optimizer, train_step  # noqa: E402
 from probes.probe_set import NullProbeSet  # noqa: E402
 
 
@@ -70,9 +67,7 @@ def main() -> int:
     state = ParallelState.from_run_config(cfg)
     torch.manual_seed(cfg.train.seed)
     probes = NullProbeSet()
-    model = get_model(cfg, state, device, probes)
-    optimizer = get_megatron_optimizer(cfg.train, model, state)
-    scheduler = OptimizerParamScheduler.from_train_config(optimizer, cfg.train)
+    model, optimizer, scheduler = setup_model_and_optimizer(cfg, state, device, probes)
     data = build_data_iterators(cfg, state, device, probes)
     config = build_schedule_config(cfg, model, state, probes)
     measure = pass_timer(model, cfg, state, device)
