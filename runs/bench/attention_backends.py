@@ -3,9 +3,11 @@ memory-efficient kernel, causal with GQA, on [b, heads, s, d] views of [s, b, he
 them (engine/transformer/attention.py): forward, and forward + backward, milliseconds and TFLOP/s (causal: 2 x 2 b s^2
 heads d / 2 forward, 2.5x that backward). A backend that cannot run the call says why.
 
-    python runs/bench/attention_backends.py [--iters 20]
+    python runs/bench/attention_backends.py [--iters 20] [--layouts]
 
 Prints one JSON line per shape and backend, then 'BEST <shape> <backend>' for the fastest forward + backward.
+--layouts: torch's pick instead, over the inputs' layout: the engine's views, q k v each contiguous [b, heads, s, d],
+and K and V repeated to every head (no GQA in the kernel).
 """
 from __future__ import annotations
 
@@ -33,15 +35,29 @@ def timed(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-def measure(shape: tuple[int, int, int, int], backend: SDPBackend | None, iters: int) -> dict:
+LAYOUTS = ("engine", "bhsd", "kv-repeated")
+
+
+def inputs(s: int, heads: int, kv: int, d: int, layout: str) -> tuple[torch.Tensor, ...]:
+    """q, k, v [b, heads, s, d] and the output's gradient, in `layout` (module docstring)."""
+    if layout == "bhsd":
+        return tuple(torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=r)
+                     for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
+    q, k, v, grad = (torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=r).permute(1, 2, 0, 3)
+                     for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
+    return q, k, v, grad
+
+
+def measure(shape: tuple[int, int, int, int], backend: SDPBackend | None, iters: int,
+            layout: str = "engine") -> dict:
     s, heads, kv, d = shape
-    q, k, v = (torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True).permute(1, 2, 0, 3)
-               for n in (heads, kv, kv))
-    grad = torch.randn(s, 1, heads, d, device="cuda", dtype=torch.bfloat16).permute(1, 2, 0, 3)
+    q, k, v, grad = inputs(s, heads, kv, d, layout)
+    repeat = heads // kv if layout == "kv-repeated" else 1
 
     def forward():
         with sdpa_kernel([backend] if backend is not None else list(BACKENDS_ALL)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            kr, vr = (k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)) if repeat > 1 else (k, v)
+            return F.scaled_dot_product_attention(q, kr, vr, is_causal=True, enable_gqa=repeat == 1)
 
     def both():
         torch.autograd.backward(forward(), grad)
@@ -60,8 +76,15 @@ BACKENDS_ALL = [b for b in BACKENDS.values() if b is not None]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--layouts", action="store_true", help="torch's pick over the inputs' layouts")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
+    if a.layouts:
+        for shape_name, shape in SHAPES.items():
+            for layout in LAYOUTS:
+                print(json.dumps({"shape": shape_name, "layout": layout, **measure(shape, None, a.iters, layout)}),
+                      flush=True)
+        return
     for shape_name, shape in SHAPES.items():
         results = {}
         for name, backend in BACKENDS.items():
