@@ -6,8 +6,9 @@ heads d / 2 forward, 2.5x that backward). A backend that cannot run the call say
     python runs/bench/attention_backends.py [--iters 20] [--layouts]
 
 Prints one JSON line per shape and backend, then 'BEST <shape> <backend>' for the fastest forward + backward.
---layouts: torch's pick instead, over the inputs' layout: the engine's views, q k v each contiguous [b, heads, s, d],
-and K and V repeated to every head (no GQA in the kernel).
+--layouts: torch's pick instead, over the inputs' layout: the engine's views, q k v and the output's gradient each
+contiguous [b, heads, s, d] ("bhsd"), q k v so and the gradient a view ("bhsd-qkv"), k and v alone so ("bhsd-kv"),
+and K and V repeated to every head (no GQA in the kernel); each line also gives the output's strides.
 """
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+# After three warm-up calls the first measurement of a freshly started device came out 15% slow (BENCHMARKS.md,
+# 2026-12-03 "nineteenth"); ten.
+WARMUP = 10
 SHAPES = {"llama3.2-1b s4096": (4096, 32, 8, 64), "llama3.1-8b s8192": (8192, 32, 8, 128)}
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
 def timed(fn, iters: int) -> float:
-    for _ in range(3):
+    for _ in range(WARMUP):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -35,17 +39,20 @@ def timed(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-LAYOUTS = ("engine", "bhsd", "kv-repeated")
+LAYOUTS = ("engine", "bhsd", "bhsd-qkv", "bhsd-kv", "kv-repeated")
 
 
 def inputs(s: int, heads: int, kv: int, d: int, layout: str) -> tuple[torch.Tensor, ...]:
     """q, k, v [b, heads, s, d] and the output's gradient, in `layout` (module docstring)."""
-    if layout == "bhsd":
-        return tuple(torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=r)
+    views = tuple(torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=r).permute(1, 2, 0, 3)
+                  for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
+    if not layout.startswith("bhsd"):
+        return views
+    q, k, v, grad = (torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=r)
                      for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
-    q, k, v, grad = (torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=r).permute(1, 2, 0, 3)
-                     for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
-    return q, k, v, grad
+    if layout == "bhsd-kv":
+        return views[0], k, v, views[3]
+    return (q, k, v, grad if layout == "bhsd" else views[3])
 
 
 def measure(shape: tuple[int, int, int, int], backend: SDPBackend | None, iters: int,
@@ -66,8 +73,10 @@ def measure(shape: tuple[int, int, int, int], backend: SDPBackend | None, iters:
     with torch.no_grad():
         fwd = timed(forward, iters)
     step = timed(both, iters)
+    with torch.no_grad():
+        out_stride = forward().stride()
     return {"fwd_ms": fwd, "fwd_bwd_ms": step, "fwd_tflops": flops / fwd / 1e9,
-            "fwd_bwd_tflops": 3.5 * flops / step / 1e9}
+            "fwd_bwd_tflops": 3.5 * flops / step / 1e9, "out_stride": out_stride}
 
 
 BACKENDS_ALL = [b for b in BACKENDS.values() if b is not None]

@@ -2,7 +2,9 @@
 # multicast (the device docs ask it), the wheels carried in .whl installed into /tmp/site and put first on
 # PYTHONPATH, and $OUT/device.txt naming the GPU, its driver, torch and the host's CPU (no git revision: the device's
 # copy of the checkout can carry a stale one; the commit goes into BENCHMARKS.md instead); step_summary LOG prints a
-# training log's steps after the first: min, median, max.
+# training log's steps after the first: min, median, max. The wheels the device image lacks (cp312, --no-deps):
+# nvtx pynvml msgspec psutil pyyaml einops megatron-core==0.19.2 HolisticTraceAnalysis==0.5.0 and plotly (HTA imports
+# it: without it a run reconciled there says its HTA cross-check stopped).
 mkdir -p "$OUT" runs/out
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
