@@ -39,20 +39,19 @@ def timed(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-LAYOUTS = ("engine", "bhsd", "bhsd-qkv", "bhsd-kv", "kv-repeated")
+# Which of q, k, v and the output's gradient each layout makes contiguous [b, heads, s, d] (the rest: views).
+LAYOUTS = {"engine": "", "bhsd": "qkvg", "bhsd-qkv": "qkv", "bhsd-kv": "kv", "kv-repeated": ""}
 
 
 def inputs(s: int, heads: int, kv: int, d: int, layout: str) -> tuple[torch.Tensor, ...]:
     """q, k, v [b, heads, s, d] and the output's gradient, in `layout` (module docstring)."""
-    views = tuple(torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=r).permute(1, 2, 0, 3)
-                  for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
-    if not layout.startswith("bhsd"):
-        return views
-    q, k, v, grad = (torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=r)
-                     for n, r in ((heads, True), (kv, True), (kv, True), (heads, False)))
-    if layout == "bhsd-kv":
-        return views[0], k, v, views[3]
-    return (q, k, v, grad if layout == "bhsd" else views[3])
+    def tensor(name: str, n: int) -> torch.Tensor:
+        grad = name != "g"
+        if name in LAYOUTS[layout]:
+            return torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+        return torch.randn(s, 1, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad).permute(1, 2, 0, 3)
+
+    return tensor("q", heads), tensor("k", kv), tensor("v", kv), tensor("g", heads)
 
 
 def measure(shape: tuple[int, int, int, int], backend: SDPBackend | None, iters: int,
