@@ -34,12 +34,25 @@ from common.run_dir import atomic_open, trace_path
 # nothing still shows, in the trace the ledger reads.
 KINETO_QUIET = "6"
 TRACE_GZIP_LEVEL = 6  # zlib's default: 15% larger than level 9 and four times faster
+# The first CUDA (major, minor) whose CUPTI re-attaches after a teardown with CUDA graphs captured (torch's own
+# rule, torch/profiler/profiler.py): before it, torch turns teardown off where graphs are used, and so do we.
+CUPTI_TEARDOWN_SAFE_CUDA = (12, 6)
+
+
+def detach_cupti_after_profiling() -> None:
+    """Kineto leaves CUPTI attached when a profiler stops unless TEARDOWN_CUPTI=1, and every later CUDA call then
+    pays its callbacks: the steps after a window (and after the host sweep's profiled half) issue slower than the
+    unprofiled steps they are judged against. A user's own TEARDOWN_CUPTI is kept."""
+    cuda = torch.version.cuda
+    if cuda and tuple(int(part) for part in cuda.split(".")[:2]) >= CUPTI_TEARDOWN_SAFE_CUDA:
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
 def torch_profile() -> torch.profiler.profile:
     """The profiler as the window runs it (CPU and, where present, CUDA activities; shapes recorded): the host sweep
     times its primitives under the same one."""
     os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+    detach_cupti_after_profiling()
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)

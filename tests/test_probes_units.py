@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from probes.bandwidth import bandwidth_figures
 from probes.memory import MemoryProbe
 from probes.nvml import NvmlSampler
 from probes.nvtx_range import Marker, check_category
-from probes.profiler import ProfilerWindow, write_hta_trace
+from probes.profiler import ProfilerWindow, torch_profile, write_hta_trace
 from probes.timers import StepTimer
 
 
@@ -176,6 +177,21 @@ def test_the_profiler_window_flags_the_steps_it_disturbs(tmp_path: Path) -> None
     assert profiled.written is not None and profiled.written.is_file()
     alone = ProfilerWindow(tmp_path / "alone", 0, 1, "run-b", 2, 3, [0], True, False)
     assert not any(alone.follows_export(step) for step in range(10))
+
+
+@pytest.mark.parametrize("cuda, preset, expected", [
+    ("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None), (None, None, None), ("13.0", "0", "0")])
+def test_cupti_is_detached_when_a_profiler_stops_where_cuda_allows_it(
+        monkeypatch: pytest.MonkeyPatch, cuda: str | None, preset: str | None, expected: str | None) -> None:
+    # Kineto detaches CUPTI only under TEARDOWN_CUPTI=1; attached, it slows every CUDA call after the window. Before
+    # CUDA 12.6 re-attaching after a teardown crashed with CUDA graphs (torch's own rule); a user's value is kept.
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    if preset is None:
+        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    else:
+        monkeypatch.setenv("TEARDOWN_CUPTI", preset)
+    torch_profile()  # the profiler the window and the host sweep run
+    assert os.environ.get("TEARDOWN_CUPTI") == expected
 
 
 def test_ranges_after_step_end_belong_to_no_step() -> None:
