@@ -172,10 +172,10 @@ def pass_timer(model: list[DistributedDataParallel], run_config: RunConfig, para
     counts; --moe-grouped-gemm keeps them on the device at EP 1). None where a pass cannot
     run alone or waits for the device: a CPU rank, a pipeline stage (its input is another stage's), context
     parallelism, expert parallelism (its all-to-alls wait for the peers), the per-module all-gather waits of
-    --overlap-param-gather."""
+    --overlap-param-gather where there is a peer to gather from (a data-parallel group of one gathers nothing)."""
     p, t, m = parallel_state, run_config.train, run_config.model
     if (device.type != "cuda" or p.pp_size > 1 or len(model) > 1 or p.cp_size > 1 or p.ep_size > 1
-            or t.overlap_param_gather):
+            or (t.overlap_param_gather and p.dp_size > 1)):
         return None
     (chunk,) = model
     backward_alone = m.is_moe and not m.moe_grouped_gemm

@@ -64,3 +64,14 @@ def test_a_later_writers_host_line_keeps_its_new_fields_and_a_later_kind_is_skip
     assert isinstance(record, HostRecord) and record.extra == {"queue_depth": 3}
     assert record.to_json() == {**line, "t": None}
     assert parse_event({"kind": "host_v2", "step": None, "op": "eager"}) is None
+
+
+@pytest.mark.parametrize("dp, timed", [(1, True), (2, False)])
+def test_the_passes_are_timed_under_overlap_param_gather_only_where_nothing_is_gathered(dp: int, timed: bool):
+    # A pass timed alone must not wait for a peer: with --overlap-param-gather each module's forward pre-hook waits
+    # for its all-gather, but a data-parallel group of one gathers nothing (the one-GPU demo runs so).
+    from engine.probe_adapters import pass_timer
+    cfg = parse_args(["--model", "tiny", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                      "--overlap-param-gather"])
+    state = SimpleNamespace(pp_size=1, cp_size=1, ep_size=1, dp_size=dp)
+    assert (pass_timer([torch.nn.Linear(1, 1)], cfg, state, torch.device("cuda")) is not None) is timed

@@ -1,14 +1,15 @@
-"""Do the steps after a profiler window issue slower because CUPTI stays attached? One GPU, the demo's run.
+"""Do the steps after a profiler window issue slower because CUPTI stays attached? One GPU.
 
-Kineto detaches CUPTI when a profiler stops only under TEARDOWN_CUPTI=1; probes/profiler.py now sets it (where the
-CUDA version allows), so the steps after the host sweep's profiled half and after the window no longer pay CUPTI's
-callbacks. Three runs of `train-ledger demo`'s one-GPU flags (llama3.2-1b cut to 4 layers, every probe on), each
-reconciled: `attached` (TEARDOWN_CUPTI=0, the behaviour before), `detached` (the default now), `no window` (no
-profiler at all, so no CUPTI either: the baseline) and `detached, graphed` (--cuda-graph-impl local: CUPTI detached
-and re-attached with CUDA graphs captured). Prints per run the host rows the time model is judged on, the
-step times after the window and the host sweep's plain and profiled pass timers, and the command.
+Kineto detaches CUPTI when a profiler stops only under TEARDOWN_CUPTI=1; probes/profiler.py sets it (where the CUDA
+version allows), so the steps after the host sweep's profiled half and after the window do not pay CUPTI's callbacks.
+Runs of one shape (`demo`: `train-ledger demo`'s one-GPU flags, llama3.2-1b cut to 4 layers; `launch-bound`: the
+host sets the step's pace), every probe on, each reconciled: `attached` (TEARDOWN_CUPTI=0, the behaviour before),
+`detached` (the default now), `no window` (no profiler at all, so no CUPTI either: the baseline), interleaved over
+--repeats rounds (the host's pace moves from run to run), and once `detached, graphed` (--cuda-graph-impl local:
+CUPTI detached and re-attached with CUDA graphs captured). Prints per run the host rows the time model is judged on,
+the step times after the window, the host sweep's plain and profiled figures, and the command.
 
-    python3 runs/bench/cupti_teardown.py [--train-iters 12] [--repeats 2] [--out DIR]
+    python3 runs/bench/cupti_teardown.py [--shape demo|launch-bound] [--train-iters 12] [--repeats 2] [--out DIR]
 """
 from __future__ import annotations
 
@@ -28,28 +29,31 @@ from cli.demo import Layout, demo_flags  # noqa: E402
 
 ROWS = ("time.host_forward_per_microbatch", "time.host_backward_per_microbatch", "throughput.step_time",
         "step.decomposition.host_bound_idle")
-WINDOW_FLAGS = ("--use-pytorch-profiler", "--profile-step-start", "--profile-step-end", "--profile-ranks")
-# name -> (environment, profiler window, extra flags)
-VARIANTS = {"attached": ({"TEARDOWN_CUPTI": "0"}, True, []), "detached": ({}, True, []),
-            "no window": ({}, False, []), "detached, graphed": ({}, True, ["--cuda-graph-impl", "local"])}
+WINDOW = ["--use-pytorch-profiler", "--profile-step-start", "2", "--profile-step-end", "3", "--profile-ranks", "0"]
+# tests/fixtures/h200_host_ranges/lb_h1024_l4_s512's shape: the host sets the step's pace
+LAUNCH_BOUND = ["--model", "llama3.2-1b", "--num-layers", "4", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
+                "--num-attention-heads", "16", "--num-query-groups", "4", "--seq-length", "512",
+                "--max-position-embeddings", "512", "--micro-batch-size", "2", "--global-batch-size", "8", "--bf16",
+                "--use-distributed-optimizer", "--lr", "3e-4", "--min-lr", "3e-5", "--mock-data", "--all-probes"]
+# name -> (environment, profiler window, flags added, flags dropped); graphs take no --overlap-param-gather
+VARIANTS = {"attached": ({"TEARDOWN_CUPTI": "0"}, True, [], []), "detached": ({}, True, [], []),
+            "no window": ({}, False, [], []),
+            "detached, graphed": ({}, True, ["--cuda-graph-impl", "local"], ["--overlap-param-gather"])}
 
 
-def without_window(flags: list[str]) -> list[str]:
-    """The flags less the profiler window's (each flag with its values)."""
-    out, skipping = [], False
-    for f in flags:
-        if f.startswith("--"):
-            skipping = f in WINDOW_FLAGS
-        if not skipping:
-            out.append(f)
-    return out
+def shape_flags(shape: str, iters: int, run_dir: Path) -> list[str]:
+    """The run's flags with no profiler window: the demo's one-GPU run, or the launch-bound shape."""
+    if shape == "demo":
+        flags = demo_flags(Layout(world=1, tp=1, pp=1, gpu=True), iters, run_dir)
+        cut = flags.index("--use-pytorch-profiler")
+        return flags[:cut] + flags[flags.index("--run-dir"):]
+    return [*LAUNCH_BOUND, "--train-iters", str(iters), "--run-dir", str(run_dir)]
 
 
-def run_variant(name: str, env_extra: dict[str, str], window: bool, extra: list[str], iters: int,
-                out: Path) -> dict:
-    run_dir = out / "".join(c if c.isalnum() else "_" for c in name)
-    flags = demo_flags(Layout(world=1, tp=1, pp=1, gpu=True), iters, run_dir)
-    flags = (flags if window else without_window(flags)) + extra
+def run_variant(name: str, variant: tuple, shape: str, iters: int, out: Path) -> dict:
+    env_extra, window, added, dropped = variant
+    run_dir = out / "".join(c if c.isalnum() else "_" for c in f"{shape} {name}")
+    flags = [f for f in shape_flags(shape, iters, run_dir) if f not in dropped] + (WINDOW if window else []) + added
     env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"} | env_extra
     train = [sys.executable, "-m", "cli", "train", "--nproc-per-node", "1", *flags]
     subprocess.run(train, env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -83,18 +87,20 @@ def show(name: str, r: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train-iters", type=int, default=12)
+    p.add_argument("--shape", choices=("demo", "launch-bound"), default="demo")
     p.add_argument("--repeats", type=int, default=2, help="rounds of the ungraphed variants, interleaved (the host's "
                    "pace moves from run to run)")
     p.add_argument("--out", type=Path, default=ROOT / "runs/out/cupti_teardown")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     for round_ in range(1, a.repeats + 1):
-        for name, (env_extra, window, extra) in VARIANTS.items():
-            if extra and round_ > 1:
+        for name, variant in VARIANTS.items():
+            if variant[2] and round_ > 1:
                 continue
             label = f"{name} (round {round_})"
-            show(label, run_variant(label, env_extra, window, extra, a.train_iters, a.out))
-    print(f"\ncommand: python3 runs/bench/cupti_teardown.py --train-iters {a.train_iters} --repeats {a.repeats}")
+            show(f"{a.shape}, {label}", run_variant(label, variant, a.shape, a.train_iters, a.out))
+    print(f"\ncommand: python3 runs/bench/cupti_teardown.py --shape {a.shape} --train-iters {a.train_iters} "
+          f"--repeats {a.repeats}")
 
 
 if __name__ == "__main__":
