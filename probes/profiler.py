@@ -40,9 +40,10 @@ CUPTI_TEARDOWN_SAFE_CUDA = (12, 6)
 
 
 def detach_cupti_after_profiling() -> None:
-    """Kineto leaves CUPTI attached when a profiler stops unless TEARDOWN_CUPTI=1, and every later CUDA call then
-    pays its callbacks: the steps after a window (and after the host sweep's profiled half) issue slower than the
-    unprofiled steps they are judged against. A user's own TEARDOWN_CUPTI is kept."""
+    """Kineto leaves CUPTI attached when a profiler stops unless TEARDOWN_CUPTI=1 (read at the stop), and every
+    later CUDA call pays its callbacks. Set before the window's stop only: the host sweep's profiled half leaves CUPTI
+    attached and warm for the window (re-attaching at the window's start inflated its first steps' host-bound idle
+    1.5-4x on the H200), the steps after the window run without it. A user's own TEARDOWN_CUPTI is kept."""
     cuda = torch.version.cuda
     if cuda and tuple(int(part) for part in cuda.split(".")[:2]) >= CUPTI_TEARDOWN_SAFE_CUDA:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
@@ -52,7 +53,6 @@ def torch_profile() -> torch.profiler.profile:
     """The profiler as the window runs it (CPU and, where present, CUDA activities; shapes recorded): the host sweep
     times its primitives under the same one."""
     os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
-    detach_cupti_after_profiling()
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -135,6 +135,7 @@ class ProfilerWindow:
 
     def _finish(self) -> None:
         prof, self._prof = self._prof, None
+        detach_cupti_after_profiling()
         prof.stop()
         path = trace_path(self.run_dir, self.rank, self.start, self.end)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """Do the steps after a profiler window issue slower because CUPTI stays attached? One GPU.
 
-Kineto detaches CUPTI when a profiler stops only under TEARDOWN_CUPTI=1; probes/profiler.py sets it (where the CUDA
-version allows), so the steps after the host sweep's profiled half and after the window do not pay CUPTI's callbacks.
+Kineto detaches CUPTI when a profiler stops only under TEARDOWN_CUPTI=1; probes/profiler.py sets it before the
+window's stop (where the CUDA version allows), so the steps after the window do not pay CUPTI's callbacks.
 Runs of one shape (`demo`: `train-ledger demo`'s one-GPU flags, llama3.2-1b cut to 4 layers; `launch-bound`: the
 host sets the step's pace), every probe on, each reconciled: `attached` (TEARDOWN_CUPTI=0, the behaviour before),
-`detached` (the default now), `no window` (no profiler at all, so no CUPTI either: the baseline), interleaved over
+`detached` (the default: detached at the window's stop), `no window` (no profiler at all, so no CUPTI either: the baseline), interleaved over
 --repeats rounds (the host's pace moves from run to run), and once `detached, graphed` (--cuda-graph-impl local:
 CUPTI detached and re-attached with CUDA graphs captured). Prints per run the host rows the time model is judged on,
 the step times after the window, the host sweep's plain and profiled figures, and the command.
