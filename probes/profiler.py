@@ -42,8 +42,8 @@ CUPTI_TEARDOWN_SAFE_CUDA = (12, 6)
 def detach_cupti_after_profiling() -> None:
     """Kineto leaves CUPTI attached when a profiler stops unless TEARDOWN_CUPTI=1 (read at the stop), and every
     later CUDA call pays its callbacks. Set before the window's stop only: the host sweep's profiled half leaves CUPTI
-    attached and warm for the window (re-attaching at the window's start inflated its first steps' host-bound idle
-    1.5-4x on the H200), the steps after the window run without it. A user's own TEARDOWN_CUPTI is kept."""
+    attached for the window, which then starts without re-attaching it, and the steps after the window run without
+    it. A user's own TEARDOWN_CUPTI is kept."""
     cuda = torch.version.cuda
     if cuda and tuple(int(part) for part in cuda.split(".")[:2]) >= CUPTI_TEARDOWN_SAFE_CUDA:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
