@@ -118,7 +118,7 @@ class _Bench:
         # One compiled function for every measurement (a compile takes seconds): one fused kernel each way.
         self.compiled = torch.compile(lambda t: t * 2.0 + 1.0, fullgraph=True) if self.cuda else None
         self.graphs = (_graph(self.x.clone(), 1), _graph(self.x.clone(), GRAPH_NODES)) if self.cuda else ()
-        with torch.enable_grad():
+        with torch.enable_grad(), _stand_ins_warmed_on_a_side_stream():
             self.graphed = _graphed_layers(self.x, self.chain) if self.cuda else ()
 
     def drain(self) -> None:
@@ -199,9 +199,10 @@ def _chains(b: _Bench) -> dict[str, Callable[[int], torch.Tensor]]:
 
 @contextmanager
 def _stand_ins_warmed_on_a_side_stream() -> Iterator[None]:
-    """make_graphed_callables warms the stand-ins up on a side stream, so their weights' AccumulateGrad nodes keep
-    that stream and every backward on the default one warns of the mismatch (once a process, in every GPU run's
-    output): by construction here, nothing of the run's own. The warning stays on for everything else."""
+    """make_graphed_callables warms the stand-ins up on one side stream and captures them on another, and the
+    chains' backward runs on the default one: the weights' AccumulateGrad nodes meet gradients from other streams
+    by construction, and autograd warned of it (once a process, in every GPU run's output; H200, torch 2.11: from
+    make_graphed_callables' capture). The warning stays on for everything else."""
     previous = torch._C._warn_on_accumulate_grad_stream_mismatch()
     torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
     try:

@@ -75,3 +75,15 @@ def test_the_passes_are_timed_under_overlap_param_gather_only_where_nothing_is_g
                       "--overlap-param-gather"])
     state = SimpleNamespace(pp_size=1, cp_size=1, ep_size=1, dp_size=dp)
     assert (pass_timer([torch.nn.Linear(1, 1)], cfg, state, torch.device("cuda")) is not None) is timed
+
+
+def test_the_stream_mismatch_warning_is_off_only_around_the_graphed_stand_ins():
+    # Plumbing (no streams on a CPU): make_graphed_callables' own side streams made autograd warn in every GPU run;
+    # the sweep turns the warning off around its stand-ins and gives the run its setting back, even on an error.
+    from probes.host_sweep import _stand_ins_warmed_on_a_side_stream
+    warns = torch._C._warn_on_accumulate_grad_stream_mismatch
+    assert warns()
+    with pytest.raises(RuntimeError), _stand_ins_warmed_on_a_side_stream():
+        assert not warns()
+        raise RuntimeError("a capture that failed")
+    assert warns()
