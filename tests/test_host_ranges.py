@@ -13,7 +13,8 @@ from statistics import median
 import pytest
 
 from ledger.evidence.read import read_run
-from tests.support.recorded_runs import FIXTURES, reconcile_recorded
+from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
+from tests.support.records import copy_without
 
 RUNS = FIXTURES / "h200_host_ranges"
 NAMES = ["lb_h1024_l4_s512", "lb_h1024_l4_s512_graphed", "lb_h512_l12_s256_graphed", "llama1b_l2_s1024",
@@ -145,3 +146,18 @@ def test_a_host_range_row_measures_the_timers_host_times_and_predicts_from_the_m
         assert stretched[metric].predicted == pytest.approx(before.predicted)
         assert stretched[metric].measured == pytest.approx(2 * before.measured, rel=1e-6)
         assert stretched[metric].verdict == "off"
+
+
+def test_the_one_gpu_demos_host_is_priced_from_the_passes_it_timed(tmp_path: Path):
+    """The demo's one-GPU run (`demo_1gpu`: --overlap-param-gather at DP 1, the profiler window at steps 2-3, the host
+    rows judged on steps 5-12; held out, recorded after the passes were timed there). Priced from the passes its sweep
+    timed at start-up: the forward's issue within its 25% (-17%), the backward within warn (+55%). From the
+    primitives' recipes alone (the sweep without its pass.* records, as the demo was priced before) both are off,
+    the forward measured at over twice the prediction."""
+    def host_rows(run: Path) -> tuple:
+        return tuple(only(reconcile_recorded(run), metric) for metric in HOST_ROWS)
+    forward, backward = host_rows(RUNS / "demo_1gpu")
+    assert forward.verdict == "ok" and abs(forward.rel_diff) <= 0.25 and 0.25 < backward.rel_diff < 0.75
+    bare = copy_without(RUNS / "demo_1gpu", tmp_path / "demo_1gpu", lambda e: str(e.get("op", "")).startswith("pass."))
+    forward, backward = host_rows(bare)
+    assert forward.verdict == backward.verdict == "off" and forward.rel_diff > 1.0

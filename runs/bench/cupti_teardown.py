@@ -4,10 +4,10 @@ Kineto detaches CUPTI when a profiler stops only under TEARDOWN_CUPTI=1; probes/
 window's stop (where the CUDA version allows), so the steps after the window do not pay CUPTI's callbacks.
 Runs of one shape (`demo`: `train-ledger demo`'s one-GPU flags, llama3.2-1b cut to 4 layers; `launch-bound`: the
 host sets the step's pace), every probe on, each reconciled: `attached` (TEARDOWN_CUPTI=0, the behaviour before),
-`detached` (the default: detached at the window's stop), `no window` (no profiler at all, so no CUPTI either: the baseline), interleaved over
---repeats rounds (the host's pace moves from run to run), and once `detached, graphed` (--cuda-graph-impl local:
-CUPTI detached and re-attached with CUDA graphs captured). Prints per run the host rows the time model is judged on,
-the step times after the window, the host sweep's plain and profiled figures, and the command.
+`detached` (the default: detached at the window's stop), `no window` (no profiler at all, so no CUPTI either: the
+baseline), interleaved over --repeats rounds (the host's pace moves from run to run), and once `detached, graphed`
+(--cuda-graph-impl local: CUPTI detached with CUDA graphs captured). Prints per run the host rows the time model is
+judged on, the step times after the window, the host sweep's plain and profiled figures, and the command.
 
     python3 runs/bench/cupti_teardown.py [--shape demo|launch-bound] [--train-iters 12] [--repeats 2] [--out DIR]
 """
