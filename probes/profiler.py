@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
 
 from common.run_dir import atomic_open, trace_path
 
@@ -34,9 +35,9 @@ from common.run_dir import atomic_open, trace_path
 # nothing still shows, in the trace the ledger reads.
 KINETO_QUIET = "6"
 TRACE_GZIP_LEVEL = 6  # zlib's default: 15% larger than level 9 and four times faster
-# The first CUDA (major, minor) whose CUPTI re-attaches after a teardown with CUDA graphs captured (torch's own
-# rule, torch/profiler/profiler.py): before it, torch turns teardown off where graphs are used, and so do we.
-CUPTI_TEARDOWN_SAFE_CUDA = (12, 6)
+# The first CUDA whose CUPTI re-attaches after a teardown with CUDA graphs captured (torch's own rule,
+# torch/profiler/profiler.py): before it, torch turns teardown off where graphs are used, and so do we.
+CUPTI_TEARDOWN_SAFE_CUDA = "12.6"
 
 
 def detach_cupti_after_profiling() -> None:
@@ -45,7 +46,7 @@ def detach_cupti_after_profiling() -> None:
     attached for the window, which then starts without re-attaching it, and the steps after the window run without
     it. A user's own TEARDOWN_CUPTI is kept."""
     cuda = torch.version.cuda
-    if cuda and tuple(int(part) for part in cuda.split(".")[:2]) >= CUPTI_TEARDOWN_SAFE_CUDA:
+    if cuda and TorchVersion(cuda) >= CUPTI_TEARDOWN_SAFE_CUDA:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 

@@ -25,11 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cli.demo import Layout, demo_flags  # noqa: E402
+from cli.demo import MIN_DEMO_ITERS, PROFILE_STEPS, Layout, demo_flags  # noqa: E402
+from common.events import HostRecord, StepRecord  # noqa: E402
+from common.run_dir import iter_events  # noqa: E402
 
 ROWS = ("time.host_forward_per_microbatch", "time.host_backward_per_microbatch", "throughput.step_time",
         "step.decomposition.host_bound_idle")
-WINDOW = ["--use-pytorch-profiler", "--profile-step-start", "2", "--profile-step-end", "3", "--profile-ranks", "0"]
+WINDOW = ["--use-pytorch-profiler", "--profile-step-start", str(PROFILE_STEPS[0]), "--profile-step-end",
+          str(PROFILE_STEPS[1]), "--profile-ranks", "0"]
 # tests/fixtures/h200_host_ranges/lb_h1024_l4_s512's shape: the host sets the step's pace
 LAUNCH_BOUND = ["--model", "llama3.2-1b", "--num-layers", "4", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
                 "--num-attention-heads", "16", "--num-query-groups", "4", "--seq-length", "512",
@@ -60,9 +63,9 @@ def run_variant(name: str, variant: tuple, shape: str, iters: int, out: Path) ->
     rec = subprocess.run([sys.executable, "-m", "cli", "reconcile", str(run_dir), "--json"], cwd=ROOT, check=True,
                          capture_output=True, text=True)
     rows = [r for r in json.loads(rec.stdout)["rows"] if r["metric"] in ROWS]
-    events = [json.loads(line) for line in (run_dir / "ranks/rank0/events.jsonl").read_text().splitlines()]
-    steps = {e["step"]: e for e in events if e["kind"] == "step"}
-    host = {e["op"]: e for e in events if e["kind"] == "host"}
+    events = list(iter_events(run_dir, 0, {StepRecord.KIND, HostRecord.KIND}))
+    steps = {e.step: e for e in events if isinstance(e, StepRecord)}
+    host = {e.op: e for e in events if isinstance(e, HostRecord)}
     return {"command": " ".join(f"{k}={v}" for k, v in env_extra.items()) + " " + shlex.join(train[1:]),
             "rows": rows, "steps": steps, "host": host}
 
@@ -72,16 +75,15 @@ def show(name: str, r: dict) -> None:
     for row in r["rows"]:
         step = f" step {row['step']}" if row.get("step") is not None else ""
         print(f"  {row['metric']}{step}: predicted {row['predicted']}, measured {row['measured']} ({row['verdict']})")
-    late = [s for n, s in sorted(r["steps"].items()) if n is not None and n >= 6]
-    times = [s["step_time_s"] for s in late]
+    # the first step after the window, torch.profiler's extra step and the trace export (cli/demo.py)
+    times = [s.step_time_s for n, s in sorted(r["steps"].items()) if n >= MIN_DEMO_ITERS]
     if times:
-        print(f"  steps 6+: median {1e3 * statistics.median(times):.1f} ms over {len(times)}")
+        print(f"  steps {MIN_DEMO_ITERS}+: median {1e3 * statistics.median(times):.1f} ms over {len(times)}")
     for op in ("pass.forward", "pass.backward", "launch", "eager", "gemm"):
         if op in r["host"]:
             h = r["host"][op]
-            prof = h.get("profiled_seconds")
-            print(f"  host sweep {op}: {1e6 * h['seconds']:.1f} us"
-                  + (f", under the profiler {1e6 * prof:.1f} us" if prof else ""))
+            print(f"  host sweep {op}: {1e6 * h.seconds:.1f} us"
+                  + (f", under the profiler {1e6 * h.profiled_seconds:.1f} us" if h.profiled_seconds else ""))
 
 
 def main() -> None:
