@@ -94,6 +94,9 @@ def main() -> None:
                    "pace moves from run to run)")
     p.add_argument("--out", type=Path, default=ROOT / "runs/out/cupti_teardown")
     a = p.parse_args()
+    if a.train_iters < MIN_DEMO_ITERS or a.repeats < 1:
+        p.error(f"--train-iters must be at least {MIN_DEMO_ITERS} (the window and a step after it) and --repeats at "
+                "least 1")
     a.out.mkdir(parents=True, exist_ok=True)
     for round_ in range(1, a.repeats + 1):
         for name, variant in VARIANTS.items():
