@@ -60,13 +60,10 @@ def _moe_lines(moe: dict[str, Any]) -> list[str]:
 
 
 def _transients(memory: dict[str, Any], stage: int) -> str:
-    """What the peak holds beside the saved activations: the phase's transients and persistent buffers (Megatron-LM's
-    layers), else this engine's logits transient, shown apart."""
+    """What the peak holds beside the saved activations: the phase's transients and persistent buffers."""
     phase = memory["peak_phase_per_stage"][stage]
     extra = {**phase["transients"], **phase["persistent"]}
-    if extra:
-        return "in the peak: " + ", ".join(f"{name} {size(n)}" for name, n in extra.items())
-    return f"logits transient {size(memory['logits_transient_bytes_per_stage'][stage])} (not added to the peak)"
+    return "; in the peak: " + ", ".join(f"{name} {size(n)}" for name, n in extra.items()) if extra else ""
 
 
 def render(plan: dict[str, Any]) -> str:
@@ -98,7 +95,7 @@ def render(plan: dict[str, Any]) -> str:
             f"{size(s['grad_buffer'])} (padding {size(s['padding'])}), master {size(s['master_params'])}, "
             f"Adam m {size(s['adam_m'])}, v {size(s['adam_v'])}, fp32 grad copy {size(s['grad_fp32_copy'])}",
             f"    activations {size(me['activation_bytes_per_stage'][i])} "
-            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']}); "
+            f"({me['activation_in_flight_per_stage'][i]} in flight, recompute {me['recompute']})"
             + _transients(me, i),
             f"    peak {size(me['peak_bytes_per_stage'][i])} ({me['peak_phase_per_stage'][i]['name']})",
             f"    other recompute modes: {_other_recompute_modes(me, i)}",

@@ -50,8 +50,7 @@ def render(sim: Simulation) -> str:
         kept = "".join(f" + {name} {size(n)}" for name, n in m["persistent"].items())
         lines.append(f"  stage {m['stage']}: {size(m['total'])} ({percent(m['of_hbm'])} of HBM) = static "
                      f"{size(m['static'])}{kept} + activations {size(m['activations'])} ({m['peak_phase']}) + "
-                     f"outside PyTorch {size(m['outside_pytorch'])} (logits transient "
-                     f"{size(m['logits_transient'])})")
+                     f"outside PyTorch {size(m['outside_pytorch'])}")
     if "moe" in d:
         moe = d["moe"]
         lines += ["", f"mixture of experts: {moe['num_experts']} experts, top-{moe['topk']}, ep {moe['ep']}, expert dp "

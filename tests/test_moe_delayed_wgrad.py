@@ -21,7 +21,7 @@ from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
 from ledger.models.formulas.activations import delayed_wgrad_bytes, delayed_wgrad_flush_bytes
-from ledger.models.formulas.peak_phases import stage_phases
+from ledger.models.formulas.peak_phases import peak_phase, stage_phases
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.pricing import Pricing
 from ledger.models.time_model.ops import chunk_backward, chunk_forward, delayed_expert_wgrad
@@ -105,17 +105,24 @@ def test_the_ledger_holds_each_backwards_expert_operands_until_the_flush():
     """mixtral-8x7b-2l at seq 4096: T k = 4,096 x 2 = 8,192 rows a layer (1,024 an expert, a multiple of 16), each
     leaving h + 2f + f + h = 51,200 bf16 values held: 838,860,800 B a layer and micro-batch, 8 x 2 of them by the
     flush, beside one fc1's concatenated operands (8 x 1,024 rows x (2f + h)). The last steady backward holds the
-    7 earlier micro-batches' and, as the loss's backward starts, the logits' gradient and the output weight's
-    placeholder (32,000 x 4,096 bf16 each)."""
+    7 earlier micro-batches' and, in the output layer's backward, the logits' gradient, the output weight's
+    placeholder (32,000 x 4,096 bf16 each) and the layer's input gradient (4,096 x 4,096 bf16), the loss's saved
+    logits freed."""
     cfg = parse_args(MIXTRAL.split())
     assert delayed_wgrad_bytes(cfg) == 8192 * ROW_BYTES == 838_860_800
     assert delayed_wgrad_flush_bytes(cfg) == 8 * 1024 * (2 * 14336 + 4096) * 2
-    saved, last, flush = stage_phases(cfg, 0)
-    assert last.activations == saved.activations + 7 * 2 * 838_860_800
-    assert last.transients == {"the loss's gradient (logits)": 262_144_000,
-                               "output weight's gradient placeholder": 262_144_000}
+    plain = stage_phases(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()), 0)
+    saved, loss, output, last, last_loss, last_output, flush = stage_phases(cfg, 0)
+    assert plain == [saved, loss, output]
+    held = 7 * 2 * 838_860_800
+    assert last.activations == saved.activations + held and not last.transients
+    assert last_loss.activations == loss.activations + held and last_loss.transients == loss.transients
+    assert last_output.activations == output.activations + held
+    assert last_output.transients == {"the loss's gradient (logits)": 262_144_000,
+                                      "output weight's gradient": 262_144_000,
+                                      "output layer's input gradient": 4096 * 4096 * 2}
+    assert peak_phase(cfg, 0) == last_output
     assert flush.activations == 8 * 2 * 838_860_800
-    assert stage_phases(parse_args(MIXTRAL.replace(" --moe-delay-expert-wgrad", "").split()), 0) == [saved]
 
 
 def test_grouped_the_held_operands_are_every_rows_and_the_flush_each_experts():

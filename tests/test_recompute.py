@@ -27,6 +27,7 @@ from ledger.evidence.run import RankEvidence
 from ledger.evidence.traces import normalize_op
 from ledger.models.formulas import activations
 from ledger.models.formulas.comm import tp_collectives
+from ledger.models.formulas.peak_phases import peak_phase
 from ledger.models.formulas.static_memory import static_bytes
 from ledger.models.plan import build_plan
 from ledger.reconcile.memory import rank_rows
@@ -248,13 +249,12 @@ def test_plan_shows_the_runs_mode_with_the_others_beside_it(flags, modes):
     assert memory["recompute"] == modes[0] and "logsumexp" in memory["recompute_convention"]
     by_mode, peaks = memory["activation_bytes_per_stage_by_recompute"], memory["peak_bytes_per_stage_by_recompute"]
     assert list(by_mode) == list(peaks) == modes
-    assert memory["activation_bytes_per_stage"] == by_mode[modes[0]] == [
-        activations.stage_activation_bytes(cfg, i) for i in (0, 1)]
+    assert memory["activation_bytes_per_stage"] == by_mode[modes[0]] == [peak_phase(cfg, i).total for i in (0, 1)]
     assert memory["peak_bytes_per_stage"] == peaks[modes[0]]
     # static memory does not depend on the mode: peak - activations is the same for all
     assert len({tuple(p - a for p, a in zip(peaks[m], by_mode[m])) for m in modes}) == 1
     text = render(build_plan(cfg))
-    assert f"recompute {modes[0]}); logits transient" in text
+    assert f"recompute {modes[0]}); in the peak: the loss's gradient (logits)" in text  # the last stage's
     assert all(f"{m}: activations" in text for m in modes[1:])
 
 

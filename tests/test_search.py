@@ -97,8 +97,7 @@ def test_plan_reports_the_shared_peak_function():
     memory = build_plan(cfg)["memory"]
     peaks = stage_peaks(cfg)
     assert memory["peak_bytes_per_stage"] == peak_bytes_per_stage(cfg) == [p.total for p in peaks]
-    assert memory["peak_bytes_per_stage"] == [p.static.total + p.activations for p in peaks]  # transient apart
-    assert memory["logits_transient_bytes_per_stage"] == [p.logits_transient for p in peaks]
+    assert memory["peak_bytes_per_stage"] == [p.static.total + p.activations for p in peaks]
     assert memory["static_bytes_per_stage"] == [p.static.to_dict() for p in peaks]
 
 

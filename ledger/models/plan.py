@@ -28,10 +28,11 @@ BYTES_PER_PARAM_CONVENTION = ("per TP/PP-local parameter: param + main grad + fp
                               "Adam m, v, sharded per strategy, after the first step (Megatron's table); no "
                               "activations, padding or temporaries")
 PEAK_CONVENTION = ("static (largest DP rank of the stage, after the first step) + the largest phase of the step "
-                   "(ledger/models/formulas/peak_phases.py): this engine's saved activations at the schedule's peak, "
-                   "its last stage's logits transient shown apart, not added (the measured peaks of its real runs do "
-                   "not include it); Megatron-LM's layers: their saved tensors and the phase's transients (the loss's "
-                   "16-bit logits, unfused attention's score matrices) added, with Megatron's global memory buffer; "
+                   "(ledger/models/formulas/peak_phases.py): this engine's saved activations at the schedule's peak "
+                   "and its last stage's loss and output-layer backwards (the loss's gradient, the output weight's "
+                   "gradient, the layer's input gradient beside what is still saved); Megatron-LM's layers: their "
+                   "saved tensors and the phase's transients (the loss's 16-bit logits, unfused attention's score "
+                   "matrices) added, with Megatron's global memory buffer; "
                    "no cuBLAS workspaces (a device's: simulate), CUDA context, NCCL buffers or fragmentation")
 RECOMPUTE_CONVENTION = ("activations and peak under the run's recompute mode; *_by_recompute: the same run under each "
                         "mode. selective checkpoints the core attention (SDPA) call, which with flash attention frees "
@@ -110,7 +111,6 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
     modes = {label: activations.with_recompute(cfg, r) for label, r in activations.comparison_modes(cfg).items()}
     peaks_by_mode = {label: stage_peaks(c, static_per_stage) for label, c in modes.items()}
     act_by_mode = {label: [s.activations for s in peaks] for label, peaks in peaks_by_mode.items()}
-    transient = [s.logits_transient for s in next(iter(peaks_by_mode.values()))]
     peak_by_mode = {label: [s.total for s in peaks] for label, peaks in peaks_by_mode.items()}
     run_mode = activations.recompute_label(cfg.recompute)
     return {
@@ -127,7 +127,6 @@ def _memory(cfg: RunConfig) -> dict[str, Any]:
         "recompute": run_mode, "recompute_convention": RECOMPUTE_CONVENTION,
         "activation_bytes_per_stage": act_by_mode[run_mode],
         "activation_bytes_per_stage_by_recompute": act_by_mode,
-        "logits_transient_bytes_per_stage": transient,
         "peak_phase_per_stage": [{"name": p.phase.name, "transients": p.phase.transients, "persistent": p.persistent}
                                  for p in peaks_by_mode[run_mode]],
         "peak_bytes_per_stage": peak_by_mode[run_mode],

@@ -9,9 +9,8 @@
   memory.peak_term.<term>      each term of the prediction alone, largest first in the peak row's explanation:
                                formula only (one allocator figure cannot be split), unless a memory snapshot
                                splits the peak by allocation site (ledger/evidence/memory_snapshot.py)        5%
-The split and the terms are emitted for Megatron-LM's layers, whose transients peak_phases.py models (this engine's
-phase is its saved activations alone, validated on the total: on a short-sequence H200 run, tests/fixtures/
-gpu_h200_llama1b_l2, its peak lies 268 MB, about its 16-bit logits, above that phase). The workspaces come from the
+The split and the terms are emitted for both engines' layers, whose phases and transients peak_phases.py models
+(this engine's last stage peaks in its loss's or its output layer's backward). The workspaces come from the
 device's calibration (ledger/models/calibration/<device>.json); a device without one
 gets none, and the explanation says so. 8 MiB: the small tensors a run keeps between steps (RoPE tables, loss
 accumulators, RNG state), 1.4 to 4.9 MiB on our H200 runs.

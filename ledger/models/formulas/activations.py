@@ -215,27 +215,56 @@ def loss_chunk_tokens(cfg: RunConfig) -> int:
 
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
     """Final norm input + rstd (+ mean), output layer input (and under --fp8-output-layer its input's and weight's fp8
-    casts), and the loss: a bool target mask and int64 masked targets per token, and
-    - unfused (Megatron's vocab-parallel cross-entropy): the fp32 softmax over the local vocab slice;
-    - fused over chunks of tokens (linear): two fp32 figures per token (the max and the sum of exponentials), and one
-      chunk's logits and their gradient, which the loss's backward holds at once while every activation is still
-      saved (counted here, not as the logits transient)."""
+    casts), and what the loss saves (loss_saved_bytes)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     s, b = local_seq_length(cfg), cfg.train.micro_batch_size
     a, sp = activation_bytes(cfg), _sp_div(cfg)
     vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    loss = (8 * s * b + 2 * a * loss_chunk_tokens(cfg) * vocab // t if m.linear_cross_entropy
-            else 4 * s * b * vocab // t)
     # --fp8-output-layer: the compiled matmul also keeps its input's and its weight's 1-byte casts (FP8)
     fp8_head = s * b * m.hidden_size // sp + vocab // t * m.hidden_size if cfg.implementation.fp8_output_layer else 0
     return (sum(norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp + fp8_head
-            + loss + s * b * (1 + 8))
+            + loss_saved_bytes(cfg))
+
+
+def loss_saved_bytes(cfg: RunConfig) -> int:
+    """The loss's saved tensors: a bool target mask and int64 masked targets per token, and
+    - Megatron-LM's vocab-parallel cross-entropy: the fp32 softmax over the local vocab slice;
+    - this engine's (engine/tensor_parallel/cross_entropy.py): the 16-bit logits and two fp32 figures per token (the
+      max and the sum of exponentials), from which its backward recomputes the softmax;
+    - fused over chunks of tokens (linear): the two fp32 figures, and one chunk's logits and their gradient, which
+      the loss's backward holds at once while every activation is still saved (counted here, not as the logits
+      transient)."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    tokens, a = local_seq_length(cfg) * cfg.train.micro_batch_size, activation_bytes(cfg)
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    if m.linear_cross_entropy:
+        loss = 8 * tokens + loss_chunk_bytes(cfg)
+    elif cfg.implementation.megatron:
+        loss = 4 * tokens * vocab // t
+    else:
+        loss = 8 * tokens + a * tokens * vocab // t
+    return loss + tokens * (1 + 8)
+
+
+def loss_chunk_bytes(cfg: RunConfig) -> int:
+    """One chunk's 16-bit logits and their gradient in the fused loss's backward (--cross-entropy-fusion-impl
+    linear)."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    return 2 * activation_bytes(cfg) * loss_chunk_tokens(cfg) * vocab // t
+
+
+def output_input_grad_bytes(cfg: RunConfig) -> int:
+    """The output layer's input gradient, [s, b, h] in 16-bit: whole-sequence under SP too (the dgrad GEMM's output,
+    before its reduce-scatter)."""
+    return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * cfg.model.hidden_size
 
 
 def logits_transient_bytes(cfg: RunConfig) -> int:
-    """The 16/32-bit logits (forward) or their gradient (backward) beside the saved fp32 softmax on the last stage:
-    live only around the loss, so counted in the peak but not in the saved activations. None with the loss fused
-    over chunks: the micro-batch's logits never exist (the chunk's are in last_stage_extra_bytes)."""
+    """The 16/32-bit logits (Megatron-LM: forward, beside the fp32 softmax it saves) or their gradient (this engine:
+    backward, beside the logits it saved) on the last stage: live only around the loss, so counted in the peak's
+    phases but not in the saved activations. None with the loss fused over chunks: the micro-batch's logits never
+    exist (the chunk's are in loss_saved_bytes)."""
     m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
     if m.linear_cross_entropy:
         return 0

@@ -12,11 +12,9 @@ a few elements between DP ranks), after the first step:
   + the largest of the step's phases (peak_phases.py): saved activations at the schedule's peak, and for
     Megatron-LM's layers the transients beside them (the loss's 16-bit logits, unfused attention's score matrices,
     the optimizer's temporaries).
-For this engine the phase is the saved activations alone, the logits transient (activations.logits_transient_bytes)
-reported beside it, not added: on every real H200 run we have (tests/fixtures/h200_llama1b) the allocator's measured
-peak equals static + workspaces + activations within 0.12% (tests/test_h200_claims.py). With the loss fused over
-chunks (--cross-entropy-fusion-impl linear) there is no such transient: the chunk's logits are in the last stage's
-activations (activations.last_stage_extra_bytes).
+For this engine the phases are the saved activations at the schedule's peak and, on the last stage, the loss's and
+the output layer's backwards (peak_phases.output_backward): on every real H200 run we have the allocator's measured
+peak equals static + workspaces + the largest within 0.3% (tests/test_h200_claims.py).
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation (device_memory.py estimates what lies outside
 PyTorch; the caller adds it where it judges a device's capacity).
 """
@@ -25,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.config import RunConfig
-from ledger.models.formulas.activations import logits_transient_bytes
 from ledger.models.formulas.core_attention import persistent_buffer_bytes
 from ledger.models.formulas.cuda_graphs import graph_bytes
 from ledger.models.formulas.peak_phases import Phase, kept_batch_bytes, peak_phase
@@ -40,7 +37,6 @@ KEPT_BATCHES = "the iteration's batches (Megatron-LM's rerun data iterator keeps
 class StagePeak:
     static: StaticBytes
     activations: int  # the peak phase's saved tensors and transients
-    logits_transient: int
     phase: Phase | None = None
     persistent: dict[str, int] = field(default_factory=dict)  # kept between steps beside the static state
 
@@ -71,8 +67,7 @@ def stage_peaks(cfg: RunConfig, static: list[StaticBytes] | None = None, workspa
     for i in range(pp):  # TP rank 0: the one that keeps the batches, where they are kept
         phase = peak_phase(cfg, i)
         peaks.append(StagePeak(static=static[i], activations=phase.total, phase=phase,
-                               persistent=persistent_bytes(cfg, workspaces, i),
-                               logits_transient=logits_transient_bytes(cfg) if i == pp - 1 else 0))
+                               persistent=persistent_bytes(cfg, workspaces, i)))
     return peaks
 
 

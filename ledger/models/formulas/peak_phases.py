@@ -2,12 +2,12 @@
 micro-batches in flight keep plus named transients; the peak is the largest (docs/formulas.md, "The peak's
 phases").
 
-This engine: the saved activations at the schedule's peak (activations.stage_activation_bytes); its runs' measured
-peaks equal static + that within 0.3% with nothing added (tests/test_h200_claims.py). Under --moe-delay-expert-wgrad
-two more, as every backward leaves its experts' weight-gradient operands held (activations.delayed_wgrad_bytes):
-  last steady backward  the schedule's peak with the operands of the backwards before it (m v - in flight of them);
-                        on the last stage as its backward starts, beside them, the loss's gradient (the logits
-                        transient) and the output weight's gradient placeholder (its linear added into main_grad)
+This engine: the saved activations at the schedule's peak (activations.stage_activation_bytes) and on the last
+stage the loss's and the output layer's backwards (output_backward); its dense runs' measured peaks equal static +
+the largest within 0.2% (tests/test_peak_phases_h200.py). Under --moe-delay-expert-wgrad two more, as every backward
+leaves its experts' weight-gradient operands held (activations.delayed_wgrad_bytes):
+  last steady backward  the schedule's peak with the operands of the backwards before it (m v - in flight of them),
+                        and on the last stage its loss's and output layer's backwards with them held
   delayed wgrads        after the last backward: every chunk-micro-batch's operands, and the flush's largest
                         concatenation beside them (activations.delayed_wgrad_flush_bytes)
 Megatron-LM's layers (implementation transformer_impl local or transformer_engine):
@@ -77,7 +77,8 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
     of the micro-batches in flight are among them (peak_memory.persistent_bytes) and not counted here again."""
     if not cfg.implementation.megatron:
         saved = activations.stage_activation_bytes(cfg, pp_rank)
-        return [Phase("saved activations at the schedule's peak", saved), *delayed_wgrad_phases(cfg, pp_rank, saved)]
+        return [Phase("saved activations at the schedule's peak", saved), *output_backward(cfg, pp_rank),
+                *delayed_wgrad_phases(cfg, pp_rank, saved)]
     kept = kept_batches(cfg, pp_rank, tp_rank)
     phases = [Phase("backward of the oldest micro-batch",
                     activations.stage_activation_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0))]
@@ -89,6 +90,29 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
     return phases
 
 
+def output_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str = "") -> list[Phase]:
+    """This engine's last stage as its backward starts, with `held` bytes more than a forward's end (the delayed
+    expert operands); none on other stages. Unfused, the loss's backward holds its gradient beside the logits it
+    saved; then the output layer's, the loss's tensors freed, holds that gradient beside the output weight's
+    gradient (DDP's placeholder where the wgrad GEMM added into main_grad, else the 16-bit dL/dW) and the layer's
+    input gradient. Fused (--cross-entropy-fusion-impl linear), one backward holds the input gradient throughout, a
+    16-bit dL/dW too where it is not added into main_grad, and the placeholder once its chunks are done."""
+    if pp_rank != cfg.parallel.pipeline_model_parallel_size - 1:
+        return []
+    end = activations.end_of_forward_bytes(cfg, pp_rank) + held
+    weight_grad = {"output weight's gradient": activations.output_weight_bytes(cfg)}
+    input_grad = {"output layer's input gradient": activations.output_input_grad_bytes(cfg)}
+    if cfg.model.linear_cross_entropy:
+        during = {**input_grad, **({} if cfg.implementation.gradient_accumulation_fusion else weight_grad)}
+        return [Phase(f"{label}fused output layer and loss backward", end, during),
+                Phase(f"{label}fused output layer and loss backward, its chunks done",
+                      end - activations.loss_chunk_bytes(cfg), {**input_grad, **weight_grad})]
+    grad = {"the loss's gradient (logits)": activations.logits_transient_bytes(cfg)}
+    return [Phase(f"{label}loss backward", end, grad),
+            Phase(f"{label}output layer backward", end - activations.loss_saved_bytes(cfg),
+                  {**grad, **weight_grad, **input_grad})]
+
+
 def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase]:
     """The two moments --moe-delay-expert-wgrad adds (module docstring); none without it."""
     per_chunk = activations.layers_per_chunk(cfg) * activations.delayed_wgrad_bytes(cfg)
@@ -96,12 +120,8 @@ def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase
         return []
     total = cfg.num_microbatches * num_chunks(cfg)
     before_last = max(0, total - activations.in_flight(cfg, pp_rank))
-    loss = {}
-    if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
-        loss = {"the loss's gradient (logits)": activations.logits_transient_bytes(cfg),
-                "output weight's gradient placeholder": activations.output_weight_bytes(cfg)}
-    return [Phase("last steady backward, the earlier backwards' expert operands held", saved + before_last * per_chunk,
-                  loss),
+    return [Phase("last steady backward, the earlier backwards' expert operands held", saved + before_last * per_chunk),
+            *output_backward(cfg, pp_rank, before_last * per_chunk, "last steady backward's "),
             Phase("delayed expert wgrads", total * per_chunk,
                   {"one weight's operands concatenated": activations.delayed_wgrad_flush_bytes(cfg)})]
 

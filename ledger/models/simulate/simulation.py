@@ -6,8 +6,8 @@ tokens/s, TFLOP/s and MFU under both conventions, and the textbook figures besid
 
 Memory is the ledger's own (ledger/models/formulas/peak_memory.py: static of the largest DP rank + the hardware file's
 allocator workspaces and Megatron-LM's global buffer + the step's largest phase: this engine's saved activations at the
-schedule's peak with the logits transient shown, not added; Megatron-LM's layers with their transients) plus the
-outside-PyTorch estimate of the hardware file's overheads (ledger/models/formulas/device_memory.py: driver, CUDA
+schedule's peak or its last stage's loss and output-layer backwards; Megatron-LM's layers with their transients) plus
+the outside-PyTorch estimate of the hardware file's overheads (ledger/models/formulas/device_memory.py: driver, CUDA
 context, one NCCL communicator per group the rank joins, library modules), against the file's HBM. Time is
 ledger.models.time_model.predict_step on the Calibration the hardware file gives
 (ledger/models/simulate/calibration.py): the same replay that reconciles our runs, priced from a datasheet and our
@@ -92,7 +92,7 @@ class Simulation:
             "memory": {"fits": self.fits, "per_stage": [{
                 "stage": m.stage, "static": m.peak.static.total, "persistent": m.peak.persistent,
                 "activations": m.peak.activations, "peak_phase": m.peak.phase.name,
-                "logits_transient": m.peak.logits_transient, "outside_pytorch": m.outside_pytorch,
+                "outside_pytorch": m.outside_pytorch,
                 "total": m.total, "of_hbm": m.total / hw.hbm_bytes} for m in self.memory]},
             "step": {"step_time_s": step.step_time, "terms_s": step.terms, "critical_stage": step.critical_stage,
                      "per_stage": [{"stage": s.stage, "forward_s": s.compute.forward, "backward_s": s.compute.backward,
