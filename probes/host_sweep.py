@@ -17,14 +17,14 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from common.ops import host as prim
+from probes.graph_capture import capture_stream_mismatch_quiet
 from probes.profiler import torch_profile
 
 # (calls, repeats, chain nodes, warm-up calls): a CPU rank's primitives compute on the calling thread, so fewer calls
@@ -118,7 +118,7 @@ class _Bench:
         # One compiled function for every measurement (a compile takes seconds): one fused kernel each way.
         self.compiled = torch.compile(lambda t: t * 2.0 + 1.0, fullgraph=True) if self.cuda else None
         self.graphs = (_graph(self.x.clone(), 1), _graph(self.x.clone(), GRAPH_NODES)) if self.cuda else ()
-        with torch.enable_grad(), _stand_ins_warmed_on_a_side_stream():
+        with torch.enable_grad(), capture_stream_mismatch_quiet():
             self.graphed = _graphed_layers(self.x, self.chain) if self.cuda else ()
 
     def drain(self) -> None:
@@ -197,20 +197,6 @@ def _chains(b: _Bench) -> dict[str, Callable[[int], torch.Tensor]]:
     return chains
 
 
-@contextmanager
-def _stand_ins_warmed_on_a_side_stream() -> Iterator[None]:
-    """make_graphed_callables warms the stand-ins up on one side stream and captures them on another, and the
-    chains' backward runs on the default one: the weights' AccumulateGrad nodes meet gradients from other streams
-    by construction, and autograd warned of it (once a process, in every GPU run's output; H200, torch 2.11: from
-    make_graphed_callables' capture). The warning stays on for everything else."""
-    previous = torch._C._warn_on_accumulate_grad_stream_mismatch()
-    torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
-    try:
-        yield
-    finally:
-        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(previous)
-
-
 def _graphed(b: _Bench) -> dict[str, float]:
     """graph_node: each further node's share of a 33-node replay over a one-node one; graphed_call: a stand-in
     layer's call on a new input (copied in, as a layer's always is); graphed_backward: one node of a chain of them."""
@@ -231,7 +217,7 @@ def _measure(b: _Bench) -> dict[str, float]:
     calls = _calls(b)
     seconds = {name: b.per_call(call) for name, call in calls.items()}
     if b.cuda:
-        with _stand_ins_warmed_on_a_side_stream():
+        with capture_stream_mismatch_quiet():
             seconds.update(_graphed(b))
     chains = _chains(b)
     seconds.update({name: b.per_node(build) for name, build in chains.items()})

@@ -77,13 +77,14 @@ def test_the_passes_are_timed_under_overlap_param_gather_only_where_nothing_is_g
     assert (pass_timer([torch.nn.Linear(1, 1)], cfg, state, torch.device("cuda")) is not None) is timed
 
 
-def test_the_stream_mismatch_warning_is_off_only_around_the_graphed_stand_ins():
+def test_the_stream_mismatch_warning_is_off_only_around_a_capture():
     # Plumbing (no streams on a CPU): make_graphed_callables' own side streams made autograd warn in every GPU run;
-    # the sweep turns the warning off around its stand-ins and gives the run its setting back, even on an error.
-    from probes.host_sweep import _stand_ins_warmed_on_a_side_stream
+    # the host sweep's stand-ins and the engine's graphed layers turn the warning off around their capture and give
+    # the run its setting back, even on an error.
+    from probes.graph_capture import capture_stream_mismatch_quiet
     warns = torch._C._warn_on_accumulate_grad_stream_mismatch
     assert warns()
-    with pytest.raises(RuntimeError), _stand_ins_warmed_on_a_side_stream():
+    with pytest.raises(RuntimeError), capture_stream_mismatch_quiet():
         assert not warns()
         raise RuntimeError("a capture that failed")
     assert warns()

@@ -24,6 +24,7 @@ import torch
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from probes.graph_capture import capture_stream_mismatch_quiet
 from probes.probe_set import NullProbeSet
 from probes.protocol import ProbeSetProtocol
 
@@ -59,7 +60,8 @@ def capture_layer_graphs(model: list[Any], run_config: RunConfig, device: torch.
     layers = tuple(gpt.decoder.layers)
     dtype = next(gpt.parameters()).dtype
     samples = tuple(_sample_args(gpt, run_config, device, dtype) for _ in layers)
-    torch.cuda.make_graphed_callables(layers, samples, num_warmup_iters=WARMUP_PASSES)
+    with capture_stream_mismatch_quiet():
+        torch.cuda.make_graphed_callables(layers, samples, num_warmup_iters=WARMUP_PASSES)
     for layer in layers:
         weights = fused_weights(layer)
         for weight in weights:
