@@ -3,7 +3,9 @@
 torch.cuda.make_graphed_callables warms callables up on one side stream and captures them on another, while their
 weights' AccumulateGrad nodes (kept alive by DDP's hooks, or by the caller's autograd graph) belong to the default
 stream: autograd warned of the mismatch once a process, in every GPU run's output (H200, torch 2.11). The warning
-stays on for everything else: a mismatch in training steps would be a real one.
+stays on for everything else. A graphed model's steps still meet it: the capture keeps the nodes it made on its side
+stream alive, and nodes made on the default stream beforehand make the capture fail (the legacy stream may not wait
+on a capturing one), so there it is make_graphed_callables' own, as in Megatron-LM's graphed runs.
 """
 from __future__ import annotations
 
