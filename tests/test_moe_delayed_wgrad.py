@@ -20,7 +20,12 @@ from engine.tensor_parallel.layers import flush_delayed_weight_grads
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.expert_parallel import EPGroup
 from engine.transformer.moe.moe_layer import MoEContext, MoELayer
-from ledger.models.formulas.activations import delayed_wgrad_bytes, delayed_wgrad_flush_bytes
+from ledger.models.formulas.activations import (
+    delayed_wgrad_bytes,
+    delayed_wgrad_flush_bytes,
+    end_of_forward_bytes,
+    last_stage_extra_bytes,
+)
 from ledger.models.formulas.peak_phases import peak_phase, stage_phases
 from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.pricing import Pricing
@@ -138,6 +143,30 @@ def test_grouped_the_held_operands_are_every_rows_and_the_flush_each_experts():
     flush = delayed_expert_wgrad(cfg, 0)
     assert [w.op.name for w in flush] == [DELAYED_CAT, "linear_fc2.wgrad", DELAYED_CAT, "linear_fc1.wgrad"] * 16
     assert {dict(w.op.dims)["k"] for w in flush if w.op.name != DELAYED_CAT} == {8 * 1024}
+
+
+@pytest.mark.parametrize("delayed", [False, True], ids=["plain", "delayed"])
+def test_grouped_experts_peak_as_their_fc1_returns_every_experts_weight_gradient(delayed):
+    """mixtral-8x7b-2l, --moe-grouped-gemm: the last layer's grouped fc1 backward returns the 8 experts' weight
+    gradient placeholders at once, 8 x 28,672 x 4,096 bf16 = 1.75 GiB, beside fc1's output gradient (8,192 x 28,672),
+    its input gradient (8,192 x 4,096) and the residual stream's (4,096 x 4,096); the loss, output layer and final
+    norm, and this layer's combine rows (8,193 x 4,096) and SwiGLU input are freed, and fc2's input (8,192 x 14,336)
+    too unless the flush holds it, with fc2's output gradient beside it. That moment outweighs the output layer's
+    backward by about a GiB, and under --moe-delay-expert-wgrad it holds the 7 earlier micro-batches' operands."""
+    flags = MIXTRAL.replace("--moe-pad-expert-rows 16", "--moe-grouped-gemm")
+    cfg = parse_args((flags if delayed else flags.replace(" --moe-delay-expert-wgrad", "")).split())
+    phase = peak_phase(cfg, 0)
+    assert phase.name == ("last steady backward's " if delayed else "") + \
+        "grouped expert fc1 backward (the chunk's last layer)"
+    transients = {"fc1's output gradient": 8192 * 28672 * 2, "fc1's input gradient": 8192 * 4096 * 2,
+                  "every local expert's fc1 weight gradient": 8 * 28672 * 4096 * 2,
+                  "residual stream gradient": 4096 * 4096 * 2}
+    if delayed:
+        transients["fc2's output gradient (held for the flush)"] = 8192 * 4096 * 2
+    assert phase.transients == transients
+    freed = 8193 * 4096 * 2 + 8192 * 28672 * 2 + (0 if delayed else 8192 * 14336 * 2)
+    held = 7 * 2 * 838_860_800 if delayed else 0
+    assert phase.activations == (end_of_forward_bytes(cfg, 0) - last_stage_extra_bytes(cfg) - freed + held)
 
 
 def test_the_time_model_moves_each_experts_wgrad_to_one_gemm_over_the_steps_rows():

@@ -7,7 +7,8 @@ stage the loss's and the output layer's backwards (output_backward); its dense r
 the largest within 0.2% (tests/test_peak_phases_h200.py). Under --moe-delay-expert-wgrad two more, as every backward
 leaves its experts' weight-gradient operands held (activations.delayed_wgrad_bytes):
   last steady backward  the schedule's peak with the operands of the backwards before it (m v - in flight of them),
-                        and on the last stage its loss's and output layer's backwards with them held
+                        and on the last stage its loss's and output layer's backwards with them held (and the
+                        grouped experts' fc1 backward, grouped_fc1_backward, which peaks without the delay too)
   delayed wgrads        after the last backward: every chunk-micro-batch's operands, and the flush's largest
                         concatenation beside them (activations.delayed_wgrad_flush_bytes)
 Megatron-LM's layers (implementation transformer_impl local or transformer_engine):
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.config.implementation_config import FOREACH_ADAM
+from common.ops.shapes import ExpertShapes
 from common.ops.sizes import DTYPE_BYTES, local_seq_length, padded_vocab_size
 from ledger.models.formulas import activations, core_attention, megatron_layer
 from ledger.models.formulas.params import num_chunks
@@ -78,7 +80,7 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
     if not cfg.implementation.megatron:
         saved = activations.stage_activation_bytes(cfg, pp_rank)
         return [Phase("saved activations at the schedule's peak", saved), *output_backward(cfg, pp_rank),
-                *delayed_wgrad_phases(cfg, pp_rank, saved)]
+                *grouped_fc1_backward(cfg, pp_rank), *delayed_wgrad_phases(cfg, pp_rank, saved)]
     kept = kept_batches(cfg, pp_rank, tp_rank)
     phases = [Phase("backward of the oldest micro-batch",
                     activations.stage_activation_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0))]
@@ -113,6 +115,31 @@ def output_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str = ""
                   {**grad, **weight_grad, **input_grad})]
 
 
+def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str = "") -> list[Phase]:
+    """--moe-grouped-gemm: the chunk's last layer in backward as its experts' fc1 returns, `held` bytes more than a
+    forward's end (the delayed expert operands). One backward returns every local expert's weight gradient at once
+    (grouped_gemm_util._GroupedLinear: DDP's placeholder each, E [2f/t, h] tensors), beside fc1's output gradient
+    (SwiGLU's backward), its input gradient and the residual stream's. Freed by then: the last stage's extras (the
+    loss, the output layer's input, the final norm's), and this layer's combine rows, SwiGLU input and (unless its
+    operands are held for the flush, with its output gradient) fc2's input. None without grouped experts."""
+    x = ExpertShapes.of(cfg)
+    if x is None or not x.grouped:
+        return []
+    m, a, rows = cfg.model, DTYPE_BYTES[cfg.train.params_dtype], x.grouped_rows
+    saved = activations.moe_saved_tensors(cfg)
+    delayed = bool(activations.delayed_wgrad_bytes(cfg))
+    freed = (saved["combine.expert_rows=experts.output"] + saved["experts.swiglu.input=linear_fc1.output"]
+             + (0 if delayed else saved["experts.linear_fc2.input"]))
+    last = pp_rank == cfg.parallel.pipeline_model_parallel_size - 1
+    before = activations.end_of_forward_bytes(cfg, pp_rank) - (activations.last_stage_extra_bytes(cfg) if last else 0)
+    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
+    grads = {"fc1's output gradient": a * rows * x.fc1, "fc1's input gradient": a * rows * m.hidden_size,
+             "every local expert's fc1 weight gradient": x.local_experts * a * x.fc1 * m.hidden_size,
+             "residual stream gradient": a * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // sp,
+             **({"fc2's output gradient (held for the flush)": a * rows * m.hidden_size} if delayed else {})}
+    return [Phase(f"{label}grouped expert fc1 backward (the chunk's last layer)", before - freed + held, grads)]
+
+
 def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase]:
     """The two moments --moe-delay-expert-wgrad adds (module docstring); none without it."""
     per_chunk = activations.layers_per_chunk(cfg) * activations.delayed_wgrad_bytes(cfg)
@@ -122,6 +149,7 @@ def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase
     before_last = max(0, total - activations.in_flight(cfg, pp_rank))
     return [Phase("last steady backward, the earlier backwards' expert operands held", saved + before_last * per_chunk),
             *output_backward(cfg, pp_rank, before_last * per_chunk, "last steady backward's "),
+            *grouped_fc1_backward(cfg, pp_rank, before_last * per_chunk, "last steady backward's "),
             Phase("delayed expert wgrads", total * per_chunk,
                   {"one weight's operands concatenated": activations.delayed_wgrad_flush_bytes(cfg)})]
 
