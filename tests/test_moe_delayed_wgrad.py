@@ -81,6 +81,30 @@ def test_the_experts_gradients_wait_for_the_flush_then_equal_the_per_microbatch_
     assert all(not hasattr(p, "delayed_wgrad") for n, p in delayed.named_parameters() if not n.startswith("experts."))
 
 
+def test_padded_experts_hold_their_own_operands_so_no_held_view_keeps_a_whole_tensor():
+    """--moe-pad-expert-rows with --moe-delay-expert-wgrad: every expert's held operands are tensors of their own,
+    the unpadded experts' too (a view would keep the layer's dispatched rows, or combine's gradient, alive to the
+    flush), and the flushed gradients are still the per-micro-batch sums."""
+    cfg = parse_args((MOE + " --moe-pad-expert-rows 4 --moe-delay-expert-wgrad").split())
+    layer = MoELayer(cfg.model, 0, moe=MoEContext(ep=EPGroup(None, 1, 0)), tp=TPGroup(None, 1, 0),
+                     params_dtype=torch.float32, device="cpu", seed=3)
+    plain = _layer(False)
+    for param in layer.parameters():
+        param.main_grad = torch.zeros_like(param)
+        param.grad_added_to_main_grad = False
+    _backwards(layer)
+    _backwards(plain)
+    counts = layer.record.tokens.tolist()
+    assert any(c % 4 == 0 for c in counts) and any(c % 4 for c in counts)  # unpadded and padded experts both
+    for name, param in _experts(layer).items():
+        for held in (t for pair in param.delayed_wgrad for t in pair):  # no storage beyond the operand's own bytes
+            assert held.untyped_storage().nbytes() == held.numel() * held.element_size(), name
+    flush_delayed_weight_grads(layer)
+    for name, param in _experts(layer).items():
+        torch.testing.assert_close(param.main_grad, dict(plain.named_parameters())[name].main_grad, rtol=1e-5,
+                                   atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.parametrize("experts", [[], ["--moe-grouped-gemm"]], ids=["sequential", "grouped"])
 def test_a_training_run_with_delayed_expert_gradients_is_the_per_microbatch_run(experts):
     base = ["--model", "tiny", "--num-layers", "2", "--micro-batch-size", "1", "--global-batch-size", "4",

@@ -15,7 +15,11 @@ almost every call (its first call at a shape chooses a kernel on the host: milli
 
 Under --moe-delay-expert-wgrad every expert weight's gradient waits for the step's end (tensor_parallel/layers.py
 delay_weight_grad): each micro-batch's backward holds its input rows and output gradient, and finalize_model_grads
-computes dL/dW once over all of them, at ~m T k / E rows instead of m GEMMs of ~T k / E rows each.
+computes dL/dW once over all of them, at ~m T k / E rows instead of m GEMMs of ~T k / E rows each. With both flags
+an expert whose rows need no padding still goes through the padded path: its rows a view of the layer's dispatched
+tensor and its output gradient a view of combine's, the held operands would keep both whole tensors alive to the
+step's end where the padded experts hold their own copies (64 MiB each a layer and micro-batch on mixtral-8x7b-2l,
+which an H200 snapshot showed: BENCHMARKS.md, 2026-12-04).
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class SequentialMLP(torch.nn.Module):
             if config.moe_delay_expert_wgrad:
                 delay_weight_grad(param)
         self.pad_rows = config.moe_pad_expert_rows
+        self.copies_unpadded = bool(config.moe_pad_expert_rows and config.moe_delay_expert_wgrad)
 
     def registration_order(self) -> Sequence[int]:
         """The order the experts are registered in, hence their parameters' order (by global index)."""
@@ -69,9 +74,10 @@ class SequentialMLP(torch.nn.Module):
         return torch.cat([self._expert(expert, chunk) for expert, chunk in zip(self.local_experts(), chunks)])
 
     def _expert(self, expert: MLP, rows: torch.Tensor) -> torch.Tensor:
-        """One expert on its rows, padded under --moe-pad-expert-rows (module docstring)."""
+        """One expert on its rows, padded under --moe-pad-expert-rows, its own copies of them whatever the padding
+        where its operands are held for the flush (module docstring)."""
         pad = padded_rows(rows.shape[0], self.pad_rows) - rows.shape[0]
-        if pad == 0:
+        if pad == 0 and not self.copies_unpadded:
             return expert(rows)
         return expert(F.pad(rows, (0, 0, 0, pad)))[:rows.shape[0]]
 
