@@ -4,21 +4,17 @@ device op covers inside that window."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "runs" / "bench" / "engine_vii.py"
+from tests.support.bench import bench_script
 
 
 @pytest.fixture(scope="module")
 def engine_vii():
-    spec = importlib.util.spec_from_file_location("engine_vii", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("engine_vii")
 
 
 def _write(path: Path, events: list[dict]) -> Path:

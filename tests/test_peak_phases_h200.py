@@ -23,6 +23,7 @@ from ledger.models.formulas import peak_phases
 from ledger.models.formulas.peak_memory import stage_peaks
 from ledger.models.formulas.peak_phases import Phase
 from ledger.reconcile.memory import memory_rows
+from tests.support.bench import bench_script
 from tests.support.recorded_runs import FIXTURES
 
 RESULTS = Path(__file__).resolve().parents[1] / "runs/bench/results"
@@ -111,3 +112,15 @@ def test_the_snapshot_names_the_output_weights_placeholder_as_what_reached_the_p
     (row,) = [r for r in memory_rows(read_run(run)) if r.metric == "memory.peak_allocated"]
     assert f"({OUTPUT};" in row.explanation
     assert abs(row.predicted / split.peak - 1) < 0.001 and abs(relative(row)) < 0.001
+
+
+def test_peak_moment_names_what_reached_the_peak_and_refuses_a_directory_without_a_snapshot(tmp_path, capsys):
+    script = bench_script("peak_moment")
+    assert script.main([str(FIXTURES / "h200_peak_moment" / "l2"), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "the peak 7,941,079,168 B" in out
+    assert "set by an alloc of 501.0 MiB at layers.py:fused_weight_grad_placeholder" in out
+    assert len([line for line in out.splitlines() if "block(s)" in line]) == 3
+    assert script.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no memory snapshot here" in err and len(err.strip().splitlines()) == 1
