@@ -81,6 +81,16 @@ def test_the_experts_gradients_wait_for_the_flush_then_equal_the_per_microbatch_
     assert all(not hasattr(p, "delayed_wgrad") for n, p in delayed.named_parameters() if not n.startswith("experts."))
 
 
+def test_the_grouped_moment_is_left_out_where_full_recompute_rebuilds_the_last_layer():
+    # Rebuilt in its own backward, the layer's saved tensors are not the forward's: that moment is not modelled.
+    flags = MIXTRAL.replace("--moe-pad-expert-rows 16", "--moe-grouped-gemm").replace(" --moe-delay-expert-wgrad", "")
+    names = {method: [p.name for p in stage_phases(parse_args((
+        f"{flags} --recompute-granularity full --recompute-method {method} --recompute-num-layers 1").split()), 0)]
+        for method in ("uniform", "block")}
+    assert not [n for n in names["uniform"] if n.startswith("grouped")]  # every layer rebuilt
+    assert [n for n in names["block"] if n.startswith("grouped")]  # only the first layer rebuilt
+
+
 def test_padded_experts_hold_their_own_operands_so_no_held_view_keeps_a_whole_tensor():
     """--moe-pad-expert-rows with --moe-delay-expert-wgrad: every expert's held operands are tensors of their own,
     the unpadded experts' too (a view would keep the layer's dispatched rows, or combine's gradient, alive to the

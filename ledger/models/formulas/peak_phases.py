@@ -121,9 +121,10 @@ def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str
     (grouped_gemm_util._GroupedLinear: DDP's placeholder each, E [2f/t, h] tensors), beside fc1's output gradient
     (SwiGLU's backward), its input gradient and the residual stream's. Freed by then: the last stage's extras (the
     loss, the output layer's input, the final norm's), and this layer's combine rows, SwiGLU input and (unless its
-    operands are held for the flush, with its output gradient) fc2's input. None without grouped experts."""
+    operands are held for the flush, with its output gradient) fc2's input. None without grouped experts, and none
+    where full recompute rebuilds that layer in its backward (not modelled: no real run of it)."""
     x = ExpertShapes.of(cfg)
-    if x is None or not x.grouped:
+    if x is None or not x.grouped or activations.checkpoint_groups(cfg)[-1][1]:
         return []
     m, a, rows = cfg.model, DTYPE_BYTES[cfg.train.params_dtype], x.grouped_rows
     saved = activations.moe_saved_tensors(cfg)
