@@ -213,15 +213,21 @@ def loss_chunk_tokens(cfg: RunConfig) -> int:
     return min(LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, local_seq_length(cfg) * cfg.train.micro_batch_size)
 
 
+def vocab_shard(cfg: RunConfig) -> int:
+    """The output layer's columns on one TP rank: the padded vocabulary (a multiple of t) over t."""
+    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    return padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t
+
+
 def last_stage_extra_bytes(cfg: RunConfig) -> int:
     """Final norm input + rstd (+ mean), output layer input (and under --fp8-output-layer its input's and weight's fp8
     casts), and what the loss saves (loss_saved_bytes)."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
+    m = cfg.model
     s, b = local_seq_length(cfg), cfg.train.micro_batch_size
     a, sp = activation_bytes(cfg), _sp_div(cfg)
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     # --fp8-output-layer: the compiled matmul also keeps its input's and its weight's 1-byte casts (FP8)
-    fp8_head = s * b * m.hidden_size // sp + vocab // t * m.hidden_size if cfg.implementation.fp8_output_layer else 0
+    fp8_head = (s * b * m.hidden_size // sp + vocab_shard(cfg) * m.hidden_size
+                if cfg.implementation.fp8_output_layer else 0)
     return (sum(norm_saved(cfg, "final_layernorm").values()) + a * s * b * m.hidden_size // sp + fp8_head
             + loss_saved_bytes(cfg))
 
@@ -234,24 +240,20 @@ def loss_saved_bytes(cfg: RunConfig) -> int:
     - fused over chunks of tokens (linear): the two fp32 figures, and one chunk's logits and their gradient, which
       the loss's backward holds at once while every activation is still saved (counted here, not as the logits
       transient)."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    tokens, a = local_seq_length(cfg) * cfg.train.micro_batch_size, activation_bytes(cfg)
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    if m.linear_cross_entropy:
+    tokens, vocab = local_seq_length(cfg) * cfg.train.micro_batch_size, vocab_shard(cfg)
+    if cfg.model.linear_cross_entropy:
         loss = 8 * tokens + loss_chunk_bytes(cfg)
     elif cfg.implementation.megatron:
-        loss = 4 * tokens * vocab // t
+        loss = 4 * tokens * vocab
     else:
-        loss = 8 * tokens + a * tokens * vocab // t
+        loss = 8 * tokens + activation_bytes(cfg) * tokens * vocab
     return loss + tokens * (1 + 8)
 
 
 def loss_chunk_bytes(cfg: RunConfig) -> int:
     """One chunk's 16-bit logits and their gradient in the fused loss's backward (--cross-entropy-fusion-impl
     linear)."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    return 2 * activation_bytes(cfg) * loss_chunk_tokens(cfg) * vocab // t
+    return 2 * activation_bytes(cfg) * loss_chunk_tokens(cfg) * vocab_shard(cfg)
 
 
 def output_input_grad_bytes(cfg: RunConfig) -> int:
@@ -265,19 +267,15 @@ def logits_transient_bytes(cfg: RunConfig) -> int:
     backward, beside the logits it saved) on the last stage: live only around the loss, so counted in the peak's
     phases but not in the saved activations. None with the loss fused over chunks: the micro-batch's logits never
     exist (the chunk's are in loss_saved_bytes)."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    if m.linear_cross_entropy:
+    if cfg.model.linear_cross_entropy:
         return 0
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * vocab // t
+    return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * vocab_shard(cfg)
 
 
 def output_weight_bytes(cfg: RunConfig) -> int:
     """The output layer's weight on one TP rank ([V/t, h], 16-bit): the placeholder gradient its backward returns
     once the wgrad GEMM added into main_grad (engine/tensor_parallel/layers.py) is one of its size."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
-    return activation_bytes(cfg) * vocab // t * m.hidden_size
+    return activation_bytes(cfg) * vocab_shard(cfg) * cfg.model.hidden_size
 
 
 def in_flight(cfg: RunConfig, pp_rank: int) -> int:

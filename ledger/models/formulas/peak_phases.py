@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from common.config import RunConfig
 from common.config.implementation_config import FOREACH_ADAM
 from common.ops.shapes import ExpertShapes
-from common.ops.sizes import DTYPE_BYTES, local_seq_length, padded_vocab_size
+from common.ops.sizes import DTYPE_BYTES, local_seq_length
 from ledger.models.formulas import activations, core_attention, megatron_layer
 from ledger.models.formulas.params import num_chunks
 from ledger.models.formulas.static_memory import owned_per_dp_rank
@@ -126,17 +126,16 @@ def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str
     x = ExpertShapes.of(cfg)
     if x is None or not x.grouped or activations.checkpoint_groups(cfg)[-1][1]:
         return []
-    m, a, rows = cfg.model, DTYPE_BYTES[cfg.train.params_dtype], x.grouped_rows
+    m, a, rows = cfg.model, activations.activation_bytes(cfg), x.grouped_rows
     saved = activations.moe_saved_tensors(cfg)
     delayed = bool(activations.delayed_wgrad_bytes(cfg))
     freed = (saved["combine.expert_rows=experts.output"] + saved["experts.swiglu.input=linear_fc1.output"]
              + (0 if delayed else saved["experts.linear_fc2.input"]))
     last = pp_rank == cfg.parallel.pipeline_model_parallel_size - 1
     before = activations.end_of_forward_bytes(cfg, pp_rank) - (activations.last_stage_extra_bytes(cfg) if last else 0)
-    sp = cfg.parallel.tensor_model_parallel_size if cfg.parallel.sequence_parallel else 1
     grads = {"fc1's output gradient": a * rows * x.fc1, "fc1's input gradient": a * rows * m.hidden_size,
              "every local expert's fc1 weight gradient": x.local_experts * a * x.fc1 * m.hidden_size,
-             "residual stream gradient": a * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // sp,
+             "residual stream gradient": activations.layer_input_bytes(cfg),
              **({"fc2's output gradient (held for the flush)": a * rows * m.hidden_size} if delayed else {})}
     return [Phase(f"{label}grouped expert fc1 backward (the chunk's last layer)", before - freed + held, grads)]
 
@@ -174,10 +173,8 @@ def _unkept_mask(cfg: RunConfig, kept: bool) -> dict[str, int]:
 
 
 def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
-    logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * vocab
+    logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * activations.vocab_shard(cfg)
     saved = activations.end_of_forward_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0)
     return Phase("loss forward", saved,
                  {"output_layer.logits (16-bit, beside the loss's fp32 copy)": logits, **_unkept_mask(cfg, kept)})
