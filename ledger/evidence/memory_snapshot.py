@@ -83,22 +83,38 @@ def peak_split(path: Path) -> PeakSplit:
     trace = next((t for t in data["device_traces"] if t), None)
     if trace is None:
         raise InputError(path, "the memory snapshot's allocation trace is empty (--record-memory-history off?)")
+    at_peak = replay_to_peak(trace, path)
+    terms = dict.fromkeys((STATIC, GLOBAL_BUFFER, BATCHES, ACTIVATIONS, LOGITS, REST), 0)
+    for block in at_peak.live:
+        terms[term_of(block.get("frames") or [])] += block["size"]
+    return PeakSplit(path=path, peak=at_peak.peak, terms=terms, set_by=_site(at_peak.setter.get("frames") or []),
+                     events=len(trace))
+
+
+@dataclass(frozen=True)
+class PeakMoment:
+    """An allocation trace at its largest moment: the live bytes, the blocks live, the alloc that reached it."""
+    peak: int
+    live: list[dict[str, Any]]
+    setter: dict[str, Any]
+    index: int  # the setter's place in the trace
+
+
+def replay_to_peak(trace: list[dict[str, Any]], path: Path) -> PeakMoment:
+    """An alloc adds a block, a free_requested removes it (the allocator's allocated-bytes count); `path`, the
+    snapshot's, names it in the error an event without its fields raises."""
     live: dict[int, dict[str, Any]] = {}
-    current = peak = 0
-    at_peak: dict[int, dict[str, Any]] = {}
-    setter: dict[str, Any] = {}
+    current = 0
+    best = PeakMoment(0, [], {}, 0)
     try:
-        for e in trace:
+        for i, e in enumerate(trace):
             if e["action"] == "alloc":
                 live[e["addr"]] = e
                 current += e["size"]
-                if current > peak:
-                    peak, at_peak, setter = current, dict(live), e
+                if current > best.peak:
+                    best = PeakMoment(current, list(live.values()), e, i)
             elif e["action"] == "free_requested" and e["addr"] in live:
                 current -= live.pop(e["addr"])["size"]
     except (KeyError, TypeError) as exc:
         raise InputError(path, f"a memory snapshot trace event without {exc}") from None
-    terms = dict.fromkeys((STATIC, GLOBAL_BUFFER, BATCHES, ACTIVATIONS, LOGITS, REST), 0)
-    for block in at_peak.values():
-        terms[term_of(block.get("frames") or [])] += block["size"]
-    return PeakSplit(path=path, peak=peak, terms=terms, set_by=_site(setter.get("frames") or []), events=len(trace))
+    return best

@@ -19,7 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.errors import InputError  # noqa: E402
-from ledger.evidence.memory_snapshot import read_snapshot  # noqa: E402
+from ledger.evidence.memory_snapshot import read_snapshot, replay_to_peak  # noqa: E402
 
 PROJECT = ("/engine/", "/megatron/", "/probes/")
 MIB = 2 ** 20
@@ -33,23 +33,6 @@ def site(frames: list[dict[str, Any]], depth: int = 2) -> str:
     if not shown:
         return "no Python frame (autograd's C++ engine)"
     return " < ".join(f"{Path(str(f.get('filename'))).name}:{f.get('name')}:{f.get('line')}" for f in shown)
-
-
-def replay(trace: list[dict[str, Any]]) -> tuple[int, dict[int, dict[str, Any]], dict[str, Any], int]:
-    """(peak bytes, the blocks live then, the alloc that reached it, its index in the trace)."""
-    live: dict[int, dict[str, Any]] = {}
-    current = peak = index = 0
-    at_peak: dict[int, dict[str, Any]] = {}
-    setter: dict[str, Any] = {}
-    for i, e in enumerate(trace):
-        if e["action"] == "alloc":
-            live[e["addr"]] = e
-            current += e["size"]
-            if current > peak:
-                peak, at_peak, setter, index = current, dict(live), e, i
-        elif e["action"] == "free_requested" and e["addr"] in live:
-            current -= live.pop(e["addr"])["size"]
-    return peak, at_peak, setter, index
 
 
 def snapshot_path(arg: Path) -> Path:
@@ -75,17 +58,18 @@ def main(argv: list[str] | None = None) -> int:
         trace = next((t for t in read_snapshot(path)["device_traces"] if t), None)
         if trace is None:
             raise InputError(path, "the allocation trace is empty (--record-memory-history off?)")
-        peak, live, setter, index = replay(trace)
+        moment = replay_to_peak(trace, path)
     except InputError as exc:
         print(f"peak_moment.py: {exc}", file=sys.stderr)
         return 2
     by_site: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for block in live.values():
+    for block in moment.live:
         entry = by_site[site(block.get("frames") or [])]
         entry[0] += block["size"]
         entry[1] += 1
-    print(f"{path}: {len(trace):,} trace events; the peak {peak:,} B ({peak / MIB:,.1f} MiB) at event {index:,}, "
-          f"{len(live):,} blocks live")
+    print(f"{path}: {len(trace):,} trace events; the peak {moment.peak:,} B ({moment.peak / MIB:,.1f} MiB) at event "
+          f"{moment.index:,}, {len(moment.live):,} blocks live")
+    setter = moment.setter
     print(f"set by an alloc of {setter['size'] / MIB:,.1f} MiB at {site(setter.get('frames') or [], depth=6)}")
     for name, (size, count) in sorted(by_site.items(), key=lambda kv: -kv[1][0])[:a.top]:
         print(f"  {size / MIB:11,.1f} MiB  {count:6,} block(s)  {name}")
