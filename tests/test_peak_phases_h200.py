@@ -30,17 +30,16 @@ RESULTS = Path(__file__).resolve().parents[1] / "runs/bench/results"
 OUTPUT = "output layer backward"
 LOSS = "loss backward"
 GROUPED = "grouped expert fc1 backward (the chunk's last layer)"
+SHORT = ("h200_host_ranges/llama1b_l2_s1024", "gpu_h200_llama1b_l2", "h200_first_forward/h200_2layer",
+         "h200_host_pace/L2_all")  # the 2-layer runs at seq 1024
+GROUPED_RUNS = ("h200_moe/grouped/in_place", "h200_moe/grouped/in_place_delayed")
 # (run, the phase its peak falls in): the output layer's backward holds the output weight's gradient [V, h] and its
 # input gradient [s, h] where the loss's holds the logits' second copy [s, V], so it wins where h + s h / V >= s
-RUNS = [("h200_host_ranges/llama1b_l2_s1024", OUTPUT), ("gpu_h200_llama1b_l2", OUTPUT),
-        ("h200_first_forward/h200_2layer", OUTPUT), ("h200_host_pace/L2_all", OUTPUT),
+RUNS = [*((name, OUTPUT) for name in SHORT),
         ("h200_host_ranges/llama1b_s2048_gbs4", OUTPUT),  # s = h = 2048: by the 8 MiB input gradient
         ("h200_llama1b/8b-4layers", OUTPUT),  # s = h = 4096: by the 32 MiB input gradient
         ("h200_llama1b/s4096", LOSS), ("h200_llama1b/s8192", LOSS), ("h200_llama1b/s8192-full", LOSS),
-        ("h200_moe/grouped/in_place", GROUPED),
-        ("h200_moe/grouped/in_place_delayed", f"last steady backward's {GROUPED}")]
-GROUPED_RUNS = [name for name, _ in RUNS[-2:]]
-SHORT = [name for name, _ in RUNS[:4]]  # the 2-layer runs at seq 1024
+        (GROUPED_RUNS[0], GROUPED), (GROUPED_RUNS[1], f"last steady backward's {GROUPED}")]
 H200_WORKSPACES = 64 * 2**20  # ledger/models/calibration: the H200's cuBLAS / cuBLASLt workspaces
 
 

@@ -66,7 +66,7 @@ def run_once(shape: str, cores: str | None, iters: int, run_dir: Path) -> dict:
         raise SystemExit(f"host_pinning.py: {shlex.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
     times = step_times(run_dir)
     return {"median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
-            "steal": after[0] - before[0], "ctxt": after[1] - before[1], "command": shlex.join(cmd)}
+            "steal": after[0] - before[0], "ctxt": after[1] - before[1]}
 
 
 def main(argv: list[str] | None = None) -> int:
