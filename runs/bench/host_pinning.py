@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host_pinning.py: --train-iters must exceed {SKIPPED_STEPS + 2} and --repeats be at least 1",
               file=sys.stderr)
         return 2
+    if a.out.exists() and any(a.out.iterdir()):
+        print(f"host_pinning.py: --out {a.out}: already holds runs; choose a new directory", file=sys.stderr)
+        return 2
     medians: dict[str, list[float]] = {"unpinned": [], f"pinned {a.cores}": []}
     for round_ in range(1, a.repeats + 1):
         for name, cores in (("unpinned", None), (f"pinned {a.cores}", a.cores)):
