@@ -25,6 +25,13 @@ from common.ops.mlp import MLPOps, expert_ops, grouped_expert_ops
 from common.ops.shapes import ExpertShapes
 
 DELAYED_CAT = "moe.delayed_wgrad.cat"  # a weight's held operands made contiguous for its one wgrad
+ROUTING = ("router.topk", "moe.permute", "moe.unpermute")  # each pass a chain of small kernels (sorts, counts)
+
+
+def is_routing_kernel(name: str) -> bool:
+    """An MoE layer's router top-k, permute or unpermute pass: several kernels, so a fixed cost of its own beside the
+    bytes it moves (ledger/models/simulate/kernel_cost.py)."""
+    return name.rpartition(".")[0] in ROUTING
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1
 16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted
 from it (runs/bench/hardware_h200.py) never sees a step time it is later judged against.
 
+--moe times an MoE layer's kernels beside its GEMMs instead (router top-k, moe.permute, moe.unpermute, through the
+engine's router and dispatcher at EP 1, common/ops/moe.py) for Mixtral's layer (8 experts, top-2) and a fine-grained
+one (64 experts of width 1408, top-6, hidden 2048) at 2,048 to 16,384 tokens, with and without the load-balancing
+loss; only those kernels' records are kept (the experts' GEMMs and SwiGLU are the grid's kernels at other rows).
+
 --megatron times Megatron-LM's unfused chains instead (--transformer-impl local without its fusions: the masked
 softmax on [b, heads, s, s] in 16 bits and in fp32, K and V repeated, the unfused RoPE, SwiGLU and fp32 cross-entropy,
 torch's foreach AdamW; common/ops/megatron.py) at Llama and GPT-3 widths, seq 2048 to 8192, micro-batches 1 and 2;
@@ -19,6 +24,7 @@ Output: {"device", "torch", "records": [compute records, each with its grid poin
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import math
@@ -31,11 +37,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from common.arguments import parse_args  # noqa: E402
+from common.config import RunConfig  # noqa: E402
 from common.ops import Shapes  # noqa: E402
 from common.ops.megatron import megatron_only  # noqa: E402
+from common.ops.moe import is_routing_kernel  # noqa: E402
 from common.ops.shapes import MegatronKernels  # noqa: E402
 from common.ops.sizes import padded_vocab_size  # noqa: E402
 from engine.probe_adapters import engine_kernels  # noqa: E402
+from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
+from engine.transformer.moe.expert_parallel import EPGroup  # noqa: E402
+from engine.transformer.moe.moe_layer import MoEContext, MoELayer  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 
 # (label, hidden, ffn, heads, kv heads, vocab, tp): public shapes (Llama 3 1B / 8B / 70B, GPT-3 XL / 13B / 175B
@@ -84,6 +96,35 @@ def megatron_specs():
                _spec(h, f, heads, kv, vocab, tps[0], seq, mbs, kernels))
 
 
+# (label, flags): MoE layers whose router and dispatch kernels the --moe grid times, each at TOKENS (seq x micro-batch)
+MOE_MODELS = (
+    ("mixtral-8x7b", ["--model", "mixtral-8x7b"]),
+    ("fine-grained 64x1408 top-6", ["--num-layers", "2", "--hidden-size", "2048", "--ffn-hidden-size", "1408",
+                                    "--num-attention-heads", "16", "--vocab-size", "32000", "--num-experts", "64",
+                                    "--moe-router-topk", "6"]),
+)
+MOE_TOKENS = ((4096, 1), (2048, 1), (8192, 1), (4096, 2), (16384, 1))
+
+
+def moe_specs(device: torch.device):
+    """Each MoE layer at each (seq, micro-batch) of MOE_TOKENS, with the load-balancing loss (0.01) and without it,
+    with the engine's kernels from one such layer, built when the point is measured (its router and dispatcher at
+    EP 1)."""
+    for (label, flags), (seq, mbs) in ((m, t) for t in MOE_TOKENS for m in MOE_MODELS):
+        for aux in ("0.01", "0"):
+            cfg = parse_args([*flags, "--seq-length", str(seq), "--micro-batch-size", str(mbs),
+                              "--global-batch-size", str(mbs), "--bf16", "--moe-aux-loss-coeff", aux], world_size=1)
+            spec = compute_sweep.SweepSpec(Shapes.of(cfg), first_stage=False, last_stage=False, optimizer_numel=1,
+                                           grad_buffer_numel=1)
+            yield f"{label} s{seq} mbs{mbs} aux {aux}", spec, functools.partial(_moe_kernels, cfg, device)
+
+
+def _moe_kernels(cfg: RunConfig, device: torch.device) -> compute_sweep.EngineKernels:
+    layer = MoELayer(cfg.model, 0, moe=MoEContext(ep=EPGroup(group=None, size=1, rank=0)),
+                     tp=TPGroup(group=None, size=1, rank=0), params_dtype=torch.bfloat16, device=device, seed=1)
+    return engine_kernels([layer], cfg.model.vocab_size, device)
+
+
 def specs(quick: bool):
     """Every model once at its first TP degree and seq 4096 first (what --quick measures), then the rest of the grid:
     a run cut short by --budget-s still covers every model."""
@@ -100,22 +141,26 @@ def main() -> int:
     ap.add_argument("--micro-batches", type=int, nargs="+",
                     help="instead of the grid: every model's first TP degree at these micro-batch sizes")
     ap.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
+    ap.add_argument("--moe", action="store_true", help="an MoE layer's router and dispatch kernels instead of the grid")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch._dynamo.config.recompile_limit = 1 << 10  # the engine's compiled functions meet a new shape per grid point
     records, start, skipped = [], time.perf_counter(), []
-    grid = (megatron_specs() if args.megatron else batch_specs(args.micro_batches) if args.micro_batches
-            else specs(args.quick))
-    for label, vocab, spec in grid:
+    grid = (moe_specs(device) if args.moe else
+            ((label, spec, functools.partial(engine_kernels, [], vocab, device)) for label, vocab, spec in
+             (megatron_specs() if args.megatron else batch_specs(args.micro_batches) if args.micro_batches
+              else specs(args.quick))))
+    for label, spec, kernels in grid:
         if time.perf_counter() - start > args.budget_s:
             skipped.append(label)
             continue
         t0 = time.perf_counter()
-        found = compute_sweep.run(spec, device, engine_kernels([], vocab, device), use_cache=False)
+        found = compute_sweep.run(spec, device, kernels(), use_cache=False)
         # a Megatron grid point's other records (its GEMMs, norms) are the grid's kernels again: dropped
         found = [r for r in found if megatron_only(r["op"])] if args.megatron else found
+        found = [r for r in found if is_routing_kernel(r["op"])] if args.moe else found
         records += [{**r, "shape": label} for r in found]
         write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
         print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -124,7 +169,7 @@ def main() -> int:
           + (f"; not measured (budget): {', '.join(skipped)}" if skipped else ""))
     print(f"command: python runs/bench/hardware_sweep.py --out {args.out}" + (" --quick" if args.quick else "")
           + (f" --micro-batches {' '.join(map(str, args.micro_batches))}" if args.micro_batches else "")
-          + (" --megatron" if args.megatron else "")
+          + (" --megatron" if args.megatron else "") + (" --moe" if args.moe else "")
           + (f" --budget-s {args.budget_s:g}" if math.isfinite(args.budget_s) else ""))
     return 0
 
