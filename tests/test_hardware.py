@@ -24,7 +24,7 @@ from tests.support.recorded_runs import FIXTURES
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
 GRID_SWEEPS = [Path(__file__).resolve().parents[1] / "runs/bench/results" / name for name in (
     "2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz",
-    "2026-12-02_h200_hardware_sweep_megatron.json.gz")]
+    "2026-12-02_h200_hardware_sweep_megatron.json.gz", "2026-12-04_h200_hardware_sweep_moe.json.gz")]
 H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                       "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
 FITTED = ("gemm", "attention", "memory_bound", "sustained")
@@ -184,6 +184,10 @@ def test_a_json_list_is_refused(tmp_path):
     ("host table", lambda d: d["host"].update(seconds=[1e-6]), "host.seconds must map each host primitive"),
     ("host cpu", lambda d: d["host"].pop("cpu"), "host.cpu must name the host's CPU model"),
     ("host latency", lambda d: d["host"].update(launch_latency_s=0), "host.launch_latency_s must be positive"),
+    ("routing fixed negative", lambda d: d["memory_bound"]["fixed_s_by_kernel"].update({"moe.permute.fwd": -1e-6}),
+     "memory_bound.fixed_s_by_kernel.moe.permute.fwd must be non-negative"),
+    ("routing fixed table", lambda d: d["memory_bound"].update(fixed_s_by_kernel=[1e-6]),
+     "memory_bound.fixed_s_by_kernel must map kernel names to seconds"),
 ])
 def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change, expected):
     path = broken(tmp_path, change)

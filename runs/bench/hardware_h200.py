@@ -85,7 +85,9 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
                          for p, by in fit.attention.items()}},
         "memory_bound": {"source": f"{source}: seconds = fixed_s + bytes moved (ledger/models/simulate/kernel_cost.py "
                                    f"bytes_moved) / (HBM bandwidth x efficiency), one fixed_s, one efficiency per "
-                                   f"kernel over {fit.counts['memory_bound']} records; optimizer.step, "
+                                   f"kernel over {fit.counts['memory_bound']} records (an MoE routing pass: its own "
+                                   f"fixed_s too, fixed_s_by_kernel, with fixed_s >= 0 and efficiency <= 1); "
+                                   f"optimizer.step, "
                                    f"optimizer.step_foreach and grad_buffer.zero: bytes per element / (HBM bandwidth "
                                    f"x seconds per element); default: the median engine kernel's (Megatron-LM's "
                                    f"unfused chains left out)", **rounded(fit.memory)},

@@ -9,7 +9,9 @@ weighs 1/t^2, as ledger/models/time_model/comm.py fits links):
   attention       efficiency = flops / (peak t) per (pass, head_dim, seq) measured, as a curve over batch x heads
                   (the median of the records at one point)
   memory_bound    t = fixed_s + bytes moved / (HBM bw e_name): one shared fixed_s, one efficiency per kernel name;
-                  the default (a kernel with no record) is their median; the two rates: bytes / (HBM bw t)
+                  an MoE routing pass (router top-k, permute, unpermute: chains of small kernels) has a fixed_s of
+                  its own; the default (a kernel with no record) is the plain kernels' median; the two rates:
+                  bytes / (HBM bw t)
   sustained       the sweep's sustained.layer records: slowdown (t - memory-bound t) / compute-bound t against the
                   layer's isolated efficiency (FLOPs / (peak x compute-bound t)), a line through them
 Several records of one kernel (several runs, several ranks) give their median; cached copies count once.
@@ -30,6 +32,7 @@ from common.ops import (
     kernel,
 )
 from common.ops.megatron import megatron_only
+from common.ops.moe import is_routing_kernel
 from common.ops.sizes import DTYPE_BYTES
 from common.ops.traffic import gemm_output_bytes
 from ledger.models.simulate.kernel_cost import is_flash_attention
@@ -85,7 +88,7 @@ class HardwareFit:
     gemm: dict[str, float]  # fixed_s, compute_efficiency, epilogue_efficiency
     attention: dict[str, dict[int, dict[int, list[list[float]]]]]  # pass -> head_dim -> seq -> [[b x heads, eff]]
     attention_measured: dict[str, dict[int, list[int]]]  # pass -> head_dim -> the seqs measured
-    memory: dict[str, Any]  # fixed_s, default_efficiency, efficiency_by_kernel
+    memory: dict[str, Any]  # fixed_s, default_efficiency, efficiency_by_kernel[, fixed_s_by_kernel]
     sustained: dict[str, float]  # threshold_efficiency, slope
     residuals: list[tuple[str, str, float, float]]  # kind, kernel, measured s, fitted s
     counts: dict[str, int]
@@ -122,6 +125,8 @@ def fit_attention(points: list[Point], peak: float):
 def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int, params_dtype: str,
                grad_dtype: str):
     bound = [p for p in points if not _is_gemm(p[0]) and not is_flash_attention(p[0]) and p[0] not in PER_ELEMENT]
+    chains = [p for p in bound if is_routing_kernel(p[0])]
+    bound = [p for p in bound if not is_routing_kernel(p[0])]
     names = sorted({op for op, *_ in bound})
     nbytes = [bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) for op, d, _, _ in bound]
     rows = [[1.0] + [b / bw if op == name else 0.0 for name in names] for (op, *_), b in zip(bound, nbytes)]
@@ -137,7 +142,32 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
     # the default prices an engine kernel no sweep timed: Megatron-LM's slower unfused chains stay out of it
     block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names if not megatron_only(n)),
              "efficiency_by_kernel": by_kernel}
+    fixed_by_kernel = {}
+    for name in sorted({op for op, *_ in chains}):
+        own = [(d, t, bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) / bw) for op, d, _, t in chains
+               if op == name]
+        fixed_by_kernel[name], by_kernel[name] = _fit_chain([(s, t) for _, t, s in own])
+        residuals += [("memory", _describe(name, d), t, fixed_by_kernel[name] + s / by_kernel[name])
+                      for d, t, s in own]
+    if fixed_by_kernel:
+        block["fixed_s_by_kernel"] = fixed_by_kernel
     return block, residuals
+
+
+def _fit_chain(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed seconds, efficiency) of one MoE routing pass from its (seconds at full HBM bandwidth, measured seconds)
+    points, least squares on relative error within fixed >= 0 and efficiency <= 1: a pass whose time barely grows
+    with its bytes (the permute waits for the counts' read) is a fixed cost at full bandwidth."""
+    if len({s for s, _ in points}) > 1:
+        fixed, inv = solve_weighted([[1.0, s] for s, _ in points], [t for _, t in points])
+        if fixed >= 0 and inv >= 1:
+            return fixed, 1 / inv
+        if fixed < 0:
+            (inv,) = solve_weighted([[s] for s, _ in points], [t for _, t in points])
+            if inv >= 1:
+                return 0.0, 1 / inv
+    (fixed,) = solve_weighted([[1.0] for _ in points], [t - s for s, t in points])
+    return max(fixed, 0.0), 1.0
 
 
 def fit_sustained(records: list[dict[str, Any]], peak: float) -> dict[str, float]:

@@ -93,10 +93,15 @@ class AttentionCost:
 
 @dataclass(frozen=True)
 class MemoryCost:
-    """seconds = fixed_s + bytes moved / (HBM bandwidth x efficiency of the kernel's name, else default)."""
+    """seconds = fixed + bytes moved / (HBM bandwidth x efficiency of the kernel's name, else default); fixed is
+    fixed_s but for a chain of kernels fitted with its own (an MoE routing pass)."""
     fixed_s: float
     default_efficiency: float
     kernels: tuple[tuple[str, float], ...]  # name -> efficiency (fraction of HBM bandwidth)
+    fixed_by_kernel: tuple[tuple[str, float], ...] = ()  # name -> its own fixed seconds
+
+    def fixed(self, name: str) -> float:
+        return dict(self.fixed_by_kernel).get(name, self.fixed_s)
 
     def efficiency(self, name: str, proxy: str | None = None) -> float:
         """The kernel's own efficiency, else its proxy's (a kernel of the same access pattern), else the default."""
@@ -265,11 +270,16 @@ def _memory(r: _Reader) -> MemoryCost:
     kernels = r.node("efficiency_by_kernel", r.sourced("memory_bound"), "memory_bound.")
     if not isinstance(kernels, dict):
         raise r.fail("memory_bound.efficiency_by_kernel", "must map kernel names to efficiencies")
+    fixed = r.sourced("memory_bound").get("fixed_s_by_kernel", {})
+    if not isinstance(fixed, dict):
+        raise r.fail("memory_bound.fixed_s_by_kernel", "must map kernel names to seconds")
     return MemoryCost(
         fixed_s=r.inner("memory_bound", "fixed_s", zero=True),
         default_efficiency=r.inner("memory_bound", "default_efficiency", at_most=1.0),
         kernels=tuple(sorted((name, r.check(f"memory_bound.efficiency_by_kernel.{name}", e, at_most=1.0))
-                             for name, e in kernels.items())))
+                             for name, e in kernels.items())),
+        fixed_by_kernel=tuple(sorted((name, r.check(f"memory_bound.fixed_s_by_kernel.{name}", s, zero=True))
+                                     for name, s in fixed.items())))
 
 
 def _protocols(r: _Reader) -> tuple[tuple[str, Protocol], ...]:

@@ -25,9 +25,9 @@ Memory-bound kernels (everything else): fixed_s + bytes moved / (HBM bandwidth x
   moved is the least a kernel must read and write once (its inputs and outputs at their dtypes,
   common/ops/traffic.py `bytes_moved`), so a kernel that makes several passes, upcasts to fp32 or scatters shows as
   a lower efficiency, fitted per name (a name with no fit: its PROXY's, else the file's default). An MoE layer's
-  router top-k, permute and unpermute (common/ops/moe.py) have no fit yet: the default efficiency, optimistic for
-  kernels that sort, scatter and upcast (the engine's unpermute sums in fp32); an expert's GEMMs are GEMMs at its
-  row count.
+  router top-k, permute and unpermute passes (common/ops/moe.py) are each a chain of small kernels (softmax, top-k,
+  counts, sorts, a read of the counts to the host): their own fixed term and efficiency, fitted on the MoE grid
+  (runs/bench/hardware_sweep.py --moe); an expert's GEMMs are GEMMs at its row count.
 
 Per-element rates (common/ops RATE_OPS): `optimizer.step` per main param and `grad_buffer.zero` per grad element, their
 bytes per element (common/ops/traffic.py) at HBM bandwidth x their fitted efficiency.
@@ -90,7 +90,7 @@ def attention_seconds(hw: Hardware, kernel: Kernel, dtype: str) -> float:
 
 
 def memory_seconds(hw: Hardware, name: str, nbytes: float) -> float:
-    return hw.memory.fixed_s + nbytes / (hw.hbm_bandwidth * hw.memory.efficiency(name, PROXY.get(name)))
+    return hw.memory.fixed(name) + nbytes / (hw.hbm_bandwidth * hw.memory.efficiency(name, PROXY.get(name)))
 
 
 def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) -> float:
