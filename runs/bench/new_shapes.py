@@ -1,0 +1,80 @@
+"""Shapes no committed run has had, for judging `simulate` the way held-out runs judge it: the predictions are
+written from config and the hardware file before the device runs them (BENCHMARKS.md, 2026-12-04 third entry).
+
+    python3 runs/bench/new_shapes.py --predict            # one line a shape: simulate's step and peak, then the command
+    python3 runs/bench/new_shapes.py --flags NAME         # the shape's training flags (runs/bench/new_shapes_h200.sh)
+    python3 runs/bench/new_shapes.py --names              # the shapes' names, in run order
+
+Two launch-bound shapes (hidden 768-1024, the GPU idle much of the step), two in between and two GPU-bound ones;
+every run as runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common.arguments import parse_args  # noqa: E402
+from common.errors import ConfigError  # noqa: E402
+from ledger.models.simulate.hardware import load_hardware  # noqa: E402
+from ledger.models.simulate.simulation import simulate  # noqa: E402
+
+TRAIN = ["--bf16", "--use-distributed-optimizer", "--lr", "3e-4", "--min-lr", "3e-5", "--lr-warmup-iters", "1",
+         "--weight-decay", "0.1", "--clip-grad", "1.0", "--all-probes"]
+SMALL = ["--model", "llama3.2-1b", "--num-query-groups", "4"]
+SHAPES = {
+    "lb_h1024_l8_s1024_mbs4": SMALL + ["--num-layers", "8", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
+                                       "--num-attention-heads", "16", "--seq-length", "1024", "--micro-batch-size",
+                                       "4", "--global-batch-size", "16"],
+    "lb_h768_l6_s512_mbs8": SMALL + ["--num-layers", "6", "--hidden-size", "768", "--ffn-hidden-size", "3072",
+                                     "--num-attention-heads", "12", "--seq-length", "512", "--max-position-embeddings",
+                                     "512", "--micro-batch-size", "8", "--global-batch-size", "32"],
+    "mid_llama1b_l8_s2048_mbs2": ["--model", "llama3.2-1b", "--num-layers", "8", "--seq-length", "2048",
+                                  "--micro-batch-size", "2", "--global-batch-size", "8"],
+    "mid_h1536_l12_s1024_mbs2": SMALL + ["--num-layers", "12", "--hidden-size", "1536", "--ffn-hidden-size", "6144",
+                                         "--num-attention-heads", "12", "--seq-length", "1024", "--micro-batch-size",
+                                         "2", "--global-batch-size", "16"],
+    "gb_llama1b_s4096_mbs2": ["--model", "llama3.2-1b", "--seq-length", "4096", "--micro-batch-size", "2",
+                              "--global-batch-size", "16"],
+    "gb_llama8b_l2_s4096": ["--model", "llama3.1-8b", "--num-layers", "2", "--seq-length", "4096",
+                            "--micro-batch-size", "1", "--global-batch-size", "4"],
+}
+
+
+def flags(name: str) -> list[str]:
+    return TRAIN + SHAPES[name]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--predict", action="store_true")
+    what.add_argument("--flags", metavar="NAME")
+    what.add_argument("--names", action="store_true")
+    args = ap.parse_args()
+    if args.names:
+        print(" ".join(SHAPES))
+    elif args.flags is not None:
+        if args.flags not in SHAPES:
+            print(f"new_shapes.py: no shape {args.flags!r} (known: {', '.join(SHAPES)})", file=sys.stderr)
+            return 2
+        print(shlex.join(flags(args.flags)))
+    else:
+        hw = load_hardware("H200")
+        for name in SHAPES:
+            try:
+                sim = simulate(parse_args(flags(name), world_size=1), hw)
+            except ConfigError as e:
+                print(f"new_shapes.py: {name}: {e}", file=sys.stderr)
+                return 2
+            peak = max(m.peak.total for m in sim.memory)
+            print(f"{name}: step {sim.step.step_time * 1e3:.1f} ms, peak {peak / 2**30:.2f} GiB")
+        print("command: python3 runs/bench/new_shapes.py --predict")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
