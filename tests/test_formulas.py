@@ -12,6 +12,7 @@ import pytest
 from common.arguments import parse_args
 from common.config import RecomputeConfig, RunConfig
 from common.errors import ConfigError
+from common.ops.sizes import padded_vocab_size
 from ledger.models.formulas import activations, bubble, comm, flops, nccl_bw, params, peak_memory
 from ledger.models.formulas.buffer_layout import (
     ParamTensor,
@@ -102,10 +103,10 @@ def test_reference_parameters_per_stage_and_per_card():
 
 
 def test_vocab_padding_to_divisible_by_times_tp():
-    assert params.padded_vocab_size(128256, 128, 2) == 128256          # 128256 = 256 x 501: no change at TP2
-    assert params.padded_vocab_size(128256, 128, 4) == 251 * 512        # 250.5 multiples of 512 -> 251
-    assert params.padded_vocab_size(1000, 8, 1) == 1000
-    assert params.padded_vocab_size(1000, 8, 2) == 63 * 16              # ceil(1000 / 16) = 63
+    assert padded_vocab_size(128256, 128, 2) == 128256          # 128256 = 256 x 501: no change at TP2
+    assert padded_vocab_size(128256, 128, 4) == 251 * 512        # 250.5 multiples of 512 -> 251
+    assert padded_vocab_size(1000, 8, 1) == 1000
+    assert padded_vocab_size(1000, 8, 2) == 63 * 16              # ceil(1000 / 16) = 63
 
 
 @pytest.mark.parametrize("untie, vocab_matrices", [("", 1), (" --untie-embeddings-and-output-weights", 2)])
@@ -352,7 +353,7 @@ def test_the_fused_loss_holds_one_chunk_of_logits_instead_of_the_micro_batchs(fl
     gradient, 2 a C V/t; nothing else changes."""
     unfused, fused = cfg(flags), cfg(flags + FUSED_LOSS)
     m = unfused.model
-    vocab = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     chunk = min(1024, tokens)
     assert activations.loss_chunk_tokens(fused) == chunk
     assert activations.loss_saved_bytes(unfused) == 2 * tokens * vocab // t + 8 * tokens + 9 * tokens
@@ -375,7 +376,7 @@ def test_the_loss_backward_sets_the_peak_of_long_sequences_with_or_without_fusio
     [s, b, h] (its dL/dW added into main_grad). The fused peak is lower by the difference."""
     unfused, fused = cfg(flags), cfg(flags + FUSED_LOSS)
     m, a = unfused.model, 2
-    vocab = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t)
     last = unfused.parallel.pipeline_model_parallel_size - 1
     peak, fused_peak = peak_memory.stage_peaks(unfused)[last], peak_memory.stage_peaks(fused)[last]
     assert peak.phase.name == "loss backward"
@@ -487,7 +488,7 @@ def test_recompute_repeats_the_forward_collectives_of_each_checkpointed_group(sp
 def test_tied_embeddings_all_reduce_their_grads_once_per_step_on_both_ends(flags, stages):
     c = cfg(f"--model tiny --global-batch-size 4 --bf16 {flags}")
     pp, tp = c.parallel.pipeline_model_parallel_size, c.parallel.tensor_model_parallel_size
-    vocab_shard = params.padded_vocab_size(1000, 8, tp) // tp
+    vocab_shard = padded_vocab_size(1000, 8, tp) // tp
     for stage in range(pp):
         col = comm.step_collectives(c, stage).get("embedding.all_reduce.word_embedding_grads[fp32]")
         if stage in stages:  # this TP rank's vocab shard of the fp32 main grad, over the 2 ranks of the group

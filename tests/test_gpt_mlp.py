@@ -14,6 +14,7 @@ import pytest
 from common.arguments import parse_args
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.ops.sizes import padded_vocab_size
 from ledger.models.formulas import activations, comm, flops, params
 from ledger.models.time_model import ops
 
@@ -126,7 +127,7 @@ def megatron_num_floating_point_operations(cfg: RunConfig) -> float:
     cannot be imported. expansion 3 x 2 x 2; attention (1 + kv/heads + s/h/2 causal) x q/h; MLP f/h x the gated
     multiplier (3/2 with --swiglu, 1 without); logit V / (2 L h)."""
     m, t = cfg.model, cfg.train
-    padded = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by,
+    padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by,
                                       cfg.parallel.tensor_model_parallel_size)
     q_ratio = m.num_attention_heads * m.head_dim / m.hidden_size
     gated = 3 / 2 if m.swiglu else 1

@@ -19,9 +19,9 @@ from common.ops.sizes import (
     fc1_width,
     local_seq_length,
     padded_rows,
-    padded_vocab_size,
     routed_tokens,
     uniform_kept_assignments,
+    vocab_shard,
 )
 
 
@@ -160,7 +160,7 @@ class Shapes:
                    qkv=(m.num_attention_heads + 2 * m.num_query_groups) * d // t,
                    query=m.num_attention_heads * d // t, ffn=m.ffn_hidden_size // t, fc1=fc1_width(m) // t,
                    swiglu=m.swiglu, rope=not m.learned_positions, norm="layer_norm" if m.layer_norm else "rms_norm",
-                   vocab=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t, tp=t,
+                   vocab=vocab_shard(cfg), tp=t,
                    sequence_parallel=p.sequence_parallel, cp=p.context_parallel_size, moe=ExpertShapes.of(cfg),
                    grad_dtype=cfg.train.grad_dtype, linear_cross_entropy=m.linear_cross_entropy,
                    megatron=MegatronKernels.of(cfg), fp8=cfg.implementation.fp8,

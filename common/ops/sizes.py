@@ -19,6 +19,17 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
     return -(-vocab_size // multiple) * multiple
 
 
+def padded_vocab(model: ModelConfig, tp: int) -> int:
+    """The model's vocabulary padded for `tp` ranks: the output layer's (and the embedding's) rows over all of them."""
+    return padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+
+
+def vocab_shard(cfg: RunConfig) -> int:
+    """The output layer's columns on one TP rank: the padded vocabulary (a multiple of t) over t."""
+    t = cfg.parallel.tensor_model_parallel_size
+    return padded_vocab(cfg.model, t) // t
+
+
 def fc1_width(model: ModelConfig) -> int:
     """linear_fc1's output width: 2f under SwiGLU (gate and up fused), f for the GeLU MLP."""
     return 2 * model.ffn_hidden_size if model.swiglu else model.ffn_hidden_size

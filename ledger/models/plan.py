@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.config import RunConfig, tying_reason
-from common.ops.sizes import expert_capacity, uniform_kept_assignments
+from common.ops.sizes import expert_capacity, padded_vocab, uniform_kept_assignments
 from ledger.models.formulas import activations, bubble, comm, flops, params
 from ledger.models.formulas.buffer_layout import expert_dp_size
 from ledger.models.formulas.bytes_per_param import (
@@ -92,7 +92,7 @@ def _config(cfg: RunConfig) -> dict[str, Any]:
 def _params(cfg: RunConfig) -> dict[str, Any]:
     m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
     per_rank = [params.params_per_rank(cfg, i) for i in range(cfg.parallel.pipeline_model_parallel_size)]
-    padded = params.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    padded = padded_vocab(m, tp)
     return {"total": params.params_total(cfg), "per_layer": params.params_per_layer(m),
             "embeddings": "untied" if m.untie_embeddings_and_output_weights else "tied",
             "embeddings_reason": tying_reason(cfg.model_preset, m.untie_embeddings_and_output_weights),

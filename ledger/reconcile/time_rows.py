@@ -30,13 +30,13 @@ from pathlib import Path
 from statistics import median
 
 from common.errors import ConfigError
+from common.ops.sizes import vocab_shard
 from common.wording import plural
 from ledger.evidence.calibration_file import CalibrationFile
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
 from ledger.models.formulas.activations import layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
-from ledger.models.formulas.params import padded_vocab_size
 from ledger.models.schedule import BACKWARD, FORWARD
 from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import Hardware, hardware_for, run_device
@@ -179,8 +179,7 @@ def _steps(ev: RunEvidence, selection: StepSelection) -> tuple[set[int], str]:
 def _terms_text(terms: dict[str, float], ev: RunEvidence) -> str:
     """The breakdown, largest first, with the parameters behind an end stage's term."""
     cfg = ev.config
-    vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by,
-                              cfg.parallel.tensor_model_parallel_size) // cfg.parallel.tensor_model_parallel_size
+    vocab = vocab_shard(cfg)
     params = {"output_layer": vocab * cfg.model.hidden_size, "embedding": vocab * cfg.model.hidden_size}
     parts = []
     for term, seconds in sorted(terms.items(), key=lambda kv: -kv[1]):

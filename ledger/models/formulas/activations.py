@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
 from common.ops.shapes import ExpertShapes
-from common.ops.sizes import local_seq_length
+from common.ops.sizes import local_seq_length, vocab_shard
 from ledger.models.formulas import core_attention, megatron_layer
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.megatron_layer import norm_saved
 from ledger.models.formulas.moe import uniform_kept_assignments
-from ledger.models.formulas.params import num_chunks, padded_vocab_size
+from ledger.models.formulas.params import num_chunks
 
 NO_RECOMPUTE = RecomputeConfig()
 # What a layer no longer keeps under selective recompute (see the module docstring).
@@ -211,12 +211,6 @@ def loss_chunk_tokens(cfg: RunConfig) -> int:
     """Tokens of one chunk of the fused output layer and loss (--cross-entropy-fusion-impl linear): the constant
     chunk, or the micro-batch's s/C b tokens when fewer."""
     return min(LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, local_seq_length(cfg) * cfg.train.micro_batch_size)
-
-
-def vocab_shard(cfg: RunConfig) -> int:
-    """The output layer's columns on one TP rank: the padded vocabulary (a multiple of t) over t."""
-    m, t = cfg.model, cfg.parallel.tensor_model_parallel_size
-    return padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, t) // t
 
 
 def last_stage_extra_bytes(cfg: RunConfig) -> int:

@@ -29,11 +29,8 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from ledger.models.formulas.params import (
-    active_params,
-    component_counts,
-    padded_vocab_size,
-)
+from common.ops.sizes import padded_vocab
+from ledger.models.formulas.params import active_params, component_counts
 
 H200_BF16_DENSE_PEAK = 989e12
 H200_FP8_DENSE_PEAK = 1979e12  # NVIDIA H200 datasheet: 3,958 TFLOP/s fp8 with sparsity
@@ -60,7 +57,7 @@ def megatron_flops_per_step(cfg: RunConfig) -> int:
     m = cfg.model
     h, L, s = m.hidden_size, m.num_layers, m.seq_length
     q = m.num_attention_heads * m.head_dim
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
+    vocab = padded_vocab(m, cfg.parallel.tensor_model_parallel_size)
     batch = cfg.train.global_batch_size
     linear = _layer_linear_weights(cfg) * L + h * vocab
     return 6 * batch * s * linear + 6 * batch * s * s * q * L
@@ -72,7 +69,7 @@ def fp8_flops_per_step(cfg: RunConfig) -> int:
     impl, m = cfg.implementation, cfg.model
     if not impl.fp8:
         return 0
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
+    vocab = padded_vocab(m, cfg.parallel.tensor_model_parallel_size)
     logits = m.hidden_size * vocab if impl.fp8_output_layer else 0
     return 6 * tokens_per_step(cfg) * (_layer_linear_weights(cfg) * m.num_layers + logits)
 

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from common.config import ModelConfig, RunConfig
-from common.ops.sizes import fc1_width, padded_vocab_size
+from common.ops.sizes import fc1_width, padded_vocab
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def component_counts(model: ModelConfig, tp: int = 1) -> dict[str, int]:
     """Full-model count of each component (tp only matters through vocab padding): one layer's components, then the
     model's own. Tied, the output layer has no parameter of its own: it multiplies by the embedding's."""
     h = model.hidden_size
-    vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    vocab = padded_vocab(model, tp)
     positions = {"position_embedding": model.max_position_embeddings * h} if model.learned_positions else {}
     return {
         **layer_component_counts(model),
@@ -181,7 +181,7 @@ def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int, ep_rank: int = 0) ->
     model, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
     pp, vpp = cfg.parallel.pipeline_model_parallel_size, num_chunks(cfg)
     h = model.hidden_size
-    vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    vocab = padded_vocab(model, tp)
     copy = embedding_copy_on_last_stage(cfg)
     tensors: list[ParamTensor] = []
     if pp_rank == 0 and chunk == 0:

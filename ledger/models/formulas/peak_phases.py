@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from common.config import RunConfig
 from common.config.implementation_config import FOREACH_ADAM
 from common.ops.shapes import ExpertShapes
-from common.ops.sizes import DTYPE_BYTES, local_seq_length
+from common.ops.sizes import DTYPE_BYTES, local_seq_length, vocab_shard
 from ledger.models.formulas import activations, core_attention, megatron_layer
 from ledger.models.formulas.params import num_chunks
 from ledger.models.formulas.static_memory import owned_per_dp_rank
@@ -174,7 +174,7 @@ def _unkept_mask(cfg: RunConfig, kept: bool) -> dict[str, int]:
 
 def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
     tokens = local_seq_length(cfg) * cfg.train.micro_batch_size
-    logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * activations.vocab_shard(cfg)
+    logits = DTYPE_BYTES[cfg.train.params_dtype] * tokens * vocab_shard(cfg)
     saved = activations.end_of_forward_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0)
     return Phase("loss forward", saved,
                  {"output_layer.logits (16-bit, beside the loss's fp32 copy)": logits, **_unkept_mask(cfg, kept)})
