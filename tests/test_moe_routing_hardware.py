@@ -15,7 +15,7 @@ import pytest
 from common.ops import Kernel
 from common.ops.moe import is_routing_kernel
 from ledger.evidence.read import read_run
-from ledger.models.simulate.fit import _fit_chain
+from ledger.models.simulate.fit import fit_routing_pass
 from ledger.models.simulate.hardware import Hardware, load_hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds
 from ledger.models.simulate.simulation import simulate
@@ -80,16 +80,16 @@ def test_the_sequential_run_stays_short_by_the_hosts_stalls_the_device_model_doe
 # ---- the per-pass fit's bounds (synthetic points: plumbing) ----------------------------------------------------
 
 def test_a_pass_that_grows_with_its_bytes_gets_its_fixed_cost_and_efficiency():
-    fixed, eff = _fit_chain([(s, 20e-6 + s / 0.4) for s in (10e-6, 20e-6, 40e-6)])
+    fixed, eff = fit_routing_pass([(s, 20e-6 + s / 0.4) for s in (10e-6, 20e-6, 40e-6)])
     assert fixed == pytest.approx(20e-6) and eff == pytest.approx(0.4)
 
 
 def test_a_pass_that_does_not_grow_with_its_bytes_is_a_fixed_cost_at_full_bandwidth():
-    fixed, eff = _fit_chain([(10e-6, 300e-6), (20e-6, 290e-6), (40e-6, 305e-6)])
+    fixed, eff = fit_routing_pass([(10e-6, 300e-6), (20e-6, 290e-6), (40e-6, 305e-6)])
     assert eff == 1.0 and 250e-6 < fixed < 300e-6
 
 
 def test_a_pass_with_no_fixed_cost_goes_through_the_origin():
     points = [(10e-6, 15e-6), (20e-6, 38e-6), (40e-6, 81e-6)]
-    fixed, eff = _fit_chain(points)
+    fixed, eff = fit_routing_pass(points)
     assert fixed == 0.0 and min(s / t for s, t in points) < eff < max(s / t for s, t in points)

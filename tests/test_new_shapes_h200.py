@@ -48,3 +48,13 @@ def test_the_other_launch_bound_miss_is_its_hosts_pace_which_its_own_host_sweep_
     assert validation("lb_h768_l6_s512_mbs8").errors()["step_time"] < -0.10
     row = only(reconcile_recorded(RUNS / "lb_h768_l6_s512_mbs8"), "throughput.step_time")
     assert abs(row.predicted / row.measured - 1) < 0.06
+
+
+def test_validate_shows_the_misses_host_ran_slowest_against_the_files_host_block():
+    # The forward range's issue on the host (the timers' host times) against the host timeline from the file: the
+    # h768 run's host took 11.2 ms a forward where the file's host would take 7.3 (-35%), the most of the six.
+    errors = {name: validation(name).errors()["host_forward"] for name in (p.name for p in RUNS.iterdir()
+                                                                           if p.is_dir())}
+    assert min(errors, key=errors.get) == "lb_h768_l6_s512_mbs8" and errors["lb_h768_l6_s512_mbs8"] < -0.30
+    v = validation("lb_h768_l6_s512_mbs8")
+    assert v.to_dict()["measured"]["host_forward_s"] == pytest.approx(11.16e-3, rel=0.01)

@@ -5,17 +5,20 @@ The prediction uses the run's configuration and the hardware file only: never th
 The measurement is what `reconcile` reads from the run (ledger/reconcile): the median step time of the steady steps,
 the largest PyTorch allocator peak over ranks (memory_stats, so the prediction compared is the allocator's part of
 the peak, without what lies outside PyTorch), and the pipeline bubble of wall time averaged over stages.
-Goals (issue 18): step time within 5%, peak memory within 3%.
+Goals (issue 18): step time within 5%, peak memory within 3%. Beside them, not a goal: the critical stage's forward
+range on the host's clock (what the host took to issue it, where the timers kept host times) against the host
+timeline's from the file's host block: where a launch-bound step misses, this says whether its host's pace did.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 from common.errors import InputError
 from ledger.evidence.read import read_run
+from ledger.models.schedule import FORWARD
 from ledger.models.simulate.hardware import hardware_for, kind_of, run_device
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.reconcile.run import reconcile_evidence
@@ -29,6 +32,7 @@ class Measured:
     peak_bytes: int | None
     bubble: float | None
     device: str | None
+    host_forward: dict[int, float] = field(default_factory=dict)  # stage -> its forward range on the host's clock
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,15 @@ class Validation:
     @property
     def predicted_peak(self) -> int:
         return max(m.peak.total for m in self.sim.memory)
+
+    @property
+    def predicted_host_forward(self) -> float | None:
+        """The critical stage's forward range on the host timeline (None without a host block)."""
+        return self.sim.step.stages[self.sim.step.critical_stage].host_ranges.get(FORWARD)
+
+    @property
+    def measured_host_forward(self) -> float | None:
+        return self.measured.host_forward.get(self.sim.step.critical_stage)
 
     @property
     def predicted_bubble(self) -> float | None:
@@ -56,7 +69,8 @@ class Validation:
         return {"step_time": rel(self.sim.step.step_time, m.step_time),
                 "peak_bytes": rel(self.predicted_peak, m.peak_bytes),
                 "bubble": (self.predicted_bubble - m.bubble) if self.predicted_bubble is not None
-                and m.bubble is not None else None}
+                and m.bubble is not None else None,
+                "host_forward": rel(self.predicted_host_forward, self.measured_host_forward)}
 
     @property
     def on_predicted_hardware(self) -> bool | None:
@@ -77,8 +91,9 @@ class Validation:
                 "device": m.device, "on_predicted_hardware": self.on_predicted_hardware,
                 "layout": self.sim.to_dict()["layout"],
                 "predicted": {"step_time_s": self.sim.step.step_time, "peak_bytes": self.predicted_peak,
-                              "bubble": self.predicted_bubble},
-                "measured": {"step_time_s": m.step_time, "peak_bytes": m.peak_bytes, "bubble": m.bubble},
+                              "bubble": self.predicted_bubble, "host_forward_s": self.predicted_host_forward},
+                "measured": {"step_time_s": m.step_time, "peak_bytes": m.peak_bytes, "bubble": m.bubble,
+                             "host_forward_s": self.measured_host_forward},
                 "errors": self.errors(), "within_goals": self.within_goals()}
 
 
@@ -91,8 +106,10 @@ def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
     step = measured_values(rows, "throughput.step_time")
     peak = measured_values(rows, "memory.peak_allocated")
     bubble = measured_values(rows, "pipeline.bubble_of_wall_time")
+    host = [r for r in rows if r["metric"] == "time.host_forward_per_microbatch" and r.get("measured") is not None]
+    host_forward = {s: median(r["measured"] for r in host if r["stage"] == s) for s in {r["stage"] for r in host}}
     return Measured(step_time=max(step) if step else None, peak_bytes=int(max(peak)) if peak else None,
-                    bubble=mean(bubble) if bubble else None, device=device)
+                    bubble=mean(bubble) if bubble else None, device=device, host_forward=host_forward)
 
 
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:

@@ -96,7 +96,7 @@ def megatron_specs():
                _spec(h, f, heads, kv, vocab, tps[0], seq, mbs, kernels))
 
 
-# (label, flags): MoE layers whose router and dispatch kernels the --moe grid times, each at TOKENS (seq x micro-batch)
+# (label, flags): MoE layers whose router and dispatch kernels the --moe grid times, each at MOE_TOKENS (seq, mbs)
 MOE_MODELS = (
     ("mixtral-8x7b", ["--model", "mixtral-8x7b"]),
     ("fine-grained 64x1408 top-6", ["--num-layers", "2", "--hidden-size", "2048", "--ffn-hidden-size", "1408",

@@ -146,7 +146,7 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
     for name in sorted({op for op, *_ in chains}):
         own = [(d, t, bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) / bw) for op, d, _, t in chains
                if op == name]
-        fixed_by_kernel[name], by_kernel[name] = _fit_chain([(s, t) for _, t, s in own])
+        fixed_by_kernel[name], by_kernel[name] = fit_routing_pass([(s, t) for _, t, s in own])
         residuals += [("memory", _describe(name, d), t, fixed_by_kernel[name] + s / by_kernel[name])
                       for d, t, s in own]
     if fixed_by_kernel:
@@ -154,7 +154,7 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
     return block, residuals
 
 
-def _fit_chain(points: list[tuple[float, float]]) -> tuple[float, float]:
+def fit_routing_pass(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(fixed seconds, efficiency) of one MoE routing pass from its (seconds at full HBM bandwidth, measured seconds)
     points, least squares on relative error within fixed >= 0 and efficiency <= 1: a pass whose time barely grows
     with its bytes (the permute waits for the counts' read) is a fixed cost at full bandwidth."""
