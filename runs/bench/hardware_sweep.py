@@ -13,6 +13,8 @@ from it (runs/bench/hardware_h200.py) never sees a step time it is later judged 
 engine's router and dispatcher at EP 1, common/ops/moe.py) for Mixtral's layer (8 experts, top-2) and a fine-grained
 one (64 experts of width 1408, top-6, hidden 2048) at 2,048 to 16,384 tokens, with and without the load-balancing
 loss; only those kernels' records are kept (the experts' GEMMs and SwiGLU are the grid's kernels at other rows).
+--experts keeps, of the same grid, the experts' GEMMs instead (linear_fc1 / linear_fc2 at the experts' row counts,
+192 to 4,096: their wgrads reduce over so few rows, which no dense shape of the grid does).
 
 --megatron times Megatron-LM's unfused chains instead (--transformer-impl local without its fusions: the masked
 softmax on [b, heads, s, s] in 16 bits and in fp32, K and V repeated, the unfused RoPE, SwiGLU and fp32 cross-entropy,
@@ -104,6 +106,7 @@ MOE_MODELS = (
                                     "--moe-router-topk", "6"]),
 )
 MOE_TOKENS = ((4096, 1), (2048, 1), (8192, 1), (4096, 2), (16384, 1))
+EXPERT_LINEARS = ("linear_fc1", "linear_fc2")  # at an MoE grid point, the experts' (every layer's MLP is experts)
 
 
 def moe_specs(device: torch.device):
@@ -142,13 +145,14 @@ def main() -> int:
                     help="instead of the grid: every model's first TP degree at these micro-batch sizes")
     ap.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
     ap.add_argument("--moe", action="store_true", help="an MoE layer's router and dispatch kernels instead of the grid")
+    ap.add_argument("--experts", action="store_true", help="the MoE grid's expert GEMMs instead of the grid")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch._dynamo.config.recompile_limit = 1 << 10  # the engine's compiled functions meet a new shape per grid point
     records, start, skipped = [], time.perf_counter(), []
-    grid = (moe_specs(device) if args.moe else
+    grid = (moe_specs(device) if args.moe or args.experts else
             ((label, spec, functools.partial(engine_kernels, [], vocab, device)) for label, vocab, spec in
              (megatron_specs() if args.megatron else batch_specs(args.micro_batches) if args.micro_batches
               else specs(args.quick))))
@@ -161,6 +165,7 @@ def main() -> int:
         # a Megatron grid point's other records (its GEMMs, norms) are the grid's kernels again: dropped
         found = [r for r in found if megatron_only(r["op"])] if args.megatron else found
         found = [r for r in found if is_routing_kernel(r["op"])] if args.moe else found
+        found = [r for r in found if r["op"].rpartition(".")[0] in EXPERT_LINEARS] if args.experts else found
         records += [{**r, "shape": label} for r in found]
         write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
         print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -170,6 +175,7 @@ def main() -> int:
     print(f"command: python runs/bench/hardware_sweep.py --out {args.out}" + (" --quick" if args.quick else "")
           + (f" --micro-batches {' '.join(map(str, args.micro_batches))}" if args.micro_batches else "")
           + (" --megatron" if args.megatron else "") + (" --moe" if args.moe else "")
+          + (" --experts" if args.experts else "")
           + (f" --budget-s {args.budget_s:g}" if math.isfinite(args.budget_s) else ""))
     return 0
 

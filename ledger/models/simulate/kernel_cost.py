@@ -9,7 +9,9 @@ GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
     do): it reads and writes m x n elements of the grad dtype.
   Fitted on the H200's sweep records (runs/bench/hardware_h200.py): the fixed term is launch, ramp and tail wave, the
   epilogue term what makes a wgrad with a short reduction (k = tokens = 1,024) run at half the efficiency of one
-  with k = 8,192. efficiency(shape) = flops / (peak x seconds).
+  with k = 8,192. efficiency(shape) = flops / (peak x seconds). Its limit, measured on the experts' grid
+  (hardware_sweep.py --experts, not in the fit): a wgrad with a large output reducing over 512-1,024 rows runs
+  12-27% slower than this says, and GEMMs of a few hundred rows 11-25% slower; no linear form fixes both.
 fp8 linears (dims fp8 = 1, --fp8-format; common/ops/linear.py): the GEMM at the file's fp8 peak with the 16-bit fit's
   fixed term and efficiency, plus its two operands' casts, memory-bound: each operand read twice (its amax, then the
   cast) and written once in one byte (5 bytes an element in bf16), at the residual add's efficiency; its output in
