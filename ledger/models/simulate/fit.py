@@ -32,7 +32,7 @@ from common.ops import (
     kernel,
 )
 from common.ops.megatron import megatron_only
-from common.ops.moe import is_routing_kernel
+from common.ops.moe import is_routing_kernel, routing_cost_name
 from common.ops.sizes import DTYPE_BYTES
 from common.ops.traffic import gemm_output_bytes
 from ledger.models.simulate.kernel_cost import is_flash_attention
@@ -143,9 +143,9 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
     block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names if not megatron_only(n)),
              "efficiency_by_kernel": by_kernel}
     fixed_by_kernel = {}
-    for name in sorted({op for op, *_ in chains}):
+    for name in sorted({routing_cost_name(op, d) for op, d, *_ in chains}):
         own = [(d, t, bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) / bw) for op, d, _, t in chains
-               if op == name]
+               if routing_cost_name(op, d) == name]
         fixed_by_kernel[name], by_kernel[name] = fit_routing_pass([(s, t) for _, t, s in own])
         residuals += [("memory", _describe(name, d), t, fixed_by_kernel[name] + s / by_kernel[name])
                       for d, t, s in own]

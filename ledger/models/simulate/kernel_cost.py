@@ -29,7 +29,8 @@ Memory-bound kernels (everything else): fixed_s + bytes moved / (HBM bandwidth x
   a lower efficiency, fitted per name (a name with no fit: its PROXY's, else the file's default). An MoE layer's
   router top-k, permute and unpermute passes (common/ops/moe.py) are each a chain of small kernels (softmax, top-k,
   counts, sorts, a read of the counts to the host): their own fixed term and efficiency, fitted on the MoE grid
-  (runs/bench/hardware_sweep.py --moe); an expert's GEMMs are GEMMs at its row count.
+  (runs/bench/hardware_sweep.py --moe), the top-k with the load-balancing loss apart (`router.topk_aux`, a longer
+  chain); an expert's GEMMs are GEMMs at its row count.
 
 Per-element rates (common/ops RATE_OPS): `optimizer.step` per main param and `grad_buffer.zero` per grad element, their
 bytes per element (common/ops/traffic.py) at HBM bandwidth x their fitted efficiency.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from common.ops import GEMM_PASSES, Kernel, bytes_moved, bytes_per_element
 from common.ops.linear import runs_in_fp8
+from common.ops.moe import routing_cost_name
 from common.ops.sizes import DTYPE_BYTES
 from common.ops.traffic import gemm_output_bytes
 from ledger.models.simulate.hardware import Hardware
@@ -108,7 +110,7 @@ def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) ->
         nbytes = bytes_moved(kernel, DTYPE_BYTES[dtype], DTYPE_BYTES[grad_dtype])
     except LookupError as e:
         raise CalibrationMissing(f"the hardware model has {e}") from None
-    return memory_seconds(hw, kernel.name, nbytes)
+    return memory_seconds(hw, routing_cost_name(kernel.name, dict(kernel.dims)), nbytes)
 
 
 def rate_seconds_per_element(hw: Hardware, op: str, params_dtype: str, grad_dtype: str) -> float:
