@@ -141,11 +141,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="one TP degree and one sequence length per model")
-    ap.add_argument("--micro-batches", type=int, nargs="+",
-                    help="instead of the grid: every model's first TP degree at these micro-batch sizes")
-    ap.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
-    ap.add_argument("--moe", action="store_true", help="an MoE layer's router and dispatch kernels instead of the grid")
-    ap.add_argument("--experts", action="store_true", help="the MoE grid's expert GEMMs instead of the grid")
+    which = ap.add_mutually_exclusive_group()  # one grid a sweep file
+    which.add_argument("--micro-batches", type=int, nargs="+",
+                       help="instead of the grid: every model's first TP degree at these micro-batch sizes")
+    which.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
+    which.add_argument("--moe", action="store_true", help="an MoE layer's router and dispatch kernels instead of the grid")
+    which.add_argument("--experts", action="store_true", help="the MoE grid's expert GEMMs instead of the grid")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
     args = ap.parse_args()
