@@ -145,7 +145,7 @@ def main() -> int:
     which.add_argument("--micro-batches", type=int, nargs="+",
                        help="instead of the grid: every model's first TP degree at these micro-batch sizes")
     which.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
-    which.add_argument("--moe", action="store_true", help="an MoE layer's router and dispatch kernels instead of the grid")
+    which.add_argument("--moe", action="store_true", help="an MoE layer's routing kernels instead of the grid")
     which.add_argument("--experts", action="store_true", help="the MoE grid's expert GEMMs instead of the grid")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
