@@ -6,7 +6,8 @@ before they ran (tests/fixtures/h200_new_shapes/README.md): what the held-out ru
   short): within 5% and 10%;
 - every peak within 0.1%;
 - the other launch-bound shape lands 17% short from the file, and within 6% from its own host sweep: its host ran
-  slower than the hardware file's (the host's pace moves 1.3-2x between runs on this machine, BENCHMARKS.md).
+  slower than the hardware file's (three more runs of that shape took 67.9-89.6 ms around the 77.1 predicted: the
+  host's pace moves between runs on this machine, BENCHMARKS.md, 2026-12-04 third entry).
 """
 from __future__ import annotations
 
