@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+from typing import Callable
 
 import pytest
 
@@ -31,10 +32,16 @@ STEP_GOAL = 0.05  # simulate --validate's goal for a one-GPU run's step time (is
 KERNEL_BAR = 0.10  # each pass of the held-out run's own sweep against the file (the grid's own spread)
 
 
+def without(hw: Hardware, dropped: Callable[[str], bool]) -> Hardware:
+    """The file without the memory-bound entries (efficiency, own fixed cost) of the names `dropped` picks."""
+    return dataclasses.replace(hw, memory=dataclasses.replace(
+        hw.memory, kernels=tuple((n, e) for n, e in hw.memory.kernels if not dropped(n)),
+        fixed_by_kernel=tuple((n, f) for n, f in hw.memory.fixed_by_kernel if not dropped(n))))
+
+
 def without_routing_fit(hw: Hardware) -> Hardware:
     """The file as it was before the MoE sweep: no efficiency or fixed cost of the routing passes."""
-    kernels = tuple((n, e) for n, e in hw.memory.kernels if not is_routing_kernel(n))
-    return dataclasses.replace(hw, memory=dataclasses.replace(hw.memory, kernels=kernels, fixed_by_kernel=()))
+    return without(hw, is_routing_kernel)
 
 
 def routing_records(run: str) -> list[tuple[Kernel, float]]:
@@ -62,9 +69,7 @@ def test_the_top_k_with_the_load_balancing_loss_is_its_own_chain():
     # router.topk_aux, the held-out run's top-k lands within 2%; without those entries, at the default kernel's price
     hw = load_hardware("H200")
     assert {"router.topk_aux.fwd", "router.topk_aux.bwd"} <= dict(hw.memory.fixed_by_kernel).keys()
-    plain = dataclasses.replace(hw, memory=dataclasses.replace(hw.memory, fixed_by_kernel=tuple(
-        (n, s) for n, s in hw.memory.fixed_by_kernel if not n.startswith("router.topk_aux")), kernels=tuple(
-        (n, e) for n, e in hw.memory.kernels if not n.startswith("router.topk_aux"))))
+    plain = without(hw, lambda name: name.startswith("router.topk_aux."))
     assert all(abs(errors(hw, "sequential")[f"router.topk.{p}"]) < 0.02 for p in ("fwd", "bwd"))
     assert all(errors(plain, "sequential")[f"router.topk.{p}"] < -0.25 for p in ("fwd", "bwd"))
 
