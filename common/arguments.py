@@ -131,6 +131,10 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
     par.add_argument("--expert-model-parallel-size", type=int, default=1)
     par.add_argument("--virtual-pipeline-model-parallel-size", type=int)
     par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    par.add_argument("--decoder-first-pipeline-num-layers", type=int,
+                     help="the first pipeline stage's decoder layers; the rest split evenly over the others")
+    par.add_argument("--decoder-last-pipeline-num-layers", type=int,
+                     help="the last pipeline stage's decoder layers; the rest split evenly over the others")
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--world-size", type=int, help="for `plan`; `train` takes it from the launcher")
 
@@ -226,6 +230,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                               context_parallel_size=ns.context_parallel_size,
                               expert_model_parallel_size=ns.expert_model_parallel_size,
                               virtual_pipeline_model_parallel_size=_virtual_pp(ns, model),
+                              decoder_first_pipeline_num_layers=ns.decoder_first_pipeline_num_layers,
+                              decoder_last_pipeline_num_layers=ns.decoder_last_pipeline_num_layers,
                               sequence_parallel=ns.sequence_parallel)
     train = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
@@ -341,6 +347,9 @@ def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     if per_stage is not None:
+        if ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage assumes even stages; with uneven ones give "
+                              "--virtual-pipeline-model-parallel-size")
         pp = ns.pipeline_model_parallel_size
         if pp < 1 or model.num_layers % (per_stage * pp):
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: num layers {model.num_layers}"

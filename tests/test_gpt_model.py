@@ -7,11 +7,9 @@ import torch
 
 from common.arguments import parse_args
 from common.config import PRESETS, ModelConfig
-from common.errors import ConfigError
 from engine.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from engine.models.gpt_model import GPTModel, build_model_chunks, set_embedding_gradient_fusion
 from engine.parallel_state import ParallelState
-from engine.transformer.transformer_block import get_layer_numbers
 from tests.support.gloo import run_distributed, world_of_one
 
 # tiny: vocab 1000 padded to a multiple of 8 x TP -> 1000 at TP=1 and 1008 at TP=2, so padding is exercised. Tied,
@@ -161,27 +159,6 @@ def test_pipeline_stages_reproduce_whole_model(pp_args):
             name = _global_name(chunk, local_name)
             torch.testing.assert_close(param.grad, whole_grads[name], rtol=1e-5, atol=1e-7,
                                        msg=lambda m: f"{name}: {m}")
-
-
-def test_get_layer_numbers_contiguous_without_vpp():
-    assert get_layer_numbers(16, 2, 0) == list(range(0, 8))
-    assert get_layer_numbers(16, 2, 1) == list(range(8, 16))
-
-
-def test_get_layer_numbers_interleaves_chunks_with_vpp():
-    assert [get_layer_numbers(8, 2, 0, 2, c) for c in (0, 1)] == [[0, 1], [4, 5]]
-    assert [get_layer_numbers(8, 2, 1, 2, c) for c in (0, 1)] == [[2, 3], [6, 7]]
-    # 16 layers, PP=4, VPP=2: chunk c of PP rank 0 is virtual stage 4c and holds layers [2 x 4c, 2 x 4c + 2)
-    # (docs/formulas.md, "Stages"), so PP rank 0 holds layers 0, 1 and 8, 9.
-    assert get_layer_numbers(16, 4, 0, 2, 0) + get_layer_numbers(16, 4, 0, 2, 1) == [0, 1, 8, 9]
-    every = sorted(n for stage in range(4) for chunk in range(2) for n in get_layer_numbers(16, 4, stage, 2, chunk))
-    assert every == list(range(16))
-
-
-@pytest.mark.parametrize("args", [(10, 4, 0), (8, 2, 0, 3, 0), (8, 2, 2)])
-def test_get_layer_numbers_rejects_uneven_or_out_of_range(args):
-    with pytest.raises(ConfigError):
-        get_layer_numbers(*args)
 
 
 @pytest.mark.parametrize("flags, vocab_matrices, expected", [([], 1, 1_235_814_400),

@@ -33,6 +33,7 @@ BASE = ["--model", "tiny", "--num-layers", "4", "--micro-batch-size", "1", "--gl
 UNTIE = ["--untie-embeddings-and-output-weights"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 VPP2 = ["--virtual-pipeline-model-parallel-size", "2"]
+UNEVEN_ENDS = ["--decoder-first-pipeline-num-layers", "1", "--decoder-last-pipeline-num-layers", "1"]
 DISTOPT_OVERLAP = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
 
 # name: (world size, model flags (the reference's too), parallel flags)
@@ -52,7 +53,19 @@ LAYOUTS = {
     "pp2-vpp2-dp2-distopt-tied": (4, [], PP2 + VPP2 + DISTOPT_OVERLAP),
     # ...each TP rank's vocab shard paired with the same TP rank's on the other stage.
     "tp2-pp2-sp-tied": (4, [], ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel"]),
+    # Uneven stages (Megatron-LM's flags): 4 layers as 1, 2, 1; tied, so the copy sits on a stage of one layer.
+    "pp3-uneven-tied": (3, [], ["--pipeline-model-parallel-size", "3", *UNEVEN_ENDS]),
+    # ...and interleaved: 12 layers as 2, 4, 4, 2, every stage's in two chunks (1, 2, 2, 1 layers a chunk).
+    "pp4-vpp2-uneven-interleaved": (4, UNTIE + ["--num-layers", "12"],
+                                    ["--pipeline-model-parallel-size", "4", *VPP2,
+                                     "--decoder-first-pipeline-num-layers", "2",
+                                     "--decoder-last-pipeline-num-layers", "2"]),
 }
+
+# Uneven stages' layers, from Megatron's rule (first and last stage their own count, the rest split evenly; chunk c
+# of stage r starts at c L/v plus the chunk-c layers of the stages before r).
+STAGE_LAYERS = {"pp3-uneven-tied": {0: [0], 1: [1, 2], 2: [3]},
+                "pp4-vpp2-uneven-interleaved": {0: [0, 6], 1: [1, 2, 7, 8], 2: [3, 4, 9, 10], 3: [5, 11]}}
 
 
 def _timed_train_rank(rank: int, world_size: int, argv: list[str]) -> dict:
@@ -76,7 +89,11 @@ def test_pipelined_training_equals_single_process(layout):
                                        msg=lambda m, n=name: f"rank {rank} {n}: {m}")
         covered |= res["params"].keys()
     assert covered == ref["params"].keys(), "the stages together hold the whole model"
-    if model_flags != UNTIE:  # tied: both ends of every pipeline held a copy, each compared with the one weight
+    if layout in STAGE_LAYERS:
+        held = {res["coordinates"]["pp"]: sorted({int(n.split(".")[2]) for n in res["params"]
+                                                  if n.startswith("decoder.layers.")}) for res in results}
+        assert held == STAGE_LAYERS[layout]
+    if UNTIE[0] not in model_flags:  # tied: both ends of every pipeline held a copy, each compared with the one weight
         ends = {0, flag_value(flags, "--pipeline-model-parallel-size") - 1}
         assert all(TIED_EMBEDDING in res["params"] for res in results if res["coordinates"]["pp"] in ends)
     # The run itself (process start-up and imports excluded: on a loaded 2-core machine they dominate).

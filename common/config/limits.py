@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from common.config.pipeline_layers import FIRST_FLAG, LAST_FLAG
 from common.config.run_config import RunConfig
 from common.errors import ConfigError
 
@@ -47,6 +48,9 @@ def _counts(cfg: RunConfig) -> list[tuple[str, int, int | None]]:
             ("--moe-router-topk", m.moe_router_topk, MAX_WIDTH),
             ("--moe-ffn-hidden-size", m.expert_ffn_hidden_size, MAX_WIDTH),
             ("--virtual-pipeline-model-parallel-size", p.virtual_pipeline_model_parallel_size or 1, MAX_LAYERS),
+            *((flag, count, MAX_LAYERS) for flag, count in
+              ((FIRST_FLAG, p.decoder_first_pipeline_num_layers), (LAST_FLAG, p.decoder_last_pipeline_num_layers))
+              if count is not None),
             ("--micro-batch-size", t.micro_batch_size, MAX_TOKENS),
             ("--global-batch-size", t.global_batch_size, None),
             ("--train-iters", t.train_iters, None), ("--log-interval", t.log_interval, None),

@@ -16,6 +16,9 @@ class ParallelConfig:
     # expert-dp = world / (tp x ep x pp) (the expert tensor-parallel size is tp, Megatron's default).
     expert_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
+    # Uneven stages (Megatron-LM's flags): the first / last stage's own layer count, the rest split evenly between.
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
     sequence_parallel: bool = False
     order: str = "tp-cp-ep-dp-pp"
     # Not a flag: what the engine that wrote a manifest did. Today's builds an NCCL communicator only for a process

@@ -11,6 +11,7 @@ from common.config.checkpoint_config import CheckpointConfig
 from common.config.implementation_config import TENSORWISE, ImplementationConfig
 from common.config.model_config import ModelConfig
 from common.config.parallel_config import ParallelConfig
+from common.config.pipeline_layers import check_pipeline_layers
 from common.config.probe_config import ProbeConfig
 from common.config.recompute_config import RecomputeConfig
 from common.config.train_config import TrainConfig
@@ -101,12 +102,11 @@ def check_sequence_parallel(cfg: RunConfig) -> None:
 
 
 def check_pipeline(cfg: RunConfig) -> None:
-    """Even stages, and micro-batches that fill the data-parallel replicas (and the interleaved schedule's rounds)."""
-    m, p, t = cfg.model, cfg.parallel, cfg.train
+    """Layers that split over the stages (pipeline_layers), and micro-batches that fill the data-parallel replicas
+    (and the interleaved schedule's rounds)."""
+    p, t = cfg.parallel, cfg.train
     pp, vpp = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
-    if m.num_layers % (pp * vpp):
-        raise ConfigError(f"--num-layers {m.num_layers} is not divisible by pipeline size {pp} x virtual size {vpp}"
-                          " (uneven stages are not supported)")
+    check_pipeline_layers(p, cfg.model.num_layers)
     dp = p.data_parallel_size
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise ConfigError(f"--global-batch-size {t.global_batch_size} is not divisible by --micro-batch-size "

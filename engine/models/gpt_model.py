@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import ModelConfig, RecomputeConfig, RunConfig
+from common.config.pipeline_layers import chunk_layer_numbers
 from common.errors import ConfigError
 from engine.fp8_utils import convert_to_fp8
 from engine.fusions.fused_linear_cross_entropy import LinearCrossEntropyModule
@@ -47,7 +48,7 @@ from engine.transformer.attention import SelfAttention, set_attention_backend
 from engine.transformer.moe.moe_layer import MoEContext
 from engine.transformer.ring_attention import CPGroup
 from engine.transformer.rotary import RotaryEmbedding
-from engine.transformer.transformer_block import TransformerBlock, get_layer_numbers
+from engine.transformer.transformer_block import TransformerBlock
 from probes.probe_set import NullProbeSet
 from probes.protocol import ProbeSetProtocol
 
@@ -165,8 +166,7 @@ def build_model_chunks(run_config: RunConfig, parallel_state: Any, device: torch
     params_dtype = torch.bfloat16 if run_config.train.bf16 else torch.float32
     chunks = []
     for chunk in range(vpp):
-        layers = get_layer_numbers(model_config.num_layers, parallel_state.pp_size, parallel_state.pp_rank,
-                                   parallel.virtual_pipeline_model_parallel_size, chunk)
+        layers = list(chunk_layer_numbers(parallel, model_config.num_layers, parallel_state.pp_rank, chunk))
         chunks.append(GPTModel(
             model_config, parallel_state,
             pre_process=parallel_state.is_pipeline_first_stage and chunk == 0,

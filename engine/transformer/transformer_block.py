@@ -18,28 +18,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from common.config import ModelConfig, RecomputeConfig
-from common.errors import ConfigError
 from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.moe.moe_layer import MoEContext
 from engine.transformer.rms_norm import RMSNorm
 from engine.transformer.transformer_layer import TransformerLayer
-
-
-def get_layer_numbers(num_layers: int, pp_size: int, pp_rank: int, vpp_size: int | None = None,
-                      vp_stage: int = 0) -> list[int]:
-    """Global (0-based) layer numbers of pipeline stage pp_rank, virtual chunk vp_stage.
-
-    Without VPP a stage holds L/p contiguous layers. With v chunks per stage, the model is cut into p*v chunks of
-    L/(p v) layers dealt round-robin over the stages: chunk c of stage i starts at c (L/v) + i (L/(p v)).
-    """
-    v = vpp_size or 1
-    if not 0 <= pp_rank < pp_size or not 0 <= vp_stage < v:
-        raise ConfigError(f"stage {pp_rank} chunk {vp_stage} is outside a pipeline of {pp_size} x {v} chunks")
-    if num_layers % (pp_size * v):
-        raise ConfigError(f"{num_layers} layers do not split evenly over pipeline size {pp_size} x virtual size {v}")
-    per_chunk = num_layers // (pp_size * v)
-    offset = vp_stage * (num_layers // v) + pp_rank * per_chunk
-    return list(range(offset, offset + per_chunk))
 
 
 def recompute_segments(num_layers: int, recompute: RecomputeConfig) -> list[tuple[int, int, bool]]:

@@ -100,7 +100,7 @@ def peak_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None, n
             measured=peak_measured - between_measured if None not in (peak_measured, between_measured) else None,
             unit="bytes", tolerance=PEAK_TOL,
             explanation=f"the {phase.name}: saved activations {_mib(phase.activations)} "
-                        f"({layers_per_chunk(cfg)} layer(s) a chunk; a layer's largest: {layer_terms(cfg)})"
+                        f"({layers_per_chunk(cfg, c['pp'])} layer(s) a chunk; a layer's largest: {layer_terms(cfg)})"
                         + "".join(f" + {name} {_mib(n)}" for name, n in phase.transients.items())
                         + "; measured: the largest peak minus the allocated between steps" + note, **where),
     ]

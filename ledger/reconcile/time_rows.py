@@ -194,9 +194,9 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
     if cfg is None:
         return []
     steps, chosen = _steps(ev, selection)
-    layers = layers_per_chunk(cfg)
     rows = []
     for s in range(cfg.parallel.pipeline_model_parallel_size):
+        layers = layers_per_chunk(cfg, s)
         ranks = [r for r in ev.ranks.values() if r.stage == s]
         predicted = model.stages.get(s)
         for kind in ("forward", "backward"):

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
+from common.config.pipeline_layers import chunk_num_layers
 from common.ops.shapes import ExpertShapes
 from common.ops.sizes import local_seq_length, vocab_shard
 from ledger.models.formulas import core_attention, megatron_layer
@@ -161,15 +162,15 @@ def layer_input_bytes(cfg: RunConfig) -> int:
     return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // _sp_div(cfg)
 
 
-def layers_per_chunk(cfg: RunConfig) -> int:
-    return cfg.model.num_layers // (cfg.parallel.pipeline_model_parallel_size * num_chunks(cfg))
+def layers_per_chunk(cfg: RunConfig, pp_rank: int) -> int:
+    return chunk_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank)
 
 
-def checkpoint_groups(cfg: RunConfig) -> list[tuple[int, bool]]:
+def checkpoint_groups(cfg: RunConfig, pp_rank: int) -> list[tuple[int, bool]]:
     """A model chunk's layers as (layers, checkpointed) groups in forward order (Megatron's _checkpointed_forward):
     uniform N groups of N (the last shorter), block N the first N one by one and the rest plain; one plain group
-    without full recompute. Every chunk of the run has the same layer count, so the same groups."""
-    r, num_layers = cfg.recompute, layers_per_chunk(cfg)
+    without full recompute. Every chunk of a stage has the same layer count, so the same groups."""
+    r, num_layers = cfg.recompute, layers_per_chunk(cfg, pp_rank)
     if r.recompute_granularity != "full":
         return [(num_layers, False)]
     n = r.recompute_num_layers
@@ -187,14 +188,14 @@ class ChunkActivations:
     backward_peak: int
 
 
-def chunk_activation_bytes(cfg: RunConfig) -> ChunkActivations:
+def chunk_activation_bytes(cfg: RunConfig, pp_rank: int) -> ChunkActivations:
     """Graphed layers (--cuda-graph-impl local) save into their graphs' pool, which the allocator counts as free
     (cuda_graphs.py): nothing here."""
     if cfg.implementation.graphed_layers:
         return ChunkActivations(saved=0, backward_peak=0)
     layer, layer_input = layer_bytes(cfg), layer_input_bytes(cfg)
     held = peak = 0
-    for layers, checkpointed in checkpoint_groups(cfg):
+    for layers, checkpointed in checkpoint_groups(cfg, pp_rank):
         if checkpointed:
             peak = max(peak, held + layers * layer)  # earlier groups still saved + this group rebuilt
         held += layer_input if checkpointed else layers * layer
@@ -297,15 +298,15 @@ def mask_bytes_in_flight(cfg: RunConfig, pp_rank: int) -> int:
 def end_of_forward_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Saved when a forward ends: every chunk-micro-batch in flight, the stage extras and the kept masks."""
     last = last_stage_extra_bytes(cfg) if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1 else 0
-    return (in_flight(cfg, pp_rank) * chunk_activation_bytes(cfg).saved + first_stage_bytes(cfg, pp_rank) + last
-            + mask_bytes_in_flight(cfg, pp_rank))
+    return (in_flight(cfg, pp_rank) * chunk_activation_bytes(cfg, pp_rank).saved + first_stage_bytes(cfg, pp_rank)
+            + last + mask_bytes_in_flight(cfg, pp_rank))
 
 
 def stage_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Peak saved activations on one TP rank of pipeline rank `pp_rank`: the larger of the moment a forward ends
     (every chunk-micro-batch in flight saved, the stage extras held) and the backward of the oldest one (the others
     saved, it at its backward peak; the last stage's loss tensors are freed before the decoder's backward starts)."""
-    held, chunk = in_flight(cfg, pp_rank), chunk_activation_bytes(cfg)
+    held, chunk = in_flight(cfg, pp_rank), chunk_activation_bytes(cfg, pp_rank)
     in_backward = ((held - 1) * chunk.saved + chunk.backward_peak + first_stage_bytes(cfg, pp_rank)
                    + mask_bytes_in_flight(cfg, pp_rank))
     return max(end_of_forward_bytes(cfg, pp_rank), in_backward)

@@ -8,11 +8,11 @@ Megatron's GPT layer does: fc1 is f x h (GeLU, no gate), every linear has a bias
 their output dim, row-parallel ones whole on every TP rank), each norm has a bias, and the first stage holds a
 max_position_embeddings x h position table, whole on every TP rank (a plain embedding, not vocab-parallel). TP splits
 every matrix (column-parallel: output dim; row-parallel: input dim; vocab-parallel: vocab dim) and replicates the
-norms. Pipeline
-stages hold `num_layers / (pp x vpp)` layers per model chunk; the embedding lives on the first chunk of pipeline rank
-0, the final norm and output layer on the last chunk of the last pipeline rank. Tied under PP > 1 the last stage
-holds a copy of the embedding as its output layer's weight (Megatron's `shared_embedding`), kept equal to the first
-stage's by an all-reduce of their gradients: a parameter of that stage, not of the model.
+norms. Pipeline stages hold `num_layers / (pp x vpp)` layers per model chunk (uneven stages:
+common.config.pipeline_layers); the embedding lives on the first chunk of pipeline rank 0, the final norm and
+output layer on the last chunk of the last pipeline rank. Tied under PP > 1 the last stage holds a copy of the
+embedding as its output layer's weight (Megatron's `shared_embedding`), kept equal to the first stage's by an
+all-reduce of their gradients: a parameter of that stage, not of the model.
 
 Mixture of experts (ModelConfig.num_experts = E; docs/formulas.md, "Mixture of experts"): every layer's MLP is a
 router, a [E, h] matrix (Megatron's TopKRouter.weight: whole on every TP rank, marked sequence_parallel; a dense
@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from common.config import ModelConfig, RunConfig
+from common.config.pipeline_layers import chunk_layer_numbers
 from common.ops.sizes import fc1_width, padded_vocab
 
 
@@ -168,11 +169,9 @@ def num_chunks(cfg: RunConfig) -> int:
 
 
 def chunk_layers(cfg: RunConfig, pp_rank: int, chunk: int) -> range:
-    """Global layer indices of a model chunk: virtual stage `chunk * pp + pp_rank` (Megatron's interleaving)."""
-    pp = cfg.parallel.pipeline_model_parallel_size
-    per_chunk = cfg.model.num_layers // (pp * num_chunks(cfg))
-    first = (chunk * pp + pp_rank) * per_chunk
-    return range(first, first + per_chunk)
+    """Global layer indices of a model chunk: virtual stage `chunk * pp + pp_rank` (Megatron's interleaving), even
+    or uneven stages (common.config.pipeline_layers)."""
+    return chunk_layer_numbers(cfg.parallel, cfg.model.num_layers, pp_rank, chunk)
 
 
 def chunk_tensors(cfg: RunConfig, pp_rank: int, chunk: int, ep_rank: int = 0) -> list[ParamTensor]:

@@ -31,14 +31,19 @@ def chunk_seconds(cfg: RunConfig, cal: Calibration) -> list[list[tuple[float, fl
     layer_b = price(ops.layer_backward(sh, prefix, cfg.recompute.recompute_granularity == "selective"), cfg, cal,
                     forward=False).seconds
     rerun: dict[int, float] = {}
-    for g, checkpointed in checkpoint_groups(cfg):
-        if checkpointed and g not in rerun:
-            rerun[g] = price(ops.recomputed(sh, list(range(g))), cfg, cal, forward=False).seconds
-    layers = layers_per_chunk(cfg)
-    body_f = layers * layer_f
-    body_b = layers * layer_b + sum(rerun[g] for g, checkpointed in checkpoint_groups(cfg) if checkpointed)
+
+    def body(s: int) -> tuple[float, float]:
+        """(forward, backward) of stage s's chunk layers (stages may hold different counts)."""
+        groups = checkpoint_groups(cfg, s)
+        for g, checkpointed in groups:
+            if checkpointed and g not in rerun:
+                rerun[g] = price(ops.recomputed(sh, list(range(g))), cfg, cal, forward=False).seconds
+        layers = layers_per_chunk(cfg, s)
+        return layers * layer_f, layers * layer_b + sum(rerun[g] for g, checkpointed in groups if checkpointed)
+
     out = []
     for s in range(cfg.parallel.pipeline_model_parallel_size):
+        body_f, body_b = body(s)
         chunks = []
         for c in range(num_chunks(cfg)):
             first, last = ops.chunk_ends(cfg, s, c)

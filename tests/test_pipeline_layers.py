@@ -1,0 +1,117 @@
+"""Which layers each pipeline stage and virtual chunk builds: even stages, and Megatron-LM's uneven ones
+(--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers), as the engine builds them and the ledger
+counts them (common.config.pipeline_layers serves both).
+
+Expectations from the rule itself: even stages hold L / p contiguous layers; with v chunks the model is cut into v
+rounds of L / v layers and each round dealt over the stages in order; uneven stages give the first / last stage
+their own count and the stages between share the rest equally.
+"""
+from __future__ import annotations
+
+import pytest
+
+from common.arguments import parse_args
+from common.config import ParallelConfig
+from common.config.pipeline_layers import check_pipeline_layers, chunk_layer_numbers, stage_num_layers
+from common.errors import ConfigError
+from ledger.models.formulas import activations, params
+
+
+def _parallel(pp: int, vpp: int | None = None, first: int | None = None, last: int | None = None) -> ParallelConfig:
+    return ParallelConfig(world_size=pp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+                          decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
+
+
+def _stage(p: ParallelConfig, num_layers: int, stage: int) -> list[int]:
+    return [n for c in range(p.virtual_pipeline_model_parallel_size or 1)
+            for n in chunk_layer_numbers(p, num_layers, stage, c)]
+
+
+def test_even_stages_are_contiguous_without_vpp():
+    assert [list(chunk_layer_numbers(_parallel(2), 16, s, 0)) for s in (0, 1)] == [list(range(8)), list(range(8, 16))]
+
+
+def test_even_stages_interleave_chunks_with_vpp():
+    p = _parallel(2, vpp=2)
+    assert [list(chunk_layer_numbers(p, 8, 0, c)) for c in (0, 1)] == [[0, 1], [4, 5]]
+    assert [list(chunk_layer_numbers(p, 8, 1, c)) for c in (0, 1)] == [[2, 3], [6, 7]]
+    # 16 layers, PP 4, VPP 2: chunk c of stage 0 is virtual stage 4c, layers [2 x 4c, 2 x 4c + 2).
+    assert _stage(_parallel(4, vpp=2), 16, 0) == [0, 1, 8, 9]
+
+
+def test_llama3_405b_stages_hold_7_then_8_then_7():
+    """126 layers over 16 stages, one fewer on the first and the last (Llama 3's balance for the embedding and the
+    loss): 7 + 14 x 8 + 7."""
+    p = _parallel(16, first=7, last=7)
+    assert [stage_num_layers(p, 126, s) for s in range(16)] == [7] + [8] * 14 + [7]
+    assert _stage(p, 126, 0) == list(range(7))
+    assert _stage(p, 126, 1) == list(range(7, 15))
+    assert _stage(p, 126, 15) == list(range(119, 126))
+
+
+def test_uneven_interleaved_stages_deal_each_round_in_stage_order():
+    """12 layers, PP 4, VPP 2, 2 on each end: stages hold 2, 4, 4, 2, so 1, 2, 2, 1 layers a chunk; round c covers
+    layers [6c, 6c + 6)."""
+    p = _parallel(4, vpp=2, first=2, last=2)
+    assert [_stage(p, 12, s) for s in range(4)] == [[0, 6], [1, 2, 7, 8], [3, 4, 9, 10], [5, 11]]
+
+
+def test_only_the_first_stage_given():
+    p = _parallel(3, first=2)
+    assert [_stage(p, 8, s) for s in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+
+
+def test_every_layer_once_over_the_stages():
+    for p, layers in ((_parallel(16, first=7, last=7), 126), (_parallel(4, vpp=2, first=2, last=2), 12),
+                      (_parallel(4, vpp=2), 16), (_parallel(3, last=1), 7)):
+        every = sorted(n for s in range(p.pipeline_model_parallel_size) for n in _stage(p, layers, s))
+        assert every == list(range(layers))
+
+
+@pytest.mark.parametrize("parallel, layers, message", [
+    (_parallel(4), 10, "not divisible by pipeline size 4"),
+    (_parallel(1, first=2), 4, "need --pipeline-model-parallel-size > 1"),
+    (_parallel(4, vpp=2, first=3, last=2), 12, "--decoder-first-pipeline-num-layers 3 is not divisible by virtual"),
+    (_parallel(4, first=1, last=1), 7, "the 5 middle layers are not divisible by 2 middle stage(s)"),
+    (_parallel(3, first=2, last=2), 4, "leave 0 of --num-layers 4 for 1 middle stage(s)"),
+    (_parallel(2, first=3, last=3), 4, "leave -2 of --num-layers 4 for 0 middle stage(s)"),
+], ids=["even-indivisible", "no-pipeline", "first-not-chunks", "middle-indivisible", "empty-middle", "too-many"])
+def test_splits_megatron_refuses(parallel, layers, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_pipeline_layers(parallel, layers)
+
+
+@pytest.mark.parametrize("pp_rank, chunk", [(2, 0), (0, 3)])
+def test_chunk_outside_the_pipeline(pp_rank, chunk):
+    with pytest.raises(ConfigError, match="outside a pipeline"):
+        chunk_layer_numbers(_parallel(2, vpp=2), 8, pp_rank, chunk)
+
+
+def _config(*flags: str, world: int):
+    return parse_args(["--model", "tiny", "--num-layers", "4", "--global-batch-size", "8", *flags],
+                      world_size=world)
+
+
+def test_flags_reach_the_ledger_per_stage():
+    """Megatron-LM's flags parse, and the ledger counts each stage's own layers: parameters and saved activations
+    per micro-batch scale with the stage's layer count (4 layers as 1, 2, 1)."""
+    cfg = _config("--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "1",
+                  "--decoder-last-pipeline-num-layers", "1", world=3)
+    assert [activations.layers_per_chunk(cfg, s) for s in range(3)] == [1, 2, 1]
+    layer = params.params_per_layer(cfg.model)
+    assert params.params_per_rank(cfg, 1) == 2 * layer  # a middle stage: layers only
+    saved = [activations.chunk_activation_bytes(cfg, s).saved for s in range(3)]
+    assert saved == [activations.layer_bytes(cfg), 2 * activations.layer_bytes(cfg), activations.layer_bytes(cfg)]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--decoder-first-pipeline-num-layers", "0", "--pipeline-model-parallel-size", "2"],
+     "--decoder-first-pipeline-num-layers must be >= 1, got 0"),
+    (["--decoder-last-pipeline-num-layers", "2"], "need --pipeline-model-parallel-size > 1"),
+    (["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2",
+      "--num-layers-per-virtual-pipeline-stage", "1"], "assumes even stages"),
+], ids=["zero", "no-pipeline", "layers-per-virtual-stage"])
+def test_bad_flags_one_line(flags, message):
+    world = 2 if "--pipeline-model-parallel-size" in flags else 1
+    with pytest.raises(ConfigError, match=message):
+        _config(*flags, world=world)
