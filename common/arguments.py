@@ -135,6 +135,10 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                      help="the first pipeline stage's decoder layers; the rest split evenly over the others")
     par.add_argument("--decoder-last-pipeline-num-layers", type=int,
                      help="the last pipeline stage's decoder layers; the rest split evenly over the others")
+    par.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                     help="count the embedding as a layer when splitting the layers over the virtual stages")
+    par.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                     help="count the output layer and loss as a layer when splitting the layers over the stages")
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--world-size", type=int, help="for `plan`; `train` takes it from the launcher")
 
@@ -232,6 +236,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                               virtual_pipeline_model_parallel_size=_virtual_pp(ns, model),
                               decoder_first_pipeline_num_layers=ns.decoder_first_pipeline_num_layers,
                               decoder_last_pipeline_num_layers=ns.decoder_last_pipeline_num_layers,
+                              account_for_embedding_in_pipeline_split=ns.account_for_embedding_in_pipeline_split,
+                              account_for_loss_in_pipeline_split=ns.account_for_loss_in_pipeline_split,
                               sequence_parallel=ns.sequence_parallel)
     train = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
@@ -347,7 +353,8 @@ def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     if per_stage is not None:
-        if ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None:
+        if (ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None
+                or ns.account_for_embedding_in_pipeline_split or ns.account_for_loss_in_pipeline_split):
             raise ConfigError("--num-layers-per-virtual-pipeline-stage assumes even stages; with uneven ones give "
                               "--virtual-pipeline-model-parallel-size")
         pp = ns.pipeline_model_parallel_size

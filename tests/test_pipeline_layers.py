@@ -1,25 +1,36 @@
-"""Which layers each pipeline stage and virtual chunk builds: even stages, and Megatron-LM's uneven ones
-(--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers), as the engine builds them and the ledger
-counts them (common.config.pipeline_layers serves both).
+"""Which layers each pipeline stage and virtual chunk builds: even stages, Megatron-LM's uneven ones
+(--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers) and its ends counted as layers
+(--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split), as the engine builds them and
+the ledger counts them (common.config.pipeline_layers serves both).
 
 Expectations from the rule itself: even stages hold L / p contiguous layers; with v chunks the model is cut into v
 rounds of L / v layers and each round dealt over the stages in order; uneven stages give the first / last stage
-their own count and the stages between share the rest equally.
+their own count and the stages between share the rest equally; counting the embedding (loss) as a layer adds a slot
+to the first (last) virtual stage that holds no decoder layer.
 """
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from common.arguments import parse_args
 from common.config import ParallelConfig
-from common.config.pipeline_layers import check_pipeline_layers, chunk_layer_numbers, stage_num_layers
+from common.config.pipeline_layers import (
+    check_pipeline_layers,
+    chunk_layer_numbers,
+    stage_num_layers,
+    virtual_stage_layers,
+)
 from common.errors import ConfigError
 from ledger.models.formulas import activations, params
 
 
-def _parallel(pp: int, vpp: int | None = None, first: int | None = None, last: int | None = None) -> ParallelConfig:
+def _parallel(pp: int, vpp: int | None = None, first: int | None = None, last: int | None = None,
+              ends: tuple[bool, bool] = (False, False)) -> ParallelConfig:
     return ParallelConfig(world_size=pp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
-                          decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
+                          decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last,
+                          account_for_embedding_in_pipeline_split=ends[0], account_for_loss_in_pipeline_split=ends[1])
 
 
 def _stage(p: ParallelConfig, num_layers: int, stage: int) -> list[int]:
@@ -56,6 +67,19 @@ def test_uneven_interleaved_stages_deal_each_round_in_stage_order():
     assert [_stage(p, 12, s) for s in range(4)] == [[0, 6], [1, 2, 7, 8], [3, 4, 9, 10], [5, 11]]
 
 
+def test_llama3_405b_as_published_one_layer_a_chunk_the_ends_alone():
+    """Llama 3 405B (Section 3.3.2): one layer fewer on the first and the last stage, the first chunk of the first
+    stage only the embedding, the last chunk of the last stage only the output layer and loss: 126 layers and the two
+    ends as 128 slots over 16 stages x 8 chunks, one slot each."""
+    p = _parallel(16, vpp=8, ends=(True, True))
+    assert virtual_stage_layers(p, 126) == (0,) + (1,) * 126 + (0,)
+    assert list(chunk_layer_numbers(p, 126, 0, 0)) == []  # the embedding alone
+    assert _stage(p, 126, 0) == [15, 31, 47, 63, 79, 95, 111]  # virtual stage 16 c holds slot 16 c, layer 16 c - 1
+    assert _stage(p, 126, 1) == [0, 16, 32, 48, 64, 80, 96, 112]
+    assert list(chunk_layer_numbers(p, 126, 15, 7)) == []  # the loss alone
+    assert [stage_num_layers(p, 126, s) for s in range(16)] == [7] + [8] * 14 + [7]
+
+
 def test_only_the_first_stage_given():
     p = _parallel(3, first=2)
     assert [_stage(p, 8, s) for s in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
@@ -63,7 +87,8 @@ def test_only_the_first_stage_given():
 
 def test_every_layer_once_over_the_stages():
     for p, layers in ((_parallel(16, first=7, last=7), 126), (_parallel(4, vpp=2, first=2, last=2), 12),
-                      (_parallel(4, vpp=2), 16), (_parallel(3, last=1), 7)):
+                      (_parallel(4, vpp=2), 16), (_parallel(3, last=1), 7),
+                      (_parallel(16, vpp=8, ends=(True, True)), 126), (_parallel(3, ends=(True, False)), 8)):
         every = sorted(n for s in range(p.pipeline_model_parallel_size) for n in _stage(p, layers, s))
         assert every == list(range(layers))
 
@@ -75,9 +100,14 @@ def test_every_layer_once_over_the_stages():
     (_parallel(4, first=1, last=1), 7, "the 5 middle layers are not divisible by 2 middle stage(s)"),
     (_parallel(3, first=2, last=2), 4, "leave 0 of --num-layers 4 for 1 middle stage(s)"),
     (_parallel(2, first=3, last=3), 4, "leave -2 of --num-layers 4 for 0 middle stage(s)"),
-], ids=["even-indivisible", "no-pipeline", "first-not-chunks", "middle-indivisible", "empty-middle", "too-many"])
+    (_parallel(4, ends=(True, False)), 8, "--num-layers 8 + the embedding / loss counted as layers (9) is not "
+                                          "divisible by pipeline size 4"),
+    (_parallel(4, first=2, ends=(True, False)), 8, "are alternatives"),
+    (_parallel(1, ends=(False, True)), 8, "need --pipeline-model-parallel-size > 1"),
+], ids=["even-indivisible", "no-pipeline", "first-not-chunks", "middle-indivisible", "empty-middle", "too-many",
+        "ends-indivisible", "both-kinds", "ends-no-pipeline"])
 def test_splits_megatron_refuses(parallel, layers, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         check_pipeline_layers(parallel, layers)
 
 
@@ -97,10 +127,10 @@ def test_flags_reach_the_ledger_per_stage():
     per micro-batch scale with the stage's layer count (4 layers as 1, 2, 1)."""
     cfg = _config("--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "1",
                   "--decoder-last-pipeline-num-layers", "1", world=3)
-    assert [activations.layers_per_chunk(cfg, s) for s in range(3)] == [1, 2, 1]
+    assert [activations.layers_per_chunk(cfg, s, 0) for s in range(3)] == [1, 2, 1]
     layer = params.params_per_layer(cfg.model)
     assert params.params_per_rank(cfg, 1) == 2 * layer  # a middle stage: layers only
-    saved = [activations.chunk_activation_bytes(cfg, s).saved for s in range(3)]
+    saved = [activations.chunk_activation_bytes(cfg, s, 0).saved for s in range(3)]
     assert saved == [activations.layer_bytes(cfg), 2 * activations.layer_bytes(cfg), activations.layer_bytes(cfg)]
 
 
@@ -115,3 +145,18 @@ def test_bad_flags_one_line(flags, message):
     world = 2 if "--pipeline-model-parallel-size" in flags else 1
     with pytest.raises(ConfigError, match=message):
         _config(*flags, world=world)
+
+
+def test_held_activations_walk_the_schedule_where_chunks_differ():
+    """2 layers, PP 2, VPP 2, both ends counted: stage 0's chunk 0 is the embedding alone (nothing saved), its chunk 1
+    one layer (S saved, P at its backward's peak). Its order (Megatron's interleaving, 4 micro-batches) runs four
+    warm-up forwards (chunks 0, 0, 1, 1), then pairs F(c0) B(c1), F(c0) B(c1), F(c1) B(c0), F(c1) B(c0): at most two
+    layer chunks are saved at a forward's end (not the five chunk-micro-batches in flight), S + P during a backward."""
+    cfg = _config("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2",
+                  "--num-layers", "2", "--account-for-embedding-in-pipeline-split",
+                  "--account-for-loss-in-pipeline-split", "--global-batch-size", "4", world=2)
+    assert cfg.num_microbatches == 4 and activations.in_flight(cfg, 0) == 5
+    layer = activations.chunk_activation_bytes(cfg, 0, 1)
+    assert activations.chunk_activation_bytes(cfg, 0, 0).saved == 0
+    held = activations.held_chunks(cfg, 0)
+    assert (held.forward_end, held.in_backward) == (2 * layer.saved, layer.saved + layer.backward_peak)

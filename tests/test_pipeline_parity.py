@@ -60,12 +60,18 @@ LAYOUTS = {
                                     ["--pipeline-model-parallel-size", "4", *VPP2,
                                      "--decoder-first-pipeline-num-layers", "2",
                                      "--decoder-last-pipeline-num-layers", "2"]),
+    # The embedding and the loss counted as layers (Llama 3's split): 2 layers over 2 x 2 virtual stages of one
+    # slot each, the first the embedding alone, the last the loss alone.
+    "pp2-vpp2-ends-as-layers": (2, UNTIE + ["--num-layers", "2"],
+                                [*PP2, *VPP2, "--account-for-embedding-in-pipeline-split",
+                                 "--account-for-loss-in-pipeline-split"]),
 }
 
 # Uneven stages' layers, from Megatron's rule (first and last stage their own count, the rest split evenly; chunk c
 # of stage r starts at c L/v plus the chunk-c layers of the stages before r).
 STAGE_LAYERS = {"pp3-uneven-tied": {0: [0], 1: [1, 2], 2: [3]},
-                "pp4-vpp2-uneven-interleaved": {0: [0, 6], 1: [1, 2, 7, 8], 2: [3, 4, 9, 10], 3: [5, 11]}}
+                "pp4-vpp2-uneven-interleaved": {0: [0, 6], 1: [1, 2, 7, 8], 2: [3, 4, 9, 10], 3: [5, 11]},
+                "pp2-vpp2-ends-as-layers": {0: [1], 1: [0]}}
 
 
 def _timed_train_rank(rank: int, world_size: int, argv: list[str]) -> dict:

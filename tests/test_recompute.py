@@ -139,7 +139,7 @@ def test_saved_bytes_per_mode_match_the_ledger_to_the_byte(mode):
     # The ledger counts fused kernels (GPU). Eager on CPU, each RMSNorm also keeps x * rstd ([s, b, h]) and SwiGLU
     # keeps silu(gate) ([s, b, f]): a layer outside a checkpoint saves that much more here.
     eager_extra = a * S * B * (2 * h + f)
-    expected = activations.chunk_activation_bytes(cfg, 0).saved + plain_layers * eager_extra
+    expected = activations.chunk_activation_bytes(cfg, 0, 0).saved + plain_layers * eager_extra
     assert _saved_bytes(block, x, cos, sin) == expected
 
 

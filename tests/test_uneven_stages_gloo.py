@@ -1,6 +1,10 @@
-"""A real 3-rank CPU (gloo) run with uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers:
-4 layers as 1, 2, 1), reconciled: the ledger's per-stage formulas against the engine's inventory and the tensor
-census of the ranks that ran."""
+"""Real CPU (gloo) runs with stages of different layer counts, reconciled: the ledger's per-stage formulas against the
+engine's inventory and the tensor census of the ranks that ran.
+
+  uneven       Megatron-LM's --decoder-first/last-pipeline-num-layers: 4 layers over 3 stages as 1, 2, 1
+  ends         --account-for-embedding/loss-in-pipeline-split: 2 layers and the two ends over 2 stages x 2 chunks,
+               the first chunk the embedding alone, the last the loss alone
+"""
 from __future__ import annotations
 
 import subprocess
@@ -12,33 +16,40 @@ from ledger.reconcile.run import reconcile
 
 pytestmark = pytest.mark.slow
 
+LAYOUTS = {
+    "uneven": (3, ["--num-layers", "4", "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers",
+                   "1", "--decoder-last-pipeline-num-layers", "1", "--global-batch-size", "6"]),
+    "ends": (2, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+                 "2", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                 "--global-batch-size", "4"]),
+}
+# "N layer(s) per chunk" in each stage's forward row
+CHUNK_LAYERS = {"uneven": {0: "1", 1: "2", 2: "1"}, "ends": {0: "0-1", 1: "0-1"}}
 
-@pytest.fixture(scope="module")
-def uneven_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("uneven") / "run"
-    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", "3", "--model", "tiny",
-            "--num-layers", "4", "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "1",
-            "--decoder-last-pipeline-num-layers", "1", "--untie-embeddings-and-output-weights",
-            "--global-batch-size", "6", "--micro-batch-size", "1", "--train-iters", "3", "--timers", "--compute-sweep",
-            "--run-dir", str(run)]
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def run(request, tmp_path_factory):
+    world, flags = LAYOUTS[request.param]
+    run_dir = tmp_path_factory.mktemp(request.param) / "run"
+    argv = [sys.executable, "-m", "cli.main", "train", "--nproc-per-node", str(world), "--model", "tiny", *flags,
+            "--untie-embeddings-and-output-weights", "--micro-batch-size", "1", "--train-iters", "3", "--timers",
+            "--compute-sweep", "--run-dir", str(run_dir)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return run
+    return request.param, reconcile(run_dir)
 
 
-def test_static_memory_per_stage_reconciles(uneven_run):
-    """Stage 1 holds two layers and nothing else, stages 0 and 2 one layer each beside the embedding / the final norm
-    and output layer: each rank's static bytes from the formula equal the engine's inventory and the census."""
-    result = reconcile(uneven_run)
-    static = {r.rank: r for r in result.rows if r.metric == "memory.static_after_first_step"}
-    assert sorted(static) == [0, 1, 2]
-    assert all(r.verdict == "ok" and r.predicted == r.inventory for r in static.values())
-    per_param = {r.rank: r for r in result.rows if r.metric == "memory.bytes_per_param"}
-    assert all(r.verdict == "ok" for r in per_param.values())
+def test_static_memory_per_stage_reconciles(run):
+    """Each rank's static bytes from the formula equal the engine's inventory and the census, the stages holding
+    different layer counts (a middle stage of two layers and nothing else; a stage of one layer and the embedding)."""
+    _, result = run
+    static = [r for r in result.rows if r.metric == "memory.static_after_first_step"]
+    assert static and all(r.verdict == "ok" and r.predicted == r.inventory for r in static)
+    assert all(r.verdict == "ok" for r in result.rows if r.metric == "memory.bytes_per_param")
 
 
-def test_stage_rows_name_each_stage_layer_count(uneven_run):
-    result = reconcile(uneven_run)
+def test_stage_rows_name_each_stage_layer_count(run):
+    layout, result = run
     forward = {r.stage: r.explanation for r in result.rows if r.metric == "time.forward_per_microbatch"}
-    assert "2 layer(s) per chunk" in forward[1]
-    assert "1 layer(s) per chunk" in forward[0] and "1 layer(s) per chunk" in forward[2]
+    assert {s: text.split(" layer(s) per chunk")[0].rsplit(" ", 1)[-1] for s, text in forward.items()} \
+        == CHUNK_LAYERS[layout]

@@ -19,6 +19,9 @@ class ParallelConfig:
     # Uneven stages (Megatron-LM's flags): the first / last stage's own layer count, the rest split evenly between.
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
+    # ...or the embedding / the loss counted as a layer of the first / last virtual stage (Megatron-LM's flags).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     sequence_parallel: bool = False
     order: str = "tp-cp-ep-dp-pp"
     # Not a flag: what the engine that wrote a manifest did. Today's builds an NCCL communicator only for a process

@@ -1,11 +1,16 @@
 """Which decoder layers each pipeline stage and virtual chunk builds (Megatron-Core's get_num_layers_to_build and
 get_transformer_layer_offset), for the engine and the ledger alike.
 
-Even stages hold L / p layers each. Uneven ones (Megatron-LM's --decoder-first-pipeline-num-layers and
---decoder-last-pipeline-num-layers, as Llama 3 405B's 126 layers over 16 stages: 7, 8 x 14, 7) give the first and/or
-last stage their own count and split the rest evenly over the stages between. Under the interleaved schedule every
-stage's layers divide into v equal chunks, and virtual chunk c of stage r starts where chunk c of the whole model
-starts (c L / v) plus the chunk-c layers of the stages before r.
+The model is cut into p x v virtual stages, virtual stage c p + r being chunk c of pipeline stage r, each a run of
+consecutive layers in virtual-stage order. How many layers each holds:
+  * even: L / (p v);
+  * uneven (Megatron-LM's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers): the first and/or
+    last stage its own count, the stages between the rest in equal shares, every stage's count split into v equal
+    chunks;
+  * the embedding and/or the loss counted as a layer (--account-for-embedding-in-pipeline-split /
+    --account-for-loss-in-pipeline-split): (L + 1 or 2) / (p v) each, the first virtual stage one fewer for the
+    embedding, the last one fewer for the loss. Llama 3 405B's 126 layers over 16 stages with 8 chunks each is
+    this: one layer a chunk, the first chunk the embedding alone, the last the output layer and loss alone.
 """
 from __future__ import annotations
 
@@ -13,10 +18,15 @@ from common.config.parallel_config import ParallelConfig
 from common.errors import ConfigError
 
 FIRST_FLAG, LAST_FLAG = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
+EMBEDDING_FLAG, LOSS_FLAG = "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"
 
 
 def is_uneven(p: ParallelConfig) -> bool:
     return p.decoder_first_pipeline_num_layers is not None or p.decoder_last_pipeline_num_layers is not None
+
+
+def accounts_for_ends(p: ParallelConfig) -> bool:
+    return p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split
 
 
 def _middle(p: ParallelConfig, num_layers: int) -> tuple[int, int]:
@@ -26,8 +36,7 @@ def _middle(p: ParallelConfig, num_layers: int) -> tuple[int, int]:
     return stages, num_layers - (first or 0) - (last or 0)
 
 
-def stage_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:
-    """Decoder layers pipeline stage pp_rank builds, over all its chunks."""
+def _uneven_stage(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:
     if pp_rank == 0 and p.decoder_first_pipeline_num_layers is not None:
         return p.decoder_first_pipeline_num_layers
     if pp_rank == p.pipeline_model_parallel_size - 1 and p.decoder_last_pipeline_num_layers is not None:
@@ -36,33 +45,63 @@ def stage_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:
     return layers // stages
 
 
-def chunk_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:
-    """Decoder layers in each virtual chunk of stage pp_rank (every chunk of a stage holds as many)."""
-    return stage_num_layers(p, num_layers, pp_rank) // (p.virtual_pipeline_model_parallel_size or 1)
+def virtual_stage_layers(p: ParallelConfig, num_layers: int) -> tuple[int, ...]:
+    """Decoder layers of each virtual stage, in virtual-stage order (c p + r: chunk c of stage r)."""
+    pp, v = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
+    if is_uneven(p):
+        return tuple(_uneven_stage(p, num_layers, r) // v for _ in range(v) for r in range(pp))
+    ends = (p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+    counts = [(num_layers + sum(ends)) // (pp * v)] * (pp * v)
+    counts[0] -= ends[0]
+    counts[-1] -= ends[1]
+    return tuple(counts)
+
+
+def chunk_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int, chunk: int) -> int:
+    """Decoder layers of stage pp_rank's virtual chunk `chunk` (0 for a chunk that holds only the embedding or only
+    the loss)."""
+    return virtual_stage_layers(p, num_layers)[chunk * p.pipeline_model_parallel_size + pp_rank]
+
+
+def stage_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:
+    """Decoder layers pipeline stage pp_rank builds, over all its chunks."""
+    return sum(virtual_stage_layers(p, num_layers)[pp_rank::p.pipeline_model_parallel_size])
 
 
 def chunk_layer_numbers(p: ParallelConfig, num_layers: int, pp_rank: int, chunk: int) -> range:
     """Global (0-based) layer numbers of stage pp_rank's virtual chunk `chunk`."""
-    v = p.virtual_pipeline_model_parallel_size or 1
-    if not 0 <= pp_rank < p.pipeline_model_parallel_size or not 0 <= chunk < v:
-        raise ConfigError(f"stage {pp_rank} chunk {chunk} is outside a pipeline of "
-                          f"{p.pipeline_model_parallel_size} x {v} chunks")
-    start = chunk * (num_layers // v) + sum(chunk_num_layers(p, num_layers, r) for r in range(pp_rank))
-    return range(start, start + chunk_num_layers(p, num_layers, pp_rank))
+    pp, v = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
+    if not 0 <= pp_rank < pp or not 0 <= chunk < v:
+        raise ConfigError(f"stage {pp_rank} chunk {chunk} is outside a pipeline of {pp} x {v} chunks")
+    counts = virtual_stage_layers(p, num_layers)
+    start = sum(counts[:chunk * pp + pp_rank])
+    return range(start, start + counts[chunk * pp + pp_rank])
 
 
 def check_pipeline_layers(p: ParallelConfig, num_layers: int) -> None:
-    """Megatron's checks of the split: even stages divide the layers into p x v; uneven ones need a pipeline, counts
-    >= 1, the middle layers divisible over the middle stages (none of either, or some of both), and under the
-    interleaved schedule every stage's count divisible by v."""
+    """Megatron's checks of the split (module docstring): each kind's counts divide as it needs, one kind at a time."""
     pp, v = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
-    if not is_uneven(p):
-        if num_layers % (pp * v):
-            raise ConfigError(f"--num-layers {num_layers} is not divisible by pipeline size {pp} x virtual size {v}"
-                              f" (give {FIRST_FLAG} / {LAST_FLAG} for uneven stages)")
+    if is_uneven(p) or accounts_for_ends(p):
+        if pp < 2:
+            raise ConfigError(f"{FIRST_FLAG} / {LAST_FLAG} / {EMBEDDING_FLAG} / {LOSS_FLAG} need "
+                              f"--pipeline-model-parallel-size > 1, got {pp}")
+        if is_uneven(p) and accounts_for_ends(p):
+            raise ConfigError(f"{FIRST_FLAG} / {LAST_FLAG} and {EMBEDDING_FLAG} / {LOSS_FLAG} are alternatives")
+    if is_uneven(p):
+        _check_uneven(p, num_layers)
         return
-    if pp < 2:
-        raise ConfigError(f"{FIRST_FLAG} / {LAST_FLAG} need --pipeline-model-parallel-size > 1, got {pp}")
+    counted = num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    if counted % (pp * v):
+        what = (f"--num-layers {num_layers}" if counted == num_layers
+                else f"--num-layers {num_layers} + the embedding / loss counted as layers ({counted})")
+        raise ConfigError(f"{what} is not divisible by pipeline size {pp} x virtual size {v}"
+                          + ("" if accounts_for_ends(p) else f" (give {FIRST_FLAG} / {LAST_FLAG} for uneven stages)"))
+
+
+def _check_uneven(p: ParallelConfig, num_layers: int) -> None:
+    """Counts >= 1 (limits.py), the middle layers divisible over the middle stages (none of either, or some of both),
+    and under the interleaved schedule every stage's count divisible by v."""
+    v = p.virtual_pipeline_model_parallel_size or 1
     for flag, count in ((FIRST_FLAG, p.decoder_first_pipeline_num_layers),
                         (LAST_FLAG, p.decoder_last_pipeline_num_layers)):
         if count is not None and count % v:

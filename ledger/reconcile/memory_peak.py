@@ -23,7 +23,7 @@ from statistics import median
 from common.config import RunConfig
 from ledger.evidence.memory_snapshot import REST, PeakSplit
 from ledger.evidence.run import RankEvidence
-from ledger.models.formulas.activations import layer_saved_tensors, layers_per_chunk, recompute_label
+from ledger.models.formulas.activations import chunk_layers_text, layer_saved_tensors, recompute_label
 from ledger.models.formulas.device_memory import DeviceOverheads
 from ledger.models.formulas.peak_memory import persistent_bytes
 from ledger.models.formulas.peak_phases import Phase, peak_phase
@@ -100,7 +100,7 @@ def peak_rows(cfg: RunConfig | None, r: RankEvidence, device_name: str | None, n
             measured=peak_measured - between_measured if None not in (peak_measured, between_measured) else None,
             unit="bytes", tolerance=PEAK_TOL,
             explanation=f"the {phase.name}: saved activations {_mib(phase.activations)} "
-                        f"({layers_per_chunk(cfg, c['pp'])} layer(s) a chunk; a layer's largest: {layer_terms(cfg)})"
+                        f"({chunk_layers_text(cfg, c['pp'])} a chunk; a layer's largest: {layer_terms(cfg)})"
                         + "".join(f" + {name} {_mib(n)}" for name, n in phase.transients.items())
                         + "; measured: the largest peak minus the allocated between steps" + note, **where),
     ]

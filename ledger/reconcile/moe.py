@@ -122,7 +122,7 @@ def recomputed_layers(cfg: RunConfig, pp_rank: int) -> set[int]:
     out: set[int] = set()
     for chunk in range(num_chunks(cfg)):
         layers, start = list(chunk_layers(cfg, pp_rank, chunk)), 0
-        for count, checkpointed in checkpoint_groups(cfg, pp_rank):
+        for count, checkpointed in checkpoint_groups(cfg, pp_rank, chunk):
             if checkpointed:
                 out.update(layers[start:start + count])
             start += count

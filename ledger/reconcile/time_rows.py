@@ -35,8 +35,9 @@ from common.wording import plural
 from ledger.evidence.calibration_file import CalibrationFile
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
-from ledger.models.formulas.activations import layers_per_chunk
+from ledger.models.formulas.activations import chunk_layers_text, layers_per_chunk
 from ledger.models.formulas.flops import tokens_per_step
+from ledger.models.formulas.params import num_chunks
 from ledger.models.schedule import BACKWARD, FORWARD
 from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import Hardware, hardware_for, run_device
@@ -196,7 +197,7 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
     steps, chosen = _steps(ev, selection)
     rows = []
     for s in range(cfg.parallel.pipeline_model_parallel_size):
-        layers = layers_per_chunk(cfg, s)
+        mean_layers = sum(layers_per_chunk(cfg, s, c) for c in range(num_chunks(cfg))) / num_chunks(cfg)
         ranks = [r for r in ev.ranks.values() if r.stage == s]
         predicted = model.stages.get(s)
         for kind in ("forward", "backward"):
@@ -206,8 +207,8 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
             if predicted is not None:
                 seconds = getattr(predicted, kind)
                 terms = predicted.terms(kind == "forward")
-                text = (f"time model, per {kind} range: {_terms_text(terms, ev)}; {layers} layer(s) per chunk, "
-                        f"{_ms(terms.get('layers', 0.0) / layers)} a layer")
+                text = (f"time model, per {kind} range: {_terms_text(terms, ev)}; {chunk_layers_text(cfg, s)} per "
+                        f"chunk, {_ms(terms.get('layers', 0.0) / mean_layers if mean_layers else 0.0)} a layer")
                 paced = _paced(model, s, kind)
                 if paced is not None:
                     text = (f"the host paces the device: the range takes {_ms(paced)} on the host timeline, of which "

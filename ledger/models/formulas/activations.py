@@ -12,6 +12,7 @@ from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, Ru
 from common.config.pipeline_layers import chunk_num_layers
 from common.ops.shapes import ExpertShapes
 from common.ops.sizes import local_seq_length, vocab_shard
+from ledger.models import schedule
 from ledger.models.formulas import core_attention, megatron_layer
 from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.megatron_layer import norm_saved
@@ -162,22 +163,41 @@ def layer_input_bytes(cfg: RunConfig) -> int:
     return activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size // _sp_div(cfg)
 
 
-def layers_per_chunk(cfg: RunConfig, pp_rank: int) -> int:
-    return chunk_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank)
+def layers_per_chunk(cfg: RunConfig, pp_rank: int, chunk: int) -> int:
+    return chunk_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank, chunk)
 
 
-def checkpoint_groups(cfg: RunConfig, pp_rank: int) -> list[tuple[int, bool]]:
+def chunk_layers_text(cfg: RunConfig, pp_rank: int) -> str:
+    """The stage's layers a chunk, for a row's explanation: "2 layer(s)", or "0-1 layer(s)" where chunks differ."""
+    counts = sorted({layers_per_chunk(cfg, pp_rank, c) for c in range(num_chunks(cfg))})
+    return f"{counts[0]}{'' if len(counts) == 1 else f'-{counts[-1]}'} layer(s)"
+
+
+def largest_chunk(cfg: RunConfig, pp_rank: int) -> int:
+    """The stage's chunk of the most layers (the first of equals): the one whose layers the peak's moments inside
+    a layer are taken in."""
+    counts = [layers_per_chunk(cfg, pp_rank, c) for c in range(num_chunks(cfg))]
+    return counts.index(max(counts))
+
+
+def checkpoint_groups(cfg: RunConfig, pp_rank: int, chunk: int) -> list[tuple[int, bool]]:
     """A model chunk's layers as (layers, checkpointed) groups in forward order (Megatron's _checkpointed_forward):
     uniform N groups of N (the last shorter), block N the first N one by one and the rest plain; one plain group
-    without full recompute. Every chunk of a stage has the same layer count, so the same groups."""
-    r, num_layers = cfg.recompute, layers_per_chunk(cfg, pp_rank)
+    without full recompute; none for a chunk of no layers."""
+    r, num_layers = cfg.recompute, layers_per_chunk(cfg, pp_rank, chunk)
     if r.recompute_granularity != "full":
-        return [(num_layers, False)]
+        return [(num_layers, False)] if num_layers else []
     n = r.recompute_num_layers
     if r.recompute_method == "uniform":
         return [(min(n, num_layers - start), True) for start in range(0, num_layers, n)]
     checkpointed = min(n, num_layers)
     return [(1, True)] * checkpointed + ([(num_layers - checkpointed, False)] if num_layers > checkpointed else [])
+
+
+def recomputed_layer_count(cfg: RunConfig, pp_rank: int) -> int:
+    """Layers whose forward a full recompute re-runs on the stage, per micro-batch: its chunks' checkpointed groups."""
+    return sum(g for c in range(num_chunks(cfg)) for g, checkpointed in checkpoint_groups(cfg, pp_rank, c)
+               if checkpointed)
 
 
 @dataclass(frozen=True)
@@ -188,14 +208,14 @@ class ChunkActivations:
     backward_peak: int
 
 
-def chunk_activation_bytes(cfg: RunConfig, pp_rank: int) -> ChunkActivations:
+def chunk_activation_bytes(cfg: RunConfig, pp_rank: int, chunk: int) -> ChunkActivations:
     """Graphed layers (--cuda-graph-impl local) save into their graphs' pool, which the allocator counts as free
     (cuda_graphs.py): nothing here."""
     if cfg.implementation.graphed_layers:
         return ChunkActivations(saved=0, backward_peak=0)
     layer, layer_input = layer_bytes(cfg), layer_input_bytes(cfg)
     held = peak = 0
-    for layers, checkpointed in checkpoint_groups(cfg, pp_rank):
+    for layers, checkpointed in checkpoint_groups(cfg, pp_rank, chunk):
         if checkpointed:
             peak = max(peak, held + layers * layer)  # earlier groups still saved + this group rebuilt
         held += layer_input if checkpointed else layers * layer
@@ -295,18 +315,45 @@ def mask_bytes_in_flight(cfg: RunConfig, pp_rank: int) -> int:
     return in_flight(cfg, pp_rank) * core_attention.mask_bytes(cfg) if core_attention.keeps_mask(cfg) else 0
 
 
+@dataclass(frozen=True)
+class HeldChunks:
+    """The chunks' saved bytes a stage holds at its two peak moments: when a forward ends (every chunk-micro-batch
+    in flight saved) and while a backward runs (the others saved, it at its backward peak)."""
+    forward_end: int
+    in_backward: int
+
+
+def held_chunks(cfg: RunConfig, pp_rank: int) -> HeldChunks:
+    """With chunks alike, in_flight of them. Chunks of different layer counts (the embedding or the loss counted
+    in the pipeline split): the most over the stage's schedule (ledger.models.schedule), walked item by item."""
+    per = [chunk_activation_bytes(cfg, pp_rank, c) for c in range(num_chunks(cfg))]
+    if len(set(per)) == 1:
+        held = in_flight(cfg, pp_rank)
+        return HeldChunks(held * per[0].saved, (held - 1) * per[0].saved + per[0].backward_peak)
+    p, m = cfg.parallel.pipeline_model_parallel_size, cfg.num_microbatches
+    saved = forward_end = in_backward = 0
+    for item in schedule.stage_order(p, pp_rank, m, len(per)):
+        chunk = per[item.chunk]
+        if item.kind == schedule.FORWARD:
+            saved += chunk.saved
+            forward_end = max(forward_end, saved)
+        else:
+            in_backward = max(in_backward, saved - chunk.saved + chunk.backward_peak)
+            saved -= chunk.saved
+    return HeldChunks(forward_end, in_backward)
+
+
 def end_of_forward_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Saved when a forward ends: every chunk-micro-batch in flight, the stage extras and the kept masks."""
     last = last_stage_extra_bytes(cfg) if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1 else 0
-    return (in_flight(cfg, pp_rank) * chunk_activation_bytes(cfg, pp_rank).saved + first_stage_bytes(cfg, pp_rank)
-            + last + mask_bytes_in_flight(cfg, pp_rank))
+    return (held_chunks(cfg, pp_rank).forward_end + first_stage_bytes(cfg, pp_rank) + last
+            + mask_bytes_in_flight(cfg, pp_rank))
 
 
 def stage_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Peak saved activations on one TP rank of pipeline rank `pp_rank`: the larger of the moment a forward ends
-    (every chunk-micro-batch in flight saved, the stage extras held) and the backward of the oldest one (the others
-    saved, it at its backward peak; the last stage's loss tensors are freed before the decoder's backward starts)."""
-    held, chunk = in_flight(cfg, pp_rank), chunk_activation_bytes(cfg, pp_rank)
-    in_backward = ((held - 1) * chunk.saved + chunk.backward_peak + first_stage_bytes(cfg, pp_rank)
+    (every chunk-micro-batch in flight saved, the stage extras held) and a backward (the others saved, it at its
+    backward peak; the last stage's loss tensors are freed before the decoder's backward starts)."""
+    in_backward = (held_chunks(cfg, pp_rank).in_backward + first_stage_bytes(cfg, pp_rank)
                    + mask_bytes_in_flight(cfg, pp_rank))
     return max(end_of_forward_bytes(cfg, pp_rank), in_backward)

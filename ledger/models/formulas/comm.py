@@ -12,6 +12,7 @@ from ledger.models.formulas.activations import (
     activation_bytes,
     checkpoint_groups,
     local_seq_length,
+    recomputed_layer_count,
 )
 from ledger.models.formulas.buffer_layout import (
     dp_cp_size,
@@ -110,7 +111,8 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     out: dict[str, Collective] = {}
     for kind, n in counts.items():
         _add(out, f"tp.{kind}.activations[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
-    groups = [g for g, checkpointed in checkpoint_groups(cfg, pp_rank) if checkpointed] * num_chunks(cfg)
+    groups = [g for c in range(num_chunks(cfg)) for g, checkpointed in checkpoint_groups(cfg, pp_rank, c)
+              if checkpointed]
     rerun = 2 * sum(groups) - len(groups)
     for kind, n in ({"all_gather": 2 * sum(groups), "reduce_scatter": rerun} if sp else {"all_reduce": rerun}).items():
         _add(out, f"tp.{kind}.recompute[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
@@ -163,7 +165,7 @@ def ring_passes(cfg: RunConfig, pp_rank: int) -> tuple[int, int]:
     layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
     if cfg.recompute.recompute_granularity == "selective":
         return layers, layers
-    return layers, num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg, pp_rank) if checkpointed)
+    return layers, recomputed_layer_count(cfg, pp_rank)
 
 
 def cp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
@@ -209,7 +211,7 @@ def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     row = activation_bytes(cfg) * m.hidden_size
     x = uniform_exchange(routed_tokens(cfg), m, ep)
     layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
-    rerun = num_chunks(cfg) * sum(g for g, checkpointed in checkpoint_groups(cfg, pp_rank) if checkpointed)
+    rerun = recomputed_layer_count(cfg, pp_rank)
     tokens = layer_volume(x, row * mb, mb, recomputed=False)
     size = layers * tokens.size_bytes + rerun * (x.sent + x.received) * row * mb
     calls = layers * tokens.calls + rerun * 2 * mb

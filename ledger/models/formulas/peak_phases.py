@@ -124,7 +124,8 @@ def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str
     operands are held for the flush, with its output gradient) fc2's input. None without grouped experts, and none
     where full recompute rebuilds that layer in its backward (not modelled: no real run of it)."""
     x = ExpertShapes.of(cfg)
-    if x is None or not x.grouped or activations.checkpoint_groups(cfg, pp_rank)[-1][1]:
+    groups = activations.checkpoint_groups(cfg, pp_rank, activations.largest_chunk(cfg, pp_rank))
+    if x is None or not x.grouped or not groups or groups[-1][1]:
         return []
     m, a, rows = cfg.model, activations.activation_bytes(cfg), x.grouped_rows
     saved = activations.moe_saved_tensors(cfg)
@@ -142,7 +143,8 @@ def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str
 
 def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase]:
     """The two moments --moe-delay-expert-wgrad adds (module docstring); none without it."""
-    per_chunk = activations.layers_per_chunk(cfg, pp_rank) * activations.delayed_wgrad_bytes(cfg)
+    layers = activations.layers_per_chunk(cfg, pp_rank, activations.largest_chunk(cfg, pp_rank))
+    per_chunk = layers * activations.delayed_wgrad_bytes(cfg)  # chunks alike but where an end counts as a layer
     if not per_chunk:
         return []
     total = cfg.num_microbatches * num_chunks(cfg)
@@ -183,9 +185,10 @@ def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
 def _before_last_layer(cfg: RunConfig, pp_rank: int, kept: bool) -> int:
     """What the stage keeps when its running micro-batch reaches its chunk's last layer: the other micro-batches in
     flight, the stage's extras and this micro-batch's earlier layers."""
-    held = activations.in_flight(cfg, pp_rank)
-    layers = activations.layers_per_chunk(cfg, pp_rank)
-    earlier = ((held - 1) * activations.chunk_activation_bytes(cfg, pp_rank).saved
+    chunk = activations.largest_chunk(cfg, pp_rank)
+    layers = activations.layers_per_chunk(cfg, pp_rank, chunk)
+    earlier = (activations.held_chunks(cfg, pp_rank).forward_end
+               - activations.chunk_activation_bytes(cfg, pp_rank, chunk).saved
                + (layers - 1) * activations.layer_bytes(cfg))
     return earlier + (0 if kept else _in_batches(cfg, pp_rank))  # a kept batch holds them
 

@@ -32,20 +32,20 @@ def chunk_seconds(cfg: RunConfig, cal: Calibration) -> list[list[tuple[float, fl
                     forward=False).seconds
     rerun: dict[int, float] = {}
 
-    def body(s: int) -> tuple[float, float]:
-        """(forward, backward) of stage s's chunk layers (stages may hold different counts)."""
-        groups = checkpoint_groups(cfg, s)
+    def body(s: int, c: int) -> tuple[float, float]:
+        """(forward, backward) of a chunk's layers (chunks may hold different counts)."""
+        groups = checkpoint_groups(cfg, s, c)
         for g, checkpointed in groups:
             if checkpointed and g not in rerun:
                 rerun[g] = price(ops.recomputed(sh, list(range(g))), cfg, cal, forward=False).seconds
-        layers = layers_per_chunk(cfg, s)
+        layers = layers_per_chunk(cfg, s, c)
         return layers * layer_f, layers * layer_b + sum(rerun[g] for g, checkpointed in groups if checkpointed)
 
     out = []
     for s in range(cfg.parallel.pipeline_model_parallel_size):
-        body_f, body_b = body(s)
         chunks = []
         for c in range(num_chunks(cfg)):
+            body_f, body_b = body(s, c)
             first, last = ops.chunk_ends(cfg, s, c)
             weight = ops.output_param(cfg, s, c) if last else None
             f = body_f + (_seconds(ops.embedding_forward(sh), cfg, cal) if first else 0.0) + (

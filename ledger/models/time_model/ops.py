@@ -394,7 +394,7 @@ def chunk_blocks(cfg: RunConfig, pp_rank: int, chunk: int, forward: bool) -> lis
         selective = cfg.recompute.recompute_granularity == "selective"
         blocks = [Block(None, head_backward(sh, output_param(cfg, pp_rank, chunk)))] if last else []
         groups, start = [], 0
-        for count, checkpointed in checkpoint_groups(cfg, pp_rank):
+        for count, checkpointed in checkpoint_groups(cfg, pp_rank, chunk):
             groups.append((layers[start:start + count], checkpointed))
             start += count
         for group, checkpointed in reversed(groups):
