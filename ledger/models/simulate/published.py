@@ -13,9 +13,9 @@ The comparison is made on step (iteration) time, the one figure free of FLOP-cou
 What a paper leaves unstated is filled with a stated assumption (micro-batch 1, no interleaving, no distributed
 optimizer, no sequence parallelism: Megatron-LM's defaults of the time; recompute: the least that fits the device)
 and listed beside the figure; entries whose
-layout the simulator cannot express (pipeline stages of unequal layer counts, a layout not given) are reported as
-skipped, with the reason. Context parallelism is simulated; the one entry with it (Llama 3 405B at 128K context,
-CP 16) also cuts 126 layers into 16 stages, so it stays skipped for its uneven stages.
+layout the simulator cannot express (a layout not given) are reported as skipped, with the reason. Uneven stages
+are Megatron-LM's flags: Llama 3 405B's 126 layers over 16 stages are its paper's split, the embedding and the loss
+each a chunk of their own (--account-for-embedding/loss-in-pipeline-split, 8 chunks of one layer a stage).
 """
 from __future__ import annotations
 
@@ -91,6 +91,12 @@ def entry_flags(entry: dict[str, Any]) -> tuple[list[str], list[str]]:
         flags += ["--virtual-pipeline-model-parallel-size", lay["virtual_pipeline_model_parallel_size"]]
     elif lay["pipeline_model_parallel_size"] > 1:
         assumed.append("no interleaving")
+    for key in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if lay.get(key):
+            flags.append("--" + key.replace("_", "-"))
+    for key in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        if lay.get(key) is not None:
+            flags += ["--" + key.replace("_", "-"), lay[key]]
     flags += RECOMPUTE[lay.get("recompute_granularity")]
     if lay.get("use_distributed_optimizer"):
         flags.append("--use-distributed-optimizer")
