@@ -90,7 +90,8 @@ def render(plan: dict[str, Any]) -> str:
     for i, per_rank in enumerate(pa["per_rank"]):
         s = me["static_bytes_per_stage"][i]
         lines += [
-            f"  stage {i}: {pa['per_stage'][i]:,} params, {per_rank:,} per TP rank",
+            f"  stage {i}: {pa['layers_per_stage'][i]} layer(s), {pa['per_stage'][i]:,} params, "
+            f"{per_rank:,} per TP rank",
             f"    static {size(s['total'])}: param buffer {size(s['param_buffer'])}, grad buffer "
             f"{size(s['grad_buffer'])} (padding {size(s['padding'])}), master {size(s['master_params'])}, "
             f"Adam m {size(s['adam_m'])}, v {size(s['adam_v'])}, fp32 grad copy {size(s['grad_fp32_copy'])}",

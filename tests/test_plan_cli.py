@@ -121,3 +121,17 @@ def test_plan_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_uneven_stages_in_the_plan():
+    """Llama-3.1-8B's 32 layers over 4 stages as 7, 9, 9, 7 (Megatron-LM's --decoder-first/last-pipeline-num-layers):
+    a middle stage is 9 x 218,112,000 parameters, the first 7 of them and the 128,256 x 4,096 embedding."""
+    p = plan_json("--model", "llama3.1-8b", "--world-size", "4", "--pipeline-model-parallel-size", "4",
+                  "--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers", "7",
+                  "--global-batch-size", "8")
+    assert p["params"]["layers_per_stage"] == [7, 9, 9, 7]
+    assert p["params"]["per_stage"][:2] == [7 * 218_112_000 + 128_256 * 4_096, 9 * 218_112_000]
+    text = plan("--model", "llama3.1-8b", "--world-size", "4", "--pipeline-model-parallel-size", "4",
+                "--decoder-first-pipeline-num-layers", "7", "--global-batch-size", "8")
+    assert text.returncode == 2 and text.stderr.count("\n") == 1
+    assert "the 25 middle layers are not divisible by 3 middle stage(s)" in text.stderr

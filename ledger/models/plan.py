@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.config import RunConfig, tying_reason
+from common.config.pipeline_layers import stage_num_layers
 from common.ops.sizes import expert_capacity, padded_vocab, uniform_kept_assignments
 from ledger.models.formulas import activations, bubble, comm, flops, params
 from ledger.models.formulas.buffer_layout import expert_dp_size
@@ -98,6 +99,8 @@ def _params(cfg: RunConfig) -> dict[str, Any]:
             "embeddings_reason": tying_reason(cfg.model_preset, m.untie_embeddings_and_output_weights),
             "embedding_copy_on_last_stage": params.embedding_copy_on_last_stage(cfg),
             "per_component": params.component_counts(m, tp), "per_stage": params.params_per_stage(cfg),
+            "layers_per_stage": [stage_num_layers(cfg.parallel, m.num_layers, s)
+                                 for s in range(cfg.parallel.pipeline_model_parallel_size)],
             "per_rank": per_rank, "per_rank_max": max(per_rank),
             "vocab": {"size": m.vocab_size, "padded": padded, "padding_rows": padded - m.vocab_size,
                       "rule": f"multiple of make_vocab_size_divisible_by {m.make_vocab_size_divisible_by} x tp {tp}"}}
