@@ -54,12 +54,15 @@ def test_the_tp_pp_dp_of_8_gpus_for_4_layers_and_4_query_groups():
 def test_every_choice_of_one_tp_pp_is_enumerated_once():
     """tp 2, pp 2, dp 2: each DP rank takes 8 / 2 = 4 sequences, so mbs 1, 2, 4; vpp None, or 2 (4 layers / pp 2
     = 2 a stage) whose micro-batch count 4 / mbs must be a multiple of pp 2: mbs 1 and 2. That is 3 + 2 = 5, times
-    3 recompute modes, 2 optimizer settings, SP on and off: 60."""
+    3 recompute modes, 2 optimizer settings, SP on and off: 60. Counting the embedding and the loss as layers gives
+    6 slots, 3 a stage: vpp None or 3, the same micro-batches, 60 more."""
     chosen = [c for c in enumerate_layouts(base(), 8, gpus_per_node=8) if keys([c]) == {(2, 2, 2)}]
-    assert len(chosen) == 60
-    assert len({label(c) for c in chosen}) == 60
-    assert {(c.parallel.virtual_pipeline_model_parallel_size, c.train.micro_batch_size) for c in chosen} == {
-        (None, 1), (None, 2), (None, 4), (2, 1), (2, 2)}
+    assert len(chosen) == 120
+    assert len({label(c) for c in chosen}) == 120
+    for ends, vpp in ((False, 2), (True, 3)):
+        assert {(c.parallel.virtual_pipeline_model_parallel_size, c.train.micro_batch_size) for c in chosen
+                if c.parallel.account_for_embedding_in_pipeline_split == ends} == {
+            (None, 1), (None, 2), (None, 4), (vpp, 1), (vpp, 2)}
     assert {c.recompute.recompute_granularity for c in chosen} == {None, "selective", "full"}
 
 
@@ -123,7 +126,8 @@ def test_the_largest_dp_rank_is_the_one_the_definition_finds(world, dp_flags):
 def test_a_layouts_flags_replace_the_bases_and_parse_back_to_it():
     """Every enumerated layout, written as flags over the base's own (which hold layout flags too), parses back to
     the same layout: the command `search` prints for its first layout is that layout."""
-    argv = SMALL.split() + ["--micro-batch-size=2", "--sequence-parallel"]
+    argv = SMALL.split() + ["--micro-batch-size=2", "--sequence-parallel", "--account-for-loss-in-pipeline-split",
+                            "--decoder-first-pipeline-num-layers", "1"]
     for cfg in enumerate_layouts(base(), 8, gpus_per_node=8):
         flags = with_layout(argv, cfg)
         again = parse_args(flags, world_size=8)

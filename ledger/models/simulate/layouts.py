@@ -3,8 +3,12 @@
 A layout is the base run (model, global batch size, sequence length, dtypes, overlap flags) with these chosen:
     tp   a divisor of the GPU count, at most the GPUs of one node (TP's collectives sit on every layer's critical
          path: across nodes they would run at network speed; Megatron's guidance, and every published large run)
-    pp   a divisor of the GPUs left over that also divides the layers (uneven stages are not supported)
-    vpp  interleaving, with pp > 1 only: a divisor > 1 of the layers per stage (None: 1F1B)
+    pp   a divisor of the GPUs left over, with a split of the layers over its stages:
+           even        pp divides the layers
+           ends        with pp > 1, the embedding and the loss counted as layers (Megatron-LM's
+                       --account-for-embedding/loss-in-pipeline-split, Llama 3 405B's split): pp divides layers + 2
+    vpp  interleaving, with pp > 1 only: a divisor > 1 of the slots per stage (layers, or layers + 2 counting the ends)
+         (None: 1F1B)
     dp   what is left: gpus / (tp x pp x cp)
     cp   not chosen: the base's --context-parallel-size (1 unless given; `train-ledger search` keeps 1) is held fixed,
          so tp and pp divide gpus / cp
@@ -26,6 +30,8 @@ from common.config import RecomputeConfig, RunConfig, validate
 from common.errors import ConfigError
 
 RECOMPUTE_MODES = (RecomputeConfig(), RecomputeConfig("selective"), RecomputeConfig("full", "uniform", 1))
+SPLITS = (False, True)  # the embedding and the loss counted as layers of the pipeline split (module docstring)
+ENDS_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 
 
 def divisors(n: int) -> list[int]:
@@ -42,16 +48,17 @@ def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,
     its message names first."""
     layers, gbs, cp = base.model.num_layers, base.train.global_batch_size, base.parallel.context_parallel_size
     for tp in (d for d in divisors(gpus // cp) if d <= gpus_per_node and gpus % cp == 0):
-        for pp in (d for d in divisors(gpus // (tp * cp)) if layers % d == 0):
+        for pp, ends in ((d, e) for d in divisors(gpus // (tp * cp)) for e in SPLITS
+                         if (layers + 2 * e) % d == 0 and (d > 1 or not e)):
             dp = gpus // (tp * pp * cp)
             if gbs % dp:
                 continue
-            for vpp in [None] + ([v for v in divisors(layers // pp) if v > 1] if pp > 1 else []):
+            for vpp in [None] + ([v for v in divisors((layers + 2 * ends) // pp) if v > 1] if pp > 1 else []):
                 for mbs in divisors(gbs // dp):
                     for r in recompute:
                         for distributed in distributed_optimizer:
                             for sp in (sequence_parallel if tp > 1 else (False,)):
-                                cfg = _layout(base, gpus, tp, pp, vpp, mbs, r, distributed, sp)
+                                cfg = _layout(base, gpus, tp, pp, vpp, ends, mbs, r, distributed, sp)
                                 try:
                                     validate(cfg)
                                 except ConfigError as exc:
@@ -61,11 +68,13 @@ def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,
                                 yield cfg
 
 
-def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, mbs: int, recompute: RecomputeConfig,
-            distributed: bool, sp: bool) -> RunConfig:
+def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, ends: bool, mbs: int,
+            recompute: RecomputeConfig, distributed: bool, sp: bool) -> RunConfig:
     parallel = dataclasses.replace(base.parallel, world_size=gpus, tensor_model_parallel_size=tp,
                                    pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
-                                   sequence_parallel=sp)
+                                   decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
+                                   account_for_embedding_in_pipeline_split=ends,
+                                   account_for_loss_in_pipeline_split=ends, sequence_parallel=sp)
     train = dataclasses.replace(base.train, micro_batch_size=mbs, use_distributed_optimizer=distributed,
                                 overlap_param_gather=base.train.overlap_param_gather and distributed)
     return dataclasses.replace(base, parallel=parallel, train=train, recompute=recompute)
@@ -75,18 +84,21 @@ def describe(cfg: RunConfig) -> dict[str, object]:
     """The knobs a layout chooses, by name (what `search` prints and compares)."""
     p, t, r = cfg.parallel, cfg.train, cfg.recompute
     cp = {"cp": p.context_parallel_size} if p.context_parallel_size > 1 else {}
+    ends = {"ends_as_layers": True} if p.account_for_embedding_in_pipeline_split else {}
     return {"tp": p.tensor_model_parallel_size, **cp, "pp": p.pipeline_model_parallel_size,
-            "vpp": p.virtual_pipeline_model_parallel_size or 1, "dp": p.data_parallel_size,
+            "vpp": p.virtual_pipeline_model_parallel_size or 1, **ends, "dp": p.data_parallel_size,
             "mbs": t.micro_batch_size, "sp": p.sequence_parallel,
             "recompute": r.recompute_granularity or "none", "distributed_optimizer": t.use_distributed_optimizer}
 
 
 def label(cfg: RunConfig) -> str:
-    """One line, each choice named: "tp8 pp4 vpp2 dp32 mbs1, SP, recompute selective, distributed optimizer"."""
+    """One line, each choice named: "tp8 pp4 vpp2 dp32 mbs1, SP, recompute selective, distributed optimizer" (and
+    "ends as layers" where the embedding and the loss count in the pipeline split)."""
     d = describe(cfg)
     sizes = " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}",
                       *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}", f"mbs{d['mbs']}"])
-    return ", ".join([sizes, *(["SP"] if d["sp"] else []), f"recompute {d['recompute']}",
+    return ", ".join([sizes, *(["ends as layers"] if "ends_as_layers" in d else []), *(["SP"] if d["sp"] else []),
+                      f"recompute {d['recompute']}",
                       *(["distributed optimizer"] if d["distributed_optimizer"] else [])])
 
 
@@ -100,6 +112,7 @@ def layout_flags(cfg: RunConfig) -> list[str]:
         flags += ["--context-parallel-size", str(p.context_parallel_size)]
     if p.virtual_pipeline_model_parallel_size:
         flags += ["--virtual-pipeline-model-parallel-size", str(p.virtual_pipeline_model_parallel_size)]
+    flags += list(ENDS_FLAGS) if p.account_for_embedding_in_pipeline_split else []
     flags += ["--micro-batch-size", str(t.micro_batch_size)]
     flags += ["--sequence-parallel"] if p.sequence_parallel else []
     flags += ["--use-distributed-optimizer"] if t.use_distributed_optimizer else []
@@ -112,8 +125,9 @@ def layout_flags(cfg: RunConfig) -> list[str]:
 
 _VALUED = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
            "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
-           "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--world-size")
-_SWITCHES = ("--sequence-parallel", "--use-distributed-optimizer")
+           "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--world-size",
+           "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+_SWITCHES = ("--sequence-parallel", "--use-distributed-optimizer", *ENDS_FLAGS)
 
 
 def with_layout(argv: Sequence[str], cfg: RunConfig) -> list[str]:
