@@ -46,7 +46,8 @@ def _uneven_stage(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:
 
 
 def virtual_stage_layers(p: ParallelConfig, num_layers: int) -> tuple[int, ...]:
-    """Decoder layers of each virtual stage, in virtual-stage order (c p + r: chunk c of stage r)."""
+    """Decoder layers of each virtual stage, in virtual-stage order (c p + r: chunk c of stage r); 0 for a chunk that
+    holds only the embedding or only the loss."""
     pp, v = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
     if is_uneven(p):
         return tuple(_uneven_stage(p, num_layers, r) // v for _ in range(v) for r in range(pp))
@@ -55,12 +56,6 @@ def virtual_stage_layers(p: ParallelConfig, num_layers: int) -> tuple[int, ...]:
     counts[0] -= ends[0]
     counts[-1] -= ends[1]
     return tuple(counts)
-
-
-def chunk_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int, chunk: int) -> int:
-    """Decoder layers of stage pp_rank's virtual chunk `chunk` (0 for a chunk that holds only the embedding or only
-    the loss)."""
-    return virtual_stage_layers(p, num_layers)[chunk * p.pipeline_model_parallel_size + pp_rank]
 
 
 def stage_num_layers(p: ParallelConfig, num_layers: int, pp_rank: int) -> int:

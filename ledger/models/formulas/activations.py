@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.config import LINEAR_CROSS_ENTROPY_CHUNK_TOKENS, RecomputeConfig, RunConfig
-from common.config.pipeline_layers import chunk_num_layers
+from common.config.pipeline_layers import virtual_stage_layers
 from common.ops.shapes import ExpertShapes
 from common.ops.sizes import local_seq_length, vocab_shard
 from ledger.models import schedule
@@ -164,27 +164,35 @@ def layer_input_bytes(cfg: RunConfig) -> int:
 
 
 def layers_per_chunk(cfg: RunConfig, pp_rank: int, chunk: int) -> int:
-    return chunk_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank, chunk)
+    return stage_chunk_layers(cfg, pp_rank)[chunk]
+
+
+def stage_chunk_layers(cfg: RunConfig, pp_rank: int) -> tuple[int, ...]:
+    """Each chunk's layer count on stage pp_rank, chunk by chunk."""
+    return virtual_stage_layers(cfg.parallel, cfg.model.num_layers)[pp_rank::cfg.parallel.pipeline_model_parallel_size]
 
 
 def chunk_layers_text(cfg: RunConfig, pp_rank: int) -> str:
     """The stage's layers a chunk, for a row's explanation: "2 layer(s)", or "0-1 layer(s)" where chunks differ."""
-    counts = sorted({layers_per_chunk(cfg, pp_rank, c) for c in range(num_chunks(cfg))})
+    counts = sorted(set(stage_chunk_layers(cfg, pp_rank)))
     return f"{counts[0]}{'' if len(counts) == 1 else f'-{counts[-1]}'} layer(s)"
 
 
 def largest_chunk(cfg: RunConfig, pp_rank: int) -> int:
     """The stage's chunk of the most layers (the first of equals): the one whose layers the peak's moments inside
     a layer are taken in."""
-    counts = [layers_per_chunk(cfg, pp_rank, c) for c in range(num_chunks(cfg))]
+    counts = stage_chunk_layers(cfg, pp_rank)
     return counts.index(max(counts))
 
 
 def checkpoint_groups(cfg: RunConfig, pp_rank: int, chunk: int) -> list[tuple[int, bool]]:
-    """A model chunk's layers as (layers, checkpointed) groups in forward order (Megatron's _checkpointed_forward):
-    uniform N groups of N (the last shorter), block N the first N one by one and the rest plain; one plain group
-    without full recompute; none for a chunk of no layers."""
-    r, num_layers = cfg.recompute, layers_per_chunk(cfg, pp_rank, chunk)
+    """A model chunk's layers as (layers, checkpointed) groups in forward order (Megatron's _checkpointed_forward)."""
+    return _groups(cfg.recompute, layers_per_chunk(cfg, pp_rank, chunk))
+
+
+def _groups(r: RecomputeConfig, num_layers: int) -> list[tuple[int, bool]]:
+    """Full recompute, uniform N: groups of N (the last shorter); block N: the first N one by one, the rest plain.
+    Otherwise one plain group; none for no layers."""
     if r.recompute_granularity != "full":
         return [(num_layers, False)] if num_layers else []
     n = r.recompute_num_layers
@@ -209,13 +217,17 @@ class ChunkActivations:
 
 
 def chunk_activation_bytes(cfg: RunConfig, pp_rank: int, chunk: int) -> ChunkActivations:
-    """Graphed layers (--cuda-graph-impl local) save into their graphs' pool, which the allocator counts as free
-    (cuda_graphs.py): nothing here."""
+    return _chunk_activations(cfg, layers_per_chunk(cfg, pp_rank, chunk))
+
+
+def _chunk_activations(cfg: RunConfig, num_layers: int) -> ChunkActivations:
+    """A chunk of num_layers layers. Graphed layers (--cuda-graph-impl local) save into their graphs' pool, which the
+    allocator counts as free (cuda_graphs.py): nothing here."""
     if cfg.implementation.graphed_layers:
         return ChunkActivations(saved=0, backward_peak=0)
     layer, layer_input = layer_bytes(cfg), layer_input_bytes(cfg)
     held = peak = 0
-    for layers, checkpointed in checkpoint_groups(cfg, pp_rank, chunk):
+    for layers, checkpointed in _groups(cfg.recompute, num_layers):
         if checkpointed:
             peak = max(peak, held + layers * layer)  # earlier groups still saved + this group rebuilt
         held += layer_input if checkpointed else layers * layer
@@ -326,10 +338,12 @@ class HeldChunks:
 def held_chunks(cfg: RunConfig, pp_rank: int) -> HeldChunks:
     """With chunks alike, in_flight of them. Chunks of different layer counts (the embedding or the loss counted
     in the pipeline split): the most over the stage's schedule (ledger.models.schedule), walked item by item."""
-    per = [chunk_activation_bytes(cfg, pp_rank, c) for c in range(num_chunks(cfg))]
-    if len(set(per)) == 1:
-        held = in_flight(cfg, pp_rank)
-        return HeldChunks(held * per[0].saved, (held - 1) * per[0].saved + per[0].backward_peak)
+    counts = stage_chunk_layers(cfg, pp_rank)
+    if len(set(counts)) == 1:
+        held, chunk = in_flight(cfg, pp_rank), _chunk_activations(cfg, counts[0])
+        return HeldChunks(held * chunk.saved, (held - 1) * chunk.saved + chunk.backward_peak)
+    by_count = {n: _chunk_activations(cfg, n) for n in set(counts)}
+    per = [by_count[n] for n in counts]
     p, m = cfg.parallel.pipeline_model_parallel_size, cfg.num_microbatches
     saved = forward_end = in_backward = 0
     for item in schedule.stage_order(p, pp_rank, m, len(per)):
