@@ -14,10 +14,11 @@ ARGS=(--model mixtral-8x7b-2l --bf16 --micro-batch-size 1 --global-batch-size 8 
       --train-iters "${ITERS:-12}")
 
 run() {  # $1: name, $2: the engine's directory, then the variant's flags
-  local name=$1 root=$2 log="$OUT/$1_r$round.log"
+  local name=$1 root=$2 log="$OUT/$1_r$round.log" dir="/tmp/moe_vs_filing/$1_r$round"
   shift 2
+  rm -rf "$dir"  # a warm machine keeps the last call's
   (cd "$root" && PYTHONPATH="/tmp/site:$root" python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    -m engine.train "${ARGS[@]}" "$@" --run-dir "/tmp/moe_vs_filing/$name" > "$log" 2>&1)
+    -m engine.train "${ARGS[@]}" "$@" --run-dir "$dir" > "$log" 2>&1)
   echo "$name round $round exit $?"
   step_summary "$log"
 }
