@@ -55,9 +55,10 @@ LAYOUTS = {
     "tp2-pp2-sp-tied": (4, [], ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel"]),
     # Uneven stages (Megatron-LM's flags): 4 layers as 1, 2, 1; tied, so the copy sits on a stage of one layer.
     "pp3-uneven-tied": (3, [], ["--pipeline-model-parallel-size", "3", *UNEVEN_ENDS]),
-    # ...and interleaved: 12 layers as 2, 4, 4, 2, every stage's in two chunks (1, 2, 2, 1 layers a chunk).
-    "pp4-vpp2-uneven-interleaved": (4, UNTIE + ["--num-layers", "12"],
-                                    ["--pipeline-model-parallel-size", "4", *VPP2,
+    # ...and interleaved: 8 layers as 2, 4, 2, every stage's in two chunks (1, 2, 1 layers a chunk); 6 micro-batches,
+    # a multiple of the 3 stages.
+    "pp3-vpp2-uneven-interleaved": (3, UNTIE + ["--num-layers", "8", "--global-batch-size", "6"],
+                                    ["--pipeline-model-parallel-size", "3", *VPP2,
                                      "--decoder-first-pipeline-num-layers", "2",
                                      "--decoder-last-pipeline-num-layers", "2"]),
     # The embedding and the loss counted as layers (Llama 3's split): 2 layers over 2 x 2 virtual stages of one
@@ -70,7 +71,7 @@ LAYOUTS = {
 # Uneven stages' layers, from Megatron's rule (first and last stage their own count, the rest split evenly; chunk c
 # of stage r starts at c L/v plus the chunk-c layers of the stages before r).
 STAGE_LAYERS = {"pp3-uneven-tied": {0: [0], 1: [1, 2], 2: [3]},
-                "pp4-vpp2-uneven-interleaved": {0: [0, 6], 1: [1, 2, 7, 8], 2: [3, 4, 9, 10], 3: [5, 11]},
+                "pp3-vpp2-uneven-interleaved": {0: [0, 4], 1: [1, 2, 5, 6], 2: [3, 7]},
                 "pp2-vpp2-ends-as-layers": {0: [1], 1: [0]}}
 
 
