@@ -79,3 +79,22 @@ def test_simulate_takes_the_command_line_with_its_implementation():
         peaks[impl] = json.loads(out)["memory"]["per_stage"][0]["total"]
     score_matrices = 2 * 2 * 32 * 4096 * 4096  # bf16, b heads s s, one layer
     assert peaks["local"] - peaks["transformer_engine"] > 2 * score_matrices  # both layers' probs + the buffer
+
+
+def test_megatron_lms_pipeline_split_flags_are_read():
+    """A Megatron-LM line with uneven stages: the flags are used (not "not modelled"), and the plan's stages hold the
+    split's layers (10 layers over 4 stages as 1, 4, 4, 1; then 6 + 2 ends over 4 as 1, 2, 2, 1)."""
+    common = ("--num-layers 10 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings "
+              "512 --vocab-size 1000 --micro-batch-size 1 --global-batch-size 4 --bf16 "
+              "--pipeline-model-parallel-size 4")
+    code, out, err = run_cli(["plan", "--world-size", "4", "--json", "--megatron-args",
+                              common + " --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1"])
+    assert code == 0, err
+    assert json.loads(out)["params"]["layers_per_stage"] == [1, 4, 4, 1]
+    code, out, err = run_cli(["plan", "--world-size", "4", "--megatron-args",
+                              common.replace("--num-layers 10", "--num-layers 6")
+                              + " --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"])
+    assert code == 0, err
+    assert "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in out.splitlines()[0]
+    assert "not modelled" not in out
+    assert "stage 0: 1 layer(s)" in out and "stage 1: 2 layer(s)" in out
