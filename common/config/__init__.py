@@ -8,7 +8,8 @@ Megatron's validate_args makes for the features we have, so a config built any o
 One concern a module: each config dataclass beside its own checks (model_config, parallel_config, train_config,
 probe_config, recompute_config, checkpoint_config, implementation_config; run_config holds RunConfig and the checks
 between configs), limits (every number's range), validation (`validate`, all of them in order), presets (the
-published models) and checkpoint_layout (the checkpoint directory's contract).
+published models), checkpoint_layout (the checkpoint directory's contract) and pipeline_layers (which layers each
+pipeline stage and virtual chunk builds, for the engine and the ledger).
 """
 from common.config.checkpoint_config import CheckpointConfig, check_checkpoint_flags
 from common.config.checkpoint_layout import (
