@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import LAYOUT_DEFAULTS, RunConfig
+from common.config.checkpoint_layout import PIPELINE_SPLIT_FIELDS
 from common.errors import InputError
 from engine.model_builder import get_model
 from engine.parallel_state import (
@@ -139,8 +140,8 @@ def saved_run_config(cfg: RunConfig, saved: dict[str, Any]) -> RunConfig:
     p.pipeline_model_parallel_size = saved["pipeline_model_parallel_size"]
     p.context_parallel_size = saved["context_parallel_size"]
     p.virtual_pipeline_model_parallel_size = saved["virtual_pipeline_model_parallel_size"]
-    ep = "expert_model_parallel_size"  # absent from layouts saved before MoE
-    p.expert_model_parallel_size = saved.get(ep, LAYOUT_DEFAULTS[ep])
+    for key in ("expert_model_parallel_size", *PIPELINE_SPLIT_FIELDS):  # absent from layouts saved before them
+        setattr(p, key, saved.get(key, LAYOUT_DEFAULTS[key]))
     t.overlap_grad_reduce, t.ddp_bucket_size = saved["overlap_grad_reduce"], saved["ddp_bucket_size"]
     t.micro_batch_size = saved["micro_batch_size"]
     t.overlap_param_gather = False  # when the all-gather runs changes nothing of where state sits

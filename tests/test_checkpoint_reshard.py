@@ -166,6 +166,10 @@ CASES = {
     "pp1 -> pp2, tied embeddings": (1, [], 2, PP2),  # the last stage's copy from the embedding's state
     "pp2 x vpp2 -> tp2": (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2", "--num-layers", "4"],
                           2, TP2 + ["--num-layers", "4"]),
+    # uneven stages of 1, 2, 1 layers (each saved rank's layers found by the split layout.json records)
+    "pp3 uneven -> pp2": (3, ["--pipeline-model-parallel-size", "3", "--num-layers", "4",
+                              "--decoder-first-pipeline-num-layers", "1", "--decoder-last-pipeline-num-layers", "1"],
+                          2, PP2 + ["--num-layers", "4"]),
 }
 
 
@@ -226,6 +230,22 @@ def test_a_checkpoint_of_another_model_shape_is_refused_by_the_cli_in_one_line(t
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert len(lines) == 1 and "iter_0000003 was saved with hidden_size 64, this run has 128" in lines[0], lines
+
+
+def test_a_layout_that_loses_its_pipeline_split_is_refused_in_one_line(tmp_path):
+    """Saved at PP3 with stages of 1, 2, 1 layers: layout.json records the split, so it reshards (the slow case
+    above). Without it (a layout written before the split was recorded) 4 layers do not split over 3 stages, and the
+    load is refused before any rank starts, rather than a rank failing on a layer its saved stage never held."""
+    uneven = ["--pipeline-model-parallel-size", "3", "--num-layers", "4", "--decoder-first-pipeline-num-layers", "1",
+              "--decoder-last-pipeline-num-layers", "1"]
+    _fake_checkpoint(tmp_path, uneven, world_size=3)
+    parse_args(TINY + ["--num-layers", "4", "--load", str(tmp_path)], world_size=1)
+    path = tmp_path / "iter_0000003" / "layout.json"
+    layout = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in layout.items() if "pipeline_num_layers" not in k}))
+    with pytest.raises(ConfigError, match="layout.json records a pipeline split its layers do not fit: --num-layers 4 "
+                                          "is not divisible by pipeline size 3"):
+        parse_args(TINY + ["--num-layers", "4", "--load", str(tmp_path)], world_size=1)
 
 
 def test_the_note_names_both_layouts_and_the_ranks_whose_rng_starts_fresh(tmp_path):

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.config.parallel_config import ParallelConfig
+from common.config.pipeline_layers import check_pipeline_layers
 from common.config.run_config import RunConfig
 from common.errors import ConfigError
 
@@ -30,6 +32,7 @@ def checkpoint_layout(cfg: RunConfig) -> dict[str, Any]:
             "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
             "context_parallel_size": p.context_parallel_size,
             "virtual_pipeline_model_parallel_size": p.virtual_pipeline_model_parallel_size,
+            **{name: getattr(p, name) for name in PIPELINE_SPLIT_FIELDS},
             "params_dtype": t.params_dtype, "grad_dtype": t.grad_dtype,
             "use_distributed_optimizer": t.use_distributed_optimizer, "overlap_grad_reduce": t.overlap_grad_reduce,
             "ddp_bucket_size": t.ddp_bucket_size, "global_batch_size": t.global_batch_size,
@@ -40,8 +43,13 @@ def checkpoint_layout(cfg: RunConfig) -> dict[str, Any]:
             "expert_model_parallel_size": p.expert_model_parallel_size}
 
 
+# Which layers each pipeline stage holds, beyond the sizes (common.config.pipeline_layers).
+PIPELINE_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Keys added to layout.json after checkpoints were first written, with the value an older checkpoint meant.
-LAYOUT_DEFAULTS = {"num_experts": None, "moe_ffn_hidden_size": None, "expert_model_parallel_size": 1}
+LAYOUT_DEFAULTS = {"num_experts": None, "moe_ffn_hidden_size": None, "expert_model_parallel_size": 1,
+                   "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
+                   "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False}
 
 
 def layout_differences(cfg: RunConfig, saved: dict[str, Any]) -> list[str]:
@@ -67,13 +75,13 @@ def latest_checkpoint(load_dir: str) -> int | None:
 
 def check_load_layout(cfg: RunConfig) -> None:
     """A checkpoint loads at another parallel layout (engine.checkpoint_reshard rebuilds each parameter's state by
-    name and cuts it anew: world size, tp, pp, cp, vpp, ep, DDP buckets, micro-batch size), but only into the same
-    model shape (the number of experts included), precision, optimizer and global batch size (the saved state and
-    data position mean nothing in another): those are refused up front, the first difference named, rather than
-    failing inside the ranks."""
+    name and cuts it anew: world size, tp, pp, cp, vpp, ep, the pipeline split, DDP buckets, micro-batch size), but
+    only into the same model shape (the number of experts included), precision, optimizer and global batch size (the
+    saved state and data position mean nothing in another): those are refused up front, the first difference named,
+    rather than failing inside the ranks."""
     reshardable = ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "context_parallel_size", "virtual_pipeline_model_parallel_size", "overlap_grad_reduce",
-                   "ddp_bucket_size", "micro_batch_size", "expert_model_parallel_size")
+                   "ddp_bucket_size", "micro_batch_size", "expert_model_parallel_size", *PIPELINE_SPLIT_FIELDS)
     load = cfg.checkpoint.load
     iteration = latest_checkpoint(load) if load is not None else None
     if iteration is None:
@@ -93,4 +101,17 @@ def check_load_layout(cfg: RunConfig) -> None:
                               f", this run has {mine[key]}; a checkpoint reshards to another parallel layout, DDP "
                               "bucket size or micro-batch size, but loads only into the same model shape, precision, "
                               "optimizer and global batch size")
+    _check_saved_split(saved, f"--load {load}: {name}/{path.name}")
+
+
+def _check_saved_split(saved: dict[str, Any], where: str) -> None:
+    """The saving run's layers split over its stages as its layout.json records them (a layout written before the
+    split was recorded, by a run of uneven stages, splits evenly here and would not)."""
+    split = {key: saved.get(key, LAYOUT_DEFAULTS[key]) for key in PIPELINE_SPLIT_FIELDS}
+    p = ParallelConfig(pipeline_model_parallel_size=saved["pipeline_model_parallel_size"],
+                       virtual_pipeline_model_parallel_size=saved["virtual_pipeline_model_parallel_size"], **split)
+    try:
+        check_pipeline_layers(p, saved["num_layers"])
+    except ConfigError as exc:
+        raise ConfigError(f"{where} records a pipeline split its layers do not fit: {exc}") from exc
 
