@@ -65,10 +65,15 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+MEGATRON_MODEL_DEFAULTS = ("An explicit shape takes Megatron-LM's defaults: a GeLU MLP of 4h unless --swiglu, linear "
+                           "biases unless --disable-bias-linear, LayerNorm, learned absolute positions; a --model "
+                           "preset carries its own.")
+
+
 def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = False) -> argparse.ArgumentParser:
     """megatron_model: the flavour flags accept the GPT style too (module docstring)."""
     p = _Parser(prog=prog, allow_abbrev=False, add_help=True)
-    m = p.add_argument_group("model")
+    m = p.add_argument_group("model", MEGATRON_MODEL_DEFAULTS if megatron_model else None)
     m.add_argument("--model", choices=sorted(PRESETS), help="a preset shape; explicit shape flags override it")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "vocab-size", "seq-length", "max-position-embeddings", "make-vocab-size-divisible-by"):

@@ -27,6 +27,16 @@ def test_commands_that_take_megatron_flags_list_them_under_their_own(capsys, com
     assert out.count("-h, --help") <= 1
 
 
+@pytest.mark.parametrize("command, megatron_defaults", [("simulate", True), ("search", True), ("train", False)])
+def test_the_model_group_says_whose_defaults_an_explicit_shape_takes(capsys, command, megatron_defaults):
+    """simulate and search read a shape as Megatron-LM does (no --swiglu: a GeLU MLP); train builds this engine's
+    Llama layer, so its help does not say so."""
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("An explicit shape takes Megatron-LM's defaults: a GeLU MLP of 4h unless --swiglu" in out) \
+        == megatron_defaults
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"train-ledger {importlib.metadata.version('train-ledger')}\n"
