@@ -37,6 +37,7 @@ from common.config import (
     check_load_layout,
     validate,
 )
+from common.config.pipeline_layers import LAYOUT_FLAG, layout_stages
 from common.errors import ConfigError
 
 # Megatron flags that restate what the engine always does: the accepted values, checked.
@@ -144,6 +145,9 @@ def build_parser(prog: str = "train-ledger train", *, megatron_model: bool = Fal
                      help="count the embedding as a layer when splitting the layers over the virtual stages")
     par.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
                      help="count the output layer and loss as a layer when splitting the layers over the stages")
+    par.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
+                     help="every virtual stage spelled out, '|' between them: E the embedding, t a decoder layer, L "
+                          "the loss, (...)*n and x*n repeat ('Et*3|(tt|)*6,tL'); it sets the virtual size")
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--world-size", type=int, help="for `plan`; `train` takes it from the launcher")
 
@@ -243,6 +247,7 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                               decoder_last_pipeline_num_layers=ns.decoder_last_pipeline_num_layers,
                               account_for_embedding_in_pipeline_split=ns.account_for_embedding_in_pipeline_split,
                               account_for_loss_in_pipeline_split=ns.account_for_loss_in_pipeline_split,
+                              pipeline_model_parallel_layout=ns.pipeline_model_parallel_layout,
                               sequence_parallel=ns.sequence_parallel)
     train = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
@@ -357,6 +362,8 @@ def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
                         ("--num-layers-per-virtual-pipeline-stage", per_stage)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if ns.pipeline_model_parallel_layout is not None:
+        return _layout_vpp(ns, vpp)
     if per_stage is not None:
         if (ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None
                 or ns.account_for_embedding_in_pipeline_split or ns.account_for_loss_in_pipeline_split):
@@ -372,6 +379,21 @@ def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
                               f"--num-layers-per-virtual-pipeline-stage {per_stage} (gives {derived})")
         vpp = derived
     return vpp if vpp and vpp > 1 else None
+
+
+def _layout_vpp(ns: argparse.Namespace, vpp: int | None) -> int | None:
+    """The virtual size a spelled-out layout gives: its virtual stages over the pipeline size (Megatron derives it
+    so), which an explicit --virtual-pipeline-model-parallel-size must agree with."""
+    stages, pp = len(layout_stages(ns.pipeline_model_parallel_layout)), ns.pipeline_model_parallel_size
+    if ns.num_layers_per_virtual_pipeline_stage is not None:
+        raise ConfigError(f"{LAYOUT_FLAG} and --num-layers-per-virtual-pipeline-stage are alternatives: give one")
+    if pp < 1 or stages % pp:
+        raise ConfigError(f"{LAYOUT_FLAG} has {stages} virtual stage(s), not a multiple of pipeline size {pp}")
+    derived = stages // pp
+    if vpp is not None and vpp != derived:
+        raise ConfigError(f"--virtual-pipeline-model-parallel-size {vpp} contradicts {LAYOUT_FLAG} ({stages} "
+                          f"virtual stages over pipeline size {pp}: {derived})")
+    return derived if derived > 1 else None
 
 
 def _probe_config(ns: argparse.Namespace) -> ProbeConfig:

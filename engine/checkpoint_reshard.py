@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import LAYOUT_DEFAULTS, RunConfig
-from common.config.checkpoint_layout import PIPELINE_SPLIT_FIELDS
+from common.config.pipeline_layers import PIPELINE_SPLIT_FIELDS
 from common.errors import InputError
 from engine.model_builder import get_model
 from engine.parallel_state import (

@@ -19,6 +19,7 @@ from common.config import ParallelConfig
 from common.config.pipeline_layers import (
     check_pipeline_layers,
     chunk_layer_numbers,
+    layout_stages,
     stage_num_layers,
     virtual_stage_layers,
 )
@@ -27,10 +28,11 @@ from ledger.models.formulas import activations, params
 
 
 def _parallel(pp: int, vpp: int | None = None, first: int | None = None, last: int | None = None,
-              ends: tuple[bool, bool] = (False, False)) -> ParallelConfig:
+              ends: tuple[bool, bool] = (False, False), layout: str | None = None) -> ParallelConfig:
     return ParallelConfig(world_size=pp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
                           decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last,
-                          account_for_embedding_in_pipeline_split=ends[0], account_for_loss_in_pipeline_split=ends[1])
+                          account_for_embedding_in_pipeline_split=ends[0], account_for_loss_in_pipeline_split=ends[1],
+                          pipeline_model_parallel_layout=layout)
 
 
 def _stage(p: ParallelConfig, num_layers: int, stage: int) -> list[int]:
@@ -80,6 +82,28 @@ def test_llama3_405b_as_published_one_layer_a_chunk_the_ends_alone():
     assert [stage_num_layers(p, 126, s) for s in range(16)] == [7] + [8] * 14 + [7]
 
 
+def test_a_layout_string_unrolls_as_megatrons():
+    """Commas are cosmetic, "(...)*n" repeats a group (separators included), "x*n" a character."""
+    assert layout_stages("Et*3|(tt|)*6,tL") == ("Ettt",) + ("tt",) * 6 + ("tL",)
+    assert layout_stages("E|(t|)*2,t*2|L") == ("E", "t", "t", "tt", "L")
+
+
+def test_llama3_405b_spelled_out_is_the_ends_counted_split():
+    """The embedding alone, 126 virtual stages of one layer, the loss alone: 128 virtual stages over PP 16 give V 8,
+    and the same layers a chunk as counting the ends as layers."""
+    spelled = _parallel(16, vpp=8, layout="E|(t|)*126,L")
+    assert virtual_stage_layers(spelled, 126) == virtual_stage_layers(_parallel(16, vpp=8, ends=(True, True)), 126)
+    check_pipeline_layers(spelled, 126)
+
+
+def test_a_layout_places_uneven_chunks():
+    """8 layers over PP 4 x V 2 as "Et|tt|t|t|t|t|t|L": stage 0 holds virtual stages 0 and 4 (layers 0 and 5),
+    stage 1 the two of vs 1 (1, 2) and vs 5 (6), stage 3 vs 3 (4) and the loss alone."""
+    p = _parallel(4, vpp=2, layout="Et|tt|t|t|t|t|t|L")
+    assert [_stage(p, 8, s) for s in range(4)] == [[0, 5], [1, 2, 6], [3, 7], [4]]
+    assert [stage_num_layers(p, 8, s) for s in range(4)] == [2, 3, 2, 1]
+
+
 def test_only_the_first_stage_given():
     p = _parallel(3, first=2)
     assert [_stage(p, 8, s) for s in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
@@ -95,7 +119,7 @@ def test_every_layer_once_over_the_stages():
 
 @pytest.mark.parametrize("parallel, layers, message", [
     (_parallel(4), 10, "not divisible by pipeline size 4"),
-    (_parallel(1, first=2), 4, "need --pipeline-model-parallel-size > 1"),
+    (_parallel(1, first=2), 4, "only with --pipeline-model-parallel-size > 1"),
     (_parallel(4, vpp=2, first=3, last=2), 12, "--decoder-first-pipeline-num-layers 3 is not divisible by virtual"),
     (_parallel(4, first=1, last=1), 7, "the 5 middle layers are not divisible by 2 middle stage(s)"),
     (_parallel(3, first=2, last=2), 4, "leave 0 of --num-layers 4 for 1 middle stage(s)"),
@@ -103,9 +127,15 @@ def test_every_layer_once_over_the_stages():
     (_parallel(4, ends=(True, False)), 8, "--num-layers 8 + the embedding / loss counted as layers (9) is not "
                                           "divisible by pipeline size 4"),
     (_parallel(4, first=2, ends=(True, False)), 8, "are alternatives"),
-    (_parallel(1, ends=(False, True)), 8, "need --pipeline-model-parallel-size > 1"),
+    (_parallel(1, ends=(False, True)), 8, "only with --pipeline-model-parallel-size > 1"),
+    (_parallel(2, vpp=2, layout="Et|t|t|L", ends=(True, True)), 2, "are alternatives"),
+    (_parallel(2, layout="Et|t|tL"), 3, "has 3 virtual stage(s): not 1 for each of 2 pipeline stages"),
+    (_parallel(2, layout="tE|tL"), 2, "the embedding (E) must open the first virtual stage"),
+    (_parallel(2, layout="Et|LtL"), 2, "the loss (L) close the last, each once"),
+    (_parallel(2, layout="Et|tL"), 3, "places 2 decoder layer(s) (t), not --num-layers 3"),
 ], ids=["even-indivisible", "no-pipeline", "first-not-chunks", "middle-indivisible", "empty-middle", "too-many",
-        "ends-indivisible", "both-kinds", "ends-no-pipeline"])
+        "ends-indivisible", "both-kinds", "ends-no-pipeline", "layout-and-ends", "layout-not-whole-rounds",
+        "layout-embedding-not-first", "layout-two-losses", "layout-layer-count"])
 def test_splits_megatron_refuses(parallel, layers, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_pipeline_layers(parallel, layers)
@@ -137,13 +167,22 @@ def test_flags_reach_the_ledger_per_stage():
 @pytest.mark.parametrize("flags, message", [
     (["--decoder-first-pipeline-num-layers", "0", "--pipeline-model-parallel-size", "2"],
      "--decoder-first-pipeline-num-layers must be >= 1, got 0"),
-    (["--decoder-last-pipeline-num-layers", "2"], "need --pipeline-model-parallel-size > 1"),
+    (["--decoder-last-pipeline-num-layers", "2"], "only with --pipeline-model-parallel-size > 1"),
     (["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2",
       "--num-layers-per-virtual-pipeline-stage", "1"], "assumes even stages"),
-], ids=["zero", "no-pipeline", "layers-per-virtual-stage"])
+    (["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|t|t|tL",
+      "--virtual-pipeline-model-parallel-size", "3"], "--virtual-pipeline-model-parallel-size 3 contradicts"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|t|tL"],
+     "has 3 virtual stage(s), not a multiple of pipeline size 2"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|m|t|tL"],
+     "m (multi-token prediction layers are not built)"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "E(t|)*99999999L"],
+     "beyond the longest layout supported"),
+], ids=["zero", "no-pipeline", "layers-per-virtual-stage", "layout-contradicts-vpp", "layout-not-whole-rounds",
+        "layout-mtp", "layout-huge"])
 def test_bad_flags_one_line(flags, message):
     world = 2 if "--pipeline-model-parallel-size" in flags else 1
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         _config(*flags, world=world)
 
 
@@ -160,3 +199,14 @@ def test_held_activations_walk_the_schedule_where_chunks_differ():
     assert activations.chunk_activation_bytes(cfg, 0, 0).saved == 0
     held = activations.held_chunks(cfg, 0)
     assert (held.forward_end, held.in_backward) == (2 * layer.saved, layer.saved + layer.backward_peak)
+
+
+def test_a_layout_sets_the_virtual_size_and_reaches_the_checkpoint_layout():
+    """4 virtual stages over PP 2: V 2, as Megatron derives it; the layout string is part of what a checkpoint's
+    files depend on."""
+    from common.config import checkpoint_layout
+
+    cfg = _config("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|tt|t|L", world=2)
+    assert cfg.parallel.virtual_pipeline_model_parallel_size == 2
+    assert [activations.stage_chunk_layers(cfg, s) for s in range(2)] == [(1, 1), (2, 0)]
+    assert checkpoint_layout(cfg)["pipeline_model_parallel_layout"] == "Et|tt|t|L"

@@ -66,13 +66,16 @@ LAYOUTS = {
     "pp2-vpp2-ends-as-layers": (2, UNTIE + ["--num-layers", "2"],
                                 [*PP2, *VPP2, "--account-for-embedding-in-pipeline-split",
                                  "--account-for-loss-in-pipeline-split"]),
+    # Spelled out (Megatron's --pipeline-model-parallel-layout): 4 layers as 1 | 2 | 1 | the loss alone, V 2 from it.
+    "pp2-layout": (2, UNTIE + ["--num-layers", "4"], [*PP2, "--pipeline-model-parallel-layout", "Et|tt|t|L"]),
 }
 
 # Uneven stages' layers, from Megatron's rule (first and last stage their own count, the rest split evenly; chunk c
 # of stage r starts at c L/v plus the chunk-c layers of the stages before r).
 STAGE_LAYERS = {"pp3-uneven-tied": {0: [0], 1: [1, 2], 2: [3]},
                 "pp3-vpp2-uneven-interleaved": {0: [0, 4], 1: [1, 2, 5, 6], 2: [3, 7]},
-                "pp2-vpp2-ends-as-layers": {0: [1], 1: [0]}}
+                "pp2-vpp2-ends-as-layers": {0: [1], 1: [0]},
+                "pp2-layout": {0: [0, 3], 1: [1, 2]}}
 
 
 def _timed_train_rank(rank: int, world_size: int, argv: list[str]) -> dict:

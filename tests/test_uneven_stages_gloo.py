@@ -4,6 +4,7 @@ engine's inventory and the tensor census of the ranks that ran.
   uneven       Megatron-LM's --decoder-first/last-pipeline-num-layers: 4 layers over 3 stages as 1, 2, 1
   ends         --account-for-embedding/loss-in-pipeline-split: 2 layers and the two ends over 2 stages x 2 chunks,
                the first chunk the embedding alone, the last the loss alone
+  layout       --pipeline-model-parallel-layout "Et|tt|t|L": 4 layers over 2 stages x 2 chunks as 1 | 2 | 1 | none
 """
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ LAYOUTS = {
     "ends": (2, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
                  "2", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--global-batch-size", "4"]),
+    "layout": (2, ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                   "Et|tt|t|L", "--global-batch-size", "4"]),
 }
 # "N layer(s) per chunk" in each stage's forward row
-CHUNK_LAYERS = {"uneven": {0: "1", 1: "2", 2: "1"}, "ends": {0: "0-1", 1: "0-1"}}
+CHUNK_LAYERS = {"uneven": {0: "1", 1: "2", 2: "1"}, "ends": {0: "0-1", 1: "0-1"}, "layout": {0: "1", 1: "0-2"}}
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))

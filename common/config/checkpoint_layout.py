@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config.parallel_config import ParallelConfig
-from common.config.pipeline_layers import check_pipeline_layers
+from common.config.pipeline_layers import PIPELINE_SPLIT_FIELDS, check_pipeline_layers
 from common.config.run_config import RunConfig
 from common.errors import ConfigError
 
@@ -43,13 +43,11 @@ def checkpoint_layout(cfg: RunConfig) -> dict[str, Any]:
             "expert_model_parallel_size": p.expert_model_parallel_size}
 
 
-# Which layers each pipeline stage holds, beyond the sizes (common.config.pipeline_layers).
-PIPELINE_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Keys added to layout.json after checkpoints were first written, with the value an older checkpoint meant.
 LAYOUT_DEFAULTS = {"num_experts": None, "moe_ffn_hidden_size": None, "expert_model_parallel_size": 1,
                    "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
-                   "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False}
+                   "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
+                   "pipeline_model_parallel_layout": None}
 
 
 def layout_differences(cfg: RunConfig, saved: dict[str, Any]) -> list[str]:

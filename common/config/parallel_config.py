@@ -22,6 +22,8 @@ class ParallelConfig:
     # ...or the embedding / the loss counted as a layer of the first / last virtual stage (Megatron-LM's flags).
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # ...or every virtual stage spelled out (Megatron's --pipeline-model-parallel-layout); it sets the virtual size.
+    pipeline_model_parallel_layout: str | None = None
     sequence_parallel: bool = False
     order: str = "tp-cp-ep-dp-pp"
     # Not a flag: what the engine that wrote a manifest did. Today's builds an NCCL communicator only for a process

@@ -16,6 +16,7 @@ from common.config import (
     RunConfig,
     TrainConfig,
 )
+from common.config.pipeline_layers import PIPELINE_SPLIT_FIELDS
 from ledger.models.formulas.params import ParamTensor, chunk_tensors
 
 PARAM_ALIGNMENT = 64
@@ -125,8 +126,7 @@ def _cached_buffers(cfg: RunConfig, pp_rank: int, expert: bool) -> tuple[BufferL
     p, t = cfg.parallel, cfg.train
     return _rank_buffers(tuple(getattr(cfg.model, name) for name in _MODEL_FIELDS), p.tensor_model_parallel_size,
                          p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
-                         (p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers,
-                          p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split),
+                         tuple(getattr(p, name) for name in PIPELINE_SPLIT_FIELDS),
                          p.expert_model_parallel_size, dp_cp_size(cfg), expert_dp_size(cfg) if expert else None,
                          t.use_distributed_optimizer, t.overlap_grad_reduce, t.ddp_bucket_size, pp_rank)
 
@@ -135,22 +135,18 @@ _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 
 
 @functools.lru_cache(maxsize=4096)
-def _rank_buffers(model: tuple, tp: int, pp: int, vpp: int | None, split: tuple[int | None, int | None, bool, bool],
-                  ep: int, dp: int, expert_dp: int | None, distributed_optimizer: bool, overlap_grad_reduce: bool,
+def _rank_buffers(model: tuple, tp: int, pp: int, vpp: int | None, split: tuple, ep: int, dp: int,
+                  expert_dp: int | None, distributed_optimizer: bool, overlap_grad_reduce: bool,
                   ddp_bucket_size: int | None, pp_rank: int) -> tuple[BufferLayout, ...]:
     """The dense buffers (expert_dp None) or the expert ones of a config rebuilt from exactly the fields the layout
-    depends on (so the cache key is them); `split`: the flags that split the layers over the stages (the first and
-    last stage's own counts, the embedding and the loss counted as layers); `dp` is the dense reduction group's size
-    (dp x cp, which also sets the bucket size), so the rebuilt config has cp 1; expert buffers are padded and sharded
-    over `expert_dp`."""
+    depends on (so the cache key is them); `split`: the fields that split the layers over the stages
+    (PIPELINE_SPLIT_FIELDS, in order); `dp` is the dense reduction group's size (dp x cp, which also sets the bucket
+    size), so the rebuilt config has cp 1; expert buffers are padded and sharded over `expert_dp`."""
     cfg = RunConfig(model=ModelConfig(*model),
                     parallel=ParallelConfig(world_size=tp * pp * dp, tensor_model_parallel_size=tp,
                                             pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
                                             virtual_pipeline_model_parallel_size=vpp,
-                                            decoder_first_pipeline_num_layers=split[0],
-                                            decoder_last_pipeline_num_layers=split[1],
-                                            account_for_embedding_in_pipeline_split=split[2],
-                                            account_for_loss_in_pipeline_split=split[3]),
+                                            **dict(zip(PIPELINE_SPLIT_FIELDS, split))),
                     train=TrainConfig(use_distributed_optimizer=distributed_optimizer,
                                       overlap_grad_reduce=overlap_grad_reduce, ddp_bucket_size=ddp_bucket_size),
                     probes=ProbeConfig())

@@ -73,7 +73,7 @@ def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, ends:
     parallel = dataclasses.replace(base.parallel, world_size=gpus, tensor_model_parallel_size=tp,
                                    pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
                                    decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-                                   account_for_embedding_in_pipeline_split=ends,
+                                   pipeline_model_parallel_layout=None, account_for_embedding_in_pipeline_split=ends,
                                    account_for_loss_in_pipeline_split=ends, sequence_parallel=sp)
     train = dataclasses.replace(base.train, micro_batch_size=mbs, use_distributed_optimizer=distributed,
                                 overlap_param_gather=base.train.overlap_param_gather and distributed)
@@ -126,7 +126,8 @@ def layout_flags(cfg: RunConfig) -> list[str]:
 _VALUED = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
            "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
            "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--world-size",
-           "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+           "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+           "--pipeline-model-parallel-layout")
 _SWITCHES = ("--sequence-parallel", "--use-distributed-optimizer", *ENDS_FLAGS)
 
 
