@@ -86,6 +86,19 @@ def test_a_smaller_world_is_not_refused_for_the_runs_profiled_ranks(cfg: RunConf
     assert what_if.changed_config(profiled, replace(what_if.own_choice(cfg), world_size=4)).parallel.world_size == 4
 
 
+def test_a_split_for_the_runs_own_pipeline_goes_when_the_pipeline_changes(cfg: RunConfig) -> None:
+    """A run of 16 layers over 4 stages as 3, 5, 5, 3: asked about 2 stages, its layers split evenly (the first /
+    last counts were for 4); asked about its own pipeline, the split stays."""
+    pp4 = what_if.changed_config(cfg, replace(what_if.own_choice(cfg), world_size=4, pp=4, global_batch_size=8))
+    uneven = replace(pp4, parallel=replace(pp4.parallel, decoder_first_pipeline_num_layers=3,
+                                           decoder_last_pipeline_num_layers=3))
+    same = what_if.changed_config(uneven, what_if.own_choice(uneven))
+    assert (same.parallel.decoder_first_pipeline_num_layers, same.parallel.decoder_last_pipeline_num_layers) == (3, 3)
+    halved = what_if.changed_config(uneven, replace(what_if.own_choice(uneven), world_size=2, pp=2))
+    assert halved.parallel.decoder_first_pipeline_num_layers is None
+    assert what_if.predict_choice(uneven, replace(what_if.own_choice(uneven), world_size=2, pp=2), "H200").error is None
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(world_size=3), "--global-batch-size 8 is not divisible by --micro-batch-size 1 x data-parallel size 3"),
     (dict(world_size=3, pp=3), "--num-layers 16 is not divisible by pipeline size 3 x virtual size 1"),

@@ -86,18 +86,24 @@ def own_choice(cfg: RunConfig) -> Choice:
 
 def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     """The run's config with the choice applied and validated (common.config.validate, as `train` and `simulate`
-    validate); ConfigError with one line when the layout cannot run. Two things follow from a choice rather than
+    validate); ConfigError with one line when the layout cannot run. Three things follow from a choice rather than
     being chosen: without the distributed optimizer there is no param all-gather to overlap, so
-    --overlap-param-gather goes with it; and the profiled ranks are those of the new world (a profiled rank beyond a
-    smaller world would refuse the layout for nothing), the other probes the run's (timers' event reads move the host
-    timeline's prediction)."""
+    --overlap-param-gather goes with it; a split written for the run's own pipeline (first / last stage counts, a
+    spelled-out layout) goes when the pipeline or virtual size changes, the layers then split evenly (counting the
+    ends as layers applies at any size, and stays); and the profiled ranks are those of the new world (a profiled
+    rank beyond a smaller world would refuse the layout for nothing), the other probes the run's (timers' event reads
+    move the host timeline's prediction)."""
     if c.recompute not in RECOMPUTE:
         raise ConfigError(f"recompute {c.recompute!r}: expected one of {', '.join(RECOMPUTE)}")
     full = c.recompute == "full"
+    own = own_choice(cfg)
+    resized = (c.pp, c.vpp) != (own.pp, own.vpp)
     parallel = replace(cfg.parallel, world_size=c.world_size, tensor_model_parallel_size=c.tp,
                        pipeline_model_parallel_size=c.pp,
                        virtual_pipeline_model_parallel_size=c.vpp if c.vpp > 1 else None,
-                       sequence_parallel=c.sequence_parallel)
+                       sequence_parallel=c.sequence_parallel,
+                       **({"decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
+                           "pipeline_model_parallel_layout": None} if resized else {}))
     train = replace(cfg.train, micro_batch_size=c.micro_batch_size, global_batch_size=c.global_batch_size,
                     use_distributed_optimizer=c.distributed_optimizer,
                     overlap_param_gather=cfg.train.overlap_param_gather and c.distributed_optimizer)
