@@ -30,6 +30,10 @@ LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 PIPELINE_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                          "pipeline_model_parallel_layout")
+# Those written for one pipeline size (a stage's own count, a spelled-out layout): a layout of another size drops
+# them (search, what-if); counting the ends as layers applies at any size.
+SIZED_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                      "pipeline_model_parallel_layout")
 MAX_LAYOUT_CHARS = 100_000  # unrolled: ten times the most layers a config may have, the ends and separators aside
 _REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))  # Megatron's: "(ab|)*n", then "x*n"
 

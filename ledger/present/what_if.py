@@ -21,6 +21,7 @@ from statistics import mean
 from typing import Any
 
 from common.config import RecomputeConfig, RunConfig, validate
+from common.config.pipeline_layers import SIZED_SPLIT_FIELDS
 from common.errors import ConfigError, UserError
 from ledger.models.formulas.params import num_chunks
 from ledger.models.simulate.hardware import hardware_for, load_hardware, run_device
@@ -102,8 +103,7 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
                        pipeline_model_parallel_size=c.pp,
                        virtual_pipeline_model_parallel_size=c.vpp if c.vpp > 1 else None,
                        sequence_parallel=c.sequence_parallel,
-                       **({"decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
-                           "pipeline_model_parallel_layout": None} if resized else {}))
+                       **(dict.fromkeys(SIZED_SPLIT_FIELDS) if resized else {}))
     train = replace(cfg.train, micro_batch_size=c.micro_batch_size, global_batch_size=c.global_batch_size,
                     use_distributed_optimizer=c.distributed_optimizer,
                     overlap_param_gather=cfg.train.overlap_param_gather and c.distributed_optimizer)

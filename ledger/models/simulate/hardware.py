@@ -20,6 +20,7 @@ import bisect
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -100,13 +101,20 @@ class MemoryCost:
     kernels: tuple[tuple[str, float], ...]  # name -> efficiency (fraction of HBM bandwidth)
     fixed_by_kernel: tuple[tuple[str, float], ...] = ()  # name -> its own fixed seconds
 
+    @cached_property
+    def _fixed(self) -> dict[str, float]:
+        return dict(self.fixed_by_kernel)
+
+    @cached_property
+    def _efficiency(self) -> dict[str, float]:
+        return dict(self.kernels)
+
     def fixed(self, name: str) -> float:
-        return dict(self.fixed_by_kernel).get(name, self.fixed_s)
+        return self._fixed.get(name, self.fixed_s)
 
     def efficiency(self, name: str, proxy: str | None = None) -> float:
         """The kernel's own efficiency, else its proxy's (a kernel of the same access pattern), else the default."""
-        table = dict(self.kernels)
-        return table.get(name, table.get(proxy or "", self.default_efficiency))
+        return self._efficiency.get(name, self._efficiency.get(proxy or "", self.default_efficiency))
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,19 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 
 from common.config import RecomputeConfig, RunConfig, validate
+from common.config.pipeline_layers import (
+    EMBEDDING_FLAG,
+    FIRST_FLAG,
+    LAST_FLAG,
+    LAYOUT_FLAG,
+    LOSS_FLAG,
+    SIZED_SPLIT_FIELDS,
+)
 from common.errors import ConfigError
 
 RECOMPUTE_MODES = (RecomputeConfig(), RecomputeConfig("selective"), RecomputeConfig("full", "uniform", 1))
 SPLITS = (False, True)  # the embedding and the loss counted as layers of the pipeline split (module docstring)
-ENDS_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+ENDS_FLAGS = (EMBEDDING_FLAG, LOSS_FLAG)  # one choice: both ends or neither
 
 
 def divisors(n: int) -> list[int]:
@@ -72,8 +80,7 @@ def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, ends:
             recompute: RecomputeConfig, distributed: bool, sp: bool) -> RunConfig:
     parallel = dataclasses.replace(base.parallel, world_size=gpus, tensor_model_parallel_size=tp,
                                    pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
-                                   decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-                                   pipeline_model_parallel_layout=None, account_for_embedding_in_pipeline_split=ends,
+                                   **dict.fromkeys(SIZED_SPLIT_FIELDS), account_for_embedding_in_pipeline_split=ends,
                                    account_for_loss_in_pipeline_split=ends, sequence_parallel=sp)
     train = dataclasses.replace(base.train, micro_batch_size=mbs, use_distributed_optimizer=distributed,
                                 overlap_param_gather=base.train.overlap_param_gather and distributed)
@@ -126,8 +133,7 @@ def layout_flags(cfg: RunConfig) -> list[str]:
 _VALUED = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
            "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
            "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--world-size",
-           "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-           "--pipeline-model-parallel-layout")
+           FIRST_FLAG, LAST_FLAG, LAYOUT_FLAG)
 _SWITCHES = ("--sequence-parallel", "--use-distributed-optimizer", *ENDS_FLAGS)
 
 
