@@ -147,7 +147,9 @@ class _ParamAndGradBucketGroup:
     is smaller than the group their tokens came from: each expert's gradient already sums over the EP ranks that
     routed tokens to it. So they are not averaged over their own group but scaled by gradient_scaling_factor
     (1/(dp x cp), as Megatron's expert_gradient_scaling_factor) and summed; the scaling happens even when the expert
-    group has one rank and nothing is communicated. Their probe ranges carry expert=True.
+    group has one rank and nothing is communicated, but not at a factor of 1 (as Megatron's start_grad_sync: a pass
+    over every expert gradient for nothing, 5.4 ms a step on mixtral-8x7b-2l's 2.8 B on one H200). Their probe
+    ranges carry expert=True.
     """
 
     def __init__(self, buckets: list[_ParamAndGradBucket], ddp_config: DistributedDataParallelConfig,
@@ -186,7 +188,7 @@ class _ParamAndGradBucketGroup:
         if self.grad_reduce_issued:
             return
         self.grad_reduce_issued = True
-        if self.gradient_scaling_factor is not None:
+        if self.gradient_scaling_factor not in (None, 1.0):
             for bucket in self.buckets:
                 bucket.grad_data.mul_(self.gradient_scaling_factor)
         if self.dp_size == 1:
