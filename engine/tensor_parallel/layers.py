@@ -17,10 +17,13 @@ LinearWithGradAccumulationAndAsyncCommunication), which does three things F.line
   rounds the product once (to fp32) instead of twice. Megatron's --no-gradient-accumulation-fusion turns it off:
   each weight then carries `gradient_accumulation_fusion = False` (set_gradient_accumulation_fusion).
 
-- a delayed weight gradient (this engine's --moe-delay-expert-wgrad, for SequentialMLP's experts): a weight marked by
+- a delayed weight gradient (this engine's --moe-delay-expert-wgrad, for the experts): a weight marked by
   `delay_weight_grad` has its backward's two operands held instead of its wgrad GEMM run, and
   `flush_delayed_weight_grads` adds dL/dW for all of them at once after the last micro-batch: one GEMM whose
-  reduction runs over every micro-batch's rows, where an expert sees ~T k / E rows a micro-batch.
+  reduction runs over every micro-batch's rows, where an expert sees ~T k / E rows a micro-batch. A grouped GEMM's
+  expert holds the whole operands and its rows' range as a function (`HeldOperands.rows`), read at the flush: the
+  split is counts the host learns from a device copy, and reading it in backward would hold the host there until the
+  device had caught up with the forward that made them.
 
 The embedding's lookup does the same for its weight (this engine's, not Megatron's, which lets autograd build the
 dense [V, h] gradient): its backward adds the looked-up rows' gradients into main_grad (index_put_, accumulating)
@@ -29,6 +32,8 @@ and hands autograd no gradient, so the dense gradient, its zeroing and DDP's pas
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +126,21 @@ def accumulate_weight_grad(main_grad: torch.Tensor, grad_output: torch.Tensor, t
         main_grad.add_(grad_output.t().matmul(total_input))
 
 
+@dataclass(frozen=True)
+class HeldOperands:
+    """One backward's wgrad operands held for the flush ([rows, out], [rows, inp]); `rows`, where set, gives the
+    [start, end) of both that are this weight's when first called (at the flush: module docstring)."""
+    grad_output: torch.Tensor
+    total_input: torch.Tensor
+    rows: Callable[[], tuple[int, int]] | None = None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rows is None:
+            return self.grad_output, self.total_input
+        start, end = self.rows()
+        return self.grad_output[start:end], self.total_input[start:end]
+
+
 def delay_weight_grad(weight: torch.nn.Parameter) -> None:
     """Hold `weight`'s weight-gradient operands in each backward, for flush_delayed_weight_grads (DDP must own its
     gradient: elsewhere its backward computes the gradient as usual)."""
@@ -143,7 +163,7 @@ def flush_delayed_weight_grads(module: torch.nn.Module) -> None:
     for param in module.parameters():
         held = getattr(param, "delayed_wgrad", None)
         if held:
-            grads, inputs = zip(*held)
+            grads, inputs = zip(*(operands.tensors() for operands in held))
             held.clear()
             accumulate_weight_grad(param.main_grad, torch.cat(grads), torch.cat(inputs))
 
@@ -163,13 +183,15 @@ def fused_weight_grad_placeholder(weight: torch.nn.Parameter) -> torch.Tensor:
     return torch.zeros_like(weight) if getattr(weight, "zero_out_wgrad", False) else torch.empty_like(weight)
 
 
-def weight_grad(param: torch.nn.Parameter, grad_output: torch.Tensor, total_input: torch.Tensor) -> torch.Tensor:
-    """What a linear's backward hands autograd for `param` from its wgrad GEMM's operands ([rows, out], [rows, inp]):
-    the operands held for the flush (a delayed weight) or dL/dW added into main_grad (fusion), each with DDP's
-    placeholder, else the 16-bit dL/dW itself."""
+def weight_grad(param: torch.nn.Parameter, grad_output: torch.Tensor, total_input: torch.Tensor,
+                rows: Callable[[], tuple[int, int]] | None = None) -> torch.Tensor:
+    """What a linear's backward hands autograd for `param` from its wgrad GEMM's operands ([rows, out], [rows, inp];
+    `rows`: the range of them that is this weight's, HeldOperands.rows): the operands held for the flush (a delayed
+    weight) or dL/dW added into main_grad (fusion), each with DDP's placeholder, else the 16-bit dL/dW itself."""
     if _holds_weight_grad(param):
-        param.delayed_wgrad.append((grad_output, total_input))
+        param.delayed_wgrad.append(HeldOperands(grad_output, total_input, rows))
         return fused_weight_grad_placeholder(param)
+    grad_output, total_input = HeldOperands(grad_output, total_input, rows).tensors()
     if fuses_weight_grad(param):
         accumulate_weight_grad(param.main_grad, grad_output, total_input)  # the fused GEMM, as the sweep times it
         return fused_weight_grad_placeholder(param)

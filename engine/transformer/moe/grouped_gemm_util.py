@@ -20,10 +20,13 @@ copying them where they lie one stride apart in one storage, as GroupedMLP's exp
 (`stacked_weights`; else a stacked copy, made again in backward rather than kept). Its backward runs the dgrad as
 one grouped GEMM and each expert's weight gradient as that expert's own GEMM over its rows, the same as a linear's
 (tensor_parallel/layers.py weight_grad: into main_grad under the fusion, held under a delay): the rows' split is the
-counts, which the forward copied to the host without waiting (HostCounts), long done by then.
+counts, which the forward copied to the host without waiting (HostCounts). Read in backward, that copy holds the
+host until the device has run the forward up to it (on mixtral-8x7b-2l one H200's host waited 46 ms a step there);
+a delayed weight holds the whole operands and reads its range at the flush instead.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -107,13 +110,11 @@ class ExpertGroups:
         place = torch.where(inside, rows - (ends - counts)[expert], self.max_rows)
         return torch.where(inside, expert, 0), place
 
-    def row_ranges(self) -> list[tuple[int, int]]:
-        """Each expert's rows [start, end), from the host's counts."""
-        ranges, start = [], 0
-        for count in self.host_counts.tolist():
-            ranges.append((start, start + count))
-            start += count
-        return ranges
+    def rows_of(self, expert: int) -> tuple[int, int]:
+        """The rows [start, end) of the `expert`-th group, from the host's counts (the first call reads them)."""
+        counts = self.host_counts.tolist()
+        start = sum(counts[:expert])
+        return start, start + counts[expert]
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
         """x with the rows past the groups set to zero (their gradient too)."""
@@ -169,10 +170,9 @@ class _GroupedLinear(torch.autograd.Function):
         grad_input = None
         if ctx.needs_input_grad[0]:
             grad_input = grouped_gemm(grad_output, stacked_weights(params).transpose(1, 2), groups)
-        grads: list[torch.Tensor | None] = [None] * len(params)
-        if any(ctx.needs_input_grad[2:]):  # the rows past the groups are in no expert's range
-            grads = [weight_grad(p, grad_output[start:end], x[start:end]) if needs else None
-                     for p, (start, end), needs in zip(params, groups.row_ranges(), ctx.needs_input_grad[2:])]
+        # the rows past the groups are in no expert's range; a delayed weight reads its range at the flush
+        grads = [weight_grad(p, grad_output, x, rows=functools.partial(groups.rows_of, e)) if needs else None
+                 for e, (p, needs) in enumerate(zip(params, ctx.needs_input_grad[2:]))]
         return grad_input, None, *grads
 
 
