@@ -108,6 +108,19 @@ def test_a_wait_holds_the_host_until_the_device_starts_the_oldest_pending_event_
     assert unheld.host_marks["waited"] == pytest.approx(3 * US)
 
 
+def test_a_wait_for_all_holds_the_host_until_the_device_starts_the_newest_pending_event():
+    # Two forwards of two layers (each layer's event recorded as its 10 µs starts, 100 µs before it), then a flush
+    # that waits for every pending copy (--moe-delay-expert-wgrad's): it reaches the device at the last event (the
+    # first issue's 1 µs, then 2 x 220 - 10 µs of device), however the events are named, and leaves none pending.
+    layer = [[Segment(1 * US, 100 * US), Segment(1 * US, 10 * US, event=f"counts {n}")] for n in (0, 1)]
+    forward = [*layer[0], *layer[1]]
+    flush = Segment(1 * US, wait_all=True, mark="flushed")
+    tl = run([*forward, *forward, flush, Segment(0.0, wait="counts 0", mark="after")], latency=0.0)
+    assert tl.host_marks["flushed"] == pytest.approx((1 + 2 * 220 - 10) * US + 1 * US)
+    assert tl.host_marks["after"] == tl.host_marks["flushed"]  # nothing left to wait for
+    assert tl.device_end == pytest.approx(441 * US)
+
+
 def test_a_ranges_span_on_the_device_is_its_end_event_less_its_start_event():
     tl = run([Segment(0.0, mark="start"), Segment(4 * US, 1 * US), Segment(4 * US, 1 * US), Segment(0.0, mark="end")],
              latency=0.0)

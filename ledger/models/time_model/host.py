@@ -105,6 +105,7 @@ class _Program:
         self.synchronising = cfg.implementation.timers_synchronise_passes
         self.counts_on_device = cfg.model.moe_grouped_gemm and cfg.parallel.expert_model_parallel_size == 1
         self.padded_experts = cfg.model.is_moe and (cfg.model.moe_pad_expert_rows or 1) > 1
+        self.delayed_experts = cfg.model.is_moe and cfg.model.moe_delay_expert_wgrad
         self.graphed = cfg.implementation.graphed_layers
         self.first = first  # the step's first item: its forward follows the step end's waits for the device
         self._passes: dict[tuple[int, str, bool], tuple[list[Segment], float | None]] = {}
@@ -115,7 +116,7 @@ class _Program:
     def entry(self, w: Work, forward: bool) -> recipe.Recipe:
         """The primitives of one catalogue entry, as the run's code calls them."""
         return megatron.entry(w, forward) if self.megatron else recipe.entry(w, forward, self.counts_on_device,
-                                                                          self.padded_experts)
+                                                                          self.padded_experts, self.delayed_experts)
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
               scale: float | None = None, copy: tuple[str | None, str | None] = (None, None)) -> Segment:
@@ -132,13 +133,14 @@ class _Program:
         """(event, wait) of an entry of `layer`: with the counts on the device (--moe-grouped-gemm at EP 1) a layer's
         grouped fc1 fprop copies them to the host without waiting, and its backward waits for that copy with fc2's
         dgrad (the engine: once it has issued it, before the experts' wgrads; engine/transformer/moe/
-        grouped_gemm_util.py HostCounts). A re-run forward's copy (full recompute: no layer) is not followed: the
-        wait is for the first forward's."""
+        grouped_gemm_util.py HostCounts), or, with the wgrads delayed, the flush waits for every copy
+        (delayed_wgrad). A re-run forward's copy (full recompute: no layer) is not followed: the wait is for the
+        first forward's."""
         if not self.counts_on_device or layer is None:
             return None, None
         name = f"counts {layer}"
-        return (name if w.op.name == "experts.linear_fc1.fprop" else None,
-                name if w.op.name == "experts.linear_fc2.dgrad" else None)
+        waits = w.op.name == "experts.linear_fc2.dgrad" and not self.delayed_experts
+        return name if w.op.name == "experts.linear_fc1.fprop" else None, name if waits else None
 
     def sync(self) -> Segment:
         return Segment(0.0, read=self.price({p.SYNC: 1}))
@@ -233,9 +235,16 @@ class _Program:
         w = self.work
         if not w.delayed_weights:
             return []
-        counts = recipe.delayed_wgrad(w.delayed_weights)
+        copies = self.moe_layers() * self.cfg.num_microbatches if self.counts_on_device else 0
+        counts = recipe.delayed_wgrad(w.delayed_weights, copies)
         return self.range("delayed wgrad", [Segment(self.price(counts), w.delayed_wgrad,
-                                                     kernels=recipe.launched(counts))])
+                                                     kernels=recipe.launched(counts), wait_all=bool(copies))])
+
+    def moe_layers(self) -> int:
+        """The stage's MoE layers, over its chunks (every layer of an MoE model)."""
+        if not self.cfg.model.is_moe:
+            return 0
+        return sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg)))
 
     def probes_end(self, order: list[Item]) -> list[Segment]:
         """probes.step_end after the step: each timer range's two events waited for and read (the iteration, the
@@ -244,7 +253,5 @@ class _Program:
         forwards = sum(1 for item in order if item.kind == FORWARD)
         ranges = 2 + len(order) + forwards + (1 if self.work.delayed_weights else 0) if self.timers else 0
         reads = [self.sync() for _ in range(2 * ranges)]
-        moe = sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg))) \
-            if self.cfg.model.is_moe else 0
-        return reads + [Segment(0.0, read=self.price({p.ITEM: 1})) for _ in range(3 * moe)] \
+        return reads + [Segment(0.0, read=self.price({p.ITEM: 1})) for _ in range(3 * self.moe_layers())] \
             + [Segment(ranges * self.host.record_write)]

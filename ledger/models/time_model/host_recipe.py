@@ -98,12 +98,13 @@ PERMUTE_COUNTS_ON_DEVICE = {p.EAGER: 9, p.VIEW: 4}
 # counts' copy into it, the event behind it), charged to linear_fc1's fprop; each fprop is the Function's call, the
 # weights' view (detach, as_strided), the grouped GEMM on its transpose; its backward node runs the Function's
 # backward: the dgrad GEMM on the view, then (fc2's: the layer's first) the counts' copy read; each expert's wgrad
-# after it is a linear's entry (LINEAR_WGRAD: its rows' two slices instead of reshapes). A capacity factor's masks
-# (torch.where on the rows in and out) are not counted.
+# after it is a linear's entry (LINEAR_WGRAD: its rows' two slices instead of reshapes). Under
+# --moe-delay-expert-wgrad the backward reads nothing: the flush reads each layer and micro-batch's copy
+# (delayed_wgrad). A capacity factor's masks (torch.where on the rows in and out) are not counted.
 GROUPED_START = {p.MODULE: 1, p.EAGER: 4, p.EVENT_RECORD: 1}
 GROUPED = {"fprop": {p.FUNCTION: 1, p.VIEW: 3, p.GEMM: 1}, "dgrad": {p.AUTOGRAD_NODE: 1, p.FUNCTION: 1, p.VIEW: 4,
                                                                      p.GEMM: 1}}
-COUNTS_READ = {p.EAGER: 1}  # the copy's event (long done) and its tolist
+COUNTS_READ = {p.EAGER: 1}  # the copy's event and its tolist (the wait for the event is the timeline's)
 COLLECTIVE = {p.FUNCTION: 1, p.LAUNCH: 1}  # a c10d call on the compute stream and its NCCL launch (assumed)
 
 # The kernels each primitive launches on an H200 (cuDNN's SDPA: a memset and its forward kernel; six backward): what
@@ -137,15 +138,17 @@ def opens_layer(w: Work, forward: bool) -> bool:
     return forward and w.param is not None and w.param.endswith("input_layernorm.weight")
 
 
-def entry(w: Work, forward: bool, counts_on_device: bool = False, padded_experts: bool = False) -> Recipe:
+def entry(w: Work, forward: bool, counts_on_device: bool = False, padded_experts: bool = False,
+          delayed_experts: bool = False) -> Recipe:
     """The host's primitives for one entry of a pass; counts_on_device: an MoE layer whose dispatcher keeps its
     counts on the device (--moe-grouped-gemm at EP 1); padded_experts: SequentialMLP's experts pad their rows
-    (--moe-pad-expert-rows; in an MoE model every linear_fc1 is an expert's)."""
+    (--moe-pad-expert-rows; in an MoE model every linear_fc1 is an expert's); delayed_experts: the experts' wgrads
+    wait for the flush (--moe-delay-expert-wgrad)."""
     if isinstance(w.op, Collective):
         return COLLECTIVE
     name = w.op.name
     if name.startswith("experts."):
-        return _grouped(w)
+        return _grouped(w, delayed_experts)
     extra: Counter = Counter()
     if opens_layer(w, forward):
         extra.update(LAYER_START)
@@ -171,10 +174,10 @@ ROUTER = {"fprop": {p.MODULE: 1, p.GEMM: 1, p.VIEW: 1}, "dgrad": {p.AUTOGRAD_NOD
           "wgrad": {p.GEMM: 1, p.VIEW: 1, **NORM_GRAD_HOOK}}
 
 
-def _grouped(w: Work) -> Recipe:
+def _grouped(w: Work, delayed: bool) -> Recipe:
     """A grouped expert GEMM's (GROUPED; the experts' wgrads are linears', LINEAR_WGRAD)."""
     pass_ = w.op.name.rpartition(".")[2]
-    if w.op.name == "experts.linear_fc2.dgrad":
+    if w.op.name == "experts.linear_fc2.dgrad" and not delayed:
         return sum_of(GROUPED[pass_], COUNTS_READ)
     return sum_of(GROUPED_START, GROUPED[pass_]) if w.op.name == "experts.linear_fc1.fprop" else GROUPED[pass_]
 
@@ -222,10 +225,13 @@ def optimizer(tensors: int, elements: int) -> Recipe:
             p.MODULE: tensors}
 
 
-def delayed_wgrad(weights: int) -> Recipe:
+def delayed_wgrad(weights: int, counts_reads: int = 0) -> Recipe:
     """flush_delayed_weight_grads (engine/tensor_parallel/layers.py): per delayed weight the held pairs' two cats,
-    the transpose and the wgrad GEMM into main_grad, over the Python of every parameter it looks at."""
-    return {p.EAGER: 2 * weights, p.VIEW: weights, p.GEMM: weights, p.MODULE: weights}
+    the transpose and the wgrad GEMM into main_grad, over the Python of every parameter it looks at; and where the
+    held rows are grouped experts' with the counts on the device, `counts_reads` copies read (one a layer and
+    micro-batch)."""
+    return sum_of({p.EAGER: 2 * weights, p.VIEW: weights, p.GEMM: weights, p.MODULE: weights},
+                  {p.EAGER: COUNTS_READ[p.EAGER] * counts_reads})
 
 
 def step_start(buffers: int, tensors: int, timers: bool) -> Recipe:

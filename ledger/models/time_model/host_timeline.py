@@ -39,6 +39,7 @@ class Segment:
     kernels: int = 0  # the kernels its device seconds run (host_recipe.launched)
     event: str | None = None  # a device event recorded as its device work starts, for a later `wait`
     wait: str | None = None  # before its issue, the host waits for the oldest pending `event` of this name
+    wait_all: bool = False  # before its issue, the host waits for every pending event (of any name)
 
 
 @dataclass
@@ -77,6 +78,11 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = 
             reached = events[s.wait].popleft()
             tl.waiting += max(0.0, reached - host)
             host = max(host, reached)
+        if s.wait_all and any(events.values()):
+            reached = max(max(pending) for pending in events.values() if pending)
+            tl.waiting += max(0.0, reached - host)
+            host = max(host, reached)
+            events.clear()
         host += s.host
         if s.kernels:  # wait for the device to start the kernel whose start frees the last slot this issue needs
             freeing = min(issued[-1], issued[-1] + s.kernels - queue)
