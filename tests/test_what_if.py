@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.config import RunConfig
+from common.config.pipeline_layers import stage_num_layers
 from common.errors import ConfigError
 from ledger.evidence.read import read_run
 from ledger.present import units as fmt
@@ -97,6 +98,23 @@ def test_a_split_for_the_runs_own_pipeline_goes_when_the_pipeline_changes(cfg: R
     halved = what_if.changed_config(uneven, replace(what_if.own_choice(uneven), world_size=2, pp=2))
     assert halved.parallel.decoder_first_pipeline_num_layers is None
     assert what_if.predict_choice(uneven, replace(what_if.own_choice(uneven), world_size=2, pp=2), "H200").error is None
+
+
+def test_the_ends_counted_as_layers_split_sixteen_layers_over_three_stages(cfg: RunConfig) -> None:
+    """16 layers do not split over 3 stages; with the embedding and the loss each a layer slot they do: 18 slots, 6 a
+    stage, so 5, 6 and 5 decoder layers (Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Unchosen, a
+    run's own ends split stays."""
+    three = replace(what_if.own_choice(cfg), world_size=3, pp=3, global_batch_size=9)
+    with pytest.raises(ConfigError, match="--num-layers 16 is not divisible by pipeline size 3"):
+        what_if.changed_config(cfg, three)
+    ends = what_if.changed_config(cfg, replace(three, ends_as_layers=True))
+    assert ends.parallel.account_for_embedding_in_pipeline_split and ends.parallel.account_for_loss_in_pipeline_split
+    assert [stage_num_layers(ends.parallel, 16, s) for s in range(3)] == [5, 6, 5]
+    assert what_if.own_choice(ends).ends_as_layers
+    assert what_if.changed_config(ends, what_if.own_choice(ends)).parallel == ends.parallel
+    evened = what_if.changed_config(ends, replace(what_if.own_choice(ends), world_size=2, pp=2, ends_as_layers=False))
+    assert not evened.parallel.account_for_embedding_in_pipeline_split
+    assert what_if.predict_choice(cfg, replace(three, ends_as_layers=True), "H200").error is None
 
 
 @pytest.mark.parametrize("change, message", [
@@ -291,6 +309,18 @@ def test_a_changed_layout_shows_its_prediction(runs_root: Path, monkeypatch) -> 
     table = at.table[0].value
     assert table.loc["layout", "predicted, what-if"] == "2 = TP1 x DP2 x PP1"
     assert table.loc["micro-batches per DP rank", "predicted, what-if"] == "4"
+
+
+def test_the_ends_as_layers_box_makes_an_uneven_layer_count_split(runs_root: Path, monkeypatch) -> None:
+    at = open_what_if(runs_root, monkeypatch, H200_RUN)
+    at.number_input(key=f"what_if:{H200_RUN}:world").set_value(3).run()
+    at.number_input(key=f"what_if:{H200_RUN}:pp").set_value(3).run()
+    at.number_input(key=f"what_if:{H200_RUN}:global").set_value(9).run()
+    assert "--num-layers 16 is not divisible by pipeline size 3" in texts(at.warning)
+    at.checkbox(key=f"what_if:{H200_RUN}:ends").check().run()
+    assert not at.exception and not at.warning, texts(at.warning)
+    table = at.table[0].value
+    assert table.loc["layout", "predicted, what-if"] == "3 = TP1 x DP1 x PP3"
 
 
 @pytest.mark.parametrize("run", [COMPLETE])

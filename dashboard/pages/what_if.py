@@ -54,15 +54,20 @@ recompute = c.selectbox("recompute granularity", what_if.RECOMPUTE, index=what_i
 sp = d.checkbox("sequence parallel", own.sequence_parallel, key=key("sp"))
 dist_opt = e.checkbox("distributed optimizer", own.distributed_optimizer, key=key("dist_opt"))
 method, layers = own.recompute_method, own.recompute_num_layers
+a, b, c, _, _ = st.columns(5)
 if recompute == "full":
-    a, b, _, _, _ = st.columns(5)
     method = a.selectbox("recompute method", what_if.RECOMPUTE_METHODS,
                          index=what_if.RECOMPUTE_METHODS.index(own.recompute_method), key=key("method"))
     layers = b.number_input("recompute layers", 1, MAX_LAYERS, own.recompute_num_layers, key=key("layers"))
+ends = c.checkbox("embedding and loss as layers of the pipeline split", own.ends_as_layers, key=key("ends"),
+                  help="Megatron-LM's --account-for-embedding-in-pipeline-split and "
+                       "--account-for-loss-in-pipeline-split: the first stage's first chunk counts the embedding as a "
+                       "layer, the last stage's last chunk the loss (Llama 3 405B's split)")
 
 choice = what_if.Choice(world_size=int(world), tp=int(tp), pp=int(pp), vpp=int(vpp), sequence_parallel=sp,
                         micro_batch_size=int(micro), global_batch_size=int(global_batch), recompute=recompute,
-                        recompute_method=method, recompute_num_layers=int(layers), distributed_optimizer=dist_opt)
+                        recompute_method=method, recompute_num_layers=int(layers), distributed_optimizer=dist_opt,
+                        ends_as_layers=ends)
 ran = what_if.predict(cfg, run_hardware)
 changed = what_if.predict_choice(cfg, choice, hardware)
 if ran.error:

@@ -65,6 +65,7 @@ class Choice:
     recompute_method: str  # one of RECOMPUTE_METHODS; read with recompute "full" only
     recompute_num_layers: int  # read with recompute "full" only
     distributed_optimizer: bool
+    ends_as_layers: bool = False  # the embedding and the loss each counted as a layer of the pipeline split
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def own_choice(cfg: RunConfig) -> Choice:
                   micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
                   recompute=r.recompute_granularity or "none", recompute_method=r.recompute_method or "uniform",
                   recompute_num_layers=r.recompute_num_layers or 1,
-                  distributed_optimizer=t.use_distributed_optimizer)
+                  distributed_optimizer=t.use_distributed_optimizer,
+                  ends_as_layers=p.account_for_embedding_in_pipeline_split and p.account_for_loss_in_pipeline_split)
 
 
 def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
@@ -90,8 +92,10 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     validate); ConfigError with one line when the layout cannot run. Three things follow from a choice rather than
     being chosen: without the distributed optimizer there is no param all-gather to overlap, so
     --overlap-param-gather goes with it; a split written for the run's own pipeline (first / last stage counts, a
-    spelled-out layout) goes when the pipeline or virtual size changes, the layers then split evenly (counting the
-    ends as layers applies at any size, and stays); and the profiled ranks are those of the new world (a profiled
+    spelled-out layout) goes when the pipeline or virtual size changes, the layers then split evenly, or with the
+    embedding and the loss counted as layers where the choice says so (Megatron-LM's
+    --account-for-embedding/loss-in-pipeline-split, both or neither; a run that set one alone keeps it until the
+    choice changes); and the profiled ranks are those of the new world (a profiled
     rank beyond a smaller world would refuse the layout for nothing), the other probes the run's (timers' event reads
     move the host timeline's prediction)."""
     if c.recompute not in RECOMPUTE:
@@ -99,11 +103,13 @@ def changed_config(cfg: RunConfig, c: Choice) -> RunConfig:
     full = c.recompute == "full"
     own = own_choice(cfg)
     resized = (c.pp, c.vpp) != (own.pp, own.vpp)
+    ends = {} if c.ends_as_layers == own.ends_as_layers else dict(
+        account_for_embedding_in_pipeline_split=c.ends_as_layers, account_for_loss_in_pipeline_split=c.ends_as_layers)
     parallel = replace(cfg.parallel, world_size=c.world_size, tensor_model_parallel_size=c.tp,
                        pipeline_model_parallel_size=c.pp,
                        virtual_pipeline_model_parallel_size=c.vpp if c.vpp > 1 else None,
                        sequence_parallel=c.sequence_parallel,
-                       **(dict.fromkeys(SIZED_SPLIT_FIELDS) if resized else {}))
+                       **(dict.fromkeys(SIZED_SPLIT_FIELDS) if resized else {}), **ends)
     train = replace(cfg.train, micro_batch_size=c.micro_batch_size, global_batch_size=c.global_batch_size,
                     use_distributed_optimizer=c.distributed_optimizer,
                     overlap_param_gather=cfg.train.overlap_param_gather and c.distributed_optimizer)
