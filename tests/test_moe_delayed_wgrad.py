@@ -25,7 +25,11 @@ from ledger.models.formulas.activations import (
     delayed_wgrad_bytes,
     delayed_wgrad_flush_bytes,
     end_of_forward_bytes,
+    in_flight,
     last_stage_extra_bytes,
+    layers_backward_before_last_forward,
+    stage_activation_bytes,
+    stage_chunk_layers,
 )
 from ledger.models.formulas.peak_phases import peak_phase, stage_phases
 from ledger.models.simulate.hardware import load_hardware
@@ -183,6 +187,35 @@ def test_the_ledger_holds_each_backwards_expert_operands_until_the_flush():
                                       "output layer's input gradient": 4096 * 4096 * 2}
     assert peak_phase(cfg, 0) == last_output
     assert flush.activations == 8 * 2 * 838_860_800
+
+
+def test_the_held_operands_follow_each_chunks_layers_where_the_ends_count_as_layers():
+    """PP 2 x 2 chunks of 2 layers with the embedding and the loss as layer slots: 4 slots, one a virtual stage, so
+    stage 0's chunks hold 0 layers (the embedding) and 1. Its schedule over 4 micro-batches (warmup 4 forwards, then
+    F4 B0 F5 B1 F6 B2 F7 ...; backward k runs chunk 1 - (k // 2) % 2) has run the backwards of chunks 1, 1, 0 when its
+    last forward ends: 2 layers' operands held, where the larger chunk times the 8 - 5 in flight would say 3; the flush
+    holds 4 micro-batches x 1 layer, where 4 x 2 chunks x the larger chunk would say 8."""
+    cfg = parse_args((MOE.replace("--micro-batch-size 2", "--micro-batch-size 1") + " --num-layers 2"
+                      " --moe-delay-expert-wgrad --pipeline-model-parallel-size 2"
+                      " --virtual-pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split"
+                      " --account-for-loss-in-pipeline-split --global-batch-size 4").split(), world_size=2)
+    assert stage_chunk_layers(cfg, 0) == (0, 1)
+    assert layers_backward_before_last_forward(cfg, 0) == 2
+    per_layer, saved = delayed_wgrad_bytes(cfg), stage_activation_bytes(cfg, 0)
+    phases = {phase.name: phase for phase in stage_phases(cfg, 0)}
+    assert phases["delayed expert wgrads"].activations == 4 * per_layer
+    assert phases["last steady backward, the earlier backwards' expert operands held"].activations \
+        == saved + 2 * per_layer
+
+
+@pytest.mark.parametrize("pp, vpp, stage", [(1, 1, 0), (2, 1, 0), (2, 1, 1), (4, 1, 1), (2, 2, 0), (4, 2, 1)])
+def test_with_chunks_alike_the_walk_is_the_backwards_outside_the_in_flight_ones(pp, vpp, stage):
+    """Chunks of equal layers: the backwards run before the last forward are all but the in-flight ones."""
+    cfg = parse_args(f"--model tiny --num-layers 8 --pipeline-model-parallel-size {pp} --micro-batch-size 1"
+                     f" --global-batch-size 8{f' --virtual-pipeline-model-parallel-size {vpp}' if vpp > 1 else ''}"
+                     .split(), world_size=pp)
+    chunk = 8 // (pp * vpp)
+    assert layers_backward_before_last_forward(cfg, stage) == (8 * vpp - in_flight(cfg, stage)) * chunk
 
 
 def test_grouped_the_held_operands_are_every_rows_and_the_flush_each_experts():

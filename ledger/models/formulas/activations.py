@@ -357,6 +357,20 @@ def held_chunks(cfg: RunConfig, pp_rank: int) -> HeldChunks:
     return HeldChunks(forward_end, in_backward)
 
 
+def layers_backward_before_last_forward(cfg: RunConfig, pp_rank: int) -> int:
+    """The stage's layers over every chunk-micro-batch whose backward ran before its last forward (walked over its
+    schedule): under --moe-delay-expert-wgrad, the layers whose expert operands are held as the steady phase ends."""
+    counts = stage_chunk_layers(cfg, pp_rank)
+    done = before_last = 0
+    for item in schedule.stage_order(cfg.parallel.pipeline_model_parallel_size, pp_rank, cfg.num_microbatches,
+                                     len(counts)):
+        if item.kind == schedule.FORWARD:
+            before_last = done
+        else:
+            done += counts[item.chunk]
+    return before_last
+
+
 def end_of_forward_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Saved when a forward ends: every chunk-micro-batch in flight, the stage extras and the kept masks."""
     last = last_stage_extra_bytes(cfg) if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1 else 0

@@ -6,7 +6,7 @@ This engine: the saved activations at the schedule's peak (activations.stage_act
 stage the loss's and the output layer's backwards (output_backward); its dense runs' measured peaks equal static +
 the largest within 0.2% (tests/test_peak_phases_h200.py). Under --moe-delay-expert-wgrad two more, as every backward
 leaves its experts' weight-gradient operands held (activations.delayed_wgrad_bytes):
-  last steady backward  the schedule's peak with the operands of the backwards before it (m v - in flight of them),
+  last steady backward  the schedule's peak with the operands of every backward before the stage's last forward,
                         and on the last stage its loss's and output layer's backwards with them held (and the
                         grouped experts' fc1 backward, grouped_fc1_backward, which peaks without the delay too)
   delayed wgrads        after the last backward: every chunk-micro-batch's operands, and the flush's largest
@@ -36,7 +36,6 @@ from common.config.implementation_config import FOREACH_ADAM
 from common.ops.shapes import ExpertShapes
 from common.ops.sizes import DTYPE_BYTES, local_seq_length, vocab_shard
 from ledger.models.formulas import activations, core_attention, megatron_layer
-from ledger.models.formulas.params import num_chunks
 from ledger.models.formulas.static_memory import owned_per_dp_rank
 
 FP32 = 4
@@ -142,17 +141,18 @@ def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str
 
 
 def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase]:
-    """The two moments --moe-delay-expert-wgrad adds (module docstring); none without it."""
-    layers = activations.layers_per_chunk(cfg, pp_rank, activations.largest_chunk(cfg, pp_rank))
-    per_chunk = layers * activations.delayed_wgrad_bytes(cfg)  # chunks alike but where an end counts as a layer
-    if not per_chunk:
+    """The two moments --moe-delay-expert-wgrad adds (module docstring); none without it. The operands held are
+    counted in layers: every backward's before the stage's last forward (walked: chunks may differ), then all of the
+    step's at the flush."""
+    per_layer = activations.delayed_wgrad_bytes(cfg)
+    if not per_layer:
         return []
-    total = cfg.num_microbatches * num_chunks(cfg)
-    before_last = max(0, total - activations.in_flight(cfg, pp_rank))
-    return [Phase("last steady backward, the earlier backwards' expert operands held", saved + before_last * per_chunk),
-            *output_backward(cfg, pp_rank, before_last * per_chunk, "last steady backward's "),
-            *grouped_fc1_backward(cfg, pp_rank, before_last * per_chunk, "last steady backward's "),
-            Phase("delayed expert wgrads", total * per_chunk,
+    held = activations.layers_backward_before_last_forward(cfg, pp_rank) * per_layer
+    total = cfg.num_microbatches * sum(activations.stage_chunk_layers(cfg, pp_rank)) * per_layer
+    return [Phase("last steady backward, the earlier backwards' expert operands held", saved + held),
+            *output_backward(cfg, pp_rank, held, "last steady backward's "),
+            *grouped_fc1_backward(cfg, pp_rank, held, "last steady backward's "),
+            Phase("delayed expert wgrads", total,
                   {"one weight's operands concatenated": activations.delayed_wgrad_flush_bytes(cfg)})]
 
 
