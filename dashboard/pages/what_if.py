@@ -59,10 +59,11 @@ if recompute == "full":
     method = a.selectbox("recompute method", what_if.RECOMPUTE_METHODS,
                          index=what_if.RECOMPUTE_METHODS.index(own.recompute_method), key=key("method"))
     layers = b.number_input("recompute layers", 1, MAX_LAYERS, own.recompute_num_layers, key=key("layers"))
-ends = c.checkbox("embedding and loss as layers of the pipeline split", own.ends_as_layers, key=key("ends"),
-                  help="Megatron-LM's --account-for-embedding-in-pipeline-split and "
-                       "--account-for-loss-in-pipeline-split: the first stage's first chunk counts the embedding as a "
-                       "layer, the last stage's last chunk the loss (Llama 3 405B's split)")
+ends = c.checkbox("ends as layers", own.ends_as_layers, key=key("ends"),
+                  help="The pipeline split counts the embedding and the loss as a layer each (Megatron-LM's "
+                       "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split): the "
+                       "first stage's first chunk holds one layer fewer, the last stage's last chunk too (Llama 3 "
+                       "405B's split)")
 
 choice = what_if.Choice(world_size=int(world), tp=int(tp), pp=int(pp), vpp=int(vpp), sequence_parallel=sp,
                         micro_batch_size=int(micro), global_batch_size=int(global_batch), recompute=recompute,
