@@ -35,6 +35,13 @@ def test_two_nodes_on_one_host_train_as_one_world(tmp_path):
              for node in range(2)]
     try:
         outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        hung = [node.communicate() for node in nodes]  # both nodes' output, for whoever reads the failure
+        pytest.fail(f"a node did not finish within {TIMEOUT} s; what each printed:\n" + "\n".join(
+            f"node {n} (exit {node.returncode}): stdout {out[-1500:]!r} stderr {err[-1500:]!r}"
+            for n, (node, (out, err)) in enumerate(zip(nodes, hung))))
     finally:
         for node in nodes:
             node.kill()
