@@ -29,13 +29,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
 
+from common.config.pipeline_layers import stage_num_layers
 from common.errors import ConfigError
 from common.ops.sizes import vocab_shard
 from common.wording import plural
 from ledger.evidence.calibration_file import CalibrationFile
 from ledger.evidence.run import RankEvidence, RunEvidence
 from ledger.evidence.steps import StepSelection
-from ledger.models.formulas.activations import chunk_layers_text, layers_per_chunk
+from ledger.models.formulas.activations import chunk_layers_text
 from ledger.models.formulas.flops import tokens_per_step
 from ledger.models.formulas.params import num_chunks
 from ledger.models.schedule import BACKWARD, FORWARD
@@ -197,7 +198,7 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
     steps, chosen = _steps(ev, selection)
     rows = []
     for s in range(cfg.parallel.pipeline_model_parallel_size):
-        mean_layers = sum(layers_per_chunk(cfg, s, c) for c in range(num_chunks(cfg))) / num_chunks(cfg)
+        mean_layers = stage_num_layers(cfg.parallel, cfg.model.num_layers, s) / num_chunks(cfg)
         ranks = [r for r in ev.ranks.values() if r.stage == s]
         predicted = model.stages.get(s)
         for kind in ("forward", "backward"):

@@ -202,10 +202,14 @@ def _groups(r: RecomputeConfig, num_layers: int) -> list[tuple[int, bool]]:
     return [(1, True)] * checkpointed + ([(num_layers - checkpointed, False)] if num_layers > checkpointed else [])
 
 
+def recomputed_groups(cfg: RunConfig, pp_rank: int) -> list[int]:
+    """The layer count of each group a full recompute re-runs on the stage, per micro-batch, chunk by chunk."""
+    return [g for c in range(num_chunks(cfg)) for g, checkpointed in checkpoint_groups(cfg, pp_rank, c) if checkpointed]
+
+
 def recomputed_layer_count(cfg: RunConfig, pp_rank: int) -> int:
-    """Layers whose forward a full recompute re-runs on the stage, per micro-batch: its chunks' checkpointed groups."""
-    return sum(g for c in range(num_chunks(cfg)) for g, checkpointed in checkpoint_groups(cfg, pp_rank, c)
-               if checkpointed)
+    """Layers whose forward a full recompute re-runs on the stage, per micro-batch."""
+    return sum(recomputed_groups(cfg, pp_rank))
 
 
 @dataclass(frozen=True)

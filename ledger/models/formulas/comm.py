@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.config import RunConfig
+from common.config.pipeline_layers import stage_num_layers
 from common.ops.sizes import routed_tokens
 from ledger.models.formulas.activations import (
     activation_bytes,
-    checkpoint_groups,
     local_seq_length,
+    recomputed_groups,
     recomputed_layer_count,
 )
 from ledger.models.formulas.buffer_layout import (
@@ -24,7 +25,6 @@ from ledger.models.formulas.bytes_per_param import DTYPE_BYTES
 from ledger.models.formulas.moe import COUNT_BYTES, layer_volume, uniform_exchange
 from ledger.models.formulas.nccl_bw import bus_factor
 from ledger.models.formulas.params import (
-    chunk_layers,
     chunk_tensors,
     embedding_copy_on_last_stage,
     num_chunks,
@@ -97,7 +97,7 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     tp, sp, mb = p.tensor_model_parallel_size, p.sequence_parallel, cfg.num_microbatches
     dt = cfg.train.params_dtype
     sbh = activation_bytes(cfg) * local_seq_length(cfg) * cfg.train.micro_batch_size * m.hidden_size
-    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    layers = stage_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank)
     first, last = pp_rank == 0, pp_rank == p.pipeline_model_parallel_size - 1
     if sp:
         # Learned positions are added to the whole sequence: the embedding all-reduces, then splits its output
@@ -111,8 +111,7 @@ def tp_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     out: dict[str, Collective] = {}
     for kind, n in counts.items():
         _add(out, f"tp.{kind}.activations[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
-    groups = [g for c in range(num_chunks(cfg)) for g, checkpointed in checkpoint_groups(cfg, pp_rank, c)
-              if checkpointed]
+    groups = recomputed_groups(cfg, pp_rank)
     rerun = 2 * sum(groups) - len(groups)
     for kind, n in ({"all_gather": 2 * sum(groups), "reduce_scatter": rerun} if sp else {"all_reduce": rerun}).items():
         _add(out, f"tp.{kind}.recompute[{dt}]", Collective("tp", kind, tp, dt, n * mb, n * mb * sbh))
@@ -162,7 +161,7 @@ def ring_passes(cfg: RunConfig, pp_rank: int) -> tuple[int, int]:
     """(layers, re-run forwards) of ring attention per micro-batch on a pipeline rank: each layer runs the ring
     forward and backward once, and recompute re-runs the forward of every layer it repeats core attention in
     (selective: all; full: the checkpointed groups')."""
-    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    layers = stage_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank)
     if cfg.recompute.recompute_granularity == "selective":
         return layers, layers
     return layers, recomputed_layer_count(cfg, pp_rank)
@@ -210,7 +209,7 @@ def ep_collectives(cfg: RunConfig, pp_rank: int) -> dict[str, Collective]:
     mb, dt = cfg.num_microbatches, cfg.train.params_dtype
     row = activation_bytes(cfg) * m.hidden_size
     x = uniform_exchange(routed_tokens(cfg), m, ep)
-    layers = sum(len(chunk_layers(cfg, pp_rank, c)) for c in range(num_chunks(cfg)))
+    layers = stage_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank)
     rerun = recomputed_layer_count(cfg, pp_rank)
     tokens = layer_volume(x, row * mb, mb, recomputed=False)
     size = layers * tokens.size_bytes + rerun * (x.sent + x.received) * row * mb

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.config.implementation_config import FOREACH_ADAM
+from common.config.pipeline_layers import stage_num_layers
 from common.ops.shapes import ExpertShapes
 from common.ops.sizes import DTYPE_BYTES, local_seq_length, vocab_shard
 from ledger.models.formulas import activations, core_attention, megatron_layer
@@ -148,7 +149,7 @@ def delayed_wgrad_phases(cfg: RunConfig, pp_rank: int, saved: int) -> list[Phase
     if not per_layer:
         return []
     held = activations.layers_backward_before_last_forward(cfg, pp_rank) * per_layer
-    total = cfg.num_microbatches * sum(activations.stage_chunk_layers(cfg, pp_rank)) * per_layer
+    total = cfg.num_microbatches * stage_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank) * per_layer
     return [Phase("last steady backward, the earlier backwards' expert operands held", saved + held),
             *output_backward(cfg, pp_rank, held, "last steady backward's "),
             *grouped_fc1_backward(cfg, pp_rank, held, "last steady backward's "),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from common.config import RunConfig
+from common.config.pipeline_layers import stage_num_layers
 from common.ops import host as p
 from ledger.evidence.step_partition import (
     COMPUTE,
@@ -25,7 +26,6 @@ from ledger.evidence.step_partition import (
     SLOWER_RANK,
     SYNC,
 )
-from ledger.models.formulas.params import chunk_layers, num_chunks
 from ledger.models.schedule import FORWARD, Item
 from ledger.models.time_model import host_recipe as recipe
 from ledger.models.time_model import megatron_host_recipe as megatron
@@ -244,7 +244,7 @@ class _Program:
         """The stage's MoE layers, over its chunks (every layer of an MoE model)."""
         if not self.cfg.model.is_moe:
             return 0
-        return sum(len(chunk_layers(self.cfg, self.stage, c)) for c in range(num_chunks(self.cfg)))
+        return stage_num_layers(self.cfg.parallel, self.cfg.model.num_layers, self.stage)
 
     def probes_end(self, order: list[Item]) -> list[Segment]:
         """probes.step_end after the step: each timer range's two events waited for and read (the iteration, the
