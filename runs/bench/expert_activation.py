@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -20,15 +21,21 @@ from engine.transformer import mlp  # noqa: E402
 VARIANTS = {"compiled": mlp.swiglu_any_rows, "eager": mlp._swiglu}
 
 
-def swap(argv: list[str]) -> list[str]:
-    """Set the experts' activation from --variant (removed from argv); the rest is the engine's."""
+def take_variant(argv: list[str], variants: Sequence[str], script: str) -> tuple[str, list[str]]:
+    """--variant's value, one of `variants`, and argv without it (the engine's flags); one line and exit 2 else."""
     i = argv.index("--variant") if "--variant" in argv else len(argv)
     variant = argv[i + 1] if i + 1 < len(argv) else None
-    if variant not in VARIANTS:
-        print(f"expert_activation.py: --variant {variant or '(missing)'}: compiled or eager", file=sys.stderr)
+    if variant not in variants:
+        print(f"{script}: --variant {variant or '(missing)'}: one of {', '.join(variants)}", file=sys.stderr)
         raise SystemExit(2)
+    return variant, argv[:i] + argv[i + 2:]
+
+
+def swap(argv: list[str]) -> list[str]:
+    """Set the experts' activation from --variant (removed from argv); the rest is the engine's."""
+    variant, rest = take_variant(argv, list(VARIANTS), "expert_activation.py")
     mlp.swiglu_any_rows = probe_adapters.swiglu_any_rows = VARIANTS[variant]
-    return argv[:i] + argv[i + 2:]
+    return rest
 
 
 if __name__ == "__main__":

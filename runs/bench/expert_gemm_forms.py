@@ -12,10 +12,14 @@ CUDA events around --iters calls after warm-up, median ms and TFLOP/s of the use
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from runs.bench.cp_ring_cuda import cuda_median  # noqa: E402
 
 EXPERTS, TOKENS, TOPK, H, F = 8, 4096, 2, 4096, 14336
 
@@ -25,20 +29,6 @@ def counts(spread: int) -> list[int]:
     noise = torch.randint(-spread, spread + 1, (EXPERTS - 1,), generator=gen).tolist()
     first = [TOKENS * TOPK // EXPERTS + n for n in noise]
     return [*first, TOKENS * TOPK - sum(first)]
-
-
-def timed(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def forms(x: torch.Tensor, w: torch.Tensor, split: list[int]) -> dict[str, object]:
@@ -81,7 +71,7 @@ def main() -> int:
     for name, (x, w) in cases.items():
         flops = 2 * rows * w.shape[1] * w.shape[2]
         for form, fn in forms(x, w, split).items():
-            t = timed(fn, a.iters)
+            t = cuda_median(fn, a.iters, warmup=3)
             print(f"| {name} | {form} | {t * 1e3:.3f} | {flops / t / 1e12:.0f} |", flush=True)
     print("command: python3 runs/bench/expert_gemm_forms.py " + " ".join(sys.argv[1:]))
     return 0

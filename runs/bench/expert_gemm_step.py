@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.train import main  # noqa: E402
 from engine.transformer.moe import grouped_gemm_util as gg  # noqa: E402
+from runs.bench.expert_activation import take_variant  # noqa: E402
 
 VARIANTS = ("grouped", "cublas-dgrad", "cublas-both")
 GROUPED, GROUPED_BACKWARD = gg.grouped_gemm, gg._GroupedLinear.backward
@@ -45,17 +46,13 @@ def backward(ctx, grad_output):
 
 def swap(argv: list[str]) -> list[str]:
     """Set the experts' GEMMs from --variant (removed from argv); the rest is the engine's."""
-    i = argv.index("--variant") if "--variant" in argv else len(argv)
-    variant = argv[i + 1] if i + 1 < len(argv) else None
-    if variant not in VARIANTS:
-        print(f"expert_gemm_step.py: --variant {variant or '(missing)'}: one of {', '.join(VARIANTS)}", file=sys.stderr)
-        raise SystemExit(2)
+    variant, rest = take_variant(argv, VARIANTS, "expert_gemm_step.py")
     if variant != "grouped":
         gg._GroupedLinear.backward = staticmethod(backward)
         gg.grouped_gemm = lambda x, weight, groups: (
             per_expert(x, weight, groups) if x.is_cuda and (variant == "cublas-both" or in_backward[0])
             else GROUPED(x, weight, groups))
-    return argv[:i] + argv[i + 2:]
+    return rest
 
 
 if __name__ == "__main__":
