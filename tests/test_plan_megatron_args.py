@@ -98,3 +98,20 @@ def test_megatron_lms_pipeline_split_flags_are_read():
     assert "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in out.splitlines()[0]
     assert "not modelled" not in out
     assert "stage 0: 1 layer(s)" in out and "stage 1: 2 layer(s)" in out
+
+
+def test_virtual_stages_per_rank_is_the_interleaving_its_layers_per_stage_twin_gives():
+    """Megatron-LM's two spellings of interleaving: 6 layers over PP 2 as 3 virtual stages a rank or 1 layer a virtual
+    stage (validate_args derives the virtual size from either); the plan is the same, and the flag is used."""
+    common = ("--num-layers 6 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings "
+              "512 --vocab-size 1000 --micro-batch-size 1 --bf16 --global-batch-size 8 "
+              "--pipeline-model-parallel-size 2")
+    plans = []
+    for interleave in ("--num-virtual-stages-per-pipeline-rank 3", "--num-layers-per-virtual-pipeline-stage 1"):
+        code, out, err = run_cli(["plan", "--json", "--world-size", "2", "--megatron-args", f"{common} {interleave}"])
+        assert code == 0, err
+        plans.append(json.loads(out))
+    assert "--num-virtual-stages-per-pipeline-rank" in plans[0]["megatron_flags"]["used"]
+    assert plans[0]["pipeline"]["bubble_fraction"] == pytest.approx(1 / (3 * 8 + 1))
+    assert {k: v for k, v in plans[0].items() if k != "megatron_flags"} == \
+        {k: v for k, v in plans[1].items() if k != "megatron_flags"}

@@ -18,7 +18,8 @@ IMPLEMENTATION_DESTS = frozenset({
     "apply_query_key_layer_scaling", "attention_dropout", "hidden_dropout", "gradient_accumulation_fusion",
     "bias_swiglu_fusion", "apply_rope_fusion", "create_attention_mask_in_dataloader", "optimizer", "spec"})
 # Megatron's destinations for flags our parser keeps under another name (ledger/evidence/megatron/arguments.py).
-ALIASES = frozenset({"layernorm_epsilon", "add_bias_linear", "group_query_attention"})
+ALIASES = frozenset({"layernorm_epsilon", "add_bias_linear", "group_query_attention",
+                     "num_virtual_stages_per_pipeline_rank"})
 NOT_AFFECTING_PREFIXES = (
     "tokenizer_", "vocab_file", "merge_file", "vocab_extra_ids", "data_path", "data_cache_path", "data_args_path",
     "train_data", "valid_data", "test_data",

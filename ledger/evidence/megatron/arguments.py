@@ -6,6 +6,7 @@ become a RunConfig (common.arguments), for `plan`, `train` and runs/megatron/run
 says which argument feeds which flag. Where Megatron's name or meaning differs from our flag's:
   * --norm-epsilon is stored as layernorm_epsilon; --disable-bias-linear as add_bias_linear=False;
   * num_query_groups counts only with group_query_attention (Megatron's core_transformer_config_from_args);
+  * a command line's --num-virtual-stages-per-pipeline-rank is the virtual pipeline size (validate_args);
   * the vocabulary is padded_vocab_size: the tokenizer's vocabulary as Megatron padded it (vocab_size is None for a
     real tokenizer; padding an already padded size changes nothing), whichever tokenizer made it (a command line,
     which has no padded_vocab_size, gives its --vocab-size);
@@ -43,6 +44,9 @@ def our_view(arguments: dict[str, str]) -> dict[str, str]:
     view["disable_bias_linear"] = str(arguments.get("add_bias_linear") == "False")
     if arguments.get("group_query_attention") != "True":
         view["num_query_groups"] = "None"
+    stages = arguments.get("num_virtual_stages_per_pipeline_rank", "None")
+    if stages != "None" and arguments.get("virtual_pipeline_model_parallel_size", "None") == "None":
+        view["virtual_pipeline_model_parallel_size"] = stages  # Megatron's validate_args derives it so
     if arguments.get("padded_vocab_size", "None") != "None":
         view["vocab_size"] = arguments["padded_vocab_size"]
     view["tokenizer_type"] = "None"  # which tokenizer made the vocabulary changes no formula
