@@ -12,6 +12,7 @@ import pytest
 from common.megatron.options import parse_command_line
 from ledger.evidence.megatron.arguments import run_config_of
 from ledger.evidence.read import read_run
+from ledger.models.formulas import activations
 from ledger.models.formulas.activations import end_of_forward_bytes, layer_saved_tensors
 from ledger.models.formulas.peak_phases import kept_batches, peak_phase, stage_phases
 from tests.support.recorded_runs import reconcile_recorded
@@ -97,3 +98,34 @@ def test_real_run_memory_rows_name_their_side_of_the_peak():
     assert rows["memory.peak_term.cublas_cublaslt_workspaces"].predicted == 64 * MIB
     assert rows["memory.peak_term.megatrons_global_memory_buffer"].predicted == 2 * 2 * 4 * 512 * 512  # b heads s s
     assert rows["memory.peak_term.output_layer_logits"].predicted == 2 * 1024 * 8064  # 16-bit, tokens x vocab
+
+
+def _layout_config(layout: str, stages: int):
+    flags = (f"--num-layers {layout.count('t')} --hidden-size 256 --num-attention-heads 4 --seq-length 512 "
+             "--max-position-embeddings 512 --vocab-size 1000 --micro-batch-size 1 --bf16 --transformer-impl local "
+             "--global-batch-size 8 "
+             f"--pipeline-model-parallel-size {stages} --pipeline-model-parallel-layout {layout}")
+    cfg, _, _ = run_config_of(parse_command_line(flags.split()).arguments, stages, "record")
+    return cfg
+
+
+def test_a_stage_without_layers_has_no_core_attention_moment():
+    """Layout E|tt|tt|L: the first stage holds the embedding alone and the last the loss alone; neither runs core
+    attention, so neither has its moments (they were the largest phase of both)."""
+    cfg = _layout_config("E|tt|tt|L", 4)
+    names = [[phase.name for phase in stage_phases(cfg, stage)] for stage in range(4)]
+    for stage in (0, 3):
+        assert not any(name.startswith("core attention") for name in names[stage])
+    for stage in (1, 2):
+        assert "core attention forward (last layer)" in names[stage]
+
+
+def test_the_core_attention_moment_is_walked_over_the_schedule():
+    """Layout Et|t|tt|tL over PP 2 (V 2): stage 0's chunks hold 1 and 2 layers. Megatron's interleaved order for 8
+    micro-batches warms up with F(c0) F(c0) F(c1) F(c1), then F(c0) B(c1) F(c0) B(c1) F(c1) B(c0) F(c1) B(c0) ...
+    Layers saved before each forward plus its chunk's earlier layers: 0, 1, 2 + 1, 4 + 1, then 6 + 0 at the first
+    steady forward (the four warm-up chunk-micro-batches saved: 1 + 1 + 2 + 2) and never more after it (5 + 0,
+    4 + 1, 5 + 1, ...): the moment holds 6 layers."""
+    cfg = _layout_config("Et|t|tt|tL", 2)
+    assert activations.stage_chunk_layers(cfg, 0) == (1, 2) and cfg.num_microbatches == 8
+    assert activations.held_chunks(cfg, 0).at_last_layer == 6 * activations.layer_bytes(cfg)

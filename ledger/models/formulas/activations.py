@@ -178,13 +178,6 @@ def chunk_layers_text(cfg: RunConfig, pp_rank: int) -> str:
     return f"{counts[0]}{'' if len(counts) == 1 else f'-{counts[-1]}'} layer(s)"
 
 
-def largest_chunk(cfg: RunConfig, pp_rank: int) -> int:
-    """The stage's chunk of the most layers (the first of equals): the one whose layers the peak's moments inside
-    a layer are taken in."""
-    counts = stage_chunk_layers(cfg, pp_rank)
-    return counts.index(max(counts))
-
-
 def checkpoint_groups(cfg: RunConfig, pp_rank: int, chunk: int) -> list[tuple[int, bool]]:
     """A model chunk's layers as (layers, checkpointed) groups in forward order (Megatron's _checkpointed_forward)."""
     return _groups(cfg.recompute, layers_per_chunk(cfg, pp_rank, chunk))
@@ -333,32 +326,51 @@ def mask_bytes_in_flight(cfg: RunConfig, pp_rank: int) -> int:
 
 @dataclass(frozen=True)
 class HeldChunks:
-    """The chunks' saved bytes a stage holds at its two peak moments: when a forward ends (every chunk-micro-batch
-    in flight saved) and while a backward runs (the others saved, it at its backward peak)."""
+    """The chunks' saved bytes a stage holds at its peak moments: when a forward ends (every chunk-micro-batch in
+    flight saved), while a backward runs (the others saved, it at its backward peak), when a forward reaches its
+    chunk's last layer (the others saved and its earlier layers') and when a backward starts in a chunk whose last
+    layer is not recomputed (every chunk-micro-batch saved; None where no chunk has such a layer)."""
     forward_end: int
     in_backward: int
+    at_last_layer: int
+    backward_start: int | None
 
 
 def held_chunks(cfg: RunConfig, pp_rank: int) -> HeldChunks:
     """With chunks alike, in_flight of them. Chunks of different layer counts (the embedding or the loss counted
     in the pipeline split): the most over the stage's schedule (ledger.models.schedule), walked item by item."""
-    counts = stage_chunk_layers(cfg, pp_rank)
+    counts, layer = stage_chunk_layers(cfg, pp_rank), layer_bytes(cfg)
+    plain_last = {n: _last_layer_plain(cfg, n) for n in set(counts)}
     if len(set(counts)) == 1:
-        held, chunk = in_flight(cfg, pp_rank), _chunk_activations(cfg, counts[0])
-        return HeldChunks(held * chunk.saved, (held - 1) * chunk.saved + chunk.backward_peak)
+        held, n = in_flight(cfg, pp_rank), counts[0]
+        chunk = _chunk_activations(cfg, n)
+        return HeldChunks(held * chunk.saved, (held - 1) * chunk.saved + chunk.backward_peak,
+                          (held - 1) * chunk.saved + (n - 1) * layer if n else 0,
+                          held * chunk.saved if plain_last[n] else None)
     by_count = {n: _chunk_activations(cfg, n) for n in set(counts)}
-    per = [by_count[n] for n in counts]
     p, m = cfg.parallel.pipeline_model_parallel_size, cfg.num_microbatches
-    saved = forward_end = in_backward = 0
-    for item in schedule.stage_order(p, pp_rank, m, len(per)):
-        chunk = per[item.chunk]
+    saved = forward_end = in_backward = at_last_layer = 0
+    backward_start = None
+    for item in schedule.stage_order(p, pp_rank, m, len(counts)):
+        n = counts[item.chunk]
+        chunk = by_count[n]
         if item.kind == schedule.FORWARD:
+            if n:
+                at_last_layer = max(at_last_layer, saved + (n - 1) * layer)
             saved += chunk.saved
             forward_end = max(forward_end, saved)
         else:
+            if plain_last[n]:
+                backward_start = max(backward_start or 0, saved)
             in_backward = max(in_backward, saved - chunk.saved + chunk.backward_peak)
             saved -= chunk.saved
-    return HeldChunks(forward_end, in_backward)
+    return HeldChunks(forward_end, in_backward, at_last_layer, backward_start)
+
+
+def _last_layer_plain(cfg: RunConfig, num_layers: int) -> bool:
+    """Whether a chunk of num_layers layers has a last layer its backward does not rebuild (full recompute's)."""
+    groups = _groups(cfg.recompute, num_layers)
+    return bool(groups) and not groups[-1][1]
 
 
 def layers_backward_before_last_forward(cfg: RunConfig, pp_rank: int) -> int:

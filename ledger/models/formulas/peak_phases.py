@@ -14,7 +14,8 @@ leaves its experts' weight-gradient operands held (activations.delayed_wgrad_byt
 Megatron-LM's layers (implementation transformer_impl local or transformer_engine):
   loss forward          the last stage's micro-batch at its cross-entropy: every layer's saved tensors, the fp32
                         softmax the loss keeps, and the 16-bit logits beside it (GPTModel.forward still holds them)
-  core attention fwd    the chunk's last layer inside core attention: the earlier layers' saved tensors, this one's
+  core attention fwd    a chunk's last layer inside core attention (walked over the schedule: activations.held_chunks;
+                        none on a stage without layers): the earlier layers' saved tensors, this one's
                         up to core attention, the scores DotProductAttention.forward still holds, and the QKV
                         output its caller's views keep referenced
   core attention bwd    the same layer's core attention in backward (core_attention.backward_transient): the MLP's,
@@ -86,7 +87,7 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
                     activations.stage_activation_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0))]
     if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
         phases.append(loss_forward(cfg, pp_rank, kept))
-    if cfg.implementation.unfused_attention:
+    if cfg.implementation.unfused_attention and any(activations.stage_chunk_layers(cfg, pp_rank)):
         phases += [attention_forward(cfg, pp_rank, kept), attention_backward(cfg, pp_rank, kept)]
     phases.append(optimizer_step(cfg, pp_rank))
     return phases
@@ -124,16 +125,15 @@ def grouped_fc1_backward(cfg: RunConfig, pp_rank: int, held: int = 0, label: str
     operands are held for the flush, with its output gradient) fc2's input. None without grouped experts, and none
     where full recompute rebuilds that layer in its backward (not modelled: no real run of it)."""
     x = ExpertShapes.of(cfg)
-    groups = activations.checkpoint_groups(cfg, pp_rank, activations.largest_chunk(cfg, pp_rank))
-    if x is None or not x.grouped or not groups or groups[-1][1]:
+    start = activations.held_chunks(cfg, pp_rank).backward_start
+    if x is None or not x.grouped or start is None:
         return []
     m, a, rows = cfg.model, activations.activation_bytes(cfg), x.grouped_rows
     saved = activations.moe_saved_tensors(cfg)
     delayed = bool(activations.delayed_wgrad_bytes(cfg))
     freed = (saved["combine.expert_rows=experts.output"] + saved["experts.swiglu.input=linear_fc1.output"]
              + (0 if delayed else saved["experts.linear_fc2.input"]))
-    last = pp_rank == cfg.parallel.pipeline_model_parallel_size - 1
-    before = activations.end_of_forward_bytes(cfg, pp_rank) - (activations.last_stage_extra_bytes(cfg) if last else 0)
+    before = start + activations.first_stage_bytes(cfg, pp_rank) + activations.mask_bytes_in_flight(cfg, pp_rank)
     grads = {"fc1's output gradient": a * rows * x.fc1, "fc1's input gradient": a * rows * m.hidden_size,
              "every local expert's fc1 weight gradient": x.local_experts * a * x.fc1 * m.hidden_size,
              "residual stream gradient": activations.layer_input_bytes(cfg),
@@ -186,11 +186,7 @@ def loss_forward(cfg: RunConfig, pp_rank: int, kept: bool) -> Phase:
 def _before_last_layer(cfg: RunConfig, pp_rank: int, kept: bool) -> int:
     """What the stage keeps when its running micro-batch reaches its chunk's last layer: the other micro-batches in
     flight, the stage's extras and this micro-batch's earlier layers."""
-    chunk = activations.largest_chunk(cfg, pp_rank)
-    layers = activations.layers_per_chunk(cfg, pp_rank, chunk)
-    earlier = (activations.held_chunks(cfg, pp_rank).forward_end
-               - activations.chunk_activation_bytes(cfg, pp_rank, chunk).saved
-               + (layers - 1) * activations.layer_bytes(cfg))
+    earlier = activations.held_chunks(cfg, pp_rank).at_last_layer
     return earlier + (0 if kept else _in_batches(cfg, pp_rank))  # a kept batch holds them
 
 
