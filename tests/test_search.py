@@ -199,6 +199,19 @@ def test_the_reason_names_the_term_that_grows_most():
                                                "826 vs 909 tokens/s (-9.1%)")
 
 
+def test_the_reason_names_a_choice_only_one_of_the_two_layouts_makes():
+    """Context parallelism and the ends counted as layers, chosen by either side (in both directions): each is named
+    with its value on both sides (a layout without them once lacked their keys, and the search stopped there); CP 2
+    leaves DP 1 of the 8 GPUs."""
+    a = base(SMALL + " --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+    b = dataclasses.replace(a, parallel=dataclasses.replace(a.parallel, context_parallel_size=2,
+                                                            account_for_embedding_in_pipeline_split=True))
+    same = Dummy({"compute": 1.0}, 1000)
+    assert loses_because(b, same, a, same) == ("no term larger (cp 2 vs 1, ends_as_layers on vs off, dp 1 vs 2): "
+                                               "1,000 vs 1,000 tokens/s (+0.0%)")
+    assert loses_because(a, same, b, same).startswith("no term larger (cp 1 vs 2, ends_as_layers off vs on, dp 2 vs 1)")
+
+
 def test_layouts_that_do_not_fit_are_counted_by_kind_and_never_scored():
     scored: list[RunConfig] = []
 

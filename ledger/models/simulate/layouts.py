@@ -88,23 +88,22 @@ def _layout(base: RunConfig, gpus: int, tp: int, pp: int, vpp: int | None, ends:
 
 
 def describe(cfg: RunConfig) -> dict[str, object]:
-    """The knobs a layout chooses, by name (what `search` prints and compares)."""
+    """The knobs a layout chooses, by name, every one in every layout (what `search` prints and compares)."""
     p, t, r = cfg.parallel, cfg.train, cfg.recompute
-    cp = {"cp": p.context_parallel_size} if p.context_parallel_size > 1 else {}
-    ends = {"ends_as_layers": True} if p.account_for_embedding_in_pipeline_split else {}
-    return {"tp": p.tensor_model_parallel_size, **cp, "pp": p.pipeline_model_parallel_size,
-            "vpp": p.virtual_pipeline_model_parallel_size or 1, **ends, "dp": p.data_parallel_size,
+    return {"tp": p.tensor_model_parallel_size, "cp": p.context_parallel_size, "pp": p.pipeline_model_parallel_size,
+            "vpp": p.virtual_pipeline_model_parallel_size or 1,
+            "ends_as_layers": p.account_for_embedding_in_pipeline_split, "dp": p.data_parallel_size,
             "mbs": t.micro_batch_size, "sp": p.sequence_parallel,
             "recompute": r.recompute_granularity or "none", "distributed_optimizer": t.use_distributed_optimizer}
 
 
 def label(cfg: RunConfig) -> str:
-    """One line, each choice named: "tp8 pp4 vpp2 dp32 mbs1, SP, recompute selective, distributed optimizer" (and
-    "ends as layers" where the embedding and the loss count in the pipeline split)."""
+    """One line, each choice named: "tp8 pp4 vpp2 dp32 mbs1, SP, recompute selective, distributed optimizer" (cp
+    above 1 and "ends as layers", where the embedding and the loss count in the pipeline split, only where chosen)."""
     d = describe(cfg)
-    sizes = " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if "cp" in d else []), f"pp{d['pp']}",
+    sizes = " ".join([f"tp{d['tp']}", *([f"cp{d['cp']}"] if d["cp"] > 1 else []), f"pp{d['pp']}",
                       *([f"vpp{d['vpp']}"] if d["vpp"] > 1 else []), f"dp{d['dp']}", f"mbs{d['mbs']}"])
-    return ", ".join([sizes, *(["ends as layers"] if "ends_as_layers" in d else []), *(["SP"] if d["sp"] else []),
+    return ", ".join([sizes, *(["ends as layers"] if d["ends_as_layers"] else []), *(["SP"] if d["sp"] else []),
                       f"recompute {d['recompute']}",
                       *(["distributed optimizer"] if d["distributed_optimizer"] else [])])
 
