@@ -15,7 +15,7 @@ IDLE = "."
 
 def main(argv: list[str]) -> int:
     from ledger.models.formulas.bubble import bubble, of_wall_time_text
-    from ledger.models.schedule import simulate, stage_order, warmup_count
+    from ledger.models.schedule import check_chart, simulate, stage_order, warmup_count
 
     parser = CommandParser("schedule", description="a pipeline schedule's event order, chart and bubble")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")
@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vpp", type=int, default=1, help="model chunks per stage V (interleaved when > 1)")
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args(argv)
+    check_chart(a.pp, a.microbatches, a.vpp)
     timeline = simulate(a.pp, a.microbatches, a.vpp)
     chunked = a.vpp > 1
     events = [[item.label(chunked) for item in stage_order(a.pp, s, a.microbatches, a.vpp)] for s in range(a.pp)]

@@ -4,8 +4,8 @@ problem, exit status 2, nothing on stdout, nothing started (a property-based tes
 The flags are read off the commands' own parsers, so a flag added later is covered without editing this file.
 Commands run in this process; what a valid value would start (torchrun, the Streamlit server, the demo's training)
 is replaced by a tripwire that fails the test. Meanings that are not errors are stated where they apply:
---train-iters and --global-batch-size have no upper bound (a long run is a user's choice), so "huge" is not drawn
-for them when a command would start on it.
+--train-iters has no upper bound (a long run is a user's choice), so "huge" is not drawn for it when a command would
+start on it; a global batch is bounded (2^24 sequences), and simulate and search walk a bounded step.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ NEGATIVE = st.integers(max_value=-1).map(str)
 HUGE = st.integers(min_value=10**9, max_value=10**30).map(str)
 NON_NUMERIC = st.sampled_from(["abc", "1.5.2", "", "0x", "--", "1e", "twelve", "nan", "inf", "-inf"])
 BAD = st.one_of(ZERO, NEGATIVE, HUGE, NON_NUMERIC)
-UNBOUNDED_COUNTS = {"--train-iters", "--global-batch-size", "--lr-decay-iters", "--log-interval", "--seed",
+UNBOUNDED_COUNTS = {"--train-iters", "--lr-decay-iters", "--log-interval", "--seed",
                     "--profile-step-start", "--profile-step-end", "--lr-warmup-iters", "--ddp-bucket-size",
                     "--recompute-num-layers",
                     "--save-interval"}  # longer than the run: never saves, as runs/megatron/run.sh uses it (Megatron)
@@ -81,6 +81,28 @@ def test_plan_refuses_every_bad_number(flag, value):
     if flag in UNBOUNDED and value.isdigit() and value != "0":
         return  # huge but meaningful: the plan of a very long run, a large learning rate, ...
     assert_refused(["plan", "--model", "tiny", flag, value])
+
+
+@SETTINGS
+@given(flag=st.sampled_from(MEGATRON_FLAGS), value=BAD)
+def test_simulate_refuses_every_bad_number(flag, value):
+    if value == "0" and flag in ZERO_IS_VALID:
+        return
+    if flag in UNBOUNDED and value.isdigit() and value != "0":
+        return  # huge but meaningful
+    assert_refused(["simulate", "--model", "tiny", "--world-size", "1", "--hardware", "H200", flag, value])
+
+
+@SETTINGS
+@given(flag=st.sampled_from(MEGATRON_FLAGS + ["--gpus", "--top"]), value=BAD)
+def test_search_refuses_every_bad_number(flag, value):
+    if value == "0" and flag in ZERO_IS_VALID:
+        return
+    if (flag in UNBOUNDED or flag == "--top") and value.isdigit() and value != "0":
+        return  # huge but meaningful (the top billion layouts: all of them)
+    args = {"--gpus": "8", "--top": "3"}
+    args[flag] = value
+    assert_refused(["search", "--model", "tiny", "--hardware", "H200", *[x for pair in args.items() for x in pair]])
 
 
 @SETTINGS

@@ -20,6 +20,7 @@ from ledger.models.schedule import (
     MAX_ITEMS,
     Item,
     check,
+    check_chart,
     simulate,
     stage_order,
     warmup_count,
@@ -153,6 +154,17 @@ def test_bound_is_quick():
         stage_order(2, 0, 100_000_000)
     assert time.perf_counter() - start < 0.1
     check(2, MAX_ITEMS // 4)  # exactly at the bound is allowed
+
+
+def test_a_chart_wider_than_it_can_print_is_refused_at_once():
+    """99,999 stages of 4 micro-batches are 800k work items (within the bound) but a chart of 99,999 rows by a clock
+    of 2 x (4 + 99,998) cells: 20 billion cells, refused before any is made."""
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bounded to 4,000,000 cells; stages x clock = 99999 x 2 x \(1 x 4 \+ "
+                                          r"99999 - 1\) = 20,000,199,996"):
+        check_chart(99_999, 4)
+    assert time.perf_counter() - start < 0.1
+    check_chart(1_000, 1_000)  # 1,000 x 3,998 cells
 
 
 @pytest.mark.parametrize("p,m,v,match", [

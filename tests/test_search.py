@@ -22,8 +22,11 @@ from ledger.models.formulas.static_memory import (
     static_bytes_max,
 )
 from ledger.models.plan import build_plan
+from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.layouts import describe, enumerate_layouts, label, with_layout
+from ledger.models.simulate.pricing import Pricing
 from ledger.models.simulate.search import loses_because, memory_fit, search
+from ledger.models.simulate.simulation import MAX_MICROBATCHES
 
 # 4 layers, 8 heads in 4 query groups; the global batch 8.
 SMALL = ("--num-layers 4 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 --num-query-groups 4 "
@@ -305,3 +308,15 @@ def test_a_search_with_the_calibrated_bound_ranks_as_the_exhaustive_one():
     pruned = search(cfg, 8, fits=lambda c: True, score=score, top=3, gpus_per_node=8, bound=calibrated_bound(hardware))
     assert [(r.label, r.reason) for r in pruned.ranked] == [(r.label, r.reason) for r in plain.ranked]
     assert pruned.skipped_by_bound > pruned.scored
+
+
+def test_a_layout_of_more_micro_batches_than_the_time_model_walks_is_dropped_with_why():
+    """Plumbing of the simulator's limit (simulation.MAX_MICROBATCHES): 16,385 micro-batches a replica is one too
+    many; the search drops that layout with the reason rather than walk it."""
+    pricing = Pricing(load_hardware("H200"))
+    over = base(SMALL.replace("--global-batch-size 8", f"--global-batch-size {MAX_MICROBATCHES + 1}"))
+    assert pricing.fits(over) == ("too many micro-batches: global batch 16,385 at micro-batch 1 over 1 "
+                                  "data-parallel replica(s) is 16,385 a replica; the time model walks each, at "
+                                  "most 16,384")
+    at = base(SMALL.replace("--global-batch-size 8", f"--global-batch-size {MAX_MICROBATCHES}"))
+    assert pricing.fits(at) is True

@@ -83,7 +83,13 @@ def test_the_gpt_layer_follows_megatrons_flags():
     (["--hardware", "H200"], "--world-size N is required"),
     (["--world-size", "8"], "--hardware is required"),
     (["--world-size", "0", "--hardware", "H200"], "world size"),
-], ids=["unknown-hardware", "layout-does-not-divide", "no-world-size", "no-hardware", "zero-gpus"])
+    (["--world-size", "1", "--hardware", "H200", "--global-batch-size", "99999999999999999999"],
+     "--global-batch-size 99,999,999,999,999,999,999 is beyond the largest supported value 16,777,216"),
+    (["--world-size", "2", "--hardware", "H200", "--global-batch-size", "40000"],
+     "too many micro-batches: global batch 40,000 at micro-batch 1 over 2 data-parallel replica(s) is 20,000 a "
+     "replica; the time model walks each, at most 16,384"),
+], ids=["unknown-hardware", "layout-does-not-divide", "no-world-size", "no-hardware", "zero-gpus", "huge-batch",
+        "too-many-micro-batches"])
 def test_bad_simulate_input_is_one_line_and_status_2(args, says):
     out = cli("simulate", *LLAMA_1B, "--global-batch-size", "8", *args)
     assert out.returncode == 2 and out.stdout == ""
@@ -208,7 +214,8 @@ def test_search_says_when_nothing_fits():
     (["--gpus", "8", "--top", "0"], "--top must be >= 1"),
     (["--gpus", "8", "--tensor-model-parallel-size", "2"], "search chooses the layout"),
     (["--gpus", "eight"], "invalid int value"),
-], ids=["zero-gpus", "zero-top", "fixed-layout", "not-a-number"])
+    (["--gpus", "8", "--global-batch-size", "99999999999999999999"], "beyond the largest supported value"),
+], ids=["zero-gpus", "zero-top", "fixed-layout", "not-a-number", "huge-batch"])
 def test_bad_search_input_is_one_line_and_status_2(args, says):
     out = cli("search", "--model", "llama3.2-1b", "--hardware", "H200", "--global-batch-size", "32", *args)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr

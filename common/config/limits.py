@@ -15,6 +15,7 @@ MAX_WORLD_SIZE = 65_536
 MAX_LAYERS = 10_000
 MAX_WIDTH = 1 << 20  # hidden, ffn, heads, query groups
 MAX_TOKENS = 1 << 27  # sequence length, max position embeddings, vocabulary (128 Mi)
+MAX_GLOBAL_BATCH = 1 << 24  # sequences a step (16 Mi): Llama 3 405B's 16M-token batch is 2,048 sequences of 8,192
 
 
 def check_ranges(cfg: RunConfig) -> None:
@@ -52,7 +53,7 @@ def _counts(cfg: RunConfig) -> list[tuple[str, int, int | None]]:
               ((FIRST_FLAG, p.decoder_first_pipeline_num_layers), (LAST_FLAG, p.decoder_last_pipeline_num_layers))
               if count is not None),
             ("--micro-batch-size", t.micro_batch_size, MAX_TOKENS),
-            ("--global-batch-size", t.global_batch_size, None),
+            ("--global-batch-size", t.global_batch_size, MAX_GLOBAL_BATCH),
             ("--train-iters", t.train_iters, None), ("--log-interval", t.log_interval, None),
             ("--profile-step-start", pr.profile_step_start, None), ("--profile-step-end", pr.profile_step_end, None)]
 

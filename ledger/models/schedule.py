@@ -20,6 +20,7 @@ from common.errors import ConfigError
 
 FORWARD, BACKWARD = "F", "B"
 MAX_ITEMS = 2_000_000  # work items in one chart (2 p m v): beyond this a chart is neither drawable nor quick
+MAX_CELLS = 4_000_000  # a chart's stages x its clock, 2 (v m + p - 1) cells long: ~20 MB of text
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,15 @@ def check(p: int, m: int, v: int = 1) -> None:
     if 2 * p * m * v > MAX_ITEMS:
         raise ConfigError(f"the chart is bounded to {MAX_ITEMS:,} work items; p x m x v x 2 = {p} x {m} x {v} x 2 "
                           f"= {2 * p * m * v:,}")
+
+
+def check_chart(p: int, m: int, v: int = 1) -> None:
+    """check(), and ConfigError for a chart too large to print (many stages make it wide as well as tall)."""
+    check(p, m, v)
+    cells = p * 2 * (v * m + p - 1)
+    if cells > MAX_CELLS:
+        raise ConfigError(f"the chart is bounded to {MAX_CELLS:,} cells; stages x clock = {p} x 2 x ({v} x {m} + {p} "
+                          f"- 1) = {cells:,}")
 
 
 def warmup_count(p: int, stage: int, m: int, v: int = 1) -> int:

@@ -23,6 +23,7 @@ multiple of pp, ...): the rules live there once, and a layout search can never p
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -43,7 +44,9 @@ ENDS_FLAGS = (EMBEDDING_FLAG, LOSS_FLAG)  # one choice: both ends or neither
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """n's divisors, ascending (pairs d, n / d up to the square root: a global batch of millions stays quick)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,

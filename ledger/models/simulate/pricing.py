@@ -3,7 +3,7 @@
     pricing = Pricing(load_hardware("H200"))
     pricing.calibration(cfg)      # ledger.models.time_model.Calibration of cfg's kernels, rates and groups
     pricing.outside_bytes(cfg)    # memory outside PyTorch on a rank (device_memory.py with the file's overheads)
-    pricing.fits(cfg)             # True, or why not (search.memory_fit against the file's HBM)
+    pricing.fits(cfg)             # True, or why not (a step the time model walks, search.memory_fit against the HBM)
     pricing.predict(cfg)          # ledger.models.time_model.StepPrediction
     pricing.search(base, gpus, top)   # search.SearchResult: the layouts of base on gpus GPUs, best first
 
@@ -21,7 +21,7 @@ from ledger.models.simulate.bound import calibrated_bound
 from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.search import SearchResult, memory_fit, search
-from ledger.models.simulate.simulation import outside_bytes
+from ledger.models.simulate.simulation import outside_bytes, walkable
 from ledger.models.time_model import Calibration, StepPrediction, predict_step
 
 
@@ -33,7 +33,12 @@ class Pricing:
     fits: Callable[[RunConfig], bool | str] = field(init=False)  # True, or why not
 
     def __post_init__(self) -> None:
-        self.fits = memory_fit(self.hardware.hbm_bytes, self.outside_bytes)
+        memory = memory_fit(self.hardware.hbm_bytes, self.outside_bytes)
+
+        def fits(cfg: RunConfig) -> bool | str:
+            reason = walkable(cfg)
+            return memory(cfg) if reason is True else reason
+        self.fits = fits
 
     def outside_bytes(self, cfg: RunConfig) -> int:
         p = cfg.parallel

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config import RunConfig
+from common.errors import ConfigError
 from ledger.models.formulas import bubble, flops
 from ledger.models.formulas.activations import recompute_label
 from ledger.models.formulas.bytes_per_param import run_strategy
@@ -36,6 +37,10 @@ from ledger.models.simulate.calibration import hardware_calibration
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.topology import group_spans
 from ledger.models.time_model import StepPrediction, predict_step
+
+# The time model walks every micro-batch of a stage on its host and device clocks (about 0.6 ms each on a 2-core
+# machine): a step of more micro-batches a data-parallel replica than this is refused rather than walked for minutes.
+MAX_MICROBATCHES = 16_384
 
 
 @dataclass(frozen=True)
@@ -152,8 +157,21 @@ def stage_memory(cfg: RunConfig, hw: Hardware) -> tuple[StageMemory, ...]:
     return tuple(StageMemory(stage=i, peak=peak, outside_pytorch=outside) for i, peak in enumerate(peaks))
 
 
+def walkable(cfg: RunConfig) -> bool | str:
+    """True, or why the time model will not walk cfg's step (a `fits` reason for search: "kind: detail")."""
+    m = cfg.num_microbatches
+    if m <= MAX_MICROBATCHES:
+        return True
+    return (f"too many micro-batches: global batch {cfg.train.global_batch_size:,} at micro-batch "
+            f"{cfg.train.micro_batch_size} over {cfg.parallel.data_parallel_size} data-parallel replica(s) is {m:,} a "
+            f"replica; the time model walks each, at most {MAX_MICROBATCHES:,}")
+
+
 def simulate(cfg: RunConfig, hw: Hardware) -> Simulation:
     """Memory from cfg itself; time from the time model (an MoE model's experts, router, permutes and all-to-alls
-    are ops of its passes: ledger/models/time_model/ops.py)."""
+    are ops of its passes: ledger/models/time_model/ops.py). ConfigError where the step is not walkable."""
+    reason = walkable(cfg)
+    if reason is not True:
+        raise ConfigError(reason)
     return Simulation(cfg=cfg, hardware=hw, memory=stage_memory(cfg, hw),
                       step=predict_step(cfg, hardware_calibration(cfg, hw)))
