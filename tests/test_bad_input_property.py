@@ -73,24 +73,17 @@ UNBOUNDED = UNBOUNDED_COUNTS | {a.option_strings[0] for a in build_parser()._act
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.parametrize("command", [["plan", "--model", "tiny"],
+                                     ["simulate", "--model", "tiny", "--world-size", "1", "--hardware", "H200"]],
+                         ids=["plan", "simulate"])
 @SETTINGS
 @given(flag=st.sampled_from(MEGATRON_FLAGS), value=BAD)
-def test_plan_refuses_every_bad_number(flag, value):
+def test_plan_and_simulate_refuse_every_bad_number(command, flag, value):
     if value == "0" and flag in ZERO_IS_VALID:
         return
     if flag in UNBOUNDED and value.isdigit() and value != "0":
         return  # huge but meaningful: the plan of a very long run, a large learning rate, ...
-    assert_refused(["plan", "--model", "tiny", flag, value])
-
-
-@SETTINGS
-@given(flag=st.sampled_from(MEGATRON_FLAGS), value=BAD)
-def test_simulate_refuses_every_bad_number(flag, value):
-    if value == "0" and flag in ZERO_IS_VALID:
-        return
-    if flag in UNBOUNDED and value.isdigit() and value != "0":
-        return  # huge but meaningful
-    assert_refused(["simulate", "--model", "tiny", "--world-size", "1", "--hardware", "H200", flag, value])
+    assert_refused([*command, flag, value])
 
 
 @SETTINGS
