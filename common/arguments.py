@@ -368,7 +368,8 @@ def _virtual_pp(ns: argparse.Namespace, model: ModelConfig) -> int | None:
         if (ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None
                 or ns.account_for_embedding_in_pipeline_split or ns.account_for_loss_in_pipeline_split):
             raise ConfigError("--num-layers-per-virtual-pipeline-stage assumes even stages; with uneven ones give "
-                              "--virtual-pipeline-model-parallel-size")
+                              "the virtual size (--virtual-pipeline-model-parallel-size; on a Megatron-LM command "
+                              "line --num-virtual-stages-per-pipeline-rank)")
         pp = ns.pipeline_model_parallel_size
         if pp < 1 or model.num_layers % (per_stage * pp):
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: num layers {model.num_layers}"

@@ -115,3 +115,19 @@ def test_virtual_stages_per_rank_is_the_interleaving_its_layers_per_stage_twin_g
     assert plans[0]["pipeline"]["bubble_fraction"] == pytest.approx(1 / (3 * 8 + 1))
     assert {k: v for k, v in plans[0].items() if k != "megatron_flags"} == \
         {k: v for k, v in plans[1].items() if k != "megatron_flags"}
+
+
+def test_uneven_stages_take_their_virtual_size_from_virtual_stages_per_rank():
+    """Megatron-LM interleaves uneven stages only by --num-virtual-stages-per-pipeline-rank (validate_args refuses
+    layers per virtual stage with a first or last stage count); the refusal names it, and with it the plan runs:
+    6 layers as 2 + 4 over PP 2, V 2."""
+    common = ("--num-layers 6 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings "
+              "512 --vocab-size 1000 --micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 2 "
+              "--decoder-first-pipeline-num-layers 2")
+    code, _, err = run_cli(["plan", "--world-size", "2", "--megatron-args",
+                            f"{common} --num-layers-per-virtual-pipeline-stage 1"])
+    assert code == 2 and "--num-virtual-stages-per-pipeline-rank" in err
+    code, out, err = run_cli(["plan", "--json", "--world-size", "2", "--megatron-args",
+                              f"{common} --num-virtual-stages-per-pipeline-rank 2"])
+    assert code == 0, err
+    assert json.loads(out)["config"]["vpp"] == 2
