@@ -83,6 +83,15 @@ def test_layouts_keep_the_base_and_only_valid_flag_combinations():
     assert rejected["interleaved"] > 0
 
 
+def test_one_data_parallel_rank_takes_no_distributed_optimizer_choice():
+    """Over one DP rank the distributed optimizer's shard is the whole state: tp 2 pp 4 and tp 4 pp 2 (dp 1 of 8
+    GPUs) come once each way of the other knobs, without it; tp 2 pp 2 (dp 2) still both ways."""
+    layouts = list(enumerate_layouts(base(), 8, gpus_per_node=8))
+    dp1 = [c for c in layouts if c.parallel.data_parallel_size == 1]
+    assert dp1 and not any(c.train.use_distributed_optimizer for c in dp1)
+    assert {c.train.use_distributed_optimizer for c in layouts if keys([c]) == {(2, 2, 2)}} == {False, True}
+
+
 def test_options_narrow_the_enumeration():
     only = list(enumerate_layouts(base(), 8, gpus_per_node=8, recompute=(RecomputeConfig(),),
                                   distributed_optimizer=(True,), sequence_parallel=(True,)))

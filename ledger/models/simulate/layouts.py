@@ -14,7 +14,8 @@ A layout is the base run (model, global batch size, sequence length, dtypes, ove
          so tp and pp divide gpus / cp
     mbs  a divisor of the global batch's share per DP rank (gbs / dp)
     recompute none, selective, or full (uniform, 1 layer a group: Megatron's usual full setting)
-    distributed optimizer on or off (off drops --overlap-param-gather, which needs it)
+    distributed optimizer on or off (off drops --overlap-param-gather, which needs it); with dp x cp = 1 the first
+         choice alone (over one rank its shard is the whole state: the same layout twice)
     sequence parallel on or off, with tp > 1 only
 Each candidate is then held to common.config.validate, the same checks a run's flags get (heads and query groups
 divisible by tp, layers by pp x vpp, the global batch by mbs x dp, the interleaved schedule's micro-batch count a
@@ -67,7 +68,7 @@ def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,
             for vpp in [None] + ([v for v in divisors((layers + 2 * ends) // pp) if v > 1] if pp > 1 else []):
                 for mbs in divisors(gbs // dp):
                     for r in recompute:
-                        for distributed in distributed_optimizer:
+                        for distributed in (distributed_optimizer if dp * cp > 1 else distributed_optimizer[:1]):
                             for sp in (sequence_parallel if tp > 1 else (False,)):
                                 cfg = _layout(base, gpus, tp, pp, vpp, ends, mbs, r, distributed, sp)
                                 try:
