@@ -30,15 +30,15 @@ class Pricing:
     hardware: Hardware
     _outside: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
     _calibrations: dict[int, tuple[RunConfig, Calibration]] = field(default_factory=dict)
-    fits: Callable[[RunConfig], bool | str] = field(init=False)  # True, or why not
+    _memory: Callable[[RunConfig], bool | str] = field(init=False)
 
     def __post_init__(self) -> None:
-        memory = memory_fit(self.hardware.hbm_bytes, self.outside_bytes)
+        self._memory = memory_fit(self.hardware.hbm_bytes, self.outside_bytes)
 
-        def fits(cfg: RunConfig) -> bool | str:
-            reason = walkable(cfg)
-            return memory(cfg) if reason is True else reason
-        self.fits = fits
+    def fits(self, cfg: RunConfig) -> bool | str:
+        """True, or why not: a step the time model walks (simulation.walkable) within the HBM (search.memory_fit)."""
+        reason = walkable(cfg)
+        return self._memory(cfg) if reason is True else reason
 
     def outside_bytes(self, cfg: RunConfig) -> int:
         p = cfg.parallel
