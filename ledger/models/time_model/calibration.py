@@ -120,5 +120,7 @@ class Calibration:
 
     def _absent(self, what: str) -> str:
         if not self.kernels and not self.rates:
-            return "no compute sweep records (--compute-sweep): no compute time predictions"
+            return ("no compute sweep records (--compute-sweep): no compute time predictions (reconcile and report "
+                    "price such a run from a hardware file, --hardware with the run's GPU kind, e.g. H200, or a "
+                    "`train-ledger calibrate` file, --calibration FILE)")
         return f"the compute sweep (--compute-sweep) has no record of {what}: no compute time predictions"
