@@ -6,7 +6,8 @@ A layout is the base run (model, global batch size, sequence length, dtypes, ove
     pp   a divisor of the GPUs left over, with a split of the layers over its stages:
            even        pp divides the layers
            ends        with pp > 1, the embedding and the loss counted as layers (Megatron-LM's
-                       --account-for-embedding/loss-in-pipeline-split, Llama 3 405B's split): pp divides layers + 2
+                       --account-for-embedding/loss-in-pipeline-split, Llama 3 405B's split): pp divides layers + 2;
+                       not over two virtual stages (pp 2 without vpp), where each holds half the layers either way
     vpp  interleaving, with pp > 1 only: a divisor > 1 of the slots per stage (layers, or layers + 2 counting the ends)
          (None: 1F1B)
     dp   what is left: gpus / (tp x pp x cp)
@@ -66,6 +67,8 @@ def enumerate_layouts(base: RunConfig, gpus: int, *, gpus_per_node: int,
             if gbs % dp:
                 continue
             for vpp in [None] + ([v for v in divisors((layers + 2 * ends) // pp) if v > 1] if pp > 1 else []):
+                if ends and pp * (vpp or 1) == 2:
+                    continue  # two virtual stages: the ends split is the even split (a layout listed once)
                 for mbs in divisors(gbs // dp):
                     for r in recompute:
                         for distributed in (distributed_optimizer if dp * cp > 1 else distributed_optimizer[:1]):
