@@ -87,7 +87,7 @@ def stage_phases(cfg: RunConfig, pp_rank: int, tp_rank: int = 0) -> list[Phase]:
                     activations.stage_activation_bytes(cfg, pp_rank) - (_in_batches(cfg, pp_rank) if kept else 0))]
     if pp_rank == cfg.parallel.pipeline_model_parallel_size - 1:
         phases.append(loss_forward(cfg, pp_rank, kept))
-    if cfg.implementation.unfused_attention and any(activations.stage_chunk_layers(cfg, pp_rank)):
+    if cfg.implementation.unfused_attention and stage_num_layers(cfg.parallel, cfg.model.num_layers, pp_rank):
         phases += [attention_forward(cfg, pp_rank, kept), attention_backward(cfg, pp_rank, kept)]
     phases.append(optimizer_step(cfg, pp_rank))
     return phases

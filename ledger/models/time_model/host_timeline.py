@@ -74,15 +74,10 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = 
     starts: list[float] = [0.0]
     events: dict[str, deque[float]] = {}  # device times of the events not yet waited for, oldest first
     for s in segments:
-        if s.wait is not None and events.get(s.wait):
-            reached = events[s.wait].popleft()
+        reached = _waited_for(s, events)
+        if reached is not None:
             tl.waiting += max(0.0, reached - host)
             host = max(host, reached)
-        if s.wait_all and any(events.values()):
-            reached = max(max(pending) for pending in events.values() if pending)
-            tl.waiting += max(0.0, reached - host)
-            host = max(host, reached)
-            events.clear()
         host += s.host
         if s.kernels:  # wait for the device to start the kernel whose start frees the last slot this issue needs
             freeing = min(issued[-1], issued[-1] + s.kernels - queue)
@@ -107,3 +102,15 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = 
             tl.reading += s.read
     tl.end, tl.device_end = host, device
     return tl
+
+
+def _waited_for(s: Segment, events: dict[str, deque[float]]) -> float | None:
+    """The device time the host waits for before issuing `s` (None: no wait), the events it waits for taken: the
+    oldest pending event of its `wait` name, and with `wait_all` every pending one."""
+    reached = []
+    if s.wait is not None and events.get(s.wait):
+        reached.append(events[s.wait].popleft())
+    if s.wait_all and any(events.values()):
+        reached.append(max(max(pending) for pending in events.values() if pending))
+        events.clear()
+    return max(reached, default=None)
