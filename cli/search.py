@@ -24,6 +24,7 @@ from ledger.models.simulate.layouts import describe, with_layout
 from ledger.models.simulate.pricing import Pricing
 from ledger.models.simulate.search import SearchResult
 from ledger.models.simulate.simulation import Simulation, stage_memory
+from ledger.present.search_reason import reason_text
 from ledger.present.units import duration, percent, size
 
 
@@ -34,7 +35,8 @@ def _entry(pricing: Pricing, r) -> dict[str, Any]:
     peak = max(m.total for m in sim.memory)
     return {"layout": describe(r.layout), "label": r.label, "tokens_per_s": r.prediction.tokens_per_s,
             "step_time_s": sim.step.step_time, "mfu": sim.mfu(), "tflops_per_gpu": sim.tflops_per_gpu(),
-            "peak_bytes": peak, "terms_s": sim.step.terms, "loses_because": r.reason}
+            "peak_bytes": peak, "terms_s": sim.step.terms,
+            "loses_because": None if r.reason is None else reason_text(r.reason)}
 
 
 def to_dict(result: SearchResult, pricing: Pricing, gpus: int, top: int) -> dict[str, Any]:

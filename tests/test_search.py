@@ -27,6 +27,7 @@ from ledger.models.simulate.layouts import describe, enumerate_layouts, label, w
 from ledger.models.simulate.pricing import Pricing
 from ledger.models.simulate.search import loses_because, memory_fit, search
 from ledger.models.simulate.simulation import MAX_MICROBATCHES
+from ledger.present.search_reason import reason_text
 
 # 4 layers, 8 heads in 4 query groups; the global batch 8.
 SMALL = ("--num-layers 4 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 --num-query-groups 4 "
@@ -207,8 +208,18 @@ def test_the_reason_names_the_term_that_grows_most():
     fast = Dummy({"compute": 1.0, "pipeline bubble": 0.1}, 1000)
     slow = Dummy({"compute": 0.9, "pipeline bubble": 0.31}, 1000)
     # compute shrinks by 0.1 s, the bubble grows by 0.21 s: 1000 / 1.21 vs 1000 / 1.1 tokens/s; dp is 2 in both
-    assert loses_because(b, slow, a, fast) == ("pipeline bubble +0.210 s (tp 1 vs 2, pp 4 vs 2): "
-                                               "826 vs 909 tokens/s (-9.1%)")
+    assert reason_text(loses_because(b, slow, a, fast)) == ("pipeline bubble +210 ms (tp 1 vs 2, pp 4 vs 2): "
+                                                            "826 vs 909 tokens/s (-9.1%)")
+
+
+def test_the_reason_gives_a_small_term_in_a_unit_that_shows_it():
+    """A toy model's terms differ by fractions of a millisecond: the growth is written in µs then, never as
+    "+0.000 s", which reads as if nothing grew."""
+    a = base(SMALL + " --world-size 8 --tensor-model-parallel-size 2")
+    b = dataclasses.replace(a, parallel=dataclasses.replace(a.parallel, tensor_model_parallel_size=1))
+    reason = loses_because(b, Dummy({"compute": 0.0104}, 1000), a, Dummy({"compute": 0.01}, 1000))
+    assert reason.term == "compute" and reason.growth_s == pytest.approx(4e-4)
+    assert reason_text(reason).startswith("compute +400 µs (tp 1 vs 2, dp 8 vs 4): ")
 
 
 def test_the_reason_names_a_choice_only_one_of_the_two_layouts_makes():
@@ -219,9 +230,10 @@ def test_the_reason_names_a_choice_only_one_of_the_two_layouts_makes():
     b = dataclasses.replace(a, parallel=dataclasses.replace(a.parallel, context_parallel_size=2,
                                                             account_for_embedding_in_pipeline_split=True))
     same = Dummy({"compute": 1.0}, 1000)
-    assert loses_because(b, same, a, same) == ("no term larger (cp 2 vs 1, ends_as_layers on vs off, dp 1 vs 2): "
-                                               "1,000 vs 1,000 tokens/s (+0.0%)")
-    assert loses_because(a, same, b, same).startswith("no term larger (cp 1 vs 2, ends_as_layers off vs on, dp 2 vs 1)")
+    assert reason_text(loses_because(b, same, a, same)) == (
+        "no term larger (cp 2 vs 1, ends_as_layers on vs off, dp 1 vs 2): 1,000 vs 1,000 tokens/s (+0.0%)")
+    assert reason_text(loses_because(a, same, b, same)).startswith(
+        "no term larger (cp 1 vs 2, ends_as_layers off vs on, dp 2 vs 1)")
 
 
 def test_layouts_that_do_not_fit_are_counted_by_kind_and_never_scored():

@@ -21,7 +21,7 @@ of the true top K could be skipped: bound.py's tokens_per_s_bound holds for any 
 the peak, calibrated_bound for ledger.models.time_model.predict_step on the same calibration. `score` returns what the
 time model predicts (anything with `.tokens_per_s` and `.terms`: seconds per step by named term,
 ledger.models.time_model.StepPrediction); the reason a layout loses names the term that grows most against the
-first's, e.g. "pipeline bubble +0.210 s".
+first's (LosingReason), e.g. "pipeline bubble +210 ms".
 
 Torch-free, and independent of the hardware: the caller's `fits` and `score` carry it.
 """
@@ -48,10 +48,22 @@ class Prediction(Protocol):
 
 
 @dataclass(frozen=True)
+class LosingReason:
+    """Why a layout loses to the first: the term that grows most against the first's (None: none grows), by how many
+    seconds, the knobs that differ (name, this layout's value, the first's) and both throughputs.
+    ledger/present/search_reason.py writes it as one line."""
+    term: str | None
+    growth_s: float
+    changes: tuple[tuple[str, str, str], ...]
+    tokens_per_s: float
+    first_tokens_per_s: float
+
+
+@dataclass(frozen=True)
 class Ranked:
     layout: RunConfig
     prediction: Prediction
-    reason: str | None  # why it loses to the first; None for the first
+    reason: LosingReason | None  # why it loses to the first; None for the first
 
     @property
     def label(self) -> str:
@@ -150,18 +162,17 @@ def _best_first(heap: list[tuple[float, int, RunConfig, Prediction]]) -> list[tu
     return sorted((-tps, -neg_index, cfg, pred) for tps, neg_index, cfg, pred in heap)
 
 
-def loses_because(cfg: RunConfig, prediction: Prediction, first: RunConfig, first_prediction: Prediction) -> str:
-    """One line: the term that grows most against the first's, what the layouts change, and the throughput lost,
-    e.g. "pipeline bubble +0.210 s (pp 8 vs 4, mbs 1 vs 2): 41,200 vs 48,900 tokens/s (-15.7%)"."""
+def loses_because(cfg: RunConfig, prediction: Prediction, first: RunConfig,
+                  first_prediction: Prediction) -> LosingReason:
+    """The term that grows most against the first's, what the layouts change, and both throughputs."""
     terms, base = prediction.terms, first_prediction.terms
     growth = {name: terms.get(name, 0.0) - base.get(name, 0.0) for name in {**base, **terms}}
     name = max(sorted(growth), key=growth.__getitem__)
     mine, theirs = describe(cfg), describe(first)
-    changes = ", ".join(f"{k} {_show(v)} vs {_show(theirs[k])}" for k, v in mine.items() if v != theirs[k])
-    tps, first_tps = prediction.tokens_per_s, first_prediction.tokens_per_s
-    term = f"{name} {growth[name]:+.3f} s" if growth[name] > 0 else "no term larger"
-    return (f"{term} ({changes or 'same layout'}): {tps:,.0f} vs {first_tps:,.0f} tokens/s "
-            f"({(tps / first_tps - 1) * 100:+.1f}%)")
+    changes = tuple((k, _show(v), _show(theirs[k])) for k, v in mine.items() if v != theirs[k])
+    grows = growth[name] > 0
+    return LosingReason(term=name if grows else None, growth_s=growth[name] if grows else 0.0, changes=changes,
+                        tokens_per_s=prediction.tokens_per_s, first_tokens_per_s=first_prediction.tokens_per_s)
 
 
 def _show(value: object) -> str:
