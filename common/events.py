@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from common.ops.rank import PER_ELEMENT
 from common.typecheck import TypeMismatch, checked, optional
 
 # Probe range categories and what each means (probes.nvtx_range gives each a colour).
@@ -73,6 +74,9 @@ class Event:
         out.update(self.extra)
         return out
 
+    def check(self) -> None:
+        """What a field's type cannot say (one field needed by another's value); RecordError names it."""
+
     def get(self, name: str, default: Any = None) -> Any:
         """A declared field or an extra one by name (the few readers that choose a field at run time)."""
         if name in self.extra:
@@ -130,7 +134,7 @@ class InventoryRecord(Event):
     tensor_kind: str | None = None
     dtype: str | None = None
     numel: int | None = amount()
-    bytes: int | None = amount()
+    bytes: int = amount()  # a tensor's size is what the inventory is for: required
     padding: int | None = amount()
     padding_bytes: int | None = amount()
     expert: bool | None = None
@@ -230,6 +234,10 @@ class ComputeRecord(Event):
     cached: bool | None = None
     compute_bound_s: float | None = None
     memory_bound_s: float | None = None
+
+    def check(self) -> None:
+        if self.op in PER_ELEMENT and not self.dims.get("numel"):
+            raise RecordError(f"compute record of {self.op!r} (priced per element) without a positive dims 'numel'")
 
 
 @dataclass(slots=True)
@@ -342,7 +350,9 @@ def parse_event(obj: dict[str, Any]) -> Event | None:
         raise RecordError(f"{kind} record without {', '.join(repr(m) for m in missing)}")
     if cls is MemoryRecord:
         values["stats"] = stats
-    return cls(**values, extra=extra)
+    record = cls(**values, extra=extra)
+    record.check()
+    return record
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,14 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "non-event line mid-file": (lambda r: _insert_line(r, 0, "[1, 2, 3]"), "rank0/events.jsonl", "'kind'"),
     "timing without times": (lambda r: _insert_line(r, 0, '{"kind": "timing", "step": 1, "name": "x"}'),
                              "rank0/events.jsonl", "start_s"),
+    "inventory without bytes": (lambda r: _insert_line(r, 0, '{"kind": "inventory", "step": null, "name": '
+                                                       '"ddp.buffer0.grad_data", "tensor_kind": "grad_buffer", '
+                                                       '"numel": 1024, "buckets": [{"numel": 1024}]}'),
+                                "rank0/events.jsonl", "inventory record without 'bytes'"),
+    "per-element compute record without numel": (lambda r: _insert_line(r, 0, '{"kind": "compute", "step": null, '
+                                                                        '"op": "optimizer.step", "dims": {}, '
+                                                                        '"seconds": 0.001}'),
+                                                 "rank0/events.jsonl", "without a positive dims 'numel'"),
     "truncated gzip trace": (lambda r: _trace(r).write_bytes(_trace(r).read_bytes()[:300]), "rank0.step1-3.json.gz",
                              "gzip"),
     "corrupt gzip trace": (lambda r: _trace(r).write_bytes(b"\x1f\x8b" + b"\x00garbage" * 20),
@@ -151,6 +159,43 @@ def test_export_trace_refuses_and_leaves_no_output(tmp_path, capsys, name):
     assert cli(["export-trace", str(run), "--out", str(out)]) == 2
     assert "rank0.step1-3.json.gz" in capsys.readouterr().err
     assert list(tmp_path.glob("*merged*")) == []
+
+
+# ---- a real trace whose events contradict one another ----------------------------------------------------------
+
+PROFILED_RUN = Path(__file__).parent / "fixtures" / "h200_2layer_profiled"
+
+
+def _stamp(cat: str, ts_us: float) -> Callable[[dict], None]:
+    def change(data: dict) -> None:
+        for e in data["traceEvents"]:
+            if e.get("cat") == cat:
+                e["ts"] = ts_us
+    return change
+
+
+@pytest.mark.parametrize("command", ["reconcile", "whatif"])
+@pytest.mark.parametrize("change,problem", [
+    # every kernel stamped at one instant before the run began, before its launch and its stream's order
+    (_stamp("kernel", -1.0), "events out of order, the execution graph cannot be replayed"),
+    # a step window with no length: its terms would be shares of nothing
+    (lambda d: [e.update(dur=0) for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")],
+     "a step window must have a duration"),
+])
+def test_a_trace_whose_order_contradicts_itself_is_refused_by_name(tmp_path, capsys, command, change, problem):
+    """Found by a sweep that set each field of each kind of trace event to a bad value: these raised (a cycle in the
+    replay, a division by a zero-length step) where every other answered one line or ran."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(PROFILED_RUN, run)
+    _rewrite_trace(run, change)
+    flags = {"reconcile": ["--out", str(tmp_path / "ledger")], "whatif": ["--no-launch-gaps"]}[command]
+    argv = [command, str(run), *flags]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank0.step4-5.json.gz" in err and problem in err, err
+    assert not (tmp_path / "ledger").exists()
 
 
 def test_corpus_size():

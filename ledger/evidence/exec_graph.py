@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
+from common.errors import InputError
 from ledger.evidence.trace_events import NO_ARGS, TraceEvent
 from ledger.evidence.trace_stream import TraceStream
 from ledger.evidence.traces import STEP_RE, as_int, distributed_info, group_ranks, normalize_op
@@ -266,6 +267,9 @@ def _classify(graph: ExecGraph) -> None:
         last_record: HostOp | None = None
         for op in t.ops:
             if op.kind == ANNOTATION and (m := STEP_RE.match(op.name)):
+                if not op.end > op.start:
+                    raise InputError(graph.path, f"{op.name} at {op.start} µs lasts {op.end - op.start} µs: a step "
+                                     "window must have a duration")
                 graph.steps[int(m.group(1))] = op
             elif op.kind == ANNOTATION and op.name.startswith(DATA_WAIT_PREFIXES):
                 graph.data_waits.append(op)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
+from common.errors import InputError
 from ledger.evidence.exec_graph import RUNTIME, ExecGraph, GpuOp, HostOp, Sync, ThreadTimeline, match_collectives
 
 MIN_WAIT_US = 50.0  # a shorter idle gap is a thread's own overhead between ops
@@ -97,6 +98,10 @@ def measure_latencies(graph: ExecGraph) -> Latencies:
     return Latencies(*(median(xs) if xs else 0.0 for xs in (launch, queue, wake)))
 
 
+class _Cycle(ValueError):
+    """Some point waits, through the graph's edges, on itself: the trace's events contradict their order."""
+
+
 class _Dag:
     def __init__(self, origin: float):
         self.points: list[Point] = [Point(-1, None, False)]
@@ -137,7 +142,7 @@ class _Dag:
                 if waiting[s] == 0:
                     ready.append(s)
         if done != n:
-            raise ValueError(f"replay graph has a cycle ({n - done} of {n} points unreachable)")
+            raise _Cycle(f"{n - done} of {n} points wait on each other")
         return times, binding
 
 
@@ -161,7 +166,12 @@ def replay(graphs: list[ExecGraph], gpu_duration: Callable[[GpuOp], float] | Non
         collectives += [(rank, op, *gpu[id(op)]) for op in g.gpu_ops() if op.collective is not None]
         steps.update({(rank, n): host[id(op)] for n, op in g.steps.items()})
     _add_peers(dag, collectives, duration)
-    times, binding = dag.longest()
+    try:
+        times, binding = dag.longest()
+    except _Cycle as exc:
+        raise InputError(", ".join(sorted({str(g.path) for g in graphs})),
+                         f"events out of order, the execution graph cannot be replayed ({exc}): "
+                         "a launch after its kernel, or a wait before what it waits for") from None
     out = [StepReplay(rank, n, dag.measured[e] - dag.measured[s], times[e] - times[s])
            for (rank, n), (s, e) in sorted(steps.items())]
     return Replay(dag.points, dag.measured, times, binding, dag.within, out, lats, steps)
