@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.arguments import parse_args  # noqa: E402
 from ledger.models.simulate import enumerate_layouts, load_hardware, search  # noqa: E402
 from ledger.models.simulate.pricing import Pricing  # noqa: E402
+from ledger.present.search_reason import reason_text  # noqa: E402
 
 
 def main() -> None:
@@ -53,7 +54,8 @@ def main() -> None:
           f"{result.seconds['score']:.1f} bound and score); scored {result.scored:,}, skipped by the bound "
           f"{result.skipped_by_bound:,}; dropped {result.dropped}")
     for r in result.ranked:
-        print(f"  {r.label:45s} {r.prediction.tokens_per_s:12,.0f} tokens/s  {r.reason or ''}")
+        reason = reason_text(r.reason) if r.reason else ""
+        print(f"  {r.label:45s} {r.prediction.tokens_per_s:12,.0f} tokens/s  {reason}")
     if args.exhaustive:
         t4 = time.perf_counter()
         every = search(base, args.gpus, fits, pricing.predict, args.top, gpus_per_node=hw.gpus_per_node)
