@@ -336,5 +336,5 @@ def group_ranks(ranks: Any) -> tuple[int, ...] | None:
 def as_int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
