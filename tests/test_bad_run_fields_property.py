@@ -6,7 +6,8 @@ The kinds and fields are read off the recorded run, so a field a later probe wri
 file. Each draw breaks that field in every line of its kind (the first line of a kind may be one the ledger skips).
 A sweep of all of them (666 event and 535 trace cases, reconcile, report, whatif, export-trace and simulate
 --validate) found four that raised: an inventory record without bytes, a per-element compute record without its
-numel, a step window of no length and trace events whose order makes the replay's graph a cycle.
+numel, a step window of no length and trace events whose order makes the replay's graph a cycle
+(test_malformed_inputs.py states each); this test found a fifth, a thread id that is a list.
 """
 from __future__ import annotations
 
