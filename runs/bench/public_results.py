@@ -39,7 +39,9 @@ def main() -> int:
     within = sum(abs(r.error) <= 0.10 for r in compared)
     print(f"\n{len(compared)} compared, {len(results) - len(compared)} skipped; {within} within 10%; mean |error| "
           f"{sum(abs(r.error) for r in compared) / len(compared):.1%}; {time.perf_counter() - start:.0f} s")
-    print(f"command: python3 runs/bench/public_results.py --data {args.data.relative_to(ROOT)}")
+    data = args.data.resolve()
+    shown = data.relative_to(ROOT) if data.is_relative_to(ROOT) else data
+    print(f"command: python3 runs/bench/public_results.py --data {shown}")
     return 0
 
 
