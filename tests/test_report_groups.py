@@ -16,8 +16,8 @@ CAVEAT = "8 ranks share host vm's 2 cores: process oversubscription; every timed
 
 def row(metric: str, rank: int | None, *, predicted=None, inventory=None, measured=None, unit="bytes",
         verdict="ok", rel_diff=None, explanation="what the figure is", stage=0, bucket=None,
-        source="events") -> dict[str, Any]:
-    return {"metric": metric, "rank": rank, "stage": stage, "bucket": bucket, "step": None, "unit": unit,
+        source="events", step=None) -> dict[str, Any]:
+    return {"metric": metric, "rank": rank, "stage": stage, "bucket": bucket, "step": step, "unit": unit,
             "predicted": predicted, "inventory": inventory, "measured": measured, "verdict": verdict,
             "rel_diff": rel_diff, "explanation": explanation, "source": source}
 
@@ -29,6 +29,16 @@ def test_rows_identical_across_eight_ranks_are_one_line():
     assert line.where() == "ranks 0–7 · stage 0 · events"
     assert line.cells()[FORMULA] == "1.00 MiB" and line.cells()["inventory"] == "1.00 MiB"
     assert line.verdict() == "ok" and line.gap() == "—"
+
+
+def test_a_line_of_several_steps_names_them_all():
+    """A profiled window's per-step rows are one line: it names the steps it holds, not the first one alone (the
+    report said "step 15" beside the worst row's explanation of step 16)."""
+    rows = [row("step.decomposition.host_bound_idle", 0, measured=m, unit="s", source="trace", step=n)
+            for n, m in ((15, 7.0e-3), (16, 7.4e-3))]
+    (line,) = group(rows)
+    assert line.where() == "rank 0 · stage 0 · steps 15–16 · trace"
+    assert group(rows[:1])[0].where() == "rank 0 · stage 0 · step 15 · trace"
 
 
 def test_a_line_shows_the_range_the_worst_verdict_and_the_rank_that_has_it():
@@ -77,6 +87,9 @@ def test_each_prediction_goes_to_the_column_of_what_made_it():
     assert predictor("overlap.all_gather.exposed_time") == TIME_MODEL
     assert predictor("overlap.reduce_scatter.overlapped_fraction") == FORMULA
     assert predictor("throughput.step_time_vs_other_ranks") == "reference"
+    # the step decomposition's terms are judged against the time model's twin of the step, not a formula
+    assert predictor("step.decomposition.host_bound_idle") == TIME_MODEL
+    assert predictor("step.decomposition.exposed_communication.tp") == TIME_MODEL
 
 
 def test_clauses_split_outside_parentheses_only():

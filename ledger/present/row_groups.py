@@ -28,11 +28,12 @@ REFERENCE_METRICS = ("throughput.step_time_vs_other_ranks", "overlap.hta_comm_co
 
 
 def predictor(metric: str) -> str:
-    """What predicts `metric`: the time model (time.*, X.model, the step time, exposed and comm time of
-    collectives), another measurement (REFERENCE_METRICS) or a formula (everything else)."""
+    """What predicts `metric`: the time model (time.*, X.model, the step time, the step decomposition's terms,
+    exposed and comm time of collectives), another measurement (REFERENCE_METRICS) or a formula (everything else)."""
     if metric in REFERENCE_METRICS:
         return REFERENCE
-    if (metric.startswith("time.") or metric.endswith(MODEL_SUFFIX) or metric == "throughput.step_time"
+    if (metric.startswith(("time.", "step.decomposition.")) or metric.endswith(MODEL_SUFFIX)
+            or metric == "throughput.step_time"
             or metric.startswith("overlap.") and ("exposed" in metric or metric.endswith("comm_time"))):
         return TIME_MODEL
     return FORMULA
@@ -91,15 +92,18 @@ class Line:
         return self.rows + self.model
 
     def where(self) -> str:
-        """'ranks 0–7 · stage 1 · bucket 0 · timers': what the line stands for."""
+        """'ranks 0–7 · stage 1 · bucket 0 · steps 4–6 · timers': what the line stands for (a line of per-step
+        rows names every step it holds, as it names every rank)."""
         first = self.rows[0]
         parts = [f"rank{'s' if len(self.ranks) > 1 else ''} {fmt.ranks(self.ranks)}" if self.ranks else "run"]
         stages = {r["stage"] for r in self.rows if r["stage"] is not None}
         if len(stages) == 1 and self.ranks:
             parts.append(f"stage {stages.pop()}")
-        for key in ("bucket", "step"):
-            if first.get(key) is not None:
-                parts.append(f"{key} {first[key]}")
+        if first.get("bucket") is not None:
+            parts.append(f"bucket {first['bucket']}")
+        steps = sorted({r["step"] for r in self.all_rows() if r.get("step") is not None})
+        if steps:
+            parts.append(f"step{'s' if len(steps) > 1 else ''} {fmt.ranks(steps)}")
         if first.get("source"):
             parts.append(first["source"])
         return " · ".join(parts)
