@@ -171,6 +171,17 @@ def test_the_megatron_step_is_host_work_on_its_critical_path():
         assert on_host > 0.9 * path.length and on_gpu < 0.01 * path.length
 
 
+def test_the_grouped_moe_steps_path_is_its_expert_gemms_named_as_a_person_reads_them():
+    """CUTLASS's grouped GEMM reaches the trace under its mangled name (1,269 and 1,335 characters, one for the
+    forward and one for the input gradient); the path names it "cutlass::device_kernel", and the two together are
+    the op that held the step longest: 64 calls, ~144 ms of a ~386 ms step (BENCHMARKS.md, 2026-12-04 eighth
+    entry: 146 ms of grouped GEMMs a step)."""
+    rp = base("h200_moe/grouped/in_place_delayed_flush/traces/rank0.step15-15.json.gz")
+    for s in rp.steps:
+        (name, us), *_ = critical_path(rp, s.rank, s.step).top_ops()
+        assert name.endswith(": cutlass::device_kernel") and 0.33 * s.replayed < us < 0.42 * s.replayed, (name, us)
+
+
 # --- plumbing: two ranks replayed together (hand-written traces) ----------------------------------------------
 def _allreduce_rank(tmp_path: Path, rank: int, forward_us: float) -> ExecGraph:
     """A step: forward on the host, an NCCL all-reduce launched after it, a stream sync for it. Both ranks' kernels

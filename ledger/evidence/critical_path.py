@@ -104,7 +104,11 @@ def _host_name(inner: HostOp | None, kind: str, before: HostOp | GpuOp | None) -
 
 
 def short_name(kernel: str) -> str:
-    """A kernel's name without its template and argument lists: "void ns::k<4, F<float>>(int, F)" -> "ns::k"."""
+    """A kernel's name without its template and argument lists: "void ns::k<4, F<float>>(int, F)" -> "ns::k"; a
+    name Kineto left mangled (CUTLASS's, over a thousand characters) by its leading names, "_ZN7cutlass13device_
+    kernelI..." -> "cutlass::device_kernel"."""
+    if kernel.startswith("_Z"):
+        return _mangled_prefix(kernel) or kernel
     text, depth, out = kernel.replace("(anonymous namespace)::", "").removeprefix("void "), 0, []
     for ch in text:
         depth += (ch == "<") - (ch == ">")
@@ -113,3 +117,17 @@ def short_name(kernel: str) -> str:
         if depth == 0 and ch != ">":
             out.append(ch)
     return "".join(out).strip() or kernel
+
+
+def _mangled_prefix(name: str) -> str:
+    """The source names an Itanium-mangled name starts with (<length><identifier>, after _Z or _ZN), joined by
+    "::", up to its first template argument list or anything else."""
+    i, parts = 3 if name.startswith("_ZN") else 2, []
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        length = int(name[i:j])
+        parts.append(name[j:j + length])
+        i = j + length
+    return "::".join(parts)
