@@ -28,6 +28,8 @@ def test_a_figure_says_what_it_counts_and_what_it_leaves_out():
     kept, note = short.timed([1, 2, 3, 4])  # the demo's four steps: window 2-3 and the profiler's extra step 4
     assert (kept, note) == ([2, 3, 4], PROFILED_COUNTED)
     assert short.counted(kept) == "steps 2-4"  # nothing it counts is said to be left out
+    # a generator of steps, as the data-wait row passes them, names them too ("mean over  (profiled ...)" before)
+    assert s.counted(n for n in (2, 7, 8)) == s.counted([2, 7, 8])
 
 
 def _counted_and_left_out(text: str) -> tuple[set[int], set[int]]:

@@ -63,6 +63,7 @@ class StepSelection:
     def counted(self, kept: Iterable[int]) -> str:
         """The steps a figure counts, and the disturbed ones it leaves out: "steps 2, 6-10 (profiled steps 3-5 left
         out, per ...)"."""
+        kept = list(kept)  # read twice: a generator would give the list below nothing
         left = self.describe(kept)
         return step_list(kept) + (f" ({left})" if left else "")
 
