@@ -27,10 +27,10 @@ from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
 from ledger.reconcile.data_wait import data_wait_rows
 from ledger.reconcile.hta import CrossCheck, available, hta_rows
 from ledger.reconcile.memory import memory_rows
-from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
+from ledger.reconcile.overlap import NOT_COMPARED, overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import NO_TIME_MODEL, Row, identity_row, judge, reaches, row, upper_bound_row
-from ledger.reconcile.run import Reconciliation, run_steps
+from ledger.reconcile.run import Reconciliation, reconcile, run_steps
 from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.topology import groups_rows
@@ -441,6 +441,15 @@ def test_a_row_without_its_time_model_prediction_says_so(base):
     rows = timer_rows(copy.deepcopy(base.ev), {})
     exposed = [r for r in rows if r.metric == "overlap.exposed_dp_comm_per_step"]
     assert exposed and all(r.verdict == "n/a" and NO_TIME_MODEL in r.explanation for r in exposed)
+
+
+def test_the_pp_groups_exposed_time_says_why_it_is_not_judged_not_that_a_sweep_is_missing():
+    """A real 2-stage gloo run with both sweeps: its pp rows hold the wait for the peer stage (the pipeline rows judge
+    that), which is why they are not compared; they once said the time model needed the sweeps this run has."""
+    result = reconcile(Path(__file__).parent / "fixtures" / "gloo_pp2_sweeps")
+    pp = [r for r in result.rows if r.metric == "overlap.exposed_pp_comm_per_step"]
+    assert pp and all(r.verdict == "n/a" for r in pp)
+    assert all(NOT_COMPARED in r.explanation and NO_TIME_MODEL not in r.explanation for r in pp)
 
 
 # --- context parallel: ring attention's exchanges ------------------------------------------------------------------

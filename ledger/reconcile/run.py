@@ -34,7 +34,7 @@ from ledger.reconcile.comm import (
 from ledger.reconcile.megatron_timers import timer_rows
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
-from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
+from ledger.reconcile.overlap import PREDICTED_EXPOSED_GROUPS, overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
 from ledger.reconcile.step_decomposition import StepDecomposition
@@ -141,11 +141,6 @@ def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selectio
     rows += trace_overlap_rows(ev.config, r, summary, groups, selection,
                                **exposed_predictions(ev.config, model, r))
     return rows
-
-
-# The time model prices a point-to-point transfer alone; the measured "pp" exposure also holds the wait for the
-# peer stage (the bubble), judged by the pipeline rows, so it is not predicted here.
-PREDICTED_EXPOSED_GROUPS = ("dp", "tp", "embedding")
 
 
 def exposed_predictions(cfg: RunConfig | None, model: TimeModel, r: RankEvidence) -> dict[str, dict | None]:
