@@ -275,8 +275,9 @@ def collect_run(run_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
     return ev
 
 
-def missing_items(ev: RunEvidence) -> list[str]:
-    """What a complete, fully probed run would have and this one lacks, one sentence each."""
+def missing_items(ev: RunEvidence, our_probes: bool = True) -> list[str]:
+    """What a complete, fully probed run would have and this one lacks, one sentence each; `our_probes` False (a
+    Megatron-LM run, which has none of them) leaves out the records only this project's probes write."""
     out = []
     status = ev.manifest.get("status")
     if status != "complete":
@@ -293,9 +294,10 @@ def missing_items(ev: RunEvidence) -> list[str]:
         out.append(f"events of rank(s) {span(torn)} end in a torn line (killed mid-write): last record skipped")
     if ev.config is None:
         out.append("manifest has no config: no predictions, and no rank groups to check or to name collectives by")
-    for label, attr in (("timing records (--timers)", "timing"), ("step records", "steps"),
-                        ("inventory", "inventory"), ("bandwidth sweep (--bandwidth-sweep)", "bandwidth")):
-        if ev.ranks and not any(getattr(e, attr) for e in ev.ranks.values()):
+    for label, attr, ours in (("timing records (--timers)", "timing", True), ("step records", "steps", False),
+                              ("inventory", "inventory", True),
+                              ("bandwidth sweep (--bandwidth-sweep)", "bandwidth", True)):
+        if (our_probes or not ours) and ev.ranks and not any(getattr(e, attr) for e in ev.ranks.values()):
             out.append(f"no {label}")
     if not ev.traces:
         out.append("no profiler traces (--use-pytorch-profiler)")

@@ -239,7 +239,8 @@ def evidence(run_dir: Path, manifest: dict[str, Any], cfg: RunConfig, scalars: d
         ev.ranks[rank] = last_rank_evidence(rank, ev.coords(rank), scalars,
                                             cfg.train.global_batch_size * cfg.model.seq_length,
                                             disturbed_steps(cfg, profile))
-    ev.missing = [SCALARS_ONLY] + [m for m in missing_items(ev) if not m.startswith("no events for rank")]
+    ev.missing = [SCALARS_ONLY] + [m for m in missing_items(ev, our_probes=False)
+                                   if not m.startswith("no events for rank")]
     if "mem-allocated-bytes" not in scalars:
         ev.missing.append("no mem-* TensorBoard scalars (--log-memory-to-tensorboard)")
     if "iteration-time" not in scalars:
