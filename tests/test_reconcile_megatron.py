@@ -370,6 +370,20 @@ def test_real_run_reconciles(tmp_path):
     assert cli(["reconcile", str(REAL_RUN), "--out", str(tmp_path)]) == 0
 
 
+def test_a_real_runs_ranges_without_timers_say_they_are_not_measured():
+    """Priced from the H200 file, the per-range rows of a Megatron-LM run (which has no per-range timers) are
+    predicted and not measured, and say so: they said "median of 0 timer range(s), steps " over no steps."""
+    from ledger.models.simulate.hardware import load_hardware
+    from ledger.reconcile.time_rows import TimeSources
+
+    run = REPO / "tests/fixtures/megatron_lm_h200/sdpa_l4_mbs2"
+    rows = reconcile_recorded(run, sources=TimeSources(hardware=load_hardware("H200"))).rows
+    timed = [r for r in rows if r.metric in ("time.forward_per_microbatch", "time.optimizer_step")]
+    assert len(timed) == 2 and all(r.measured is None and r.predicted is not None for r in timed)
+    assert all("not measured: the run recorded no" in r.explanation and "median of 0" not in r.explanation
+               for r in timed)
+
+
 def test_megatrons_timers_are_judged_against_the_time_model(tmp_path):
     """--timing-log-level 2 --log-timers-to-tensorboard: "<timer>-time" scalars, seconds per iteration. Priced from
     the H200 hardware file (no sweep in a Megatron-LM run), forward-compute is m forward passes, backward-compute m

@@ -221,12 +221,18 @@ def stage_rows(ev: RunEvidence, model: TimeModel, selection: StepSelection) -> l
                 text += f"; {model.calibration.scale_note}"
             rows.append(row(f"time.{kind}_per_microbatch", "stage", predicted=seconds,
                             measured=median(measured) if measured else None, unit="s", tolerance=STAGE_TOL,
-                            explanation=f"{text}; measured: median of {len(measured)} timer range(s), {chosen}",
+                            explanation=f"{text}; {_measured_text(len(measured), 'timer range(s)', chosen)}",
                             stage=s, rank=ranks[0].rank if ranks else None, source="timers"))
             rows += _host_range_row(model, s, kind, ranks, steps, chosen)
         rows += _optimizer_row(ev, model, s, ranks, steps, chosen)
         rows += _delayed_wgrad_row(ev, model, s, ranks, steps, chosen)
     return rows
+
+
+def _measured_text(count: int, what: str, chosen: str) -> str:
+    """'measured: median of 12 timer range(s), steps 2-14 (...)'; a run that timed none (a Megatron-LM run, one
+    without --timers) says so rather than 'median of 0 ... steps ' over no steps."""
+    return f"measured: median of {count} {what}, {chosen}" if count else f"not measured: the run recorded no {what}"
 
 
 def _host_range_row(model: TimeModel, s: int, kind: str, ranks: list[RankEvidence], steps: set[int],
@@ -270,7 +276,7 @@ def _optimizer_row(ev: RunEvidence, model: TimeModel, s: int, ranks: list[RankEv
             else f"no prediction: {'; '.join(model.missing)}")
     return [row("time.optimizer_step", "stage", predicted=predicted, measured=median(measured) if measured else None,
                 unit="s", tolerance=OPTIMIZER_TOL,
-                explanation=f"{text}; measured: median of {len(measured)} optimizer range(s), {chosen}", stage=s,
+                explanation=f"{text}; {_measured_text(len(measured), 'optimizer range(s)', chosen)}", stage=s,
                 rank=ranks[0].rank if ranks else None, source="timers")]
 
 
