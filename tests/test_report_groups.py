@@ -37,7 +37,7 @@ def test_a_line_of_several_steps_names_them_all():
     rows = [row("step.decomposition.host_bound_idle", 0, measured=m, unit="s", source="trace", step=n)
             for n, m in ((15, 7.0e-3), (16, 7.4e-3))]
     (line,) = group(rows)
-    assert line.where() == "rank 0 · stage 0 · steps 15–16 · trace"
+    assert line.where() == "rank 0 · stage 0 · steps 15, 16 · trace"  # in the words the explanations use
     assert group(rows[:1])[0].where() == "rank 0 · stage 0 · step 15 · trace"
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.evidence.steps import step_list
 from ledger.present import units as fmt
 from ledger.reconcile.rows import SEVERITY
 
@@ -92,7 +93,7 @@ class Line:
         return self.rows + self.model
 
     def where(self) -> str:
-        """'ranks 0–7 · stage 1 · bucket 0 · steps 4–6 · timers': what the line stands for (a line of per-step
+        """'ranks 0–7 · stage 1 · bucket 0 · steps 4-6 · timers': what the line stands for (a line of per-step
         rows names every step it holds, as it names every rank)."""
         first = self.rows[0]
         parts = [f"rank{'s' if len(self.ranks) > 1 else ''} {fmt.ranks(self.ranks)}" if self.ranks else "run"]
@@ -101,9 +102,9 @@ class Line:
             parts.append(f"stage {stages.pop()}")
         if first.get("bucket") is not None:
             parts.append(f"bucket {first['bucket']}")
-        steps = sorted({r["step"] for r in self.all_rows() if r.get("step") is not None})
+        steps = {r["step"] for r in self.all_rows() if r.get("step") is not None}
         if steps:
-            parts.append(f"step{'s' if len(steps) > 1 else ''} {fmt.ranks(steps)}")
+            parts.append(step_list(steps))  # in the words every explanation uses for steps
         if first.get("source"):
             parts.append(first["source"])
         return " · ".join(parts)

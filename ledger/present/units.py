@@ -181,7 +181,7 @@ def plain(text: str) -> str:
 
 
 def ranks(numbers: Iterable[int]) -> str:
-    """Rank (or step) numbers compacted into runs: [0, 1, 2, 3, 5] -> '0–3, 5'."""
+    """Rank numbers compacted into runs: [0, 1, 2, 3, 5] -> '0–3, 5'."""
     out: list[str] = []
     ordered = sorted(set(numbers))
     i = 0
