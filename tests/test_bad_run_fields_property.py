@@ -4,7 +4,7 @@ or reconciles (a field it can do without); it never raises (a property-based tes
 
 The kinds and fields are read off the recorded run, so a field a later probe writes is drawn without editing this
 file. Each draw breaks that field in every line of its kind (the first line of a kind may be one the ledger skips).
-A sweep (the 666 event cases through reconcile, whatif, export-trace and simulate --validate; most of the 535 trace
+A sweep (the 666 event cases through reconcile, whatif, export-trace and simulate --validate; part of the 535 trace
 cases, within a time limit) found four that raised: an inventory record without bytes, a per-element compute record
 without its numel, a step window of no length and trace events whose order makes the replay's graph a cycle
 (test_malformed_inputs.py states each); this test found a fifth, a thread id that is a list.
