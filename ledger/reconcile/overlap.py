@@ -283,16 +283,17 @@ def exposed_comm_rows(r: RankEvidence, per_step: dict[int, dict[str, float]], so
                       bucket_tails: float | None = None,
                       predicted: Mapping[str, float] | None = None) -> list[Row]:
     """One row per group: exposed communication per step, the mean over `per_step`'s steps of the union's length,
-    judged against `predicted[group]` (the time model's). `bucket_tails`: the DP buckets' exposed times summed per
-    step, shown beside the union for the dp row."""
+    judged against `predicted[group]` (the time model's) for the groups PREDICTED_EXPOSED_GROUPS names.
+    `bucket_tails`: the DP buckets' exposed times summed per step, shown beside the union for the dp row."""
     if not per_step:
         return []
     timers = source == "timers"
     rows = []
     for group in sorted({g for by_group in per_step.values() for g in by_group}):
-        judged = (upper_bound_row if timers else predicted_row) if group in PREDICTED_EXPOSED_GROUPS else row
+        compared = group in PREDICTED_EXPOSED_GROUPS
+        judged = (upper_bound_row if timers else predicted_row) if compared else row
         measured = mean(by_group.get(group, 0.0) for by_group in per_step.values())
-        pred = (predicted or {}).get(group)
+        pred = (predicted or {}).get(group) if compared else None
         text = (f"length of the union over time of the {group} group's collectives with no compute beside them, "
                 f"mean of {step_list(per_step)} ({source})" + (f"; {note}" if note else ""))
         if timers:
@@ -303,7 +304,7 @@ def exposed_comm_rows(r: RankEvidence, per_step: dict[int, dict[str, float]], so
         if group == "dp" and bucket_tails is not None:
             text += (f"; the buckets' exposed times sum to {bucket_tails * 1e3:.3f} ms per step (they overlap in "
                      "time: the union is the figure)")
-        if group not in PREDICTED_EXPOSED_GROUPS:
+        if not compared:
             text += f"; {NOT_COMPARED}"
         elif timers and pred is None:
             text += f"; {NO_TIME_MODEL}"

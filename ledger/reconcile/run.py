@@ -34,7 +34,7 @@ from ledger.reconcile.comm import (
 from ledger.reconcile.megatron_timers import timer_rows
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
-from ledger.reconcile.overlap import PREDICTED_EXPOSED_GROUPS, overlap_rows, trace_overlap_rows
+from ledger.reconcile.overlap import overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import FIELDS, VERDICTS, Row
 from ledger.reconcile.step_decomposition import StepDecomposition
@@ -153,7 +153,7 @@ def exposed_predictions(cfg: RunConfig | None, model: TimeModel, r: RankEvidence
     per_bucket = {(b.op, b.bucket): b.exposed for b in model.step.buckets if b.stage == r.stage} if one_chunk else None
     stage = model.step.stages[r.stage]
     return {"predicted_exposed": per_bucket,
-            "predicted_per_step": {g: stage.exposed[g] for g in PREDICTED_EXPOSED_GROUPS if g in stage.exposed}}
+            "predicted_per_step": dict(stage.exposed)}
 
 
 def write(result: Reconciliation, out: Path | None = None) -> tuple[Path, Path]:
