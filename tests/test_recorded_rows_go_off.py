@@ -80,6 +80,10 @@ CASES = {
                                               scaled_scalar(TIMERS, 1.5, "forward-backward"), H200),
     "Megatron's gradient sync timer": Case(MEGATRON_SDPA, "megatron.timer.all-grads-sync", {},
                                            added_to_timer("all-grads-sync", 0.05), H200),
+    "Megatron's optimizer timer": Case(MEGATRON_SDPA, "megatron.timer.optimizer", {},
+                                       scaled_scalar(TIMERS, 2.0, "optimizer"), H200),
+    "Megatron's parameter all-gather timer": Case(MEGATRON_SDPA, "megatron.timer.params-all-gather", {},
+                                                  added_to_timer("params-all-gather", 0.05), H200),
     "all-gather bytes (counters)": Case("gloo_dp2_sweeps", "comm.dp.all_gather.bytes_per_step", dict(rank=1),
                                         scaled_bytes("all_gather", 2.0)),
 }
