@@ -13,6 +13,7 @@ from typing import Callable
 
 import pytest
 
+from common.events import ALLOCATED, PEAK
 from ledger.evidence.megatron.ingest import THROUGHPUT, TIMERS
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
@@ -40,6 +41,16 @@ def added_to_timer(name: str, seconds: float) -> Callable[[RunEvidence], None]:
         values = ev.manifest[TIMERS][name]
         for step in values:
             values[step] += seconds
+    return apply
+
+
+def scaled_memory(key: str, factor: float) -> Callable[[RunEvidence], None]:
+    """Every step's memory_stats figure `key` `factor` times what was recorded."""
+    def apply(ev: RunEvidence) -> None:
+        for r in ev.ranks.values():
+            for m in r.memory_steps:
+                if key in m.stats:
+                    m.stats[key] = int(m.stats[key] * factor)
     return apply
 
 
@@ -84,6 +95,10 @@ CASES = {
                                        scaled_scalar(TIMERS, 2.0, "optimizer"), H200),
     "Megatron's parameter all-gather timer": Case(MEGATRON_SDPA, "megatron.timer.params-all-gather", {},
                                                   added_to_timer("params-all-gather", 0.05), H200),
+    "allocated between steps": Case(MEGATRON_SDPA, "memory.allocated_after_step", {},
+                                    scaled_memory(ALLOCATED, 1.1), H200),
+    "the peak above the allocated": Case(MEGATRON_SDPA, "memory.peak_above_allocated", {},
+                                         scaled_memory(PEAK, 1.2), H200),
     "all-gather bytes (counters)": Case("gloo_dp2_sweeps", "comm.dp.all_gather.bytes_per_step", dict(rank=1),
                                         scaled_bytes("all_gather", 2.0)),
 }
