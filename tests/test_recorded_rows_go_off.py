@@ -54,6 +54,16 @@ def scaled_memory(key: str, factor: float) -> Callable[[RunEvidence], None]:
     return apply
 
 
+def stretched_collectives(op: str, factor: float) -> Callable[[RunEvidence], None]:
+    """Every traced collective of `op` `factor` times as long (the run's trace summaries, read once and kept)."""
+    def apply(ev: RunEvidence) -> None:
+        for summary in ev.trace_summaries().values():
+            for c in summary.collectives:
+                if c.op == op:
+                    c.end = c.start + (c.end - c.start) * factor
+    return apply
+
+
 def scaled_bytes(op: str, factor: float) -> Callable[[RunEvidence], None]:
     """Every timed collective of `op` counted `factor` times its bytes (the engine's counters)."""
     def apply(ev: RunEvidence) -> None:
@@ -99,6 +109,14 @@ CASES = {
                                     scaled_memory(ALLOCATED, 1.1), H200),
     "the peak above the allocated": Case(MEGATRON_SDPA, "memory.peak_above_allocated", {},
                                          scaled_memory(PEAK, 1.2), H200),
+    "all-gather time (trace)": Case("gloo_dp2_sweeps", "overlap.all_gather.comm_time",
+                                    dict(rank=0, bucket=0, source="trace"), stretched_collectives("all_gather", 4.0)),
+    "all-gather exposed time (trace)": Case("gloo_dp2_sweeps", "overlap.all_gather.exposed_time",
+                                            dict(rank=0, bucket=2, source="trace"),
+                                            stretched_collectives("all_gather", 4.0)),
+    "exposed embedding communication (trace)": Case("gloo_pp2_sweeps", "overlap.exposed_embedding_comm_per_step",
+                                                    dict(rank=0, source="trace"),
+                                                    stretched_collectives("all_reduce", 3.0)),
     "all-gather bytes (counters)": Case("gloo_dp2_sweeps", "comm.dp.all_gather.bytes_per_step", dict(rank=1),
                                         scaled_bytes("all_gather", 2.0)),
 }
