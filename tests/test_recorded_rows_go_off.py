@@ -117,6 +117,10 @@ CASES = {
     "exposed embedding communication (trace)": Case("gloo_pp2_sweeps", "overlap.exposed_embedding_comm_per_step",
                                                     dict(rank=0, source="trace"),
                                                     stretched_collectives("all_reduce", 3.0)),
+    # a thousand times as long: it runs on far past the step's compute, most of it exposed
+    "all-gather overlapped fraction (trace)": Case("gloo_dp2_sweeps", "overlap.all_gather.overlapped_fraction",
+                                                   dict(rank=0, bucket=0, source="trace"),
+                                                   stretched_collectives("all_gather", 1e3)),
     "all-gather bytes (counters)": Case("gloo_dp2_sweeps", "comm.dp.all_gather.bytes_per_step", dict(rank=1),
                                         scaled_bytes("all_gather", 2.0)),
 }
