@@ -2,9 +2,10 @@
 recorded: the row judges the measurement, not a prediction built from it.
 
 A test that a clean run agrees cannot tell a predictor that returns the measurement (or a tolerance widened without
-bound) from a good one: both agree. These rows had no other test that fails under either mutation (an audit that
-made each row's prediction its own measurement, verdict ok, and ran the suite); each case here fails under it.
-The corruption is applied to the run's evidence as read, so the recorded files stay as they are.
+bound) from a good one: both agree. These rows had no other test that fails under either mutation
+(`python3 runs/audit/row_mutations.py` makes each row's prediction its own measurement, verdict ok, and names the
+first test that fails); each case here fails under it. The corruption is applied to the run's evidence as read, so
+the recorded files stay as they are.
 """
 from __future__ import annotations
 
