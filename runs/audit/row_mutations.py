@@ -36,7 +36,7 @@ JUDGED = ("ok", "warn", "off")
 def recorded_runs() -> list[Path]:
     """Every committed run directory: ours (a manifest) and Megatron-LM's."""
     ours = {p.parent for p in FIXTURES.rglob("manifest.json")}
-    megatron = {p for p in FIXTURES.rglob("*") if p.is_dir() and is_megatron_run(p)}
+    megatron = {p for p in FIXTURES.rglob("*") if p.is_dir() and is_megatron_run(p) and not is_megatron_run(p.parent)}
     return sorted(ours | megatron)
 
 
