@@ -35,6 +35,7 @@ from common.config import (
     RunConfig,
     TrainConfig,
     check_load_layout,
+    jit_fuser_compile_from_environment,
     validate,
 )
 from common.config.pipeline_layers import LAYOUT_FLAG, layout_stages
@@ -271,7 +272,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
                                                         attention_backend=ns.attention_backend,
                                                         gradient_accumulation_fusion=ns.gradient_accumulation_fusion,
                                                         embedding_gradient_accumulation_fusion=(
-                                                            ns.embedding_gradient_accumulation_fusion)))
+                                                            ns.embedding_gradient_accumulation_fusion),
+                                                        jit_fuser_compile=jit_fuser_compile_from_environment()))
     validate(cfg)
     check_load_path(cfg.checkpoint.load, cfg.checkpoint.save)
     check_load_layout(cfg)

@@ -16,13 +16,15 @@ make every dimension symbolic, and a kernel that splits a row at a symbolic widt
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable
 
 import torch
 
-# Device types on which jit_fuser's functions run compiled; TRAIN_LEDGER_COMPILE=0 leaves none.
-COMPILE_DEVICE_TYPES = {"cuda"} if os.environ.get("TRAIN_LEDGER_COMPILE", "1") != "0" else set()
+from common.config.implementation_config import jit_fuser_compile_from_environment
+
+# Device types on which jit_fuser's functions run compiled; TRAIN_LEDGER_COMPILE=0 leaves none (the run's config
+# records the same choice: ImplementationConfig.jit_fuser_compile).
+COMPILE_DEVICE_TYPES = {"cuda"} if jit_fuser_compile_from_environment() else set()
 
 
 @functools.cache

@@ -30,6 +30,7 @@ from common.config.implementation_config import (
     FP8_RECIPES,
     ImplementationConfig,
     check_implementation,
+    jit_fuser_compile_from_environment,
 )
 from common.config.limits import (
     MAX_LAYERS,
@@ -58,6 +59,7 @@ __all__ = [
     "CHECKPOINT_LAYOUT_FILE", "LATEST_CHECKPOINT_FILE", "LAYOUT_DEFAULTS", "LAYOUT_MODEL_FIELDS", "MAX_LAYERS",
     "MAX_TOKENS", "MAX_WIDTH", "MAX_WORLD_SIZE", "PRESETS", "CheckpointConfig", "ImplementationConfig", "ModelConfig",
     "ParallelConfig", "ProbeConfig", "RecomputeConfig", "RunConfig", "TrainConfig", "check_checkpoint_flags",
+    "jit_fuser_compile_from_environment",
     "check_ddp_flags", "check_engine_support", "check_implementation", "check_load_layout", "check_moe",
     "check_ranges", "check_recompute", "checkpoint_dir_name", "checkpoint_layout", "latest_checkpoint",
     "layout_differences", "validate",

@@ -9,6 +9,7 @@ values Megatron-LM ran with. docs/formulas.md, "Megatron-LM's saved set", derive
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from common.errors import ConfigError
@@ -30,6 +31,8 @@ OPTIMIZER_IMPLS = (FUSED_ADAM, FOREACH_ADAM)
 NO_CUDA_GRAPH = "none"
 LOCAL_CUDA_GRAPH = "local"  # each transformer layer's forward and backward captured once and replayed
 CUDA_GRAPH_IMPLS = (NO_CUDA_GRAPH, LOCAL_CUDA_GRAPH)
+# engine/jit.py's switch: its pointwise fusions compiled on CUDA ("1", the default) or run as eager chains ("0")
+COMPILE_ENV = "TRAIN_LEDGER_COMPILE"
 # Megatron-LM's --fp8-format: e4m3 for every GEMM operand, or hybrid (e4m3 forward, e5m2 for the gradients)
 FP8_FORMATS = ("e4m3", "hybrid")
 TENSORWISE = "tensorwise"  # one scale per tensor, from its current amax (torchao's dynamic tensorwise)
@@ -67,6 +70,9 @@ class ImplementationConfig:
     # the output layer's GEMMs in fp8 too (this engine's flag; torchtitan's float8 converter includes it when its
     # filter_fqns leaves "output" out); Megatron with Transformer Engine keeps it in 16 bits
     fp8_output_layer: bool = False
+    # engine/jit.py's fusions (SwiGLU, RoPE, the cross-entropy passes) compiled by torch.compile on CUDA; False: the
+    # run had TRAIN_LEDGER_COMPILE=0 and ran them as eager chains of kernels (more launches, fp32 copies of the loss)
+    jit_fuser_compile: bool = True
 
     @property
     def graphed_layers(self) -> bool:
@@ -91,6 +97,14 @@ class ImplementationConfig:
     @property
     def unfused_attention(self) -> bool:
         return self.attention_backend == UNFUSED
+
+
+def jit_fuser_compile_from_environment() -> bool:
+    """Whether this process compiles engine/jit.py's fusions: TRAIN_LEDGER_COMPILE unset or "1" yes, "0" no."""
+    value = os.environ.get(COMPILE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ConfigError(f"{COMPILE_ENV}={value!r}: expected 0 (the fusions eager) or 1 (compiled, the default)")
+    return value == "1"
 
 
 def check_implementation(c: ImplementationConfig) -> None:

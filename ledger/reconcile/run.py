@@ -121,9 +121,23 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
            "world_size": ev.world_size, "ranks_with_events": sorted(ev.ranks),
            "traces": [str(t.path.relative_to(ev.run_dir)) for t in ev.traces]}
     missing = ([not_judged] if not_judged else []) + ev.missing + not_replayed + skipped + list(model.missing)
+    missing += [EAGER_FUSIONS] if eager_fusions_on_gpu(ev) else []
     if sources.describe():
         missing.append(f"time model calibrated beyond the run's own sweeps by: {sources.describe()}")
     return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=missing)
+
+
+EAGER_FUSIONS = ("fusions not modelled: this run ran engine/jit.py's fusions eager (TRAIN_LEDGER_COMPILE=0), and the "
+                 "formulas and the time model describe them compiled (one or two kernels each way): the eager chains' "
+                 "extra kernels and launches (SwiGLU, RoPE, the cross-entropy passes; the run's own compute sweep "
+                 "times them as they ran) and the loss's fp32 copies of the logits at the peak are not predicted")
+
+
+def eager_fusions_on_gpu(ev: RunEvidence) -> bool:
+    """Whether the engine ran its compiled fusions eager on a GPU (on CPU they always run eager, as modelled)."""
+    cfg = ev.config
+    gpu = any(d is not None and d.type == "cuda" for d in map(ev.device, range(ev.world_size)))
+    return cfg is not None and not cfg.implementation.megatron and not cfg.implementation.jit_fuser_compile and gpu
 
 
 def run_steps(ev: RunEvidence) -> StepSelection:
