@@ -12,6 +12,12 @@ export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print(torch.__version__)"
   lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/device.txt"
 
+# What the device scripts' training runs share: the optimizer's flags, and the launch-bound shape (llama3.2-1b's layer
+# cut to 4 layers of hidden 1024, seq 512, micro-batch 2, 4 micro-batches a step) most of them measure
+ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
+LB1024=(--model llama3.2-1b --num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
+        --num-query-groups 4 --seq-length 512 --max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 8)
+
 step_summary() {  # $1: an `engine.train` log
   grep -o "step time (ms): [0-9.]*" "$1" | tail -n +2 | awk '{print $4}' | sort -n \
     | awk '{t[NR] = $1} END {printf "  steps 2-%d: min %.1f median %.1f max %.1f ms\n", NR + 1, t[1], t[int((NR + 1) / 2)], t[NR]}'

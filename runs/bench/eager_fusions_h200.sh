@@ -10,9 +10,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/eager_fusions_h200}
 source runs/bench/device_setup.sh
-ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
-LB1024=(--model llama3.2-1b --num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
-        --num-query-groups 4 --seq-length 512 --max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 8)
 DENSE=(--model llama3.2-1b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8)
 LOG="$OUT/eager_fusions.log"
 NAMES=()

@@ -28,9 +28,6 @@ dense() {
   tar czf "$OUT/dense_runs.tgz" -C /tmp/keep "$(basename "$first")"
 }
 
-ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
-LB1024=(--model llama3.2-1b --num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
-        --num-query-groups 4 --seq-length 512 --max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 8)
 small() {
   local names=()
   for round in 1 2; do

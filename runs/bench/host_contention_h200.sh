@@ -21,7 +21,6 @@ OUT=${OUT:-/tmp/host_contention_h200}
 PARTS=${PARTS:-nvml contention}
 source runs/bench/device_setup.sh
 
-ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
 BASE=(--bf16 --use-distributed-optimizer "${ADAM[@]}")
 train() {
   local name=$1; shift
@@ -57,8 +56,6 @@ PY
   tar czf "$OUT/nvml_runs.tgz" -C runs/out nvml_alone nvml_cotenant
 }
 
-LB1024=(--model llama3.2-1b --num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
-        --num-query-groups 4 --seq-length 512 --max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 8)
 variant() {
   local name=$1 chosen=$2; shift 2
   rm -rf "runs/out/$name"

@@ -14,9 +14,6 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/host_pace_h200}
 source runs/bench/device_setup.sh
 mkdir -p /tmp/nogc && echo "import gc; gc.disable()" > /tmp/nogc/sitecustomize.py
-ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
-LB1024=(--model llama3.2-1b --num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16
-        --num-query-groups 4 --seq-length 512 --max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 8)
 L2=(--model llama3.2-1b --num-layers 2 --seq-length 1024 --micro-batch-size 1 --global-batch-size 4)
 NAMES=()
 train() {

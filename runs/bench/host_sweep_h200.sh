@@ -27,7 +27,6 @@ for r in records:
 PY
 python3 runs/bench/host_h200.py --sweep "$OUT/host_sweep.jsonl" --out "$OUT/h200_host_block.json" > /dev/null
 # (b) launch-bound runs carrying their own host sweep
-ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
 run() {
   local name=$1; shift
   rm -rf "runs/out/$name"

@@ -9,7 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ledger_inputs}
 source runs/bench/device_setup.sh
-ADAM=(--lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0)
 run() {
   local name=$1; shift
   rm -rf "runs/out/$name"
