@@ -102,6 +102,9 @@ def render_validation(results: list[Validation]) -> str:
     lines += [f"{v.run} ran on {v.measured.device}, not on the {v.sim.hardware.name} predicted: its errors hold the "
               "difference between the two GPUs as well as the simulator's" for v in results
               if v.on_predicted_hardware is False]
+    lines += [f"{v.run} ran engine/jit.py's fusions eager (TRAIN_LEDGER_COMPILE=0): the simulator prices them "
+              "compiled, so its errors hold the eager chains' extra kernels and launches, and at the peak the loss's "
+              "fp32 copies of the logits" for v in results if v.eager_fusions]
     return "\n".join(lines)
 
 

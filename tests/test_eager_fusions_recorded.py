@@ -56,3 +56,21 @@ def test_a_gpu_run_with_eager_fusions_says_the_ledger_prices_them_compiled():
 
 def test_a_cpu_run_is_eager_as_modelled_and_says_nothing():
     assert EAGER_FUSIONS not in _missing("gloo_dp2_sweeps", compiled=False)
+
+
+def test_simulate_validate_says_an_eager_run_is_priced_compiled(tmp_path, capsys):
+    """A copy of a real one-H200 run whose manifest says its fusions ran eager (plumbing: the run itself was
+    compiled): the validation's table is the same, with a line saying what the simulator priced."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "gpu_h200_llama1b_l2", run, ignore=shutil.ignore_patterns("ledger"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"].setdefault("implementation", {})["jit_fuser_compile"] = False
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert cli(["simulate", "--validate", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"{run} ran engine/jit.py's fusions eager (TRAIN_LEDGER_COMPILE=0): the simulator prices them compiled" in out
+    assert cli(["simulate", "--validate", str(FIXTURES / "gpu_h200_llama1b_l2")]) == 0
+    assert "eager" not in capsys.readouterr().out

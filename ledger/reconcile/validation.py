@@ -21,7 +21,7 @@ from ledger.evidence.read import read_run
 from ledger.models.schedule import FORWARD
 from ledger.models.simulate.hardware import hardware_for, kind_of, run_device
 from ledger.models.simulate.simulation import Simulation, simulate
-from ledger.reconcile.run import reconcile_evidence
+from ledger.reconcile.run import eager_fusions_on_gpu, reconcile_evidence
 
 STEP_GOAL, PEAK_GOAL = 0.05, 0.03
 
@@ -41,6 +41,7 @@ class Validation:
     framework: str
     sim: Simulation
     measured: Measured
+    eager_fusions: bool = False  # ran its fusions eager (TRAIN_LEDGER_COMPILE=0): the simulator prices them compiled
 
     @property
     def predicted_peak(self) -> int:
@@ -94,7 +95,7 @@ class Validation:
                               "bubble": self.predicted_bubble, "host_forward_s": self.predicted_host_forward},
                 "measured": {"step_time_s": m.step_time, "peak_bytes": m.peak_bytes, "bubble": m.bubble,
                              "host_forward_s": self.measured_host_forward},
-                "errors": self.errors(), "within_goals": self.within_goals()}
+                "errors": self.errors(), "within_goals": self.within_goals(), "eager_fusions": self.eager_fusions}
 
 
 def measured_values(rows: list[dict[str, Any]], metric: str) -> list[float]:
@@ -125,4 +126,4 @@ def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation
     hw = hardware_for(device, hardware)
     rows = [r.to_dict() for r in reconcile_evidence(ev).rows]
     return Validation(run=str(run_dir), framework=ev.framework, sim=simulate(ev.config, hw),
-                      measured=measured(rows, device))
+                      measured=measured(rows, device), eager_fusions=eager_fusions_on_gpu(ev))
