@@ -50,6 +50,10 @@ from ledger.reconcile.topology import groups_rows
 
 JSON_NAME = "reconciliation.json"
 CSV_NAME = "reconciliation.csv"
+EAGER_FUSIONS = ("fusions not modelled: this run ran engine/jit.py's fusions eager (TRAIN_LEDGER_COMPILE=0), and the "
+                 "formulas and the time model describe them compiled (one or two kernels each way): the eager chains' "
+                 "extra kernels and launches (SwiGLU, RoPE, the cross-entropy passes; the run's own compute sweep "
+                 "times them as they ran) and the loss's fp32 copies of the logits at the peak are not predicted")
 
 
 @dataclass
@@ -125,12 +129,6 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
     if sources.describe():
         missing.append(f"time model calibrated beyond the run's own sweeps by: {sources.describe()}")
     return Reconciliation(run_dir=ev.run_dir, run=run, rows=rows, missing=missing)
-
-
-EAGER_FUSIONS = ("fusions not modelled: this run ran engine/jit.py's fusions eager (TRAIN_LEDGER_COMPILE=0), and the "
-                 "formulas and the time model describe them compiled (one or two kernels each way): the eager chains' "
-                 "extra kernels and launches (SwiGLU, RoPE, the cross-entropy passes; the run's own compute sweep "
-                 "times them as they ran) and the loss's fp32 copies of the logits at the peak are not predicted")
 
 
 def eager_fusions_on_gpu(ev: RunEvidence) -> bool:
