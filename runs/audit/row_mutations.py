@@ -3,13 +3,14 @@
     python3 runs/audit/row_mutations.py [--metrics METRIC ...] [--tests PATH ...] [--slow] [--workers N]
 
 For each metric (default: every metric that a reconciliation of the committed run directories under tests/fixtures
-judges ok, warn or off), pytest runs the tests with that row's prediction replaced by its own measurement and its
-verdict forced "ok" (runs/audit/mutate_rows.py), stopping at the first failure. A row no test fails for is one whose
-predictor could return the measurement it is judged against, or whose tolerance could grow without bound, and the
-suite would pass: it needs a test that corrupts its measurement and expects "off" (tests/test_recorded_rows_go_off.py).
-"never built" means no test judged the row at all (threshold, identity and measured-only rows do not go through the
-judgement this patches). The default tests are the fast ones (`-m "not slow"`); one metric takes seconds when a test
-catches it and the whole run (minutes) when none does. Prints a table and the exact command.
+judges ok, warn or off), pytest runs the tests with that row judged "ok" whatever it measures
+(runs/audit/mutate_rows.py: a row judged against a reference gets its own measurement as prediction; a threshold row
+never reaches its limits), stopping at the first failure. A row no test fails for is one whose predictor could
+return the measurement it is judged against, or whose tolerance could grow without bound, and the suite would pass:
+it needs a test that corrupts its measurement and expects "off" (tests/test_recorded_rows_go_off.py). "never built"
+means no test built a row of the metric. The default tests are the fast ones (`-m "not slow"`); one metric takes
+seconds when a test catches it early and the whole run (minutes) when none does. Prints a table and the exact
+command.
 """
 from __future__ import annotations
 
