@@ -143,6 +143,10 @@ class RunEvidence:
         info = self.rank_infos.get(rank)
         return info.device if info is not None else None
 
+    def device_types(self) -> set[str | None]:
+        """The kinds of device the ranks ran on ("cuda", "cpu"; None for a rank the manifest does not describe)."""
+        return {d.type if d is not None else None for d in map(self.device, range(self.world_size))}
+
     def host(self, rank: int) -> str | None:
         info = self.rank_infos.get(rank)
         return info.host if info is not None else None

@@ -133,9 +133,8 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
 
 def eager_fusions_on_gpu(ev: RunEvidence) -> bool:
     """Whether the engine ran its compiled fusions eager on a GPU (on CPU they always run eager, as modelled)."""
-    cfg = ev.config
-    gpu = any(d is not None and d.type == "cuda" for d in map(ev.device, range(ev.world_size)))
-    return cfg is not None and not cfg.implementation.megatron and not cfg.implementation.jit_fuser_compile and gpu
+    impl = ev.config.implementation if ev.config is not None else None
+    return impl is not None and not impl.megatron and not impl.jit_fuser_compile and "cuda" in ev.device_types()
 
 
 def run_steps(ev: RunEvidence) -> StepSelection:

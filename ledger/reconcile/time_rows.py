@@ -108,8 +108,7 @@ class TimeSources:
 def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
     """The host timeline's prices: the run's own host sweep; without one, the host block of the hardware file of
     the GPU the run names (said in the note: measured on that file's host, not necessarily this run's)."""
-    devices = {d.type if d is not None else None for d in map(ev.device, range(ev.world_size))}
-    if devices == {"cpu"}:
+    if ev.device_types() == {"cpu"}:
         return None, CPU_NOTE
     own, why = host_costs(r for e in ev.ranks.values() for r in e.host)
     if own is not None or why == CPU_NOTE:
