@@ -17,9 +17,10 @@ difference.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.config import RunConfig
+from common.ops.compute_class import kernel_class
 from ledger.models.formulas.params import num_chunks
 from ledger.models.formulas.ring_overlap import exchange_exposed
 from ledger.models.time_model.calibration import Calibration
@@ -35,6 +36,7 @@ class PassTime:
     ep_comm: float = 0.0  # of `seconds`, the expert-parallel all-to-alls (on the compute stream: all exposed)
     cp_exposed: float = 0.0  # of `seconds`, the CP ring's messages beyond the blocks they overlap
     cp_transfer: float = 0.0  # the CP ring's messages at standalone speed (not all of it in `seconds`)
+    by_class: dict[str, float] = field(default_factory=dict)  # of `seconds`, the kernels by compute class
 
 
 @dataclass(frozen=True)
@@ -58,15 +60,18 @@ def entry_seconds(w: Work, cfg: RunConfig, cal: Calibration) -> tuple[float, flo
 def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> PassTime:
     clock = comm = ep_comm = cp_exposed = cp_transfer = 0.0
     terms: dict[str, float] = defaultdict(float)
+    by_class: dict[str, float] = defaultdict(float)
     marks: dict[str, float] = {}
     for w in work:
         seconds, beside = entry_seconds(w, cfg, cal)
-        if isinstance(w.op, Collective) and w.op.overlaps is not None:
+        if not isinstance(w.op, Collective):
+            by_class[kernel_class(w.op)] += seconds
+        elif w.op.overlaps is not None:
             cp_transfer += beside
             cp_exposed += seconds
-        elif isinstance(w.op, Collective) and w.op.group == "ep":
+        elif w.op.group == "ep":
             ep_comm += seconds
-        elif isinstance(w.op, Collective):
+        else:
             comm += seconds
         for name in w.params if forward else ():
             marks.setdefault(name, clock)
@@ -75,7 +80,7 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
         for name in w.params if not forward else ():
             marks[name] = clock
     return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm, ep_comm=ep_comm, cp_exposed=cp_exposed,
-                    cp_transfer=cp_transfer)
+                    cp_transfer=cp_transfer, by_class=dict(by_class))
 
 
 def chunk_time(cfg: RunConfig, cal: Calibration, pp_rank: int, chunk: int) -> ChunkTime:

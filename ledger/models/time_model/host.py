@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from common.config import RunConfig
 from common.config.pipeline_layers import stage_num_layers
 from common.ops import host as p
+from common.ops.compute_class import OPTIMIZER, OTHER, kernel_class
 from ledger.evidence.step_partition import (
     COMPUTE,
     DATA_WAIT,
@@ -58,6 +59,7 @@ class StageWork:
     elements: int  # main-param elements it updates
     delayed_wgrad: float = 0.0  # --moe-delay-expert-wgrad: the experts' wgrads' device seconds after the last backward
     delayed_weights: int = 0  # the weights they are for (one GEMM each)
+    delayed_classes: tuple[tuple[str, float, int], ...] = ()  # their seconds and entries by compute class
 
 
 @dataclass(frozen=True)
@@ -119,15 +121,17 @@ class _Program:
                                                                           self.padded_experts, self.delayed_experts)
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
-              scale: float | None = None, copy: tuple[str | None, str | None] = (None, None)) -> Segment:
+              scale: float | None = None, copy: tuple[str | None, str | None] = (None, None),
+              classes: tuple[tuple[str, float, int], ...] = ()) -> Segment:
         """A Segment of `counts`, its reads of the device (ITEM) after its issue; `scale`: the calls' plain seconds
         times it (a measured pass's context) instead of the recipes' CONTEXT; `copy`: the counts' copy it starts and
-        the one it waits for (counts_copy)."""
+        the one it waits for (counts_copy); `classes`: its device seconds by compute class."""
         counts = dict(counts)
         reads = counts.pop(p.ITEM, 0)
         issue = self.price(counts) if scale is None else scale * self.host.plain(counts)
         return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None,
-                       kernels=recipe.launched(counts) if kind == "compute" else 0, event=copy[0], wait=copy[1])
+                       kernels=recipe.launched(counts) if kind == "compute" else 0, event=copy[0], wait=copy[1],
+                       classes=classes if kind == "compute" else ())
 
     def counts_copy(self, w: Work, layer: int | None) -> tuple[str | None, str | None]:
         """(event, wait) of an entry of `layer`: with the counts on the device (--moe-grouped-gemm at EP 1) a layer's
@@ -151,20 +155,31 @@ class _Program:
         key = (chunk, kind, after_idle)
         if key not in self._passes:
             forward = kind == FORWARD
-            entries = []  # (the host's counts, the device's seconds, the device's kind, the counts' copy)
+            entries = []  # (the host's counts, the device's seconds, the device's kind, the counts' copy, classes)
             for block in chunk_blocks(self.cfg, self.stage, chunk, forward):
                 if self.graphed and block.layer is not None:  # one replay for the layer's kernels
                     device = sum(entry_seconds(w, self.cfg, self.cal)[0] for w in block.work)
-                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute", (None, None)))
+                    entries.append((recipe.graphed_layer(block.work, forward), device, "compute", (None, None),
+                                    self.classes(block.work, forward)))
                     continue
                 for w in block.work:
                     group = w.op.group if isinstance(w.op, Collective) else "compute"
                     entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group,
-                                    self.counts_copy(w, block.layer)))
-            scale = self.measured_context([counts for counts, _, _, _ in entries], forward, after_idle)
-            self._passes[key] = ([self.reads(counts, device, group, scale, copy)
-                                  for counts, device, group, copy in entries], scale)
+                                    self.counts_copy(w, block.layer), self.classes([w], forward)))
+            scale = self.measured_context([counts for counts, _, _, _, _ in entries], forward, after_idle)
+            self._passes[key] = ([self.reads(counts, device, group, scale, copy, classes)
+                                  for counts, device, group, copy, classes in entries], scale)
         return self._passes[key]
+
+    def classes(self, work: list[Work], forward: bool) -> tuple[tuple[str, float, int], ...]:
+        """The kernels of `work` (its collectives left out) by compute class: their seconds and launches."""
+        by_class: dict[str, tuple[float, int]] = {}
+        for w in work:
+            if not isinstance(w.op, Collective):
+                seconds, kernels = by_class.get(kernel_class(w.op), (0.0, 0))
+                by_class[kernel_class(w.op)] = (seconds + entry_seconds(w, self.cfg, self.cal)[0],
+                                                kernels + recipe.launched(self.entry(w, forward)))
+        return tuple((cls, seconds, kernels) for cls, (seconds, kernels) in by_class.items())
 
     def measured_context(self, entries: list[recipe.Recipe], forward: bool, after_idle: bool = False) -> float | None:
         """The run's own measured pass (the host sweep's pass.forward: the model's call through the loss;
@@ -211,11 +226,14 @@ class _Program:
         w = self.work
         counts = megatron.step_start(w.buffers, w.tensors) if self.megatron \
             else recipe.step_start(w.buffers, w.tensors, self.timers)
-        return [Segment(self.price(counts), w.memset, kernels=recipe.launched(counts))]
+        kernels = recipe.launched(counts)
+        return [Segment(self.price(counts), w.memset, kernels=kernels, classes=((OTHER, w.memset, kernels),))]
 
     def update(self, counts: recipe.Recipe, read: float) -> Segment:
         """The optimizer's step: its calls, the device's update, the grad norm's read."""
-        return Segment(self.price(counts), self.work.update, read=read, kernels=recipe.launched(counts))
+        kernels = recipe.launched(counts)
+        return Segment(self.price(counts), self.work.update, read=read, kernels=kernels,
+                       classes=((OPTIMIZER, self.work.update, kernels),))
 
     def step_end(self) -> list[Segment]:
         w, read = self.work, self.price({p.ITEM: 1})
@@ -238,7 +256,8 @@ class _Program:
         copies = self.moe_layers() * self.cfg.num_microbatches if self.counts_on_device else 0
         counts = recipe.delayed_wgrad(w.delayed_weights, copies)
         return self.range("delayed wgrad", [Segment(self.price(counts), w.delayed_wgrad,
-                                                     kernels=recipe.launched(counts), wait_all=bool(copies))])
+                                                     kernels=recipe.launched(counts), wait_all=bool(copies),
+                                                     classes=w.delayed_classes)])
 
     def moe_layers(self) -> int:
         """The stage's MoE layers, over its chunks (every layer of an MoE model)."""

@@ -40,6 +40,9 @@ class Segment:
     event: str | None = None  # a device event recorded as its device work starts, for a later `wait`
     wait: str | None = None  # before its issue, the host waits for the oldest pending `event` of this name
     wait_all: bool = False  # before its issue, the host waits for every pending event (of any name)
+    # its device seconds by compute class (common/ops/compute_class.py), each with its share of the kernels (a
+    # weight: the segment's gaps are booked to the classes in proportion); empty for a collective
+    classes: tuple[tuple[str, float, int], ...] = ()
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Timeline:
     waiting: float = 0.0  # host blocked in reads while the device still ran
     latency: float = 0.0  # the device idle from a late issue's end to its start
     gaps: float = 0.0  # inside busy: the device between kernels it already held
+    compute_by_class: dict[str, float] = field(default_factory=dict)  # busy on compute less its gaps, by class
 
     @property
     def device_busy(self) -> float:
@@ -85,8 +89,10 @@ def run(segments: list[Segment], latency: float, gap: float = 0.0, queue: int = 
         if s.device > 0:
             late = max(0.0, host + latency - max(device, host))
             tl.latency += late
-            tl.gaps += gap * max(0, s.kernels - (late > 0))
+            gaps = gap * max(0, s.kernels - (late > 0))
+            tl.gaps += gaps
             tl.busy[s.kind] = tl.busy.get(s.kind, 0.0) + s.device
+            _book_classes(tl.compute_by_class, s.classes, gaps)
         if s.kernels:
             issued.append(issued[-1] + s.kernels)
             starts.append(max(device, host + latency))
@@ -114,3 +120,10 @@ def _waited_for(s: Segment, events: dict[str, deque[float]]) -> float | None:
         reached.append(max(max(pending) for pending in events.values() if pending))
         events.clear()
     return max(reached, default=None)
+
+
+def _book_classes(by_class: dict[str, float], classes: tuple[tuple[str, float, int], ...], gaps: float) -> None:
+    """A segment's device seconds into its classes, less its gaps shared by the classes' kernels."""
+    kernels = sum(k for _, _, k in classes)
+    for cls, seconds, k in classes:
+        by_class[cls] = by_class.get(cls, 0.0) + seconds - (gaps * k / kernels if kernels else 0.0)

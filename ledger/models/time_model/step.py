@@ -38,11 +38,13 @@ its own host timeline's, then the schedule replays the pipeline).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.intervals import Interval, union
 from common.ops import Shapes
+from common.ops.compute_class import CLASSES, OPTIMIZER, OTHER, kernel_class
 from common.ops.rank import optimizer_rate
 from ledger.models.formulas.activations import local_seq_length
 from ledger.models.formulas.buffer_layout import (
@@ -110,6 +112,8 @@ class StepPrediction:
     # Per stage, the device's own work in a step (its passes' kernels without their collectives, the memset, the
     # update): the decomposition's device-compute term, which needs no host clock.
     device_compute: dict[int, float] = field(default_factory=dict)
+    # The same by compute class (common/ops/compute_class.py: matmul, attention, optimizer, other kernels).
+    device_compute_by_class: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
@@ -133,6 +137,7 @@ class _Stage:
     memset: float
     optimizer: float
     delayed_wgrad: float  # --moe-delay-expert-wgrad: the experts' wgrads after the last backward (0 without)
+    delayed_by_class: dict[str, float]  # the same by compute class
     gather_seconds: list[list[float]]  # per chunk, per bucket
     grad_seconds: list[list[float]]
     grad_bytes: list[list[int]]
@@ -185,17 +190,22 @@ class _Replay:
                                        sum(lay.numel for lay in layouts + experts))
         optimizer = self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements)
         flush = delayed_expert_wgrad(cfg, s)
-        delayed = sum(entry_seconds(w, cfg, self.cal)[0] for w in flush)
+        delayed_by_class: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
+        for w in flush:
+            seconds, entries = delayed_by_class[kernel_class(w.op)]
+            delayed_by_class[kernel_class(w.op)] = (seconds + entry_seconds(w, cfg, self.cal)[0], entries + 1)
+        delayed = sum(seconds for seconds, _ in delayed_by_class.values())
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
-            delayed_wgrad=delayed,
+            delayed_wgrad=delayed, delayed_by_class={cls: t for cls, (t, _) in delayed_by_class.items()},
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
                             for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
             grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
             grad_bytes=grad_bytes, param_bytes=param_bytes,
             work=StageWork(memset=memset, update=optimizer, buffers=len(layouts + experts),
                            tensors=sum(len(lay.param_ranges) for lay in layouts + experts), elements=elements,
-                           delayed_wgrad=delayed, delayed_weights=len(flush)))
+                           delayed_wgrad=delayed, delayed_weights=len(flush),
+                           delayed_classes=tuple((cls, t, n) for cls, (t, n) in delayed_by_class.items())))
 
     # --- the schedule, with the first forwards' stalls found by iterating to a fixed point ---------------------
     def base(self, s: int, item: Item) -> float:
@@ -378,20 +388,30 @@ def _terms(r: _Replay, tl: Timeline, f: _Figures, s: int, tail: float, loss: flo
     return terms
 
 
-def _decomposition(r: _Replay, s: int, f: _Figures, wait: float) -> dict[str, float]:
-    """Stage s's predicted decomposition: its host timeline up to a profiler window's end, under the profiled host
-    costs where measured, with the replay's dp, pp and embedding exposure and its wait for the other stages."""
-    tl = r.stage_host(s, r.cal.host.has_profiled, window=True).timeline
+def _window(r: _Replay, s: int) -> Timeline:
+    """Stage s's host timeline up to a profiler window's end, under the profiled host costs where measured."""
+    return r.stage_host(s, r.cal.host.has_profiled, window=True).timeline
+
+
+def _decomposition(tl: Timeline, f: _Figures, wait: float) -> dict[str, float]:
+    """A stage's predicted decomposition: its window's timeline with the replay's dp, pp and embedding exposure and
+    its wait for the other stages."""
     return decomposition(tl, {"dp": f.dp_exposed, "pp": f.sends, "embedding": f.embedding}, wait)
 
 
-def _device_compute(r: _Replay, s: int) -> float:
-    """Stage s's device work in a step: every pass's entries less the collectives on the compute stream, the memset
-    and the update."""
+def _device_compute(r: _Replay, s: int) -> dict[str, float]:
+    """Stage s's device work in a step by compute class: every pass's kernels (its entries less the collectives on
+    the compute stream) per micro-batch, the delayed wgrads, the memset (other kernels) and the update."""
     st = r.stages[s]
-    passes = [pt for t in st.times.chunks for pt in (t.forward, t.backward)]
-    return (r.m * sum(pt.seconds - pt.comm - pt.ep_comm - pt.cp_exposed for pt in passes) + st.memset + st.optimizer
-            + st.delayed_wgrad)
+    by_class: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+    for pt in (pt for t in st.times.chunks for pt in (t.forward, t.backward)):
+        for cls, seconds in pt.by_class.items():
+            by_class[cls] += r.m * seconds
+    for cls, seconds in st.delayed_by_class.items():
+        by_class[cls] += seconds
+    by_class[OTHER] += st.memset
+    by_class[OPTIMIZER] += st.optimizer
+    return by_class
 
 
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
@@ -430,8 +450,13 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
         for s, (st, f, rng, x) in enumerate(zip(r.stages, figures, ranges, extra)))
     terms = _terms(r, tl, figures[critical], critical, tails[critical], scalar, lead, step_time)
     waits = [_terms(r, tl, figures[s], s, tails[s], scalar, lead, step_time) for s in range(r.p)]
-    decompositions = {s: _decomposition(r, s, figures[s], w["pipeline bubble"] + w["waiting for the other stages"])
-                      for s, w in enumerate(waits)} if r.host is not None else {}
+    device = {s: _device_compute(r, s) for s in range(r.p)}
+    windows = {s: _window(r, s) for s in range(r.p)} if r.host is not None else {}
+    decompositions = {s: _decomposition(tl_s, figures[s], waits[s]["pipeline bubble"]
+                                        + waits[s]["waiting for the other stages"]) for s, tl_s in windows.items()}
+    # the classes of the twin the step decomposition judges: the window's device compute (its gaps booked as
+    # launch latency) under a host timeline, else the device's own work
+    by_class = {s: windows[s].compute_by_class if s in windows else device[s] for s in range(r.p)}
     return StepPrediction(step_time=step_time, tokens_per_s=tokens_per_step(cfg) / step_time, stages=stages,
                           buckets=tuple(b for f in figures for b in f.buckets), terms=terms,
                           critical_stage=critical, span=span,
@@ -439,4 +464,5 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                           + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()),
                           decompositions=decompositions,
                           decomposition_profiled=r.host is not None and cal.host.has_profiled,
-                          device_compute={s: _device_compute(r, s) for s in range(r.p)})
+                          device_compute_by_class=by_class,
+                          device_compute={s: sum(classes.values()) for s, classes in device.items()})
