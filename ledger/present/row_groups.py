@@ -33,7 +33,7 @@ def predictor(metric: str) -> str:
     exposed and comm time of collectives), another measurement (REFERENCE_METRICS) or a formula (everything else)."""
     if metric in REFERENCE_METRICS:
         return REFERENCE
-    if (metric.startswith(("time.", "step.decomposition.")) or metric.endswith(MODEL_SUFFIX)
+    if (metric.startswith(("time.", "step.decomposition.", "step.device_compute.")) or metric.endswith(MODEL_SUFFIX)
             or metric == "throughput.step_time"
             or metric.startswith("overlap.") and ("exposed" in metric or metric.endswith("comm_time"))):
         return TIME_MODEL

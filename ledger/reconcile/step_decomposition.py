@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common.ops.compute_class import ATTENTION, CLASSES, MATMUL, OPTIMIZER, OTHER
+from ledger.evidence.compute_classes import class_spans, compute_by_class
 from ledger.evidence.critical_path import CriticalPath, critical_path
 from ledger.evidence.exec_graph import CollectiveId, cyclic_gc_paused, read_graph
 from ledger.evidence.layout import group_lists
@@ -37,6 +39,7 @@ from ledger.evidence.step_partition import (
     TERMS,
     CommSpan,
     StepPartition,
+    device_compute,
     partition_step,
     with_arrivals,
 )
@@ -50,6 +53,7 @@ from ledger.reconcile.topology import expert_lists
 
 REPLAY_TOLERANCE = 0.03  # docs/formulas.md, "Tolerances"
 TERM_METRIC = "step.decomposition."
+CLASS_METRIC = "step.device_compute."
 REPLAY_METRIC = "step.replay"
 
 
@@ -68,6 +72,11 @@ TOLERANCES = {COMPUTE: Tolerance(0.10, 0.0), HOST_BOUND: Tolerance(0.25, 1e-3), 
               SYNC: Tolerance(0.5, 0.2e-3),
               DATA_WAIT: Tolerance(0.0, 1e-3, 0.01), SLOWER_RANK: Tolerance(0.0, 1e-3, 0.01),
               PIPELINE_WAIT: Tolerance(0.25, 2e-3), EXPOSED: Tolerance(0.25, 2e-3)}
+# docs/formulas.md, "Tolerances": GEMMs and attention are the compute sweep's kernels at the power limit's clocks
+# (the GPU-bound step's 3% goal rests on them); the update is one per-element rate; the other kernels are many
+# small memory-bound ones, some no catalogue entry names (autograd's accumulations, casts).
+CLASS_TOLERANCES = {MATMUL: Tolerance(0.05, 50e-6), ATTENTION: Tolerance(0.05, 50e-6),
+                    OPTIMIZER: Tolerance(0.10, 50e-6), OTHER: Tolerance(0.25, 50e-6)}
 NO_HOST_TIMELINE = "not predicted: the time model has no host timeline for this rank ({why})"
 DEVICE_ONLY = ("device compute predicted alone: the time model's kernels, memset and update of stage {stage}; the "
                "other terms are not (no host timeline: {why})")
@@ -113,7 +122,7 @@ class StepDecomposition:
         traced = sorted(t.rank for t in self.traced)
         chosen = choice.pick(traced)
         start = self._profiler_start()
-        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank), profiler_start=start)
+        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank), start, *self._class_twin(t.rank))
                 for t, spans_of_rank in zip(self.traced, comm) if t.rank in chosen]
         count = pool_size(workers, [j.path for j in jobs])
         if jobs:
@@ -140,6 +149,17 @@ class StepDecomposition:
         return twin, ("predicted: the time model's host and device timelines of stage "
                       f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")"), True
 
+    def _class_twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
+        """The rank's stage's device compute by class, where its device-compute term has a twin, and what its
+        compute-bound classes were priced at."""
+        twin = self._twin(rank)[0]
+        if twin is None or COMPUTE not in twin:
+            return None, ""
+        sustained = self.model.calibration.sustained
+        return (self.model.step.device_compute_by_class.get(self.ev.rank_evidence(rank).stage),
+                f"GEMMs and attention at x{sustained:.3f} their isolated sweep times, the calibration's power-limit "
+                "slowdown")
+
     def _profiler_start(self) -> float:
         """What the host timeline's twin adds to a window's first step: the profiler's own start (host costs), which
         this engine's window (no warm-up steps) records; Megatron-LM's schedule starts the profiler in a warm-up
@@ -165,6 +185,8 @@ class _RankJob:
     why: str
     complete: bool  # the twin names every term (else the terms it lacks are not predicted)
     profiler_start: float = 0.0  # host-bound time the twin adds to the window's first step (the profiler's start)
+    classes: dict[str, float] | None = None  # the twin's device compute by class
+    clocks: str = ""  # what the twin's GEMMs and attention were priced at
 
 
 def _rank_rows(job: _RankJob) -> list[Row]:
@@ -175,11 +197,14 @@ def _rank_rows(job: _RankJob) -> list[Row]:
         rp = replay([graph])
         out: list[Row] = []
         first = min(graph.steps, default=None)
+        spans, compute = class_spans(graph), device_compute(graph)
         for s in rp.steps:
             twin = job.twin
             if twin is not None and s.step == first and job.profiler_start:
                 twin = twin | {HOST_BOUND: twin.get(HOST_BOUND, 0.0) + job.profiler_start}
             out += term_rows(job.rank, partition_step(graph, s.step, job.spans), twin, job.why, job.complete)
+            out += class_rows(job.rank, s.step, compute_by_class(graph, s.step, spans, compute), job.classes,
+                              job.why, job.clocks)
             out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
     return out
 
@@ -225,6 +250,27 @@ def term_rows(rank: int, part: StepPartition, twin: dict[str, float] | None = No
     return rows
 
 
+def class_rows(rank: int, step: int, classes: list[tuple[str, float]], twin: dict[str, float] | None,
+               why: str, clocks: str = "") -> list[Row]:
+    """One row per compute class of a step's device compute (ledger.evidence.compute_classes), in seconds, judged
+    against the time model's kernels of that class with the class's tolerance, else unjudged and `why` says so;
+    `clocks`: how the twin priced the compute-bound classes."""
+    compute = sum(t for _, t in classes)
+    rows = []
+    for cls, t_us in classes:
+        tol = CLASS_TOLERANCES[cls]
+        priced = f"; {clocks}" if clocks and cls in (MATMUL, ATTENTION) else ""
+        rows.append(row(CLASS_METRIC + slug(cls), "rank", measured=t_us / 1e6,
+                        predicted=None if twin is None else twin.get(cls, 0.0), unit="s", tolerance=tol.relative,
+                        abs_tolerance=tol.absolute, rank=rank, step=step, source="trace",
+                        explanation=(f"{cls}: {t_us / compute if compute else 0.0:.1%} of step {step}'s device "
+                                     f"compute ({compute / 1e3:.4g} ms; the classes add up to it, each kernel by the "
+                                     f"op that launched it, docs/formulas.md \"Device compute by class\"); "
+                                     + ("predicted: the time model's kernels of the class, the calibration's "
+                                        f"seconds less their launch gaps{priced}" if twin is not None else why))))
+    return rows
+
+
 def slug(term: str) -> str:
     """"exposed communication tp" -> "exposed_communication.tp"; "host-bound idle" -> "host_bound_idle"."""
     if term.startswith(EXPOSED + " "):
@@ -244,3 +290,8 @@ def term_of(metric: str) -> str:
 def path_text(by_kind: dict[str, float], total: float) -> str:
     return ", ".join(f"{kind} {t / 1e3:.3g} ms ({t / total:.0%})"
                      for kind, t in sorted(by_kind.items(), key=lambda kv: -kv[1]) if t >= 0.01 * total)
+
+
+def class_of(metric: str) -> str:
+    """The compute class a row of CLASS_METRIC names (the inverse of `slug`)."""
+    return next(c for c in CLASSES if slug(c) == metric[len(CLASS_METRIC):])
