@@ -97,6 +97,10 @@ def test_the_traces_page_draws_each_steps_waterfall_without_the_network(page, tm
     assert chart.locator("svg text", has_text="device compute").count() == 1
     assert chart.locator("svg text", has_text="step, measured: the sum").count() == 1
     assert chart.locator("svg rect").count() >= 5
+    # beneath it, that step's device compute by class (ledger.present.step_table.CLASS_INTRO): a row per class
+    assert page.get_by_text("Each profiled step's device compute", exact=False).count() == 1
+    for cls in ("matmul", "attention", "optimizer", "other kernels"):
+        assert page.get_by_text(cls, exact=True).count() >= 1, cls
     # nothing loads from elsewhere (Streamlit's own inline script sizes the frame; the chart carries none)
     assert chart.locator("link, img, iframe, [src], [href]").count() == 0
     page.screenshot(path=str(tmp_path / f"{COMPLETE}-traces-waterfall.png"), full_page=True)

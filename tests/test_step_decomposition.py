@@ -239,7 +239,7 @@ def test_report_md_shows_where_each_step_went(tmp_path: Path):
     write(reconcile(run))
     md, _ = report.write(str(run))
     text = md.read_text()
-    section = text.split("## Where the step went", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Where the step went", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("| 0 |")]
     assert [line.split(" | ")[1] for line in table] == ["4", "5", "6"]
     assert "| device compute |" in section and "| sum = measured step | model's sum | replayed |" in section

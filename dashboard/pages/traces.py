@@ -13,6 +13,7 @@ from dashboard import state, tables
 from ledger.present import dashboard_data, step_waterfall, units
 from ledger.present.charts import STYLE, render
 from ledger.present.report_view import NSYS_COMMAND
+from ledger.present.step_table import CLASS_INTRO
 
 state.start_page("Traces")
 run = state.current_run()
@@ -64,6 +65,12 @@ if files:
         chosen = st.selectbox("rank and profiled step", range(len(steps)), format_func=labels.__getitem__,
                               key=f"tr_step:{run}")
         st.iframe(STYLE + render(step_waterfall.waterfall(steps[chosen])))
+        if steps[chosen]["classes"]:
+            st.caption(CLASS_INTRO)
+            tables.table(pd.DataFrame([{"class": c["class"], "measured": units.duration(c["measured"]),
+                                        "time model": units.duration(c["predicted"]),
+                                        "gap": units.percent(c["gap"], signed=True), "verdict": c["verdict"]}
+                                       for c in steps[chosen]["classes"]]))
 
 st.subheader("Open it")
 st.markdown(f"""

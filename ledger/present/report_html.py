@@ -27,7 +27,7 @@ from ledger.present.report_view import (
     unmeasured_memory,
 )
 from ledger.present.row_groups import Line
-from ledger.present.step_table import INTRO, step_table
+from ledger.present.step_table import CLASS_INTRO, INTRO, StepTable, class_table, step_table
 
 COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "off": "#c62828", "n/a": "#757575", "identity": "#5c6bc0",
           "forward": "#1e88e5", "backward": "#8e24aa", "overlapped": "#43a047", "exposed": "#e53935"}
@@ -113,10 +113,16 @@ def step_section(rows: list[dict[str, Any]]) -> str:
     table = step_table(rows)
     if table is None:
         return ""
+    classes = class_table(rows)
+    return (f"<h2>Where the step went</h2><p>{e(INTRO)}</p>{_html_table(table)}<ul>"
+            + "".join(f"<li>{e(p)}</li>" for p in table.paths) + "</ul>"
+            + (f"<h3>Device compute by class</h3><p>{e(CLASS_INTRO)}</p>{_html_table(classes)}" if classes else ""))
+
+
+def _html_table(table: StepTable) -> str:
     head = "".join(f"<th>{e(h)}</th>" for h in table.head)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in table.body)
-    return (f"<h2>Where the step went</h2><p>{e(INTRO)}</p><table><tr>{head}</tr>{body}</table><ul>"
-            + "".join(f"<li>{e(p)}</li>" for p in table.paths) + "</ul>")
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 # --- charts ---------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ledger.present.report_view import (
     waterfall_text,
 )
 from ledger.present.row_groups import Line
-from ledger.present.step_table import INTRO, step_table
+from ledger.present.step_table import CLASS_INTRO, INTRO, StepTable, class_table, step_table
 
 WIDTH = 120  # prose and lists are wrapped here, so report.md reads in a terminal or an editor
 TABLE_ROW_LIMIT = 300  # a table row longer than this moves its explanation under the table
@@ -104,6 +104,13 @@ def step_section(rows: list[dict]) -> list[str]:
     table = step_table(rows)
     if table is None:
         return []
-    out = ["## Where the step went", "", *_wrapped(INTRO), ""]
-    out += ["| " + " | ".join(cells) + " |" for cells in [table.head, ["---"] * len(table.head), *table.body]]
-    return out + [""] + [line for path in table.paths for line in _item(_md(path))] + [""]
+    out = ["## Where the step went", "", *_wrapped(INTRO), "", *_md_table(table)]
+    out += [""] + [line for path in table.paths for line in _item(_md(path))] + [""]
+    classes = class_table(rows)
+    if classes is not None:
+        out += ["### Device compute by class", "", *_wrapped(CLASS_INTRO), "", *_md_table(classes), ""]
+    return out
+
+
+def _md_table(table: StepTable) -> list[str]:
+    return ["| " + " | ".join(cells) + " |" for cells in [table.head, ["---"] * len(table.head), *table.body]]

@@ -1,29 +1,38 @@
 """The step decomposition as a waterfall (the dashboard's Traces page): per rank and profiled step, each term of
 docs/formulas.md "Step decomposition" as a bar that starts where the term above it ended, so the last one ends at
 the measured step (the terms add up to it), and the time model's twin of a term beside it when its row has a
-prediction. Read from the reconciliation's step.decomposition rows; drawn as ledger.present.charts' SVG (no
-network, no script)."""
+prediction; the device-compute term's classes come with it, for a table beneath. Read from the reconciliation's
+step.decomposition and step.device_compute rows; drawn as ledger.present.charts' SVG (no network, no script)."""
 from __future__ import annotations
 
 from typing import Any
 
+from common.ops.compute_class import CLASSES
 from ledger.present import units as fmt
 from ledger.present.charts import Bar, Chart, Segment
 from ledger.present.loaders import RunView, load_rows
-from ledger.reconcile.step_decomposition import TERM_METRIC, term_of
+from ledger.reconcile.step_decomposition import CLASS_METRIC, TERM_METRIC, class_of, term_of
 
 MEASURED, PREDICTED, STEP = "#1e88e5", "#fb8c00", "#455a64"
 
 
 def step_decompositions(view: RunView) -> list[dict[str, Any]]:
     """Per rank and profiled step (in that order), its terms as the rows give them: term, measured and predicted
-    seconds (predicted None where the row has none)."""
+    seconds (predicted None where the row has none); and its device compute's classes likewise, in CLASSES order
+    (`classes`: class, measured, predicted, gap (relative), verdict)."""
     found: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    classes: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in load_rows(view):
         if r["metric"].startswith(TERM_METRIC):
             found.setdefault((r["rank"], r["step"]), []).append(
                 {"term": term_of(r["metric"]), "measured": r["measured"], "predicted": r["predicted"]})
-    return [{"rank": rank, "step": step, "terms": terms} for (rank, step), terms in sorted(found.items())]
+        elif r["metric"].startswith(CLASS_METRIC):
+            classes.setdefault((r["rank"], r["step"]), []).append(
+                {"class": class_of(r["metric"]), "measured": r["measured"], "predicted": r["predicted"],
+                 "gap": r["rel_diff"], "verdict": r["verdict"]})
+    return [{"rank": rank, "step": step, "terms": terms,
+             "classes": sorted(classes.get((rank, step), []), key=lambda c: CLASSES.index(c["class"]))}
+            for (rank, step), terms in sorted(found.items())]
 
 
 def waterfall(decomposition: dict[str, Any]) -> Chart:
