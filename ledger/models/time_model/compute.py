@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from common.config import RunConfig
 from common.ops.compute_class import kernel_class
@@ -81,6 +82,18 @@ def price(work: list[Work], cfg: RunConfig, cal: Calibration, forward: bool) -> 
             marks[name] = clock
     return PassTime(seconds=clock, terms=dict(terms), marks=marks, comm=comm, ep_comm=ep_comm, cp_exposed=cp_exposed,
                     cp_transfer=cp_transfer, by_class=dict(by_class))
+
+
+def class_seconds(work: list[Work], cfg: RunConfig, cal: Calibration,
+                  kernels: Callable[[Work], int] = lambda w: 1) -> tuple[tuple[str, float, int], ...]:
+    """The kernels of `work` (its collectives left out) by compute class: (class, seconds, kernels), `kernels`
+    counting each entry's launches."""
+    found: dict[str, tuple[float, int]] = {}
+    for w in work:
+        if not isinstance(w.op, Collective):
+            seconds, count = found.get(kernel_class(w.op), (0.0, 0))
+            found[kernel_class(w.op)] = (seconds + entry_seconds(w, cfg, cal)[0], count + kernels(w))
+    return tuple((cls, seconds, count) for cls, (seconds, count) in found.items())
 
 
 def chunk_time(cfg: RunConfig, cal: Calibration, pp_rank: int, chunk: int) -> ChunkTime:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from common.config import RunConfig
 from common.config.pipeline_layers import stage_num_layers
 from common.ops import host as p
-from common.ops.compute_class import OPTIMIZER, OTHER, kernel_class
+from common.ops.compute_class import OPTIMIZER, OTHER
 from ledger.evidence.step_partition import (
     COMPUTE,
     DATA_WAIT,
@@ -31,7 +31,7 @@ from ledger.models.schedule import FORWARD, Item
 from ledger.models.time_model import host_recipe as recipe
 from ledger.models.time_model import megatron_host_recipe as megatron
 from ledger.models.time_model.calibration import Calibration
-from ledger.models.time_model.compute import entry_seconds
+from ledger.models.time_model.compute import class_seconds, entry_seconds
 from ledger.models.time_model.host_costs import HostCosts
 from ledger.models.time_model.host_timeline import Segment, Timeline, run
 from ledger.models.time_model.ops import Collective, Work, chunk_blocks, chunk_ends
@@ -172,14 +172,8 @@ class _Program:
         return self._passes[key]
 
     def classes(self, work: list[Work], forward: bool) -> tuple[tuple[str, float, int], ...]:
-        """The kernels of `work` (its collectives left out) by compute class: their seconds and launches."""
-        by_class: dict[str, tuple[float, int]] = {}
-        for w in work:
-            if not isinstance(w.op, Collective):
-                seconds, kernels = by_class.get(kernel_class(w.op), (0.0, 0))
-                by_class[kernel_class(w.op)] = (seconds + entry_seconds(w, self.cfg, self.cal)[0],
-                                                kernels + recipe.launched(self.entry(w, forward)))
-        return tuple((cls, seconds, kernels) for cls, (seconds, kernels) in by_class.items())
+        """The kernels of `work` by compute class: their seconds and launches."""
+        return class_seconds(work, self.cfg, self.cal, lambda w: recipe.launched(self.entry(w, forward)))
 
     def measured_context(self, entries: list[recipe.Recipe], forward: bool, after_idle: bool = False) -> float | None:
         """The run's own measured pass (the host sweep's pass.forward: the model's call through the loss;

@@ -38,13 +38,12 @@ its own host timeline's, then the schedule replays the pipeline).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 from common.config import RunConfig
 from common.intervals import Interval, union
 from common.ops import Shapes
-from common.ops.compute_class import CLASSES, OPTIMIZER, OTHER, kernel_class
+from common.ops.compute_class import CLASSES, OPTIMIZER, OTHER
 from common.ops.rank import optimizer_rate
 from ledger.models.formulas.activations import local_seq_length
 from ledger.models.formulas.buffer_layout import (
@@ -66,7 +65,7 @@ from ledger.models.formulas.params import (
 from ledger.models.schedule import BACKWARD, FORWARD, Item, Timeline, simulate, stage_order
 from ledger.models.time_model import buckets
 from ledger.models.time_model.calibration import Calibration
-from ledger.models.time_model.compute import StageTime, entry_seconds, stage_time
+from ledger.models.time_model.compute import StageTime, class_seconds, stage_time
 from ledger.models.time_model.host import StageHost, StageWork, decomposition, stage_host
 from ledger.models.time_model.ops import delayed_expert_wgrad
 
@@ -190,14 +189,11 @@ class _Replay:
                                        sum(lay.numel for lay in layouts + experts))
         optimizer = self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements)
         flush = delayed_expert_wgrad(cfg, s)
-        delayed_by_class: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
-        for w in flush:
-            seconds, entries = delayed_by_class[kernel_class(w.op)]
-            delayed_by_class[kernel_class(w.op)] = (seconds + entry_seconds(w, cfg, self.cal)[0], entries + 1)
-        delayed = sum(seconds for seconds, _ in delayed_by_class.values())
+        flush_classes = class_seconds(flush, cfg, self.cal)
+        delayed = sum(seconds for _, seconds, _ in flush_classes)
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
-            delayed_wgrad=delayed, delayed_by_class={cls: t for cls, (t, _) in delayed_by_class.items()},
+            delayed_wgrad=delayed, delayed_by_class={cls: t for cls, t, _ in flush_classes},
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
                             for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
             grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
@@ -205,7 +201,7 @@ class _Replay:
             work=StageWork(memset=memset, update=optimizer, buffers=len(layouts + experts),
                            tensors=sum(len(lay.param_ranges) for lay in layouts + experts), elements=elements,
                            delayed_wgrad=delayed, delayed_weights=len(flush),
-                           delayed_classes=tuple((cls, t, n) for cls, (t, n) in delayed_by_class.items())))
+                           delayed_classes=flush_classes))
 
     # --- the schedule, with the first forwards' stalls found by iterating to a fixed point ---------------------
     def base(self, s: int, item: Item) -> float:
@@ -456,7 +452,7 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                                         + waits[s]["waiting for the other stages"]) for s, tl_s in windows.items()}
     # the classes of the twin the step decomposition judges: the window's device compute (its gaps booked as
     # launch latency) under a host timeline, else the device's own work
-    by_class = {s: windows[s].compute_by_class if s in windows else device[s] for s in range(r.p)}
+    classes = {s: windows[s].compute_by_class if s in windows else device[s] for s in range(r.p)}
     return StepPrediction(step_time=step_time, tokens_per_s=tokens_per_step(cfg) / step_time, stages=stages,
                           buckets=tuple(b for f in figures for b in f.buckets), terms=terms,
                           critical_stage=critical, span=span,
@@ -464,5 +460,5 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                           + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()),
                           decompositions=decompositions,
                           decomposition_profiled=r.host is not None and cal.host.has_profiled,
-                          device_compute_by_class=by_class,
+                          device_compute_by_class=classes,
                           device_compute={s: sum(classes.values()) for s, classes in device.items()})
