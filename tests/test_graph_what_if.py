@@ -2,6 +2,8 @@
 
 Claims on committed runs (docs/formulas.md, "What if on the graph"): the host-bound H200 trace (h200_2layer_profiled)
 gains little from faster kernels and most of its step back without launch gaps, down to its device compute; the
+GPU-bound one (h200_llama1b/s4096_profiled), its launch gaps gone, loses half its GEMM time with GEMMs twice as fast,
+and as it ran gains only a few percent (its host close behind); the
 gloo PP2 run (gloo_pp2_sweeps, both ranks traced) replays each rank alone, every change shortening no step's replay
 beyond what it changed. The straggler and the cross-rank propagation are plumbing on a hand-written pair of GPU traces
 (no committed run has GPU traces of two ranks), said so there. Bad input is one line and exit status 2.
@@ -24,10 +26,11 @@ from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
 from ledger.evidence.step_partition import device_compute
 from ledger.models.graph_what_if import Change, WhatIfAnswer, what_if
+from ledger.reconcile.step_decomposition import CLASS_METRIC
 from tests.support.kineto import host, launch, runtime, step, write_trace
-from tests.support.recorded_runs import FIXTURES
+from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 
-H200, GLOO = "h200_2layer_profiled", "gloo_pp2_sweeps"
+H200, GLOO, GPU_BOUND = "h200_2layer_profiled", "gloo_pp2_sweeps", "h200_llama1b/s4096_profiled"
 # Steps 4-6 of the H200 trace, ms: (measured, replayed, kernels 2x faster, no launch gaps), as this replay gives them.
 H200_STATED = {4: (61.098, 61.105, 58.221, 30.356), 5: (52.864, 52.872, 50.004, 30.341),
                6: (54.219, 54.229, 51.417, 30.368)}
@@ -82,6 +85,51 @@ def test_a_cpu_runs_ranks_are_replayed_each_alone_and_no_step_grows(change):
     assert "CPU run" in a.notes[0] and "host time" in a.changed[0]
 
 
+def test_with_the_host_out_of_the_way_a_class_twice_as_fast_takes_half_its_time_off_the_step():
+    """The GPU-bound H200 step (s4096_profiled, steps 7-8) without launch gaps (the device alone the bound): GEMMs 2x
+    faster take half the step's GEMM time off it (the matmul class of its device compute, 324-338 ms), attention 2x
+    faster half its attention (95-102 ms), both together the sum, each within 1%."""
+    classes = {(r.step, r.metric.rsplit(".", 1)[1]): r.measured for r in reconcile_recorded(FIXTURES / GPU_BOUND).rows
+               if r.metric.startswith(CLASS_METRIC)}
+    base = answer(GPU_BOUND, no_launch_gaps=True)
+    gemms, attention = answer(GPU_BOUND, no_launch_gaps=True, matmul=2.0), answer(GPU_BOUND, no_launch_gaps=True,
+                                                                                   attention=2.0)
+    both = answer(GPU_BOUND, no_launch_gaps=True, matmul=2.0, attention=2.0)
+    for n, b, g, a, ga in zip((7, 8), base.steps, gemms.steps, attention.steps, both.steps):
+        half_gemms, half_attention = classes[(n, "matmul")] / 2, classes[(n, "attention")] / 2
+        assert b.what_if - g.what_if == pytest.approx(half_gemms, rel=0.01)
+        assert b.what_if - a.what_if == pytest.approx(half_attention, rel=0.01)
+        assert b.what_if - ga.what_if == pytest.approx(half_gemms + half_attention, rel=0.01)
+    gemms_said = next(line for line in gemms.changed if line.startswith("GEMMs 2x faster"))
+    assert " matmul kernels (each by the op that launched it" in gemms_said
+
+
+def test_as_it_ran_the_gpu_bound_step_has_its_host_close_behind():
+    """The same step with its launch gaps as measured: the host issues it in nearly the device's time (the 16-layer
+    forward and backward of this engine take the host ~450 ms at seq 4096), so GEMMs 2x faster gain step 7 only
+    about 4% (555 -> 532 ms) and all kernels 2x faster about 6%: the what-if says where the next bound is."""
+    gemms, kernels = answer(GPU_BOUND, matmul=2.0).steps[0], answer(GPU_BOUND, kernels=2.0).steps[0]
+    assert gemms.step == 7 and -0.05 < gemms.gain < -0.03 and -0.07 < kernels.gain < gemms.gain
+    assert answer(GPU_BOUND, matmul=2.0, kernels=2.0).steps[0].what_if <= kernels.what_if  # they compound
+
+
+def test_gemms_twice_as_fast_gain_the_host_bound_step_nothing():
+    """The host-bound H200 step (h200_2layer_profiled): no GEMM is on its critical path, so GEMMs 2x faster leave
+    every step as replayed, where all kernels 2x faster gain it 5% (the kernels a sync waits for)."""
+    for g, k in zip(answer(H200, matmul=2.0).steps, answer(H200, kernels=2.0).steps):
+        assert g.what_if == pytest.approx(g.replayed, abs=1e-6) and k.gain < -0.04
+
+
+def test_a_cpu_runs_gemm_ops_take_the_speed_up():
+    """A gloo run: the host time of compute ops inside aten::mm / addmm ... halves; no step grows, each shrinks by at
+    most half its matmul class."""
+    classes = {(r.rank, r.step): r.measured for r in reconcile_recorded(FIXTURES / GLOO).rows
+               if r.metric == CLASS_METRIC + "matmul"}
+    a = answer(GLOO, matmul=2.0)
+    assert all(0 < s.replayed - s.what_if <= classes[(s.rank, s.step)] / 2 + 1e-6 for s in a.steps)
+    assert a.changed[0].startswith("GEMMs 2x faster: a CPU run, so the host time in compute ops inside matmul ops")
+
+
 # --- plumbing: two ranks replayed together (hand-written GPU traces) --------------------------------------------
 def _rank_trace(tmp_path: Path, rank: int, gemm_us: float) -> Path:
     """One step: a GEMM of `gemm_us` on stream 7, then an all-reduce of both ranks on the same stream, then a stream
@@ -130,7 +178,8 @@ def test_plumbing_ranks_of_two_hosts_are_replayed_alone_and_refuse_the_straggler
         what_if(ev, Change(no_straggler=True))
 
 
-@pytest.mark.parametrize("change", [Change(), Change(kernels=0.0), Change(comm=-2.0), Change(kernels=float("nan"))])
+@pytest.mark.parametrize("change", [Change(), Change(kernels=0.0), Change(comm=-2.0), Change(kernels=float("nan")),
+                                    Change(matmul=0.0), Change(attention=float("inf"))])
 def test_a_change_that_changes_nothing_or_is_no_speed_up_is_refused(change: Change):
     with pytest.raises(ConfigError):
         what_if(read_run(FIXTURES / H200), change)
@@ -141,7 +190,7 @@ def test_whatif_prints_the_table_and_json_prints_one_object(capsys):
     assert cli.main(["whatif", str(FIXTURES / H200), "--kernels-faster", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["change"] == {"kernels_faster": 2.0, "comm_faster": 1.0, "no_launch_gaps": False,
-                             "no_straggler": False}
+                             "no_straggler": False, "matmul_faster": 1.0, "attention_faster": 1.0}
     assert [(s["rank"], s["step"]) for s in doc["steps"]] == [(0, 4), (0, 5), (0, 6)]
     assert doc["steps"][0]["what_if_s"] * 1e3 == pytest.approx(H200_STATED[4][2], abs=0.01)
     assert [j["step"] for j in doc["job"]] == [4, 5, 6]
@@ -155,6 +204,8 @@ def test_whatif_prints_the_table_and_json_prints_one_object(capsys):
     ([H200, "--kernels-faster", "0"], "argument --kernels-faster: 0: a speed-up is a positive finite number"),
     ([H200, "--comm-faster", "fast"], "argument --comm-faster: 'fast' is not a number"),
     ([H200, "--comm-faster", "inf"], "argument --comm-faster: inf: a speed-up is a positive finite number"),
+    ([H200, "--matmul-faster", "-1"], "argument --matmul-faster: -1: a speed-up is a positive finite number"),
+    ([H200, "--attention-faster", "x"], "argument --attention-faster: 'x' is not a number"),
     ([H200], "nothing to change"),
     (["h200_llama1b/s4096", "--kernels-faster", "2"], "s4096: no profiler traces (--use-pytorch-profiler)"),
     ([GLOO, "--no-launch-gaps"], "no launch gaps: the traces of rank(s) 0, 1 hold no GPU work (a CPU run)"),

@@ -82,14 +82,35 @@ def _gpu_class(op: GpuOp, spans: dict[object, dict[str, _Spans]]) -> str:
     return next((cls for cls in ORDER if cls in thread and thread[cls].holds(launch.start)), OTHER)
 
 
+def gpu_op_classes(graph: ExecGraph) -> dict[int, str]:
+    """The class of each GPU op that is no NCCL kernel, by id(op)."""
+    spans = _thread_spans(graph)
+    return {id(op): _gpu_class(op, spans) for op in graph.gpu_ops() if op.collective is None}
+
+
+def host_op_classes(graph: ExecGraph) -> dict[int, str]:
+    """The class of each host op, by id(op): the first of ORDER that it or an op enclosing it gives, else OTHER (a
+    CPU trace's compute ops by what they run inside)."""
+    out: dict[int, str] = {}
+    for t in graph.threads:
+        stack: list[tuple[HostOp, str | None]] = []
+        for op in t.ops:  # by start, enclosing first
+            while stack and stack[-1][0].end <= op.start:
+                stack.pop()
+            stack.append((op, op_class(op)))
+            found = {cls for _, cls in stack}
+            out[id(op)] = next((cls for cls in ORDER if cls in found), OTHER)
+    return out
+
+
 def class_spans(graph: ExecGraph) -> dict[str, list[Interval]]:
     """Per class of ORDER, when work of that class ran: a GPU trace's kernels (not NCCL's) by their launch, a CPU
     trace's ops of the class."""
     if graph.on_gpu:
-        spans = _thread_spans(graph)
+        classes = gpu_op_classes(graph)
         by_class: dict[str, list[Interval]] = {cls: [] for cls in ORDER}
         for op in graph.gpu_ops():
-            cls = _gpu_class(op, spans) if op.collective is None else OTHER
+            cls = classes.get(id(op), OTHER)
             if cls != OTHER:
                 by_class[cls].append((op.start, op.end))
         return {cls: union(s) for cls, s in by_class.items()}

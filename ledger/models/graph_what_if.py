@@ -1,12 +1,14 @@
 """What if, on a measured run's own execution graph: its profiled steps replayed (ledger.evidence.replay) with
-kernels k times faster, communication k times faster, the launch gaps gone (as CUDA graphs would have it), or the
-slowest rank's compute brought to the median rank's, beside the replay of the steps as measured.
+kernels k times faster (all of them, or one compute class: the GEMMs, attention), communication k times faster, the
+launch gaps gone (as CUDA graphs would have it), or the slowest rank's compute brought to the median rank's, beside
+the replay of the steps as measured.
 
 Each answer names what it changed, and per traced rank and profiled step gives the measured step (the ProfilerStep
 window), the replayed baseline and the what-if. docs/formulas.md, "What if on the graph", says how each change is
 made and what it leaves out; in short:
   * kernels: every GPU kernel but NCCL's takes 1/k of its measured time (copies and memsets do not change); on a CPU
-    trace, the host time in compute ops (the step partition's device compute) does;
+    trace, the host time in compute ops (the step partition's device compute) does; GEMMs or attention: the same for
+    the kernels (a CPU trace's compute ops) of that class (ledger.evidence.compute_classes);
   * communication: an NCCL kernel's transfer (after its last member arrived, where every member is traced; all of
     it otherwise) takes 1/k; on a CPU trace, the host time inside gloo ranges and c10d calls does;
   * no launch gaps: host time takes none, but for data waits and blocking syncs, so each GPU op starts when its
@@ -23,6 +25,8 @@ from typing import Callable
 
 from common.errors import ConfigError, InputError
 from common.intervals import covered, length
+from common.ops.compute_class import ATTENTION, MATMUL
+from ledger.evidence.compute_classes import gpu_op_classes, host_op_classes
 from ledger.evidence.exec_graph import CPU_OP, GLOO_PREFIX, ExecGraph, GpuOp, HostOp, cyclic_gc_paused, read_graph
 from ledger.evidence.replay import Replay, measure_latencies, replay
 from ledger.evidence.run import RunEvidence, span
@@ -34,20 +38,29 @@ COMM_RANGES = ("c10d::", GLOO_PREFIX)  # host ranges that communicate (gloo's co
 
 @dataclass(frozen=True)
 class Change:
-    """The what-if: factors are speed-ups (2: twice as fast); 1 and False leave that part as measured."""
+    """The what-if: factors are speed-ups (2: twice as fast); 1 and False leave that part as measured. `matmul` and
+    `attention` speed up one compute class (ledger.evidence.compute_classes) on top of `kernels`."""
     kernels: float = 1.0
     comm: float = 1.0
     no_launch_gaps: bool = False
     no_straggler: bool = False
+    matmul: float = 1.0
+    attention: float = 1.0
 
     def checked(self) -> Change:
-        for name, k in (("kernels", self.kernels), ("communication", self.comm)):
+        for name, k in (("kernels", self.kernels), ("communication", self.comm), ("GEMMs", self.matmul),
+                        ("attention", self.attention)):
             if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
                 raise ConfigError(f"{name} {k!r} times faster: a speed-up is a positive finite number")
-        if (self.kernels, self.comm, self.no_launch_gaps, self.no_straggler) == (1.0, 1.0, False, False):
-            raise ConfigError("nothing to change: make kernels or communication faster, or take away the launch gaps "
-                              "or the straggler")
+        if (self.kernels, self.comm, self.no_launch_gaps, self.no_straggler, self.matmul, self.attention) == \
+                (1.0, 1.0, False, False, 1.0, 1.0):
+            raise ConfigError("nothing to change: make kernels, GEMMs, attention or communication faster, or take "
+                              "away the launch gaps or the straggler")
         return self
+
+    def class_factor(self, cls: str) -> float:
+        """The speed-up of one compute class's kernels beyond `kernels`."""
+        return {MATMUL: self.matmul, ATTENTION: self.attention}.get(cls, 1.0)
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,8 @@ class WhatIfAnswer:
     def to_dict(self) -> dict:
         """The answer as `--json` prints it (seconds)."""
         return {"change": {"kernels_faster": self.change.kernels, "comm_faster": self.change.comm,
-                           "no_launch_gaps": self.change.no_launch_gaps, "no_straggler": self.change.no_straggler},
+                           "no_launch_gaps": self.change.no_launch_gaps, "no_straggler": self.change.no_straggler,
+                           "matmul_faster": self.change.matmul, "attention_faster": self.change.attention},
                 "ranks": self.ranks, "replayed_together": self.together, "changed": self.changed, "notes": self.notes,
                 "steps": [{"rank": s.rank, "step": s.step, "measured_s": s.measured, "replayed_s": s.replayed,
                            "what_if_s": s.what_if} for s in self.steps],
@@ -103,15 +117,17 @@ def what_if(ev: RunEvidence, change: Change) -> WhatIfAnswer:
         together = _one_clock(ev) and all(g.on_gpu for g in graphs)  # a CPU trace's collectives are not matched
         _check_applies(ev, change, graphs, together)
         host = {k: v for g in graphs for k, v in _host_classes(g).items()}  # by id(op), across the graphs
+        compute = {k: v for g in graphs  # each GPU op's (a CPU trace: each host op's) compute class, by id(op)
+                   for k, v in (gpu_op_classes(g) if g.on_gpu else host_op_classes(g)).items()}
         straggler, changed = _straggler_factors(graphs) if change.no_straggler else ({}, [])
-        gpu_duration = _gpu_duration(change, straggler)
-        host_factor = _host_factor(change, host, on_gpu=graphs[0].on_gpu)
+        gpu_duration = _gpu_duration(change, straggler, compute)
+        host_factor = _host_factor(change, host, compute, on_gpu=graphs[0].on_gpu)
         groups = [graphs] if together else [[g] for g in graphs]
         steps: list[StepWhatIf] = []
         for group in groups:
             base, new = replay(group), replay(group, gpu_duration=gpu_duration, host_factor=host_factor)
             steps += _steps(base, new)
-    descriptions = _describe(change, graphs, host, together) + changed
+    descriptions = _describe(change, graphs, host, compute, together) + changed
     return WhatIfAnswer(change, sorted({g.rank for g in graphs}), together, descriptions,
                         sorted(steps, key=lambda s: (s.step, s.rank)), _notes(change, graphs, together))
 
@@ -172,23 +188,28 @@ def _host_classes(g: ExecGraph) -> dict[int, str]:
     return out
 
 
-def _gpu_duration(change: Change, straggler: dict[int, float]) -> Callable[[GpuOp], float]:
+def _gpu_duration(change: Change, straggler: dict[int, float], compute: dict[int, str]) -> Callable[[GpuOp], float]:
     def duration(op: GpuOp) -> float:
         measured = op.end - op.start
         if op.collective is not None:
             return measured / change.comm
-        return measured / (change.kernels if op.kind == "kernel" else 1.0) * straggler.get(id(op), 1.0)
+        speed_up = change.kernels * change.class_factor(compute.get(id(op), "")) if op.kind == "kernel" else 1.0
+        return measured / speed_up * straggler.get(id(op), 1.0)
     return duration
 
 
-def _host_factor(change: Change, classes: dict[int, str], on_gpu: bool) -> Callable[[HostOp | None], float]:
+def _host_factor(change: Change, classes: dict[int, str], compute: dict[int, str],
+                 on_gpu: bool) -> Callable[[HostOp | None], float]:
     by_class = {COMPUTE: 1.0 if on_gpu else 1.0 / change.kernels, COMM: 1.0 if on_gpu else 1.0 / change.comm,
                 DATA_WAIT: 1.0, OTHER: 1.0}
     if change.no_launch_gaps:
         by_class = {c: 1.0 if c == DATA_WAIT else 0.0 for c in by_class}
 
     def factor(op: HostOp | None) -> float:
-        return by_class[classes.get(id(op), OTHER) if op is not None else OTHER]
+        kind = classes.get(id(op), OTHER) if op is not None else OTHER
+        if kind == COMPUTE and not on_gpu:  # a CPU trace's compute ops: their class's speed-up too
+            return by_class[kind] / change.class_factor(compute.get(id(op), ""))
+        return by_class[kind]
     return factor
 
 
@@ -222,7 +243,8 @@ def _steps(base: Replay, new: Replay) -> list[StepWhatIf]:
             for s in base.steps]
 
 
-def _describe(change: Change, graphs: list[ExecGraph], host: dict[int, str], together: bool) -> list[str]:
+def _describe(change: Change, graphs: list[ExecGraph], host: dict[int, str], compute: dict[int, str],
+              together: bool) -> list[str]:
     """One sentence per changed part, with how much measured work it touched in the traces."""
     gpu = graphs[0].on_gpu
     kernels = [op for g in graphs for op in g.gpu_ops() if op.collective is None and op.kind == "kernel"]
@@ -237,6 +259,7 @@ def _describe(change: Change, graphs: list[ExecGraph], host: dict[int, str], tog
             out.append(f"kernels {change.kernels:g}x faster: a CPU run, so the host time in compute ops (CPU ops "
                        f"outside communication, stalls and data waits; {_ms(_host_time(graphs, host, COMPUTE))} in the "
                        f"traces) takes 1/{change.kernels:g}")
+    out += _describe_classes(change, graphs, host, compute)
     if change.comm != 1.0:
         if gpu and not nccl:
             out.append(f"communication {change.comm:g}x faster: the traces hold no NCCL kernel, so nothing changes")
@@ -254,6 +277,27 @@ def _describe(change: Change, graphs: list[ExecGraph], host: dict[int, str], tog
         out.append("no launch gaps (as CUDA graphs would have it): host time takes none but data waits and blocking "
                    "syncs, so each GPU op starts once its stream and the work it waits for allow; each trace's "
                    "device latencies stay (" + "; ".join(_latencies(g) for g in graphs) + ")")
+    return out
+
+
+def _describe_classes(change: Change, graphs: list[ExecGraph], host: dict[int, str],
+                      compute: dict[int, str]) -> list[str]:
+    """One sentence per compute class made faster, with how much measured work it touched."""
+    out = []
+    for cls, k, what in ((MATMUL, change.matmul, "GEMMs"), (ATTENTION, change.attention, "attention")):
+        if k == 1.0:
+            continue
+        if graphs[0].on_gpu:
+            ops = [op for g in graphs for op in g.gpu_ops() if op.kind == "kernel" and compute.get(id(op)) == cls]
+            out.append(f"{what} {k:g}x faster: the {len(ops):,} {cls} kernels (each by the op that launched it, "
+                       f"docs/formulas.md \"Device compute by class\"; {_ms(sum(op.end - op.start for op in ops))} "
+                       f"in the traces) take 1/{k:g} of their measured time")
+        else:
+            ops = [op for g in graphs for t in g.threads for op in t.ops
+                   if host.get(id(op)) == COMPUTE and compute.get(id(op)) == cls]
+            out.append(f"{what} {k:g}x faster: a CPU run, so the host time in compute ops inside {cls} ops "
+                       f"({_ms(length(_outermost(sorted(ops, key=lambda o: (o.start, -o.end)))))} in the traces) "
+                       f"takes 1/{k:g}")
     return out
 
 

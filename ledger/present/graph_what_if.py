@@ -38,8 +38,7 @@ def render(answer: WhatIfAnswer, run: str) -> str:
     return "\n".join(lines)
 
 
-def replay_what_if(view: RunView, kernels: float, comm: float, no_launch_gaps: bool,
-                   no_straggler: bool) -> dict[str, Any]:
+def replay_what_if(view: RunView, change: Change) -> dict[str, Any]:
     """The dashboard's loader: what changed, the table, the job's steps and the notes (plain values)."""
-    answer = what_if(view.evidence, Change(kernels, comm, no_launch_gaps, no_straggler))
+    answer = what_if(view.evidence, change)
     return {"changed": answer.changed, "table": table(answer), "job": job_lines(answer), "notes": answer.notes}
