@@ -139,7 +139,8 @@ def test_a_gloo_cp2_run_judges_its_hidden_fraction_from_its_own_calibration(cp2_
     against a block of a few hundred, and the ranks' skew lands in the waits, so the verdict is no evidence either
     way: the test holds the arithmetic, and that the verdict judges the one against the other at the row's 25%."""
     from ledger.evidence.read import read_run
-    from ledger.reconcile.run import reconcile, run_steps
+    from ledger.evidence.steps import run_steps
+    from ledger.reconcile.run import reconcile
 
     ev = read_run(cp2_run)
     steps = run_steps(ev)

@@ -29,7 +29,8 @@ import pytest
 
 from common.ops.sizes import padded_vocab_size
 from ledger.evidence.read import read_run
-from ledger.reconcile.run import Reconciliation, run_steps
+from ledger.evidence.steps import run_steps
+from ledger.reconcile.run import Reconciliation
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 from tests.support.records import rewrite_events, stretch_range
 

@@ -14,10 +14,11 @@ import pytest
 from common.arguments import parse_args
 from common.errors import InputError
 from ledger.evidence.run import RunEvidence
+from ledger.evidence.steps import run_steps
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
 from ledger.reconcile.rows import Row
-from ledger.reconcile.run import reconcile_evidence, run_steps
+from ledger.reconcile.run import reconcile_evidence
 from tests.support.moe_evidence import PREDICTED_S, ROW, evidence, model
 
 

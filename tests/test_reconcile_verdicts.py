@@ -21,6 +21,7 @@ from ledger.evidence.layout import group_lists
 from ledger.evidence.rank_sets import RankChoice
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence
+from ledger.evidence.steps import run_steps
 from ledger.evidence.traces import TraceSummary, summarize
 from ledger.models.formulas.activations import local_seq_length
 from ledger.reconcile.comm import p2p_element_bytes, trace_volume, volume_rows
@@ -30,7 +31,7 @@ from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.overlap import NOT_COMPARED, overlap_rows, trace_overlap_rows
 from ledger.reconcile.pipeline import pipeline_rows
 from ledger.reconcile.rows import NO_TIME_MODEL, Row, identity_row, judge, reaches, row, upper_bound_row
-from ledger.reconcile.run import Reconciliation, reconcile, run_steps
+from ledger.reconcile.run import Reconciliation, reconcile
 from ledger.reconcile.step_decomposition import StepDecomposition
 from ledger.reconcile.throughput import throughput_rows
 from ledger.reconcile.topology import groups_rows

@@ -11,10 +11,14 @@ the same sets from its config's profiler window, and `source` says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from statistics import median
+from typing import TYPE_CHECKING, Iterable
 
 from common.config import RunConfig
 from common.events import StepRecord
+
+if TYPE_CHECKING:
+    from ledger.evidence.run import RunEvidence
 
 FROM_RECORDS = "the step records' profiled flags"
 # A figure from timers when every step after the first was profiled (a short run, the demo's): the one caveat, a
@@ -81,6 +85,22 @@ def select_steps(cfg: RunConfig | None, world_size: int, step_records: Iterable[
         return StepSelection(first, profiled, after, FROM_RECORDS)
     profiled, after = config_window(cfg, world_size)
     return StepSelection(first, profiled, after, FROM_CONFIG)
+
+
+def run_steps(ev: RunEvidence) -> StepSelection:
+    """Which steps measure steady-state time, from every rank's step and timing records."""
+    return select_steps(ev.config, ev.world_size, (s for r in ev.ranks.values() for s in r.steps),
+                        (t.step for r in ev.ranks.values() for t in r.timing))
+
+
+def profiler_cost(records: Iterable[StepRecord], selection: StepSelection) -> tuple[float, float] | None:
+    """(median profiled step time, median steady step time) in seconds over the timed step records, None without
+    both kinds of step."""
+    timed = [r for r in records if r.step_time_s]
+    steady = set(selection.steady(r.step for r in timed))
+    profiled = [r.step_time_s for r in timed if r.step in selection.profiled]
+    normal = [r.step_time_s for r in timed if r.step in steady]
+    return (median(profiled), median(normal)) if profiled and normal else None
 
 
 def config_window(cfg: RunConfig | None, world_size: int) -> tuple[frozenset[int], frozenset[int]]:

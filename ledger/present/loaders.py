@@ -17,10 +17,11 @@ from ledger.evidence.megatron import ingest as ingest_megatron
 from ledger.evidence.megatron.tensorboard import EVENTS_GLOB
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RunEvidence, collect_run, cpu_sharing
+from ledger.evidence.steps import run_steps
 from ledger.present.units import rank_label
 from ledger.reconcile.overlap import timer_intervals
 from ledger.reconcile.pipeline import pipeline_columns, stage_slots
-from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, reconcile_evidence, run_steps
+from ledger.reconcile.run import CSV_NAME, JSON_NAME, LEDGER_DIR, TraceWork, reconcile_evidence
 from ledger.reconcile.time_rows import TimeSources
 
 

@@ -20,7 +20,7 @@ from common.run_dir import LEDGER_DIR, atomic_write_text
 from ledger.evidence.rank_sets import RankChoice
 from ledger.evidence.read import read_run
 from ledger.evidence.run import RankEvidence, RunEvidence, cpu_sharing
-from ledger.evidence.steps import StepSelection, select_steps
+from ledger.evidence.steps import StepSelection, run_steps
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.traces import TraceSummary
 from ledger.reconcile import hta, oversubscribed
@@ -135,12 +135,6 @@ def eager_fusions_on_gpu(ev: RunEvidence) -> bool:
     """Whether the engine ran its compiled fusions eager on a GPU (on CPU they always run eager, as modelled)."""
     impl = ev.config.implementation if ev.config is not None else None
     return impl is not None and not impl.megatron and not impl.jit_fuser_compile and "cuda" in ev.device_types()
-
-
-def run_steps(ev: RunEvidence) -> StepSelection:
-    """Which steps measure steady-state time (ledger.evidence.steps), from every rank's step and timing records."""
-    return select_steps(ev.config, ev.world_size, (s for r in ev.ranks.values() for s in r.steps),
-                        (t.step for r in ev.ranks.values() for t in r.timing))
 
 
 def trace_rows(ev: RunEvidence, r: RankEvidence, summary: TraceSummary, selection: StepSelection,

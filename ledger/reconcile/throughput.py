@@ -18,7 +18,7 @@ from statistics import median
 from common.events import StepRecord
 from common.wording import plural
 from ledger.evidence.run import RunEvidence
-from ledger.evidence.steps import StepSelection
+from ledger.evidence.steps import StepSelection, profiler_cost
 from ledger.models.formulas.flops import (
     H200_BF16_DENSE_PEAK,
     H200_FP8_DENSE_PEAK,
@@ -129,14 +129,14 @@ def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:
 
 def profiler_rows(records: dict[int, list[StepRecord]], steady: set[int], selection: StepSelection) -> list[Row]:
     """The profiler's cost as a measured figure: median profiled step time / median steady step time - 1."""
-    profiled = [s.step_time_s for steps in records.values() for s in steps if s.step in selection.profiled]
-    normal = [s.step_time_s for steps in records.values() for s in steps if s.step in steady]
-    if not profiled or not normal:
+    cost = profiler_cost((s for steps in records.values() for s in steps), selection)
+    if cost is None:
         return []
-    rows = [row("throughput.profiler_overhead", "run", measured=median(profiled) / median(normal) - 1,
+    profiled, normal = cost
+    rows = [row("throughput.profiler_overhead", "run", measured=profiled / normal - 1,
                 unit="fraction", tolerance=0.0,
-                explanation=f"median profiled step {median(profiled) * 1e3:.1f} ms against median steady step "
-                            f"{median(normal) * 1e3:.1f} ms ({selection.counted(steady)}): the profiler's own cost, "
+                explanation=f"median profiled step {profiled * 1e3:.1f} ms against median steady step "
+                            f"{normal * 1e3:.1f} ms ({selection.counted(steady)}): the profiler's own cost, "
                             "which is why profiled steps are not judged as normal ones", source="events")]
     spreads = _spreads(records, selection.disturbed)
     if spreads:
