@@ -28,7 +28,7 @@ from ledger.evidence.step_partition import device_compute
 from ledger.models.graph_what_if import Change, WhatIfAnswer, what_if
 from ledger.reconcile.step_decomposition import CLASS_METRIC
 from tests.support.kineto import host, launch, runtime, step, write_trace
-from tests.support.recorded_runs import FIXTURES, reconcile_recorded
+from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 
 H200, GLOO, GPU_BOUND = "h200_2layer_profiled", "gloo_pp2_sweeps", "h200_llama1b/s4096_profiled"
 # Steps 4-6 of the H200 trace, ms: (measured, replayed, kernels 2x faster, no launch gaps), as this replay gives them.
@@ -67,8 +67,10 @@ def test_the_answer_names_what_it_changed_and_that_one_rank_was_replayed_alone()
     a = answer(H200, kernels=2.0)
     (kernels,) = a.changed
     assert kernels.startswith("kernels 2x faster: the 1,512 GPU kernels that are not NCCL's")
-    assert a.notes == ["rank 0 replayed alone (a collective keeps its measured wait for its peers, scaled with it when "
-                       "communication is faster)"]
+    assert a.notes[0] == ("rank 0 replayed alone (a collective keeps its measured wait for its peers, scaled with it "
+                          "when communication is faster)")
+    assert a.notes[1].startswith("the replayed steps are profiled ones: this run's profiled steps took 53.3 ms against "
+                                 "36.2 ms unprofiled")
     assert not a.together and a.ranks == [0]
 
 
@@ -111,6 +113,16 @@ def test_as_it_ran_the_gpu_bound_step_has_its_host_close_behind():
     gemms, kernels = answer(GPU_BOUND, matmul=2.0).steps[0], answer(GPU_BOUND, kernels=2.0).steps[0]
     assert gemms.step == 7 and -0.05 < gemms.gain < -0.03 and -0.07 < kernels.gain < gemms.gain
     assert answer(GPU_BOUND, matmul=2.0, kernels=2.0).steps[0].what_if <= kernels.what_if  # they compound
+
+
+def test_an_answer_on_profiled_steps_says_how_much_slower_the_profiler_made_them():
+    # The profiler's cost is the throughput.profiler_overhead row's (one helper, ledger.evidence.steps): the what-if's
+    # host is the profiled one, so the answer says so where that cost is more than 2%.
+    (note,) = [n for n in answer(GPU_BOUND, matmul=2.0).notes if n.startswith("the replayed steps are profiled")]
+    overhead = only(reconcile_recorded(FIXTURES / GPU_BOUND), "throughput.profiler_overhead")
+    assert "took 590.2 ms against 551.5 ms unprofiled" in note
+    assert "median profiled step 590.2 ms against median steady step 551.5 ms" in overhead.explanation
+    assert not [n for n in answer(GLOO, kernels=2.0).notes if n.startswith("the replayed steps are profiled")]
 
 
 def test_gemms_twice_as_fast_gain_the_host_bound_step_nothing():

@@ -31,9 +31,11 @@ from ledger.evidence.exec_graph import CPU_OP, GLOO_PREFIX, ExecGraph, GpuOp, Ho
 from ledger.evidence.replay import Replay, measure_latencies, replay
 from ledger.evidence.run import RunEvidence, span
 from ledger.evidence.step_partition import NOT_COMPUTE, device_compute
+from ledger.evidence.steps import profiler_cost, run_steps
 
 COMPUTE, COMM, DATA_WAIT, OTHER = "compute", "comm", "data wait", "other"
 COMM_RANGES = ("c10d::", GLOO_PREFIX)  # host ranges that communicate (gloo's collectives, the dispatcher's calls)
+PROFILER_NOTE = 0.02  # a profiled step this much longer than a steady one gets the note (2%: beyond step-time noise)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ def what_if(ev: RunEvidence, change: Change) -> WhatIfAnswer:
             steps += _steps(base, new)
     descriptions = _describe(change, graphs, host, compute, together) + changed
     return WhatIfAnswer(change, sorted({g.rank for g in graphs}), together, descriptions,
-                        sorted(steps, key=lambda s: (s.step, s.rank)), _notes(change, graphs, together))
+                        sorted(steps, key=lambda s: (s.step, s.rank)),
+                        _notes(change, graphs, together) + _profiled_host(ev))
 
 
 def _graph(path, rank: int) -> ExecGraph:
@@ -311,6 +314,17 @@ def _notes(change: Change, graphs: list[ExecGraph], together: bool) -> list[str]
            "" if len(ranks) == 1 else "not on one host's clock; ")
     return [f"{alone} ({why}a collective keeps its measured wait for its peers, scaled with it when communication "
             "is faster)"]
+
+
+def _profiled_host(ev: RunEvidence) -> list[str]:
+    """A note when the profiler slowed the steps it recorded: a change that leaves the host as the bound is bounded by
+    the profiled host, which an unprofiled step does not have."""
+    cost = profiler_cost((s for r in ev.ranks.values() for s in r.steps), run_steps(ev))
+    if cost is None or cost[0] <= cost[1] * (1 + PROFILER_NOTE):
+        return []
+    return [f"the replayed steps are profiled ones: this run's profiled steps took {cost[0] * 1e3:.1f} ms against "
+            f"{cost[1] * 1e3:.1f} ms unprofiled (medians), the profiler's own cost, whose recording runs on the host; "
+            "where a change leaves the host as the bound, an unprofiled step gains more than this says"]
 
 
 def _host_time(graphs: list[ExecGraph], host: dict[int, str], cls: str) -> float:
