@@ -21,7 +21,7 @@ from ledger.evidence.exec_graph import ANNOTATION, CPU_OP, ExecGraph, GpuOp, Hos
 from ledger.evidence.step_partition import device_compute
 
 ORDER = (OPTIMIZER, ATTENTION, MATMUL)  # the classes that claim an instant first; the rest is OTHER
-OPTIMIZER_RANGES = ("optimizer", "Optimizer.step#")
+ENGINE_OPTIMIZER, TORCH_OPTIMIZER_STEP = "optimizer", "Optimizer.step#"  # the engine's range; torch's, per optimizer
 ATTENTION_OPS = ("aten::_scaled_dot_product_", "aten::_flash_attention_", "aten::_efficient_attention_",
                  "aten::_cudnn_attention_", "aten::scaled_dot_product_attention")
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
@@ -32,7 +32,7 @@ MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "cublas")
 
 def op_class(op: HostOp) -> str | None:
     """The class a host op gives what runs inside it, None when it gives none."""
-    if op.kind == ANNOTATION and (op.name == OPTIMIZER_RANGES[0] or op.name.startswith(OPTIMIZER_RANGES[1])):
+    if op.kind == ANNOTATION and (op.name == ENGINE_OPTIMIZER or op.name.startswith(TORCH_OPTIMIZER_STEP)):
         return OPTIMIZER
     if op.kind != CPU_OP:
         return None
