@@ -20,9 +20,11 @@ from common.ops.linear import gemm, linear
 from ledger.evidence.compute_classes import compute_by_class, kernel_name_class, op_class
 from ledger.evidence.exec_graph import ANNOTATION, CPU_OP, ExecGraph, HostOp, read_graph
 from ledger.evidence.step_partition import COMPUTE, partition_step
+from ledger.models.simulate.hardware import load_hardware
 from ledger.present import report
 from ledger.reconcile.run import write
 from ledger.reconcile.step_decomposition import CLASS_METRIC, CLASS_TOLERANCES, TERM_METRIC, class_rows, slug
+from ledger.reconcile.time_rows import TimeSources
 from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 
 GPU_BOUND = "h200_llama1b/s4096_profiled"
@@ -161,6 +163,18 @@ def test_a_class_the_model_misprices_goes_off():
     assert {r.metric: r.verdict for r in off}[CLASS_METRIC + "matmul"] == "off"
     assert sorted(r.verdict for r in off) == ["off", "ok", "ok", "ok"]
     assert CLASS_TOLERANCES[MATMUL].relative == CLASS_TOLERANCES[ATTENTION].relative == 0.05
+
+
+def test_a_megatron_runs_update_is_left_unpredicted_and_says_why():
+    # Megatron-LM's H200 run priced with the H200 file: its trace marks torch's Optimizer.step alone, while the time
+    # model's update holds Megatron's clipping and copy-out too, so that class is not judged; the GEMMs are.
+    result = reconcile_recorded(FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
+                                TimeSources(hardware=load_hardware("H200")))
+    by = {r.metric[len(CLASS_METRIC):]: r for r in result.rows if r.metric.startswith(CLASS_METRIC) and r.step == 5}
+    assert by["optimizer"].predicted is None and by["optimizer"].verdict == "n/a"
+    assert "Megatron-LM's trace marks torch's Optimizer.step alone" in by["optimizer"].explanation
+    assert by["optimizer"].measured > 0.01  # s: its AdamW kernels, measured all the same
+    assert by["matmul"].predicted is not None and by["matmul"].verdict == "ok"
 
 
 def test_a_cpu_ranks_classes_are_measured_and_say_why_they_are_not_predicted():

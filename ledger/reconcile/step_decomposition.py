@@ -15,7 +15,7 @@ costs), the predicted column stays empty and the explanation says why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -77,6 +77,9 @@ TOLERANCES = {COMPUTE: Tolerance(0.10, 0.0), HOST_BOUND: Tolerance(0.25, 1e-3), 
 # small memory-bound ones, some no catalogue entry names (autograd's accumulations, casts).
 CLASS_TOLERANCES = {MATMUL: Tolerance(0.05, 50e-6), ATTENTION: Tolerance(0.05, 50e-6),
                     OPTIMIZER: Tolerance(0.10, 50e-6), OTHER: Tolerance(0.25, 50e-6)}
+MEGATRON_UPDATE = ("not predicted: Megatron-LM's trace marks torch's Optimizer.step alone, while the time model's "
+                   "update (optimizer.step_foreach) also holds Megatron's grad clipping and copy into the model's "
+                   "params, which run outside it (among the other kernels)")
 NO_HOST_TIMELINE = "not predicted: the time model has no host timeline for this rank ({why})"
 DEVICE_ONLY = ("device compute predicted alone: the time model's kernels, memset and update of stage {stage}; the "
                "other terms are not (no host timeline: {why})")
@@ -149,16 +152,19 @@ class StepDecomposition:
         return twin, ("predicted: the time model's host and device timelines of stage "
                       f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")"), True
 
-    def _class_twin(self, rank: int) -> tuple[dict[str, float] | None, str]:
-        """The rank's stage's device compute by class, where its device-compute term has a twin, and what its
-        compute-bound classes were priced at."""
+    def _class_twin(self, rank: int) -> tuple[dict[str, float] | None, str, dict[str, str]]:
+        """The rank's stage's device compute by class, where its device-compute term has a twin; what its
+        compute-bound classes were priced at; and the classes it does not predict, with why."""
         twin = self._twin(rank)[0]
         if twin is None or COMPUTE not in twin:
-            return None, ""
+            return None, "", {}
         sustained = self.model.calibration.sustained
-        return (self.model.step.device_compute_by_class.get(self.ev.rank_evidence(rank).stage),
+        classes = dict(self.model.step.device_compute_by_class[self.ev.rank_evidence(rank).stage])
+        cfg = self.ev.config
+        unpredicted = {OPTIMIZER: MEGATRON_UPDATE} if cfg is not None and cfg.implementation.megatron else {}
+        return ({c: t for c, t in classes.items() if c not in unpredicted},
                 f"GEMMs and attention at x{sustained:.3f} their isolated sweep times, the calibration's power-limit "
-                "slowdown")
+                "slowdown", unpredicted)
 
     def _profiler_start(self) -> float:
         """What the host timeline's twin adds to a window's first step: the profiler's own start (host costs), which
@@ -187,6 +193,7 @@ class _RankJob:
     profiler_start: float = 0.0  # host-bound time the twin adds to the window's first step (the profiler's start)
     classes: dict[str, float] | None = None  # the twin's device compute by class
     clocks: str = ""  # what the twin's GEMMs and attention were priced at
+    unpredicted: dict[str, str] = field(default_factory=dict)  # the classes the twin leaves out, with why
 
 
 def _rank_rows(job: _RankJob) -> list[Row]:
@@ -204,7 +211,7 @@ def _rank_rows(job: _RankJob) -> list[Row]:
                 twin = twin | {HOST_BOUND: twin.get(HOST_BOUND, 0.0) + job.profiler_start}
             out += term_rows(job.rank, partition_step(graph, s.step, job.spans), twin, job.why, job.complete)
             out += class_rows(job.rank, s.step, compute_by_class(graph, s.step, spans, compute), job.classes,
-                              job.why, job.clocks)
+                              job.why, job.clocks, job.unpredicted)
             out.append(replay_row(job.rank, s, critical_path(rp, s.rank, s.step)))
     return out
 
@@ -251,23 +258,26 @@ def term_rows(rank: int, part: StepPartition, twin: dict[str, float] | None = No
 
 
 def class_rows(rank: int, step: int, classes: list[tuple[str, float]], twin: dict[str, float] | None,
-               why: str, clocks: str = "") -> list[Row]:
+               why: str, clocks: str = "", unpredicted: dict[str, str] | None = None) -> list[Row]:
     """One row per compute class of a step's device compute (ledger.evidence.compute_classes), in seconds, judged
-    against the time model's kernels of that class with the class's tolerance, else unjudged and `why` says so;
-    `clocks`: how the twin priced the compute-bound classes."""
+    against the time model's kernels of that class with the class's tolerance, else unjudged and `why` (or the
+    class's own reason in `unpredicted`) says so; `clocks`: how the twin priced the compute-bound classes."""
     compute = sum(t for _, t in classes)
+    unpredicted = unpredicted or {}
     rows = []
     for cls, t_us in classes:
         tol = CLASS_TOLERANCES[cls]
         priced = f"; {clocks}" if clocks and cls in (MATMUL, ATTENTION) else ""
-        rows.append(row(CLASS_METRIC + slug(cls), "rank", measured=t_us / 1e6,
-                        predicted=None if twin is None else twin.get(cls, 0.0), unit="s", tolerance=tol.relative,
-                        abs_tolerance=tol.absolute, rank=rank, step=step, source="trace",
+        predicted = None if twin is None or cls in unpredicted else twin.get(cls, 0.0)
+        priced_as = f"predicted: the time model's kernels of the class, the calibration's seconds less their launch " \
+                    f"gaps{priced}"
+        reason = why if twin is None else unpredicted.get(cls, priced_as)
+        rows.append(row(CLASS_METRIC + slug(cls), "rank", measured=t_us / 1e6, predicted=predicted, unit="s",
+                        tolerance=tol.relative, abs_tolerance=tol.absolute, rank=rank, step=step, source="trace",
                         explanation=(f"{cls}: {t_us / compute if compute else 0.0:.1%} of step {step}'s device "
                                      f"compute ({compute / 1e3:.4g} ms; the classes add up to it, each kernel by the "
                                      f"op that launched it, docs/formulas.md \"Device compute by class\"); "
-                                     + ("predicted: the time model's kernels of the class, the calibration's "
-                                        f"seconds less their launch gaps{priced}" if twin is not None else why))))
+                                     + reason)))
     return rows
 
 
