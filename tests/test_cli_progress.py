@@ -102,9 +102,15 @@ def test_a_wait_with_nothing_to_report_still_ticks(capsys):
 
     from cli.progress import Progress
 
+    # Waits until two ticks came (up to 10 s) rather than for a fixed time: on a loaded 2-core machine the ticking
+    # thread can miss a 50 ms slot (a fixed 0.18 s once saw one tick in CI).
     progress = Progress("demo", True)
+    err = ""
     with progress.waiting("ranks running", every_s=0.05):
-        time.sleep(0.18)
-    lines = [line.split(" [")[0] for line in capsys.readouterr().err.splitlines()]
+        deadline = time.monotonic() + 10
+        while err.count("(still running)") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+    lines = [line.split(" [")[0] for line in (err + capsys.readouterr().err).splitlines()]
     assert lines[0] == "demo: ranks running" and len(lines) >= 3
     assert set(lines[1:]) == {"demo: ranks running (still running)"}
