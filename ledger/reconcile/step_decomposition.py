@@ -125,8 +125,11 @@ class StepDecomposition:
         traced = sorted(t.rank for t in self.traced)
         chosen = choice.pick(traced)
         start = self._profiler_start()
-        jobs = [_RankJob(t.rank, t.path, spans_of_rank, *self._twin(t.rank), start, *self._class_twin(t.rank))
-                for t, spans_of_rank in zip(self.traced, comm) if t.rank in chosen]
+        jobs = []
+        for t, spans_of_rank in zip(self.traced, comm):
+            if t.rank in chosen:
+                twin = self._twin(t.rank)
+                jobs.append(_RankJob(t.rank, t.path, spans_of_rank, *twin, start, *self._class_twin(t.rank, twin[0])))
         count = pool_size(workers, [j.path for j in jobs])
         if jobs:
             progress(f"step decomposition and replay of rank(s) {ranks_text(chosen)}, {count} at a time")
@@ -152,10 +155,10 @@ class StepDecomposition:
         return twin, ("predicted: the time model's host and device timelines of stage "
                       f"{stage}, host costs under the profiler (docs/formulas.md, \"Host timeline\")"), True
 
-    def _class_twin(self, rank: int) -> tuple[dict[str, float] | None, str, dict[str, str]]:
-        """The rank's stage's device compute by class, where its device-compute term has a twin; what its
-        compute-bound classes were priced at; and the classes it does not predict, with why."""
-        twin = self._twin(rank)[0]
+    def _class_twin(self, rank: int, twin: dict[str, float] | None) -> tuple[dict[str, float] | None, str,
+                                                                              dict[str, str]]:
+        """The rank's stage's device compute by class, where its device-compute term has a twin (`twin`, _twin's);
+        what its compute-bound classes were priced at; and the classes it does not predict, with why."""
         if twin is None or COMPUTE not in twin:
             return None, "", {}
         sustained = self.model.calibration.sustained

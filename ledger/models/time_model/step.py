@@ -136,7 +136,6 @@ class _Stage:
     memset: float
     optimizer: float
     delayed_wgrad: float  # --moe-delay-expert-wgrad: the experts' wgrads after the last backward (0 without)
-    delayed_by_class: dict[str, float]  # the same by compute class
     gather_seconds: list[list[float]]  # per chunk, per bucket
     grad_seconds: list[list[float]]
     grad_bytes: list[list[int]]
@@ -193,7 +192,7 @@ class _Replay:
         delayed = sum(seconds for _, seconds, _ in flush_classes)
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
-            delayed_wgrad=delayed, delayed_by_class={cls: t for cls, t, _ in flush_classes},
+            delayed_wgrad=delayed,
             gather_seconds=[[self.cal.comm.seconds(group, "all_gather", dp, b) for b in chunk]
                             for chunk in param_bytes] if self.gathering else [[] for _ in sizes],
             grad_seconds=[[self.cal.comm.seconds(group, grad_op, dp, b) for b in chunk] for chunk in grad_bytes],
@@ -403,7 +402,7 @@ def _device_compute(r: _Replay, s: int) -> dict[str, float]:
     for pt in (pt for t in st.times.chunks for pt in (t.forward, t.backward)):
         for cls, seconds in pt.by_class.items():
             by_class[cls] += r.m * seconds
-    for cls, seconds in st.delayed_by_class.items():
+    for cls, seconds, _ in st.work.delayed_classes:
         by_class[cls] += seconds
     by_class[OTHER] += st.memset
     by_class[OPTIMIZER] += st.optimizer
@@ -461,4 +460,4 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                           decompositions=decompositions,
                           decomposition_profiled=r.host is not None and cal.host.has_profiled,
                           device_compute_by_class=classes,
-                          device_compute={s: sum(classes.values()) for s, classes in device.items()})
+                          device_compute={s: sum(by_class.values()) for s, by_class in device.items()})
