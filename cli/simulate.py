@@ -65,6 +65,8 @@ def render(sim: Simulation) -> str:
     lines += ["", f"step {duration(step['step_time_s'])} (critical stage {step['critical_stage']}):"]
     lines += [f"  {name:<30} {duration(seconds)}" for name, seconds in step["terms_s"].items()
               if abs(seconds) >= 1e-6]  # below a microsecond: rounding of the replay's clock
+    lines.append(f"  kernels at x{step['power_limit_factor']:.3f} their isolated times (the power limit at this "
+                 f"step's compute-bound share: docs/formulas.md, \"The power limit in a step\")")
     if len(step["per_stage"]) > 1:
         lines.append("  per stage: " + "; ".join(
             f"{s['stage']}: fwd {duration(s['forward_s'])} bwd {duration(s['backward_s'])} per micro-batch, bubble "

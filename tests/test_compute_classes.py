@@ -22,6 +22,7 @@ from ledger.evidence.exec_graph import ANNOTATION, CPU_OP, ExecGraph, HostOp, re
 from ledger.evidence.step_partition import COMPUTE, partition_step
 from ledger.models.simulate.hardware import load_hardware
 from ledger.present import report
+from ledger.reconcile import time_rows
 from ledger.reconcile.run import write
 from ledger.reconcile.step_decomposition import CLASS_METRIC, CLASS_TOLERANCES, TERM_METRIC, class_rows, slug
 from ledger.reconcile.time_rows import TimeSources
@@ -139,17 +140,22 @@ def test_each_profiled_step_has_a_row_per_class_that_add_up_to_its_device_comput
         assert sum(r.predicted for r in parts) == pytest.approx(term.predicted, rel=1e-9)
 
 
-def test_the_gpu_bound_step_ran_its_gemms_faster_than_the_power_limit_factor_prices_them():
-    # The calibration slows every GEMM by the sweep's sustained.layer factor (x1.153 on this run); in the step the
-    # GEMMs took 7-11% less than so priced: the clocks of a training step, memory-bound kernels among its GEMMs, sit
-    # above those of the layer's kernels back to back. The attention and the update land within their tolerances.
+def test_the_gpu_bound_steps_gemms_run_at_the_power_limits_factor_of_the_steps_share(monkeypatch):
+    # The step's GEMMs and attention fill 0.82 of its predicted time: the power limit's line gives x1.089 there, and
+    # step 7's GEMMs (337.8 ms) land 2% under the model, ok; step 8's ran 4% faster still (323.5 ms), 6% under. At
+    # the sweep's full-load factor (x1.145: a layer's kernels back to back), which every step took before the
+    # threshold was measured, they were priced 7% and 11% high (docs/formulas.md, "The power limit in a step";
+    # BENCHMARKS.md 2026-12-05).
     by = {(r.metric[len(CLASS_METRIC):], r.step): r for r in rows(GPU_BOUND) if r.metric.startswith(CLASS_METRIC)}
+    assert abs(by[("matmul", 7)].rel_diff) < 0.03 and by[("matmul", 7)].verdict == "ok"
+    assert -0.07 < by[("matmul", 8)].rel_diff < -0.05
     for n in (7, 8):
         gemms = by[("matmul", n)]
-        assert -0.12 < gemms.rel_diff < -0.06 and gemms.verdict == "warn"
-        assert "x1.153 their isolated sweep times" in gemms.explanation
+        assert "at x1.089 their isolated sweep times" in gemms.explanation and "share 0.82" in gemms.explanation
         assert by[("optimizer", n)].verdict == "ok"
-    assert by[("attention", 7)].verdict == "ok"
+    monkeypatch.setattr(time_rows, "_power_threshold", lambda cal, ev, sources: cal)  # the full factor in every step
+    full = {r.step: r for r in reconcile_recorded(FIXTURES / GPU_BOUND).rows if r.metric == CLASS_METRIC + "matmul"}
+    assert all(full[n].verdict == "warn" and full[n].rel_diff < by[("matmul", n)].rel_diff - 0.04 for n in (7, 8))
 
 
 def test_a_class_the_model_misprices_goes_off():
@@ -167,14 +173,16 @@ def test_a_class_the_model_misprices_goes_off():
 
 def test_a_megatron_runs_update_is_left_unpredicted_and_says_why():
     # Megatron-LM's H200 run priced with the H200 file: its trace marks torch's Optimizer.step alone, while the time
-    # model's update holds Megatron's clipping and copy-out too, so that class is not judged; the GEMMs are.
+    # model's update holds Megatron's clipping and copy-out too, so that class is not judged; the GEMMs are: 9% over
+    # the model (warn), at a compute-bound share (0.30) under the power limit's threshold, so at their isolated
+    # speed, where they ran slower (docs/formulas.md, "The power limit in a step").
     result = reconcile_recorded(FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
                                 TimeSources(hardware=load_hardware("H200")))
     by = {r.metric[len(CLASS_METRIC):]: r for r in result.rows if r.metric.startswith(CLASS_METRIC) and r.step == 5}
     assert by["optimizer"].predicted is None and by["optimizer"].verdict == "n/a"
     assert "Megatron-LM's trace marks torch's Optimizer.step alone" in by["optimizer"].explanation
     assert by["optimizer"].measured > 0.01  # s: its AdamW kernels, measured all the same
-    assert by["matmul"].predicted is not None and by["matmul"].verdict == "ok"
+    assert by["matmul"].verdict == "warn" and 0.07 < by["matmul"].rel_diff < 0.11
 
 
 def test_a_cpu_ranks_classes_are_measured_and_say_why_they_are_not_predicted():
@@ -197,5 +205,5 @@ def test_report_md_shows_the_device_compute_by_class(tmp_path: Path):
     assert [line.split(" | ")[1] for line in table] == ["7", "8"]
     assert "| matmul | attention | optimizer | other kernels | sum = device compute | model's sum |" in section
     assert table[0].split(" | ")[-2] == "528 ms"  # step 7's device compute, the step table's first term
-    assert "; model 365 ms" in table[0].split(" | ")[2]
+    assert "; model 345 ms" in table[0].split(" | ")[2]
     assert "<h3>Device compute by class</h3>" in html.read_text()

@@ -262,10 +262,12 @@ def step_error(run: Path) -> float:
 @pytest.mark.parametrize("name", ["lb_h512_graphed", "h200_2layer"])
 def test_the_pass_timed_after_idle_brings_held_out_host_bound_steps_closer(tmp_path, name):
     """Two real runs recorded after the first forward's pricing was written: their steps predicted from their own
-    sweeps with pass.forward_after_idle (-2.0% graphed, -5.0% for the 2-layer shape) and without it (-5.0%, -7.4%)."""
+    sweeps with pass.forward_after_idle (-2.1% graphed, -5.8% for the 2-layer shape) and without it (-5.0%, -8.1%).
+    (The 2-layer shape's was -5.0% / -7.4% at the sweep's full-load power factor, x1.06; its step's compute-bound
+    share, 0.4, is under the power limit's threshold: docs/formulas.md, "The power limit in a step".)"""
     run = FIRST_FORWARD / name
     assert abs(step_error(run)) < abs(step_error(without_after_idle(run, tmp_path))) - 0.02
-    assert abs(step_error(run)) < 0.055
+    assert abs(step_error(run)) < 0.065
 
 
 def without_after_idle(run: Path, tmp_path: Path) -> Path:

@@ -31,6 +31,7 @@ from common.ops.sizes import padded_vocab_size
 from ledger.evidence.read import read_run
 from ledger.evidence.steps import run_steps
 from ledger.reconcile.run import Reconciliation
+from ledger.reconcile.time_rows import predict_run
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 from tests.support.records import rewrite_events, stretch_range
 
@@ -110,12 +111,17 @@ def test_the_peak_formula_orders_the_recompute_modes_as_the_measurement_does(lar
 
 
 def test_recompute_shows_in_the_backward_not_the_forward(large):
-    # the same forward in every mode; the backward re-runs core attention (selective) or whole layers (full)
-    pred = {name: (only(large[name], "time.forward_per_microbatch").predicted,
-                   only(large[name], "time.backward_per_microbatch").predicted)
-            for name in ("s8192", "s8192-selective", "s8192-full")}
-    assert pred["s8192"][0] == pred["s8192-selective"][0] == pred["s8192-full"][0]
+    # the same forward in every mode, but for the power limit's factor, which each step takes from its own
+    # compute-bound share (docs/formulas.md, "The power limit in a step"); the backward re-runs core attention
+    # (selective) or whole layers (full)
+    runs = ("s8192", "s8192-selective", "s8192-full")
+    factor = {name: predict_run(read_run(large[name].run_dir)).step.power_factor for name in runs}
+    pred = {name: (only(large[name], "time.forward_per_microbatch").predicted / factor[name],
+                   only(large[name], "time.backward_per_microbatch").predicted / factor[name]) for name in runs}
+    assert pred["s8192"][0] == pytest.approx(pred["s8192-selective"][0], rel=1e-9)
+    assert pred["s8192"][0] == pytest.approx(pred["s8192-full"][0], rel=1e-9)
     assert pred["s8192"][1] < pred["s8192-selective"][1] < pred["s8192-full"][1]
+    assert len(set(factor.values())) == 3 and all(1.0 < f < 1.2 for f in factor.values())
 
 
 def test_backward_over_forward_expects_the_forward_each_recompute_mode_re_runs(large):

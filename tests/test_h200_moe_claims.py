@@ -123,17 +123,20 @@ PAD_ROWS = FIXTURES / "h200_moe" / "pad_rows"
 def test_padded_expert_rows_take_the_hosts_stalls_out_of_the_step(tmp_path):
     """Two runs of the same shape on one lease, 16 steps each (BENCHMARKS.md, 2026-12-03 second entry): without
     padding the expert GEMMs keep meeting row counts new to cuBLAS, whose kernel choice stalls the host mid-step; the
-    time model prices kernels and launches, not that, so the run is 7% over it and its forward 29% over. With every
-    expert's rows padded to a multiple of 128 the GEMMs meet a few shapes: the step lands within 2% of the model, which
-    prices both runs alike (uniform routing's 1,024 rows an expert need no padding)."""
+    time model prices kernels and launches, not that, so the run is 14% over it and its forward 37% over. With every
+    expert's rows padded to a multiple of 128 the GEMMs meet a few shapes: the step comes 6 points closer to the
+    model, which prices both runs alike (uniform routing's 1,024 rows an expert need no padding), and its forward from
+    37% to 11% over. (The padded run is still 8% over: the step priced at the power limit's factor of its share,
+    x1.04, where the full-load factor, x1.13, had put it within 2%: docs/formulas.md, "The power limit in a step".)"""
     none, padded = (reconcile_recorded(shutil.copytree(PAD_ROWS / name, tmp_path / name)) for name in ("none", "128"))
     step_none, step_padded = only(none, "throughput.step_time"), only(padded, "throughput.step_time")
-    assert step_padded.verdict == "ok" and abs(step_padded.measured / step_padded.predicted - 1) < 0.02
-    assert step_none.verdict != "ok" and step_none.measured > 1.05 * step_none.predicted
+    assert 1.06 < step_padded.measured / step_padded.predicted < 1.10
+    assert step_none.verdict != "ok" and step_none.measured > 1.05 * step_padded.measured
     assert abs(step_none.predicted / step_padded.predicted - 1) < 0.002
     forward = only(none, "time.forward_per_microbatch")
-    assert forward.verdict != "ok" and forward.measured > 1.2 * forward.predicted
-    assert only(padded, "time.forward_per_microbatch").verdict == "ok"
+    assert forward.verdict != "ok" and forward.measured > 1.3 * forward.predicted
+    padded_forward = only(padded, "time.forward_per_microbatch")
+    assert 1.05 < padded_forward.measured / padded_forward.predicted < 1.15  # 37% over unpadded, 11% padded
 
 
 FUSED = FIXTURES / "h200_moe" / "mixtral-8x7b-2l_fused"

@@ -51,6 +51,15 @@ def test_one_h200_is_the_formulas_and_the_hardware_file_composed():
     assert sum(d["step"]["terms_s"].values()) == pytest.approx(d["step"]["step_time_s"])
     assert th["mfu"]["megatron"] == pytest.approx(th["tflops_per_gpu"]["megatron"] * 1e12 / hw.peak("bf16"))
     assert d["textbook"]["bubble_of_wall_time"] == 0.0
+    # the power limit: the dense step's GEMMs and attention fill ~0.8 of it, part way up the H200's line
+    assert 1.05 < d["step"]["power_limit_factor"] < 1.1
+
+
+def test_the_text_says_what_the_power_limit_slowed_the_kernels_by():
+    out = cli("simulate", *LLAMA_1B, "--global-batch-size", "8", "--world-size", "1", "--hardware", "H200")
+    factor = as_json("simulate", *LLAMA_1B, "--global-batch-size", "8", "--world-size", "1", "--hardware",
+                     "H200")["step"]["power_limit_factor"]
+    assert f"  kernels at x{factor:.3f} their isolated times (the power limit at this step's" in out.stdout
 
 
 def test_pipeline_and_nodes_as_derived_by_hand():

@@ -17,6 +17,8 @@ from common.arguments import parse_args
 from common.config import RunConfig
 from common.events import BandwidthRecord
 from common.ops import SUSTAINED, kernel
+from ledger.models.simulate.calibration import hardware_calibration
+from ledger.models.simulate.hardware import load_hardware
 from ledger.models.time_model import (
     Calibration,
     CalibrationMissing,
@@ -28,7 +30,8 @@ from ledger.models.time_model import (
     predict_step,
     stage_time,
 )
-from ledger.models.time_model.calibration import MAX_SUSTAINED
+from ledger.models.time_model.calibration import MAX_SUSTAINED, PowerLimit
+from ledger.models.time_model.step import compute_bound_share
 from tests.support.recorded_runs import reconcile_recorded
 from tests.support.records import typed
 
@@ -325,33 +328,58 @@ def test_each_size_is_timed_by_its_slowest_rank():
 
 # ---- calibration ------------------------------------------------------------------------------------------------
 
-def test_at_the_power_limit_compute_bound_kernels_slow_and_memory_bound_ones_do_not():
+def test_at_the_power_limit_every_kernel_of_the_passes_slows_and_the_rates_do_not():
     gemm, norm = kernel("linear_fc1.fprop", 1.0, m=1, n=1, k=1), kernel("rms_norm.fwd", tokens=1, hidden=1)
     records = [{"op": gemm.name, "dims": dict(gemm.dims), "dtype": "bf16", "seconds": 1e-3},
                {"op": norm.name, "dims": dict(norm.dims), "dtype": "bf16", "seconds": 1e-3},
-               # back to back: 1.7 ms a pass of 1 ms compute-bound + 0.5 ms memory-bound kernels -> x1.2 on compute
-               {"op": SUSTAINED, "dims": {}, "dtype": "bf16", "seconds": 1.7e-3, "compute_bound_s": 1e-3,
+               {"op": "optimizer.step", "dims": {"numel": 1000}, "dtype": "bf16", "seconds": 1e-3},
+               # back to back: 1.8 ms a pass of 1 ms compute-bound + 0.5 ms memory-bound isolated kernels -> x1.2,
+               # the compute-bound kernels 2/3 of the pass
+               {"op": SUSTAINED, "dims": {}, "dtype": "bf16", "seconds": 1.8e-3, "compute_bound_s": 1e-3,
                 "memory_bound_s": 0.5e-3}]
     cal = Calibration.from_records(typed("compute", records), [])
     assert cal.sustained == pytest.approx(1.2)
+    assert cal.power == PowerLimit(pytest.approx(1.2), pytest.approx(2 / 3), None)
     assert cal.kernel_seconds(gemm, "bf16") == pytest.approx(1.2e-3)
-    assert cal.kernel_seconds(norm, "bf16") == pytest.approx(1e-3)
+    assert cal.kernel_seconds(norm, "bf16") == pytest.approx(1.2e-3)
+    assert cal.rate_seconds("optimizer.step", "bf16", 1000) == pytest.approx(1e-3)
     shared = Calibration.from_records(typed("compute", records), [], compute_scale=3.0)
-    assert shared.kernel_seconds(norm, "bf16") == pytest.approx(3e-3)
+    assert shared.kernel_seconds(norm, "bf16") == pytest.approx(3.6e-3)
+
+
+def test_the_power_limits_slowdown_is_a_line_in_the_compute_bound_share_from_its_threshold():
+    limit = PowerLimit(full_factor=1.15, full_share=0.95, threshold_share=0.636)
+    assert limit.factor(0.5) == limit.factor(0.636) == 1.0  # under the limit at boost clock
+    assert limit.factor(0.95) == limit.factor(0.99) == pytest.approx(1.15)  # no more than the back-to-back loop
+    # halfway along the line, half the slowdown: the dense H200 step's share 0.793 -> x1.075
+    assert limit.factor((0.636 + 0.95) / 2) == pytest.approx(1.075)
+    assert PowerLimit(1.15, 0.95).factor(0.3) == 1.15  # no threshold known: the full factor, as before it was measured
+
+
+def test_a_step_is_priced_at_the_factor_of_its_own_compute_bound_share():
+    cfg = parse_args(["--model", "llama3.2-1b", "--seq-length", "4096", "--micro-batch-size", "1",
+                      "--global-batch-size", "8", "--bf16", "--use-distributed-optimizer"], world_size=1)
+    cal = hardware_calibration(cfg, load_hardware("H200"))
+    step = predict_step(cfg, cal)
+    # the fixed point: the factor the step was priced at is the line's at the step's own share
+    assert step.power_factor == pytest.approx(cal.power.factor(compute_bound_share(step)), abs=1e-3)
+    assert 1.0 < step.power_factor < cal.power.full_factor
+    full = predict_step(cfg, dataclasses.replace(cal, power=PowerLimit(cal.power.full_factor, cal.power.full_share)))
+    assert full.power_factor == cal.power.full_factor and full.step_time > step.step_time
 
 
 def test_a_sustained_record_the_host_paced_leaves_compute_at_its_isolated_speed():
     # A layer whose kernels are shorter than their launches: the back-to-back pass times the host (the launch-bound
-    # H200 run lb_h1024_l4_s512's record: 778 µs a pass over 255 µs of kernels, "x3.38"); no clock drop at the power
+    # H200 run lb_h1024_l4_s512's record: 778 µs a pass over 255 µs of kernels, "x3.05"); no clock drop at the power
     # limit is that large (MAX_SUSTAINED), so the factor is 1 and the calibration says why.
     gemm = kernel("linear_fc1.fprop", 1.0, m=1, n=1, k=1)
     records = [{"op": gemm.name, "dims": dict(gemm.dims), "dtype": "bf16", "seconds": 1e-3},
                {"op": SUSTAINED, "dims": {}, "dtype": "bf16", "seconds": 3.5e-3, "compute_bound_s": 1e-3,
                 "memory_bound_s": 0.5e-3}]
     cal = Calibration.from_records(typed("compute", records), [])
-    assert cal.sustained == 1.0 and cal.kernel_seconds(gemm, "bf16") == pytest.approx(1e-3)
-    assert "host-paced (a slowdown of x3.00" in cal.host_note
-    edge = Calibration.from_records(typed("compute", [*records[:1], {**records[1], "seconds": 0.5e-3 + 1.35e-3}]), [])
+    assert cal.sustained == 1.0 and cal.power is None and cal.kernel_seconds(gemm, "bf16") == pytest.approx(1e-3)
+    assert "host-paced (a slowdown of x2.33" in cal.host_note
+    edge = Calibration.from_records(typed("compute", [*records[:1], {**records[1], "seconds": 1.5e-3 * 1.35}]), [])
     assert edge.sustained == pytest.approx(MAX_SUSTAINED)
 
 

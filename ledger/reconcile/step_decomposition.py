@@ -46,6 +46,7 @@ from ledger.evidence.step_partition import (
 from ledger.evidence.trace_groups import attribute_groups, range_kinds
 from ledger.evidence.trace_pool import in_workers, pool_size
 from ledger.evidence.traces import P2P_KINDS, Collective, TraceSummary
+from ledger.models.time_model import StepPrediction
 from ledger.reconcile.overlap import kernel_group
 from ledger.reconcile.rows import Row, row
 from ledger.reconcile.time_rows import TimeModel
@@ -161,13 +162,11 @@ class StepDecomposition:
         what its compute-bound classes were priced at; and the classes it does not predict, with why."""
         if twin is None or COMPUTE not in twin:
             return None, "", {}
-        sustained = self.model.calibration.sustained
-        classes = dict(self.model.step.device_compute_by_class[self.ev.rank_evidence(rank).stage])
+        step = self.model.step
+        classes = dict(step.device_compute_by_class[self.ev.rank_evidence(rank).stage])
         cfg = self.ev.config
         unpredicted = {OPTIMIZER: MEGATRON_UPDATE} if cfg is not None and cfg.implementation.megatron else {}
-        return ({c: t for c, t in classes.items() if c not in unpredicted},
-                f"GEMMs and attention at x{sustained:.3f} their isolated sweep times, the calibration's power-limit "
-                "slowdown", unpredicted)
+        return ({c: t for c, t in classes.items() if c not in unpredicted}, _power_text(step), unpredicted)
 
     def _profiler_start(self) -> float:
         """What the host timeline's twin adds to a window's first step: the profiler's own start (host costs), which
@@ -308,3 +307,10 @@ def path_text(by_kind: dict[str, float], total: float) -> str:
 def class_of(metric: str) -> str:
     """The compute class a row of CLASS_METRIC names (the inverse of `slug`)."""
     return next(c for c in CLASSES if slug(c) == metric[len(CLASS_METRIC):])
+
+
+def _power_text(step: StepPrediction) -> str:
+    """What the class rows' kernels were priced at: the power limit's slowdown at the step's compute-bound share."""
+    return (f"the passes' kernels at x{step.power_factor:.3f} their isolated sweep times, the power limit's slowdown "
+            f"at the step's compute-bound share {step.power_share:.2f} (docs/formulas.md, \"The power limit in a "
+            f"step\")")

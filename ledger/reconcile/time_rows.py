@@ -137,8 +137,22 @@ def calibration(ev: RunEvidence, sources: TimeSources = TimeSources()) -> Calibr
         cal = cal.over(Calibration.from_records(file.compute, file.bandwidth, host=file_host, host_note=file_note))
     if sources.hardware is not None and ev.config is not None:
         cal = cal.over(hardware_calibration(ev.config, sources.hardware))
+    cal = _power_threshold(cal, ev, sources)
     why = unmodelled_host(ev.config) or unpriced_host(ev.config, cal.host) if ev.config is not None else None
     return replace(cal, host=None, host_note=why) if why else cal
+
+
+def _power_threshold(cal: Calibration, ev: RunEvidence, sources: TimeSources) -> Calibration:
+    """A run's own sweep measures the full-load slowdown, not the share of a step's time below which the GPU stays
+    under its power limit: that is the GPU kind's (its hardware file's "power_limit" block, --hardware's or the one
+    the run's device names)."""
+    if cal.power is None or cal.power.threshold_share is not None:
+        return cal
+    try:
+        hw = sources.hardware or hardware_for(run_device(ev.rank_infos.values()), None)
+    except ConfigError:
+        return cal
+    return replace(cal, power=cal.power.with_threshold(hw.sustained.threshold_share))
 
 
 def predict_run(ev: RunEvidence, sources: TimeSources = TimeSources()) -> TimeModel:
@@ -147,18 +161,20 @@ def predict_run(ev: RunEvidence, sources: TimeSources = TimeSources()) -> TimeMo
     if cfg is None:
         return TimeModel(calibration=None)
     cal = calibration(ev, sources)
+    step, unpriced = None, None
+    try:
+        step = predict_step(cfg, cal)
+        cal = replace(cal, sustained=step.power_factor)  # the stages' passes at the step's power-limit factor
+    except CalibrationMissing as exc:
+        unpriced = f"time model: {exc}"
     missing: list[str] = []
     stages: dict[int, StageTime] = {}
     try:
         stages = {s: stage_time(cfg, cal, s) for s in range(cfg.parallel.pipeline_model_parallel_size)}
     except CalibrationMissing as exc:
         missing.append(f"time model: {exc}")
-    step = None
-    try:
-        step = predict_step(cfg, cal)
-    except CalibrationMissing as exc:
-        if f"time model: {exc}" not in missing:
-            missing.append(f"time model: {exc}: no step time prediction")
+    if unpriced is not None and unpriced not in missing:
+        missing.append(f"{unpriced}: no step time prediction")
     return TimeModel(calibration=cal, step=step, stages=stages, missing=tuple(missing))
 
 

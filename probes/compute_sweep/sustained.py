@@ -1,10 +1,11 @@
 """The clock a GPU computes at in a step: under continuous load it sits at its power limit, at lower clocks than the
-isolated timings see (an H200: ~1.98 GHz alone, ~1.5-1.7 GHz at 690 W in training), which slows compute-bound
-kernels and not memory-bound ones. The sweep measures it on the model's own mix (the catalogue's
-LayerOps.sustained: a layer's directly callable kernels) back to back for SUSTAINED_WARMUP_S, then timed for
-SUSTAINED_TIMED_S: the "sustained.layer" record (`seconds` per pass), beside the same kernels' isolated sums split
-into compute-bound (the kernels that count FLOPs: `compute_bound_s`) and memory-bound (`memory_bound_s`); the time
-model scales the first by it."""
+isolated timings see (an H200: ~1.98 GHz alone, ~1.5-1.7 GHz at 690 W in training), which slows every kernel about
+alike (runs/bench/sustained_split.py times them one by one inside this loop). The sweep measures it on the model's
+own mix (the catalogue's LayerOps.sustained: a layer's directly callable kernels) back to back for
+SUSTAINED_WARMUP_S, then timed for SUSTAINED_TIMED_S: the "sustained.layer" record (`seconds` per pass), beside the
+same kernels' isolated sums split into compute-bound (the kernels that count FLOPs: `compute_bound_s`) and
+memory-bound (`memory_bound_s`); the time model scales a step's kernels by the slowdown, as much of it as the step's
+compute-bound share reaches (ledger/models/time_model/calibration.py, PowerLimit)."""
 from __future__ import annotations
 
 import time

@@ -92,8 +92,9 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
                                    f"x seconds per element); default: the median engine kernel's (Megatron-LM's "
                                    f"unfused chains left out)", **rounded(fit.memory)},
         "sustained": {"source": f"{source}: {fit.counts['sustained']} sustained.layer records (a layer's kernels "
-                                f"back to back at the power limit): slowdown of GEMMs and attention = 1 + slope x "
-                                f"(layer isolated efficiency - threshold_efficiency), a line through them",
+                                f"back to back at the power limit): their slowdown at full load (the record's time "
+                                f"over the same kernels' isolated time) = 1 + slope x (layer isolated efficiency - "
+                                f"threshold_efficiency), a line through them",
                       **rounded(fit.sustained)},
     }
 

@@ -5,9 +5,10 @@ price a layout with, through the unchanged ledger.models.time_model.predict_step
     predict_step(cfg, cal)
 
 Every kernel of every pipeline stage of cfg (ledger.models.time_model.ops.kernels) gets its isolated seconds from
-kernel_cost.py; the per-element rates of the optimizer step and the grad-buffer memset likewise; `sustained` is the
-hardware's slowdown at its power limit for this model's layer (the mean isolated efficiency of one decoder layer's
-GEMMs and core attention forward, the kernels the sweep's sustained.layer record runs back to back); the CommModel
+kernel_cost.py; the per-element rates of the optimizer step and the grad-buffer memset likewise; `power` is the
+hardware's slowdown at its power limit for this model's layer (over the isolated efficiency of one decoder layer's
+GEMMs and core attention forward, the kernels the sweep's sustained.layer record runs back to back), which
+predict_step scales to the step's own compute-bound share; the CommModel
 prices every group kind by its span over nodes (topology.py); the file's `host` block, where it has one, prices the
 host timeline (ledger/models/time_model/host.py), else the step is the device's alone and a note says so.
 
@@ -26,7 +27,7 @@ from common.ops.rank import optimizer_rate
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.simulate.kernel_cost import kernel_seconds, rate_seconds_per_element
 from ledger.models.simulate.topology import comm_model
-from ledger.models.time_model.calibration import Calibration, KernelKey
+from ledger.models.time_model.calibration import Calibration, KernelKey, PowerLimit
 from ledger.models.time_model.host_recipe import unmodelled_host, unpriced_host
 from ledger.models.time_model.ops import kernels
 
@@ -61,6 +62,16 @@ def layer_efficiency(hw: Hardware, cfg: RunConfig, found: dict[KernelKey, float]
     return at_peak / seconds if seconds > 0 else 0.0
 
 
+def power_limit(hw: Hardware, cfg: RunConfig, found: dict[KernelKey, float], dtype: str) -> PowerLimit:
+    """The layer's full-load slowdown (the file's line over its isolated efficiency) and the share of the sweep's
+    back-to-back pass its compute-bound kernels fill, as the sweep's record gives a run's own."""
+    layer = layer_ops(Shapes.of(cfg)).sustained()
+    compute = sum(found[(k.name, k.dims, dtype)] for k in layer if k.flops > 0)
+    total = sum(found[(k.name, k.dims, dtype)] for k in layer)
+    return PowerLimit(hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)),
+                      compute / total if total > 0 else 1.0, hw.sustained.threshold_share)
+
+
 def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
     """The Calibration of cfg's kernels, rates and groups on hardware `hw` (ConfigError for a dtype it has no peak
     of; CalibrationMissing for a kernel it cannot price)."""
@@ -69,9 +80,10 @@ def hardware_calibration(cfg: RunConfig, hw: Hardware) -> Calibration:
     step = optimizer_rate(Shapes.of(cfg)).name
     rates = {(step, dtype): rate_seconds_per_element(hw, step, dtype, grad_dtype),
              ("grad_buffer.zero", grad_dtype): rate_seconds_per_element(hw, "grad_buffer.zero", dtype, grad_dtype)}
+    limit = power_limit(hw, cfg, found, dtype)
     unmodelled = unmodelled_host(cfg) or unpriced_host(cfg, hw.host) or (
         None if hw.host is not None else f"host timeline off: {hw.path} has no host block")
     return Calibration(kernels=found, rates=rates, comm=comm_model(cfg, hw),
                        device=f"{hw.name} (hardware file {hw.version})",
-                       sustained=hw.sustained.factor(layer_efficiency(hw, cfg, found, dtype)),
+                       sustained=limit.full_factor, power=limit,
                        host=None if unmodelled else hw.host, host_note=unmodelled)

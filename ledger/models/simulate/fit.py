@@ -12,7 +12,7 @@ weighs 1/t^2, as ledger/models/time_model/comm.py fits links):
                   an MoE routing pass (router top-k, permute, unpermute: chains of small kernels) has a fixed_s of
                   its own; the default (a kernel with no record) is the plain kernels' median; the two rates:
                   bytes / (HBM bw t)
-  sustained       the sweep's sustained.layer records: slowdown (t - memory-bound t) / compute-bound t against the
+  sustained       the sweep's sustained.layer records: slowdown t / (compute-bound t + memory-bound t) against the
                   layer's isolated efficiency (FLOPs / (peak x compute-bound t)), a line through them
 Several records of one kernel (several runs, several ranks) give their median; cached copies count once.
 """
@@ -172,7 +172,7 @@ def fit_routing_pass(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def fit_sustained(records: list[dict[str, Any]], peak: float) -> dict[str, float]:
     pts = [(float(r["flops"]) / (peak * float(r["compute_bound_s"])),
-            (float(r["seconds"]) - float(r["memory_bound_s"])) / float(r["compute_bound_s"])) for r in records]
+            float(r["seconds"]) / (float(r["compute_bound_s"]) + float(r["memory_bound_s"]))) for r in records]
     if len({x for x, _ in pts}) < 2:
         raise ValueError("the sustained fit needs sustained.layer records of at least two layers")
     mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)

@@ -120,9 +120,12 @@ class MemoryCost:
 @dataclass(frozen=True)
 class Sustained:
     """Slowdown of compute-bound kernels under sustained load (power limit): 1 + slope x (e - threshold), at least 1,
-    where e is a layer's isolated GEMM and attention efficiency (its FLOPs over peak x its kernels' isolated time)."""
+    where e is a layer's isolated GEMM and attention efficiency (its FLOPs over peak x its kernels' isolated time);
+    `threshold_share`: the share of a step's wall time compute-bound kernels fill below which the GPU stays under its
+    limit (the "power_limit" block; None where the file has none: the full slowdown in every step)."""
     threshold_efficiency: float
     slope: float
+    threshold_share: float | None = None
 
     def factor(self, layer_efficiency: float) -> float:
         return max(1.0, 1.0 + self.slope * (layer_efficiency - self.threshold_efficiency))
@@ -348,7 +351,9 @@ def _hardware(r: _Reader) -> Hardware:
         attention=AttentionCost(fwd=_attention(r, "fwd"), bwd=_attention(r, "bwd")),
         memory=_memory(r),
         sustained=Sustained(threshold_efficiency=r.inner("sustained", "threshold_efficiency"),
-                            slope=r.inner("sustained", "slope")),
+                            slope=r.inner("sustained", "slope"),
+                            threshold_share=r.inner("power_limit", "threshold_share", at_most=1.0)
+                            if "power_limit" in r.data else None),
         nvlink_bus_bandwidth=r.number("intra_node.bus_bandwidth"),
         nvlink_p2p_bandwidth=r.number("intra_node.p2p_bandwidth"),
         nic_bandwidth=r.number("inter_node.nic_bandwidth"),

@@ -100,6 +100,7 @@ class Simulation:
                 "outside_pytorch": m.outside_pytorch,
                 "total": m.total, "of_hbm": m.total / hw.hbm_bytes} for m in self.memory]},
             "step": {"step_time_s": step.step_time, "terms_s": step.terms, "critical_stage": step.critical_stage,
+                     "power_limit_factor": step.power_factor,
                      "per_stage": [{"stage": s.stage, "forward_s": s.compute.forward, "backward_s": s.compute.backward,
                                     "bubble": s.bubble, "exposed_comm_s": s.exposed, "optimizer_s": s.optimizer}
                                    for s in step.stages],

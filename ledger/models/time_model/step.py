@@ -38,12 +38,13 @@ its own host timeline's, then the schedule replays the pipeline).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 from common.config import RunConfig
 from common.intervals import Interval, union
 from common.ops import Shapes
-from common.ops.compute_class import CLASSES, OPTIMIZER, OTHER
+from common.ops.compute_class import ATTENTION, CLASSES, MATMUL, OPTIMIZER, OTHER
 from common.ops.rank import optimizer_rate
 from ledger.models.formulas.activations import local_seq_length
 from ledger.models.formulas.buffer_layout import (
@@ -69,6 +70,7 @@ from ledger.models.time_model.compute import StageTime, class_seconds, stage_tim
 from ledger.models.time_model.host import StageHost, StageWork, decomposition, stage_host
 from ledger.models.time_model.ops import delayed_expert_wgrad
 
+POWER_ROUNDS, POWER_SETTLED = 4, 1e-3  # the power-limit factor's fixed point: rounds at most, change that ends it
 CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
 EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
              "not priced (their memset and optimizer update are)")
@@ -113,6 +115,8 @@ class StepPrediction:
     device_compute: dict[int, float] = field(default_factory=dict)
     # The same by compute class (common/ops/compute_class.py: matmul, attention, optimizer, other kernels).
     device_compute_by_class: dict[int, dict[str, float]] = field(default_factory=dict)
+    power_factor: float = 1.0  # the slowdown of its passes' kernels it was priced at (the power limit)
+    power_share: float = 0.0  # the critical stage's compute-bound share of the step (compute_bound_share)
 
 
 def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
@@ -189,6 +193,11 @@ class _Replay:
         optimizer = self.cal.rate_seconds(optimizer_rate(Shapes.of(cfg)).name, train.params_dtype, elements)
         flush = delayed_expert_wgrad(cfg, s)
         flush_classes = class_seconds(flush, cfg, self.cal)
+        if flush and self.cal.power is not None and self.cal.power.threshold_share is not None:
+            # the flush's GEMMs back to back are a phase of their own, at the factor of their own share, as the
+            # sweep's loop is (docs/formulas.md, "The power limit in a step")
+            flush_classes = class_seconds(flush, cfg, replace(self.cal, sustained=self.cal.power.factor(
+                compute_bound_part(flush_classes))))
         delayed = sum(seconds for _, seconds, _ in flush_classes)
         return _Stage(
             times=stage_time(cfg, self.cal, s), layouts=layouts, memset=memset, optimizer=optimizer,
@@ -411,7 +420,44 @@ def _device_compute(r: _Replay, s: int) -> dict[str, float]:
 
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
     """The step of `cfg` on the machine `cal` describes. Raises CalibrationMissing when a figure it needs is not
-    calibrated (no compute sweep, no bandwidth sweep of a group the layout uses)."""
+    calibrated (no compute sweep, no bandwidth sweep of a group the layout uses). Where the calibration knows the
+    power limit's threshold (PowerLimit), the compute-bound kernels are slowed by the factor of the step's own
+    compute-bound share, found by fixed point from the full-load factor: the share moves little with the factor, so a
+    few rounds settle it (docs/formulas.md, "The power limit in a step")."""
+    step = _predict_at(cfg, cal)
+    if cal.power is None or cal.power.threshold_share is None:
+        return step
+    for _ in range(POWER_ROUNDS):
+        factor = cal.power.factor(compute_bound_share(step))
+        if abs(factor - step.power_factor) < POWER_SETTLED:
+            break
+        step = _predict_at(cfg, replace(cal, sustained=factor))
+    return step
+
+
+def compute_bound_share(step: StepPrediction) -> float:
+    """The share of the step's wall time, the delayed flush's phase left out, the critical stage's compute-bound
+    kernels (GEMMs, attention) fill."""
+    return step.power_share
+
+
+def compute_bound_part(classes: Iterable[tuple[str, float, int]]) -> float:
+    """The compute-bound (GEMM and attention) part of work's seconds by class."""
+    total = sum(seconds for _, seconds, _ in classes)
+    bound = sum(seconds for cls, seconds, _ in classes if cls in (MATMUL, ATTENTION))
+    return bound / total if total > 0 else 0.0
+
+
+def _power_share(r: _Replay, s: int, by_class: dict[str, float], step_time: float) -> float:
+    """Stage s's compute-bound seconds over the step's, both without the delayed flush's phase."""
+    flush = r.stages[s].work.delayed_classes
+    bound = by_class[MATMUL] + by_class[ATTENTION] - sum(t for cls, t, _ in flush if cls in (MATMUL, ATTENTION))
+    wall = step_time - r.stages[s].delayed_wgrad
+    return bound / wall if wall > 0 else 0.0
+
+
+def _predict_at(cfg: RunConfig, cal: Calibration) -> StepPrediction:
+    """The step with the compute-bound kernels at `cal.sustained`."""
     r = _Replay(cfg, cal)
     tl, prefix, gathers = r.settle(with_comm=True)
     tl_quiet, prefix_quiet, _ = r.settle(with_comm=False)
@@ -460,4 +506,6 @@ def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                           decompositions=decompositions,
                           decomposition_profiled=r.host is not None and cal.host.has_profiled,
                           device_compute_by_class=classes,
-                          device_compute={s: sum(by_class.values()) for s, by_class in device.items()})
+                          device_compute={s: sum(by_class.values()) for s, by_class in device.items()},
+                          power_factor=cal.sustained,
+                          power_share=_power_share(r, critical, device[critical], step_time))
