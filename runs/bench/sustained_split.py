@@ -27,6 +27,7 @@ from hardware_sweep import MODELS, _spec  # noqa: E402
 
 from engine.probe_adapters import engine_kernels  # noqa: E402
 from probes import compute_sweep  # noqa: E402
+from probes.compute_sweep.calls import Call  # noqa: E402
 from probes.compute_sweep.harness import median_seconds  # noqa: E402
 from probes.compute_sweep.sustained import _back_to_back  # noqa: E402
 from probes.nvml import NvmlSampler  # noqa: E402
@@ -146,11 +147,43 @@ def measure(label: str, seq: int, duties: list[float], seconds: float, nvml: Nvm
     return found
 
 
+def memory_power(label: str, seq: int, seconds: float, nvml: NvmlSampler) -> None:
+    """Power and clock of loops that are not the compute-bound kernels: the device sleeping (idle draw), an HBM copy,
+    torch's fused AdamW over 256 M fp32 parameters, and the layer's own memory-bound kernels back to back; each with
+    its slowdown over its isolated time. Does memory-bound work count toward the power limit, and by how much?"""
+    device = torch.device("cuda")
+    h, f, heads, kv, vocab, _ = next(m[1:] for m in MODELS if m[0] == label)
+    planned = [p for p in compute_sweep.plan(_spec(h, f, heads, kv, vocab, 1, seq), device,
+                                             engine_kernels([], vocab, device)) if p.sustained and p.flops == 0]
+    layer = [p.build() for p in planned]
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    params = [torch.zeros(1 << 26, device=device, requires_grad=True) for _ in range(4)]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    adam = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    loops = {"sleep (idle draw)": lambda: torch.cuda._sleep(1_000_000), "copy 1 GiB": lambda: dst.copy_(src),
+             "fused AdamW, 256 M params": adam.step,
+             f"{label} seq {seq}'s memory-bound layer kernels": lambda: [op.run() for op in layer]}
+    print(f"## memory-bound loops ({label} seq {seq})")
+    print("| loop | pass ms (isolated) | pass ms back to back | slowdown | power, clock |")
+    print("|---|---|---|---|---|")
+    for name, fn in loops.items():
+        alone = median_seconds(Call(fn), 3, 10, True)
+        _back_to_back(fn, 1.0)
+        nvml.drain()
+        loaded = _pass_seconds(fn, seconds)
+        print(f"| {name} | {alone * 1e3:.3f} | {loaded * 1e3:.3f} | x{loaded / alone:.3f} | "
+              f"{_nvml_means(nvml.drain())} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["llama3.2-1b:4096", "llama3.1-8b:4096", "llama3.2-1b:1024"])
     parser.add_argument("--duty", nargs="+", type=float, default=[1.0, 0.85, 0.7, 0.5])
     parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--memory-loops", action="store_true",
+                        help="also the memory-bound loops' power (memory_power), at the first shape")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("sustained_split.py: needs a CUDA device", file=sys.stderr)
@@ -162,6 +195,9 @@ def main() -> int:
         label, _, seq = shape.partition(":")
         found[shape] = measure(label, int(seq), args.duty, args.seconds, nvml)
         torch.cuda.empty_cache()
+    if args.memory_loops:
+        label, _, seq = args.shapes[0].partition(":")
+        memory_power(label, int(seq), 2 * args.seconds, nvml)
     long = [t for shape, t in found.items() if t is not None and int(shape.partition(":")[2]) >= 4096]
     if long:  # short shapes' kernels are too brief for an event pair each: their in-loop times carry the events' gaps
         print(f"threshold share, mean over the shapes at seq >= 4096: {statistics.mean(long):.3f}")
