@@ -1,16 +1,20 @@
 """Shapes no committed run has had, for judging `simulate` the way held-out runs judge it: the predictions are
 written from config and the hardware file before the device runs them (BENCHMARKS.md, 2026-12-04 third entry).
 
-    python3 runs/bench/new_shapes.py --predict            # one line a shape: simulate's step and peak, then the command
-    python3 runs/bench/new_shapes.py --flags NAME         # the shape's training flags (runs/bench/new_shapes_h200.sh)
-    python3 runs/bench/new_shapes.py --names              # the shapes' names, in run order
+    python3 runs/bench/new_shapes.py [--set power] --predict     # a line a shape: simulate's step and peak, the command
+    python3 runs/bench/new_shapes.py [--set power] --flags NAME  # the shape's training flags (new_shapes_h200.sh)
+    python3 runs/bench/new_shapes.py [--set power] --names       # the shapes' names, in run order
 
-Two launch-bound shapes (hidden 768-1024, the GPU idle much of the step), two in between and two GPU-bound ones;
-every run as runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
+The first set (2026-12-04): two launch-bound shapes (hidden 768-1024, the GPU idle much of the step), two in between
+and two GPU-bound ones. The power set (2026-12-05): four GPU-bound shapes of other widths, lengths and batches,
+predicted at the power limit's factor of each step's own compute-bound share and, beside it, at the sweep's full-load
+factor (the model before the threshold was measured), so that the runs judge the two. Every run as
+runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -43,9 +47,22 @@ SHAPES = {
                             "--micro-batch-size", "1", "--global-batch-size", "4"],
 }
 
+POWER_SHAPES = {
+    "pw_llama8b_l2_s8192": ["--model", "llama3.1-8b", "--num-layers", "2", "--seq-length", "8192",
+                            "--micro-batch-size", "1", "--global-batch-size", "4"],
+    "pw_llama1b_l8_s4096_mbs2": ["--model", "llama3.2-1b", "--num-layers", "8", "--seq-length", "4096",
+                                 "--micro-batch-size", "2", "--global-batch-size", "8"],
+    "pw_h5120_l2_s2048_mbs2": ["--model", "llama3.1-8b", "--num-layers", "2", "--hidden-size", "5120",
+                               "--ffn-hidden-size", "13824", "--num-attention-heads", "40", "--seq-length", "2048",
+                               "--micro-batch-size", "2", "--global-batch-size", "8"],
+    "pw_llama1b_s1024_mbs8": ["--model", "llama3.2-1b", "--seq-length", "1024", "--micro-batch-size", "8",
+                              "--global-batch-size", "32"],
+}
+SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES}
 
-def flags(name: str) -> list[str]:
-    return TRAIN + SHAPES[name]
+
+def flags(name: str, shapes: dict[str, list[str]] = SHAPES) -> list[str]:
+    return TRAIN + shapes[name]
 
 
 def main() -> int:
@@ -54,25 +71,30 @@ def main() -> int:
     what.add_argument("--predict", action="store_true")
     what.add_argument("--flags", metavar="NAME")
     what.add_argument("--names", action="store_true")
+    ap.add_argument("--set", choices=sorted(SETS), default="2026-12-04")
     args = ap.parse_args()
+    shapes = SETS[args.set]
     if args.names:
-        print(" ".join(SHAPES))
+        print(" ".join(shapes))
     elif args.flags is not None:
-        if args.flags not in SHAPES:
-            print(f"new_shapes.py: no shape {args.flags!r} (known: {', '.join(SHAPES)})", file=sys.stderr)
+        if args.flags not in shapes:
+            print(f"new_shapes.py: no shape {args.flags!r} (known: {', '.join(shapes)})", file=sys.stderr)
             return 2
-        print(shlex.join(flags(args.flags)))
+        print(shlex.join(flags(args.flags, shapes)))
     else:
         hw = load_hardware("H200")
-        for name in SHAPES:
+        full = dataclasses.replace(hw, sustained=dataclasses.replace(hw.sustained, threshold_share=None))
+        for name in shapes:
             try:
-                sim = simulate(parse_args(flags(name), world_size=1), hw)
+                sim, at_full = (simulate(parse_args(flags(name, shapes), world_size=1), h) for h in (hw, full))
             except ConfigError as e:
                 print(f"new_shapes.py: {name}: {e}", file=sys.stderr)
                 return 2
             peak = max(m.peak.total for m in sim.memory)
-            print(f"{name}: step {sim.step.step_time * 1e3:.1f} ms, peak {peak / 2**30:.2f} GiB")
-        print("command: python3 runs/bench/new_shapes.py --predict")
+            print(f"{name}: step {sim.step.step_time * 1e3:.1f} ms (kernels x{sim.step.power_factor:.3f}; at the "
+                  f"full-load factor x{at_full.step.power_factor:.3f}: {at_full.step.step_time * 1e3:.1f} ms), "
+                  f"peak {peak / 2**30:.2f} GiB")
+        print("command: python3 runs/bench/new_shapes.py " + " ".join(sys.argv[1:]))
     return 0
 
 

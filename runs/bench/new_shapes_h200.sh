@@ -3,14 +3,15 @@
 # --all-probes, ITERS steps each (default 10): each run directory (no TensorBoard) with its log in $OUT/<name>.tgz, a
 # line a run in $OUT/new_shapes.log. NAMES: a subset, in order (default: every shape). Judge them on the CPU with
 # `train-ledger simulate --validate DIR ...` against the predictions `python3 runs/bench/new_shapes.py --predict`
-# printed before the call.
-#     OUT=dir [NAMES="lb_h1024_l8_s1024_mbs4 ..."] [ITERS=10] bash runs/bench/new_shapes_h200.sh
+# printed before the call. SET: the set of shapes (new_shapes.py --set; default the first, 2026-12-04).
+#     OUT=dir [SET=power] [NAMES="lb_h1024_l8_s1024_mbs4 ..."] [ITERS=10] bash runs/bench/new_shapes_h200.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/new_shapes_h200}
 source runs/bench/device_setup.sh
-for name in ${NAMES:-$(python3 runs/bench/new_shapes.py --names)}; do
-  read -r -a flags < <(python3 runs/bench/new_shapes.py --flags "$name") || continue
+SET=${SET:-2026-12-04}
+for name in ${NAMES:-$(python3 runs/bench/new_shapes.py --set "$SET" --names)}; do
+  read -r -a flags < <(python3 runs/bench/new_shapes.py --set "$SET" --flags "$name") || continue
   rm -rf "runs/out/$name"  # a warm machine keeps the last call's
   t0=$SECONDS
   python3 -m cli train --nproc-per-node 1 "${flags[@]}" --train-iters "${ITERS:-10}" --run-dir "runs/out/$name" \
