@@ -31,7 +31,6 @@ from ledger.models.time_model import (
     stage_time,
 )
 from ledger.models.time_model.calibration import MAX_SUSTAINED, PowerLimit
-from ledger.models.time_model.step import compute_bound_share
 from tests.support.recorded_runs import reconcile_recorded
 from tests.support.records import typed
 
@@ -362,7 +361,7 @@ def test_a_step_is_priced_at_the_factor_of_its_own_compute_bound_share():
     cal = hardware_calibration(cfg, load_hardware("H200"))
     step = predict_step(cfg, cal)
     # the fixed point: the factor the step was priced at is the line's at the step's own share
-    assert step.power_factor == pytest.approx(cal.power.factor(compute_bound_share(step)), abs=1e-3)
+    assert step.power_factor == pytest.approx(cal.power.factor(step.power_share), abs=1e-3)
     assert 1.0 < step.power_factor < cal.power.full_factor
     full = predict_step(cfg, dataclasses.replace(cal, power=PowerLimit(cal.power.full_factor, cal.power.full_share)))
     assert full.power_factor == cal.power.full_factor and full.step_time > step.step_time

@@ -42,7 +42,7 @@ KernelKey = tuple[str, tuple[tuple[str, int], ...], str]
 # sustained.py): no kernel slows more than this under sustained load.
 MAX_SUSTAINED = 1.35
 HOST_PACED = ("the compute sweep's sustained.layer record is host-paced (a slowdown of x{:.2f}, beyond any clock "
-              "drop): compute-bound kernels taken at their isolated speed")
+              "drop): kernels taken at their isolated speed")
 
 
 def oversubscription(ranks: int, cores: int, threads: int) -> float:

@@ -116,7 +116,7 @@ class StepPrediction:
     # The same by compute class (common/ops/compute_class.py: matmul, attention, optimizer, other kernels).
     device_compute_by_class: dict[int, dict[str, float]] = field(default_factory=dict)
     power_factor: float = 1.0  # the slowdown of its passes' kernels it was priced at (the power limit)
-    power_share: float = 0.0  # the critical stage's compute-bound share of the step (compute_bound_share)
+    power_share: float = 0.0  # the share of its wall time the critical stage's GEMMs and attention fill
 
 
 def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
@@ -421,24 +421,18 @@ def _device_compute(r: _Replay, s: int) -> dict[str, float]:
 def predict_step(cfg: RunConfig, cal: Calibration) -> StepPrediction:
     """The step of `cfg` on the machine `cal` describes. Raises CalibrationMissing when a figure it needs is not
     calibrated (no compute sweep, no bandwidth sweep of a group the layout uses). Where the calibration knows the
-    power limit's threshold (PowerLimit), the compute-bound kernels are slowed by the factor of the step's own
-    compute-bound share, found by fixed point from the full-load factor: the share moves little with the factor, so a
-    few rounds settle it (docs/formulas.md, "The power limit in a step")."""
+    power limit's threshold (PowerLimit), the passes' kernels are slowed by the factor of the step's own
+    compute-bound share (StepPrediction.power_share), found by fixed point from the full-load factor: the share moves
+    little with the factor, so a few rounds settle it (docs/formulas.md, "The power limit in a step")."""
     step = _predict_at(cfg, cal)
     if cal.power is None or cal.power.threshold_share is None:
         return step
     for _ in range(POWER_ROUNDS):
-        factor = cal.power.factor(compute_bound_share(step))
+        factor = cal.power.factor(step.power_share)
         if abs(factor - step.power_factor) < POWER_SETTLED:
             break
         step = _predict_at(cfg, replace(cal, sustained=factor))
     return step
-
-
-def compute_bound_share(step: StepPrediction) -> float:
-    """The share of the step's wall time, the delayed flush's phase left out, the critical stage's compute-bound
-    kernels (GEMMs, attention) fill."""
-    return step.power_share
 
 
 def compute_bound_part(classes: Iterable[tuple[str, float, int]]) -> float:
@@ -449,7 +443,8 @@ def compute_bound_part(classes: Iterable[tuple[str, float, int]]) -> float:
 
 
 def _power_share(r: _Replay, s: int, by_class: dict[str, float], step_time: float) -> float:
-    """Stage s's compute-bound seconds over the step's, both without the delayed flush's phase."""
+    """The share of the step's wall time stage s's compute-bound kernels (GEMMs, attention) fill, both without the
+    delayed flush's phase."""
     flush = r.stages[s].work.delayed_classes
     bound = by_class[MATMUL] + by_class[ATTENTION] - sum(t for cls, t, _ in flush if cls in (MATMUL, ATTENTION))
     wall = step_time - r.stages[s].delayed_wgrad
@@ -457,7 +452,7 @@ def _power_share(r: _Replay, s: int, by_class: dict[str, float], step_time: floa
 
 
 def _predict_at(cfg: RunConfig, cal: Calibration) -> StepPrediction:
-    """The step with the compute-bound kernels at `cal.sustained`."""
+    """The step with the passes' kernels at `cal.sustained` their isolated times."""
     r = _Replay(cfg, cal)
     tl, prefix, gathers = r.settle(with_comm=True)
     tl_quiet, prefix_quiet, _ = r.settle(with_comm=False)
