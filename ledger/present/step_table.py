@@ -20,8 +20,8 @@ INTRO = ("Each profiled step's window (ProfilerStep#N) cut into terms that add u
 CLASS_INTRO = ("Each profiled step's device compute (the first term above) cut by what ran, each kernel by the op "
                "that launched it (docs/formulas.md, \"Device compute by class\"): the GEMMs (matmul), fused "
                "attention, the optimizer's update and every other kernel. \"model\" is the time model's kernels of "
-               "the class: the compute sweep's isolated times, GEMMs and attention slowed by the calibration's "
-               "power-limit factor.")
+               "the class: the compute sweep's isolated times, slowed by the power limit's factor at the step's "
+               "compute-bound share (docs/formulas.md, \"The power limit in a step\"; the update not).")
 
 
 @dataclass
