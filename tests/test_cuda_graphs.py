@@ -267,7 +267,8 @@ def test_the_pass_timed_after_idle_brings_held_out_host_bound_steps_closer(tmp_p
     share, 0.4, is under the power limit's threshold: docs/formulas.md, "The power limit in a step".)"""
     run = FIRST_FORWARD / name
     assert abs(step_error(run)) < abs(step_error(without_after_idle(run, tmp_path))) - 0.02
-    assert abs(step_error(run)) < 0.065
+    low, high = {"lb_h512_graphed": (-0.03, -0.01), "h200_2layer": (-0.065, -0.052)}[name]
+    assert low < step_error(run) < high
 
 
 def without_after_idle(run: Path, tmp_path: Path) -> Path:

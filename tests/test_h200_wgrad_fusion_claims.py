@@ -36,5 +36,5 @@ def test_what_the_unfused_wgrads_cost_is_predicted_within_the_leases_noise(shape
     GPU eased off less than that). Pricing the unfused run as fused (the flag ignored, as before it was recorded)
     predicts 0."""
     (off, off_predicted), (on, on_predicted) = (measured_and_predicted(f"{shape}_{mode}") for mode in ("off", "on"))
-    assert off - on > 0.010 and off_predicted - on_predicted > 0.015
+    assert off - on > 0.010 and 0.016 < off_predicted - on_predicted < 0.020
     assert abs((off_predicted - on_predicted) - (off - on)) < (0.011 if shape == "s4096" else 0.002)
