@@ -152,7 +152,7 @@ def _power_threshold(cal: Calibration, ev: RunEvidence, sources: TimeSources) ->
         hw = sources.hardware or hardware_for(run_device(ev.rank_infos.values()), None)
     except ConfigError:
         return cal
-    return replace(cal, power=cal.power.with_threshold(hw.sustained.threshold_share))
+    return replace(cal, power=replace(cal.power, threshold_share=hw.sustained.threshold_share))
 
 
 def predict_run(ev: RunEvidence, sources: TimeSources = TimeSources()) -> TimeModel:

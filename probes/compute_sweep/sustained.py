@@ -36,6 +36,17 @@ def _back_to_back(one_pass: Callable[[], None], seconds: float) -> int:
     return passes
 
 
+def timed_passes(one_pass: Callable[[], None], seconds: float) -> tuple[float, int]:
+    """(device seconds per pass, passes) of passes enqueued back to back for `seconds` of host time, timed by an event
+    pair around them all."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    passes = _back_to_back(one_pass, seconds)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / passes, passes
+
+
 def sustained_layer(planned: list[Planned], isolated: list[float]) -> dict[str, Any]:
     """A layer's directly callable kernels (no autograd setup between them; an MoE layer's experts once per row
     count) back to back on the GPU until it sits at its power limit, then timed: seconds per pass, beside the same
@@ -49,13 +60,9 @@ def sustained_layer(planned: list[Planned], isolated: list[float]) -> dict[str, 
             op.run()
 
     _back_to_back(one_pass, SUSTAINED_WARMUP_S)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    passes = _back_to_back(one_pass, SUSTAINED_TIMED_S)
-    end.record()
-    end.synchronize()
+    per_pass, passes = timed_passes(one_pass, SUSTAINED_TIMED_S)
     compute = sum(seconds for p, seconds in chosen if p.flops > 0)
     return {"op": SUSTAINED, "dims": {"kernels": len(layer)}, "dtype": layer[0].dtype,
-            "seconds": start.elapsed_time(end) / 1e3 / passes, "flops": sum(p.flops for p in layer),
+            "seconds": per_pass, "flops": sum(p.flops for p in layer),
             "compute_bound_s": compute, "memory_bound_s": sum(seconds for _, seconds in chosen) - compute,
             "iters": passes}

@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hardware_sweep import MODELS, _spec  # noqa: E402
 
 from engine.probe_adapters import engine_kernels  # noqa: E402
+from ledger.models.simulate.fit import slowdown_line  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 from probes.compute_sweep.calls import Call  # noqa: E402
 from probes.compute_sweep.harness import median_seconds  # noqa: E402
-from probes.compute_sweep.sustained import _back_to_back  # noqa: E402
+from probes.compute_sweep.sustained import _back_to_back, timed_passes  # noqa: E402
 from probes.nvml import NvmlSampler  # noqa: E402
 
 
@@ -69,24 +70,11 @@ def _per_op(ops: list, idle_cycles: int, seconds: float) -> list[float]:
     return [s / passes for s in sums]
 
 
-def _pass_seconds(one_pass, seconds: float) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    passes = _back_to_back(one_pass, seconds)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / passes
-
-
 def threshold_share(points: list[tuple[float, float]]) -> float | None:
     """Where the line through the (compute-bound share, slowdown) points clearly above 1 (over 1.02: the GPU at its
     limit) reaches 1: the share below which the GPU stays under its power limit. None with fewer than two."""
     above = [(x, y) for x, y in points if y > 1.02]
-    if len({x for x, _ in above}) < 2:
-        return None
-    mx, my = statistics.mean(x for x, _ in above), statistics.mean(y for _, y in above)
-    slope = sum((x - mx) * (y - my) for x, y in above) / sum((x - mx) ** 2 for x, _ in above)
-    return mx - (my - 1) / slope
+    return slowdown_line(above)[0] if len({x for x, _ in above}) >= 2 else None
 
 
 def _nvml_means(samples: list[dict]) -> str:
@@ -125,7 +113,7 @@ def measure(label: str, seq: int, duties: list[float], seconds: float, nvml: Nvm
 
         _back_to_back(one_pass, 1.5)
         nvml.drain()
-        pass_s = _pass_seconds(one_pass, seconds)
+        pass_s = timed_passes(one_pass, seconds)[0]
         samples = nvml.drain()
         in_loop = _per_op(ops, idle_cycles, seconds)
         loop_c = sum(s for s, c in zip(in_loop, compute) if c)
@@ -172,7 +160,7 @@ def memory_power(label: str, seq: int, seconds: float, nvml: NvmlSampler) -> Non
         alone = median_seconds(Call(fn), 3, 10, True)
         _back_to_back(fn, 1.0)
         nvml.drain()
-        loaded = _pass_seconds(fn, seconds)
+        loaded = timed_passes(fn, seconds)[0]
         print(f"| {name} | {alone * 1e3:.3f} | {loaded * 1e3:.3f} | x{loaded / alone:.3f} | "
               f"{_nvml_means(nvml.drain())} |")
 

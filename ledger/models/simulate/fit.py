@@ -170,14 +170,21 @@ def fit_routing_pass(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(fixed, 0.0), 1.0
 
 
+def slowdown_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(x where y = 1, slope) of the least-squares line through (x, slowdown) points with at least two distinct x:
+    where a power-limit slowdown starts, and how fast it grows."""
+    mx, my = sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return mx - (my - 1) / slope, slope
+
+
 def fit_sustained(records: list[dict[str, Any]], peak: float) -> dict[str, float]:
     pts = [(float(r["flops"]) / (peak * float(r["compute_bound_s"])),
             float(r["seconds"]) / (float(r["compute_bound_s"]) + float(r["memory_bound_s"]))) for r in records]
     if len({x for x, _ in pts}) < 2:
         raise ValueError("the sustained fit needs sustained.layer records of at least two layers")
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    return {"threshold_efficiency": mx - (my - 1) / slope, "slope": slope}
+    threshold, slope = slowdown_line(pts)
+    return {"threshold_efficiency": threshold, "slope": slope}
 
 
 def _describe(op: str, dims: dict[str, int]) -> str:

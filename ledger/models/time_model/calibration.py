@@ -67,9 +67,6 @@ class PowerLimit:
         reached = (share - self.threshold_share) / (self.full_share - self.threshold_share)
         return 1.0 + (self.full_factor - 1.0) * min(1.0, max(0.0, reached))
 
-    def with_threshold(self, threshold_share: float | None) -> "PowerLimit":
-        return PowerLimit(self.full_factor, self.full_share, threshold_share)
-
 
 def _key(name: str, dims: dict[str, int], dtype: str) -> KernelKey:
     return name, tuple(sorted((k, int(v)) for k, v in dims.items())), dtype
@@ -124,18 +121,17 @@ class Calibration:
 
     def over(self, fallback: "Calibration") -> "Calibration":
         """This calibration, with what it lacks taken from `fallback` (a hardware file's, for the kernels a sweep
-        never timed): its kernels and rates first, its link fits where it has any, its sustained factor where it
-        measured one (with the fallback's threshold share: a sweep measures none), its host prices where it has them."""
+        never timed): its kernels and rates first, its link fits where it has any, its power limit where it
+        measured one, its host prices where it has them."""
         measured = bool(self.kernels or self.rates)
         own = measured and self.sustained > 1.0
-        threshold = fallback.power.threshold_share if fallback.power is not None else None
         own_host = self.host is not None or fallback.host is None
         host, host_note = (self.host, self.host_note) if own_host else (fallback.host, fallback.host_note)
         return Calibration(kernels={**fallback.kernels, **self.kernels}, rates={**fallback.rates, **self.rates},
                            comm=self.comm if self.comm.fits else fallback.comm,
                            device=f"{self.device}, else {fallback.device}",
                            sustained=self.sustained if own else fallback.sustained,
-                           power=(self.power and self.power.with_threshold(threshold)) if own else fallback.power,
+                           power=self.power if own else fallback.power,
                            compute_scale=self.compute_scale, scale_note=self.scale_note, host=host,
                            host_note=host_note)
 
