@@ -1,14 +1,15 @@
 """Shapes no committed run has had, for judging `simulate` the way held-out runs judge it: the predictions are
 written from config and the hardware file before the device runs them (BENCHMARKS.md, 2026-12-04 third entry).
 
-    python3 runs/bench/new_shapes.py [--set power] --predict     # a line a shape: simulate's step and peak, the command
-    python3 runs/bench/new_shapes.py [--set power] --flags NAME  # the shape's training flags (new_shapes_h200.sh)
-    python3 runs/bench/new_shapes.py [--set power] --names       # the shapes' names, in run order
+    python3 runs/bench/new_shapes.py [--set SET] --predict       # a line a shape: simulate's step and peak, the command
+    python3 runs/bench/new_shapes.py [--set SET] --flags NAME    # the shape's training flags (new_shapes_h200.sh)
+    python3 runs/bench/new_shapes.py [--set SET] --names         # the shapes' names, in run order
 
 The first set (2026-12-04): two launch-bound shapes (hidden 768-1024, the GPU idle much of the step), two in between
 and two GPU-bound ones. The power set (2026-12-05): four GPU-bound shapes of other widths, lengths and batches,
 predicted at the power limit's factor of each step's own compute-bound share and, beside it, at the sweep's full-load
-factor (the model before the threshold was measured), so that the runs judge the two. Every run as
+factor (the model before the threshold was measured), so that the runs judge the two. The coverage set (2026-12-05):
+five shapes of parts no committed GPU run had exercised (COVERAGE_SHAPES says which). Every run as
 runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
 """
 from __future__ import annotations
@@ -58,7 +59,29 @@ POWER_SHAPES = {
     "pw_llama1b_s1024_mbs8": ["--model", "llama3.2-1b", "--seq-length", "1024", "--micro-batch-size", "8",
                               "--global-batch-size", "32"],
 }
-SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES}
+# The coverage set (2026-12-05): parts of the engine no committed GPU run had exercised: core attention filling the
+# step (hidden 1024 at seq 16,384), head dimension 128 on a small model, fine-grained grouped experts (16 of width
+# 3,584, top 4), a launch-bound shape under CUDA graphs, and Megatron's GPT layer (LayerNorm, GeLU, biases, learned
+# positions; every committed run so far was Llama's) at hidden 2048.
+COVERAGE_SHAPES = {
+    "cv_h1024_l4_s16384": SMALL + ["--num-layers", "4", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
+                                   "--num-attention-heads", "16", "--seq-length", "16384", "--micro-batch-size", "1",
+                                   "--global-batch-size", "4"],
+    "cv_hd128_l4_s8192": ["--model", "llama3.2-1b", "--num-layers", "4", "--num-attention-heads", "16",
+                          "--seq-length", "8192", "--micro-batch-size", "1", "--global-batch-size", "8"],
+    "cv_moe_e16_top4_grouped": ["--model", "mixtral-8x7b-2l", "--num-experts", "16", "--moe-router-topk", "4",
+                                "--moe-ffn-hidden-size", "3584", "--moe-aux-loss-coeff", "0.02", "--moe-grouped-gemm",
+                                "--seq-length", "4096", "--micro-batch-size", "1", "--global-batch-size", "8"],
+    "cv_lb_h768_l8_s256_graphed": SMALL + ["--num-layers", "8", "--hidden-size", "768", "--ffn-hidden-size", "3072",
+                                           "--num-attention-heads", "12", "--seq-length", "256",
+                                           "--max-position-embeddings", "256", "--micro-batch-size", "8",
+                                           "--global-batch-size", "32", "--cuda-graph-impl", "local"],
+    "cv_gpt_h2048_l8_s2048": ["--num-layers", "8", "--hidden-size", "2048", "--ffn-hidden-size", "8192",
+                              "--num-attention-heads", "16", "--vocab-size", "50304", "--seq-length", "2048",
+                              "--max-position-embeddings", "2048", "--micro-batch-size", "2", "--global-batch-size",
+                              "8"],
+}
+SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES, "coverage": COVERAGE_SHAPES}
 
 
 def flags(name: str, shapes: dict[str, list[str]] = SHAPES) -> list[str]:
