@@ -61,8 +61,8 @@ POWER_SHAPES = {
 }
 # The coverage set (2026-12-05): parts of the engine no committed GPU run had exercised: core attention filling the
 # step (hidden 1024 at seq 16,384), head dimension 128 on a small model, fine-grained grouped experts (16 of width
-# 3,584, top 4), a launch-bound shape under CUDA graphs, and Megatron's GPT layer (LayerNorm, GeLU, biases, learned
-# positions; every committed run so far was Llama's) at hidden 2048.
+# 3,584, top 4), a launch-bound shape under CUDA graphs, and full multi-head attention (no query groups) with a
+# 50,304 vocabulary at hidden 2048 (the engine builds the Llama layer only: an explicit shape is Llama's).
 COVERAGE_SHAPES = {
     "cv_h1024_l4_s16384": SMALL + ["--num-layers", "4", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
                                    "--num-attention-heads", "16", "--seq-length", "16384", "--micro-batch-size", "1",
@@ -76,7 +76,7 @@ COVERAGE_SHAPES = {
                                            "--num-attention-heads", "12", "--seq-length", "256",
                                            "--max-position-embeddings", "256", "--micro-batch-size", "8",
                                            "--global-batch-size", "32", "--cuda-graph-impl", "local"],
-    "cv_gpt_h2048_l8_s2048": ["--num-layers", "8", "--hidden-size", "2048", "--ffn-hidden-size", "8192",
+    "cv_mha_h2048_l8_s2048": ["--num-layers", "8", "--hidden-size", "2048", "--ffn-hidden-size", "8192",
                               "--num-attention-heads", "16", "--vocab-size", "50304", "--seq-length", "2048",
                               "--max-position-embeddings", "2048", "--micro-batch-size", "2", "--global-batch-size",
                               "8"],
