@@ -112,6 +112,19 @@ def test_event_and_device_syncs_wait_for_what_was_enqueued_before_the_record_or_
     assert sorted(a.correlation for a in device.awaited) == [2, 3]  # each stream's last op
 
 
+def test_an_event_sync_waits_for_nothing_its_thread_launched_after_the_record_it_cannot_see(tmp_path: Path):
+    # Synthetic plumbing. The main thread records an event after launch 1; the autograd thread (tid 2) launches a long
+    # kernel, then synchronizes on that event and returns at once: the trace names no event, and the thread's own
+    # last launch (2) is still running when the call returns, so it cannot be what the call waited for.
+    events = [*launch(1, 0, 10, 20, stream=7), runtime("cudaEventRecord", 6, 1),
+              *launch(2, 40, 45, 500, stream=7, tid=2), runtime("cudaEventSynchronize", 50, 8, tid=2),
+              runtime("cudaStreamSynchronize", 60, 490, tid=2)]
+    g = read_graph(write_trace(tmp_path / "t.json", events))
+    event, stream = g.syncs
+    assert event.awaited == []  # was [launch 2's kernel], which ended 487 µs after the call returned
+    assert [a.correlation for a in stream.awaited] == [2]  # a sync that did block keeps what it waited for
+
+
 def test_nested_host_ops_get_their_depth_and_an_overhanging_child_is_cut_to_its_parent(tmp_path: Path):
     events = [host("aten::linear", 0, 100), host("aten::mm", 10, 95), runtime("cudaLaunchKernel", 20, 5)]
     (t,) = read_graph(write_trace(tmp_path / "t.json", events)).threads

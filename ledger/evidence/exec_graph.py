@@ -293,13 +293,18 @@ def _classify(graph: ExecGraph) -> None:
 
 def _awaited(enq: _Enqueued, call: HostOp, kind: str, record: HostOp | None) -> list[GpuOp]:
     """What a sync waits for: every stream's last enqueued op (device), else the last op enqueued on the stream
-    of the thread's last launch before the call (stream) or before the event's record (event)."""
+    of the thread's last launch before the call (stream) or before the event's record (event). A sync returns only
+    once what it waits for has ended, so an op that ended after the call returned was not it: an event recorded on
+    another thread (the trace names no event), such as the grouped experts' counts copied in the forward and waited
+    for by the autograd thread's backward. Without the record the wait is the call's measured time."""
     if kind == "device":
-        return [op for s in enq.by_stream if (op := enq.last_on(s, call.start)) is not None]
-    at = record.start if kind == "event" and record is not None else call.start
-    stream = enq.stream_before(call.thread, at)
-    op = enq.last_on(stream, at) if stream is not None else None
-    return [op] if op is not None else []
+        ops = [op for s in enq.by_stream if (op := enq.last_on(s, call.start)) is not None]
+    else:
+        at = record.start if kind == "event" and record is not None else call.start
+        stream = enq.stream_before(call.thread, at)
+        found = enq.last_on(stream, at) if stream is not None else None
+        ops = [found] if found is not None else []
+    return [op for op in ops if op.end <= call.end]
 
 
 def _stream_wait(enq: _Enqueued, call: HostOp, record: HostOp) -> StreamWait | None:
