@@ -24,8 +24,8 @@ def test_the_committed_traces_are_all_found():
     # two profiled MoE runs (h200_moe: before and after the compiled SwiGLU rows and combine); the dense seq-4096 step;
     # the delayed expert wgrads' pair (h200_moe/delayed_wgrad); the in-place grouped GEMMs' three (h200_moe/grouped,
     # the delayed one twice: its backward reading the counts, then the flush); the one-GPU demo's window
-    # (h200_host_ranges/demo_1gpu)
-    assert len(TRACES) == 24
+    # (h200_host_ranges/demo_1gpu); the five held-out coverage shapes (h200_coverage_shapes)
+    assert len(TRACES) == 29
 
 
 @pytest.mark.slow

@@ -1,0 +1,55 @@
+"""Five shapes of parts no committed GPU run had exercised (runs/bench/new_shapes.py --set coverage: core attention
+filling the step at seq 16,384, head dim 128 on a small model, 16 grouped experts of width 3,584 at top 4, a
+launch-bound shape under CUDA graphs, multi-head attention without query groups at hidden 2048), predicted from
+config and the H200 file before one H200 ran them (the predictions committed in ab84a75,
+runs/bench/results/2026-12-05_coverage_shapes_predictions.txt; the runs are tests/fixtures/h200_coverage_shapes, 12
+steps each with --all-probes and a profiled step 9, BENCHMARKS.md 2026-12-05, second entry). Nothing in the time model
+changed after; the replay's reading of their traces did (docs/formulas.md, "Execution graph": a sync cannot wait for
+work that ended after it returned), which moves no prediction."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from ledger.evidence.exec_graph import read_graph
+from ledger.evidence.replay import replay
+from ledger.reconcile.validation import Validation, validate_run
+from tests.support.recorded_runs import FIXTURES
+
+RUNS = FIXTURES / "h200_coverage_shapes"
+WITHIN = ("cv_h1024_l4_s16384", "cv_hd128_l4_s8192", "cv_mha_h2048_l8_s2048")
+MISSED = ("cv_lb_h768_l8_s256_graphed", "cv_moe_e16_top4_grouped")
+
+
+@lru_cache(maxsize=None)
+def validation(name: str) -> Validation:
+    return validate_run(RUNS / name, "H200")
+
+
+@pytest.mark.parametrize("name", WITHIN)
+def test_three_land_within_three_percent_of_their_step(name):
+    # -2.3% (seq 16,384), -0.1% (head dim 128), +2.6% (multi-head attention, vocabulary 50,304)
+    assert abs(validation(name).errors()["step_time"]) < 0.03
+
+
+@pytest.mark.parametrize("name", MISSED)
+def test_two_are_predicted_six_to_seven_percent_short(name):
+    # Both misses stated as they are (a widened bar would hide them): the graphed launch-bound step -6.6% (its other
+    # kernels 7% and attention 13% over the model: every graphed run so far lands short), the 16-expert grouped step
+    # -6.7% (its host forward issue 59% over the file's host block: per-expert wgrads and 16 groups a layer).
+    assert -0.075 < validation(name).errors()["step_time"] < -0.055
+
+
+@pytest.mark.parametrize("name", WITHIN + MISSED)
+def test_every_peak_lands_within_a_quarter_of_one_percent(name):
+    assert abs(validation(name).errors()["peak_bytes"]) < 0.0025
+
+
+def test_the_16_expert_steps_replay_within_a_tenth_of_one_percent_without_a_wait_its_trace_cannot_name():
+    # Each layer's backward on the autograd thread waits (cudaEventSynchronize) for the counts its forward copied on
+    # the main thread. Taken as a wait for the autograd thread's own last kernel, the replay ran 13-15% long.
+    graph = read_graph(RUNS / "cv_moe_e16_top4_grouped/traces/rank0.step9-9.json.gz")
+    event_syncs = [s for s in graph.syncs if s.kind == "event" and s.call.thread != graph.steps[9].thread]
+    assert len(event_syncs) == 32 and all(not s.awaited for s in event_syncs)
+    assert all(abs(s.error) < 0.001 for s in replay([graph]).steps)
