@@ -25,22 +25,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sustained_split import _nvml_means, _sleep_rate  # noqa: E402
 
 from probes.compute_sweep.calls import Call  # noqa: E402
 from probes.compute_sweep.harness import median_seconds  # noqa: E402
 from probes.nvml import NvmlSampler  # noqa: E402
 
 WINDOWS_MS = ((0, 10), (10, 25), (25, 50), (50, 100), (100, 200), (200, 400))
-
-
-def _sleep_rate() -> float:
-    """Seconds per cycle of torch.cuda._sleep on an idle device."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / 20_000_000
 
 
 def _gemm(n: int, m: int, k: int) -> Call:
@@ -72,14 +65,6 @@ def _cycles(hot: Call, probe: Call, hot_n: int, probe_n: int, idle_cycles: int, 
     return recorded
 
 
-def _nvml(samples: list[dict]) -> str:
-    if not samples:
-        return "no NVML samples"
-    clocks = sorted(s["sm_clock_mhz"] for s in samples)
-    return (f"{statistics.mean(s['power_w'] for s in samples):.0f} W, SM {clocks[0]}-{clocks[-1]} MHz "
-            f"(median {clocks[len(clocks) // 2]})")
-
-
 def measure(hot_ms: float, args: argparse.Namespace, hot: Call, probe: Call, iso_hot: float, iso_probe: float,
             per_cycle: float, nvml: NvmlSampler) -> str:
     idle_cycles = int(iso_probe * (1 - args.share) / args.share / per_cycle)
@@ -109,7 +94,7 @@ def measure(hot_ms: float, args: argparse.Namespace, hot: Call, probe: Call, iso
     cells = [f"x{statistics.median(v):.3f}" if v else "—" for v in by_window.values()]
     hot_cell = f"x{statistics.median(hot_ratio):.3f}" if hot_ratio else "—"
     return (f"| {hot_ms:g} | {hot_cell} | {statistics.median(shares):.2f} | " + " | ".join(cells)
-            + f" | {_nvml(samples)} |")
+            + f" | {_nvml_means(samples)} |")
 
 
 def main() -> int:
