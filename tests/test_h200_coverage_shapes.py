@@ -12,8 +12,9 @@ import pytest
 
 from ledger.evidence.exec_graph import read_graph
 from ledger.evidence.replay import replay
+from ledger.reconcile.step_decomposition import CLASS_METRIC
 from ledger.reconcile.validation import Validation, validate_run
-from tests.support.recorded_runs import FIXTURES
+from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 
 RUNS = FIXTURES / "h200_coverage_shapes"
 WITHIN = ("cv_h1024_l4_s16384", "cv_hd128_l4_s8192", "cv_mha_h2048_l8_s2048")
@@ -52,3 +53,17 @@ def test_the_16_expert_steps_replay_within_a_tenth_of_one_percent_without_a_wait
     event_syncs = [s for s in graph.syncs if s.kind == "event" and s.call.thread != graph.steps[9].thread]
     assert len(event_syncs) == 32 and all(not s.awaited for s in event_syncs)
     assert all(abs(s.error) < 0.001 for s in replay([graph]).steps)
+
+
+@pytest.mark.parametrize("name", ("cv_h1024_l4_s16384", "cv_hd128_l4_s8192"))
+def test_core_attention_runs_slower_in_the_attention_heavy_steps_than_one_power_factor_says(name):
+    # A finding stated, not a goal met: at one power-limit factor for every class (x1.077 and x1.134 here), the
+    # profiled steps' cuDNN flash kernels ran 8-14% over their model while the GEMMs ran 0-3% under it (seq 16,384:
+    # forward x1.22, backward x1.18 their isolated sweep times, the GEMMs x1.05). A per-class slowdown that fixes
+    # it moves these bounds (BENCHMARKS.md 2026-12-05, second entry).
+    rows = [r for r in reconcile_recorded(RUNS / name).rows if r.metric.startswith(CLASS_METRIC)]
+    ratio = {cls: [r.measured / r.predicted for r in rows if r.metric == CLASS_METRIC + cls] for cls in
+             ("attention", "matmul")}
+    assert len(ratio["attention"]) == len(ratio["matmul"]) == 2  # profiled steps 9 and 10
+    assert all(1.06 < x < 1.16 for x in ratio["attention"])
+    assert all(0.95 < x < 1.005 for x in ratio["matmul"])
