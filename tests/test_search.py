@@ -317,7 +317,7 @@ def test_a_search_with_the_calibrated_bound_ranks_as_the_exhaustive_one():
     from ledger.models.simulate.bound import calibrated_bound
     from ledger.models.time_model import predict_step
 
-    cfg = base(SMALL.replace("--global-batch-size 8", "--global-batch-size 32")
+    cfg = base(SMALL.replace("--global-batch-size 8", "--global-batch-size 16")
                .replace("--hidden-size 64 --ffn-hidden-size 128", "--hidden-size 4096 --ffn-hidden-size 16384")
                .replace("--vocab-size 1000", "--vocab-size 32000")
                .replace("--seq-length 32", "--seq-length 4096 --max-position-embeddings 4096"))
