@@ -18,7 +18,7 @@ from statistics import median
 from common.events import StepRecord
 from common.wording import plural
 from ledger.evidence.run import RunEvidence
-from ledger.evidence.steps import StepSelection, profiler_cost
+from ledger.evidence.steps import StepSelection, profiler_cost, steps_text
 from ledger.models.formulas.flops import (
     H200_BF16_DENSE_PEAK,
     H200_FP8_DENSE_PEAK,
@@ -41,6 +41,7 @@ PEAKS = {"H200": H200_BF16_DENSE_PEAK, "H100": 989e12, "A100": 312e12}
 FP8_PEAKS = {"H200": H200_FP8_DENSE_PEAK, "H100": 1979e12}  # dense fp8 tensor-core peaks (datasheets); A100 has none
 STRAGGLER_TOL = 0.05
 STEP_TIME_TOL = 0.05
+DRIFT_MIN_STEPS = 6  # steady steps the pace's drift is judged on: two in each third at least
 
 
 def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
@@ -99,8 +100,33 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
             else
             f"no steady step to judge: every step after the first was disturbed by the profiler "
             f"({selection.describe()})")
+    drift = pace_drift(per_rank)
     return predicted_row("throughput.step_time", "run", predicted=predicted, measured=measured, unit="s",
-                         tolerance=STEP_TIME_TOL, explanation=text, source="events")
+                         tolerance=STEP_TIME_TOL, explanation=text + (f"; {drift}" if drift else ""), source="events")
+
+
+def pace_drift(per_rank: dict[int, list[StepRecord]]) -> str | None:
+    """A sentence when the steady steps' pace moved by more than the row's tolerance within the window (the first
+    third of the steps against the last, each step its median over ranks; six steps at least): the median judged
+    then mixes two paces (a warm-up the steps left out did not cover, or a host whose pace drifted), and the row says
+    so. None when the pace held."""
+    by_step: dict[int, list[float]] = {}
+    for steps in per_rank.values():
+        for s in steps:
+            by_step.setdefault(s.step, []).append(s.step_time_s)
+    order = sorted(by_step)
+    third = len(order) // 3
+    if third < DRIFT_MIN_STEPS // 3:
+        return None
+    first, last = order[:third], order[-third:]
+    early, late = (median(median(by_step[s]) for s in part) for part in (first, last))
+    change = early / late - 1
+    if abs(change) <= STEP_TIME_TOL:
+        return None
+    return (f"the pace {'fell' if change > 0 else 'rose'} within the window: steps {steps_text(first)} "
+            f"{early * 1e3:.3g} ms against steps {steps_text(last)} {late * 1e3:.3g} ms ({change:+.1%}), more than "
+            f"{STEP_TIME_TOL:.0%}: the median mixes two paces (a warm-up longer than the steps left out, or a host "
+            f"whose pace drifted); a longer run judges the steady step")
 
 
 def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:

@@ -1,0 +1,73 @@
+"""The step-time row says when the steady steps' pace moved within the window by more than its tolerance: the
+median it judges then mixes two paces, and a reader of a miss needs to know that before blaming the model.
+
+The claims are tested on real recorded runs: an H200 SequentialMLP run whose early steps still meet new expert row
+counts (cuBLAS's first calls at a shape: tests/fixtures/h200_moe/README.md), and a GPU-bound dense run whose pace
+held. The rule's edges (six steps at least, the tolerance itself) on hand-made step records, which test plumbing.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import median
+
+import pytest
+
+from common.events import StepRecord
+from ledger.evidence.read import read_run
+from ledger.evidence.steps import run_steps
+from ledger.reconcile.throughput import STEP_TIME_TOL, pace_drift, throughput_rows
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SEQUENTIAL_MOE = FIXTURES / "h200_moe" / "delayed_wgrad" / "pad16"  # steps 2-14 steady, 15-16 profiled
+DENSE = FIXTURES / "h200_llama1b" / "s4096"
+
+
+def step_row(run: Path) -> dict:
+    ev = read_run(run)
+    (r,) = [r for r in throughput_rows(ev, run_steps(ev)) if r.metric == "throughput.step_time"]
+    return r.to_dict()
+
+
+def steady_times(run: Path) -> list[float]:
+    """The run's step times, steps 2 on, the profiled ones left out: read off its events file, not the ledger."""
+    records = [json.loads(line) for line in (run / "ranks" / "rank0" / "events.jsonl").read_text().splitlines()]
+    steps = sorted((r["step"], r["step_time_s"]) for r in records
+                   if r["kind"] == "step" and r["step"] >= 2 and not r["profiled"])
+    return [t for _, t in steps]
+
+
+def test_the_sequential_moe_runs_falling_pace_is_said_with_its_two_paces():
+    times = steady_times(SEQUENTIAL_MOE)
+    assert len(times) == 13  # steps 2-14: thirds of four steps, 2-5 against 11-14
+    early, late = median(times[:4]), median(times[-4:])
+    assert early / late - 1 > STEP_TIME_TOL  # the run's own record: the warm-up outlasts the first step
+    text = step_row(SEQUENTIAL_MOE)["explanation"]
+    assert (f"the pace fell within the window: steps 2-5 {early * 1e3:.3g} ms against steps 11-14 "
+            f"{late * 1e3:.3g} ms ({early / late - 1:+.1%}), more than 5%") in text, text
+
+
+def test_a_gpu_bound_run_whose_pace_held_says_nothing_of_it():
+    times = steady_times(DENSE)
+    third = len(times) // 3
+    assert abs(median(times[:third]) / median(times[-third:]) - 1) <= STEP_TIME_TOL
+    assert "the pace" not in step_row(DENSE)["explanation"]
+
+
+def records(times_ms: list[float], ranks: int = 1) -> dict[int, list[StepRecord]]:
+    """Plumbing: step records 2.. of `ranks` ranks, each with these step times."""
+    return {rank: [StepRecord(step=i + 2, t=0.0, step_time_s=t / 1e3) for i, t in enumerate(times_ms)]
+            for rank in range(ranks)}
+
+
+@pytest.mark.parametrize(("times", "said"), [
+    ([110, 110, 100, 100, 100, 100], "the pace fell within the window: steps 2, 3 110 ms against steps 6, 7 100 ms "
+                                     "(+10.0%)"),
+    ([100, 100, 100, 100, 110, 110], "the pace rose within the window: steps 2, 3 100 ms against steps 6, 7 110 ms "
+                                     "(-9.1%)"),
+    ([104, 104, 100, 100, 100, 100], None),  # within the tolerance: held
+    ([130, 100, 100, 100, 100], None),  # five steps: too few to split in thirds of two
+])
+def test_the_rule_splits_the_steps_in_thirds_and_judges_at_the_rows_tolerance(times, said):
+    text = pace_drift(records(times, ranks=2))
+    assert (text is None) if said is None else text.startswith(said), text
