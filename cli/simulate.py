@@ -80,6 +80,9 @@ def render(sim: Simulation) -> str:
     return "\n".join(lines)
 
 
+DRIFTED = " ‡"  # marks a step error whose measured median mixes two paces
+
+
 def render_validation(results: list[Validation]) -> str:
     lines = ["| run | hardware | layout | step predicted / measured | error | peak predicted / measured | error | "
              "bubble predicted / measured | host forward |", "|---|---|---|---|---|---|---|---|---|"]
@@ -91,12 +94,20 @@ def render_validation(results: list[Validation]) -> str:
         lines.append(
             f"| {v.run} | {d['hardware']} | tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} mbs{lay['micro_batch_size']} "
             f"gbs{lay['global_batch_size']} seq{lay['seq_length']} | {duration(v.sim.step.step_time)} / "
-            f"{duration(m.step_time) if m.step_time else '—'} | {percent(e['step_time'], signed=True)} | "
+            f"{duration(m.step_time) if m.step_time else '—'} | {percent(e['step_time'], signed=True)}"
+            f"{DRIFTED if m.pace is not None else ''} | "
             f"{size(v.predicted_peak)} / "
             f"{size(m.peak_bytes) if m.peak_bytes else '—'} | {percent(e['peak_bytes'], signed=True)} | {bubble} | "
             f"{'—' if e['host_forward'] is None else percent(e['host_forward'], signed=True)} |")
     ok = sum(v.within_goals() for v in results)
     lines.append(f"\n{ok} of {len(results)} run(s) within the goals (step time 5%, peak memory 3%)")
+    drifted = [v for v in results if v.measured.pace is not None]
+    if drifted:
+        missed = sum(not v.within_goals() for v in drifted)
+        lines.append(f"{DRIFTED.strip()} the run's steady pace moved by more than 5% within its window (the first "
+                     f"third of its steady steps against the last): its measured median mixes two paces, a warm-up "
+                     f"longer than the steps left out or a host whose pace drifted ({len(drifted)} run(s), {missed} "
+                     f"of them outside the goals)")
     if any(v.errors()["host_forward"] is not None for v in results):
         lines.append("host forward: the forward range's issue on the host (the timers' host times) against the host "
                      "timeline's from the hardware file's host block, not a goal: a launch-bound step misses where "

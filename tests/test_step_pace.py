@@ -13,10 +13,12 @@ from statistics import median
 
 import pytest
 
+from cli.simulate import DRIFTED
 from common.events import StepRecord
 from ledger.evidence.read import read_run
 from ledger.evidence.steps import run_steps
 from ledger.reconcile.throughput import STEP_TIME_TOL, pace_drift, throughput_rows
+from tests.support.cli import run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEQUENTIAL_MOE = FIXTURES / "h200_moe" / "delayed_wgrad" / "pad16"  # steps 2-14 steady, 15-16 profiled
@@ -54,6 +56,20 @@ def test_a_gpu_bound_run_whose_pace_held_says_nothing_of_it():
     assert "the pace" not in step_row(DENSE)["explanation"]
 
 
+def test_simulate_validate_marks_the_step_error_whose_measurement_mixes_two_paces():
+    status, out, err = run(["simulate", "--validate", str(SEQUENTIAL_MOE), str(DENSE)])
+    assert status == 0, err
+    moe, dense = ([line for line in out.splitlines() if line.startswith(f"| {r} |")][0]
+                  for r in (SEQUENTIAL_MOE, DENSE))
+    assert moe.split(" | ")[4].endswith(DRIFTED) and not dense.split(" | ")[4].endswith(DRIFTED), (moe, dense)
+    assert f"{DRIFTED.strip()} the run's steady pace moved by more than 5%" in out
+    assert "(1 run(s), 1 of them outside the goals)" in out  # the MoE run misses: -12% against its own mixed median
+    status, out, _ = run(["simulate", "--json", "--validate", str(SEQUENTIAL_MOE), str(DENSE)])
+    times = steady_times(SEQUENTIAL_MOE)
+    changes = [r["measured"]["pace_change"] for r in json.loads(out)]
+    assert changes == [pytest.approx(median(times[:4]) / median(times[-4:]) - 1, rel=1e-12), None]
+
+
 def records(times_ms: list[float], ranks: int = 1) -> dict[int, list[StepRecord]]:
     """Plumbing: step records 2.. of `ranks` ranks, each with these step times."""
     return {rank: [StepRecord(step=i + 2, t=0.0, step_time_s=t / 1e3) for i, t in enumerate(times_ms)]
@@ -69,5 +85,5 @@ def records(times_ms: list[float], ranks: int = 1) -> dict[int, list[StepRecord]
     ([130, 100, 100, 100, 100], None),  # five steps: too few to split in thirds of two
 ])
 def test_the_rule_splits_the_steps_in_thirds_and_judges_at_the_rows_tolerance(times, said):
-    text = pace_drift(records(times, ranks=2))
-    assert (text is None) if said is None else text.startswith(said), text
+    drift = pace_drift(records(times, ranks=2))
+    assert (drift is None) if said is None else drift.sentence().startswith(said), drift

@@ -13,6 +13,7 @@ the explanation saying what share of the FLOPs ran in fp8.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 from common.events import StepRecord
@@ -48,6 +49,19 @@ def timed_steps(records: list[StepRecord]) -> list[StepRecord]:
     return [r for r in records if r.step_time_s]
 
 
+def timed_records(ev: RunEvidence) -> dict[int, list[StepRecord]]:
+    """Each rank's step records that carry a step time (ranks with none left out)."""
+    records = {rank: timed_steps(r.steps) for rank, r in ev.ranks.items()}
+    return {rank: s for rank, s in records.items() if s}
+
+
+def steady_records(records: dict[int, list[StepRecord]], selection: StepSelection) -> dict[int, list[StepRecord]]:
+    """The steady steps' records of each rank (the step-time row's): ranks with none left out."""
+    steady = set(selection.steady({s.step for steps in records.values() for s in steps}))
+    per_rank = {rank: [s for s in steps if s.step in steady] for rank, steps in records.items()}
+    return {rank: s for rank, s in per_rank.items() if s}
+
+
 def device_peak(ev: RunEvidence, peaks: dict[str, float] = PEAKS,
                 precision: str = "16-bit") -> tuple[float | None, str]:
     device = ev.device(min(ev.rank_infos)) if ev.rank_infos else None
@@ -64,14 +78,12 @@ def device_peak(ev: RunEvidence, peaks: dict[str, float] = PEAKS,
 def throughput_rows(ev: RunEvidence, selection: StepSelection, *,
                     predicted_step_time: float | None = None) -> list[Row]:
     """`predicted_step_time`: the time model's step time (None until it is wired: the step_time row says so)."""
-    records = {rank: timed_steps(r.steps) for rank, r in ev.ranks.items()}
-    records = {rank: s for rank, s in records.items() if s}
+    records = timed_records(ev)
     if not records:
         return []
     steps = {s.step for steps in records.values() for s in steps}
-    steady = set(selection.steady(steps))
-    per_rank = {rank: [s for s in steps if s.step in steady] for rank, steps in records.items()}
-    per_rank = {rank: s for rank, s in per_rank.items() if s}
+    per_rank = steady_records(records, selection)
+    steady = _steps_of(per_rank)
     kept, note = selection.timed(steps)
     figures = [s for steps in records.values() for s in steps if s.step in kept]
     step_time = median(s.step_time_s for s in figures)
@@ -102,14 +114,33 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
             f"({selection.describe()})")
     drift = pace_drift(per_rank)
     return predicted_row("throughput.step_time", "run", predicted=predicted, measured=measured, unit="s",
-                         tolerance=STEP_TIME_TOL, explanation=text + (f"; {drift}" if drift else ""), source="events")
+                         tolerance=STEP_TIME_TOL, explanation=text + (f"; {drift.sentence()}" if drift else ""),
+                         source="events")
 
 
-def pace_drift(per_rank: dict[int, list[StepRecord]]) -> str | None:
-    """A sentence when the steady steps' pace moved by more than the row's tolerance within the window (the first
-    third of the steps against the last, each step its median over ranks; six steps at least): the median judged
-    then mixes two paces (a warm-up the steps left out did not cover, or a host whose pace drifted), and the row says
-    so. None when the pace held."""
+@dataclass(frozen=True)
+class PaceDrift:
+    """The steady steps' pace early and late in the window (each step its median over ranks), where it moved by more
+    than the step-time row's tolerance: the median judged then mixes two paces."""
+    first: list[int]  # the first third of the steady steps
+    last: list[int]  # the last third
+    early_s: float  # the first third's median step time
+    late_s: float
+
+    @property
+    def change(self) -> float:
+        return self.early_s / self.late_s - 1
+
+    def sentence(self) -> str:
+        return (f"the pace {'fell' if self.change > 0 else 'rose'} within the window: steps {steps_text(self.first)} "
+                f"{self.early_s * 1e3:.3g} ms against steps {steps_text(self.last)} {self.late_s * 1e3:.3g} ms "
+                f"({self.change:+.1%}), more than {STEP_TIME_TOL:.0%}: the median mixes two paces (a warm-up longer "
+                f"than the steps left out, or a host whose pace drifted); a longer run judges the steady step")
+
+
+def pace_drift(per_rank: dict[int, list[StepRecord]]) -> PaceDrift | None:
+    """The first third of the steady steps against the last (six steps at least), where their medians differ by more
+    than the row's tolerance; None when the pace held."""
     by_step: dict[int, list[float]] = {}
     for steps in per_rank.values():
         for s in steps:
@@ -119,14 +150,8 @@ def pace_drift(per_rank: dict[int, list[StepRecord]]) -> str | None:
     if third < DRIFT_MIN_STEPS // 3:
         return None
     first, last = order[:third], order[-third:]
-    early, late = (median(median(by_step[s]) for s in part) for part in (first, last))
-    change = early / late - 1
-    if abs(change) <= STEP_TIME_TOL:
-        return None
-    return (f"the pace {'fell' if change > 0 else 'rose'} within the window: steps {steps_text(first)} "
-            f"{early * 1e3:.3g} ms against steps {steps_text(last)} {late * 1e3:.3g} ms ({change:+.1%}), more than "
-            f"{STEP_TIME_TOL:.0%}: the median mixes two paces (a warm-up longer than the steps left out, or a host "
-            f"whose pace drifted); a longer run judges the steady step")
+    drift = PaceDrift(first, last, *(median(median(by_step[s]) for s in part) for part in (first, last)))
+    return drift if abs(drift.change) > STEP_TIME_TOL else None
 
 
 def flops_rows(ev: RunEvidence, step_time: float, where: str) -> list[Row]:

@@ -8,6 +8,8 @@ the peak, without what lies outside PyTorch), and the pipeline bubble of wall ti
 Goals (issue 18): step time within 5%, peak memory within 3%. Beside them, not a goal: the critical stage's forward
 range on the host's clock (what the host took to issue it, where the timers kept host times) against the host
 timeline's from the file's host block: where a launch-bound step misses, this says whether its host's pace did.
+And where the run's steady pace moved by more than the step goal within its window (ledger.reconcile.throughput
+PaceDrift), the measured median mixes two paces: the table marks that error rather than let it pass for the model's.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from typing import Any
 
 from common.errors import InputError
 from ledger.evidence.read import read_run
+from ledger.evidence.steps import run_steps
 from ledger.models.schedule import FORWARD
 from ledger.models.simulate.hardware import hardware_for, kind_of, run_device
 from ledger.models.simulate.simulation import Simulation, simulate
 from ledger.reconcile.run import eager_fusions_on_gpu, reconcile_evidence
+from ledger.reconcile.throughput import PaceDrift, pace_drift, steady_records, timed_records
 
 STEP_GOAL, PEAK_GOAL = 0.05, 0.03
 
@@ -33,6 +37,7 @@ class Measured:
     bubble: float | None
     device: str | None
     host_forward: dict[int, float] = field(default_factory=dict)  # stage -> its forward range on the host's clock
+    pace: PaceDrift | None = None  # where the steady steps' pace moved by more than the step goal within the window
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ class Validation:
                 "predicted": {"step_time_s": self.sim.step.step_time, "peak_bytes": self.predicted_peak,
                               "bubble": self.predicted_bubble, "host_forward_s": self.predicted_host_forward},
                 "measured": {"step_time_s": m.step_time, "peak_bytes": m.peak_bytes, "bubble": m.bubble,
-                             "host_forward_s": self.measured_host_forward},
+                             "host_forward_s": self.measured_host_forward,
+                             "pace_change": m.pace.change if m.pace is not None else None},
                 "errors": self.errors(), "within_goals": self.within_goals(), "eager_fusions": self.eager_fusions}
 
 
@@ -103,14 +109,14 @@ def measured_values(rows: list[dict[str, Any]], metric: str) -> list[float]:
     return [r["measured"] for r in rows if r["metric"] == metric and r.get("measured") is not None]
 
 
-def measured(rows: list[dict[str, Any]], device: str | None) -> Measured:
+def measured(rows: list[dict[str, Any]], device: str | None, pace: PaceDrift | None = None) -> Measured:
     step = measured_values(rows, "throughput.step_time")
     peak = measured_values(rows, "memory.peak_allocated")
     bubble = measured_values(rows, "pipeline.bubble_of_wall_time")
     host = [r for r in rows if r["metric"] == "time.host_forward_per_microbatch" and r.get("measured") is not None]
     host_forward = {s: median(r["measured"] for r in host if r["stage"] == s) for s in {r["stage"] for r in host}}
     return Measured(step_time=max(step) if step else None, peak_bytes=int(max(peak)) if peak else None,
-                    bubble=mean(bubble) if bubble else None, device=device, host_forward=host_forward)
+                    bubble=mean(bubble) if bubble else None, device=device, host_forward=host_forward, pace=pace)
 
 
 def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation:
@@ -125,5 +131,6 @@ def validate_run(run_dir: str | Path, hardware: str | None = None) -> Validation
                                        "and memory cannot judge it; validate a GPU run")
     hw = hardware_for(device, hardware)
     rows = [r.to_dict() for r in reconcile_evidence(ev).rows]
+    pace = pace_drift(steady_records(timed_records(ev), run_steps(ev)))
     return Validation(run=str(run_dir), framework=ev.framework, sim=simulate(ev.config, hw),
-                      measured=measured(rows, device), eager_fusions=eager_fusions_on_gpu(ev))
+                      measured=measured(rows, device, pace), eager_fusions=eager_fusions_on_gpu(ev))
