@@ -19,6 +19,7 @@ from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 RUNS = FIXTURES / "h200_coverage_shapes"
 WITHIN = ("cv_h1024_l4_s16384", "cv_hd128_l4_s8192", "cv_mha_h2048_l8_s2048")
 MISSED = ("cv_lb_h768_l8_s256_graphed", "cv_moe_e16_top4_grouped")
+GRAPHED, GROUPED = MISSED
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,19 @@ def test_three_land_within_three_percent_of_their_step(validation, name):
     assert abs(validation[name].errors()["step_time"]) < 0.03
 
 
-@pytest.mark.parametrize("name", MISSED)
-def test_two_are_predicted_six_to_seven_percent_short(validation, name):
-    # Both misses stated as they are (a widened bar would hide them): the graphed launch-bound step -6.6% (its other
-    # kernels 7% and attention 13% over the model, as other graphed runs land short), the 16-expert grouped step -6.7%
-    # (the file's host block gives 41% of its host forward issue: per-expert wgrads and 16 groups a layer).
-    assert -0.075 < validation[name].errors()["step_time"] < -0.055
+def test_the_graphed_launch_bound_step_is_predicted_six_to_seven_percent_short(validation):
+    # The miss stated as it is (a widened bar would hide it): -6.6%, its other kernels 7% and attention 13% over the
+    # model, as other graphed runs land short.
+    assert -0.075 < validation[GRAPHED].errors()["step_time"] < -0.055
+
+
+def test_the_16_expert_step_is_predicted_five_percent_short_with_its_grouped_gemms_at_their_measured_slowdown(
+        validation):
+    # -6.7% as predicted before the run (the grouped GEMMs at the dense GEMM's price); -5.2% since the H200 file
+    # prices them at the slowdown a side-by-side kernel timing of mixtral's expert shape measured (x1.09: runs/bench/
+    # grouped_gemm_slowdown.py; this run's 16 experts of width 3,584 were not in it). Still a miss: the file's host
+    # block gives 41% of its host forward issue (per-expert wgrads and 16 groups a layer).
+    assert -0.06 < validation[GROUPED].errors()["step_time"] < -0.05
 
 
 @pytest.mark.parametrize("name", WITHIN + MISSED)

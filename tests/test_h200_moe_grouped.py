@@ -38,13 +38,15 @@ def test_the_step_is_predicted_from_the_runs_sweeps_and_from_the_h200_file(name,
     # Own sweeps: 402 / 406 ms (ok), 350 / 380 and 352 / 378 ms (the delayed runs 7-8% short: their steps ran at
     # the full-load clocks, NVML's median 1,545-1,560 MHz against the undelayed run's 1,612 thirty seconds before,
     # where the power limit's line gives them the factor of their 0.77 compute-bound share: docs/formulas.md, "The
-    # power limit in a step"); the H200 file alone: -5.4%, -5.5%, -5.2% (their "other kernels" and host waits
-    # under-priced, which the full-load factor had hidden by over-pricing the GEMMs 8%).
+    # power limit in a step"); the H200 file alone: -3.5%, -3.2%, -2.9% since it prices the grouped GEMMs 9% over
+    # the dense GEMM of their shape (torch's grouped kernel timed beside a dense mm: runs/bench/
+    # grouped_gemm_slowdown.py, no training run), -5.4%, -5.5%, -5.2% before (at the dense price: ~640 TFLOP/s
+    # measured in these steps' grouped kernels, ~750 priced).
     step = only(reconciled(name), "throughput.step_time")
     own = {"in_place": (-0.02, 0.02), "in_place_delayed": (0.06, 0.10), FLUSH_READS: (0.05, 0.09)}[name]
     assert own[0] < step.rel_diff < own[1]
     v = validate_run(RUNS / name, "H200")
-    assert -0.065 < v.sim.step.step_time / v.measured.step_time - 1 < -0.04
+    assert -0.04 < v.sim.step.step_time / v.measured.step_time - 1 < -0.025
 
 
 @pytest.mark.parametrize("name", NAMES)

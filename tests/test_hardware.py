@@ -192,6 +192,9 @@ def test_a_json_list_is_refused(tmp_path):
      "power_limit.threshold_share must be at most"),
     ("power threshold zero", lambda d: d["power_limit"].update(threshold_share=0), "power_limit.threshold_share must"),
     ("power source", lambda d: d["power_limit"].pop("source"), "power_limit has no source"),
+    ("grouped slowdown zero", lambda d: d["grouped_gemm"].update(slowdown=0), "grouped_gemm.slowdown must be positive"),
+    ("grouped slowdown text", lambda d: d["grouped_gemm"].update(slowdown="9%"), "grouped_gemm.slowdown must be a"),
+    ("grouped source", lambda d: d["grouped_gemm"].pop("source"), "grouped_gemm has no source"),
 ])
 def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change, expected):
     path = broken(tmp_path, change)
@@ -233,3 +236,32 @@ def test_the_power_limits_threshold_is_the_h200_measurement_and_optional(tmp_pat
     assert "sustained_split.py" in json.loads((HARDWARE_DIR / "h200.json").read_text())["power_limit"]["source"]
     without = broken(tmp_path, lambda d: d.pop("power_limit"))
     assert load_hardware(without).sustained.threshold_share is None
+
+
+def test_a_grouped_gemm_is_the_dense_gemm_of_its_total_shape_times_the_measured_slowdown(tmp_path):
+    # The H200 file's slowdown is torch._grouped_mm over one dense mm of the same m, n, k, timed side by side on the
+    # device (runs/bench/grouped_gemm_slowdown.py: 1.079 and 1.102 in two calls); the per-expert wgrads are plain
+    # GEMMs and keep the dense price, and a file without the block prices grouped GEMMs as dense.
+    from common.ops.linear import gemm
+    from ledger.models.simulate.kernel_cost import kernel_seconds
+
+    h200 = load_hardware("H200")
+    assert h200.gemm.grouped_slowdown == pytest.approx((1.0794 + 1.1018) / 2, abs=1e-4)
+    grouped = gemm("experts.linear_fc1.fprop", 8192, 28672, 4096, experts=8)
+    dense = gemm("linear_fc1.fprop", 8192, 28672, 4096)
+    assert kernel_seconds(h200, grouped, "bf16", "fp32") == pytest.approx(
+        h200.gemm.grouped_slowdown * kernel_seconds(h200, dense, "bf16", "fp32"), rel=1e-12)
+    without = load_hardware(broken(tmp_path, lambda d: d.pop("grouped_gemm")))
+    assert without.gemm.grouped_slowdown == 1.0
+    assert kernel_seconds(without, grouped, "bf16", "fp32") == kernel_seconds(without, dense, "bf16", "fp32")
+    assert all(load_hardware(name).gemm.grouped_slowdown == 1.0 for name in ("H100", "A100-80GB", "A100-40GB"))
+
+
+def test_the_grouped_slowdown_is_the_mean_of_the_committed_side_by_side_timings():
+    import runs.bench.grouped_gemm_slowdown as script
+
+    tables = script.calls(script.RESULTS[0].read_text())
+    assert len(tables) == 2  # two device calls, the second with the experts' rows spread +-120
+    grouped_ms = sum(tables[0][(g, script.GROUPED)] for g in ("fc1 forward", "fc2 forward", "fc1 dgrad"))
+    assert grouped_ms == pytest.approx(2.848 + 1.616 + 3.078)  # the first call's grouped column, read back
+    assert raw("H200")["grouped_gemm"]["slowdown"] == round(sum(map(script.slowdown, tables)) / 2, 4)

@@ -62,6 +62,9 @@ class GemmCost:
     fixed_s: float
     compute_efficiency: float
     epilogue_efficiency: float
+    # A grouped GEMM (torch._grouped_mm, --moe-grouped-gemm) over the dense GEMM of its total shape, measured side by
+    # side (the file's optional "grouped_gemm" block); 1 where a file has no measurement.
+    grouped_slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -347,7 +350,8 @@ def _hardware(r: _Reader) -> Hardware:
         gpus_per_node=int(r.number("gpus_per_node", integer=True)),
         gemm=GemmCost(fixed_s=r.inner("gemm", "fixed_s", zero=True),
                       compute_efficiency=r.inner("gemm", "compute_efficiency", at_most=1.0),
-                      epilogue_efficiency=r.inner("gemm", "epilogue_efficiency")),
+                      epilogue_efficiency=r.inner("gemm", "epilogue_efficiency"),
+                      grouped_slowdown=r.inner("grouped_gemm", "slowdown") if "grouped_gemm" in r.data else 1.0),
         attention=AttentionCost(fwd=_attention(r, "fwd"), bwd=_attention(r, "bwd")),
         memory=_memory(r),
         sustained=Sustained(threshold_efficiency=r.inner("sustained", "threshold_efficiency"),

@@ -12,6 +12,10 @@ GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
   with k = 8,192. efficiency(shape) = flops / (peak x seconds). Its limit, measured on the experts' grid
   (hardware_sweep.py --experts, not in the fit): a wgrad with a large output reducing over 512-1,024 rows runs
   12-27% slower than this says, and GEMMs of a few hundred rows 11-25% slower; no linear form fixes both.
+  A grouped GEMM (`experts.<linear>.fprop / .dgrad`, --moe-grouped-gemm: one torch._grouped_mm over every expert's
+  rows, dims m = all the rows) is the dense GEMM of its total shape times the file's `grouped_gemm.slowdown`:
+  torch's grouped kernel against one dense mm of the same m, n, k, timed side by side on the device
+  (runs/bench/grouped_gemm_slowdown.py); a file without the block prices it as the dense GEMM.
 fp8 linears (dims fp8 = 1, --fp8-format; common/ops/linear.py): the GEMM at the file's fp8 peak with the 16-bit fit's
   fixed term and efficiency, plus its two operands' casts, memory-bound: each operand read twice (its amax, then the
   cast) and written once in one byte (5 bytes an element in bf16), at the residual add's efficiency; its output in
@@ -103,7 +107,8 @@ def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) ->
     if pass_ in GEMM_PASSES:
         d = dict(kernel.dims)
         cost = fp8_gemm_seconds if runs_in_fp8(kernel) else gemm_seconds
-        return cost(hw, dtype, d["m"], d["n"], d["k"], pass_ == "wgrad", DTYPE_BYTES[grad_dtype])
+        grouped = hw.gemm.grouped_slowdown if "experts" in d else 1.0
+        return grouped * cost(hw, dtype, d["m"], d["n"], d["k"], pass_ == "wgrad", DTYPE_BYTES[grad_dtype])
     if is_flash_attention(kernel.name):
         return attention_seconds(hw, kernel, dtype)
     try:
