@@ -16,6 +16,9 @@ loss; only those kernels' records are kept (the experts' GEMMs and SwiGLU are th
 --experts keeps, of the same grid, the experts' GEMMs instead (linear_fc1 / linear_fc2 at the experts' row counts,
 192 to 4,096: their wgrads reduce over so few rows, which no dense shape of the grid does).
 
+--short-attention keeps, of the grid's models at seq 256, 512 and 1024 and micro-batches 1 to 8, the flash attention
+records alone (the hardware file's attention curves then reach the launch-bound shapes' sequences).
+
 --megatron times Megatron-LM's unfused chains instead (--transformer-impl local without its fusions: the masked
 softmax on [b, heads, s, s] in 16 bits and in fp32, K and V repeated, the unfused RoPE, SwiGLU and fp32 cross-entropy,
 torch's foreach AdamW; common/ops/megatron.py) at Llama and GPT-3 widths, seq 2048 to 8192, micro-batches 1 and 2;
@@ -87,6 +90,19 @@ def batch_specs(micro_batches: list[int]):
                 yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, _spec(h, f, heads, kv, vocab, tps[0], seq, mbs)
 
 
+SHORT_SEQS, SHORT_BATCHES = (256, 512, 1024), (1, 2, 4, 8)
+
+
+def short_attention_specs():
+    """Flash attention below the grid's shortest sequence (launch-bound shapes: seq 256-1024, where a kernel's fixed
+    cost outweighs its FLOPs and the curves at seq 2048 price it several times too fast): every model at its first
+    TP degree (head dims 64 and 128, 2 to 64 local heads) at micro-batches 1 to 8."""
+    for seq in SHORT_SEQS:
+        for mbs in SHORT_BATCHES:
+            for label, h, f, heads, kv, vocab, tps in MODELS:
+                yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, _spec(h, f, heads, kv, vocab, tps[0], seq, mbs)
+
+
 def megatron_specs():
     """Megatron-LM's local implementation with none of its fusions, softmax in 16 bits and in fp32 by turns: the
     three smaller models at their first TP degree, seq 4096 first, then 2048 and 8192, each at micro-batches 1 and 2."""
@@ -147,6 +163,8 @@ def main() -> int:
     which.add_argument("--megatron", action="store_true", help="Megatron-LM's unfused chains instead of the grid")
     which.add_argument("--moe", action="store_true", help="an MoE layer's routing kernels instead of the grid")
     which.add_argument("--experts", action="store_true", help="the MoE grid's expert GEMMs instead of the grid")
+    which.add_argument("--short-attention", action="store_true",
+                       help="flash attention at seq 256-1024, micro-batches 1-8, instead of the grid")
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="start no further shape after this many seconds (the file holds every shape finished)")
     args = ap.parse_args()
@@ -156,7 +174,7 @@ def main() -> int:
     grid = (moe_specs(device) if args.moe or args.experts else
             ((label, spec, functools.partial(engine_kernels, [], vocab, device)) for label, vocab, spec in
              (megatron_specs() if args.megatron else batch_specs(args.micro_batches) if args.micro_batches
-              else specs(args.quick))))
+              else short_attention_specs() if args.short_attention else specs(args.quick))))
     for label, spec, kernels in grid:
         if time.perf_counter() - start > args.budget_s:
             skipped.append(label)
@@ -167,6 +185,7 @@ def main() -> int:
         found = [r for r in found if megatron_only(r["op"])] if args.megatron else found
         found = [r for r in found if is_routing_kernel(r["op"])] if args.moe else found
         found = [r for r in found if r["op"].rpartition(".")[0] in EXPERT_LINEARS] if args.experts else found
+        found = [r for r in found if r["op"].startswith("core_attention.")] if args.short_attention else found
         records += [{**r, "shape": label} for r in found]
         write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
         print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -176,7 +195,7 @@ def main() -> int:
     print(f"command: python runs/bench/hardware_sweep.py --out {args.out}" + (" --quick" if args.quick else "")
           + (f" --micro-batches {' '.join(map(str, args.micro_batches))}" if args.micro_batches else "")
           + (" --megatron" if args.megatron else "") + (" --moe" if args.moe else "")
-          + (" --experts" if args.experts else "")
+          + (" --experts" if args.experts else "") + (" --short-attention" if args.short_attention else "")
           + (f" --budget-s {args.budget_s:g}" if math.isfinite(args.budget_s) else ""))
     return 0
 
