@@ -82,6 +82,21 @@ def test_the_gaps_between_kernels_the_device_already_holds_are_booked_out_of_the
     assert tl.device_end == pytest.approx(1 * US + 2 * US + 30 * US)
 
 
+def test_a_class_priced_under_its_kernels_share_of_the_gaps_books_nothing_and_the_others_book_the_rest():
+    # One issue of four kernels the device already holds (the latency before the first one, then three gaps of 1 us):
+    # a GEMM class of 10 us in two kernels, an attention class of 0.5 us in two (a kernel priced under a launch gap,
+    # as flash attention at seq 256 from curves that start at seq 2048). By kernels each class's share of the 3 us
+    # would be 1.5 us, the attention's -1 us booked; it books 0 and the GEMMs take the other 2.5 us: 7.5 us.
+    classes = (("matmul", 10 * US, 2), ("attention", 0.5 * US, 2))
+    tl = run([Segment(0.0, 10.5 * US, kernels=4, classes=classes)], latency=1 * US, gap=1 * US)
+    assert tl.gaps == pytest.approx(3 * US)
+    assert tl.compute_by_class == {"matmul": pytest.approx(7.5 * US), "attention": 0.0}
+    assert sum(tl.compute_by_class.values()) == pytest.approx(tl.busy["compute"] - tl.gaps)
+    even = run([Segment(0.0, 14 * US, kernels=4, classes=(("matmul", 10 * US, 2), ("other", 4 * US, 2)))],
+               latency=1 * US, gap=1 * US)
+    assert even.compute_by_class == {"matmul": pytest.approx(8.5 * US), "other": pytest.approx(2.5 * US)}
+
+
 def test_a_full_launch_queue_holds_the_host_until_the_device_starts_the_kernel_that_frees_a_slot():
     # a queue of 4 kernels, segments of 2 kernels issued in 1 µs each and run in 10 µs: the first two segments fill
     # the queue; the third waits until the device starts the first (at 1 µs + latency), the fourth the second

@@ -123,7 +123,22 @@ def _waited_for(s: Segment, events: dict[str, deque[float]]) -> float | None:
 
 
 def _book_classes(by_class: dict[str, float], classes: tuple[tuple[str, float, int], ...], gaps: float) -> None:
-    """A segment's device seconds into its classes, less its gaps shared by the classes' kernels."""
-    kernels = sum(k for _, _, k in classes)
-    for cls, seconds, k in classes:
-        by_class[cls] = by_class.get(cls, 0.0) + seconds - (gaps * k / kernels if kernels else 0.0)
+    """A segment's device seconds into its classes, less its gaps shared by the classes' kernels. No class is booked
+    below zero: one whose seconds fall short of its kernels' share (a kernel priced under a launch gap) gives all it
+    has, and the rest of the gaps is shared by the other classes' kernels."""
+    booked = {cls: seconds for cls, seconds, _ in classes}
+    weight = {cls: k for cls, _, k in classes}
+    sharing = set(booked)
+    while gaps > 0 and sum(weight[c] for c in sharing):
+        kernels = sum(weight[c] for c in sharing)
+        short = [c for c in sharing if booked[c] <= gaps * weight[c] / kernels]
+        if not short:
+            for c in sharing:
+                booked[c] -= gaps * weight[c] / kernels
+            break
+        for c in short:
+            gaps -= booked[c]
+            booked[c] = 0.0
+            sharing.remove(c)
+    for cls, seconds in booked.items():
+        by_class[cls] = by_class.get(cls, 0.0) + seconds
