@@ -1,6 +1,7 @@
 """Throughput rows: tokens per step and per second, model TFLOP/s per GPU and MFU under both FLOPs conventions
 (Megatron's num_floating_point_operations and PaLM's 6N + 12 L q s), step time against the time model, the
-profiler's own cost, and the spread of step time across ranks.
+profiler's own cost, and the spread of step time across ranks. Where the steady steps' pace moved by more than the
+step-time row's tolerance within the window (PaceDrift), that row says so: its median then mixes two paces.
 
 Step time is judged on steady steps only (ledger.evidence.steps): not the run's first (one-time work) and not the
 steps the profiler disturbed, whose time includes the profiler's cost (recording, then the trace export every rank
@@ -122,8 +123,8 @@ def step_time_row(per_rank: dict[int, list[StepRecord]], selection: StepSelectio
 class PaceDrift:
     """The steady steps' pace early and late in the window (each step its median over ranks), where it moved by more
     than the step-time row's tolerance: the median judged then mixes two paces."""
-    first: list[int]  # the first third of the steady steps
-    last: list[int]  # the last third
+    first: tuple[int, ...]  # the first third of the steady steps
+    last: tuple[int, ...]  # the last third
     early_s: float  # the first third's median step time
     late_s: float
 
@@ -149,7 +150,7 @@ def pace_drift(per_rank: dict[int, list[StepRecord]]) -> PaceDrift | None:
     third = len(order) // 3
     if third < DRIFT_MIN_STEPS // 3:
         return None
-    first, last = order[:third], order[-third:]
+    first, last = tuple(order[:third]), tuple(order[-third:])
     drift = PaceDrift(first, last, *(median(median(by_step[s]) for s in part) for part in (first, last)))
     return drift if abs(drift.change) > STEP_TIME_TOL else None
 
