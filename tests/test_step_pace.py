@@ -2,8 +2,9 @@
 median it judges then mixes two paces, and a reader of a miss needs to know that before blaming the model.
 
 The claims are tested on real recorded runs: an H200 SequentialMLP run whose early steps still meet new expert row
-counts (cuBLAS's first calls at a shape: tests/fixtures/h200_moe/README.md), and a GPU-bound dense run whose pace
-held. The rule's edges (six steps at least, the tolerance itself) on hand-made step records, which test plumbing.
+counts (cuBLAS's first calls at a shape: tests/fixtures/h200_moe/README.md; no profiler, so no trace to read), and
+a GPU-bound dense run whose pace held. The rule's edges (six steps at least, the tolerance itself) on hand-made step
+records, which test plumbing.
 """
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from statistics import median
 
 import pytest
 
-from cli.simulate import DRIFTED
+from cli.simulate import DRIFTED, render_validation
 from common.events import StepRecord
 from ledger.evidence.read import read_run
 from ledger.evidence.steps import run_steps
 from ledger.reconcile.throughput import STEP_TIME_TOL, pace_drift, throughput_rows
-from tests.support.cli import run
+from ledger.reconcile.validation import validate_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SEQUENTIAL_MOE = FIXTURES / "h200_moe" / "delayed_wgrad" / "pad16"  # steps 2-14 steady, 15-16 profiled
+SEQUENTIAL_MOE = FIXTURES / "h200_moe" / "pad_rows" / "none"  # 16 steps, steps 2-16 steady
 DENSE = FIXTURES / "h200_llama1b" / "s4096"
 
 
@@ -41,11 +42,11 @@ def steady_times(run: Path) -> list[float]:
 
 def test_the_sequential_moe_runs_falling_pace_is_said_with_its_two_paces():
     times = steady_times(SEQUENTIAL_MOE)
-    assert len(times) == 13  # steps 2-14: thirds of four steps, 2-5 against 11-14
-    early, late = median(times[:4]), median(times[-4:])
+    assert len(times) == 15  # steps 2-16: thirds of five steps, 2-6 against 12-16
+    early, late = median(times[:5]), median(times[-5:])
     assert early / late - 1 > STEP_TIME_TOL  # the run's own record: the warm-up outlasts the first step
     text = step_row(SEQUENTIAL_MOE)["explanation"]
-    assert (f"the pace fell within the window: steps 2-5 {early * 1e3:.3g} ms against steps 11-14 "
+    assert (f"the pace fell within the window: steps 2-6 {early * 1e3:.3g} ms against steps 12-16 "
             f"{late * 1e3:.3g} ms ({early / late - 1:+.1%}), more than 5%") in text, text
 
 
@@ -57,17 +58,15 @@ def test_a_gpu_bound_run_whose_pace_held_says_nothing_of_it():
 
 
 def test_simulate_validate_marks_the_step_error_whose_measurement_mixes_two_paces():
-    status, out, err = run(["simulate", "--validate", str(SEQUENTIAL_MOE), str(DENSE)])
-    assert status == 0, err
-    moe, dense = ([line for line in out.splitlines() if line.startswith(f"| {r} |")][0]
-                  for r in (SEQUENTIAL_MOE, DENSE))
+    results = [validate_run(run) for run in (SEQUENTIAL_MOE, DENSE)]  # what `simulate --validate` prints and --json
+    moe, dense = render_validation(results).splitlines()[2:4]
     assert moe.split(" | ")[4].endswith(DRIFTED) and not dense.split(" | ")[4].endswith(DRIFTED), (moe, dense)
-    assert f"{DRIFTED.strip()} the run's steady pace moved by more than 5%" in out
-    assert "(1 run(s), 1 of them outside the goals)" in out  # the MoE run misses: -12% against its own mixed median
-    status, out, _ = run(["simulate", "--json", "--validate", str(SEQUENTIAL_MOE), str(DENSE)])
+    text = render_validation(results)
+    assert f"{DRIFTED.strip()} the run's steady pace moved by more than 5%" in text
+    assert "(1 run(s), 1 of them outside the goals)" in text  # the MoE run misses: -22% against its own mixed median
     times = steady_times(SEQUENTIAL_MOE)
-    changes = [r["measured"]["pace_change"] for r in json.loads(out)]
-    assert changes == [pytest.approx(median(times[:4]) / median(times[-4:]) - 1, rel=1e-12), None]
+    changes = [v.to_dict()["measured"]["pace_change"] for v in results]
+    assert changes == [pytest.approx(median(times[:5]) / median(times[-5:]) - 1, rel=1e-12), None]
 
 
 def records(times_ms: list[float], ranks: int = 1) -> dict[int, list[StepRecord]]:
