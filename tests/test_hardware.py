@@ -265,3 +265,25 @@ def test_the_grouped_slowdown_is_the_mean_of_the_committed_side_by_side_timings(
     grouped_ms = sum(tables[0][(g, script.GROUPED)] for g in ("fc1 forward", "fc2 forward", "fc1 dgrad"))
     assert grouped_ms == pytest.approx(2.848 + 1.616 + 3.078)  # the first call's grouped column, read back
     assert raw("H200")["grouped_gemm"]["slowdown"] == round(sum(map(script.slowdown, tables)) / 2, 4)
+
+
+def test_megatrons_fused_softmax_moves_the_scores_once_each_way_at_a_row_norms_efficiency():
+    # Megatron's fused scale-mask-softmax (never swept here: it needs Megatron's CUDA extension) is priced by what it
+    # must move, E elements of the score matrix in 16 bits: forward the scores read and the probabilities written
+    # (2 x 2 bytes an element), backward the probabilities and their gradient read and one gradient written (3 x 2),
+    # at the efficiency of a row-wise reduction and scale (rms_norm's), where torch's chain (masked_fill_, softmax)
+    # moves 4 x 2 + 1 and 14 x 2 + 1 bytes an element.
+    from common.ops.kernel import passes
+    from common.ops.traffic import bytes_moved
+    from ledger.models.simulate.kernel_cost import kernel_seconds, memory_seconds
+
+    h200, e = load_hardware("H200"), 32 * 2048 * 2048
+    fused = passes("core_attention.softmax_fused", elements=e)
+    chain = passes("core_attention.softmax", elements=e, fp32=0)
+    assert bytes_moved(fused.fwd, 2, 4) == 2 * 2 * e and bytes_moved(fused.bwd, 2, 4) == 3 * 2 * e
+    assert bytes_moved(chain.fwd, 2, 4) == (4 * 2 + 1) * e and bytes_moved(chain.bwd, 2, 4) == (14 * 2 + 1) * e
+    for kernel, norm in ((fused.fwd, "rms_norm.fwd"), (fused.bwd, "rms_norm.bwd")):
+        assert kernel_seconds(h200, kernel, "bf16", "fp32") == pytest.approx(
+            h200.memory.fixed(kernel.name) + bytes_moved(kernel, 2, 4) / (h200.hbm_bandwidth
+                                                                          * h200.memory.efficiency(norm, None)))
+    assert kernel_seconds(h200, fused.bwd, "bf16", "fp32") < memory_seconds(h200, chain.bwd.name, 29 * e)

@@ -68,3 +68,38 @@ def test_llamas_126_layers_split_as_its_paper_says(entries, entry_id):
     assert isinstance(r, Skipped)
     assert "--num-layers 126 is not divisible by pipeline size 16 x virtual size 8" in r.reason
 
+
+
+def test_a_2021_run_computes_megatrons_unfused_attention_with_its_fused_softmax(entries):
+    """The 2021-2022 entries name the attention their runs computed (`implementation`): Megatron-LM's own, Q K^T and
+    P V over the whole score matrix and the softmax in its fused kernel (one pass: the scores read, the probabilities
+    written), where this project's flash attention would hide the s x s traffic those runs paid. An attention the
+    simulator does not model is skipped with its reason."""
+    from common.arguments import parse_args
+    from common.ops import Shapes
+    from ledger.models.simulate.published import entry_config, entry_flags
+
+    entry = entries["narayanan2021-table1-gpt-1p7b"]
+    cfg = entry_config(entry, entry_flags(entry)[0])
+    assert cfg.implementation.megatron and cfg.implementation.unfused_attention
+    assert Shapes.of(cfg).megatron.fused_softmax  # 1 x 24 heads: a batch count the fused kernel takes
+    flash = parse_args(entry_flags(entry)[0], prog="public results", megatron_model=True)
+    assert not flash.implementation.megatron  # without the block: this project's layers
+    r = compare(entry, {})
+    e = copy.deepcopy(entry)
+    del e["implementation"]
+    assert r.predicted_s > compare(e, {}).predicted_s  # the score matrix's GEMMs and softmax cost more than flash's
+    e["implementation"] = {"attention": "ring"}
+    assert isinstance(compare(e, {}), Skipped) and "only 'unfused' is modelled" in compare(e, {}).reason
+
+
+def test_the_fused_softmax_needs_a_batch_count_its_kernel_takes(entries):
+    """Megatron's kernel takes b x heads/t a multiple of 4 (common/ops/sizes.py fused_softmax): GPT 18.4B's 48 heads
+    over TP 8 at micro-batch 1 give 6, so that run's softmax is torch's chain (masked_fill_, softmax)."""
+    from common.ops import Shapes
+    from ledger.models.simulate.published import entry_config, entry_flags
+
+    entry = entries["narayanan2021-table1-gpt-18p4b"]
+    assert (entry["model"]["num_attention_heads"], entry["layout"]["tensor_model_parallel_size"]) == (48, 8)
+    megatron = Shapes.of(entry_config(entry, entry_flags(entry)[0])).megatron
+    assert megatron.unfused_attention and not megatron.fused_softmax

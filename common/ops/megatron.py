@@ -6,6 +6,10 @@ bytes its kernels move together (traffic.py) or, for the batched matrix products
     core_attention.scores.fprop       baddbmm Q K^T: m = b heads s, n = s, k = d
     core_attention.softmax.fwd        masked_fill_ of the mask, softmax (with --attention-softmax-in-fp32 the fp32
                                       copy it works on and the 16-bit copy after)
+    core_attention.softmax_fused.fwd  instead, where Megatron's fused scale-mask-softmax kernel runs (--masked-softmax-
+                                      fusion and a shape it takes, common/ops/sizes.py fused_softmax): one kernel,
+                                      the scores read and the probabilities written once (bwd: the probabilities and
+                                      their gradient read, the scores' gradient written)
     core_attention.context.fprop      bmm P V: m = b heads s, n = d, k = s
     backward: core_attention.context.dgrad (dP = dO V^T: m = b heads s, n = s, k = d), core_attention.value.dgrad
     (dV = P^T dO: m = b heads s, n = d, k = s), core_attention.softmax.bwd (softmax's backward and masked_fill_'s:
@@ -33,7 +37,8 @@ from common.ops.shapes import Shapes
 
 OPTIMIZER_STEP_FOREACH = "optimizer.step_foreach"
 # The memory-bound chains only Megatron-LM's layers run (each with a .fwd and a .bwd entry)
-CHAINS = ("core_attention.softmax", "attention.repeat_kv", "rope_unfused", "swiglu_unfused", "cross_entropy_fp32")
+CHAINS = ("core_attention.softmax", "core_attention.softmax_fused", "attention.repeat_kv", "rope_unfused",
+          "swiglu_unfused", "cross_entropy_fp32")
 
 
 def megatron_only(name: str) -> bool:
@@ -55,7 +60,8 @@ def unfused_attention(sh: Shapes) -> UnfusedAttentionOps:
     rows = sh.micro_batch * sh.heads * sh.seq
     return UnfusedAttentionOps(
         scores=gemm("core_attention.scores.fprop", rows, sh.seq, sh.head_dim),
-        softmax=passes("core_attention.softmax", elements=rows * sh.seq, fp32=int(sh.megatron.softmax_fp32)),
+        softmax=(passes("core_attention.softmax_fused", elements=rows * sh.seq) if sh.megatron.fused_softmax else
+                 passes("core_attention.softmax", elements=rows * sh.seq, fp32=int(sh.megatron.softmax_fp32))),
         context=gemm("core_attention.context.fprop", rows, sh.head_dim, sh.seq),
         context_grad=gemm("core_attention.context.dgrad", rows, sh.seq, sh.head_dim),
         value_grad=gemm("core_attention.value.dgrad", rows, sh.head_dim, sh.seq),

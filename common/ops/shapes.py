@@ -17,6 +17,7 @@ from common.ops.sizes import (
     DTYPE_BYTES,
     expert_capacity,
     fc1_width,
+    fused_softmax,
     local_seq_length,
     padded_rows,
     routed_tokens,
@@ -99,6 +100,7 @@ class MegatronKernels:
     unfused_rope: bool
     unfused_swiglu: bool
     foreach_optimizer: bool  # torch's AdamW (foreach)
+    fused_softmax: bool = False  # the unfused attention's softmax in Megatron's fused scale-mask-softmax kernel
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "MegatronKernels | None":
@@ -106,8 +108,9 @@ class MegatronKernels:
         if not impl.megatron:
             return None
         unfused = impl.unfused_attention
-        return cls(unfused_attention=unfused,
-                   softmax_fp32=unfused and impl.attention_softmax_in_fp32 and not impl.masked_softmax_fusion,
+        fused = unfused and fused_softmax(cfg)
+        return cls(unfused_attention=unfused, fused_softmax=fused,
+                   softmax_fp32=unfused and impl.attention_softmax_in_fp32 and not fused,
                    repeat_kv=unfused and m.num_attention_heads > m.num_query_groups,
                    unfused_rope=not impl.apply_rope_fusion and not m.learned_positions,
                    unfused_swiglu=m.swiglu and not impl.bias_swiglu_fusion,

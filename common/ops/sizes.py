@@ -40,6 +40,28 @@ def local_seq_length(cfg: RunConfig) -> int:
     return cfg.model.seq_length // cfg.parallel.context_parallel_size
 
 
+# Megatron's is_kernel_available for the fused scale-mask-softmax: 16 < sk <= 4096, sq, sk and b x heads multiples
+# of 4 (its batch-per-block condition needs the CUDA extension and is taken as met).
+FUSED_SOFTMAX_MAX_SEQ = 4096
+
+
+def score_elements(cfg: RunConfig) -> int:
+    """E: the [b, heads/t, s, s] score matrix's elements (one micro-batch, one TP rank)."""
+    s = local_seq_length(cfg)
+    heads = cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size
+    return cfg.train.micro_batch_size * heads * s * s
+
+
+def fused_softmax(cfg: RunConfig) -> bool:
+    """Megatron's fused scale-mask-softmax kernel runs: requested (--masked-softmax-fusion, Megatron's default) and
+    the shape is one the kernel takes; otherwise torch's softmax does the work."""
+    impl = cfg.implementation
+    s = local_seq_length(cfg)
+    batches = cfg.train.micro_batch_size * cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size
+    return (impl.masked_softmax_fusion and cfg.train.params_dtype != "fp32" and 16 < s <= FUSED_SOFTMAX_MAX_SEQ
+            and s % 4 == 0 and batches % 4 == 0)
+
+
 def routed_tokens(cfg: RunConfig) -> int:
     """Tokens one rank routes per micro-batch: its s/C x b, split over TP under sequence parallelism (which Megatron
     requires for MoE at tp > 1)."""

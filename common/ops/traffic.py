@@ -91,6 +91,10 @@ def megatron_bytes(kernel: Kernel, a: int) -> float | None:
         return d["elements"] * ((2 * a + 21) if d["fp32"] else (4 * a + 1))
     if name == "core_attention.softmax.bwd":  # softmax bwd r 2 w 1; AsStrided zeros + copy; CopySlices copy, clone,
         return d["elements"] * ((2 * a + 37) if d["fp32"] else (14 * a + 1))  # masked_fill, copy back
+    if name == "core_attention.softmax_fused.fwd":  # one kernel: the scores read, the probabilities written
+        return d["elements"] * 2 * a
+    if name == "core_attention.softmax_fused.bwd":  # the probabilities and their gradient read, one gradient written
+        return d["elements"] * 3 * a
     if name in ("attention.repeat_kv.fwd", "attention.repeat_kv.bwd"):  # K and V: kv read, query-wide written
         return 2 * a * d["tokens"] * (d["kv"] + d["query"])
     if name in ("rope_unfused.fwd", "rope_unfused.bwd"):  # q's copy; 6 elementwise passes on q and on k

@@ -13,31 +13,9 @@ what Megatron-LM's own code keeps.
 from __future__ import annotations
 
 from common.config import RunConfig
-from common.ops.sizes import DTYPE_BYTES, local_seq_length
+from common.ops.sizes import DTYPE_BYTES, fused_softmax, local_seq_length, score_elements
 
 FP32 = 4
-# Megatron's is_kernel_available for the fused scale-mask-softmax: 16 < sk <= 4096, sq, sk and b x heads multiples
-# of 4 (its batch-per-block condition needs the CUDA extension and is taken as met).
-FUSED_SOFTMAX_MAX_SEQ = 4096
-
-
-def score_elements(cfg: RunConfig) -> int:
-    """E: the [b, heads/t, s, s] score matrix's elements (one micro-batch, one TP rank)."""
-    s = local_seq_length(cfg)
-    heads = cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size
-    return cfg.train.micro_batch_size * heads * s * s
-
-
-def fused_softmax(cfg: RunConfig) -> bool:
-    """Megatron's fused scale-mask-softmax kernel runs: requested (--masked-softmax-fusion, Megatron's default) and
-    the shape is one the kernel takes; otherwise torch's softmax does the work."""
-    impl = cfg.implementation
-    s = local_seq_length(cfg)
-    batches = cfg.train.micro_batch_size * cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size
-    return (impl.masked_softmax_fusion and cfg.train.params_dtype != "fp32" and 16 < s <= FUSED_SOFTMAX_MAX_SEQ
-            and s % 4 == 0 and batches % 4 == 0)
-
-
 def _tokens(cfg: RunConfig) -> int:
     return local_seq_length(cfg) * cfg.train.micro_batch_size
 

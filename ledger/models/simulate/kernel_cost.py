@@ -53,6 +53,9 @@ from ledger.models.time_model.missing import CalibrationMissing
 # row-wise normalisation over the hidden dim, an elementwise activation (an assumption until a sweep measures them).
 PROXY = {"layer_norm.fwd": "rms_norm.fwd", "layer_norm.bwd": "rms_norm.bwd", "gelu.fwd": "swiglu.fwd",
          "gelu.bwd": "swiglu.bwd",
+         # Megatron's fused scale-mask-softmax (its CUDA extension, never swept here): a row-wise reduction and scale
+         # over the scores, as a norm over the hidden dim
+         "core_attention.softmax_fused.fwd": "rms_norm.fwd", "core_attention.softmax_fused.bwd": "rms_norm.bwd",
          # Megatron-LM's unfused chains (common/ops/megatron.py), where a file has no fit of them (the H200 file
          # fits each from runs/bench/hardware_sweep.py --megatron; main_grad.add has no sweep yet): torch's plain
          # elementwise, copy and reduction kernels at the residual add's efficiency; K and V's repeat at the strided

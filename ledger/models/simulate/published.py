@@ -10,7 +10,10 @@ The comparison is made on step (iteration) time, the one figure free of FLOP-cou
   * where it gives an MFU in PaLM's convention (Llama 3), our palm_6n FLOPs per step (ledger/models/formulas/flops.py)
   over
     MFU x the hardware file's peak x GPUs.
-What a paper leaves unstated is filled with a stated assumption (micro-batch 1, no interleaving, no distributed
+An entry's `implementation` names the attention its run computed where that is not this project's flash attention:
+the 2021-2022 runs computed Megatron-LM's own (Q K^T and P V as batched GEMMs over the whole score matrix, its fused
+scale-mask-softmax kernel where the shape allows it; common/ops/megatron.py). What a paper leaves unstated is filled
+with a stated assumption (micro-batch 1, no interleaving, no distributed
 optimizer, no sequence parallelism: Megatron-LM's defaults of the time; recompute: the least that fits the device)
 and listed beside the figure; entries whose
 layout the simulator cannot express (a layout not given) are reported as skipped, with the reason. Uneven stages
@@ -20,12 +23,13 @@ each a chunk of their own (--account-for-embedding/loss-in-pipeline-split, 8 chu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from common.arguments import parse_args
 from common.config import RunConfig
+from common.config.implementation_config import LOCAL, UNFUSED
 from common.errors import ConfigError
 from ledger.models.formulas.flops import palm_flops_per_token, tokens_per_step
 from ledger.models.simulate.hardware import Hardware, load_hardware
@@ -138,9 +142,9 @@ def compare(entry: dict[str, Any], pricings: dict[str, Pricing]) -> Comparison |
             raise ConfigError(f"no hardware file for {entry['hardware']['gpu']}")
         flags, assumed = entry_flags(entry)
         pricing = pricings.setdefault(gpu, Pricing(load_hardware(gpu)))
-        cfg = parse_args(flags, prog="public results", megatron_model=True)
+        cfg = entry_config(entry, flags)
         if entry["layout"].get("recompute_granularity") is None:
-            cfg, mode = least_recompute_that_fits(flags, pricing)
+            cfg, mode = least_recompute_that_fits(entry, flags, pricing)
             assumed.append(f"recompute {mode} (not stated; the least that fits the device)")
         published, source = published_step_seconds(entry, cfg, pricing.hardware)
         predicted = pricing.predict(cfg).step_time
@@ -149,12 +153,26 @@ def compare(entry: dict[str, Any], pricings: dict[str, Pricing]) -> Comparison |
     return Comparison(entry["id"], gpu, cfg.parallel.world_size, predicted, published, source, tuple(assumed))
 
 
-def least_recompute_that_fits(flags: list[str], pricing: Pricing) -> tuple[RunConfig, str]:
+def entry_config(entry: dict[str, Any], flags: list[str]) -> RunConfig:
+    """The entry's configuration: its Megatron flags, and the attention its run computed where the entry names one
+    (`implementation`: Megatron-LM's own unfused attention, its softmax fused or not), else this project's flash
+    attention."""
+    cfg = parse_args(flags, prog="public results", megatron_model=True)
+    impl = entry.get("implementation")
+    if not impl:
+        return cfg
+    if impl.get("attention") != UNFUSED:
+        raise ConfigError(f"implementation.attention {impl.get('attention')!r}: only {UNFUSED!r} is modelled")
+    return replace(cfg, implementation=replace(cfg.implementation, transformer_impl=LOCAL, attention_backend=UNFUSED,
+                                               masked_softmax_fusion=bool(impl.get("masked_softmax_fusion"))))
+
+
+def least_recompute_that_fits(entry: dict[str, Any], flags: list[str], pricing: Pricing) -> tuple[RunConfig, str]:
     """Where a paper does not say how it recomputed: none if the layout fits the device without, else selective,
     else full (what a user of Megatron-LM would try, in that order)."""
     cfg = None
     for mode in (None, "selective", "full"):
-        cfg = parse_args(flags + RECOMPUTE[mode], prog="public results", megatron_model=True)
+        cfg = entry_config(entry, flags + RECOMPUTE[mode])
         if pricing.fits(cfg) is True:
             return cfg, mode or "none"
     return cfg, "full, and it still does not fit"

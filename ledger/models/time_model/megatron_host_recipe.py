@@ -46,6 +46,8 @@ FORWARD: dict[str, Recipe] = {
     "core_attention.scores.fprop": {p.MODULE: 1, p.VIEW: 8, p.GEMM: 1},
     # FusedScaleMaskSoftmax: masked_fill_, softmax; the dropout under the CUDA RNG tracker's fork (CPU ops)
     "core_attention.softmax.fwd": {p.MODULE: 1, p.EAGER: 2, p.VIEW: 4},
+    # FusedScaleMaskSoftmax through its fused kernel: the module, the kernel's autograd Function, the views
+    "core_attention.softmax_fused.fwd": {p.MODULE: 1, p.FUNCTION: 1, p.LAUNCH: 1, p.VIEW: 4},
     "core_attention.context.fprop": {p.VIEW: 4, p.GEMM: 1},  # views, bmm
     "core_attention.fwd": {p.MODULE: 1, p.VIEW: 5, p.ATTENTION: 1},  # SDPA spec: permutes, SDPA, permute, reshape
     "attention_output.copy": {p.VIEW: 2, p.EAGER: 1},  # permute, contiguous, view
@@ -63,6 +65,7 @@ BACKWARD: dict[str, Recipe] = {
     "attention.repeat_kv.bwd": {p.EAGER_BACKWARD: 2, p.AUTOGRAD_NODE: 6},  # expand's sums; unsqueeze, view, clone
     "core_attention.scores.dgrad": {p.AUTOGRAD_NODE: 4, p.GEMM: 1},  # BaddbmmBackward's two GEMMs; transposes, views
     "core_attention.softmax.bwd": {p.EAGER_BACKWARD: 3, p.LAUNCH: 6},  # softmax's, AsStrided's, CopySlices'
+    "core_attention.softmax_fused.bwd": {p.AUTOGRAD_NODE: 1, p.LAUNCH: 1},  # the Function's backward, one kernel
     "core_attention.context.dgrad": {p.AUTOGRAD_NODE: 4, p.GEMM: 1},  # BmmBackward; the output's view and permute
     "core_attention.value.dgrad": {p.GEMM: 1},
     "core_attention.bwd": {p.ATTENTION_BACKWARD: 1, p.AUTOGRAD_NODE: 5},
