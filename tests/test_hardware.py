@@ -19,6 +19,7 @@ from common.ops.host import GRAPH_PRIMITIVES, HOST_PRIMITIVES
 from ledger.models.simulate.fit import fit_hardware
 from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware
 from ledger.models.simulate.simulation import simulate
+from tests.support.bench import bench_script
 from tests.support.recorded_runs import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
@@ -258,8 +259,7 @@ def test_a_grouped_gemm_is_the_dense_gemm_of_its_total_shape_times_the_measured_
 
 
 def test_the_grouped_slowdown_is_the_mean_of_the_committed_side_by_side_timings():
-    import runs.bench.grouped_gemm_slowdown as script
-
+    script = bench_script("grouped_gemm_slowdown")
     tables = script.calls(script.RESULTS[0].read_text())
     assert len(tables) == 2  # two device calls, the second with the experts' rows spread +-120
     grouped_ms = sum(tables[0][(g, script.GROUPED)] for g in ("fc1 forward", "fc2 forward", "fc1 dgrad"))
@@ -287,3 +287,13 @@ def test_megatrons_fused_softmax_moves_the_scores_once_each_way_at_a_row_norms_e
             h200.memory.fixed(kernel.name) + bytes_moved(kernel, 2, 4) / (h200.hbm_bandwidth
                                                                           * h200.memory.efficiency(norm, None)))
     assert kernel_seconds(h200, fused.bwd, "bf16", "fp32") < memory_seconds(h200, chain.bwd.name, 29 * e)
+
+
+def test_the_slowdown_script_refuses_a_missing_file_or_one_without_a_table_in_one_line(tmp_path, capsys):
+    script = bench_script("grouped_gemm_slowdown")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("no table here\n")
+    for path in (tmp_path / "absent.txt", empty):
+        assert script.main(["--results", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("grouped_gemm_slowdown: "), err
