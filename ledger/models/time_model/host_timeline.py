@@ -129,8 +129,7 @@ def _book_classes(by_class: dict[str, float], classes: tuple[tuple[str, float, i
     booked = {cls: seconds for cls, seconds, _ in classes}
     weight = {cls: k for cls, _, k in classes}
     sharing = set(booked)
-    while gaps > 0 and sum(weight[c] for c in sharing):
-        kernels = sum(weight[c] for c in sharing)
+    while gaps > 0 and (kernels := sum(weight[c] for c in sharing)):
         short = [c for c in sharing if booked[c] <= gaps * weight[c] / kernels]
         if not short:
             for c in sharing:
