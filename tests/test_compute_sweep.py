@@ -97,6 +97,17 @@ def test_records_carry_the_documented_fields_and_calibrate_a_whole_step(cache):
     assert predict_step(c, cal).step_time > 0  # one rank: no link needed
 
 
+def test_keep_times_only_the_ops_it_keeps():
+    """A filtered grid (hardware_sweep.py --short-attention) times its own ops alone: every other op of the point is
+    neither timed nor returned."""
+    c = parse_args(SINGLE.split())
+    every = {p.op for p in compute_sweep.plan(spec(c, 0), CPU, kernels(c))}
+    kept = compute_sweep.run(spec(c, 0), CPU, kernels(c), use_cache=False, warmup=0, iters=1,
+                             keep=lambda op: op.startswith("core_attention."))
+    assert {r["op"] for r in kept} == {op for op in every if op.startswith("core_attention.")}
+    assert len(kept) < len(every)
+
+
 def test_a_second_run_of_the_same_shapes_reads_the_cache_and_no_cache_measures_again(cache):
     c = parse_args(SINGLE.split())
     first = sweep(c)

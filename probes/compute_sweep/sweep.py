@@ -3,6 +3,7 @@ records (op, dims, dtype, seconds, flops, iters, device, threads, variant, cache
 record)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,20 +17,22 @@ from probes.compute_sweep.sustained import sustained_layer
 
 
 def run(spec: SweepSpec, device: torch.device, kernels: EngineKernels, *, use_cache: bool = True,
-        warmup: int | None = None, iters: int | None = None) -> list[dict[str, Any]]:
+        warmup: int | None = None, iters: int | None = None,
+        keep: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
     """This rank's `compute` records: from the cache when it holds this machine and shape (and use_cache), else
-    measured now and written to the cache."""
+    measured now and written to the cache. `keep` (an op name's test) times only the ops it keeps, and then no
+    sustained-layer record (that needs the whole layer's kernels)."""
     cuda = device.type == "cuda"
     warmup = warmup if warmup is not None else (3 if cuda else 1)
     iters = iters if iters is not None else (10 if cuda else 3)
-    planned = plan(spec, device, kernels)
+    planned = [p for p in plan(spec, device, kernels) if keep is None or keep(p.op)]
     key = cache.cache_key(planned, device, kernels)
     found = cache.cached(key) if use_cache else None
     if found is not None:
         return [{**r, "cached": True} for r in found]
     records = [{"op": p.op, "dims": p.dims, "dtype": p.dtype, "seconds": median_seconds(p.build(), warmup, iters, cuda),
                 "flops": p.flops, "iters": iters} for p in planned]
-    if cuda:
+    if cuda and keep is None:
         records.append(sustained_layer(planned, [r["seconds"] for r in records]))
     records = [{**r, "device": key["device"], "threads": torch.get_num_threads(), "variant": kernels.variant}
                for r in records]

@@ -16,8 +16,9 @@ loss; only those kernels' records are kept (the experts' GEMMs and SwiGLU are th
 --experts keeps, of the same grid, the experts' GEMMs instead (linear_fc1 / linear_fc2 at the experts' row counts,
 192 to 4,096: their wgrads reduce over so few rows, which no dense shape of the grid does).
 
---short-attention keeps, of the grid's models at seq 256, 512 and 1024 and micro-batches 1 to 8, the flash attention
-records alone (the hardware file's attention curves then reach the launch-bound shapes' sequences).
+--short-attention times, of the grid's models at every TP degree, seq 256, 512 and 1024 and micro-batches 1 to 8, the
+flash attention alone (the hardware file's attention curves then reach the launch-bound shapes' sequences). Each
+filtered grid times only the ops it keeps (kept_ops).
 
 --megatron times Megatron-LM's unfused chains instead (--transformer-impl local without its fusions: the masked
 softmax on [b, heads, s, s] in 16 bits and in fp32, K and V repeated, the unfused RoPE, SwiGLU and fp32 cross-entropy,
@@ -36,6 +37,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -95,12 +97,13 @@ SHORT_SEQS, SHORT_BATCHES = (256, 512, 1024), (1, 2, 4, 8)
 
 def short_attention_specs():
     """Flash attention below the grid's shortest sequence (launch-bound shapes: seq 256-1024, where a kernel's fixed
-    cost outweighs its FLOPs and the curves at seq 2048 price it several times too fast): every model at its first
-    TP degree (head dims 64 and 128, 2 to 64 local heads) at micro-batches 1 to 8."""
+    cost outweighs its FLOPs and the curves at seq 2048 price it several times too fast): every model at every TP
+    degree (head dims 64 and 128, 4 to 96 local heads) at micro-batches 1 to 8."""
     for seq in SHORT_SEQS:
         for mbs in SHORT_BATCHES:
             for label, h, f, heads, kv, vocab, tps in MODELS:
-                yield f"{label} tp{tps[0]} s{seq} mbs{mbs}", vocab, _spec(h, f, heads, kv, vocab, tps[0], seq, mbs)
+                for tp in tps:
+                    yield f"{label} tp{tp} s{seq} mbs{mbs}", vocab, _spec(h, f, heads, kv, vocab, tp, seq, mbs)
 
 
 def megatron_specs():
@@ -153,6 +156,21 @@ def specs(quick: bool):
         yield f"{label} tp{tp} s{seq}", vocab, _spec(h, f, heads, kv, vocab, tp, seq)
 
 
+def kept_ops(args: argparse.Namespace) -> Callable[[str], bool] | None:
+    """The ops a filtered grid times (the rest of a grid point's kernels are the main grid's again), or None: all.
+    A Megatron point keeps its unfused chains, an MoE point its routing kernels or its experts' GEMMs, a short
+    attention point its flash attention."""
+    if args.megatron:
+        return megatron_only
+    if args.moe:
+        return is_routing_kernel
+    if args.experts:
+        return lambda op: op.rpartition(".")[0] in EXPERT_LINEARS
+    if args.short_attention:
+        return lambda op: op.startswith("core_attention.")
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -180,12 +198,7 @@ def main() -> int:
             skipped.append(label)
             continue
         t0 = time.perf_counter()
-        found = compute_sweep.run(spec, device, kernels(), use_cache=False)
-        # a Megatron grid point's other records (its GEMMs, norms) are the grid's kernels again: dropped
-        found = [r for r in found if megatron_only(r["op"])] if args.megatron else found
-        found = [r for r in found if is_routing_kernel(r["op"])] if args.moe else found
-        found = [r for r in found if r["op"].rpartition(".")[0] in EXPERT_LINEARS] if args.experts else found
-        found = [r for r in found if r["op"].startswith("core_attention.")] if args.short_attention else found
+        found = compute_sweep.run(spec, device, kernels(), use_cache=False, keep=kept_ops(args))
         records += [{**r, "shape": label} for r in found]
         write(args.out, device, records, skipped)  # after each shape: a run cut short keeps what it measured
         print(f"{label}: {len(found)} records in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -9,7 +9,8 @@ The first set (2026-12-04): two launch-bound shapes (hidden 768-1024, the GPU id
 and two GPU-bound ones. The power set (2026-12-05): four GPU-bound shapes of other widths, lengths and batches,
 predicted at the power limit's factor of each step's own compute-bound share and, beside it, at the sweep's full-load
 factor (the model before the threshold was measured), so that the runs judge the two. The coverage set (2026-12-05):
-five shapes of parts no committed GPU run had exercised (COVERAGE_SHAPES says which). Every run as
+five shapes of parts no committed GPU run had exercised (COVERAGE_SHAPES says which). The short set (2026-12-05):
+three launch-bound shapes at seq 256-1024, two of them under CUDA graphs. Every run as
 runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
 """
 from __future__ import annotations
@@ -81,7 +82,23 @@ COVERAGE_SHAPES = {
                               "--max-position-embeddings", "2048", "--micro-batch-size", "2", "--global-batch-size",
                               "8"],
 }
-SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES, "coverage": COVERAGE_SHAPES}
+# The short-sequence set (2026-12-05, fourth): launch-bound shapes at seq 256-1024, two under CUDA graphs and one eager,
+# predicted with flash attention priced from the grid's short sequences (hardware_sweep.py --short-attention).
+SHORT_SHAPES = {
+    "ss_h768_l6_s1024_mbs2_graphed": SMALL + ["--num-layers", "6", "--hidden-size", "768", "--ffn-hidden-size",
+                                              "3072", "--num-attention-heads", "12", "--seq-length", "1024",
+                                              "--max-position-embeddings", "1024", "--micro-batch-size", "2",
+                                              "--global-batch-size", "8", "--cuda-graph-impl", "local"],
+    "ss_h1024_l8_s256_mbs8_graphed": SMALL + ["--num-layers", "8", "--hidden-size", "1024", "--ffn-hidden-size",
+                                              "4096", "--num-attention-heads", "16", "--seq-length", "256",
+                                              "--max-position-embeddings", "256", "--micro-batch-size", "8",
+                                              "--global-batch-size", "32", "--cuda-graph-impl", "local"],
+    "ss_h1024_l6_s256_mbs8": SMALL + ["--num-layers", "6", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
+                                      "--num-attention-heads", "16", "--seq-length", "256",
+                                      "--max-position-embeddings", "256", "--micro-batch-size", "8",
+                                      "--global-batch-size", "32"],
+}
+SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES, "coverage": COVERAGE_SHAPES, "short": SHORT_SHAPES}
 
 
 def flags(name: str, shapes: dict[str, list[str]] = SHAPES) -> list[str]:
