@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -16,13 +17,16 @@ from probes.compute_sweep.calls import Op
 HOST_AHEAD_CYCLES = 4_000_000
 
 
-def median_seconds(op: Op, warmup: int, iters: int, cuda: bool) -> float:
+def median_seconds(op: Op, warmup: int, iters: int, cuda: bool, before: Callable[[], None] | None = None) -> float:
+    """`before` runs ahead of each timed call, untimed (runs/bench/l2_state.py: evicting the L2 cache)."""
     for _ in range(warmup):
         op.setup()
         op.run()
     marks = []
     for _ in range(iters):
         op.setup()
+        if before is not None:
+            before()
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(HOST_AHEAD_CYCLES)

@@ -1,0 +1,87 @@
+"""Does the compute sweep time small kernels faster than a step runs them because their inputs sit in L2?
+
+    python3 runs/bench/l2_state.py --out OUT.json.gz [--shapes NAME ...]
+
+The sweep (probes/compute_sweep) times each op again and again on the same tensors: where an op's working set fits
+the GPU's L2 (50 MB on an H200) every timed call after the first finds it there, while in a training step most of an
+op's inputs (weights, the saved activations a backward reads) were last touched long before. This times every op
+of a run's plan twice, as the sweep does (hot) and with the L2 evicted before each timed call (cold: 256 MB written
+first), and writes both record sets; a run's step predicted from either (Calibration.from_records) is set against
+its measured step on the CPU. The shapes: two launch-bound ones (kernels of a few MB) and a GPU-bound control whose
+tensors are far larger than L2.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common.arguments import parse_args  # noqa: E402
+from engine.probe_adapters import engine_kernels  # noqa: E402
+from ledger.models.formulas.buffer_layout import rank_buffers  # noqa: E402
+from ledger.models.formulas.static_memory import owned_per_dp_rank  # noqa: E402
+from probes import compute_sweep  # noqa: E402
+from probes.compute_sweep.harness import median_seconds  # noqa: E402
+
+SMALL = ["--model", "llama3.2-1b", "--num-query-groups", "4", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
+         "--num-attention-heads", "16"]
+SHAPES = {  # the committed runs these shapes are (tests/fixtures)
+    "lb_h1024_l4_s512": SMALL + ["--num-layers", "4", "--seq-length", "512", "--max-position-embeddings", "512",
+                                 "--micro-batch-size", "2", "--global-batch-size", "8"],
+    "lb_h512_l12_s256": ["--model", "llama3.2-1b", "--num-layers", "12", "--hidden-size", "512", "--ffn-hidden-size",
+                         "2048", "--num-attention-heads", "8", "--num-query-groups", "8", "--seq-length", "256",
+                         "--max-position-embeddings", "256", "--micro-batch-size", "4", "--global-batch-size", "16"],
+    "llama1b_s4096": ["--model", "llama3.2-1b", "--seq-length", "4096", "--micro-batch-size", "1",
+                      "--global-batch-size", "8"],
+}
+EVICT_BYTES = 256 << 20
+
+
+def timed(cfg, device: torch.device, evict: torch.Tensor | None) -> list[dict]:
+    """The plan's records, each op timed as the sweep times it, with `evict` overwritten before each timed call."""
+    spec = compute_sweep.SweepSpec.from_run(cfg, first_stage=True, last_stage=True,
+                                            optimizer_numel=max(owned_per_dp_rank(cfg, 0)),
+                                            grad_buffer_numel=sum(b.numel for b in rank_buffers(cfg, 0)))
+    kernels = engine_kernels([], cfg.model.vocab_size, device, cfg.implementation.gradient_accumulation_fusion)
+    before = None if evict is None else evict.zero_
+    cuda = device.type == "cuda"
+    return [{"op": p.op, "dims": p.dims, "dtype": p.dtype, "flops": p.flops, "iters": 10,
+             "seconds": median_seconds(p.build(), 3, 10, cuda, before), "device": compute_sweep.device_name(device),
+             "threads": torch.get_num_threads(), "variant": kernels.variant, "cached": False}
+            for p in compute_sweep.plan(spec, device, kernels)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    evict = torch.empty(EVICT_BYTES, dtype=torch.uint8, device=device)
+    out = {"device": compute_sweep.device_name(device), "torch": torch.__version__, "shapes": {}}
+    for name in args.shapes:
+        cfg = parse_args(["--bf16", "--use-distributed-optimizer", *SHAPES[name]], world_size=1)
+        t0 = time.perf_counter()
+        hot, cold = timed(cfg, device, None), timed(cfg, device, evict)
+        out["shapes"][name] = {"flags": SHAPES[name], "hot": hot, "cold": cold}
+        total = {k: sum(r["seconds"] for r in rs) * 1e3 for k, rs in (("hot", hot), ("cold", cold))}
+        print(f"{name} ({time.perf_counter() - t0:.0f} s): sum of op seconds hot {total['hot']:.3f} ms, "
+              f"cold {total['cold']:.3f} ms")
+        for h, c in sorted(zip(hot, cold), key=lambda hc: hc[0]["seconds"] - hc[1]["seconds"])[:12]:
+            print(f"  {h['op']:36s} hot {h['seconds'] * 1e6:9.1f} us  cold {c['seconds'] * 1e6:9.1f} us  "
+                  f"x{c['seconds'] / h['seconds']:.2f}")
+    with gzip.open(args.out, "wt") as f:
+        json.dump(out, f)
+    print(f"command: python3 runs/bench/l2_state.py --out {args.out} --shapes {' '.join(args.shapes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
