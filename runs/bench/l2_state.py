@@ -1,6 +1,7 @@
 """Does the compute sweep time small kernels faster than a step runs them because their inputs sit in L2?
 
-    python3 runs/bench/l2_state.py --out OUT.json.gz [--shapes NAME ...]
+    python3 runs/bench/l2_state.py --out OUT.json.gz [--shapes NAME ...]        # on the GPU
+    python3 runs/bench/l2_state.py --judge OUT.json.gz RUN_DIR=NAME ...        # anywhere: the runs' steps from each
 
 The sweep (probes/compute_sweep) times each op again and again on the same tensors: where an op's working set fits
 the GPU's L2 (50 MB on an H200) every timed call after the first finds it there, while in a training step most of an
@@ -24,9 +25,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.arguments import parse_args  # noqa: E402
+from common.events import event  # noqa: E402
 from engine.probe_adapters import engine_kernels  # noqa: E402
+from ledger.evidence.read import read_run  # noqa: E402
 from ledger.models.formulas.buffer_layout import rank_buffers  # noqa: E402
 from ledger.models.formulas.static_memory import owned_per_dp_rank  # noqa: E402
+from ledger.reconcile.run import reconcile_evidence  # noqa: E402
+from ledger.reconcile.time_rows import predict_run  # noqa: E402
 from probes import compute_sweep  # noqa: E402
 from probes.compute_sweep.harness import median_seconds  # noqa: E402
 
@@ -58,11 +63,48 @@ def timed(cfg, device: torch.device, evict: torch.Tensor | None) -> list[dict]:
             for p in compute_sweep.plan(spec, device, kernels)]
 
 
+def step_with(run: Path, records: list[dict]) -> float:
+    """The run's predicted step with `records` in place of its own sweep's records of the same ops (its others, the
+    sustained-layer record among them, kept)."""
+    ev = read_run(run)
+    ops = {r["op"] for r in records}
+    for rank in ev.ranks.values():
+        rank.compute = [r for r in rank.compute if r.op not in ops] + [event("compute", None, **r) for r in records]
+    return predict_run(ev).step.step_time
+
+
+def judge(path: str, runs: list[str]) -> int:
+    """Each RUN_DIR=NAME: its measured step against the step predicted from its own sweep, the hot and the cold."""
+    with gzip.open(path, "rt") as f:
+        found = json.load(f)["shapes"]
+    for spec in runs:
+        run, _, name = spec.partition("=")
+        if name not in found or not Path(run, "manifest.json").is_file():
+            print(f"l2_state.py: {spec!r}: want RUN_DIR=NAME, NAME one of {', '.join(found)}", file=sys.stderr)
+            return 2
+        measured = next(r.measured for r in reconcile_evidence(read_run(run)).rows
+                        if r.metric == "throughput.step_time")
+        own = predict_run(read_run(run)).step.step_time
+        line = [f"{run}: measured {measured * 1e3:.2f} ms; predicted from its own sweep {own * 1e3:.2f} ms "
+                f"({(own / measured - 1) * 100:+.1f}%)"]
+        for state in ("hot", "cold"):
+            t = step_with(Path(run), found[name][state])
+            line.append(f"{state} {t * 1e3:.2f} ms ({(t / measured - 1) * 100:+.1f}%)")
+        print(", ".join(line))
+    print(f"command: python3 runs/bench/l2_state.py --judge {path} {' '.join(runs)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--out")
+    which.add_argument("--judge", metavar="OUT.json.gz")
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    ap.add_argument("runs", nargs="*", metavar="RUN_DIR=NAME")
     args = ap.parse_args()
+    if args.judge:
+        return judge(args.judge, args.runs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     evict = torch.empty(EVICT_BYTES, dtype=torch.uint8, device=device)
     out = {"device": compute_sweep.device_name(device), "torch": torch.__version__, "shapes": {}}
