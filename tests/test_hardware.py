@@ -297,3 +297,19 @@ def test_the_slowdown_script_refuses_a_missing_file_or_one_without_a_table_in_on
         assert script.main(["--results", str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("grouped_gemm_slowdown: "), err
+
+
+def test_the_h200_fit_refuses_a_sweep_of_another_device_or_no_sweep_in_one_line(tmp_path, capsys):
+    # A CPU's sweep (hardware_sweep.py runs anywhere) fitted into the H200's curves would price the H200 at a CPU's
+    # attention; an unreadable file is refused the same way, before anything is fitted or written
+    script = bench_script("hardware_h200")
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"device": "cpu x86_64", "records": []}))
+    garbled = tmp_path / "garbled.json.gz"
+    garbled.write_bytes(b"not gzip")
+    before = (HARDWARE_DIR / "h200.json").read_text()
+    for path in (cpu, garbled, tmp_path / "absent.json"):
+        assert script.main(["--write", "--sweeps", str(path), "--sweeps-only"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"hardware_h200: {path}: "), err
+    assert (HARDWARE_DIR / "h200.json").read_text() == before

@@ -50,13 +50,25 @@ def rel(path: Path) -> str:
     return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
 
 
+class SweepRefused(ValueError):
+    """A --sweeps file this fit cannot take: unreadable, not a sweep, or timed on another device than an H200."""
+
+
 def compute_records(runs: list[Path], sweeps: list[Path] = ()) -> list[dict]:
-    """The runs' `compute` events, and the records of grid sweeps (runs/bench/hardware_sweep.py output)."""
+    """The runs' `compute` events, and the records of grid sweeps (runs/bench/hardware_sweep.py output), each sweep
+    timed on an H200 (a sweep of another device, a CPU's among them, would bend the H200's curves)."""
     found = [r for run in runs for rank in collect_run(run).ranks.values() for r in rank.compute]
     for sweep in sweeps:
         opener = gzip.open if sweep.suffix == ".gz" else open
-        with opener(sweep, "rt") as f:
-            found += json.load(f)["records"]
+        try:
+            with opener(sweep, "rt") as f:
+                data = json.load(f)
+            device, records = data["device"], data["records"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SweepRefused(f"{sweep}: not a readable sweep file ({exc.__class__.__name__}: {exc})") from None
+        if "H200" not in str(device):
+            raise SweepRefused(f"{sweep}: timed on {device!r}, not an H200")
+        found += records
     return found
 
 
@@ -178,8 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     hw_file = json.loads((HARDWARE_DIR / "h200.json").read_text())
     if args.sweeps_only and not args.sweeps:
         ap.error("--sweeps-only needs --sweeps")
-    fit = fit_hardware(compute_records([] if args.sweeps_only else args.runs, args.sweeps),
-                       peak=hw_file["peak_flops"]["bf16"]["value"],
+    try:
+        records = compute_records([] if args.sweeps_only else args.runs, args.sweeps)
+    except SweepRefused as exc:
+        print(f"hardware_h200: {exc}", file=sys.stderr)
+        return 2
+    fit = fit_hardware(records, peak=hw_file["peak_flops"]["bf16"]["value"],
                        hbm_bandwidth=hw_file["hbm_bandwidth"]["value"])
     print_fit(fit)
     if args.write:
