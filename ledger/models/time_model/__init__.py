@@ -20,7 +20,8 @@ from ledger.models.time_model.calibration import Calibration, oversubscription
 from ledger.models.time_model.comm import CommModel, LinkFit
 from ledger.models.time_model.compute import StageTime, stage_time
 from ledger.models.time_model.missing import CalibrationMissing
-from ledger.models.time_model.step import StagePrediction, StepPrediction, predict_step
+from ledger.models.time_model.prediction import StagePrediction, StepPrediction
+from ledger.models.time_model.step import predict_step
 
 __all__ = ["BucketComm", "Calibration", "CalibrationMissing", "CommModel", "LinkFit", "StagePrediction", "StageTime",
            "StepPrediction", "oversubscription", "predict_step", "stage_time"]
