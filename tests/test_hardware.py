@@ -25,7 +25,8 @@ from tests.support.recorded_runs import FIXTURES
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
 GRID_SWEEPS = [Path(__file__).resolve().parents[1] / "runs/bench/results" / name for name in (
     "2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz",
-    "2026-12-02_h200_hardware_sweep_megatron.json.gz", "2026-12-04_h200_hardware_sweep_moe.json.gz")]
+    "2026-12-02_h200_hardware_sweep_megatron.json.gz", "2026-12-04_h200_hardware_sweep_moe.json.gz",
+    "2026-12-05_h200_hardware_sweep_short_attention.json.gz")]
 H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                       "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
 FITTED = ("gemm", "attention", "memory_bound", "sustained")
@@ -313,3 +314,20 @@ def test_the_h200_fit_refuses_a_sweep_of_another_device_or_no_sweep_in_one_line(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"hardware_h200: {path}: "), err
     assert (HARDWARE_DIR / "h200.json").read_text() == before
+
+
+def test_flash_attention_at_a_launch_bound_sequence_is_priced_from_the_short_sequence_grid():
+    # Below seq 2048 the file once had no curve and priced seq 512 at the seq-2048 one: 3.7 us forward and 11.3 us
+    # backward for lb_h1024_l4_s512's attention (batch 2 x 16 heads, head dim 64), a third of what the kernel takes.
+    # The short-sequence grid (hardware_sweep.py --short-attention, 2026-12-05) gives it curves of its own; the run's
+    # own sweep, timed on another lease three days before and never fitted, agrees within 3%.
+    from common.ops.kernel import Kernel
+    from ledger.evidence.run import collect_run
+    from ledger.models.simulate.kernel_cost import attention_seconds
+    run = FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"
+    swept = {r.op: r for rank in collect_run(run).ranks.values() for r in rank.compute if r.op.startswith("core_")}
+    h200 = load_hardware("H200")
+    for name, record in swept.items():
+        kernel = Kernel(name, dims=tuple(sorted(record.dims.items())), flops=record.flops)
+        assert record.dims["seq"] == 512
+        assert attention_seconds(h200, kernel, "bf16") == pytest.approx(record.seconds, rel=0.03)
