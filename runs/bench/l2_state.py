@@ -64,12 +64,14 @@ def timed(cfg, device: torch.device, evict: torch.Tensor | None) -> list[dict]:
 
 
 def step_with(run: Path, records: list[dict]) -> float:
-    """The run's predicted step with `records` in place of its own sweep's records of the same ops (its others, the
-    sustained-layer record among them, kept)."""
+    """The run's predicted step with `records` in place of its own sweep's records of the same ops at the same dims
+    (its others, the sustained-layer record and any op the run ran at other dims among them, kept)."""
     ev = read_run(run)
-    ops = {r["op"] for r in records}
+    key = lambda op, dims: (op, tuple(sorted(dims.items())))  # noqa: E731
+    timed = {key(r["op"], r["dims"]): r for r in records}
     for rank in ev.ranks.values():
-        rank.compute = [r for r in rank.compute if r.op not in ops] + [event("compute", None, **r) for r in records]
+        rank.compute = [event("compute", None, **timed[key(r.op, r.dims)]) if key(r.op, r.dims) in timed else r
+                        for r in rank.compute]
     return predict_run(ev).step.step_time
 
 
