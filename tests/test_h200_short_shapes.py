@@ -5,15 +5,13 @@ seq 2048, then with the file refitted on the short-sequence attention grid the s
 tests/fixtures/h200_short_shapes, 12 steps each with --all-probes (BENCHMARKS.md 2026-12-05, fourth entry)."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from ledger.evidence.read import read_run
-from ledger.models.simulate.hardware import load_hardware
 from ledger.models.simulate.simulation import simulate
 from ledger.reconcile.validation import Validation, validate_run
 from tests.support.recorded_runs import FIXTURES
+from tests.support.short_attention import without_short_attention
 
 RUNS = FIXTURES / "h200_short_shapes"
 GRAPHED = ("ss_h768_l6_s1024_mbs2_graphed", "ss_h1024_l8_s256_mbs8_graphed")
@@ -24,15 +22,6 @@ EAGER = "ss_h1024_l6_s256_mbs8"
 def validation() -> dict[str, Validation]:
     """Each run judged once (a module fixture keeps the file on one test worker)."""
     return {name: validate_run(RUNS / name, "H200") for name in (*GRAPHED, EAGER)}
-
-
-def without_short_attention():
-    """The H200 file as it was before the short-sequence grid: attention curves from seq 2048 up, shorter sequences
-    priced at seq 2048's."""
-    hw = load_hardware("H200")
-    keep = lambda by_dim: tuple((d, tuple((s, c) for s, c in by_seq if s >= 2048)) for d, by_seq in by_dim)  # noqa: E731
-    return dataclasses.replace(hw, attention=dataclasses.replace(hw.attention, fwd=keep(hw.attention.fwd),
-                                                                 bwd=keep(hw.attention.bwd)))
 
 
 @pytest.mark.parametrize("name", (*GRAPHED, EAGER))
