@@ -45,10 +45,11 @@ def test_each_step_lands_within_three_and_a_half_percent_and_its_peak_within_a_t
 
 def test_the_steps_own_share_predicts_them_closer_than_the_full_load_factor():
     # At the full-load factor (x1.136-1.160 where the share gives x1.076-1.106) the four land +3.6%, +3.9%, +3.3%,
-    # +2.1%: a mean |error| of 3.2% against the share's 1.9%, closer on three of the four (the seq-1024 micro-batch-8
-    # step, whose kernels are the shortest, ran 3.4% over the share's prediction).
+    # +3.8%: a mean |error| of 3.6% against the share's 1.5%, closer on all four (the seq-1024 micro-batch-8 step ran
+    # 3.4% over the share's prediction, and +2.1% at the full factor, while its flash attention was priced at seq
+    # 2048's efficiency; -1.6% and +3.8% since seq 1024 has a curve of its own, 2026-12-05 fourth entry).
     share = {name: validation(name).errors()["step_time"] for name in NAMES}
     full = {name: full_load_error(name) for name in NAMES}
     assert all(full[name] > share[name] + 0.03 for name in NAMES)  # the full factor prices every one slower
     assert mean(map(abs, share.values())) < mean(map(abs, full.values())) - 0.01
-    assert sum(abs(share[name]) < abs(full[name]) for name in NAMES) == 3
+    assert all(abs(share[name]) < abs(full[name]) for name in NAMES)
