@@ -1,0 +1,85 @@
+"""The host's time to issue SequentialMLP's experts, unprofiled: mixtral-8x7b's 8 experts (hidden 4096, width 14,336)
+as the engine runs them at EP 1 (engine/transformer/moe/experts.py), forward only, with the device kept busy by a
+sleep kernel so the host never waits on it. Row counts the same every call ("seen") against new ones every call
+("fresh", 8,192 rows spread +-15% over the experts, as a routed micro-batch of seq 4096 at top-2 is). Why: a 40-step
+mixtral-8x7b-2l run's settled forward range took 15.7 ms against 12.9 predicted, its device idle before the experts'
+launches, while the host recipes price an expert at ~226 us of host against ~510 us of its kernels
+(BENCHMARKS.md 2026-12-05, fourth entry).
+
+    python runs/bench/expert_host.py [--calls 30]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common.arguments import parse_args  # noqa: E402
+from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
+from engine.transformer.moe.experts import SequentialMLP  # noqa: E402
+
+ROWS, SPREAD = 8192, 0.15
+BUSY_CYCLES = 200_000_000  # ~0.1 s at 2 GHz: longer than any forward's issue
+
+
+def counts(rng: random.Random, experts: int) -> list[int]:
+    """Row counts summing to ROWS, each within +-SPREAD of the mean."""
+    mean = ROWS // experts
+    out = [mean + rng.randint(-int(SPREAD * mean), int(SPREAD * mean)) for _ in range(experts - 1)]
+    return out + [ROWS - sum(out)]
+
+
+def host_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cuda: bool) -> tuple[float, float]:
+    """(host microseconds to issue one forward, device microseconds it ran), the device busy before it starts."""
+    if cuda:
+        torch.cuda._sleep(BUSY_CYCLES)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    mlp(tokens, per_expert)
+    host = (time.perf_counter() - t0) * 1e6
+    if not cuda:
+        return host, host
+    end.record()
+    torch.cuda.synchronize()
+    return host, start.elapsed_time(end) * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--model", default="mixtral-8x7b-2l")
+    args = ap.parse_args()
+    if args.calls < 1:
+        print("expert_host.py: --calls must be at least 1", file=sys.stderr)
+        return 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = parse_args(["--model", args.model, "--bf16"], world_size=1).model
+    mlp = SequentialMLP(cfg, "decoder.layers.0.mlp", ep_size=1, ep_rank=0, tp=TPGroup(group=None, size=1, rank=0),
+                        params_dtype=torch.bfloat16, device=device, seed=1)
+    tokens = torch.randn(ROWS, cfg.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
+    rng, experts = random.Random(0), cfg.num_experts
+    seen = counts(rng, experts)
+    cuda = device.type == "cuda"
+    for _ in range(5):  # compile the SwiGLU, meet the seen counts
+        host_us(mlp, tokens, seen, cuda)
+    for name, pick in (("seen", lambda: seen), ("fresh", lambda: counts(rng, experts))):
+        laps = [host_us(mlp, tokens, pick(), cuda) for _ in range(args.calls)]
+        host, dev = statistics.median(h for h, _ in laps), statistics.median(d for _, d in laps)
+        print(f"{name}: host {host:.0f} us a forward ({host / experts:.0f} us an expert; min "
+              f"{min(h for h, _ in laps):.0f}, max {max(h for h, _ in laps):.0f}), device {dev:.0f} us "
+              f"({dev / experts:.0f} an expert), over {args.calls} calls")
+    print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
+    print(f"command: python3 runs/bench/expert_host.py --calls {args.calls} --model {args.model}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
