@@ -5,7 +5,7 @@
 A run's own `--compute-sweep` times its kernels at its own shapes only; `simulate` prices shapes no run of ours has
 had (70B's h 8192, TP-local widths of TP 8, seq 2048 to 16384). This times the same kernels, through the same code
 (probes.compute_sweep with the engine's own functions, engine/probe_adapters.py), at a grid of TP-local shapes of
-public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 1024 to
+public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 2048 to
 16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted
 from it (runs/bench/hardware_h200.py) never sees a step time it is later judged against.
 
