@@ -108,6 +108,16 @@ def test_keep_times_only_the_ops_it_keeps():
     assert len(kept) < len(every)
 
 
+def test_a_call_before_each_timed_one_runs_once_a_timing_and_leaves_the_cache_alone(cache):
+    # runs/bench/l2_state.py evicts the L2 before each timed call: those records are an experiment's, not the sweep's,
+    # so a later sweep of the same shapes must not read them back
+    c = parse_args(SINGLE.split())
+    calls = []
+    records = compute_sweep.run(spec(c, 0), CPU, kernels(c), warmup=0, iters=2, before=lambda: calls.append(1))
+    assert len(calls) == 2 * len(records) and not any(r["cached"] for r in records)
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 def test_a_second_run_of_the_same_shapes_reads_the_cache_and_no_cache_measures_again(cache):
     c = parse_args(SINGLE.split())
     first = sweep(c)

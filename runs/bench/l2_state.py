@@ -33,7 +33,6 @@ from ledger.models.formulas.static_memory import owned_per_dp_rank  # noqa: E402
 from ledger.reconcile.run import reconcile_evidence  # noqa: E402
 from ledger.reconcile.time_rows import predict_run  # noqa: E402
 from probes import compute_sweep  # noqa: E402
-from probes.compute_sweep.harness import median_seconds  # noqa: E402
 
 SMALL = ["--model", "llama3.2-1b", "--num-query-groups", "4", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
          "--num-attention-heads", "16"]
@@ -55,17 +54,12 @@ def timed(cfg, device: torch.device, evict: torch.Tensor | None) -> list[dict]:
                                             optimizer_numel=max(owned_per_dp_rank(cfg, 0)),
                                             grad_buffer_numel=sum(b.numel for b in rank_buffers(cfg, 0)))
     kernels = engine_kernels([], cfg.model.vocab_size, device, cfg.implementation.gradient_accumulation_fusion)
-    before = None if evict is None else evict.zero_
-    cuda = device.type == "cuda"
-    return [{"op": p.op, "dims": p.dims, "dtype": p.dtype, "flops": p.flops, "iters": 10,
-             "seconds": median_seconds(p.build(), 3, 10, cuda, before), "device": compute_sweep.device_name(device),
-             "threads": torch.get_num_threads(), "variant": kernels.variant, "cached": False}
-            for p in compute_sweep.plan(spec, device, kernels)]
+    return compute_sweep.run(spec, device, kernels, use_cache=False, before=None if evict is None else evict.zero_)
 
 
 def step_with(run: Path, records: list[dict]) -> float:
     """The run's predicted step with `records` in place of its own sweep's records of the same ops at the same dims
-    (its others, the sustained-layer record and any op the run ran at other dims among them, kept)."""
+    (its records of other ops, or of an op at other dims, kept)."""
     ev = read_run(run)
     key = lambda op, dims: (op, tuple(sorted(dims.items())))  # noqa: E731
     timed = {key(r["op"], r["dims"]): r for r in records}
