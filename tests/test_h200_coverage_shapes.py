@@ -38,7 +38,7 @@ def test_three_land_within_three_percent_of_their_step(validation, name):
 
 
 def test_the_graphed_launch_bound_step_lands_within_two_percent_once_short_attention_has_its_own_curves(validation):
-    # Predicted -6.6% before it ran, with flash attention at seq 256 priced at seq 2048's efficiency (a third of its
+    # Predicted -6.6% before it ran, with flash attention at seq 256 priced at seq 2048's efficiency (a tenth of its
     # time); -1.8% from the file since the short-sequence grid (hardware_sweep.py --short-attention, 2026-12-05),
     # which never saw this run.
     assert -0.025 < validation[GRAPHED].errors()["step_time"] < -0.01
