@@ -7,6 +7,7 @@ CPU, tiny shapes: these test plumbing (which ops, which fields, which cache entr
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from engine.tensor_parallel import layers
 from ledger.models.formulas.params import params_total
 from ledger.models.time_model import Calibration, predict_step, stage_time
 from probes import compute_sweep
+from tests.support.bench import bench_script
+from tests.support.recorded_runs import FIXTURES
 from tests.support.records import typed
 from tests.support.sweep_inputs import kernels, spec
 
@@ -156,3 +159,18 @@ def test_a_cache_that_cannot_be_written_costs_a_measurement_not_the_run(tmp_path
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # the cache folder would sit under a file
     records = sweep(parse_args(SINGLE.split()))
     assert records and not any(r["cached"] for r in records)
+
+
+def test_the_l2_experiments_judge_refuses_bad_arguments_in_one_line_before_reading_any_run(tmp_path, capsys):
+    # runs/bench/l2_state.py --judge: an unreadable output file, a run given without its shape's name or one that is
+    # not a run directory, and --out into a folder that does not exist, each one line and exit 2 before any work
+    script = bench_script("l2_state")
+    results = Path(__file__).resolve().parents[1] / "runs/bench/results/2026-12-05_l2_state_h200.json.gz"
+    run = FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"
+    for argv in (["--judge", str(tmp_path / "absent.json.gz"), f"{run}=lb_h1024_l4_s512"],
+                 ["--judge", str(results), str(run)],
+                 ["--judge", str(results), f"{tmp_path}=lb_h1024_l4_s512"],
+                 ["--out", str(tmp_path / "no" / "such" / "out.json.gz")]):
+        assert script.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("l2_state.py: "), (argv, err)

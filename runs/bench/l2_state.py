@@ -70,17 +70,30 @@ def step_with(run: Path, records: list[dict]) -> float:
 
 
 def judge(path: str, runs: list[str]) -> int:
-    """Each RUN_DIR=NAME: its measured step against the step predicted from its own sweep, the hot and the cold."""
-    with gzip.open(path, "rt") as f:
-        found = json.load(f)["shapes"]
-    for spec in runs:
-        run, _, name = spec.partition("=")
-        if name not in found or not Path(run, "manifest.json").is_file():
-            print(f"l2_state.py: {spec!r}: want RUN_DIR=NAME, NAME one of {', '.join(found)}", file=sys.stderr)
+    """Each RUN_DIR=NAME: its measured step against the step predicted from its own sweep, the hot and the cold.
+    Every argument is checked before any run is read: a bad one is one line and exit 2."""
+    try:
+        with gzip.open(path, "rt") as f:
+            found = json.load(f)["shapes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"l2_state.py: {path}: not an l2_state.py output ({exc.__class__.__name__}: {exc})", file=sys.stderr)
+        return 2
+    pairs = [spec.partition("=")[::2] for spec in runs]
+    bad = [spec for spec, (run, name) in zip(runs, pairs) if name not in found
+           or not Path(run, "manifest.json").is_file()]
+    if bad or not runs:
+        print(f"l2_state.py: {bad[0] if bad else 'no run'}: want RUN_DIR=NAME, a run directory and one of "
+              f"{', '.join(found)}", file=sys.stderr)
+        return 2
+    for run, name in pairs:
+        model = predict_run(read_run(run))
+        measured = next((r.measured for r in reconcile_evidence(read_run(run)).rows
+                         if r.metric == "throughput.step_time"), None)
+        if model.step is None or not measured:
+            print(f"l2_state.py: {run}: no steady step measured or no step predicted from its own sweep",
+                  file=sys.stderr)
             return 2
-        measured = next(r.measured for r in reconcile_evidence(read_run(run)).rows
-                        if r.metric == "throughput.step_time")
-        own = predict_run(read_run(run)).step.step_time
+        own = model.step.step_time
         line = [f"{run}: measured {measured * 1e3:.2f} ms; predicted from its own sweep {own * 1e3:.2f} ms "
                 f"({(own / measured - 1) * 100:+.1f}%)"]
         for state in ("hot", "cold"):
@@ -91,16 +104,19 @@ def judge(path: str, runs: list[str]) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--out")
     which.add_argument("--judge", metavar="OUT.json.gz")
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     ap.add_argument("runs", nargs="*", metavar="RUN_DIR=NAME")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.judge:
         return judge(args.judge, args.runs)
+    if not Path(args.out).resolve().parent.is_dir():
+        print(f"l2_state.py: {args.out}: its folder does not exist (nothing timed)", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     evict = torch.empty(EVICT_BYTES, dtype=torch.uint8, device=device)
     out = {"device": compute_sweep.device_name(device), "torch": torch.__version__, "shapes": {}}
