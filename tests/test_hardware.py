@@ -16,8 +16,13 @@ import pytest
 from common.arguments import parse_args
 from common.errors import ConfigError
 from common.ops.host import GRAPH_PRIMITIVES, HOST_PRIMITIVES
+from common.ops.kernel import Kernel, passes
+from common.ops.linear import gemm
+from common.ops.traffic import bytes_moved
+from ledger.evidence.run import collect_run
 from ledger.models.simulate.fit import fit_hardware
 from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware
+from ledger.models.simulate.kernel_cost import attention_seconds, kernel_seconds, memory_seconds
 from ledger.models.simulate.simulation import simulate
 from tests.support.bench import bench_script
 from tests.support.recorded_runs import FIXTURES
@@ -244,8 +249,6 @@ def test_a_grouped_gemm_is_the_dense_gemm_of_its_total_shape_times_the_measured_
     # The H200 file's slowdown is torch._grouped_mm over one dense mm of the same m, n, k, timed side by side on the
     # device (runs/bench/grouped_gemm_slowdown.py: 1.079 and 1.102 in two calls); the per-expert wgrads are plain
     # GEMMs and keep the dense price, and a file without the block prices grouped GEMMs as dense.
-    from common.ops.linear import gemm
-    from ledger.models.simulate.kernel_cost import kernel_seconds
 
     h200 = load_hardware("H200")
     assert h200.gemm.grouped_slowdown == pytest.approx((1.0794 + 1.1018) / 2, abs=1e-4)
@@ -274,9 +277,6 @@ def test_megatrons_fused_softmax_moves_the_scores_once_each_way_at_a_row_norms_e
     # (2 x 2 bytes an element), backward the probabilities and their gradient read and one gradient written (3 x 2),
     # at the efficiency of a row-wise reduction and scale (rms_norm's), where torch's chain (masked_fill_, softmax)
     # moves 4 x 2 + 1 and 14 x 2 + 1 bytes an element.
-    from common.ops.kernel import passes
-    from common.ops.traffic import bytes_moved
-    from ledger.models.simulate.kernel_cost import kernel_seconds, memory_seconds
 
     h200, e = load_hardware("H200"), 32 * 2048 * 2048
     fused = passes("core_attention.softmax_fused", elements=e)
@@ -321,9 +321,6 @@ def test_flash_attention_at_a_launch_bound_sequence_is_priced_from_the_short_seq
     # backward for lb_h1024_l4_s512's attention (batch 2 x 16 heads, head dim 64), a third of what the kernel takes.
     # The short-sequence grid (hardware_sweep.py --short-attention, 2026-12-05) gives it curves of its own; the run's
     # own sweep, timed on another lease three days before and never fitted, agrees within 3%.
-    from common.ops.kernel import Kernel
-    from ledger.evidence.run import collect_run
-    from ledger.models.simulate.kernel_cost import attention_seconds
     run = FIXTURES / "h200_launch_bound" / "lb_h1024_l4_s512"
     swept = {r.op: r for rank in collect_run(run).ranks.values() for r in rank.compute if r.op.startswith("core_")}
     h200 = load_hardware("H200")

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from ledger.models.simulate.published import Comparison, Skipped, compare, load_entries
+from common.arguments import parse_args
+from common.ops import Shapes
+from ledger.models.simulate.published import (
+    Comparison,
+    Skipped,
+    compare,
+    entry_config,
+    entry_flags,
+    load_entries,
+)
 
 DATA = Path(__file__).resolve().parent / "data" / "public_results.json"
 
@@ -69,15 +78,11 @@ def test_llamas_126_layers_split_as_its_paper_says(entries, entry_id):
     assert "--num-layers 126 is not divisible by pipeline size 16 x virtual size 8" in r.reason
 
 
-
 def test_a_2021_run_computes_megatrons_unfused_attention_with_its_fused_softmax(entries):
     """The 2021-2022 entries name the attention their runs computed (`implementation`): Megatron-LM's own, Q K^T and
     P V over the whole score matrix and the softmax in its fused kernel (one pass: the scores read, the probabilities
     written), where this project's flash attention would hide the s x s traffic those runs paid. An attention the
     simulator does not model is skipped with its reason."""
-    from common.arguments import parse_args
-    from common.ops import Shapes
-    from ledger.models.simulate.published import entry_config, entry_flags
 
     entry = entries["narayanan2021-table1-gpt-1p7b"]
     cfg = entry_config(entry, entry_flags(entry)[0])
@@ -96,8 +101,6 @@ def test_a_2021_run_computes_megatrons_unfused_attention_with_its_fused_softmax(
 def test_the_fused_softmax_needs_a_batch_count_its_kernel_takes(entries):
     """Megatron's kernel takes b x heads/t a multiple of 4 (common/ops/sizes.py fused_softmax): GPT 18.4B's 48 heads
     over TP 8 at micro-batch 1 give 6, so that run's softmax is torch's chain (masked_fill_, softmax)."""
-    from common.ops import Shapes
-    from ledger.models.simulate.published import entry_config, entry_flags
 
     entry = entries["narayanan2021-table1-gpt-18p4b"]
     assert (entry["model"]["num_attention_heads"], entry["layout"]["tensor_model_parallel_size"]) == (48, 8)

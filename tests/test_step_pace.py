@@ -59,9 +59,9 @@ def test_a_gpu_bound_run_whose_pace_held_says_nothing_of_it():
 
 def test_simulate_validate_marks_the_step_error_whose_measurement_mixes_two_paces():
     results = [validate_run(run) for run in (SEQUENTIAL_MOE, DENSE)]  # what `simulate --validate` prints and --json
-    moe, dense = render_validation(results).splitlines()[2:4]
-    assert moe.split(" | ")[4].endswith(DRIFTED) and not dense.split(" | ")[4].endswith(DRIFTED), (moe, dense)
     text = render_validation(results)
+    moe, dense = text.splitlines()[2:4]
+    assert moe.split(" | ")[4].endswith(DRIFTED) and not dense.split(" | ")[4].endswith(DRIFTED), (moe, dense)
     assert f"{DRIFTED.strip()} the run's steady pace moved by more than 5%" in text
     assert "(1 run(s), 1 of them outside the goals)" in text  # the MoE run misses: -22% against its own mixed median
     times = steady_times(SEQUENTIAL_MOE)
