@@ -13,6 +13,7 @@ the time model's host recipes do not describe Megatron-LM's (ledger/models/time_
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from cli.args import CommandParser, help_wanted, megatron_command_line, print_help
@@ -23,9 +24,10 @@ from common.events import event
 from common.run_dir import atomic_write_text, check_writable, now_iso
 
 
-def sweep_records(cfg: RunConfig, device, use_cache: bool) -> tuple[list[dict], str]:
+def sweep_records(cfg: RunConfig, device, use_cache: bool, before: Callable[[], None] | None = None
+                  ) -> tuple[list[dict], str]:
     """Every stage kind's compute records (first, middle, last: the catalogues differ only at the ends), and the
-    device they were timed on."""
+    device they were timed on; `before` runs ahead of each timed call (compute_sweep.run's; runs/bench/l2_state.py)."""
     from engine.probe_adapters import engine_kernels
     from ledger.models.formulas.buffer_layout import rank_buffers
     from ledger.models.formulas.static_memory import owned_per_dp_rank
@@ -43,7 +45,7 @@ def sweep_records(cfg: RunConfig, device, use_cache: bool) -> tuple[list[dict], 
             cfg, first_stage=ends[0], last_stage=ends[1], optimizer_numel=max(owned_per_dp_rank(cfg, stage)),
             grad_buffer_numel=sum(b.numel for b in rank_buffers(cfg, stage)))
         try:
-            records += compute_sweep.run(spec, device, kernels, use_cache=use_cache)
+            records += compute_sweep.run(spec, device, kernels, use_cache=use_cache, before=before)
         except ValueError as exc:  # an entry no family can time (an MoE model needs the engine's MoE layer)
             raise ConfigError(f"calibrate: {exc}") from None
     return records, compute_sweep.device_name(device)

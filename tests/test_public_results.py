@@ -83,7 +83,6 @@ def test_a_2021_run_computes_megatrons_unfused_attention_with_its_fused_softmax(
     P V over the whole score matrix and the softmax in its fused kernel (one pass: the scores read, the probabilities
     written), where this project's flash attention would hide the s x s traffic those runs paid. An attention the
     simulator does not model is skipped with its reason."""
-
     entry = entries["narayanan2021-table1-gpt-1p7b"]
     cfg = entry_config(entry, entry_flags(entry)[0])
     assert cfg.implementation.megatron and cfg.implementation.unfused_attention
@@ -101,7 +100,6 @@ def test_a_2021_run_computes_megatrons_unfused_attention_with_its_fused_softmax(
 def test_the_fused_softmax_needs_a_batch_count_its_kernel_takes(entries):
     """Megatron's kernel takes b x heads/t a multiple of 4 (common/ops/sizes.py fused_softmax): GPT 18.4B's 48 heads
     over TP 8 at micro-batch 1 give 6, so that run's softmax is torch's chain (masked_fill_, softmax)."""
-
     entry = entries["narayanan2021-table1-gpt-18p4b"]
     assert (entry["model"]["num_attention_heads"], entry["layout"]["tensor_model_parallel_size"]) == (48, 8)
     megatron = Shapes.of(entry_config(entry, entry_flags(entry)[0])).megatron

@@ -24,12 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from cli.calibrate import sweep_records  # noqa: E402
 from common.arguments import parse_args  # noqa: E402
 from common.events import event  # noqa: E402
-from engine.probe_adapters import engine_kernels  # noqa: E402
 from ledger.evidence.read import read_run  # noqa: E402
-from ledger.models.formulas.buffer_layout import rank_buffers  # noqa: E402
-from ledger.models.formulas.static_memory import owned_per_dp_rank  # noqa: E402
 from ledger.reconcile.run import reconcile_evidence  # noqa: E402
 from ledger.reconcile.time_rows import predict_run  # noqa: E402
 from probes import compute_sweep  # noqa: E402
@@ -49,12 +47,9 @@ EVICT_BYTES = 256 << 20
 
 
 def timed(cfg, device: torch.device, evict: torch.Tensor | None) -> list[dict]:
-    """The plan's records, each op timed as the sweep times it, with `evict` overwritten before each timed call."""
-    spec = compute_sweep.SweepSpec.from_run(cfg, first_stage=True, last_stage=True,
-                                            optimizer_numel=max(owned_per_dp_rank(cfg, 0)),
-                                            grad_buffer_numel=sum(b.numel for b in rank_buffers(cfg, 0)))
-    kernels = engine_kernels([], cfg.model.vocab_size, device, cfg.implementation.gradient_accumulation_fusion)
-    return compute_sweep.run(spec, device, kernels, use_cache=False, before=None if evict is None else evict.zero_)
+    """The run's sweep records as `train-ledger calibrate` times them, with `evict` overwritten before each timed
+    call."""
+    return sweep_records(cfg, device, use_cache=False, before=None if evict is None else evict.zero_)[0]
 
 
 def step_with(run: Path, records: list[dict]) -> float:
