@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ledger.reconcile.validation import Validation, validate_run
+from tests.support.bench import bench_script
 from tests.support.recorded_runs import FIXTURES
 
 RUN = FIXTURES / "h200_moe" / "long_run" / "sequential_40"
@@ -33,3 +34,12 @@ def test_the_settled_pace_is_six_to_eight_percent_over_the_files_step(validation
 
 def test_its_peak_lands_within_a_tenth_of_one_percent(validation):
     assert abs(validation.errors()["peak_bytes"]) < 0.001
+
+
+def test_the_expert_host_timing_refuses_a_model_without_experts_or_no_calls_in_one_line(capsys):
+    # runs/bench/expert_host.py, the next measurement this run asks for: bad arguments before any tensor is built
+    script = bench_script("expert_host")
+    for argv in (["--model", "nope"], ["--model", "llama3.2-1b"], ["--calls", "0"]):
+        assert script.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("expert_host.py: "), (argv, err)

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.arguments import parse_args  # noqa: E402
+from common.errors import ConfigError  # noqa: E402
 from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
 from engine.transformer.moe.experts import SequentialMLP  # noqa: E402
 
@@ -52,16 +53,23 @@ def host_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cud
     return host, start.elapsed_time(end) * 1e3
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--model", default="mixtral-8x7b-2l")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.calls < 1:
         print("expert_host.py: --calls must be at least 1", file=sys.stderr)
         return 2
+    try:
+        cfg = parse_args(["--model", args.model, "--bf16"], world_size=1).model
+    except ConfigError as exc:
+        print(f"expert_host.py: {exc}", file=sys.stderr)
+        return 2
+    if not cfg.is_moe:
+        print(f"expert_host.py: --model {args.model} has no experts", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = parse_args(["--model", args.model, "--bf16"], world_size=1).model
     mlp = SequentialMLP(cfg, "decoder.layers.0.mlp", ep_size=1, ep_rank=0, tp=TPGroup(group=None, size=1, rank=0),
                         params_dtype=torch.bfloat16, device=device, seed=1)
     tokens = torch.randn(ROWS, cfg.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
