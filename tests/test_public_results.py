@@ -104,3 +104,18 @@ def test_the_fused_softmax_needs_a_batch_count_its_kernel_takes(entries):
     assert (entry["model"]["num_attention_heads"], entry["layout"]["tensor_model_parallel_size"]) == (48, 8)
     megatron = Shapes.of(entry_config(entry, entry_flags(entry)[0])).megatron
     assert megatron.unfused_attention and not megatron.fused_softmax
+
+
+@pytest.mark.parametrize("entry_id", ["llama3-405b-8k-context-8192gpu", "llama3-405b-8k-context-16384gpu"])
+def test_a_stated_recompute_setting_is_run_as_stated(entries, entry_id):
+    """Llama 3's 8K rows: Section 3.3.2 says they trained 'without activation checkpointing' (`none`), so the
+    comparison recomputes nothing and assumes nothing about it; left unstated, the same entry would run the least
+    recompute that fits this project's memory model (full at TP 8 without sequence parallelism), a third more forward
+    work and a slower step."""
+    stated = compare(entries[entry_id], {})
+    assert isinstance(stated, Comparison) and not any("recompute" in a for a in stated.assumptions)
+    e = copy.deepcopy(entries[entry_id])
+    e["layout"]["recompute_granularity"] = None
+    unstated = compare(e, {})
+    assert "recompute full (not stated; the least that fits the device)" in unstated.assumptions
+    assert stated.predicted_s < 0.9 * unstated.predicted_s

@@ -36,7 +36,7 @@ from ledger.models.simulate.hardware import Hardware, load_hardware
 from ledger.models.simulate.pricing import Pricing
 
 RECOMPUTE: dict[str | None, list[str]] = {
-    None: [], "selective": ["--recompute-granularity", "selective"],
+    None: [], "none": [], "selective": ["--recompute-granularity", "selective"],
     "full": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]}
 HARDWARE = {"A100-80GB": "A100-80GB", "A100-40GB": "A100-40GB", "H100-80GB": "H100", "H100": "H100", "H200": "H200"}
 
