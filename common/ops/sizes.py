@@ -45,11 +45,15 @@ def local_seq_length(cfg: RunConfig) -> int:
 FUSED_SOFTMAX_MAX_SEQ = 4096
 
 
+def score_batches(cfg: RunConfig) -> int:
+    """b x heads/t: the score matrices one micro-batch holds on one TP rank."""
+    return cfg.train.micro_batch_size * (cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size)
+
+
 def score_elements(cfg: RunConfig) -> int:
     """E: the [b, heads/t, s, s] score matrix's elements (one micro-batch, one TP rank)."""
     s = local_seq_length(cfg)
-    heads = cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size
-    return cfg.train.micro_batch_size * heads * s * s
+    return score_batches(cfg) * s * s
 
 
 def fused_softmax(cfg: RunConfig) -> bool:
@@ -57,9 +61,8 @@ def fused_softmax(cfg: RunConfig) -> bool:
     the shape is one the kernel takes; otherwise torch's softmax does the work."""
     impl = cfg.implementation
     s = local_seq_length(cfg)
-    batches = cfg.train.micro_batch_size * cfg.model.num_attention_heads // cfg.parallel.tensor_model_parallel_size
     return (impl.masked_softmax_fusion and cfg.train.params_dtype != "fp32" and 16 < s <= FUSED_SOFTMAX_MAX_SEQ
-            and s % 4 == 0 and batches % 4 == 0)
+            and s % 4 == 0 and score_batches(cfg) % 4 == 0)
 
 
 def routed_tokens(cfg: RunConfig) -> int:
