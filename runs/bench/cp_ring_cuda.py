@@ -18,10 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from cli.calibrate import sweep_records  # noqa: E402
 from common.arguments import parse_args  # noqa: E402
-from engine.probe_adapters import engine_kernels  # noqa: E402
 from engine.transformer.ring_attention import CPGroup, block_kernels, ring_backward, ring_forward  # noqa: E402
-from probes import compute_sweep  # noqa: E402
 
 
 def cuda_median(fn, iters: int = 10, warmup: int = 3) -> float:
@@ -36,12 +35,6 @@ def cuda_median(fn, iters: int = 10, warmup: int = 3) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
-
-
-def sweep_records(cfg, device) -> list[dict]:
-    spec = compute_sweep.SweepSpec.from_run(cfg, first_stage=True, last_stage=True, optimizer_numel=1,
-                                            grad_buffer_numel=1)
-    return compute_sweep.run(spec, device, engine_kernels([], cfg.model.vocab_size, device), use_cache=False)
 
 
 def predicted_layer(records: list[dict], cp: int) -> dict[str, float]:
@@ -79,7 +72,7 @@ def main() -> None:
     for cp in a.cp:
         cfg = parse_args(["--model", a.model, "--bf16", "--context-parallel-size", str(cp), "--seq-length",
                           str(a.seq), "--max-position-embeddings", str(a.seq)], world_size=cp)
-        records = sweep_records(cfg, device)
+        records, _ = sweep_records(cfg, device, use_cache=False)
         pred, meas = predicted_layer(records, cp), measured_layer(cfg, cp, device)
         blocks = {f"{r['op']} causal={r['dims'].get('causal')}": r["seconds"] for r in records
                   if r["op"].startswith(("core_attention", "ring_attention"))}
