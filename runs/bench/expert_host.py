@@ -1,6 +1,6 @@
 """The host's time to issue SequentialMLP's experts, unprofiled: mixtral-8x7b's 8 experts (hidden 4096, width 14,336)
-as the engine runs them at EP 1 (engine/transformer/moe/experts.py), forward only, with the device kept busy by a
-sleep kernel so the host never waits on it. Row counts the same every call ("seen") against new ones every call
+as the engine runs them at EP 1 (engine/transformer/moe/experts.py), forward and backward, with the device kept busy
+by a sleep kernel so the host never waits on it. Row counts the same every call ("seen") against new ones every call
 ("fresh", 8,192 rows spread +-15% over the experts, as a routed micro-batch of seq 4096 at top-2 is). Why: a 40-step
 mixtral-8x7b-2l run's settled forward range took 15.7 ms against 12.9 predicted, its device idle before the experts'
 launches, while the host recipes price an expert at ~226 us of host against ~510 us of its kernels
@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -37,20 +38,31 @@ def counts(rng: random.Random, experts: int) -> list[int]:
     return out + [ROWS - sum(out)]
 
 
-def host_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cuda: bool) -> tuple[float, float]:
-    """(host microseconds to issue one forward, device microseconds it ran), the device busy before it starts."""
+def host_us(call: Callable[[], object], cuda: bool) -> tuple[float, float, object]:
+    """(host microseconds to issue `call`, device microseconds it ran, what it returned), the device busy before it
+    starts."""
     if cuda:
         torch.cuda._sleep(BUSY_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    mlp(tokens, per_expert)
+    out = call()
     host = (time.perf_counter() - t0) * 1e6
     if not cuda:
-        return host, host
+        return host, host, out
     end.record()
     torch.cuda.synchronize()
-    return host, start.elapsed_time(end) * 1e3
+    return host, start.elapsed_time(end) * 1e3, out
+
+
+def step_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cuda: bool
+            ) -> tuple[float, float, float, float]:
+    """(forward host, forward device, backward host, backward device) microseconds of one forward and its backward
+    on the row counts `per_expert`."""
+    f_host, f_dev, out = host_us(lambda: mlp(tokens, per_expert), cuda)
+    grad = torch.ones_like(out)
+    b_host, b_dev, _ = host_us(lambda: out.backward(grad), cuda)
+    return f_host, f_dev, b_host, b_dev
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,14 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     rng, experts = random.Random(0), cfg.num_experts
     seen = counts(rng, experts)
     cuda = device.type == "cuda"
+    for param in mlp.parameters():  # the engine's wgrads accumulate into main_grad (gradient-accumulation fusion)
+        param.main_grad = torch.zeros_like(param, dtype=torch.float32)
     for _ in range(5):  # compile the SwiGLU, meet the seen counts
-        host_us(mlp, tokens, seen, cuda)
+        step_us(mlp, tokens, seen, cuda)
     for name, pick in (("seen", lambda: seen), ("fresh", lambda: counts(rng, experts))):
-        laps = [host_us(mlp, tokens, pick(), cuda) for _ in range(args.calls)]
-        host, dev = statistics.median(h for h, _ in laps), statistics.median(d for _, d in laps)
-        print(f"{name}: host {host:.0f} us a forward ({host / experts:.0f} us an expert; min "
-              f"{min(h for h, _ in laps):.0f}, max {max(h for h, _ in laps):.0f}), device {dev:.0f} us "
-              f"({dev / experts:.0f} an expert), over {args.calls} calls")
+        laps = [step_us(mlp, tokens, pick(), cuda) for _ in range(args.calls)]
+        for i, pass_ in ((0, "forward"), (2, "backward")):
+            host, dev = statistics.median(lap[i] for lap in laps), statistics.median(lap[i + 1] for lap in laps)
+            print(f"{name} {pass_}: host {host:.0f} us ({host / experts:.0f} us an expert; min "
+                  f"{min(lap[i] for lap in laps):.0f}, max {max(lap[i] for lap in laps):.0f}), device {dev:.0f} us "
+                  f"({dev / experts:.0f} an expert), over {args.calls} calls")
     print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"command: python3 runs/bench/expert_host.py --calls {args.calls} --model {args.model}")
     return 0
