@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.arguments import parse_args  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
 from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
+from engine.transformer.mlp import swiglu, swiglu_any_rows  # noqa: E402
 from engine.transformer.moe.experts import SequentialMLP  # noqa: E402
 
 ROWS, SPREAD = 8192, 0.15
@@ -65,6 +66,27 @@ def step_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cud
     return f_host, f_dev, b_host, b_dev
 
 
+def swiglu_host_us(calls: int, device: torch.device) -> dict[str, float]:
+    """Host microseconds a call of the engine's compiled SwiGLU takes on a tiny input under autograd (the host
+    sweep's `compiled` primitive, common/ops/host.py): the dense MLP's (static rows) against an expert's (rows marked
+    dynamic), at one row count and at a new count every call; the device kept busy, never waited for."""
+    def per_call(fn: Callable, rows: list[int]) -> float:
+        inputs = [torch.randn(r, 16, device=device, requires_grad=True) for r in rows]
+        for x in inputs[:3]:
+            fn(x)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(BUSY_CYCLES)
+        t0 = time.perf_counter()
+        for x in inputs:
+            fn(x)
+        us = (time.perf_counter() - t0) * 1e6 / len(inputs)
+        torch.cuda.synchronize()
+        return us
+    return {"static rows": per_call(swiglu, [64] * calls),
+            "any rows, one count": per_call(swiglu_any_rows, [64] * calls),
+            "any rows, a new count each call": per_call(swiglu_any_rows, list(range(64, 64 + calls)))}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=30)
@@ -99,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {pass_}: host {host:.0f} us ({host / experts:.0f} us an expert; min "
                   f"{min(lap[i] for lap in laps):.0f}, max {max(lap[i] for lap in laps):.0f}), device {dev:.0f} us "
                   f"({dev / experts:.0f} an expert), over {args.calls} calls")
+    if cuda:
+        for name, us in swiglu_host_us(args.calls, device).items():
+            print(f"compiled SwiGLU on 16 columns, {name}: host {us:.1f} us a call")
     print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"command: python3 runs/bench/expert_host.py --calls {args.calls} --model {args.model}")
     return 0
