@@ -255,8 +255,8 @@ def resolve(ns: argparse.Namespace, *, world_size: int | None, megatron_model: b
         value = getattr(ns, f.name, None)
         if value is not None and value is not False:
             setattr(train, f.name, value)
-    if train.global_batch_size is None:
-        train.global_batch_size = train.micro_batch_size * parallel.data_parallel_size if ws else 1
+    if train.global_batch_size is None:  # a grid wider than the world has no dp: validate names the grid, not this
+        train.global_batch_size = train.micro_batch_size * max(parallel.data_parallel_size, 1) if ws else 1
     probes = _probe_config(ns)
     if train.data_path is not None:
         if ns.mock_data:

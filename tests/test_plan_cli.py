@@ -101,6 +101,9 @@ def test_text_breakdown_per_stage():
 
 @pytest.mark.parametrize("args,needle", [
     (["--model", "tiny", "--world-size", "6", "--tensor-model-parallel-size", "4"], "world size 6"),
+    # a grid wider than the world: the grid named, not the global batch its default of dp = 0 would make
+    (["--model", "tiny", "--world-size", "2", "--tensor-model-parallel-size", "4"],
+     "world size 2 is not divisible by tp 4"),
     (["--model", "tiny", "--world-size", "3", "--tensor-model-parallel-size", "3"], "--num-attention-heads 8"),
     (["--model", "tiny", "--world-size", "4", "--global-batch-size", "6"], "--global-batch-size 6"),
     (["--model", "tiny", "--no-such-flag"], "--no-such-flag"),
