@@ -11,6 +11,7 @@ launches, while the host recipes price an expert at ~226 us of host against ~510
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import sys
@@ -23,10 +24,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.arguments import parse_args  # noqa: E402
+from common.config import RunConfig  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
+from common.events import parse_event  # noqa: E402
 from engine.tensor_parallel.mappings import TPGroup  # noqa: E402
 from engine.transformer.mlp import swiglu, swiglu_any_rows  # noqa: E402
 from engine.transformer.moe.experts import SequentialMLP  # noqa: E402
+from ledger.models.time_model import host_recipe  # noqa: E402
+from ledger.models.time_model.host_costs import host_costs  # noqa: E402
+from ledger.models.time_model.ops import chunk_backward, chunk_forward  # noqa: E402
+from probes import host_sweep  # noqa: E402
 
 ROWS, SPREAD = 8192, 0.15
 BUSY_CYCLES = 200_000_000  # ~0.1 s at 2 GHz: longer than any forward's issue
@@ -87,6 +94,25 @@ def swiglu_host_us(calls: int, device: torch.device) -> dict[str, float]:
             "any rows, a new count each call": per_call(swiglu_any_rows, list(range(64, 64 + calls)))}
 
 
+def recipe_us(cfg: RunConfig, device: torch.device) -> dict[str, float]:
+    """The host recipes' microseconds for layer 0's first expert, forward and backward, priced by this machine's own
+    host sweep (probes/host_sweep.py, run here) in the recipes' context (host_recipe.CONTEXT): what the time model
+    would predict for the host on this machine."""
+    records = [parse_event({"kind": "host", "step": None, **r}) for r in host_sweep.run(device, profiled=False)]
+    costs, _ = host_costs(records)
+    if costs is None:
+        return {}
+    costs = dataclasses.replace(costs, context=host_recipe.CONTEXT)
+    expert = "decoder.layers.0.mlp.experts.0."
+
+    def priced(work: list, forward: bool) -> float:
+        own = [i for i, w in enumerate(work) if w.param and w.param.startswith(expert)]
+        first = own[0] if forward else own[0] - 1  # in backward fc2's dgrad (no parameter) comes before its wgrad
+        recipes = [host_recipe.entry(w, forward) for w in work[first:own[-1] + 1]]
+        return costs.price(host_recipe.sum_of(*recipes)) * 1e6
+    return {"forward": priced(chunk_forward(cfg, 0, 0), True), "backward": priced(chunk_backward(cfg, 0, 0), False)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=30)
@@ -96,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         print("expert_host.py: --calls must be at least 1", file=sys.stderr)
         return 2
     try:
-        cfg = parse_args(["--model", args.model, "--bf16"], world_size=1).model
+        run_cfg = parse_args(["--model", args.model, "--bf16"], world_size=1)
+        cfg = run_cfg.model
     except ConfigError as exc:
         print(f"expert_host.py: {exc}", file=sys.stderr)
         return 2
@@ -122,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{min(lap[i] for lap in laps):.0f}, max {max(lap[i] for lap in laps):.0f}), device {dev:.0f} us "
                   f"({dev / experts:.0f} an expert), over {args.calls} calls")
     if cuda:
+        for pass_, us in recipe_us(run_cfg, device).items():
+            print(f"host recipe for an expert's {pass_}, priced by this machine's host sweep: {us:.0f} us")
         for name, us in swiglu_host_us(args.calls, device).items():
             print(f"compiled SwiGLU on 16 columns, {name}: host {us:.1f} us a call")
     print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
