@@ -3,8 +3,22 @@ BENCHMARKS.md 2026-12-05, fourth entry): the 12-16-step runs' medians, 12-28% ov
 the warm-up of new expert row counts; the settled pace is what the file's step is to be judged on."""
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
+import pytest
+import torch
+
+from common.arguments import parse_args
+from common.ops import host as p
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.time_model import host_recipe
+from ledger.models.time_model.host_recipe import (
+    EXPERT_START,
+    LINEAR_DGRAD,
+    LINEAR_FWD,
+    LINEAR_WGRAD,
+    sum_of,
+)
 from ledger.reconcile.validation import Validation, validate_run
 from tests.support.bench import bench_script
 from tests.support.recorded_runs import FIXTURES
@@ -43,3 +57,21 @@ def test_the_expert_host_timing_refuses_a_model_without_experts_or_no_calls_in_o
         assert script.main(argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("expert_host.py: "), (argv, err)
+
+
+def test_the_expert_host_timing_prices_one_expert_as_the_time_model_does(monkeypatch):
+    """What expert_host.py sets its measurement against: layer 0's first expert as the host timeline prices it, its
+    module and rows' slice, two linears (module, Function, GEMM, view) and the compiled SwiGLU in forward; in
+    backward each linear's dgrad and wgrad and the SwiGLU's compiled backward, all in the recipes' context. The
+    machine's own host sweep is stood in for by the H200 file's block here (plumbing: no measurement)."""
+    script = bench_script("expert_host")
+    costs = load_hardware("H200").host
+    monkeypatch.setattr(script.host_sweep, "run", lambda device, profiled: [])
+    monkeypatch.setattr(script, "host_costs", lambda records: (costs, None))
+    cfg = parse_args(["--model", "mixtral-8x7b-2l", "--bf16"], world_size=1)
+    priced = script.recipe_us(cfg, torch.device("cpu"))
+    context = replace(costs, context=host_recipe.CONTEXT)
+    forward = sum_of(EXPERT_START, LINEAR_FWD, {p.COMPILED: 1}, LINEAR_FWD)
+    backward = sum_of(LINEAR_DGRAD, LINEAR_WGRAD, {p.COMPILED_BACKWARD: 1}, LINEAR_DGRAD, LINEAR_WGRAD)
+    assert priced["forward"] == pytest.approx(context.price(forward) * 1e6)
+    assert priced["backward"] == pytest.approx(context.price(backward) * 1e6)
