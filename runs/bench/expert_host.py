@@ -3,8 +3,9 @@ as the engine runs them at EP 1 (engine/transformer/moe/experts.py), forward and
 by a sleep kernel so the host never waits on it. Row counts the same every call ("seen") against new ones every call
 ("fresh", 8,192 rows spread +-15% over the experts, as a routed micro-batch of seq 4096 at top-2 is). Why: a 40-step
 mixtral-8x7b-2l run's settled forward range took 15.7 ms against 12.9 predicted, its device idle before the experts'
-launches, while the host recipes price an expert at ~226 us of host against ~510 us of its kernels
-(BENCHMARKS.md 2026-12-05, fourth entry).
+launches, while the host recipes price an expert's forward well under its ~510 us of kernels (BENCHMARKS.md
+2026-12-05, fourth entry); the script prints their price from the host sweep of the machine it runs on beside what
+it measured there.
 
     python runs/bench/expert_host.py [--calls 30]
 """
