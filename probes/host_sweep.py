@@ -105,6 +105,23 @@ def _graphed_layers(x: torch.Tensor, count: int) -> tuple[torch.nn.Module, ...]:
     return graphed
 
 
+def seconds_per_call(call: Callable[[], Any], calls: int, repeats: int, warmup: int,
+                     drain: Callable[[], None]) -> float:
+    """The host's seconds per call of `call`: the median over `repeats` laps of `calls` calls back to back, after
+    `warmup` calls, the device drained (`drain`) before each lap and never waited for inside one."""
+    for _ in range(warmup):
+        call()
+    drain()
+    laps = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        laps.append((time.perf_counter() - t0) / calls)
+        drain()
+    return statistics.median(laps)
+
+
 class _Bench:
     """Tiny tensors on one device and the timing of calls and backward chains on them."""
 
@@ -126,17 +143,7 @@ class _Bench:
             torch.cuda.synchronize(self.device)
 
     def per_call(self, call: Callable[[], Any]) -> float:
-        for _ in range(self.warmup):
-            call()
-        self.drain()
-        laps = []
-        for _ in range(self.repeats):
-            t0 = time.perf_counter()
-            for _ in range(self.calls):
-                call()
-            laps.append((time.perf_counter() - t0) / self.calls)
-            self.drain()
-        return statistics.median(laps)
+        return seconds_per_call(call, self.calls, self.repeats, self.warmup, self.drain)
 
     def backward_seconds(self, build: Callable[[int], torch.Tensor], nodes: int) -> float:
         """Median host time of the backward of a chain of `nodes` nodes (the forward untimed)."""

@@ -74,25 +74,19 @@ def step_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cud
     return f_host, f_dev, b_host, b_dev
 
 
-def swiglu_host_us(calls: int, device: torch.device) -> dict[str, float]:
-    """Host microseconds a call of the engine's compiled SwiGLU takes on a tiny input under autograd (the host
-    sweep's `compiled` primitive, common/ops/host.py): the dense MLP's (static rows) against an expert's (rows marked
-    dynamic), at one row count and at a new count every call; the device kept busy, never waited for."""
-    def per_call(fn: Callable, rows: list[int]) -> float:
-        inputs = [torch.randn(r, 16, device=device, requires_grad=True) for r in rows]
-        for x in inputs[:3]:
-            fn(x)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(BUSY_CYCLES)
-        t0 = time.perf_counter()
-        for x in inputs:
-            fn(x)
-        us = (time.perf_counter() - t0) * 1e6 / len(inputs)
-        torch.cuda.synchronize()
-        return us
-    return {"static rows": per_call(swiglu, [64] * calls),
-            "any rows, one count": per_call(swiglu_any_rows, [64] * calls),
-            "any rows, a new count each call": per_call(swiglu_any_rows, list(range(64, 64 + calls)))}
+def swiglu_host_us(device: torch.device) -> dict[str, float]:
+    """Host microseconds a call of the engine's compiled SwiGLU takes on a tiny input under autograd, timed as the
+    host sweep times its `compiled` primitive (probes/host_sweep.py seconds_per_call, its CUDA sizes): the dense MLP's
+    (static rows) against an expert's (rows marked dynamic), at one row count and at a new count every call."""
+    calls, repeats, _, warmup = host_sweep.SIZES["cuda"]
+
+    def per_call(fn: Callable, new_count: bool) -> float:
+        inputs = iter([torch.randn(64 + (i if new_count else 0), 16, device=device, requires_grad=True)
+                       for i in range(warmup + repeats * calls)])
+        return host_sweep.seconds_per_call(lambda: fn(next(inputs)), calls, repeats, warmup,
+                                           torch.cuda.synchronize) * 1e6
+    return {"static rows": per_call(swiglu, False), "any rows, one count": per_call(swiglu_any_rows, False),
+            "any rows, a new count each call": per_call(swiglu_any_rows, True)}
 
 
 def recipe_us(cfg: RunConfig, device: torch.device) -> dict[str, float]:
@@ -152,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         for pass_, us in recipe_us(run_cfg, device).items():
             print(f"host recipe for an expert's {pass_}, priced by this machine's host sweep: {us:.0f} us")
-        for name, us in swiglu_host_us(args.calls, device).items():
+        for name, us in swiglu_host_us(device).items():
             print(f"compiled SwiGLU on 16 columns, {name}: host {us:.1f} us a call")
     print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"command: python3 runs/bench/expert_host.py --calls {args.calls} --model {args.model}")
