@@ -73,6 +73,6 @@ def test_every_docs_citation_names_a_file_and_section_that_exist():
 
 
 @pytest.mark.parametrize("doc", ["architecture.md", "run_directory.md", "engine.md", "formulas.md",
-                                 "buffer_layout.md"])
+                                 "buffer_layout.md", "ledger_rows.md"])
 def test_the_project_docs_exist(doc):
     assert (ROOT / "docs" / doc).is_file()
