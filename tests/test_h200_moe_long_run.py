@@ -3,6 +3,7 @@ BENCHMARKS.md 2026-12-05, fourth entry): the 12-16-step runs' medians, 12-28% ov
 the warm-up of new expert row counts; the settled pace is what the file's step is to be judged on."""
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -53,10 +54,20 @@ def test_its_peak_lands_within_a_tenth_of_one_percent(validation):
 def test_the_expert_host_timing_refuses_a_model_without_experts_or_no_calls_in_one_line(capsys):
     # runs/bench/expert_host.py, the next measurement this run asks for: bad arguments before any tensor is built
     script = bench_script("expert_host")
-    for argv in (["--model", "nope"], ["--model", "llama3.2-1b"], ["--calls", "0"]):
+    for argv in (["--model", "nope"], ["--model", "llama3.2-1b"], ["--calls", "0"], ["--bin", "0"],
+                 ["--calls", "249"]):  # 8 experts x 249 calls: more new counts than [64, 2048) holds
         assert script.main(argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("expert_host.py: "), (argv, err)
+
+
+def test_the_expert_host_timings_new_counts_are_never_met_twice():
+    script = bench_script("expert_host")
+    calls = script.new_counts(random.Random(0), 8, 248)
+    drawn = [c for call in calls for c in call]
+    assert len(calls) == 248 and all(len(c) == 8 for c in calls)
+    assert len(set(drawn)) == len(drawn) == 1984 and set(drawn) == set(range(64, 2048))
+    assert sum(script.even_counts(8)) == 8192 and sum(script.even_counts(3)) == 8192
 
 
 def test_the_expert_host_timing_prices_one_expert_as_the_time_model_does(monkeypatch):

@@ -1,13 +1,14 @@
 """The host's time to issue SequentialMLP's experts, unprofiled: mixtral-8x7b's 8 experts (hidden 4096, width 14,336)
 as the engine runs them at EP 1 (engine/transformer/moe/experts.py), forward and backward, with the device kept busy
-by a sleep kernel so the host never waits on it. Row counts the same every call ("seen") against new ones every call
-("fresh", 8,192 rows spread +-15% over the experts, as a routed micro-batch of seq 4096 at top-2 is). Why: a 40-step
-mixtral-8x7b-2l run's settled forward range took 15.7 ms against 12.9 predicted, its device idle before the experts'
-launches, while the host recipes price an expert's forward well under its ~510 us of kernels (BENCHMARKS.md
-2026-12-05, fourth entry); the script prints their price from the host sweep of the machine it runs on beside what
-it measured there.
+by a sleep kernel so the host never waits on it. Three kinds of row counts: the same every call ("seen"); counts the
+process has never met ("new": each call's 8 drawn without replacement from [64, 2048), printed per BIN calls, so the
+cost of a new count shows against how many the process has already met); counts met before but not on the last call
+("met before": the new calls' counts replayed in another order). Why: SequentialMLP runs miss the time model by
+8-28% (BENCHMARKS.md), their device idle before the experts' launches, and a routed micro-batch's counts are rarely
+the last one's. Beside the measurement the script prints the host recipes' price of one expert from the host sweep of
+the machine it runs on.
 
-    python runs/bench/expert_host.py [--calls 30]
+    python runs/bench/expert_host.py [--calls 40] [--bin 10]
 """
 from __future__ import annotations
 
@@ -36,15 +37,20 @@ from ledger.models.time_model.host_costs import host_costs  # noqa: E402
 from ledger.models.time_model.ops import chunk_backward, chunk_forward  # noqa: E402
 from probes import host_sweep  # noqa: E402
 
-ROWS, SPREAD = 8192, 0.15
+ROWS = 8192  # a routed micro-batch of seq 4096 at top-2: the seen counts' sum
+NEW_COUNTS = range(64, 2048)  # where new counts are drawn from (a routed expert's rows, early in training)
 BUSY_CYCLES = 200_000_000  # ~0.1 s at 2 GHz: longer than any forward's issue
 
 
-def counts(rng: random.Random, experts: int) -> list[int]:
-    """Row counts summing to ROWS, each within +-SPREAD of the mean."""
-    mean = ROWS // experts
-    out = [mean + rng.randint(-int(SPREAD * mean), int(SPREAD * mean)) for _ in range(experts - 1)]
-    return out + [ROWS - sum(out)]
+def even_counts(experts: int) -> list[int]:
+    """ROWS spread evenly over the experts."""
+    return [ROWS // experts + (e < ROWS % experts) for e in range(experts)]
+
+
+def new_counts(rng: random.Random, experts: int, calls: int) -> list[list[int]]:
+    """`calls` lists of `experts` counts, no count twice."""
+    drawn = rng.sample(NEW_COUNTS, experts * calls)
+    return [drawn[i * experts:(i + 1) * experts] for i in range(calls)]
 
 
 def host_us(call: Callable[[], object], cuda: bool) -> tuple[float, float, object]:
@@ -67,8 +73,9 @@ def host_us(call: Callable[[], object], cuda: bool) -> tuple[float, float, objec
 def step_us(mlp: SequentialMLP, tokens: torch.Tensor, per_expert: list[int], cuda: bool
             ) -> tuple[float, float, float, float]:
     """(forward host, forward device, backward host, backward device) microseconds of one forward and its backward
-    on the row counts `per_expert`."""
-    f_host, f_dev, out = host_us(lambda: mlp(tokens, per_expert), cuda)
+    on the row counts `per_expert` (the first sum(per_expert) rows of `tokens`)."""
+    rows = tokens[:sum(per_expert)]
+    f_host, f_dev, out = host_us(lambda: mlp(rows, per_expert), cuda)
     grad = torch.ones_like(out)
     b_host, b_dev, _ = host_us(lambda: out.backward(grad), cuda)
     return f_host, f_dev, b_host, b_dev
@@ -108,13 +115,23 @@ def recipe_us(cfg: RunConfig, device: torch.device) -> dict[str, float]:
     return {"forward": priced(chunk_forward(cfg, 0, 0), True), "backward": priced(chunk_backward(cfg, 0, 0), False)}
 
 
+def report(name: str, laps: list[tuple[float, float, float, float]], experts: int) -> None:
+    """One line a pass: the median host and device microseconds of a call and of an expert, host min and max."""
+    for i, pass_ in ((0, "forward"), (2, "backward")):
+        host, dev = statistics.median(lap[i] for lap in laps), statistics.median(lap[i + 1] for lap in laps)
+        print(f"{name} {pass_}: host {host:.0f} us ({host / experts:.0f} us an expert; min "
+              f"{min(lap[i] for lap in laps):.0f}, max {max(lap[i] for lap in laps):.0f}), device {dev:.0f} us "
+              f"({dev / experts:.0f} an expert), over {len(laps)} calls")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--calls", type=int, default=40, help="calls of each kind")
+    ap.add_argument("--bin", type=int, default=10, help="new-count calls a line")
     ap.add_argument("--model", default="mixtral-8x7b-2l")
     args = ap.parse_args(argv)
-    if args.calls < 1:
-        print("expert_host.py: --calls must be at least 1", file=sys.stderr)
+    if args.calls < 1 or args.bin < 1:
+        print("expert_host.py: --calls and --bin must be at least 1", file=sys.stderr)
         return 2
     try:
         run_cfg = parse_args(["--model", args.model, "--bf16"], world_size=1)
@@ -125,31 +142,39 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.is_moe:
         print(f"expert_host.py: --model {args.model} has no experts", file=sys.stderr)
         return 2
+    experts = cfg.num_experts
+    if experts * args.calls > len(NEW_COUNTS):
+        print(f"expert_host.py: --calls {args.calls} needs {experts * args.calls} new row counts; "
+              f"[{NEW_COUNTS.start}, {NEW_COUNTS.stop}) holds {len(NEW_COUNTS)}", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mlp = SequentialMLP(cfg, "decoder.layers.0.mlp", ep_size=1, ep_rank=0, tp=TPGroup(group=None, size=1, rank=0),
                         params_dtype=torch.bfloat16, device=device, seed=1)
-    tokens = torch.randn(ROWS, cfg.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
-    rng, experts = random.Random(0), cfg.num_experts
-    seen = counts(rng, experts)
+    tokens = torch.randn(max(ROWS, experts * NEW_COUNTS.stop), cfg.hidden_size, device=device, dtype=torch.bfloat16,
+                         requires_grad=True)
     cuda = device.type == "cuda"
     for param in mlp.parameters():  # the engine's wgrads accumulate into main_grad (gradient-accumulation fusion)
         param.main_grad = torch.zeros_like(param, dtype=torch.float32)
+    seen, rng = even_counts(experts), random.Random(0)
     for _ in range(5):  # compile the SwiGLU, meet the seen counts
         step_us(mlp, tokens, seen, cuda)
-    for name, pick in (("seen", lambda: seen), ("fresh", lambda: counts(rng, experts))):
-        laps = [step_us(mlp, tokens, pick(), cuda) for _ in range(args.calls)]
-        for i, pass_ in ((0, "forward"), (2, "backward")):
-            host, dev = statistics.median(lap[i] for lap in laps), statistics.median(lap[i + 1] for lap in laps)
-            print(f"{name} {pass_}: host {host:.0f} us ({host / experts:.0f} us an expert; min "
-                  f"{min(lap[i] for lap in laps):.0f}, max {max(lap[i] for lap in laps):.0f}), device {dev:.0f} us "
-                  f"({dev / experts:.0f} an expert), over {args.calls} calls")
+    report("seen", [step_us(mlp, tokens, seen, cuda) for _ in range(args.calls)], experts)
+    fresh = new_counts(rng, experts, args.calls)
+    laps = [step_us(mlp, tokens, c, cuda) for c in fresh]
+    for first in range(0, args.calls, args.bin):
+        report(f"new (calls {first + 1}-{min(first + args.bin, args.calls)}, "
+               f"{experts * first} counts met before them)", laps[first:first + args.bin], experts)
+    again = rng.sample(fresh, len(fresh))
+    if again[0] == fresh[-1]:  # never the counts of the call just before
+        again = again[1:] + again[:1]
+    report("met before", [step_us(mlp, tokens, c, cuda) for c in again], experts)
     if cuda:
         for pass_, us in recipe_us(run_cfg, device).items():
             print(f"host recipe for an expert's {pass_}, priced by this machine's host sweep: {us:.0f} us")
         for name, us in swiglu_host_us(device).items():
             print(f"compiled SwiGLU on 16 columns, {name}: host {us:.1f} us a call")
     print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}")
-    print(f"command: python3 runs/bench/expert_host.py --calls {args.calls} --model {args.model}")
+    print(f"command: python3 runs/bench/expert_host.py --calls {args.calls} --bin {args.bin} --model {args.model}")
     return 0
 
 
