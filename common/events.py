@@ -276,6 +276,8 @@ class StepRecord(Event):
     moe_tokens_per_expert: dict[str, Any] | None = None
     moe_dropped_tokens: dict[str, Any] | None = None
     moe_aux_loss: float | None = None
+    # SequentialMLP: {"<global layer>": [[rows of each local expert] per counted forward]}, as its GEMMs ran them
+    moe_expert_rows: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -198,6 +198,24 @@ def test_step_record_counts_each_assignment_once_recompute_included():
     assert [s["moe_aux_loss"] for s in recomputed] == pytest.approx([s["moe_aux_loss"] for s in plain], rel=1e-6)
 
 
+def test_sequential_experts_record_the_rows_their_gemms_ran_in_each_forward():
+    """Each of a step's 4 micro-batch forwards (full recompute's re-run not counted) gives each of the 4 experts its
+    routed rows: T k = 32 x 2 x 2 = 128 a forward, summing over the forwards to the step's tokens per expert (no
+    capacity, EP 1). Padded to 16, each expert's rows are a multiple of 16, fewer than 16 over its routed count. Grouped
+    experts' rows never reach the host: no record."""
+    recompute = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
+    for step in train_tiny(tiny_moe_flags("--train-iters", "2", *recompute))[1]:
+        assert step["moe_expert_rows"].keys() == {"0", "1"}
+        for layer, forwards in step["moe_expert_rows"].items():
+            assert len(forwards) == 4 and all(len(f) == 4 and sum(f) == 128 for f in forwards)
+            assert [sum(e) for e in zip(*forwards)] == step["moe_tokens_per_expert"][layer]
+    for step in train_tiny(tiny_moe_flags("--train-iters", "1", "--moe-pad-expert-rows", "16"))[1]:
+        for layer, forwards in step["moe_expert_rows"].items():
+            assert all(r % 16 == 0 for f in forwards for r in f)
+            assert all(128 <= sum(f) < 128 + 4 * 16 for f in forwards)  # each expert pads fewer than 16 rows
+    assert "moe_expert_rows" not in train_tiny(tiny_moe_flags("--train-iters", "1", "--moe-grouped-gemm"))[1][0]
+
+
 def test_dense_model_reports_no_moe_figures():
     _, steps = train_tiny(["--model", "tiny", "--num-layers", "1", "--micro-batch-size", "2",
                            "--global-batch-size", "2", "--mock-data", "--train-iters", "1"])

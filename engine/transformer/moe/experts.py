@@ -36,6 +36,7 @@ from engine.tensor_parallel.mappings import TPGroup
 from engine.transformer.mlp import MLP, swiglu, swiglu_any_rows
 from engine.transformer.moe.grouped_gemm_util import ExpertGroups, grouped_linear
 from engine.transformer.moe.router import expert_capacity
+from engine.transformer.moe.routing_record import counted_forward
 
 
 def local_expert_indices(num_experts: int, ep_size: int, ep_rank: int) -> range:
@@ -59,6 +60,7 @@ class SequentialMLP(torch.nn.Module):
                 delay_weight_grad(param)
         self.pad_rows = config.moe_pad_expert_rows
         self.copies_unpadded = bool(config.moe_pad_expert_rows and config.moe_delay_expert_wgrad)
+        self.rows_run: list[list[int]] = []  # each counted forward's rows per local expert, as its GEMMs ran them
 
     def registration_order(self) -> Sequence[int]:
         """The order the experts are registered in, hence their parameters' order (by global index)."""
@@ -71,7 +73,15 @@ class SequentialMLP(torch.nn.Module):
     def forward(self, tokens: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
         """tokens [N, h] grouped by local expert, tokens_per_expert[i] rows for the i-th -> outputs [N, h]."""
         chunks = tokens.split(tokens_per_expert)
+        if counted_forward():
+            self.rows_run.append([padded_rows(n, self.pad_rows) for n in tokens_per_expert])
         return torch.cat([self._expert(expert, chunk) for expert, chunk in zip(self.local_experts(), chunks)])
+
+    def take_rows_run(self) -> list[list[int]]:
+        """The rows each local expert's GEMMs ran in every counted forward since the last take (routing_record.py says
+        which forwards count): the shapes cuBLAS met, each new one a kernel choice on the host."""
+        taken, self.rows_run = self.rows_run, []
+        return taken
 
     def _expert(self, expert: MLP, rows: torch.Tensor) -> torch.Tensor:
         """One expert on its rows, padded under --moe-pad-expert-rows, its own copies of them whatever the padding

@@ -65,8 +65,11 @@ def moe_step_figures(model: list[torch.nn.Module]) -> dict[str, Any]:
     layers = [m for chunk in model for m in chunk.modules() if isinstance(m, MoELayer)]
     if not layers:
         return {}
-    tokens, dropped, aux_loss = {}, {}, 0.0
+    tokens, dropped, rows, aux_loss = {}, {}, {}, 0.0
     for layer in layers:
         tokens[str(layer.layer_number)], dropped[str(layer.layer_number)], aux = layer.record.take()
         aux_loss += aux
-    return {"moe_tokens_per_expert": tokens, "moe_dropped_tokens": dropped, "moe_aux_loss": aux_loss}
+        if run := layer.experts.take_rows_run():  # SequentialMLP's (the grouped GEMMs' rows stay on the device)
+            rows[str(layer.layer_number)] = run
+    figures = {"moe_tokens_per_expert": tokens, "moe_dropped_tokens": dropped, "moe_aux_loss": aux_loss}
+    return figures | ({"moe_expert_rows": rows} if rows else {})
