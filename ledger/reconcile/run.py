@@ -31,6 +31,7 @@ from ledger.reconcile.comm import (
     untraceable_ops,
     volume_rows,
 )
+from ledger.reconcile.expert_rows import expert_rows_rows
 from ledger.reconcile.megatron_timers import timer_rows
 from ledger.reconcile.memory import memory_rows
 from ledger.reconcile.moe import moe_rows
@@ -116,7 +117,7 @@ def reconcile_evidence(ev: RunEvidence, work: TraceWork = TraceWork(),
     explain_step_time(rows, ev, model, selection)
     rows += time_rows(ev, model, selection)
     rows += timer_rows(ev, model, selection) if ev.framework == "megatron-lm" else []
-    rows += moe_rows(ev, model, selection)
+    rows += moe_rows(ev, model, selection) + expert_rows_rows(ev, selection)
     rows += checkpoint_rows(ev)
     not_judged = oversubscribed.set_aside(rows, cpu_sharing(ev))
     check_rows, skipped = hta.hta_rows(cross_check, work.hta, work.workers, work.progress)

@@ -1,0 +1,66 @@
+"""moe.expert_row_counts_new_per_step: the SequentialMLP row counts each step meets for the first time, against the
+time model's uniform routing (none after the first step). Counted by hand on a table; judged on a real tiny MoE run
+trained on this machine (its router's counts move every micro-batch); its records' routing made uniform, the row is
+ok; a grouped-GEMM run records no rows and has no row; malformed rows are bad input."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from common.errors import InputError
+from common.events import StepRecord
+from ledger.evidence.read import read_run
+from ledger.evidence.steps import run_steps
+from ledger.reconcile.expert_rows import METRIC, expert_rows, expert_rows_rows, new_counts
+from ledger.reconcile.run import reconcile_evidence
+from tests.support.training_runs import train
+
+TINY_MOE = ("--nproc-per-node", "1", "--model", "tiny", "--num-layers", "2", "--micro-batch-size", "2",
+            "--global-batch-size", "8", "--mock-data", "--num-experts", "4", "--moe-router-topk", "2",
+            "--train-iters", "6")
+
+
+def test_a_step_counts_the_distinct_row_counts_no_earlier_step_met():
+    steps = [(1, {"0": [[3, 5], [5, 5]], "1": [[5, 7]]}),  # 3, 5, 7: three new
+             (2, {"0": [[3, 9]], "1": [[9, 9]]}),  # 9 new; 3 met in step 1
+             (3, {"0": [[9, 3]], "1": [[7, 5]]})]  # all met
+    assert new_counts(steps) == {1: 3, 2: 1, 3: 0}
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_run(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("moe") / "run", *TINY_MOE)
+
+
+def rows_of(ev):
+    return expert_rows_rows(ev, run_steps(ev))
+
+
+def test_a_real_routed_run_meets_new_counts_every_step_and_the_row_is_off(tiny_moe_run):
+    ev = read_run(tiny_moe_run)
+    (found,) = rows_of(ev)
+    assert found.metric == METRIC and found.predicted == 0 and found.measured >= 2 and found.verdict == "off"
+    assert [r.verdict for r in reconcile_evidence(ev).rows if r.metric == METRIC] == ["off"]
+
+
+def test_uniform_routing_meets_no_new_count_after_the_first_step(tiny_moe_run):
+    ev = read_run(tiny_moe_run)
+    for r in ev.ranks.values():
+        for s in r.steps:  # every forward at T k / E = 64 x 2 / 4 = 32 rows an expert, as the time model routes
+            s.moe_expert_rows = {layer: [[32] * 4 for _ in forwards] for layer, forwards in s.moe_expert_rows.items()}
+    (found,) = rows_of(ev)
+    assert found.measured == 0 and found.verdict == "ok"
+
+
+def test_grouped_experts_record_no_rows_and_get_no_row(tmp_path):
+    ev = read_run(train(tmp_path / "grouped", *TINY_MOE[:-2], "--train-iters", "2", "--moe-grouped-gemm"))
+    assert all(s.moe_expert_rows is None for r in ev.ranks.values() for s in r.steps)
+    assert rows_of(ev) == []
+
+
+@pytest.mark.parametrize("bad", [{"0": 3}, {"0": [[1, -2]]}, {"0": [["a"]]}, [1, 2]])
+def test_malformed_rows_are_bad_input_naming_the_step(bad, tmp_path):
+    record = StepRecord(step=4, moe_expert_rows=copy.deepcopy(bad))
+    with pytest.raises(InputError, match="step 4: moe_expert_rows"):
+        expert_rows(record, tmp_path / "events.jsonl")
