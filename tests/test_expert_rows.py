@@ -1,7 +1,8 @@
 """moe.expert_row_counts_new_per_step: the SequentialMLP row counts each step meets for the first time, against the
-time model's uniform routing (none after the first step). Counted by hand on a table; judged on a real tiny MoE run
-trained on this machine (its router's counts move every micro-batch); its records' routing made uniform, the row is
-ok; a grouped-GEMM run records no rows and has no row; malformed rows are bad input."""
+time model's uniform routing (none after the first step). Counted by hand on a table; judged on two real H100 runs
+(tests/fixtures/h100_moe_rows: unpadded, and padded to 128 rows) and on a real tiny MoE run trained on this machine
+(its router's counts move every micro-batch); its records' routing made uniform, the row is ok; a grouped-GEMM run
+records no rows and has no row; malformed rows are bad input."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +15,7 @@ from ledger.evidence.read import read_run
 from ledger.evidence.steps import run_steps
 from ledger.reconcile.expert_rows import METRIC, expert_rows, expert_rows_rows, new_counts
 from ledger.reconcile.run import reconcile_evidence
+from tests.support.recorded_runs import FIXTURES
 from tests.support.training_runs import train
 
 TINY_MOE = ("--nproc-per-node", "1", "--model", "tiny", "--num-layers", "2", "--micro-batch-size", "2",
@@ -26,6 +28,15 @@ def test_a_step_counts_the_distinct_row_counts_no_earlier_step_met():
              (2, {"0": [[3, 9]], "1": [[9, 9]]}),  # 9 new; 3 met in step 1
              (3, {"0": [[9, 3]], "1": [[7, 5]]})]  # all met
     assert new_counts(steps) == {1: 3, 2: 1, 3: 0}
+
+
+def test_the_unpadded_h100_run_meets_62_new_counts_a_step_and_padding_to_128_meets_none():
+    """The padded run's counts are multiples of 128: after its first steps it meets none, and its step is 31 ms
+    shorter (472 -> 441 ms, the same time model for both: 419 ms)."""
+    unpadded, padded = (rows_of(read_run(FIXTURES / "h100_moe_rows" / name)) for name in ("none", "128"))
+    assert [(r.measured, r.verdict) for r in unpadded] == [(62, "off")]
+    assert "worst step 2: 97, step 1: 117" in unpadded[0].explanation
+    assert [(r.measured, r.verdict) for r in padded] == [(0, "ok")]
 
 
 @pytest.fixture(scope="module")
