@@ -12,7 +12,8 @@ the run (every layer's experts share their GEMMs' shapes), the median over the s
 SequentialMLP only: the grouped GEMMs' rows stay on the device, one kernel for every count.
 
 Tolerance (docs/formulas.md, "Tolerances"): absolute, half a count (ok only when the median steady step meets none),
-off beyond three halves: every new count is a host stall the time model does not price.
+off beyond three halves: every new count is a host stall the time model does not price. A CPU rank's row is measured
+only (n/a): its GEMMs choose no cuBLAS kernel.
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ from ledger.reconcile.rows import Row, row
 
 METRIC = "moe.expert_row_counts_new_per_step"
 ABS_TOL = 0.5
+PREDICTED = ("; predicted 0: the time model routes every micro-batch uniformly, T k / E rows an expert, met from the "
+             "first step on; each new count costs cuBLAS a kernel choice on the host, which the time model does not "
+             "price (BENCHMARKS.md, 2026-12-05 sixth: 0.3-0.65 ms an expert's forward on an H100's host)")
+CPU_NOTE = "; not judged on a CPU rank: no cuBLAS, so a new row count costs no kernel choice"
 
 
 def new_counts(rows_by_step: list[tuple[int, dict[str, list[list[int]]]]]) -> dict[int, int]:
@@ -50,12 +55,14 @@ def expert_rows(record: StepRecord, where: Path) -> dict[str, list[list[int]]]:
         out = None
     if out is None or any(n < 0 for forwards in out.values() for forward in forwards for n in forward):
         raise InputError(where, f"step {record.step}: moe_expert_rows is not {{layer: [[rows per expert] per "
-                                "forward]}} of non-negative counts")
+                                "forward]} of non-negative counts")
     return out
 
 
-def rank_row(r: RankEvidence, selection: StepSelection, where: Path) -> Row | None:
-    recorded = sorted((s.step, expert_rows(s, where)) for s in r.steps if s.moe_expert_rows and s.step is not None)
+def rank_row(r: RankEvidence, selection: StepSelection, where: Path, on_gpu: bool) -> Row | None:
+    """The rank's row; on a CPU rank measured only (n/a): no cuBLAS, no kernel to choose."""
+    recorded = sorted(((s.step, expert_rows(s, where)) for s in r.steps if s.moe_expert_rows and s.step is not None),
+                      key=lambda found: found[0])
     if not recorded:
         return None
     per_step = new_counts(recorded)
@@ -64,17 +71,19 @@ def rank_row(r: RankEvidence, selection: StepSelection, where: Path) -> Row | No
         return None
     worst = max(steady, key=lambda s: per_step[s])
     first = recorded[0][0]
-    return row(METRIC, "rank", predicted=0.0, measured=median(per_step[s] for s in steady), unit="counts",
-               tolerance=0.0, abs_tolerance=ABS_TOL, rank=r.rank, stage=r.stage, source="events",
-               explanation=(f"SequentialMLP expert row counts first met in the step, median over "
-                            f"{selection.counted(steady)}; worst step {worst}: {per_step[worst]}, step {first}: "
-                            f"{per_step[first]} (the rows each expert's GEMMs ran, from the step records' "
-                            "moe_expert_rows); predicted 0: the time model routes every micro-batch uniformly, T k / E "
-                            "rows an expert, met from the first step on; each new count costs cuBLAS a kernel "
-                            "choice on the host, which the time model does not price (BENCHMARKS.md, 2026-12-05 "
-                            "sixth: 0.3-0.65 ms an expert's forward on an H100's host)"))
+    measured = (f"SequentialMLP expert row counts first met in the step, median over {selection.counted(steady)}; "
+                f"worst step {worst}: {per_step[worst]}, step {first}: {per_step[first]} (the rows each expert's GEMMs "
+                "ran, from the step records' moe_expert_rows)")
+    return row(METRIC, "rank", predicted=0.0 if on_gpu else None, measured=median(per_step[s] for s in steady),
+               unit="counts", tolerance=0.0, abs_tolerance=ABS_TOL, rank=r.rank, stage=r.stage, source="events",
+               explanation=measured + (PREDICTED if on_gpu else CPU_NOTE))
 
 
 def expert_rows_rows(ev: RunEvidence, selection: StepSelection) -> list[Row]:
     return [found for rank, r in sorted(ev.ranks.items())
-            if (found := rank_row(r, selection, events_path(ev.run_dir, rank))) is not None]
+            if (found := rank_row(r, selection, events_path(ev.run_dir, rank), on_gpu(ev, rank))) is not None]
+
+
+def on_gpu(ev: RunEvidence, rank: int) -> bool:
+    device = ev.device(rank) if rank in ev.rank_infos else None
+    return device is not None and device.type == "cuda"
