@@ -61,6 +61,15 @@ def test_the_expert_host_timing_refuses_a_model_without_experts_or_no_calls_in_o
         assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("expert_host.py: "), (argv, err)
 
 
+def test_the_new_count_gemm_timing_refuses_bad_sizes_in_one_line(capsys):
+    script = bench_script("gemm_shape_host")
+    for argv in (["--counts", "0"], ["--warm", "-1"], ["--hidden", "0"], ["--max-rows", "5000"],
+                 ["--warm", "1300", "--counts", "40"]):  # 1,340 new counts; [64, 1400) holds 1,336
+        assert script.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("gemm_shape_host.py: "), (argv, err)
+
+
 def test_the_expert_host_timings_new_counts_are_never_met_twice():
     script = bench_script("expert_host")
     calls = script.new_counts(random.Random(0), 8, 248)
