@@ -48,6 +48,7 @@ def rows_of(ev):
     return expert_rows_rows(ev, run_steps(ev))
 
 
+@pytest.mark.slow
 def test_a_cpu_run_counts_its_new_counts_but_is_not_judged(tiny_moe_run):
     """A real tiny MoE run on this machine: its router's counts move every micro-batch, so its steps meet new counts,
     but a CPU rank chooses no cuBLAS kernel: measured, n/a, and the explanation says why."""
@@ -68,6 +69,7 @@ def test_uniform_routing_meets_no_new_count_after_the_first_step():
     assert found.measured == 0 and found.verdict == "ok"
 
 
+@pytest.mark.slow
 def test_grouped_experts_record_no_rows_and_get_no_row(tmp_path):
     ev = read_run(train(tmp_path / "grouped", *TINY_MOE[:-2], "--train-iters", "2", "--moe-grouped-gemm"))
     assert all(s.moe_expert_rows is None for r in ev.ranks.values() for s in r.steps)
