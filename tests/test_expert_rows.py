@@ -9,10 +9,13 @@ import copy
 
 import pytest
 
+from common.arguments import parse_args
 from common.errors import InputError
 from common.events import StepRecord
 from ledger.evidence.read import read_run
 from ledger.evidence.steps import run_steps
+from ledger.models.simulate.hardware import load_hardware
+from ledger.models.simulate.simulation import simulate
 from ledger.reconcile.expert_rows import METRIC, expert_rows, expert_rows_rows, new_counts
 from ledger.reconcile.run import reconcile_evidence
 from tests.support.recorded_runs import FIXTURES
@@ -74,6 +77,18 @@ def test_grouped_experts_record_no_rows_and_get_no_row(tmp_path):
     ev = read_run(train(tmp_path / "grouped", *TINY_MOE[:-2], "--train-iters", "2", "--moe-grouped-gemm"))
     assert all(s.moe_expert_rows is None for r in ev.ranks.values() for s in r.steps)
     assert rows_of(ev) == []
+
+
+@pytest.mark.parametrize("flags, noted", [((), True), (("--moe-grouped-gemm",), False),
+                                          (("--moe-pad-expert-rows", "128"), False),
+                                          (("--moe-pad-expert-rows", "8"), True)])
+def test_a_sequential_prediction_says_its_routing_is_uniform_and_new_counts_unpriced(flags, noted):
+    """simulate's notes (and reconcile's step-time row, which carries them): SequentialMLP at routed rows meets new
+    counts the prediction does not price; grouped GEMMs (one kernel for every count) and rows padded to 128 do not."""
+    cfg = parse_args(["--model", "mixtral-8x7b-2l", "--bf16", "--micro-batch-size", "1", "--global-batch-size", "8",
+                      *flags], world_size=1)
+    notes = simulate(cfg, load_hardware("H200")).step.notes
+    assert any(n.startswith("SequentialMLP: every micro-batch routed uniformly") for n in notes) is noted
 
 
 @pytest.mark.parametrize("bad", [{"0": 3}, {"0": [[1, -2]]}, {"0": [["a"]]}, [1, 2]])

@@ -75,6 +75,15 @@ POWER_ROUNDS, POWER_SETTLED = 4, 1e-3  # the power-limit factor's fixed point: r
 CONTENTION = "overlapped comm and compute each at standalone speed (contention not modelled)"
 EXPERT_DP = ("MoE: the expert buffers' grad reduction and param all-gather over the expert-data-parallel group are "
              "not priced (their memset and optimizer update are)")
+NEW_ROWS = ("SequentialMLP: every micro-batch routed uniformly, T k / E rows an expert; a routed run meets row counts "
+            "new to the process, each GEMM at one 0.12-0.2 ms more on the host (cuBLAS's kernel choice; "
+            "BENCHMARKS.md, 2026-12-05 sixth), not priced: --moe-grouped-gemm or --moe-pad-expert-rows avoid them")
+
+
+def sequential_routed_rows(cfg: RunConfig) -> bool:
+    """SequentialMLP experts at routed row counts: an MoE model without grouped GEMMs or padded rows (padding to a
+    multiple of 16 or more leaves few counts to meet)."""
+    return cfg.model.is_moe and not cfg.model.moe_grouped_gemm and (cfg.model.moe_pad_expert_rows or 1) < 16
 
 
 def _optimizer_elements(layouts: list[BufferLayout], dp: int, distributed: bool) -> int:
@@ -455,7 +464,8 @@ def _predict_at(cfg: RunConfig, cal: Calibration) -> StepPrediction:
                           buckets=tuple(b for f in figures for b in f.buckets), terms=terms,
                           critical_stage=critical, span=span,
                           notes=(CONTENTION,) + cal.notes
-                          + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ()),
+                          + ((EXPERT_DP,) if cfg.model.is_moe and expert_dp_size(cfg) > 1 else ())
+                          + ((NEW_ROWS,) if sequential_routed_rows(cfg) else ()),
                           decompositions=decompositions,
                           decomposition_profiled=r.host is not None and cal.host.has_profiled,
                           device_compute_by_class=classes,
