@@ -27,6 +27,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
     # counts and rates with thousands separators, never an exponent
     (1_196_030.0, "tokens/s", "1,196,030 tokens/s"), (268.1, "tokens/s", "268 tokens/s"),
     (16_384, "tokens", "16,384 tokens"), (0, "count", "0"), (12_345_678, "count", "12,345,678"),
+    (62.0, "counts", "62 counts"), (0.5, "counts", "0.500 counts"),
     # FLOP/s with SI prefixes (the ledger's unit is TFLOP/s)
     (5.168e-05, "TFLOP/s", "51.7 MFLOP/s"), (207.3, "TFLOP/s", "207 TFLOP/s"), (1.5e3, "TFLOP/s", "1.50 PFLOP/s"),
     # the ledger's dimensionless units
@@ -36,6 +37,15 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 ])
 def test_value_in_every_unit(value, unit, text):
     assert units.value(value, unit) == text
+
+
+@pytest.mark.parametrize("relative, absolute, unit, text", [
+    (0.25, 0.0, "s", "25.00%"), (0.25, None, "s", "25.00%"),  # relative alone
+    (0.0, 1e-3, "s", "1.00 ms"), (0.0, 0.5, "counts", "0.500 counts"),  # an absolute floor alone, in the row's unit
+    (0.25, 2e-4, "s", "25.00% or 200 µs"),  # either: ok within the larger
+])
+def test_a_tolerance_reads_as_its_verdict_judges(relative, absolute, unit, text):
+    assert units.tolerance(relative, absolute, unit) == text
 
 
 @pytest.mark.parametrize("values, unit, text", [

@@ -17,14 +17,13 @@ COLUMNS = ["metric", "verdict", "rank", "bucket", "predicted", "predicted by", "
 
 
 def readable(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows as a person reads them: each figure in its row's unit, the gap and tolerance in percent."""
+    """The rows as a person reads them: each figure in its row's unit, the gap in percent."""
     out = table.copy()
     for column in VALUES:
         out[column] = [units.value(v, u) for v, u in zip(table[column], table["unit"])]
     out["predicted by"] = [predictor(m) if pd.notna(p) else units.DASH
                            for m, p in zip(table["metric"], table["predicted"])]
     out["gap"] = table["rel_diff"].map(lambda x: units.percent(x, signed=True))
-    out["tolerance"] = table["tolerance"].map(units.percent)
     for column in ("rank", "stage", "bucket"):  # Streamlit draws a missing number as "None": write "—" instead
         out[column] = table[column].map(lambda x: units.DASH if units.missing(x) else str(int(x)))
     return out.reindex(columns=COLUMNS)
@@ -81,7 +80,7 @@ if len(shown):
     r = shown.loc[chosen]
     where = ", ".join(f"{key} {int(r[key])}" for key in ("rank", "stage", "bucket") if pd.notna(r[key]))
     st.markdown(f"**{r['metric']}** ({where or 'the run'}; measured from {r['source'] or 'nothing'}): verdict "
-                f"**{r['verdict']}** (tolerance {units.percent(r['tolerance'])})")
+                f"**{r['verdict']}** (tolerance {units.tolerance(r['tolerance'], r.get('abs_tolerance'), r['unit'])})")
     titles = {"predicted": f"predicted ({predictor(r['metric'])})", "inventory": "engine inventory",
               "measured": "measured"}
     for column, name in zip(st.columns(3), VALUES):

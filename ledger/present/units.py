@@ -26,7 +26,7 @@ TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 NOISE_S = 1e-12  # a duration below a picosecond is floating-point noise of a difference of timestamps: 0
 SI_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
 # The ledger's row units that are a plain word after a number, and how the word is written.
-WORD_UNITS = {"tokens": "tokens", "tokens/s": "tokens/s", "bytes/param": "B/param"}
+WORD_UNITS = {"tokens": "tokens", "tokens/s": "tokens/s", "bytes/param": "B/param", "counts": "counts"}
 EXPONENT = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)e([+-]?\d+)\b")
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -123,6 +123,15 @@ def value(x: float | None, unit: str) -> str:
     text = count(x) if unit in WORD_UNITS else significant(x) if abs(x) < 1000 else f"{x:,.0f}"
     word = WORD_UNITS.get(unit, unit)
     return f"{text} {word}".rstrip()
+
+
+def tolerance(relative: float, absolute: float | None, unit: str) -> str:
+    """A row's tolerance as its verdict reads it (ledger/reconcile/rows.py judge): relative, or an absolute floor in
+    the row's unit, or either: '25.00%', '1.00 ms', '25.00% or 200 µs'."""
+    if missing(absolute) or not absolute:
+        return percent(relative)
+    floor = value(absolute, unit)
+    return f"{percent(relative)} or {floor}" if relative else floor
 
 
 def exact(x: float | None, unit: str) -> str:
