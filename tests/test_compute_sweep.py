@@ -19,7 +19,7 @@ from engine.tensor_parallel import layers
 from ledger.models.formulas.params import params_total
 from ledger.models.time_model import Calibration, predict_step, stage_time
 from probes import compute_sweep
-from tests.support.bench import bench_script
+from tests.support.bench import assert_refused, bench_script
 from tests.support.recorded_runs import FIXTURES
 from tests.support.records import typed
 from tests.support.sweep_inputs import kernels, spec
@@ -171,6 +171,4 @@ def test_the_l2_experiments_judge_refuses_bad_arguments_in_one_line_before_readi
                  ["--judge", str(results), str(run)],
                  ["--judge", str(results), f"{tmp_path}=lb_h1024_l4_s512"],
                  ["--out", str(tmp_path / "no" / "such" / "out.json.gz")]):
-        assert script.main(argv) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("l2_state.py: "), (argv, err)
+        assert_refused(script, argv, capsys)

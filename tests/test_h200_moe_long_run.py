@@ -21,7 +21,7 @@ from ledger.models.time_model.host_recipe import (
     sum_of,
 )
 from ledger.reconcile.validation import Validation, validate_run
-from tests.support.bench import bench_script
+from tests.support.bench import assert_refused, bench_script
 from tests.support.recorded_runs import FIXTURES
 
 RUN = FIXTURES / "h200_moe" / "long_run" / "sequential_40"
@@ -56,18 +56,14 @@ def test_the_expert_host_timing_refuses_a_model_without_experts_or_no_calls_in_o
     script = bench_script("expert_host")
     for argv in (["--model", "nope"], ["--model", "llama3.2-1b"], ["--calls", "0"], ["--bin", "0"],
                  ["--calls", "249"]):  # 8 experts x 249 calls: more new counts than [64, 2048) holds
-        assert script.main(argv) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("expert_host.py: "), (argv, err)
+        assert_refused(script, argv, capsys)
 
 
 def test_the_new_count_gemm_timing_refuses_bad_sizes_in_one_line(capsys):
     script = bench_script("gemm_shape_host")
     for argv in (["--counts", "0"], ["--warm", "-1"], ["--hidden", "0"], ["--max-rows", "5000"],
                  ["--warm", "1300", "--counts", "40"]):  # 1,340 new counts; [64, 1400) holds 1,336
-        assert script.main(argv) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("gemm_shape_host.py: "), (argv, err)
+        assert_refused(script, argv, capsys)
 
 
 def test_the_expert_host_timings_new_counts_are_never_met_twice():

@@ -14,3 +14,11 @@ def bench_script(name: str, folder: str = "bench") -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def assert_refused(script: types.ModuleType, argv: list[str], capsys) -> None:
+    """`script.main(argv)` refuses: exit 2, nothing on stdout, one line on stderr that names the script."""
+    assert script.main(argv) == 2
+    out, err = capsys.readouterr()
+    name = Path(script.__file__).name
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith(f"{name}: "), (argv, err)
