@@ -83,7 +83,7 @@ def test_every_number_carries_its_source(name):
 def test_the_h200_curves_come_from_our_sweeps_and_the_others_say_they_are_assumed():
     h200 = raw("H200")
     for block in FITTED:
-        assert "runs/bench/hardware_h200.py" in h200[block]["source"]
+        assert "runs/bench/hardware_fit.py" in h200[block]["source"]
         assert "kernel records only" in h200[block]["source"]
     for name in ("H100", "A100-80GB", "A100-40GB"):
         d = raw(name)
@@ -217,7 +217,7 @@ def test_the_h200_file_prices_the_host_and_says_from_which_runs_the_other_kinds_
     assert set(host.seconds) == set(HOST_PRIMITIVES) | set(GRAPH_PRIMITIVES) and host.has_profiled
     assert all(host.profiled[k] >= host.seconds[k] for k in host.seconds)  # the profiler only adds
     source = raw("H200")["host"]["source"]
-    assert "runs/bench/host_h200.py --traces" in source and "h200_2layer_profiled" in source
+    assert "runs/bench/host_block.py --traces" in source and "h200_2layer_profiled" in source
     assert "host sweep alone" in raw("H200")["host"]["graphs_source"]
     assert all(load_hardware(name).host is None for name in ("H100", "A100-80GB", "A100-40GB"))
 
@@ -303,7 +303,7 @@ def test_the_slowdown_script_refuses_a_missing_file_or_one_without_a_table_in_on
 def test_the_h200_fit_refuses_a_sweep_of_another_device_or_no_sweep_in_one_line(tmp_path, capsys):
     # A CPU's sweep (hardware_sweep.py runs anywhere) fitted into the H200's curves would price the H200 at a CPU's
     # attention; an unreadable file is refused the same way, before anything is fitted or written
-    script = bench_script("hardware_h200")
+    script = bench_script("hardware_fit")
     cpu = tmp_path / "cpu.json"
     cpu.write_text(json.dumps({"device": "cpu x86_64", "records": []}))
     garbled = tmp_path / "garbled.json.gz"
@@ -312,7 +312,7 @@ def test_the_h200_fit_refuses_a_sweep_of_another_device_or_no_sweep_in_one_line(
     for path in (cpu, garbled, tmp_path / "absent.json"):
         assert script.main(["--write", "--sweeps", str(path), "--sweeps-only"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith(f"hardware_h200: {path}: "), err
+        assert len(err) == 1 and err[0].startswith(f"hardware_fit: {path}: "), err
     assert (HARDWARE_DIR / "h200.json").read_text() == before
 
 

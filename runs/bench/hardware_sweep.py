@@ -7,7 +7,7 @@ had (70B's h 8192, TP-local widths of TP 8, seq 2048 to 16384). This times the s
 (probes.compute_sweep with the engine's own functions, engine/probe_adapters.py), at a grid of TP-local shapes of
 public models: GEMMs from under a GFLOP to tens of TFLOP, flash attention from 1 to 64 local heads and seq 2048 to
 16384, and the memory-bound kernels from a few MB to GBs. No training run is involved, so the hardware file fitted
-from it (runs/bench/hardware_h200.py) never sees a step time it is later judged against.
+from it (runs/bench/hardware_fit.py) never sees a step time it is later judged against.
 
 --moe times an MoE layer's kernels beside its GEMMs instead (router top-k, moe.permute, moe.unpermute, through the
 engine's router and dispatcher at EP 1, common/ops/moe.py) for Mixtral's layer (8 experts, top-2) and a fine-grained

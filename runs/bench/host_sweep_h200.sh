@@ -25,7 +25,7 @@ print(f"host sweep: {len(records)} primitives in {time.perf_counter() - t0:.1f} 
 for r in records:
     print(f"  {r['op']:20s} {r['seconds'] * 1e6:8.2f} us   profiled {r.get('profiled_seconds', 0) * 1e6:8.2f} us")
 PY
-python3 runs/bench/host_h200.py --sweep "$OUT/host_sweep.jsonl" --out "$OUT/h200_host_block.json" > /dev/null
+python3 runs/bench/host_block.py --sweep "$OUT/host_sweep.jsonl" --out "$OUT/h200_host_block.json" > /dev/null
 # (b) launch-bound runs carrying their own host sweep
 run() {
   local name=$1; shift

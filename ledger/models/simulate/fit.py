@@ -1,6 +1,6 @@
 """The efficiency curves of a hardware file fitted from compute-sweep records (`compute` events, probes/
 compute_sweep/), and from nothing else: no step time enters, so a step-time check of the file against the runs the
-records came from is a prediction, not a replay. runs/bench/hardware_h200.py runs it on the committed H200 grid sweeps
+records came from is a prediction, not a replay. runs/bench/hardware_fit.py runs it on the committed H200 grid sweeps
 and writes ledger/models/hardware/h200.json's fitted blocks; tests hold the file equal to this fit.
 
 Each block is the cost form of ledger/models/simulate/kernel_cost.py, fitted by least squares on relative error (a point

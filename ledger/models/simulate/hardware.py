@@ -2,7 +2,7 @@
 a frozen `Hardware`.
 
 Every number in a file carries its provenance: a scalar is `{"value": x, "source": "..."}`, a fitted block (a curve,
-a table) has its own "source". For the H200 the sources are our own calibration sweeps (runs/bench/hardware_h200.py
+a table) has its own "source". For the H200 the sources are our own calibration sweeps (runs/bench/hardware_fit.py
 fits them from the committed real H200 runs); for the other kinds public datasheets, and, where no datasheet
 speaks (achieved efficiencies), a labelled assumption. The cost model the fields feed is ledger/models/simulate/
 kernel_cost.py (kernels) and ledger/models/simulate/topology.py (collectives); docs there.

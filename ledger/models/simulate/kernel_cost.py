@@ -7,7 +7,7 @@ GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
     output bytes (common/ops/traffic.py): fprop and dgrad write their m x n result in the compute dtype; wgrad
     accumulates into the grad-dtype main_grad (Megatron's gradient-accumulation fusion, as the engine and the sweep
     do): it reads and writes m x n elements of the grad dtype.
-  Fitted on the H200's sweep records (runs/bench/hardware_h200.py): the fixed term is launch, ramp and tail wave, the
+  Fitted on the H200's sweep records (runs/bench/hardware_fit.py): the fixed term is launch, ramp and tail wave, the
   epilogue term what makes a wgrad with a short reduction (k = tokens = 1,024) run at half the efficiency of one
   with k = 8,192. efficiency(shape) = flops / (peak x seconds). Its limit, measured on the experts' grid
   (hardware_sweep.py --experts, not in the fit): a wgrad with a large output reducing over 512-1,024 rows runs

@@ -1,25 +1,25 @@
-"""Fit the H200 hardware file's efficiency curves from our own real H200 runs' compute sweeps, then check the file
-against those runs' measured step times.
+"""Fit a GPU's hardware file's efficiency curves from kernel timings (our real runs' compute sweeps and the grid
+sweeps of runs/bench/hardware_sweep.py), then check the file against real runs' measured step times.
 
-    python3 runs/bench/hardware_h200.py [--write] [--runs RUN ...] [--sweeps SWEEP.json.gz ...]
+    python3 runs/bench/hardware_fit.py [--gpu H200|H100] [--write] [--runs RUN ...] [--sweeps SWEEP.json.gz ...]
 
-1. Fit (ledger/models/simulate/fit.py): the `compute` events of the committed real H200 runs
-(tests/fixtures/h200_llama1b/*
-   and tests/fixtures/h200_2layer_profiled: one H200, torch 2.11.0+cu130, 2026-12-01) give the GEMM cost form
-   (fixed + FLOPs / (peak e_c) + output bytes / (HBM bw e_epilogue)), flash attention's efficiency by pass, head dim
-   and sequence length, each memory-bound kernel's fraction of HBM bandwidth and the sustained-clock line; --sweeps
-   adds grid sweeps (runs/bench/hardware_sweep.py) of shapes no run had. Only kernel records: no step time is an
-   input. Printed with every record's residual.
-2. --write stores the fitted blocks, with their sources and this command, in ledger/models/hardware/h200.json, and the
-same
-   values, labelled as an assumption, in the H100 and A100 files (their datasheet figures untouched).
-3. Check: for each run, predict_step(cfg, hardware_calibration(cfg, load_hardware("H200"))) against the run's
-   measured step time (median of its steady steps, as reconcile's throughput.step_time) and against the time
-   model calibrated on the run's own sweep (ledger.reconcile.time_rows.predict_run).
+1. Fit (ledger/models/simulate/fit.py): the `compute` events of the runs (for the H200 by default the committed real
+   H200 runs, tests/fixtures/h200_llama1b/* and tests/fixtures/h200_2layer_profiled) and the records of --sweeps,
+   each timed on that GPU, give the GEMM cost form (fixed + FLOPs / (peak e_c) + output bytes / (HBM bw
+   e_epilogue)), flash attention's efficiency by pass, head dim and sequence length, each memory-bound kernel's
+   fraction of HBM bandwidth and the sustained-clock line. Only kernel records: no step time is an input. Printed
+   with every record's residual.
+2. --write stores the fitted blocks, with their sources and this command, in the GPU's file
+   (ledger/models/hardware/<gpu>.json); an H200 fit also goes, labelled as an assumption, into the A100 files (their
+   datasheet figures untouched), which no sweep has measured.
+3. Check: for each run, predict_step(cfg, hardware_calibration(cfg, load_hardware(GPU))) against the run's measured
+   step time (median of its steady steps, as reconcile's throughput.step_time) and against the time model
+   calibrated on the run's own sweep (ledger.reconcile.time_rows.predict_run).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import shlex
@@ -39,10 +39,14 @@ from ledger.models.time_model import predict_step  # noqa: E402
 from ledger.reconcile.time_rows import predict_run  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
-RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full", "8b-4layers",
-                                                 "s16384", "s2048-mbs4", "8b-8layers-s8192-selective")] \
-    + [FIXTURES / "h200_2layer_profiled"]
-DERIVED = ("h100.json", "a100-80gb.json", "a100-40gb.json")
+# The runs each GPU's fit checks by default: for the H200 the runs its first fit took records from; for the H100 the
+# held-out runs of runs/bench/new_shapes.py's H100 set (BENCHMARKS.md, 2026-12-05 seventh)
+RUNS = {"H200": [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
+                                                          "8b-4layers", "s16384", "s2048-mbs4",
+                                                          "8b-8layers-s8192-selective")]
+                + [FIXTURES / "h200_2layer_profiled"],
+        "H100": sorted((FIXTURES / "h100_new_shapes").glob("*/"))}
+DERIVED = ("a100-80gb.json", "a100-40gb.json")  # the H200 fit, as an assumption: no sweep of an A100
 SIGNIFICANT = 4
 
 
@@ -51,13 +55,13 @@ def rel(path: Path) -> str:
 
 
 class SweepRefused(ValueError):
-    """A --sweeps file this fit cannot take: unreadable, not a sweep, or timed on another device than an H200."""
+    """A --sweeps file this fit cannot take: unreadable, not a sweep, or timed on another device than the GPU's."""
 
 
-def compute_records(runs: list[Path], sweeps: list[Path] = ()) -> list[dict]:
+def compute_records(runs: list[Path], sweeps: list[Path] = (), gpu: str = "H200") -> list[dict]:
     """The runs' `compute` events, and the records of grid sweeps (runs/bench/hardware_sweep.py output), each sweep
-    timed on an H200 (a sweep of another device, a CPU's among them, would bend the H200's curves)."""
-    found = [r for run in runs for rank in collect_run(run).ranks.values() for r in rank.compute]
+    timed on `gpu` (a sweep of another device, a CPU's among them, would bend its curves)."""
+    found = [dataclasses.asdict(r) for run in runs for rank in collect_run(run).ranks.values() for r in rank.compute]
     for sweep in sweeps:
         opener = gzip.open if sweep.suffix == ".gz" else open
         try:
@@ -66,8 +70,8 @@ def compute_records(runs: list[Path], sweeps: list[Path] = ()) -> list[dict]:
             device, records = data["device"], data["records"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SweepRefused(f"{sweep}: not a readable sweep file ({exc.__class__.__name__}: {exc})") from None
-        if "H200" not in str(device):
-            raise SweepRefused(f"{sweep}: timed on {device!r}, not an H200")
+        if gpu not in str(device):
+            raise SweepRefused(f"{sweep}: timed on {device!r}, not an {gpu}")
         found += records
     return found
 
@@ -111,16 +115,20 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
     }
 
 
-def write(fit: HardwareFit, command: str, fitted_from: str) -> None:
-    path = HARDWARE_DIR / "h200.json"
-    h200 = json.loads(path.read_text())
+def file_of(gpu: str) -> Path:
+    return HARDWARE_DIR / f"{gpu.lower()}.json"
+
+
+def write(fit: HardwareFit, command: str, fitted_from: str, gpu: str) -> None:
+    path = file_of(gpu)
+    fitted = json.loads(path.read_text())
     source = f"fitted by `{command}` from {fitted_from} (kernel records only)"
-    h200.update(blocks(fit, source))
-    path.write_text(json.dumps(h200, indent=1) + "\n")
-    for name in DERIVED:
+    fitted.update(blocks(fit, source))
+    path.write_text(json.dumps(fitted, indent=1) + "\n")
+    for name in DERIVED if gpu == "H200" else ():
         other_path = HARDWARE_DIR / name
         other = json.loads(other_path.read_text())
-        assumption = (f"assumption: the H200 fit (ledger/models/hardware/h200.json, version {h200['version']}) "
+        assumption = (f"assumption: the H200 fit (ledger/models/hardware/h200.json, version {fitted['version']}) "
                       "unchanged, "
                       f"as fractions of this GPU's own peak and HBM bandwidth (every kernel time scales with them); "
                       f"no compute sweep of the {other['name']}. The H200 fit")
@@ -157,11 +165,11 @@ def print_fit(fit: HardwareFit) -> None:
         print(f"| {kind} | {name} | {t * 1e6:.1f} | {p * 1e6:.1f} | {100 * (p - t) / t:+.1f}% |")
 
 
-def check(runs: list[Path]) -> None:
-    hw = load_hardware("H200")
+def check(runs: list[Path], gpu: str) -> None:
+    hw = load_hardware(gpu)
     print(f"\nstep time, predicted vs measured (error = (predicted - measured) / measured); hardware file "
           f"{rel(Path(hw.path))} version {hw.version}")
-    print("| run | measured s (steady steps) | own sweep predicted s | error | H200 file predicted s | error | "
+    print(f"| run | measured s (steady steps) | own sweep predicted s | error | {gpu} file predicted s | error | "
           "sustained |\n|---|---|---|---|---|---|---|")
     for run in runs:
         cfg = collect_run(run).config
@@ -175,36 +183,43 @@ def check(runs: list[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", nargs="+", type=Path, default=RUNS, help="real H200 run directories to fit and check")
+    ap.add_argument("--gpu", choices=sorted(RUNS), default="H200", help="the GPU whose file is fitted (default H200)")
+    ap.add_argument("--runs", nargs="+", type=Path, help="real run directories of that GPU to fit and check "
+                                                         "(default: RUNS of the GPU)")
     ap.add_argument("--sweeps", nargs="*", type=Path, default=[],
                     help="grid sweeps (runs/bench/hardware_sweep.py --out) fitted with the runs' records")
     ap.add_argument("--sweeps-only", action="store_true",
                     help="fit from the grid sweeps alone: the runs are then only checked, never fitted")
     ap.add_argument("--write", action="store_true", help="store the fit in ledger/models/hardware/*.json")
     args = ap.parse_args(argv)
-    command = "python3 runs/bench/hardware_h200.py" + (" --write" if args.write else "") + (
-        " --runs " + " ".join(shlex.quote(rel(r)) for r in args.runs) if args.runs != RUNS else "") + (
+    default_runs = args.runs is None
+    args.runs = RUNS[args.gpu] if default_runs else args.runs
+    command = "python3 runs/bench/hardware_fit.py" + (f" --gpu {args.gpu}" if args.gpu != "H200" else "") + (
+        " --write" if args.write else "") + (
+        "" if default_runs else " --runs " + " ".join(shlex.quote(rel(r)) for r in args.runs)) + (
         " --sweeps " + " ".join(shlex.quote(rel(s)) for s in args.sweeps) if args.sweeps else "") + (
         " --sweeps-only" if args.sweeps_only else "")
     print(f"command: {command}\nruns: {', '.join(rel(r) for r in args.runs)}\n")
-    hw_file = json.loads((HARDWARE_DIR / "h200.json").read_text())
+    hw_file = json.loads(file_of(args.gpu).read_text())
     if args.sweeps_only and not args.sweeps:
         ap.error("--sweeps-only needs --sweeps")
     try:
-        records = compute_records([] if args.sweeps_only else args.runs, args.sweeps)
+        records = compute_records([] if args.sweeps_only else args.runs, args.sweeps, args.gpu)
     except SweepRefused as exc:
-        print(f"hardware_h200: {exc}", file=sys.stderr)
+        print(f"hardware_fit: {exc}", file=sys.stderr)
         return 2
     fit = fit_hardware(records, peak=hw_file["peak_flops"]["bf16"]["value"],
                        hbm_bandwidth=hw_file["hbm_bandwidth"]["value"])
     print_fit(fit)
     if args.write:
         fitted_from = " and ".join(
-            (["the compute sweeps of the committed real H200 runs"] if not args.sweeps_only else [])
-            + (["the grid sweep of runs/bench/hardware_sweep.py on one H200 (no training run)"] if args.sweeps else []))
-        write(fit, command, fitted_from)
-        print(f"\nwrote the fit into {rel(HARDWARE_DIR)}/h200.json and, as an assumption, {', '.join(DERIVED)}")
-    check(args.runs)
+            ([f"the compute sweeps of real {args.gpu} runs"] if not args.sweeps_only else [])
+            + ([f"the grid sweep of runs/bench/hardware_sweep.py on one {args.gpu} (no training run)"]
+               if args.sweeps else []))
+        write(fit, command, fitted_from, args.gpu)
+        print(f"\nwrote the fit into {rel(file_of(args.gpu))}"
+              + (f" and, as an assumption, {', '.join(DERIVED)}" if args.gpu == "H200" else ""))
+    check(args.runs, args.gpu)
     return 0
 
 

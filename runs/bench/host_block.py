@@ -1,8 +1,8 @@
-"""The H200 hardware file's `host` block: the host primitives' seconds per call (common/ops/host.py) on the machine
-the H200 runs ran on, plain and under torch.profiler.
+"""A hardware file's `host` block: the host primitives' seconds per call (common/ops/host.py) on the machine the
+GPU's runs ran on, plain and under torch.profiler, and the launch latency.
 
-    python3 runs/bench/host_h200.py --sweep RUN_OR_JSONL [--write] [--out F]  # measured: a host sweep's records
-    python3 runs/bench/host_h200.py --traces RUN [RUN ...] [--graphs JSONL] [--write]  # estimated from traces
+    python3 runs/bench/host_block.py --sweep RUN_OR_JSONL [--gpu H200] [--write] [--out F]  # a host sweep's records
+    python3 runs/bench/host_block.py --traces RUN [RUN ...] [--graphs JSONL] [--gpu H200] [--write]  # from traces
 
 --sweep reads the records of `runs/bench/host_sweep_h200.sh` (a run directory, or its host_sweep.jsonl): the block
 is the sweep's medians, measured. --traces is the stand-in until a sweep exists: each primitive's in-context
@@ -40,7 +40,7 @@ NO_KERNEL_NODES = ("PermuteBackward0", "ViewBackward0", "TBackward0", "AddBackwa
 NODE = "autograd::engine::evaluate_function: "
 LATENCY_SOURCE = ("the calibration run h200_2layer_profiled's mean time from a launch call's return to its "
                   "kernel's start, over the kernels launched after the device had gone idle (1.30-1.58 us in its "
-                  "three profiled steps)")
+                  "three profiled steps)")  # a --sweep block's: a sweep launches onto a busy device
 
 
 class _Trace:
@@ -156,11 +156,28 @@ def unprofiled_ratio(run: Path) -> float:
             / median(t.duration_s for t in timing if t.step in profiled))
 
 
-def from_traces(runs: list[Path]) -> dict:
+def launch_latencies(graph: ExecGraph) -> list[float]:
+    """Seconds from a launch call's return to its kernel's start, for each kernel of the profiled steps launched after
+    the device had gone idle (one launched onto a busy stream waits for its predecessor instead)."""
+    out = []
+    for window in graph.steps.values():
+        ops = sorted((op for op in graph.gpu_ops() if op.collective is None and window.start <= op.start < window.end),
+                     key=lambda op: op.start)
+        end = ops[0].end
+        for op in ops[1:]:
+            if op.launch is not None and op.launch.end > end:
+                out.append((op.start - op.launch.end) / 1e6)
+            end = max(end, op.end)
+    return out
+
+
+def from_traces(runs: list[Path], gpu: str, cpu: str) -> dict:
     profiled: dict[str, list[float]] = defaultdict(list)
     plain: dict[str, list[float]] = defaultdict(list)
+    latencies: list[float] = []
     for run in runs:
         graph = read_graph(next((run / "traces").glob("*.json.gz")))
+        latencies += launch_latencies(graph)
         ratio = unprofiled_ratio(run)
         found = {k: median(v) for k, v in trace_samples(graph).items()}
         found[p.MODULE] = median(gap for _, gap in forward_ranges(graph)) / forward_modules(run)
@@ -172,12 +189,16 @@ def from_traces(runs: list[Path]) -> dict:
         print(f"{run.name}: unprofiled / profiled forward ranges {ratio:.3f}; " + ", ".join(
             f"{k} {found[k] * 1e6:.1f}" for k in p.HOST_PRIMITIVES) + " us (profiled)")
     names = ", ".join(r.name for r in runs)
-    return {"source": f"estimated by `python3 runs/bench/host_h200.py --traces` from the profiled steps of "
+    latency = sum(latencies) / len(latencies)
+    return {"source": f"estimated by `python3 runs/bench/host_block.py --traces` from the profiled steps of "
                       f"calibration runs {names} (each primitive's in-context duration in their traces; plain = that "
                       f"times the run's unprofiled / profiled forward ranges, host-bound): a stand-in until a host "
                       f"sweep of this machine (runs/bench/host_sweep_h200.sh) replaces it",
-            "cpu": "the H200 machine's host (not recorded by those runs)", "torch": "2.11.0+cu130",
-            "launch_latency_s": LAUNCH_LATENCY, "launch_latency_source": LATENCY_SOURCE,
+            "cpu": cpu, "torch": read_run(runs[0]).manifest.get("versions", {}).get("torch", "unknown"),
+            "launch_latency_s": round(latency, 9),
+            "launch_latency_source": (f"the calibration runs {names}: the mean time from a launch call's return to its "
+                                      f"kernel's start over the {len(latencies)} kernels of their profiled steps "
+                                      f"launched after the {gpu} had gone idle"),
             "seconds": {k: round(median(plain[k]), 9) for k in p.HOST_PRIMITIVES},
             "profiled_seconds": {k: round(median(profiled[k]), 9) for k in p.HOST_PRIMITIVES}}
 
@@ -229,21 +250,23 @@ def main() -> int:
     src.add_argument("--sweep", type=Path, help="a run directory with `host` records, or a host_sweep.jsonl")
     ap.add_argument("--graphs", type=Path, help="with --traces: a host sweep's records (a host_sweep.jsonl) for the "
                                                  "graph primitives")
-    ap.add_argument("--write", action="store_true", help="store the block in ledger/models/hardware/h200.json")
+    ap.add_argument("--gpu", choices=("H200", "H100"), default="H200", help="the GPU whose file --write writes")
+    ap.add_argument("--write", action="store_true", help="store the block in ledger/models/hardware/<gpu>.json")
     ap.add_argument("--out", type=Path, help="write the block to this file (a hardware file's `host` entry)")
     args = ap.parse_args()
     graphs = sweep_records(args.graphs) if args.graphs is not None and args.graphs.exists() else {}
     absent = [op for op in p.GRAPH_PRIMITIVES if not graphs.get(op)]
     if args.graphs is not None and absent:
         ap.error(f"--graphs {args.graphs}: no host sweep record of {', '.join(absent)}")
-    block = from_traces(args.traces) if args.traces else from_sweep(args.sweep)
+    cpu = next((r.cpu for rs in graphs.values() for r in rs if r.cpu), f"the {args.gpu} machine's host (not recorded)")
+    block = from_traces(args.traces, args.gpu, cpu) if args.traces else from_sweep(args.sweep)
     if args.graphs is not None:
         block = with_graphs(block, graphs, args.graphs)
     print(json.dumps(block, indent=1))
     if args.out:
         args.out.write_text(json.dumps({"host": block}, indent=1) + "\n")
     if args.write:
-        path = HARDWARE_DIR / "h200.json"
+        path = HARDWARE_DIR / f"{args.gpu.lower()}.json"
         data = json.loads(path.read_text())
         data["host"] = block
         path.write_text(json.dumps(data, indent=1) + "\n")
