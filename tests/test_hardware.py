@@ -28,10 +28,15 @@ from tests.support.bench import bench_script
 from tests.support.recorded_runs import FIXTURES
 
 FILES = {"H200": "h200.json", "H100": "h100.json", "A100-80GB": "a100-80gb.json", "A100-40GB": "a100-40gb.json"}
-GRID_SWEEPS = [Path(__file__).resolve().parents[1] / "runs/bench/results" / name for name in (
-    "2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz",
-    "2026-12-02_h200_hardware_sweep_megatron.json.gz", "2026-12-04_h200_hardware_sweep_moe.json.gz",
-    "2026-12-05_h200_hardware_sweep_short_attention.json.gz")]
+ROOT = Path(__file__).resolve().parents[1]
+CALIBRATION_DIR = ROOT / "ledger/models/calibration"
+GRID_SWEEPS = {name: [ROOT / "runs/bench/results" / f for f in files] for name, files in {
+    "H200": ("2026-12-01_h200_hardware_sweep.json.gz", "2026-12-01_h200_hardware_sweep_mbs.json.gz",
+             "2026-12-02_h200_hardware_sweep_megatron.json.gz", "2026-12-04_h200_hardware_sweep_moe.json.gz",
+             "2026-12-05_h200_hardware_sweep_short_attention.json.gz"),
+    "H100": tuple(f"2026-12-05_h100_hardware_sweep{part}.json.gz"
+                  for part in ("", "_mbs", "_short_attention", "_moe", "_experts"))}.items()}
+DEVICES = {"H200": "NVIDIA H200", "H100": "NVIDIA H100 80GB HBM3"}
 H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                       "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
 FITTED = ("gemm", "attention", "memory_bound", "sustained")
@@ -39,6 +44,10 @@ FITTED = ("gemm", "attention", "memory_bound", "sustained")
 
 def raw(name: str) -> dict:
     return json.loads((HARDWARE_DIR / FILES[name]).read_text())
+
+
+def raw_calibration(name: str) -> dict:
+    return json.loads((CALIBRATION_DIR / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("spec", ["H200", "h200", "H100", "a100-80gb", "A100-40GB", "A100-80Gb"])
@@ -59,7 +68,10 @@ def test_the_datasheet_figures_are_the_public_ones():
     assert h100.peak("bf16") == h200.peak("bf16") == 989e12 and a80.peak("bf16") == a40.peak("bf16") == 312e12
     assert (h200.hbm_bandwidth, h100.hbm_bandwidth, a80.hbm_bandwidth, a40.hbm_bandwidth) == (
         4.8e12, 3.35e12, 2.039e12, 1.555e12)
-    assert (h100.hbm_bytes, a80.hbm_bytes, a40.hbm_bytes) == (80 * 2 ** 30, 80 * 2 ** 30, 40 * 2 ** 30)
+    assert (a80.hbm_bytes, a40.hbm_bytes) == (80 * 2 ** 30, 40 * 2 ** 30)
+    # NVML's total on our H100 (the datasheet's 80 GB) less what the driver keeps is CUDA's total_memory in its runs
+    assert h100.hbm_bytes - raw_calibration("nvidia_h100_80gb_hbm3")["driver_reserved"] == \
+        collect_run(FIXTURES / "h100_new_shapes" / "h1_llama1b_s4096").manifest["ranks"][0]["device"]["total_bytes"]
     # 400 Gb/s NDR a GPU on DGX H100 / H200, 200 Gb/s HDR on DGX A100
     assert h200.nic_bandwidth == h100.nic_bandwidth == 400e9 / 8 and a80.nic_bandwidth == 200e9 / 8
 
@@ -80,12 +92,14 @@ def test_every_number_carries_its_source(name):
     assert numbers_without_source(raw(name)) == []
 
 
-def test_the_h200_curves_come_from_our_sweeps_and_the_others_say_they_are_assumed():
+def test_the_h200_and_h100_curves_come_from_our_sweeps_and_the_others_say_they_are_assumed():
     h200 = raw("H200")
-    for block in FITTED:
-        assert "runs/bench/hardware_fit.py" in h200[block]["source"]
-        assert "kernel records only" in h200[block]["source"]
-    for name in ("H100", "A100-80GB", "A100-40GB"):
+    for name in ("H200", "H100"):
+        for block in FITTED:
+            assert "runs/bench/hardware_fit.py" in raw(name)[block]["source"]
+            assert "kernel records only" in raw(name)[block]["source"]
+    assert raw("H100")["outside_pytorch"]["source"].startswith("measured")
+    for name in ("A100-80GB", "A100-40GB"):
         d = raw(name)
         for block in FITTED:
             assert d[block]["source"].startswith("assumption: the H200 fit")
@@ -105,21 +119,23 @@ def close(a, b) -> bool:
     return a == pytest.approx(b, rel=1e-3, abs=1e-12)
 
 
-def test_the_h200_file_is_the_fit_of_the_committed_grid_sweep_alone():
-    # Fitted from runs/bench/hardware_sweep.py's grid of kernel timings only: no record of the runs it is validated
-    # on goes in (not even their own compute sweeps), so no run's step time can leak into the curves.
-    records = [r for sweep in GRID_SWEEPS for r in json.load(gzip.open(sweep, "rt"))["records"]]
-    assert records and {r["device"] for r in records} == {"NVIDIA H200"}
-    h200 = raw("H200")
-    assert "--sweeps-only" in h200["gemm"]["source"] or "--sweeps-only" in json.dumps(h200)
-    fit = fit_hardware(records, peak=h200["peak_flops"]["bf16"]["value"],
-                       hbm_bandwidth=h200["hbm_bandwidth"]["value"])
-    assert close(fit.gemm, {k: h200["gemm"][k] for k in fit.gemm})
-    assert close(fit.sustained, {k: h200["sustained"][k] for k in fit.sustained})
-    assert close(fit.memory, {k: h200["memory_bound"][k] for k in fit.memory})
+@pytest.mark.parametrize("name", ["H200", "H100"])
+def test_a_measured_file_is_the_fit_of_its_committed_grid_sweeps_alone(name):
+    # Fitted from runs/bench/hardware_sweep.py's grid of kernel timings only, on one GPU of the kind: no record of the
+    # runs it is validated on goes in (not even their own compute sweeps), so no run's step time can leak into the
+    # curves.
+    d = raw(name)
+    sweeps = [ROOT / s for s in d["gemm"]["source"].split("--sweeps ")[1].split(" --sweeps-only")[0].split()]
+    assert sweeps == GRID_SWEEPS[name]
+    records = [r for sweep in sweeps for r in json.load(gzip.open(sweep, "rt"))["records"]]
+    assert records and {r["device"] for r in records} == {DEVICES[name]}
+    fit = fit_hardware(records, peak=d["peak_flops"]["bf16"]["value"], hbm_bandwidth=d["hbm_bandwidth"]["value"])
+    assert close(fit.gemm, {k: d["gemm"][k] for k in fit.gemm})
+    assert close(fit.sustained, {k: d["sustained"][k] for k in fit.sustained})
+    assert close(fit.memory, {k: d["memory_bound"][k] for k in fit.memory})
     for pass_ in ("fwd", "bwd"):
         fitted = {str(d): {str(seq): pts for seq, pts in by_seq.items()} for d, by_seq in fit.attention[pass_].items()}
-        assert close(fitted, h200["attention"][pass_]["by_head_dim"])
+        assert close(fitted, d["attention"][pass_]["by_head_dim"])
 
 
 # ---- refused, with one line naming the problem ----------------------------------------------------------------
@@ -202,6 +218,12 @@ def test_a_json_list_is_refused(tmp_path):
     ("grouped slowdown zero", lambda d: d["grouped_gemm"].update(slowdown=0), "grouped_gemm.slowdown must be positive"),
     ("grouped slowdown text", lambda d: d["grouped_gemm"].update(slowdown="9%"), "grouped_gemm.slowdown must be a"),
     ("grouped source", lambda d: d["grouped_gemm"].pop("source"), "grouped_gemm has no source"),
+    ("contexts not a block", lambda d: d["host"].update(engine_contexts=1.4), "host.engine_contexts must hold"),
+    ("contexts unsourced", lambda d: d["host"].update(engine_contexts={"forward": 1.4, "backward": 1.0}),
+     "host.engine_contexts must hold"),
+    ("backward context zero",
+     lambda d: d["host"].update(engine_contexts={"forward": 1.4, "backward": 0, "source": "x"}),
+     "host.engine_contexts.backward must be positive"),
 ])
 def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change, expected):
     path = broken(tmp_path, change)
@@ -209,7 +231,7 @@ def test_a_bad_field_is_refused_with_one_line_naming_it(tmp_path, field, change,
     assert expected in message and path in message
 
 
-def test_the_h200_file_prices_the_host_and_says_from_which_runs_the_other_kinds_have_none():
+def test_the_h200_file_prices_the_host_and_says_from_which_runs_the_a100s_have_none():
     # The host block is a stand-in estimated from the calibration run's trace until the host sweep of
     # runs/bench/host_sweep_h200.sh replaces it, with the graph primitives a host sweep timed alone (no training
     # run); the kinds never measured have none (the host timeline is off there).
@@ -219,13 +241,30 @@ def test_the_h200_file_prices_the_host_and_says_from_which_runs_the_other_kinds_
     source = raw("H200")["host"]["source"]
     assert "runs/bench/host_block.py --traces" in source and "h200_2layer_profiled" in source
     assert "host sweep alone" in raw("H200")["host"]["graphs_source"]
-    assert all(load_hardware(name).host is None for name in ("H100", "A100-80GB", "A100-40GB"))
+    assert all(load_hardware(name).host is None for name in ("A100-80GB", "A100-40GB"))
+
+
+def test_the_h100_host_block_is_the_estimate_from_its_calibration_runs_trace():
+    # Re-derived from the committed calibration run (its profiled steps) and the host sweep's graph primitives: the
+    # block in the file is exactly that, with the launch latency measured in the same trace (the H100's host launches
+    # about 1 us before its kernel starts on an idle device).
+    script = bench_script("host_block")
+    run = FIXTURES / "h100_host_calibration" / "l2_s1024"
+    graphs_path = ROOT / "runs/bench/results/2026-12-05_h100_host_sweep.jsonl"
+    graphs = script.sweep_records(graphs_path)
+    block = script.with_graphs(script.from_traces([run], "H100", "Intel(R) Xeon(R) Processor"), graphs, graphs_path)
+    stored = {k: v for k, v in raw("H100")["host"].items() if k != "engine_contexts"}
+    assert close(block, stored)
+    assert 0.9e-6 < stored["launch_latency_s"] < 1.1e-6 and "l2_s1024" in stored["launch_latency_source"]
+    host = load_hardware("H100").host
+    assert set(host.seconds) == set(HOST_PRIMITIVES) | set(GRAPH_PRIMITIVES)
+    assert all(host.profiled[k] >= host.seconds[k] for k in host.seconds)
 
 
 def test_a_file_without_a_host_block_is_simulated_on_the_device_alone_and_says_so():
     cfg = parse_args(["--model", "llama3.2-1b", "--num-layers", "2", "--seq-length", "1024", "--bf16",
                       "--global-batch-size", "4", "--world-size", "1"])
-    step = simulate(cfg, load_hardware("H100")).step
+    step = simulate(cfg, load_hardware("A100-80GB")).step
     assert step.decompositions == {} and any("host timeline off" in n and "no host block" in n for n in step.notes)
 
 

@@ -77,6 +77,9 @@ STATED = {
                                                                                 10: (146.709, 146.706)},
     "h200_coverage_shapes/cv_moe_e16_top4_grouped/traces/rank0.step9-9.json.gz": {9: (290.748, 290.755),
                                                                                   10: (294.316, 294.324)},
+    # the H100 file's host calibration run (llama3.2-1b cut to 2 layers, seq 1024): the host paces its passes
+    "h100_host_calibration/l2_s1024/traces/rank0.step4-5.json.gz": {4: (62.285, 62.254), 5: (60.309, 60.282),
+                                                                   6: (63.987, 63.942)},
     "gloo_dp2_overlap/traces/rank0.step3-4.json.gz": {3: (39.095, 39.095), 4: (22.953, 22.953),
                                                       5: (30.993, 30.993)},
     "gloo_dp2_sweeps/traces/rank0.step4-5.json.gz": {4: (36.666, 36.666), 5: (36.007, 36.007),

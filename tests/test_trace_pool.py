@@ -24,8 +24,9 @@ def test_the_committed_traces_are_all_found():
     # two profiled MoE runs (h200_moe: before and after the compiled SwiGLU rows and combine); the dense seq-4096 step;
     # the delayed expert wgrads' pair (h200_moe/delayed_wgrad); the in-place grouped GEMMs' three (h200_moe/grouped,
     # the delayed one twice: its backward reading the counts, then the flush); the one-GPU demo's window
-    # (h200_host_ranges/demo_1gpu); the five held-out coverage shapes (h200_coverage_shapes)
-    assert len(TRACES) == 29
+    # (h200_host_ranges/demo_1gpu); the five held-out coverage shapes (h200_coverage_shapes); the H100 file's host
+    # calibration run (h100_host_calibration)
+    assert len(TRACES) == 30
 
 
 @pytest.mark.slow

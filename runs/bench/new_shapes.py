@@ -10,7 +10,8 @@ and two GPU-bound ones. The power set (2026-12-05): four GPU-bound shapes of oth
 predicted at the power limit's factor of each step's own compute-bound share and, beside it, at the sweep's full-load
 factor (the model before the threshold was measured), so that the runs judge the two. The coverage set (2026-12-05):
 five shapes of parts no committed GPU run had exercised (COVERAGE_SHAPES says which). The short set (2026-12-05):
-three launch-bound shapes at seq 256-1024, two of them under CUDA graphs. Every run as
+three launch-bound shapes at seq 256-1024, two of them under CUDA graphs. The H100 set (2026-12-05): six of those
+shapes again on an H100, predicted from the H100 file (--hardware H100). Every run as
 runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
 """
 from __future__ import annotations
@@ -98,7 +99,21 @@ SHORT_SHAPES = {
                                       "--max-position-embeddings", "256", "--micro-batch-size", "8",
                                       "--global-batch-size", "32"],
 }
-SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES, "coverage": COVERAGE_SHAPES, "short": SHORT_SHAPES}
+# The H100 set (2026-12-05, seventh): shapes of the sets above, held out for the H100 file measured by
+# runs/bench/hardware_calibration.sh on an H100 (none of its inputs is a training run): the dense 1B at seq 4096 (the
+# issue's shape, GPU-bound), two GPU-bound shapes of other widths, one in between, and two launch-bound ones at seq
+# 256, eager and under CUDA graphs.
+H100_SHAPES = {
+    "h1_llama1b_s4096": ["--model", "llama3.2-1b", "--seq-length", "4096", "--micro-batch-size", "1",
+                         "--global-batch-size", "8"],
+    "pw_llama8b_l2_s8192": POWER_SHAPES["pw_llama8b_l2_s8192"],
+    "pw_h5120_l2_s2048_mbs2": POWER_SHAPES["pw_h5120_l2_s2048_mbs2"],
+    "lb_h1024_l8_s1024_mbs4": SHAPES["lb_h1024_l8_s1024_mbs4"],
+    "ss_h1024_l6_s256_mbs8": SHORT_SHAPES["ss_h1024_l6_s256_mbs8"],
+    "ss_h1024_l8_s256_mbs8_graphed": SHORT_SHAPES["ss_h1024_l8_s256_mbs8_graphed"],
+}
+SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES, "coverage": COVERAGE_SHAPES, "short": SHORT_SHAPES,
+        "h100": H100_SHAPES}
 
 
 def flags(name: str, shapes: dict[str, list[str]] = SHAPES) -> list[str]:
@@ -112,6 +127,7 @@ def main() -> int:
     what.add_argument("--flags", metavar="NAME")
     what.add_argument("--names", action="store_true")
     ap.add_argument("--set", choices=sorted(SETS), default="2026-12-04")
+    ap.add_argument("--hardware", default="H200", help="the hardware file --predict prices with (default H200)")
     args = ap.parse_args()
     shapes = SETS[args.set]
     if args.names:
@@ -122,7 +138,11 @@ def main() -> int:
             return 2
         print(shlex.join(flags(args.flags, shapes)))
     else:
-        hw = load_hardware("H200")
+        try:
+            hw = load_hardware(args.hardware)
+        except ConfigError as e:
+            print(f"new_shapes.py: {e}", file=sys.stderr)
+            return 2
         full = dataclasses.replace(hw, sustained=dataclasses.replace(hw.sustained, threshold_share=None))
         for name in shapes:
             try:

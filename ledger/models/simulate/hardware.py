@@ -2,10 +2,10 @@
 a frozen `Hardware`.
 
 Every number in a file carries its provenance: a scalar is `{"value": x, "source": "..."}`, a fitted block (a curve,
-a table) has its own "source". For the H200 the sources are our own calibration sweeps (runs/bench/hardware_fit.py
-fits them from the committed real H200 runs); for the other kinds public datasheets, and, where no datasheet
-speaks (achieved efficiencies), a labelled assumption. The cost model the fields feed is ledger/models/simulate/
-kernel_cost.py (kernels) and ledger/models/simulate/topology.py (collectives); docs there.
+a table) has its own "source". For the H200 and the H100 the sources are our own calibration sweeps
+(runs/bench/hardware_fit.py fits them from grid sweeps of kernels on that GPU); for the A100s public datasheets, and,
+where no datasheet speaks (achieved efficiencies), a labelled assumption. The cost model the fields feed is
+ledger/models/simulate/kernel_cost.py (kernels) and ledger/models/simulate/topology.py (collectives); docs there.
 
     load_hardware("H200")           a known kind, case-insensitive: H200, H100, A100-80GB, A100-40GB
     load_hardware("path/to/x.json") a file of the same schema
@@ -330,7 +330,18 @@ def _host(r: _Reader) -> HostCosts | None:
             raise r.fail(f"host.{field}", "must name the host's " + ("CPU model" if field == "cpu" else "torch"))
     return HostCosts(seconds=tables["seconds"], profiled=tables.get("profiled_seconds", {}),
                      source=f"hardware file {r.path.name}: {block['source']} ({block['cpu']}; torch {block['torch']})",
-                     launch_latency=r.inner("host", "launch_latency_s"))
+                     launch_latency=r.inner("host", "launch_latency_s"), engine_contexts=_engine_contexts(r, block))
+
+
+def _engine_contexts(r: _Reader, block: dict) -> tuple[float, float] | None:
+    """The optional `host.engine_contexts`: this engine's recipes' forward and backward contexts calibrated on a run
+    of this host (runs/bench/host_model.py --passes), with their source."""
+    found = block.get("engine_contexts")
+    if found is None:
+        return None
+    if not isinstance(found, dict) or not isinstance(found.get("source"), str) or not found["source"].strip():
+        raise r.fail("host.engine_contexts", "must hold forward, backward and their source")
+    return tuple(r.check(f"host.engine_contexts.{k}", found.get(k)) for k in ("forward", "backward"))
 
 
 def _hardware(r: _Reader) -> Hardware:

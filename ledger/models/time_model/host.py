@@ -99,8 +99,10 @@ class _Program:
                  profiled: bool, first: Item | None = None):
         self.megatron = cfg.implementation.megatron
         self.code = megatron if self.megatron else recipe  # the recipes of the code the run ran
-        if host.context is None:
-            host = replace(host, context=self.code.CONTEXT)
+        forward, backward = (host.context,) * 2 if host.context is not None else \
+            (self.code.CONTEXT,) * 2 if self.megatron or host.engine_contexts is None else host.engine_contexts
+        self.backward_host = replace(host, context=backward)
+        host = replace(host, context=forward)
         self.cfg, self.cal, self.host, self.stage, self.work, self.profiled = cfg, cal, host, stage, work, profiled
         self.timers = cfg.probes.timers
         # Megatron-LM's --timing-log-level 2 timers call torch.cuda.synchronize() as they start and stop
@@ -112,8 +114,8 @@ class _Program:
         self.first = first  # the step's first item: its forward follows the step end's waits for the device
         self._passes: dict[tuple[int, str, bool], tuple[list[Segment], float | None]] = {}
 
-    def price(self, counts: recipe.Recipe) -> float:
-        return self.host.price(counts, self.profiled)
+    def price(self, counts: recipe.Recipe, backward: bool = False) -> float:
+        return (self.backward_host if backward else self.host).price(counts, self.profiled)
 
     def entry(self, w: Work, forward: bool) -> recipe.Recipe:
         """The primitives of one catalogue entry, as the run's code calls them."""
@@ -122,13 +124,14 @@ class _Program:
 
     def reads(self, counts: recipe.Recipe, device: float = 0.0, kind: str = "compute",
               scale: float | None = None, copy: tuple[str | None, str | None] = (None, None),
-              classes: tuple[tuple[str, float, int], ...] = ()) -> Segment:
+              classes: tuple[tuple[str, float, int], ...] = (), backward: bool = False) -> Segment:
         """A Segment of `counts`, its reads of the device (ITEM) after its issue; `scale`: the calls' plain seconds
-        times it (a measured pass's context) instead of the recipes' CONTEXT; `copy`: the counts' copy it starts and
-        the one it waits for (counts_copy); `classes`: its device seconds by compute class."""
+        times it (a measured pass's context) instead of the recipes' CONTEXT (or the host's calibrated one, in a
+        `backward` pass its backward's); `copy`: the counts' copy it starts and the one it waits for (counts_copy);
+        `classes`: its device seconds by compute class."""
         counts = dict(counts)
         reads = counts.pop(p.ITEM, 0)
-        issue = self.price(counts) if scale is None else scale * self.host.plain(counts)
+        issue = self.price(counts, backward) if scale is None else scale * self.host.plain(counts)
         return Segment(issue, device, kind, read=self.price({p.ITEM: reads}) if reads else None,
                        kernels=recipe.launched(counts) if kind == "compute" else 0, event=copy[0], wait=copy[1],
                        classes=classes if kind == "compute" else ())
@@ -167,7 +170,7 @@ class _Program:
                     entries.append((self.entry(w, forward), entry_seconds(w, self.cfg, self.cal)[0], group,
                                     self.counts_copy(w, block.layer), self.classes([w], forward)))
             scale = self.measured_context([counts for counts, _, _, _, _ in entries], forward, after_idle)
-            self._passes[key] = ([self.reads(counts, device, group, scale, copy, classes)
+            self._passes[key] = ([self.reads(counts, device, group, scale, copy, classes, backward=not forward)
                                   for counts, device, group, copy, classes in entries], scale)
         return self._passes[key]
 
@@ -204,7 +207,7 @@ class _Program:
                 counts = {k: n - recipe.MODEL_CALL.get(k, 0) for k, n in counts.items()}
             start, end = Segment(self.price(counts)), self.loss(last)
         else:  # the backward call is part of a measured backward pass
-            start, end = self.reads(self.code.BACKWARD_START, scale=scale), []
+            start, end = self.reads(self.code.BACKWARD_START, scale=scale, backward=True), []
         return self.range(str(item), [start, *passes, *end])
 
     def loss(self, last_stage: bool) -> list[Segment]:

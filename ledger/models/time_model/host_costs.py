@@ -42,6 +42,9 @@ class HostCosts:
     # The Python around the calls in the code the recipes describe; None: that code's own (host_recipe.CONTEXT,
     # megatron_host_recipe.CONTEXT), set by the host timeline
     context: float | None = None
+    # This engine's recipes' contexts on this host, (forward, backward), calibrated on a run of this host (a hardware
+    # file's host block); None: host_recipe.CONTEXT for both
+    engine_contexts: tuple[float, float] | None = None
 
     def price(self, counts: Mapping[str, float], profiled: bool = False) -> float:
         """The host's seconds for `counts` of each primitive in their code's context: the calls (under the profiler,
