@@ -26,7 +26,7 @@ from ledger.models.simulate.hardware import HARDWARE_DIR
 from ledger.models.time_model import host_recipe, predict_step
 from ledger.models.time_model.ops import chunk_backward
 from ledger.reconcile.validation import Validation, validate_run
-from tests.support.bench import bench_script
+from tests.support.bench import assert_refused, bench_script
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 
 RUNS = FIXTURES / "h100_new_shapes"
@@ -102,3 +102,10 @@ def test_the_contexts_price_this_engines_passes_and_leave_megatrons_alone():
 def test_memory_outside_pytorch_on_an_h100_is_judged_from_its_own_calibration():
     row = only(reconcile_recorded(RUNS / "h1_llama1b_s4096"), "memory.outside_pytorch")
     assert row.verdict == "ok" and "NVIDIA H100 80GB HBM3" in row.explanation
+
+
+@pytest.mark.parametrize("run", ["/nonexistent", "megatron_lm_1gpu", "h200_2layer_profiled"])
+def test_host_contexts_refuses_a_run_it_cannot_fit_on_in_one_line(run, capsys):
+    # no run; Megatron-LM's code (the contexts are this engine's recipes'); a run whose timers have no host times
+    path = run if run.startswith("/") else str(FIXTURES / run)
+    assert_refused(bench_script("host_contexts"), ["--gpu", "H100", "--run", path], capsys)

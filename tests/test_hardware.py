@@ -353,6 +353,12 @@ def test_the_h200_fit_refuses_a_sweep_of_another_device_or_no_sweep_in_one_line(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"hardware_fit: {path}: "), err
     assert (HARDWARE_DIR / "h200.json").read_text() == before
+    # an H200's sweep for the H100's file
+    h100 = (HARDWARE_DIR / "h100.json").read_text()
+    sweep = str(GRID_SWEEPS["H200"][0])
+    assert script.main(["--gpu", "H100", "--write", "--sweeps", sweep, "--sweeps-only"]) == 2
+    assert capsys.readouterr().err.strip() == f"hardware_fit: {sweep}: timed on 'NVIDIA H200', not an H100"
+    assert (HARDWARE_DIR / "h100.json").read_text() == h100
 
 
 def test_flash_attention_at_a_launch_bound_sequence_is_priced_from_the_short_sequence_grid():

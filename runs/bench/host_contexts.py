@@ -25,6 +25,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from common.errors import UserError  # noqa: E402
 from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
@@ -34,6 +35,10 @@ from ledger.models.time_model import predict_step  # noqa: E402
 from ledger.models.time_model.host_recipe import CONTEXT  # noqa: E402
 
 PASSES = {"forward": "F", "backward": "B"}  # timer category -> the prediction's host range
+
+
+class Refused(ValueError):
+    """A run these contexts cannot be fitted on."""
 
 
 def measured_host_ranges(ev: RunEvidence) -> dict[str, float]:
@@ -47,15 +52,17 @@ def measured_host_ranges(ev: RunEvidence) -> dict[str, float]:
                     and t.host_start_s is not None] for kind in PASSES}
     absent = [kind for kind, found in spans.items() if not found]
     if absent:
-        raise SystemExit(f"host_contexts: the run has no {' or '.join(absent)} range with host times")
+        raise Refused(f"the run has no unprofiled steady {' or '.join(absent)} range with host times")
     return {kind: median(found) for kind, found in spans.items()}
 
 
 def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
     """The forward and backward contexts whose predicted host ranges meet the measured ones."""
+    if ev.config is None or ev.config.implementation.megatron:
+        raise Refused("not a run of this engine (the contexts are its recipes')")
     cal = hardware_calibration(ev.config, load_hardware(gpu))
     if cal.host is None:
-        raise SystemExit(f"host_contexts: {cal.host_note}")
+        raise Refused(cal.host_note or "no host timeline")
     measured = measured_host_ranges(ev)
 
     def predicted(forward: float, backward: float) -> dict[str, float]:
@@ -79,17 +86,17 @@ def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
     return contexts
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, choices=("H200", "H100"))
     ap.add_argument("--run", required=True, type=Path, help="the file's calibration run (timers with host times)")
     ap.add_argument("--write", action="store_true", help="store them in the file's host block")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
-        ev = read_run(args.run)
-    except Exception as exc:  # noqa: BLE001 - one line for any unreadable run directory
-        ap.error(f"--run {args.run}: {exc}")
-    contexts = fit(ev, args.gpu)
+        contexts = fit(read_run(args.run), args.gpu)
+    except (UserError, Refused) as exc:
+        print(f"host_contexts.py: --run {args.run}: {exc}", file=sys.stderr)
+        return 2
     if args.write:
         path = HARDWARE_DIR / f"{args.gpu.lower()}.json"
         data = json.loads(path.read_text())
