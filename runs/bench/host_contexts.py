@@ -6,11 +6,10 @@ The host timeline prices a pass as its recipes' primitives at the host block's p
 around the calls (host_recipe.CONTEXT, fitted once on the H200's calibration step). A block estimated from one
 machine's trace can need its own, and a backward pass another than the forward: autograd's engine calls a backward's
 nodes from C++, so its Python is inside the nodes the block's primitives were sampled from. This fits the two on the
-calibration run's own timer ranges as the host issued them (the median forward and backward range on the host clock
-over its unprofiled steady steps), each by golden-section search, and --write stores them in the file's host block
+calibration run's own timer ranges (the mean forward and backward range over its unprofiled steady steps: what the
+step adds up; the host paces them there), each by golden-section search, and --write stores them in the file's host block
 as `engine_contexts` with their source. Only a run whose passes the host paces says anything: the H200's calibration
-run's backward is the device's (its timers also predate host times), so the H200 file keeps host_recipe.CONTEXT for
-both. A calibration run is never one the file is judged on (BENCHMARKS.md names the split).
+run's backward is the device's, so the H200 file keeps host_recipe.CONTEXT for both. A calibration run is never one the file is judged on (BENCHMARKS.md names the split).
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from statistics import median
+from statistics import fmean
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -30,45 +29,47 @@ from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
-from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware  # noqa: E402
+from ledger.models.simulate.hardware import HARDWARE_DIR, kind_of, load_hardware, run_device  # noqa: E402
 from ledger.models.time_model import predict_step  # noqa: E402
 from ledger.models.time_model.host_recipe import CONTEXT  # noqa: E402
 
-PASSES = {"forward": "F", "backward": "B"}  # timer category -> the prediction's host range
+PASSES = ("forward", "backward")  # the timers' categories
 
 
 class Refused(ValueError):
     """A run these contexts cannot be fitted on."""
 
 
-def measured_host_ranges(ev: RunEvidence) -> dict[str, float]:
-    """The median forward and backward range on the host clock (the timers' host times) over the run's unprofiled
-    steady steps."""
+def measured_ranges(ev: RunEvidence) -> dict[str, float]:
+    """The mean forward and backward range as the timers measured them over the run's unprofiled steady steps:
+    what its steps add up, every micro-batch's (the step's first forward, after the optimizer's read, included)."""
     records = [s for r in ev.ranks.values() for s in r.steps]
     steady = set(select_steps(ev.config, ev.world_size, records).steady(s.step for s in records if s.step_time_s))
     profiled = {s.step for s in records if s.profiled}
-    spans = {kind: [t.host_end_s - t.host_start_s for r in ev.ranks.values() for t in r.timing
-                    if t.category == kind and t.step in steady - profiled and t.host_end_s is not None
-                    and t.host_start_s is not None] for kind in PASSES}
+    spans = {kind: [t.duration_s for r in ev.ranks.values() for t in r.timing
+                    if t.category == kind and t.step in steady - profiled and t.duration_s] for kind in PASSES}
     absent = [kind for kind, found in spans.items() if not found]
     if absent:
-        raise Refused(f"the run has no unprofiled steady {' or '.join(absent)} range with host times")
-    return {kind: median(found) for kind, found in spans.items()}
+        raise Refused(f"the run has no unprofiled steady {' or '.join(absent)} range")
+    return {kind: fmean(found) for kind, found in spans.items()}
 
 
 def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
-    """The forward and backward contexts whose predicted host ranges meet the measured ones."""
+    """The forward and backward contexts whose predicted ranges meet the measured ones."""
     if ev.config is None or ev.config.implementation.megatron:
         raise Refused("not a run of this engine (the contexts are its recipes')")
+    device = run_device(ev.rank_infos.values())
+    if device is None or kind_of(gpu).lower() not in device.lower():
+        raise Refused(f"ran on {device or 'an unnamed device'}, not an {gpu}")
     cal = hardware_calibration(ev.config, load_hardware(gpu))
     if cal.host is None:
         raise Refused(cal.host_note or "no host timeline")
-    measured = measured_host_ranges(ev)
+    measured = measured_ranges(ev)
 
     def predicted(forward: float, backward: float) -> dict[str, float]:
         host = dataclasses.replace(cal.host, context=None, engine_contexts=(forward, backward))
-        ranges = predict_step(ev.config, dataclasses.replace(cal, host=host)).stages[0].host_ranges
-        return {kind: ranges[key] for kind, key in PASSES.items()}
+        stage = predict_step(ev.config, dataclasses.replace(cal, host=host)).stages[0]
+        return {"forward": stage.forward, "backward": stage.backward}
 
     contexts = {kind: CONTEXT for kind in PASSES}
     for kind in PASSES:  # the forward first, then the backward beside it
@@ -81,7 +82,7 @@ def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
         contexts[kind] = math.exp((lo + hi) / 2)
     found = predicted(**contexts)
     for kind in PASSES:
-        print(f"{kind}: context {contexts[kind]:.3f}; host range {found[kind] * 1e3:.3f} ms predicted, "
+        print(f"{kind}: context {contexts[kind]:.3f}; range {found[kind] * 1e3:.3f} ms predicted, "
               f"{measured[kind] * 1e3:.3f} ms measured")
     return contexts
 
@@ -89,7 +90,7 @@ def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, choices=("H200", "H100"))
-    ap.add_argument("--run", required=True, type=Path, help="the file's calibration run (timers with host times)")
+    ap.add_argument("--run", required=True, type=Path, help="the file's calibration run (with timers)")
     ap.add_argument("--write", action="store_true", help="store them in the file's host block")
     args = ap.parse_args(argv)
     try:
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(path.read_text())
         data["host"]["engine_contexts"] = {
             "source": f"fitted by `python3 runs/bench/host_contexts.py --gpu {args.gpu} --run {args.run} --write` on "
-                      f"the calibration run {args.run.name}'s forward and backward ranges on the host clock (medians "
-                      f"over its unprofiled steady steps)",
+                      f"the calibration run {args.run.name}'s forward and backward timer ranges (means over its "
+                      f"unprofiled steady steps)",
             **{k: round(v, 3) for k, v in contexts.items()}}
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote host.engine_contexts of {path.relative_to(ROOT)}")
