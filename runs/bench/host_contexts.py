@@ -7,9 +7,10 @@ around the calls (host_recipe.CONTEXT, fitted once on the H200's calibration ste
 machine's trace can need its own, and a backward pass another than the forward: autograd's engine calls a backward's
 nodes from C++, so its Python is inside the nodes the block's primitives were sampled from. This fits the two on the
 calibration run's own timer ranges (the mean forward and backward range over its unprofiled steady steps: what the
-step adds up; the host paces them there), each by golden-section search, and --write stores them in the file's host block
-as `engine_contexts` with their source. Only a run whose passes the host paces says anything: the H200's calibration
-run's backward is the device's, so the H200 file keeps host_recipe.CONTEXT for both. A calibration run is never one the file is judged on (BENCHMARKS.md names the split).
+step adds up; the host paces them there), each by golden-section search, and --write stores them in the file's host
+block as `engine_contexts` with their source. Only a run whose passes the host paces says anything: the H200's
+calibration run's backward is the device's, so the H200 file keeps host_recipe.CONTEXT for both. A calibration run
+is never one the file is judged on (BENCHMARKS.md names the split).
 """
 from __future__ import annotations
 
