@@ -3,11 +3,12 @@
 block and contexts from one calibration run (tests/fixtures/h100_host_calibration), its memory outside PyTorch from a
 separate program.
 
-- GPU-bound shapes: the step within 3.5%; the graphed shape within 5%, the issue's launch-bound one within 7%, the
-  other launch-bound one 12.8% long (its host issued its forward 20% faster than the block prices it);
+- GPU-bound shapes: the step within 3.5%; the graphed shape and the eager launch-bound one at seq 256 within 5%, the
+  issue's launch-bound shape within 6% (its host issued its forward 20% slower than the block prices it);
 - every peak within 0.2%;
 - the host block's backward needs no context: on the calibration run, whose backward the host paces, the recipes'
-  calls at the block's profiled prices add up to the profiled backward ranges on the host clock;
+  calls at the block's profiled prices add up to the profiled backward ranges on the host clock; over three runs of
+  that shape the backward's fitted context holds still while the forward's moves by half;
 - memory outside PyTorch on an H100 run is judged, from the H100's own calibration.
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ from tests.support.bench import assert_refused, bench_script
 from tests.support.recorded_runs import FIXTURES, only, reconcile_recorded
 
 RUNS = FIXTURES / "h100_new_shapes"
-CALIBRATION = FIXTURES / "h100_host_calibration" / "l2_s1024"
+CALIBRATION = FIXTURES / "h100_host_calibration" / "l2_s1024"  # the profiled one, whose trace priced the block
+CALIBRATION_RUNS = [CALIBRATION] + [FIXTURES / "h100_host_calibration" / f"l2_repeat{i}" for i in (1, 2)]
 
 
 @functools.cache
@@ -49,16 +51,15 @@ def test_a_gpu_bound_shape_is_predicted_within_three_and_a_half_percent(name):
     assert abs(validation(name).errors()["step_time"]) < 0.035
 
 
-def test_the_graphed_shape_is_predicted_within_the_goal_and_the_issues_launch_bound_one_within_seven_percent():
-    assert abs(validation("ss_h1024_l8_s256_mbs8_graphed").errors()["step_time"]) < 0.05
-    assert abs(validation("lb_h1024_l8_s1024_mbs4").errors()["step_time"]) < 0.07
+@pytest.mark.parametrize("name", ["ss_h1024_l8_s256_mbs8_graphed", "ss_h1024_l6_s256_mbs8"])
+def test_the_graphed_and_the_eager_seq_256_shapes_are_predicted_within_the_goal(name):
+    assert abs(validation(name).errors()["step_time"]) < 0.05
 
 
-def test_the_eager_seq_256_miss_is_its_forwards_host_which_ran_faster_than_the_calibration_runs():
-    # +12.8%: the file's host block prices its forward's issue on the host 20% above what it took (the validation
-    # table's "host forward" column); its pace moved within the window too
-    v = validation("ss_h1024_l6_s256_mbs8")
-    assert 0.10 < v.errors()["step_time"] < 0.15 and v.errors()["host_forward"] > 0.15
+def test_the_issues_launch_bound_shape_is_predicted_within_six_percent():
+    # -5.2%: its host issued its forward 20% slower than the file's block prices it (the table's "host forward")
+    v = validation("lb_h1024_l8_s1024_mbs4")
+    assert abs(v.errors()["step_time"]) < 0.06 and v.errors()["host_forward"] < -0.15
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in RUNS.iterdir() if p.is_dir()))
@@ -80,16 +81,17 @@ def test_the_calibration_runs_backward_on_the_host_is_its_calls_alone():
     assert priced == pytest.approx(measured, rel=0.03)
 
 
-def test_the_contexts_are_the_calibration_runs_fit_and_the_forwards_is_the_h200s():
-    # Fitted on the calibration run alone; the forward's lands within 5% of the one fitted on the H200's calibration
-    # step (host_recipe.CONTEXT, another machine, another route), the backward's near 1 (the test above; the
-    # backward's range on the device trails its issue a little).
+def test_the_contexts_are_the_median_of_the_calibration_runs_fits_whose_forward_pace_moves_and_backward_does_not():
+    # Three runs of the calibration shape on two leases: the backward's context lands within 4% each time (autograd's
+    # C++ engine), the forward's moves by half (its Python: 0.93 to 1.42); the file takes each pass's median.
+    script = bench_script("host_contexts")
+    fits = [script.fit(read_run(run), "H100") for run in CALIBRATION_RUNS]
+    backward, forward = sorted(f["backward"] for f in fits), sorted(f["forward"] for f in fits)
+    assert backward[-1] / backward[0] < 1.04 and forward[-1] / forward[0] > 1.4
     stored = stored_contexts()
-    assert "h100_host_calibration/l2_s1024" in stored["source"]
-    fitted = bench_script("host_contexts").fit(read_run(CALIBRATION), "H100")
-    assert fitted == {k: pytest.approx(stored[k], abs=1e-3) for k in ("forward", "backward")}
-    assert stored["forward"] == pytest.approx(host_recipe.CONTEXT, rel=0.05)
-    assert 1.0 < stored["backward"] < 1.1
+    assert all(run.name in stored["source"] for run in CALIBRATION_RUNS)
+    assert stored == {"forward": pytest.approx(forward[1], abs=1e-3), "backward": pytest.approx(backward[1], abs=1e-3),
+                      "source": stored["source"]}
 
 
 def host_ranges(cfg: RunConfig, contexts: tuple[float, float] | None) -> dict[str, float]:

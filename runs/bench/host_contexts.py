@@ -20,7 +20,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -82,30 +82,49 @@ def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
             lo, hi = (lo, b) if miss[0] < miss[1] else (a, hi)
         contexts[kind] = math.exp((lo + hi) / 2)
     found = predicted(**contexts)
-    for kind in PASSES:
-        print(f"{kind}: context {contexts[kind]:.3f}; range {found[kind] * 1e3:.3f} ms predicted, "
-              f"{measured[kind] * 1e3:.3f} ms measured")
+    print(f"{ev.run_dir.name}: " + "; ".join(f"{kind} context {contexts[kind]:.3f} (range {found[kind] * 1e3:.3f} ms "
+                                             f"predicted, {measured[kind] * 1e3:.3f} measured)" for kind in PASSES))
     return contexts
+
+
+def fit_runs(runs: list[RunEvidence], gpu: str) -> dict[str, float]:
+    """Each pass's median over the runs' fits: repeated runs of one shape on one host differ in the forward's
+    Python pace (BENCHMARKS.md, 2026-12-05 seventh), so one run is one draw of it."""
+    fits = []
+    for ev in runs:
+        try:
+            fits.append(fit(ev, gpu))
+        except Refused as exc:
+            raise Refused(f"{ev.run_dir}: {exc}") from None
+    return {kind: median(f[kind] for f in fits) for kind in PASSES}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, choices=("H200", "H100"))
-    ap.add_argument("--run", required=True, type=Path, help="the file's calibration run (with timers)")
+    ap.add_argument("--run", required=True, type=Path, nargs="+", help="the file's calibration runs (with timers)")
     ap.add_argument("--write", action="store_true", help="store them in the file's host block")
     args = ap.parse_args(argv)
+    runs = []
+    for run in args.run:
+        try:
+            runs.append(read_run(run))
+        except UserError as exc:
+            print(f"host_contexts.py: --run {run}: {exc}", file=sys.stderr)
+            return 2
     try:
-        contexts = fit(read_run(args.run), args.gpu)
-    except (UserError, Refused) as exc:
-        print(f"host_contexts.py: --run {args.run}: {exc}", file=sys.stderr)
+        contexts = fit_runs(runs, args.gpu)
+    except Refused as exc:
+        print(f"host_contexts.py: --run {exc}", file=sys.stderr)
         return 2
+    print("; ".join(f"{kind} context {contexts[kind]:.3f} (the median)" for kind in PASSES))
     if args.write:
         path = HARDWARE_DIR / f"{args.gpu.lower()}.json"
         data = json.loads(path.read_text())
         data["host"]["engine_contexts"] = {
-            "source": f"fitted by `python3 runs/bench/host_contexts.py --gpu {args.gpu} --run {args.run} --write` on "
-                      f"the calibration run {args.run.name}'s forward and backward timer ranges (means over its "
-                      f"unprofiled steady steps)",
+            "source": f"fitted by `python3 runs/bench/host_contexts.py --gpu {args.gpu} --run "
+                      f"{' '.join(map(str, args.run))} --write` on the calibration runs' forward and backward timer "
+                      f"ranges (means over each run's unprofiled steady steps; the median of the runs' fits)",
             **{k: round(v, 3) for k, v in contexts.items()}}
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote host.engine_contexts of {path.relative_to(ROOT)}")
