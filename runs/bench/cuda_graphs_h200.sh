@@ -21,17 +21,7 @@ PARTS=${PARTS:-sweep runs snapshot small}
 source runs/bench/device_setup.sh
 
 sweep() {
-  python3 - "$OUT/host_sweep.jsonl" <<'PY'
-import json, sys
-import torch
-from probes.host_sweep import run
-records = run(torch.device("cuda", 0), profiled=True)
-with open(sys.argv[1], "w") as f:
-    for r in records:
-        f.write(json.dumps({"kind": "host", "step": None, **r}) + "\n")
-for r in records:
-    print(f"  {r['op']:20s} {r['seconds'] * 1e6:8.2f} us   profiled {r.get('profiled_seconds', 0) * 1e6:8.2f} us")
-PY
+  host_sweep_records "$OUT/host_sweep.jsonl"
 }
 
 LB512=(--model llama3.2-1b --num-layers 12 --hidden-size 512 --ffn-hidden-size 2048 --num-attention-heads 8

@@ -22,3 +22,19 @@ step_summary() {  # $1: an `engine.train` log
   grep -o "step time (ms): [0-9.]*" "$1" | tail -n +2 | awk '{print $4}' | sort -n \
     | awk '{t[NR] = $1} END {printf "  steps 2-%d: min %.1f median %.1f max %.1f ms\n", NR + 1, t[1], t[int((NR + 1) / 2)], t[NR]}'
 }
+
+host_sweep_records() {  # $1: a host_sweep.jsonl to write: probes/host_sweep.py alone on the GPU, plain and profiled
+  python3 - "$1" <<'PY'
+import json, sys, time
+import torch
+from probes.host_sweep import run
+t0 = time.perf_counter()
+records = run(torch.device("cuda", 0), profiled=True)
+with open(sys.argv[1], "w") as f:
+    for r in records:
+        f.write(json.dumps({"kind": "host", "step": None, **r}) + "\n")
+print(f"host sweep: {len(records)} primitives in {time.perf_counter() - t0:.1f} s")
+for r in records:
+    print(f"  {r['op']:20s} {r['seconds'] * 1e6:8.2f} us   profiled {r.get('profiled_seconds', 0) * 1e6:8.2f} us")
+PY
+}

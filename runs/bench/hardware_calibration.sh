@@ -26,17 +26,7 @@ sweep hardware_sweep_short_attention 40 --short-attention
 sweep hardware_sweep_moe 35 --moe
 sweep hardware_sweep_experts 30 --experts
 tar czf "$OUT/sweeps.tgz" -C runs/out sweeps
-python3 - "$OUT/host_sweep.jsonl" <<'PY' 2>&1 | tee -a "$OUT/calibration.log"
-import json, sys, time
-import torch
-from probes.host_sweep import run
-t0 = time.perf_counter()
-records = run(torch.device("cuda", 0), profiled=True)
-with open(sys.argv[1], "w") as f:
-    for r in records:
-        f.write(json.dumps({"kind": "host", "step": None, **r}) + "\n")
-print(f"host sweep: {len(records)} primitives in {time.perf_counter() - t0:.1f} s")
-PY
+host_sweep_records "$OUT/host_sweep.jsonl" | grep "^host sweep:" | tee -a "$OUT/calibration.log"
 python3 runs/bench/outside_pytorch.py --json "$OUT/outside_pytorch.json" > "$OUT/outside_pytorch.log" 2>&1
 echo "outside_pytorch: exit $?" | tee -a "$OUT/calibration.log"
 rm -rf runs/out/host_calibration_2layer

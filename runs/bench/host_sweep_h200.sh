@@ -12,19 +12,7 @@ OUT=${OUT:-/tmp/host_sweep_h200}
 source runs/bench/device_setup.sh
 lscpu > "$OUT/lscpu.txt"
 # (a) the host sweep alone, on the GPU, plain and profiled
-python3 - "$OUT/host_sweep.jsonl" <<'PY'
-import json, sys, time
-import torch
-from probes.host_sweep import run
-t0 = time.perf_counter()
-records = run(torch.device("cuda", 0), profiled=True)
-with open(sys.argv[1], "w") as f:
-    for r in records:
-        f.write(json.dumps({"kind": "host", "step": None, **r}) + "\n")
-print(f"host sweep: {len(records)} primitives in {time.perf_counter() - t0:.1f} s")
-for r in records:
-    print(f"  {r['op']:20s} {r['seconds'] * 1e6:8.2f} us   profiled {r.get('profiled_seconds', 0) * 1e6:8.2f} us")
-PY
+host_sweep_records "$OUT/host_sweep.jsonl"
 python3 runs/bench/host_block.py --sweep "$OUT/host_sweep.jsonl" --out "$OUT/h200_host_block.json" > /dev/null
 # (b) launch-bound runs carrying their own host sweep
 run() {
