@@ -334,8 +334,8 @@ def _host(r: _Reader) -> HostCosts | None:
 
 
 def _engine_contexts(r: _Reader, block: dict) -> tuple[float, float] | None:
-    """The optional `host.engine_contexts`: this engine's recipes' forward and backward contexts calibrated on a run
-    of this host (runs/bench/host_model.py --passes), with their source."""
+    """The optional `host.engine_contexts`: this engine's recipes' forward and backward contexts calibrated on runs
+    of this host (runs/bench/host_contexts.py), with their source."""
     found = block.get("engine_contexts")
     if found is None:
         return None

@@ -99,8 +99,12 @@ class _Program:
                  profiled: bool, first: Item | None = None):
         self.megatron = cfg.implementation.megatron
         self.code = megatron if self.megatron else recipe  # the recipes of the code the run ran
-        forward, backward = (host.context,) * 2 if host.context is not None else \
-            (self.code.CONTEXT,) * 2 if self.megatron or host.engine_contexts is None else host.engine_contexts
+        if host.context is not None:  # set by whoever priced this host (a fit of it)
+            forward = backward = host.context
+        elif self.megatron or host.engine_contexts is None:
+            forward = backward = self.code.CONTEXT
+        else:  # this engine's contexts calibrated on the host
+            forward, backward = host.engine_contexts
         self.backward_host = replace(host, context=backward)
         host = replace(host, context=forward)
         self.cfg, self.cal, self.host, self.stage, self.work, self.profiled = cfg, cal, host, stage, work, profiled

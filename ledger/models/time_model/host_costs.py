@@ -42,8 +42,8 @@ class HostCosts:
     # The Python around the calls in the code the recipes describe; None: that code's own (host_recipe.CONTEXT,
     # megatron_host_recipe.CONTEXT), set by the host timeline
     context: float | None = None
-    # This engine's recipes' contexts on this host, (forward, backward), calibrated on a run of this host (a hardware
-    # file's host block); None: host_recipe.CONTEXT for both
+    # This engine's recipes' contexts on this host, (forward, backward), calibrated on runs of this host (a hardware
+    # file's host block, runs/bench/host_contexts.py); None: host_recipe.CONTEXT for both
     engine_contexts: tuple[float, float] | None = None
 
     def price(self, counts: Mapping[str, float], profiled: bool = False) -> float:
