@@ -11,7 +11,8 @@ predicted at the power limit's factor of each step's own compute-bound share and
 factor (the model before the threshold was measured), so that the runs judge the two. The coverage set (2026-12-05):
 five shapes of parts no committed GPU run had exercised (COVERAGE_SHAPES says which). The short set (2026-12-05):
 three launch-bound shapes at seq 256-1024, two of them under CUDA graphs. The H100 set (2026-12-05): six of those
-shapes again on an H100, predicted from the H100 file (--hardware H100). Every run as
+shapes again on an H100, predicted from the H100 file (--hardware H100); the second H100 set six more, predicted from
+its final form before they ran. Every run as
 runs/bench/new_shapes_h200.sh trains it (bf16, distributed optimizer, AdamW, --all-probes).
 """
 from __future__ import annotations
@@ -112,8 +113,18 @@ H100_SHAPES = {
     "ss_h1024_l6_s256_mbs8": SHORT_SHAPES["ss_h1024_l6_s256_mbs8"],
     "ss_h1024_l8_s256_mbs8_graphed": SHORT_SHAPES["ss_h1024_l8_s256_mbs8_graphed"],
 }
+# The second H100 set (2026-12-05, seventh): six more shapes of the earlier sets, predicted from the H100 file's final
+# form (its three calibration runs' contexts, its measured power limit) and committed before the device ran them.
+H100_SECOND_SHAPES = {
+    "mid_llama1b_l8_s2048_mbs2": SHAPES["mid_llama1b_l8_s2048_mbs2"],
+    "mid_h1536_l12_s1024_mbs2": SHAPES["mid_h1536_l12_s1024_mbs2"],
+    "lb_h768_l6_s512_mbs8": SHAPES["lb_h768_l6_s512_mbs8"],
+    "cv_hd128_l4_s8192": COVERAGE_SHAPES["cv_hd128_l4_s8192"],
+    "ss_h768_l6_s1024_mbs2_graphed": SHORT_SHAPES["ss_h768_l6_s1024_mbs2_graphed"],
+    "pw_llama1b_s1024_mbs8": POWER_SHAPES["pw_llama1b_s1024_mbs8"],
+}
 SETS = {"2026-12-04": SHAPES, "power": POWER_SHAPES, "coverage": COVERAGE_SHAPES, "short": SHORT_SHAPES,
-        "h100": H100_SHAPES}
+        "h100": H100_SHAPES, "h100-second": H100_SECOND_SHAPES}
 
 
 def flags(name: str, shapes: dict[str, list[str]] = SHAPES) -> list[str]:
