@@ -141,3 +141,14 @@ def test_the_two_misses_are_short_where_their_host_ran_slower_than_the_file_pric
 @pytest.mark.parametrize("name", sorted(p.name for p in SECOND.iterdir() if p.is_dir()))
 def test_every_peak_of_the_second_set_is_predicted_within_a_tenth_of_a_percent(name):
     assert abs(validate_run(SECOND / name).errors()["peak_bytes"]) < 0.001
+
+
+@pytest.mark.parametrize("argv", [
+    ["--traces", "/nonexistent"],  # no run
+    ["--traces", str(RUNS / "h1_llama1b_s4096")],  # a run without a profiler trace
+    ["--sweep", "/nonexistent"],
+    ["--sweep", str(CALIBRATION / "manifest.json")],  # not host sweep records
+    ["--traces", str(CALIBRATION), "--graphs", str(FIXTURES / "megatron_lm_1gpu")],  # no graph primitives timed
+])
+def test_host_block_refuses_what_cannot_give_a_block_in_one_line(argv, capsys):
+    assert_refused(bench_script("host_block"), ["--gpu", "H100", *argv], capsys)

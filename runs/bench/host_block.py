@@ -243,7 +243,28 @@ def from_sweep(path: Path) -> dict:
     return block
 
 
-def main() -> int:
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why these inputs cannot give a block (one line), or None: a --traces run without a trace, a --sweep or
+    --graphs without the records it needs."""
+    for run in args.traces or ():
+        if not (run / "manifest.json").is_file() or not any((run / "traces").glob("*.json.gz")):
+            return f"--traces {run}: not a run directory with a profiler trace under traces/"
+    for flag, path, ops in (("--sweep", args.sweep, p.HOST_PRIMITIVES), ("--graphs", args.graphs, p.GRAPH_PRIMITIVES)):
+        if path is None:
+            continue
+        if not path.exists():
+            return f"{flag} {path}: does not exist"
+        try:
+            found = sweep_records(path)
+        except (OSError, ValueError) as exc:
+            return f"{flag} {path}: not readable as host sweep records ({exc.__class__.__name__})"
+        absent = [op for op in ops if not found.get(op)]
+        if absent:
+            return f"{flag} {path}: no host sweep record of {', '.join(absent)}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--traces", nargs="+", type=Path, help="calibration run directories with a profiler trace")
@@ -253,11 +274,12 @@ def main() -> int:
     ap.add_argument("--gpu", choices=("H200", "H100"), default="H200", help="the GPU whose file --write writes")
     ap.add_argument("--write", action="store_true", help="store the block in ledger/models/hardware/<gpu>.json")
     ap.add_argument("--out", type=Path, help="write the block to this file (a hardware file's `host` entry)")
-    args = ap.parse_args()
-    graphs = sweep_records(args.graphs) if args.graphs is not None and args.graphs.exists() else {}
-    absent = [op for op in p.GRAPH_PRIMITIVES if not graphs.get(op)]
-    if args.graphs is not None and absent:
-        ap.error(f"--graphs {args.graphs}: no host sweep record of {', '.join(absent)}")
+    args = ap.parse_args(argv)
+    why = refusal(args)
+    if why is not None:
+        print(f"host_block.py: {why}", file=sys.stderr)
+        return 2
+    graphs = sweep_records(args.graphs) if args.graphs is not None else {}
     cpu = next((r.cpu for rs in graphs.values() for r in rs if r.cpu), f"the {args.gpu} machine's host (not recorded)")
     block = from_traces(args.traces, args.gpu, cpu) if args.traces else from_sweep(args.sweep)
     if args.graphs is not None:
