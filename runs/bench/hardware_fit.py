@@ -40,12 +40,13 @@ from ledger.reconcile.time_rows import predict_run  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 # The runs each GPU's fit checks by default: for the H200 the runs its first fit took records from; for the H100 the
-# held-out runs of runs/bench/new_shapes.py's H100 set (BENCHMARKS.md, 2026-12-05 seventh)
+# runs of runs/bench/new_shapes.py's two H100 sets (BENCHMARKS.md, 2026-12-05 seventh)
 RUNS = {"H200": [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                           "8b-4layers", "s16384", "s2048-mbs4",
                                                           "8b-8layers-s8192-selective")]
                 + [FIXTURES / "h200_2layer_profiled"],
-        "H100": sorted((FIXTURES / "h100_new_shapes").glob("*/"))}
+        "H100": sorted(run for name in ("h100_new_shapes", "h100_second_shapes")
+                       for run in (FIXTURES / name).glob("*/"))}
 DERIVED = ("a100-80gb.json", "a100-40gb.json")  # the H200 fit, as an assumption: no sweep of an A100
 SIGNIFICANT = 4
 
