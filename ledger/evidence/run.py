@@ -143,6 +143,11 @@ class RunEvidence:
         info = self.rank_infos.get(rank)
         return info.device if info is not None else None
 
+    def runs_on_cuda(self, rank: int) -> bool:
+        """Whether the manifest says this rank ran on a CUDA device."""
+        device = self.device(rank)
+        return device is not None and device.type == "cuda"
+
     def device_types(self) -> set[str | None]:
         """The kinds of device the ranks ran on ("cuda", "cpu"; None for a rank the manifest does not describe)."""
         return {d.type if d is not None else None for d in map(self.device, range(self.world_size))}

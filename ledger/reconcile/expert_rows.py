@@ -81,9 +81,4 @@ def rank_row(r: RankEvidence, selection: StepSelection, where: Path, on_gpu: boo
 
 def expert_rows_rows(ev: RunEvidence, selection: StepSelection) -> list[Row]:
     return [found for rank, r in sorted(ev.ranks.items())
-            if (found := rank_row(r, selection, events_path(ev.run_dir, rank), on_gpu(ev, rank))) is not None]
-
-
-def on_gpu(ev: RunEvidence, rank: int) -> bool:
-    device = ev.device(rank) if rank in ev.rank_infos else None
-    return device is not None and device.type == "cuda"
+            if (found := rank_row(r, selection, events_path(ev.run_dir, rank), ev.runs_on_cuda(rank))) is not None]

@@ -146,8 +146,7 @@ class StepDecomposition:
         if step is None or stage not in step.device_compute:
             return None, NO_HOST_TIMELINE.format(why=self._why()), True
         if stage not in step.decompositions:
-            device = self.ev.device(rank)
-            if device is None or device.type != "cuda":
+            if not self.ev.runs_on_cuda(rank):
                 return None, NO_HOST_TIMELINE.format(why=self._why()), True
             return {COMPUTE: step.device_compute[stage]}, DEVICE_ONLY.format(stage=stage, why=self._why()), False
         twin = step.decompositions[stage]
