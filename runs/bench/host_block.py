@@ -230,11 +230,11 @@ def with_graphs(block: dict, by_op: dict[str, list], path: Path) -> dict:
     return block
 
 
-def from_sweep(path: Path) -> dict:
-    by_op = sweep_records(path)
+def from_sweep(by_op: dict[str, list], path: Path, gpu: str) -> dict:
+    """The block of a host sweep's records (`by_op`, read from `path`) made on `gpu`'s host: their medians."""
     records = [r for rs in by_op.values() for r in rs]
     block = {"source": f"measured by the host sweep (probes/host_sweep.py) of {path.name}, "
-                       f"`bash runs/bench/host_sweep_h200.sh` on one H200's host",
+                       f"`bash runs/bench/host_sweep_h200.sh` on one {gpu}'s host",
              "cpu": records[0].cpu, "torch": records[0].torch, "launch_latency_s": LAUNCH_LATENCY,
              "launch_latency_source": LATENCY_SOURCE,
              "seconds": medians(by_op, p.HOST_PRIMITIVES, "seconds")}
@@ -243,25 +243,30 @@ def from_sweep(path: Path) -> dict:
     return block
 
 
-def refusal(args: argparse.Namespace) -> str | None:
-    """Why these inputs cannot give a block (one line), or None: a --traces run without a trace, a --sweep or
-    --graphs without the records it needs."""
-    for run in args.traces or ():
+class Refused(ValueError):
+    """Inputs that cannot give a block."""
+
+
+def checked_traces(runs: list[Path]) -> list[Path]:
+    """--traces: each a run directory with a profiler trace."""
+    for run in runs:
         if not (run / "manifest.json").is_file() or not any((run / "traces").glob("*.json.gz")):
-            return f"--traces {run}: not a run directory with a profiler trace under traces/"
-    for flag, path, ops in (("--sweep", args.sweep, p.HOST_PRIMITIVES), ("--graphs", args.graphs, p.GRAPH_PRIMITIVES)):
-        if path is None:
-            continue
-        if not path.exists():
-            return f"{flag} {path}: does not exist"
-        try:
-            found = sweep_records(path)
-        except (OSError, ValueError) as exc:
-            return f"{flag} {path}: not readable as host sweep records ({exc.__class__.__name__})"
-        absent = [op for op in ops if not found.get(op)]
-        if absent:
-            return f"{flag} {path}: no host sweep record of {', '.join(absent)}"
-    return None
+            raise Refused(f"--traces {run}: not a run directory with a profiler trace under traces/")
+    return runs
+
+
+def records_of(flag: str, path: Path, ops: tuple[str, ...]) -> dict[str, list]:
+    """A --sweep's or --graphs' host sweep records by primitive, each of `ops` among them."""
+    if not path.exists():
+        raise Refused(f"{flag} {path}: does not exist")
+    try:
+        found = sweep_records(path)
+    except (OSError, ValueError) as exc:
+        raise Refused(f"{flag} {path}: not readable as host sweep records ({exc.__class__.__name__})") from None
+    absent = [op for op in ops if not found.get(op)]
+    if absent:
+        raise Refused(f"{flag} {path}: no host sweep record of {', '.join(absent)}")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,13 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="store the block in ledger/models/hardware/<gpu>.json")
     ap.add_argument("--out", type=Path, help="write the block to this file (a hardware file's `host` entry)")
     args = ap.parse_args(argv)
-    why = refusal(args)
-    if why is not None:
-        print(f"host_block.py: {why}", file=sys.stderr)
+    try:
+        traces = checked_traces(args.traces) if args.traces else None
+        sweep = records_of("--sweep", args.sweep, p.HOST_PRIMITIVES) if args.sweep is not None else None
+        graphs = records_of("--graphs", args.graphs, p.GRAPH_PRIMITIVES) if args.graphs is not None else {}
+    except Refused as exc:
+        print(f"host_block.py: {exc}", file=sys.stderr)
         return 2
-    graphs = sweep_records(args.graphs) if args.graphs is not None else {}
     cpu = next((r.cpu for rs in graphs.values() for r in rs if r.cpu), f"the {args.gpu} machine's host (not recorded)")
-    block = from_traces(args.traces, args.gpu, cpu) if args.traces else from_sweep(args.sweep)
+    block = from_traces(traces, args.gpu, cpu) if traces else from_sweep(sweep, args.sweep, args.gpu)
     if args.graphs is not None:
         block = with_graphs(block, graphs, args.graphs)
     print(json.dumps(block, indent=1))
