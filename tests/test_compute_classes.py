@@ -173,16 +173,16 @@ def test_a_class_the_model_misprices_goes_off():
 
 def test_a_megatron_runs_update_is_left_unpredicted_and_says_why():
     # Megatron-LM's H200 run priced with the H200 file: its trace marks torch's Optimizer.step alone, while the time
-    # model's update holds Megatron's clipping and copy-out too, so that class is not judged; the GEMMs are: 9% over
-    # the model (warn), at a compute-bound share (0.30) under the power limit's threshold, so at their isolated
-    # speed, where they ran slower (docs/formulas.md, "The power limit in a step").
+    # model's update holds Megatron's clipping and copy-out too, so that class is not judged; the GEMMs are, within
+    # 2% (ok) with the unfused attention's batched products priced at their operands' streaming
+    # (tests/test_megatron_h200_runs.py holds them 8-10% over the model priced by their FLOPs alone).
     result = reconcile_recorded(FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
                                 TimeSources(hardware=load_hardware("H200")))
     by = {r.metric[len(CLASS_METRIC):]: r for r in result.rows if r.metric.startswith(CLASS_METRIC) and r.step == 5}
     assert by["optimizer"].predicted is None and by["optimizer"].verdict == "n/a"
     assert "Megatron-LM's trace marks torch's Optimizer.step alone" in by["optimizer"].explanation
     assert by["optimizer"].measured > 0.01  # s: its AdamW kernels, measured all the same
-    assert by["matmul"].verdict == "warn" and 0.07 < by["matmul"].rel_diff < 0.11
+    assert by["matmul"].verdict == "ok" and abs(by["matmul"].rel_diff) < 0.02
 
 
 def test_a_cpu_ranks_classes_are_measured_and_say_why_they_are_not_predicted():

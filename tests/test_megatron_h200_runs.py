@@ -15,6 +15,7 @@ import pytest
 from cli.main import main as cli
 from ledger.evidence.read import read_run
 from ledger.evidence.step_partition import COMPUTE
+from ledger.models.simulate import calibration, kernel_cost
 from ledger.models.simulate.hardware import load_hardware
 from ledger.reconcile.hta import HtaChoice
 from ledger.reconcile.run import TraceWork, reconcile
@@ -68,18 +69,39 @@ def test_device_compute_is_predicted_within_ten_percent(results, case):
     """Each profiled step's device compute (kernels, copies, memsets on the GPU) against the time model's device work
     from the H200 file: the engine's catalogue, and Megatron-LM's unfused chains (masked softmax, K and V repeated,
     RoPE, SwiGLU, fp32 cross-entropy, foreach AdamW) at efficiencies fitted from a kernel sweep of those chains
-    (runs/bench/hardware_sweep.py --megatron), never from a run. The local run's are 10-13% over (warn): its kernels
-    ran 9-16% slower in its step than isolated at a compute-bound share under the power limit's threshold
-    (docs/formulas.md, "The power limit in a step")."""
+    (runs/bench/hardware_sweep.py --megatron), never from a run. The local run's are 3-5% over: what is left of its
+    unfused attention once the batched GEMMs stream their [s, s] operands (the test below) and the 16-bit masked
+    softmax has its own efficiency (tests/test_hardware.py)."""
     result, model = results[case]
     rows = [r for r in result.rows if r.metric == "step.decomposition.device_compute"]
     assert len(rows) == 3
     for r in rows:
         assert r.predicted == pytest.approx(model.step.decompositions[0][COMPUTE], rel=1e-9)
+        assert r.verdict == "ok" and abs(r.rel_diff) <= 0.10
         if case == "local_l2_mbs2":
-            assert r.verdict == "warn" and 0.10 < r.rel_diff <= 0.13
-        else:
-            assert r.verdict == "ok" and abs(r.rel_diff) <= 0.10
+            assert 0.03 < r.rel_diff < 0.05
+
+
+def test_unfused_attentions_batched_gemms_run_at_their_operands_streaming(results, monkeypatch):
+    """The local run's matmul class (every GEMM its profiled steps ran: the linears and the unfused attention's
+    baddbmm / bmm pairs, forward and backward) against the time model's, within 2%. The attention's batched GEMMs
+    reduce over s or multiply by a head dim of 64 against [2 x 32 x 4096, 4096] probabilities and their gradients:
+    their operands' reading, not their FLOPs, sets their time (ledger/models/simulate/kernel_cost.py, the roofline's
+    memory side). Priced by FLOPs alone, the class reads 8-9% short."""
+    def matmul(result) -> list[float]:
+        return [r.rel_diff for r in result.rows if r.metric == "step.device_compute.matmul"]
+
+    assert len(matmul(results["local_l2_mbs2"][0])) == 3
+    assert all(abs(d) <= 0.02 for d in matmul(results["local_l2_mbs2"][0]))
+    monkeypatch.setattr(kernel_cost, "mainloop_seconds",
+                        lambda hw, flops, peak, operand_bytes: flops / (peak * hw.gemm.compute_efficiency))
+    calibration._seconds.cache_clear()  # kernel times are memoised per hardware file and kernel
+    try:
+        flop_bound = reconcile(RUNS / "local_l2_mbs2", TraceWork(hta=HtaChoice.parse("none")),
+                               TimeSources(hardware=load_hardware("H200")))
+    finally:
+        calibration._seconds.cache_clear()
+    assert all(0.08 < d < 0.10 for d in matmul(flop_bound)), matmul(flop_bound)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -106,7 +128,7 @@ def test_report_prices_the_run_from_a_hardware_file(tmp_path, capsys):
         return [cell.strip() for cell in line.split("|")[1:-1]]
 
     # metric, ranks, [formula,] measured, gap, verdict, explanation
-    assert step_row("priced")[2:6] == ["382 ms", "435 ms", "+13.78%", "**warn**"]
+    assert step_row("priced")[2:6] == ["408 ms", "435 ms", "+6.49%", "**warn**"]
     assert step_row("plain")[2:5] == ["435 ms", "—", "**n/a**"]
     capsys.readouterr()
     assert cli(["report", run, "--out", str(tmp_path / "bad"), "--hardware", "H999"]) == 2

@@ -91,13 +91,12 @@ def test_megatrons_context_is_what_its_calibration_run_fits():
 @pytest.mark.parametrize("run", H200_RUNS, ids=lambda r: r.name)
 def test_an_h200_run_it_did_not_see_comes_within_ten_percent_and_not_without_its_host(run):
     """The H200 fixtures (hidden 2048, seq 4096; --timing-log-level 2) from the H200 file alone: step time within
-    10% of the measured for the SDPA run, 12-15% for the local one (its unfused chains' kernels run 9-16% slower in
-    its step than isolated, at a compute-bound share, 0.28, far under the power limit's threshold: the full-load
-    factor had hidden that; docs/formulas.md, "The power limit in a step"). Without the host timeline (the device's
-    clock alone) the local run misses by more: the host is what closes it."""
+    10% of the measured for both, the local run 5-8% short (12-15% before its unfused attention's batched GEMMs were
+    priced at their operands' streaming and its 16-bit masked softmax at its own efficiency). Without the host
+    timeline (the device's clock alone) the local run misses by more than 10%: the host is what closes the rest."""
     sources = TimeSources(hardware=load_hardware("H200"))
     (step,) = [r for r in reconcile_recorded(run, sources=sources).rows if r.metric == "throughput.step_time"]
-    low, high = (0.12, 0.15) if run.name == "local_l2_mbs2" else (-0.10, 0.10)
+    low, high = (0.05, 0.08) if run.name == "local_l2_mbs2" else (-0.10, 0.10)
     assert low < step.rel_diff < high
     ev = read_run(run)
     model = predict_run(ev, sources)
@@ -106,7 +105,7 @@ def test_an_h200_run_it_did_not_see_comes_within_ten_percent_and_not_without_its
                                                                      transformer_impl="transformer_engine")),
                            load_hardware("H200")).step
     if run.name == "local_l2_mbs2":
-        assert abs(device_only.step_time / step.measured - 1) > 0.14
+        assert abs(device_only.step_time / step.measured - 1) > 0.10
 
 
 def test_megatrons_synchronising_timers_cost_the_step_time():

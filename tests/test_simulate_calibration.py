@@ -21,6 +21,7 @@ from ledger.evidence.steps import select_steps
 from ledger.models.formulas.nccl_bw import bus_factor
 from ledger.models.simulate import group_spans, hardware_calibration, load_hardware
 from ledger.models.simulate.calibration import stage_kernels
+from ledger.models.simulate.kernel_cost import kernel_seconds
 from ledger.models.simulate.topology import NETWORK, NVLINK
 from ledger.models.time_model import predict_step
 from ledger.models.time_model.ops import kernels
@@ -55,6 +56,26 @@ def test_a_gemm_takes_its_flops_over_peak_times_its_efficiency_derived_by_hand()
     assert cal.sustained > 1 and cal.kernel_seconds(fc1, "bf16") == pytest.approx(seconds * cal.sustained, rel=1e-12)
     add = kernel("residual_add", numel=4096 * 2048)
     assert cal.kernel_seconds(add, "bf16") == pytest.approx(cal.kernels[(add.name, add.dims, "bf16")] * cal.sustained)
+
+
+def test_a_gemm_reading_a_large_operand_over_a_short_reduction_runs_at_the_streaming_rate():
+    """Megatron-LM's unfused attention at llama3.2-1b, seq 4096, micro-batch 2: P V multiplies the [b heads s, s]
+    probabilities by V at n = head dim 64. Its FLOPs, 2 x 262,144 x 64 x 4,096 = 137 GFLOP, take 0.17 ms at the fitted
+    efficiency; reading P once, 2.1 GB, takes 0.47 ms at the residual add's streaming rate: the roofline's memory side
+    prices it (the profiled run's bmm kernels took 0.58 ms). linear_fc1 at the same tokens stays FLOP-bound."""
+    hw = load_hardware("H200")
+    g, stream = hw.gemm, hw.memory.efficiency("residual_add")
+    m, n, k = 2 * 32 * 4096, 64, 4096
+    pv = kernel("core_attention.context.fprop", 2.0 * m * n * k, m=m, n=n, k=k)
+    reading = 2 * (m * k + k * n) / (4.8e12 * stream)
+    assert reading > 2.5 * pv.flops / (989e12 * g.compute_efficiency)
+    assert kernel_seconds(hw, pv, "bf16", "fp32") == pytest.approx(
+        g.fixed_s + reading + 2 * m * n / (4.8e12 * g.epilogue_efficiency), rel=1e-12)
+    assert 0.45e-3 < reading < 0.5e-3
+    m, n, k = 8192, 16384, 2048
+    fc1 = kernel("linear_fc1.fprop", 2.0 * m * n * k, m=m, n=n, k=k)
+    assert kernel_seconds(hw, fc1, "bf16", "fp32") == pytest.approx(
+        g.fixed_s + fc1.flops / (989e12 * g.compute_efficiency) + 2 * m * n / (4.8e12 * g.epilogue_efficiency))
 
 
 def test_a_gemm_scales_with_the_peak_on_another_gpu():

@@ -18,7 +18,6 @@ The all-to-alls between them are collectives (the time model's), not kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 from common.ops.kernel import Kernel, OpGroup, Passes, kernel, passes
 from common.ops.linear import Linear, linear
@@ -34,14 +33,6 @@ def is_routing_kernel(name: str) -> bool:
     """An MoE layer's router top-k, permute or unpermute pass: several kernels, so a fixed cost of its own beside the
     bytes it moves (ledger/models/simulate/kernel_cost.py)."""
     return name.rpartition(".")[0] in ROUTING
-
-
-def routing_cost_name(name: str, dims: Mapping[str, int]) -> str:
-    """The name a kernel is priced under: the router's top-k with the load-balancing loss as `router.topk_aux`, a
-    longer chain (the softmax over all experts, the loss's sums: ~20 us more on an H200 at any token count); any
-    other kernel under its own name."""
-    return name.replace("router.topk.", "router.topk_aux.", 1) if name.startswith("router.topk.") and dims.get(
-        "aux_loss") else name
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,18 @@ compute dtype's bytes, g = the main grads'), by name and dims, so that a compute
 catalogue's entry does. A kernel that makes several passes, upcasts to fp32 or scatters moves more: the hardware
 model's fitted efficiencies absorb that (ledger/models/simulate/kernel_cost.py).
 
-GEMMs count their output only (their inputs are re-read from cache, their cost is their FLOPs): fprop and dgrad
-write m x n in the compute dtype; wgrad accumulates into the grad-dtype main_grad, reading and writing m x n.
+GEMMs count their output (fprop and dgrad write m x n in the compute dtype; wgrad accumulates into the grad-dtype
+main_grad, reading and writing m x n) and, apart, their two operands read once, m x k and k x n: what bounds a GEMM
+whose reduction is short against the operand it streams (unfused attention's P V reads the [s, s] probabilities at
+k = s for n = head dim), where its FLOPs do not (ledger/models/simulate/kernel_cost.py).
 The per-element work (rank.RATE_OPS): `optimizer.step` is one element's update: the grad copied into the fp32 main
 grad when the grads are 16-bit, its norm (read), its clip (read, write), fused AdamW (grad read; main param,
 exp_avg, exp_avg_sq read and written) and the 16-bit model param written from the main param; `grad_buffer.zero`
 writes one grad-dtype element.
 """
 from __future__ import annotations
+
+from typing import Mapping
 
 from common.ops.kernel import Kernel
 from common.ops.linear import MAIN_GRAD_ADD
@@ -23,6 +27,23 @@ FP32 = 4
 
 def gemm_output_bytes(m: int, n: int, wgrad: bool, dtype_bytes: int, grad_bytes: int) -> float:
     return m * n * (2 * grad_bytes if wgrad else dtype_bytes)
+
+
+def gemm_operand_bytes(m: int, n: int, k: int, operand_bytes: int) -> float:
+    return (m * k + k * n) * operand_bytes
+
+
+def cost_name(name: str, dims: Mapping[str, int]) -> str:
+    """The name a memory-bound kernel is priced under (its fitted efficiency): the router's top-k with the
+    load-balancing loss as `router.topk_aux` (a longer chain: the softmax over all experts, the loss's sums, ~20 us
+    more on an H200 at any token count); Megatron-LM's masked softmax in fp32 (--attention-softmax-in-fp32) as
+    `core_attention.softmax_fp32` (vectorised casts and fp32 kernels, where the 16-bit chain's in-place masked_fill_
+    broadcasts the mask: a different kernel mix per byte); any other kernel under its own name."""
+    for chain, variant, dim in (("router.topk.", "router.topk_aux.", "aux_loss"),
+                                ("core_attention.softmax.", "core_attention.softmax_fp32.", "fp32")):
+        if name.startswith(chain) and dims.get(dim):
+            return variant + name[len(chain):]
+    return name
 
 
 def bytes_moved(kernel: Kernel, dtype_bytes: int, grad_bytes: int) -> float:

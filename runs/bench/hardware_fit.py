@@ -91,10 +91,12 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
     measured = "; ".join(f"{p} head_dim {d}: seq {', '.join(map(str, s))}"
                          for p, by in fit.attention_measured.items() for d, s in sorted(by.items()))
     return {
-        "gemm": {"source": f"{source}: seconds = fixed_s + flops / (peak x compute_efficiency) + output bytes / "
-                           f"(HBM bandwidth x epilogue_efficiency), least squares on relative error over "
-                           f"{fit.counts['gemm']} GEMM records (epilogue_efficiency > 1: part of the output traffic "
-                           f"stays in L2)", **rounded(fit.gemm)},
+        "gemm": {"source": f"{source}: seconds = fixed_s + max(flops / (peak x compute_efficiency), operand bytes "
+                           f"/ (HBM bandwidth x the residual add's efficiency)) + output bytes / (HBM bandwidth x "
+                           f"epilogue_efficiency), least squares on relative error over {fit.counts['gemm']} GEMM "
+                           f"records ({fit.counts['gemm_streamed']} of them bound by their operands' streaming, left "
+                           f"out; epilogue_efficiency > 1: part of the output traffic stays in L2)",
+                 **rounded(fit.gemm)},
         "attention": {"source": f"{source}: flops / (peak x seconds) of SDPA flash attention per pass, head dim and "
                                 f"seq as a curve over batch x heads, measured at {measured}",
                       **{p: {"by_head_dim": {str(d): {str(seq): rounded(pts) for seq, pts in by_seq.items()}

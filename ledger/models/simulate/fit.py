@@ -5,7 +5,9 @@ and writes ledger/models/hardware/h200.json's fitted blocks; tests hold the file
 
 Each block is the cost form of ledger/models/simulate/kernel_cost.py, fitted by least squares on relative error (a point
 weighs 1/t^2, as ledger/models/time_model/comm.py fits links):
-  gemm            t = fixed_s + flops / (peak e_c) + output bytes / (HBM bw e_epilogue), over every GEMM record
+  gemm            t = fixed_s + max(flops / (peak e_c), operand bytes / (HBM bw e_stream)) + output bytes /
+                  (HBM bw e_epilogue), e_stream the memory fit's residual add; over every GEMM record whose FLOPs
+                  bound it
   attention       efficiency = flops / (peak t) per (pass, head_dim, seq) measured, as a curve over batch x heads
                   (the median of the records at one point)
   memory_bound    t = fixed_s + bytes moved / (HBM bw e_name): one shared fixed_s, one efficiency per kernel name;
@@ -32,10 +34,10 @@ from common.ops import (
     kernel,
 )
 from common.ops.megatron import megatron_only
-from common.ops.moe import is_routing_kernel, routing_cost_name
+from common.ops.moe import is_routing_kernel
 from common.ops.sizes import DTYPE_BYTES
-from common.ops.traffic import gemm_output_bytes
-from ledger.models.simulate.kernel_cost import is_flash_attention
+from common.ops.traffic import cost_name, gemm_operand_bytes, gemm_output_bytes
+from ledger.models.simulate.kernel_cost import STREAM_PROXY, is_flash_attention
 
 Point = tuple[str, dict[str, int], float, float]  # op, dims, flops, seconds
 
@@ -98,14 +100,24 @@ def _is_gemm(op: str) -> bool:
     return op.rpartition(".")[2] in GEMM_PASSES
 
 
-def fit_gemm(points: list[Point], peak: float, bw: float, dtype_bytes: int, grad_bytes: int):
+def fit_gemm(points: list[Point], peak: float, bw: float, dtype_bytes: int, grad_bytes: int,
+             stream_efficiency: float):
+    """The three GEMM terms; a record whose operands' streaming (at `stream_efficiency`, kernel_cost.mainloop_seconds)
+    outlasts its FLOPs at the first fit's efficiency says nothing of that efficiency: the fit is redone without it."""
     gemms = [p for p in points if _is_gemm(p[0])]
     rows = [[1.0, f / peak, gemm_output_bytes(d["m"], d["n"], op.endswith("wgrad"), dtype_bytes, grad_bytes) / bw]
             for op, d, f, _ in gemms]
-    fixed, inv_c, inv_e = solve_weighted(rows, [t for *_, t in gemms])
-    fitted = [fixed + r[1] * inv_c + r[2] * inv_e for r in rows]
+    floors = [gemm_operand_bytes(d["m"], d["n"], d["k"], dtype_bytes) / (bw * stream_efficiency)
+              for _, d, _, _ in gemms]
+    targets = [t for *_, t in gemms]
+    fixed, inv_c, inv_e = solve_weighted(rows, targets)
+    flop_bound = [i for i, (r, floor) in enumerate(zip(rows, floors)) if r[1] * inv_c >= floor]
+    if len(flop_bound) < len(rows):
+        fixed, inv_c, inv_e = solve_weighted([rows[i] for i in flop_bound], [targets[i] for i in flop_bound])
+    fitted = [fixed + max(r[1] * inv_c, floor) + r[2] * inv_e for r, floor in zip(rows, floors)]
     block = {"fixed_s": fixed, "compute_efficiency": 1 / inv_c, "epilogue_efficiency": 1 / inv_e}
-    return block, [("gemm", _describe(op, d), t, p) for (op, d, _, t), p in zip(gemms, fitted)]
+    residuals = [("gemm", _describe(op, d), t, p) for (op, d, _, t), p in zip(gemms, fitted)]
+    return block, residuals, len(rows) - len(flop_bound)
 
 
 def fit_attention(points: list[Point], peak: float):
@@ -127,9 +139,10 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
     bound = [p for p in points if not _is_gemm(p[0]) and not is_flash_attention(p[0]) and p[0] not in PER_ELEMENT]
     chains = [p for p in bound if is_routing_kernel(p[0])]
     bound = [p for p in bound if not is_routing_kernel(p[0])]
-    names = sorted({op for op, *_ in bound})
+    keys = [cost_name(op, d) for op, d, _, _ in bound]
+    names = sorted(set(keys))
     nbytes = [bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) for op, d, _, _ in bound]
-    rows = [[1.0] + [b / bw if op == name else 0.0 for name in names] for (op, *_), b in zip(bound, nbytes)]
+    rows = [[1.0] + [b / bw if key == name else 0.0 for name in names] for key, b in zip(keys, nbytes)]
     x = solve_weighted(rows, [t for *_, t in bound])
     if x[0] < 0:  # no fixed cost resolved: through the origin
         x = [0.0] + solve_weighted([r[1:] for r in rows], [t for *_, t in bound])
@@ -140,12 +153,13 @@ def fit_memory(points: list[Point], bw: float, dtype_bytes: int, grad_bytes: int
         if op in PER_ELEMENT:
             by_kernel[op] = bytes_per_element(op, params_dtype, grad_dtype) * d["numel"] / (bw * t)
     # the default prices an engine kernel no sweep timed: Megatron-LM's slower unfused chains stay out of it
-    block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names if not megatron_only(n)),
+    engine = {key for key, (op, *_) in zip(keys, bound) if not megatron_only(op)}
+    block = {"fixed_s": x[0], "default_efficiency": median(by_kernel[n] for n in names if n in engine),
              "efficiency_by_kernel": by_kernel}
     fixed_by_kernel = {}
-    for name in sorted({routing_cost_name(op, d) for op, d, *_ in chains}):
+    for name in sorted({cost_name(op, d) for op, d, *_ in chains}):
         own = [(d, t, bytes_moved(kernel(op, **d), dtype_bytes, grad_bytes) / bw) for op, d, _, t in chains
-               if routing_cost_name(op, d) == name]
+               if cost_name(op, d) == name]
         fixed_by_kernel[name], by_kernel[name] = fit_routing_pass([(s, t) for _, t, s in own])
         residuals += [("memory", _describe(name, d), t, fixed_by_kernel[name] + s / by_kernel[name])
                       for d, t, s in own]
@@ -196,10 +210,11 @@ def fit_hardware(records: Iterable[dict[str, Any]], peak: float, hbm_bandwidth: 
     """The fitted blocks of a hardware file from `compute` records of one device kind, in `dtype`."""
     points, sustained, grad_dtype = distinct(r for r in records if r["dtype"] in (dtype, "fp32"))
     a, g = DTYPE_BYTES[dtype], DTYPE_BYTES[grad_dtype]
-    gemm, gemm_res = fit_gemm(points, peak, hbm_bandwidth, a, g)
-    attention, measured = fit_attention(points, peak)
     memory, memory_res = fit_memory(points, hbm_bandwidth, a, g, dtype, grad_dtype)
-    counts = {"gemm": sum(_is_gemm(p[0]) for p in points),
+    stream = memory["efficiency_by_kernel"].get(STREAM_PROXY, memory["default_efficiency"])
+    gemm, gemm_res, streamed = fit_gemm(points, peak, hbm_bandwidth, a, g, stream)
+    attention, measured = fit_attention(points, peak)
+    counts = {"gemm": sum(_is_gemm(p[0]) for p in points), "gemm_streamed": streamed,
               "attention": sum(is_flash_attention(p[0]) for p in points),
               "memory_bound": len(memory_res), "sustained": len(sustained)}
     return HardwareFit(gemm=gemm, attention=attention, attention_measured=measured, memory=memory,

@@ -3,10 +3,15 @@
 The kernels are the catalogue's (common/ops), by name and dims, with its FLOPs and bytes moved. Three kinds:
 
 GEMMs (`<linear>.fprop / .dgrad / .wgrad`, dims m, n, k; FLOPs 2mnk):
-    seconds = fixed_s + flops / (peak x compute_efficiency) + output bytes / (HBM bandwidth x epilogue_efficiency)
+    seconds = fixed_s + max(flops / (peak x compute_efficiency), operand bytes / (HBM bandwidth x e_stream))
+              + output bytes / (HBM bandwidth x epilogue_efficiency)
     output bytes (common/ops/traffic.py): fprop and dgrad write their m x n result in the compute dtype; wgrad
     accumulates into the grad-dtype main_grad (Megatron's gradient-accumulation fusion, as the engine and the sweep
-    do): it reads and writes m x n elements of the grad dtype.
+    do): it reads and writes m x n elements of the grad dtype. Operand bytes, m x k + k x n read once, at e_stream,
+    the residual add's efficiency (a plain streaming kernel's): the roofline's memory side, which binds where the
+    reduction is short against a large operand (Megatron-LM's unfused attention: P V reads the [b heads s, s]
+    probabilities for a head dim of n = 64, 137 GFLOP against 2.1 GB at seq 4096 micro-batch 2: 0.45 ms of reading,
+    0.18 of FLOPs; the model's linears stay FLOP-bound by 2x or more).
   Fitted on the H200's sweep records (runs/bench/hardware_fit.py): the fixed term is launch, ramp and tail wave, the
   epilogue term what makes a wgrad with a short reduction (k = tokens = 1,024) run at half the efficiency of one
   with k = 8,192. efficiency(shape) = flops / (peak x seconds). Its limit, measured on the experts' grid
@@ -43,9 +48,8 @@ from __future__ import annotations
 
 from common.ops import GEMM_PASSES, Kernel, bytes_moved, bytes_per_element
 from common.ops.linear import runs_in_fp8
-from common.ops.moe import routing_cost_name
 from common.ops.sizes import DTYPE_BYTES
-from common.ops.traffic import gemm_output_bytes
+from common.ops.traffic import cost_name, gemm_operand_bytes, gemm_output_bytes
 from ledger.models.simulate.hardware import Hardware
 from ledger.models.time_model.missing import CalibrationMissing
 
@@ -62,7 +66,8 @@ PROXY = {"layer_norm.fwd": "rms_norm.fwd", "layer_norm.bwd": "rms_norm.bwd", "ge
          # output copy's; torch's foreach AdamW at the fused step's
          **dict.fromkeys(("core_attention.softmax.fwd", "core_attention.softmax.bwd", "rope_unfused.fwd",
                           "rope_unfused.bwd", "swiglu_unfused.fwd", "swiglu_unfused.bwd", "cross_entropy_fp32.fwd",
-                          "cross_entropy_fp32.bwd", "main_grad.add"), "residual_add"),
+                          "cross_entropy_fp32.bwd", "main_grad.add", "core_attention.softmax_fp32.fwd",
+                          "core_attention.softmax_fp32.bwd"), "residual_add"),
          "attention.repeat_kv.fwd": "attention_output.copy", "attention.repeat_kv.bwd": "attention_output.copy",
          "optimizer.step_foreach": "optimizer.step"}
 ATTENTION = "core_attention"
@@ -73,14 +78,21 @@ def is_flash_attention(name: str) -> bool:
     return name.rpartition(".")[0] == ATTENTION
 
 
+STREAM_PROXY = "residual_add"  # a plain streaming elementwise kernel: what one pass over a large tensor runs at
+
+
+def mainloop_seconds(hw: Hardware, flops: float, peak: float, operand_bytes: float) -> float:
+    """A GEMM's main loop: its FLOPs at the fitted compute efficiency or, where that is shorter, its two operands
+    streamed once at a plain streaming kernel's rate (module docstring)."""
+    return max(flops / (peak * hw.gemm.compute_efficiency),
+               operand_bytes / (hw.hbm_bandwidth * hw.memory.efficiency(STREAM_PROXY)))
+
+
 def gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bool, grad_bytes: int) -> float:
-    g = hw.gemm
-    out = gemm_output_bytes(m, n, wgrad, DTYPE_BYTES[dtype], grad_bytes)
-    return (g.fixed_s + 2.0 * m * n * k / (hw.peak(dtype) * g.compute_efficiency)
+    g, a = hw.gemm, DTYPE_BYTES[dtype]
+    out = gemm_output_bytes(m, n, wgrad, a, grad_bytes)
+    return (g.fixed_s + mainloop_seconds(hw, 2.0 * m * n * k, hw.peak(dtype), gemm_operand_bytes(m, n, k, a))
             + out / (hw.hbm_bandwidth * g.epilogue_efficiency))
-
-
-FP8_CAST_PROXY = "residual_add"  # a plain streaming elementwise kernel's efficiency
 
 
 def fp8_gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bool, grad_bytes: int) -> float:
@@ -88,9 +100,9 @@ def fp8_gemm_seconds(hw: Hardware, dtype: str, m: int, n: int, k: int, wgrad: bo
     g, a = hw.gemm, DTYPE_BYTES[dtype]
     casts = (2 * a + 1) * (m * k + k * n)  # each element read twice (amax, cast) and written in one byte
     add = m * n * (a + 2 * grad_bytes) if wgrad else 0  # DDP's hook: the 16-bit gradient into main_grad
-    return (g.fixed_s + 2.0 * m * n * k / (hw.peak("fp8") * g.compute_efficiency)
+    return (g.fixed_s + mainloop_seconds(hw, 2.0 * m * n * k, hw.peak("fp8"), gemm_operand_bytes(m, n, k, 1))
             + m * n * a / (hw.hbm_bandwidth * g.epilogue_efficiency)
-            + memory_seconds(hw, FP8_CAST_PROXY, casts + add))
+            + memory_seconds(hw, STREAM_PROXY, casts + add))
 
 
 def attention_seconds(hw: Hardware, kernel: Kernel, dtype: str) -> float:
@@ -118,7 +130,7 @@ def kernel_seconds(hw: Hardware, kernel: Kernel, dtype: str, grad_dtype: str) ->
         nbytes = bytes_moved(kernel, DTYPE_BYTES[dtype], DTYPE_BYTES[grad_dtype])
     except LookupError as e:
         raise CalibrationMissing(f"the hardware model has {e}") from None
-    return memory_seconds(hw, routing_cost_name(kernel.name, dict(kernel.dims)), nbytes)
+    return memory_seconds(hw, cost_name(kernel.name, dict(kernel.dims)), nbytes)
 
 
 def rate_seconds_per_element(hw: Hardware, op: str, params_dtype: str, grad_dtype: str) -> float:
