@@ -111,6 +111,23 @@ def test_keep_times_only_the_ops_it_keeps():
     assert len(kept) < len(every)
 
 
+def test_a_megatron_grid_point_times_each_weights_main_grad_add():
+    """hardware_sweep.py --megatron plans, beside Megatron-LM's unfused chains, DDP's add of each weight's 16-bit
+    gradient into main_grad (no gradient-accumulation fusion, as Megatron-LM's local runs and the engine's
+    --no-gradient-accumulation-fusion runs have it), one entry per weight size: llama3.2-1b's QKV (2048 x 3072),
+    attention output (2048 x 2048), fc1 (2 x 8192 x 2048), fc2 (2048 x 8192) and the untied output layer
+    (128,256 x 2048). Planned only: nothing is timed here."""
+    sweep_script = bench_script("hardware_sweep")
+    label, _, point = next(sweep_script.megatron_specs())
+    assert label.startswith("llama3.2-1b tp1 s4096 mbs1 megatron")
+    keep = sweep_script.kept_ops(sweep_script.argparse.Namespace(megatron=True, moe=False, experts=False,
+                                                                 short_attention=False))
+    planned = [p for p in compute_sweep.plan(point, CPU, sweep_script.engine_kernels([], 128256, CPU)) if keep(p.op)]
+    adds = sorted(p.dims["numel"] for p in planned if p.op == "main_grad.add")
+    assert adds == sorted([2048 * 3072, 2048 * 2048, 2 * 8192 * 2048, 2048 * 8192, 128256 * 2048])
+    assert {"core_attention.softmax.fwd", "cross_entropy_fp32.bwd"} <= {p.op for p in planned}
+
+
 def test_a_call_before_each_timed_one_runs_once_a_timing_and_leaves_the_cache_alone(cache):
     # runs/bench/l2_state.py evicts the L2 before each timed call: those records are an experiment's, not the sweep's,
     # so a later sweep of the same shapes must not read them back

@@ -22,7 +22,8 @@ filtered grid times only the ops it keeps (kept_ops).
 
 --megatron times Megatron-LM's unfused chains instead (--transformer-impl local without its fusions: the masked
 softmax on [b, heads, s, s] in 16 bits and in fp32, K and V repeated, the unfused RoPE, SwiGLU and fp32 cross-entropy,
-torch's foreach AdamW; common/ops/megatron.py) at Llama and GPT-3 widths, seq 2048 to 8192, micro-batches 1 and 2;
+torch's foreach AdamW, each weight's 16-bit gradient added into main_grad; common/ops/megatron.py) at Llama and GPT-3
+widths, seq 2048 to 8192, micro-batches 1 and 2;
 only those chains' records are kept, so the other kernels' fits stay the grid's.
 
 Output: {"device", "torch", "records": [compute records, each with its grid point's "shape" label], "not_measured"}.
@@ -72,13 +73,15 @@ QUICK_SEQS = (4096,)
 
 def _spec(h: int, f: int, heads: int, kv: int, vocab: int, tp: int, seq: int, mbs: int = 1,
           megatron: MegatronKernels | None = None) -> compute_sweep.SweepSpec:
-    """A grid point's TP-local shapes (no SP, no CP: every op at seq x mbs tokens), as the catalogue's Shapes."""
+    """A grid point's TP-local shapes (no SP, no CP: every op at seq x mbs tokens), as the catalogue's Shapes; a
+    Megatron point without gradient-accumulation fusion (each weight's 16-bit gradient added into main_grad, as
+    Megatron-LM's local runs here and a --no-gradient-accumulation-fusion run of the engine do)."""
     d, heads, kv = h // heads, heads // tp, max(1, kv // tp)
     shapes = Shapes(dtype="bf16", grad_dtype="fp32", seq=seq, micro_batch=mbs, hidden=h, tokens=seq * mbs,
                     norm_tokens=seq * mbs, heads=heads, kv_heads=kv, head_dim=d, qkv=(heads + 2 * kv) * d,
                     query=heads * d, ffn=f // tp, fc1=2 * (f // tp), swiglu=True, rope=True, norm="rms_norm",
                     vocab=padded_vocab_size(vocab, 128, tp) // tp, tp=tp, sequence_parallel=False,
-                    megatron=megatron)
+                    megatron=megatron, unfused_wgrad=megatron is not None)
     return compute_sweep.SweepSpec(shapes, first_stage=True, last_stage=True, optimizer_numel=1 << 26,
                                    grad_buffer_numel=1 << 26)
 
@@ -107,7 +110,8 @@ def short_attention_specs():
 
 
 def megatron_specs():
-    """Megatron-LM's local implementation with none of its fusions, softmax in 16 bits and in fp32 by turns: the
+    """Megatron-LM's local implementation with none of its fusions (main_grad.add too), softmax in 16 bits and in fp32
+    by turns: the
     three smaller models at their first TP degree, seq 4096 first, then 2048 and 8192, each at micro-batches 1 and 2."""
     points = [(m, seq, mbs) for seq in (4096, 2048, 8192) for mbs in (1, 2) for m in MODELS[:2] + MODELS[3:4]]
     for i, ((label, h, f, heads, kv, vocab, tps), seq, mbs) in enumerate(points):
