@@ -35,7 +35,7 @@ GRID_SWEEPS = {name: [ROOT / "runs/bench/results" / f for f in files] for name, 
              "2026-12-02_h200_hardware_sweep_megatron.json.gz", "2026-12-04_h200_hardware_sweep_moe.json.gz",
              "2026-12-05_h200_hardware_sweep_short_attention.json.gz"),
     "H100": tuple(f"2026-12-05_h100_hardware_sweep{part}.json.gz"
-                  for part in ("", "_mbs", "_short_attention", "_moe", "_experts"))}.items()}
+                  for part in ("", "_mbs", "_short_attention", "_moe", "_experts", "_megatron"))}.items()}
 DEVICES = {"H200": "NVIDIA H200", "H100": "NVIDIA H100 80GB HBM3"}
 H200_RUNS = [FIXTURES / "h200_llama1b" / n for n in ("s4096", "s8192", "s8192-selective", "s8192-full",
                                                       "8b-4layers")] + [FIXTURES / "h200_2layer_profiled"]
@@ -333,23 +333,26 @@ def test_megatrons_fused_softmax_moves_the_scores_once_each_way_at_a_row_norms_e
     assert kernel_seconds(h200, fused.bwd, "bf16", "fp32") < memory_seconds(h200, chain.bwd.name, 29 * e)
 
 
-def test_torchs_masked_softmax_is_priced_per_precision_as_the_sweep_timed_each():
+@pytest.mark.parametrize("name", ["H200", "H100"])
+def test_torchs_masked_softmax_is_priced_per_precision_as_the_sweep_timed_each(name):
     """Megatron-LM's unfused softmax in 16 bits (an in-place masked_fill_ broadcasting the [b, 1, s, s] mask, then a
     16-bit softmax) and in fp32 (--attention-softmax-in-fp32: vectorised casts around fp32 kernels) are different
-    kernels per byte: the file fits each its own efficiency (common/ops/traffic.py cost_name). The H200 sweep's two
+    kernels per byte: the file fits each its own efficiency (common/ops/traffic.py cost_name). Each GPU's sweep's two
     forward records at seq 4096 (llama3.2-1b, micro-batch 1 in 16 bits, 2 in fp32) are each priced within 5%; at the
-    fp32 chain's efficiency the 16-bit one, what Megatron-LM's local runs run, would be priced 35% short."""
-    h200 = load_hardware("H200")
-    records = json.loads(gzip.decompress(GRID_SWEEPS["H200"][2].read_bytes()))["records"]
+    fp32 chain's efficiency the 16-bit one, what Megatron-LM's local runs run, would be priced 33-40% short (the
+    H100's sweep, made after the split was written from the H200's, shows it too)."""
+    hw = load_hardware(name)
+    (megatron,) = [f for f in GRID_SWEEPS[name] if f.name.endswith("_megatron.json.gz")]
+    records = json.loads(gzip.decompress(megatron.read_bytes()))["records"]
     at_4096 = {r["dims"]["fp32"]: r for r in records if r["op"] == "core_attention.softmax.fwd"
                and r["shape"].startswith("llama3.2-1b tp1 s4096")}
     assert sorted(at_4096) == [0, 1]
     for r in at_4096.values():
         chain = passes("core_attention.softmax", **r["dims"]).fwd
-        assert kernel_seconds(h200, chain, "bf16", "fp32") == pytest.approx(r["seconds"], rel=0.05)
+        assert kernel_seconds(hw, chain, "bf16", "fp32") == pytest.approx(r["seconds"], rel=0.05)
     sixteen_bit = passes("core_attention.softmax", **at_4096[0]["dims"]).fwd
-    at_fp32s = memory_seconds(h200, "core_attention.softmax_fp32.fwd", bytes_moved(sixteen_bit, 2, 4))
-    assert at_fp32s < 0.65 * at_4096[0]["seconds"]
+    at_fp32s = memory_seconds(hw, "core_attention.softmax_fp32.fwd", bytes_moved(sixteen_bit, 2, 4))
+    assert at_fp32s < 0.7 * at_4096[0]["seconds"]
 
 
 def test_the_slowdown_script_refuses_a_missing_file_or_one_without_a_table_in_one_line(tmp_path, capsys):
