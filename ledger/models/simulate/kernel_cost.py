@@ -60,10 +60,10 @@ PROXY = {"layer_norm.fwd": "rms_norm.fwd", "layer_norm.bwd": "rms_norm.bwd", "ge
          # Megatron's fused scale-mask-softmax (its CUDA extension, never swept here): a row-wise reduction and scale
          # over the scores, as a norm over the hidden dim
          "core_attention.softmax_fused.fwd": "rms_norm.fwd", "core_attention.softmax_fused.bwd": "rms_norm.bwd",
-         # Megatron-LM's unfused chains (common/ops/megatron.py), where a file has no fit of them (the H200 file
-         # fits each from runs/bench/hardware_sweep.py --megatron; main_grad.add has no sweep yet): torch's plain
-         # elementwise, copy and reduction kernels at the residual add's efficiency; K and V's repeat at the strided
-         # output copy's; torch's foreach AdamW at the fused step's
+         # Megatron-LM's unfused chains (common/ops/megatron.py), where a file has no fit of them (the H200 and H100
+         # files fit each from runs/bench/hardware_sweep.py --megatron; the H200's main_grad.add has no sweep yet):
+         # torch's plain elementwise, copy and reduction kernels at the residual add's efficiency; K and V's repeat at
+         # the strided output copy's; torch's foreach AdamW at the fused step's
          **dict.fromkeys(("core_attention.softmax.fwd", "core_attention.softmax.bwd", "rope_unfused.fwd",
                           "rope_unfused.bwd", "swiglu_unfused.fwd", "swiglu_unfused.bwd", "cross_entropy_fp32.fwd",
                           "cross_entropy_fp32.bwd", "main_grad.add", "core_attention.softmax_fp32.fwd",
