@@ -9,11 +9,17 @@ calls. --calibrate fits CONTEXT alone, on the named runs' measured step times (m
 squares in log), and prints it for the recipes' file; --validate prints each other run's step, forward, backward and
 optimizer ranges predicted with that factor against measured (the run's own timers, unprofiled steps), for
 BENCHMARKS.md. A run is never in both lists, and all are of one code (this engine's or Megatron-LM's).
+
+--write stores a Megatron-LM fit in the --hardware file's host block (`host.megatron_context`, which the host timeline
+prices Megatron-LM's runs on that host with): the recipes' CONTEXT is a fit against one host block's primitives (the
+H200's), so another host's block needs its own (this engine's are host_contexts.py's `engine_contexts`).
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -26,7 +32,7 @@ from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
-from ledger.models.simulate.hardware import load_hardware  # noqa: E402
+from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware  # noqa: E402
 from ledger.models.time_model import (  # noqa: E402
     Calibration,
     StepPrediction,
@@ -103,12 +109,25 @@ def row(run: Run, hardware: str, context: float, role: str) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def main() -> int:
+def write(hardware: str, context: float, argv: list[str]) -> Path:
+    """host.megatron_context of the named GPU's hardware file, with the command that fitted it."""
+    path = HARDWARE_DIR / f"{hardware.lower()}.json"
+    data = json.loads(path.read_text())
+    data["host"]["megatron_context"] = {
+        "value": round(context, 3),
+        "source": f"fitted by `python3 runs/bench/host_model.py {' '.join(argv)}` on the calibration runs' measured "
+                  f"steps (the median of their steady steps) against this block's primitives"}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", nargs="+", type=Path, required=True)
     ap.add_argument("--validate", nargs="*", type=Path, default=[])
     ap.add_argument("--hardware", default="H200")
-    args = ap.parse_args()
+    ap.add_argument("--write", action="store_true", help="store a Megatron-LM fit as host.megatron_context")
+    args = ap.parse_args(argv)
     overlap = {p.resolve() for p in args.calibrate} & {p.resolve() for p in args.validate}
     if overlap:
         ap.error(f"a run is either calibration or validation: {', '.join(sorted(map(str, overlap)))}")
@@ -116,7 +135,12 @@ def main() -> int:
     codes = {r.ev.config.implementation.megatron for r in calibrating + validating}
     if len(codes) > 1:
         ap.error("the runs are of two codes (this engine's and Megatron-LM's): one CONTEXT cannot serve both")
-    recipes = megatron_host_recipe if codes.pop() else host_recipe
+    megatron = codes.pop()
+    if args.write and not (megatron and (HARDWARE_DIR / f"{args.hardware.lower()}.json").is_file()):
+        print("host_model.py: --write stores a fit of Megatron-LM's runs in a named GPU's hardware file (H200, H100); "
+              "this engine's contexts are host_contexts.py's", file=sys.stderr)
+        return 2
+    recipes = megatron_host_recipe if megatron else host_recipe
     context = fit(calibrating, args.hardware)
     names = ", ".join(r.path.name for r in calibrating)
     file = recipes.__name__.rpartition(".")[2]
@@ -127,6 +151,8 @@ def main() -> int:
         print(row(r, args.hardware, context, "calibration"))
     for r in validating:
         print(row(r, args.hardware, context, "validation"))
+    if args.write:
+        print(f"wrote host.megatron_context of {write(args.hardware, context, argv or sys.argv[1:]).relative_to(ROOT)}")
     return 0
 
 

@@ -330,7 +330,8 @@ def _host(r: _Reader) -> HostCosts | None:
             raise r.fail(f"host.{field}", "must name the host's " + ("CPU model" if field == "cpu" else "torch"))
     return HostCosts(seconds=tables["seconds"], profiled=tables.get("profiled_seconds", {}),
                      source=f"hardware file {r.path.name}: {block['source']} ({block['cpu']}; torch {block['torch']})",
-                     launch_latency=r.inner("host", "launch_latency_s"), engine_contexts=_engine_contexts(r, block))
+                     launch_latency=r.inner("host", "launch_latency_s"), engine_contexts=_engine_contexts(r, block),
+                     megatron_context=_megatron_context(r, block))
 
 
 def _engine_contexts(r: _Reader, block: dict) -> tuple[float, float] | None:
@@ -342,6 +343,12 @@ def _engine_contexts(r: _Reader, block: dict) -> tuple[float, float] | None:
     if not isinstance(found, dict) or not isinstance(found.get("source"), str) or not found["source"].strip():
         raise r.fail("host.engine_contexts", "must hold forward, backward and their source")
     return tuple(r.check(f"host.engine_contexts.{k}", found.get(k)) for k in ("forward", "backward"))
+
+
+def _megatron_context(r: _Reader, block: dict) -> float | None:
+    """The optional `host.megatron_context`: Megatron-LM's recipes' context calibrated on a Megatron-LM run of this
+    host (runs/bench/host_model.py --write), with its source."""
+    return r.number("host.megatron_context") if "megatron_context" in block else None
 
 
 def _hardware(r: _Reader) -> Hardware:

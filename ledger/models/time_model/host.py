@@ -101,7 +101,9 @@ class _Program:
         self.code = megatron if self.megatron else recipe  # the recipes of the code the run ran
         if host.context is not None:  # set by whoever priced this host (a fit of it)
             forward = backward = host.context
-        elif self.megatron or host.engine_contexts is None:
+        elif self.megatron:  # Megatron-LM's context calibrated on the host, else its recipes'
+            forward = backward = host.megatron_context or self.code.CONTEXT
+        elif host.engine_contexts is None:
             forward = backward = self.code.CONTEXT
         else:  # this engine's contexts calibrated on the host
             forward, backward = host.engine_contexts

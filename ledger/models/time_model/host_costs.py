@@ -45,6 +45,9 @@ class HostCosts:
     # This engine's recipes' contexts on this host, (forward, backward), calibrated on runs of this host (a hardware
     # file's host block, runs/bench/host_contexts.py); None: host_recipe.CONTEXT for both
     engine_contexts: tuple[float, float] | None = None
+    # Megatron-LM's recipes' context on this host, calibrated on a Megatron-LM run of this host (a hardware file's
+    # host block, runs/bench/host_model.py --write); None: megatron_host_recipe.CONTEXT
+    megatron_context: float | None = None
 
     def price(self, counts: Mapping[str, float], profiled: bool = False) -> float:
         """The host's seconds for `counts` of each primitive in their code's context: the calls (under the profiler,
