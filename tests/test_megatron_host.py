@@ -21,6 +21,7 @@ from ledger.models.time_model import host_recipe as recipe
 from ledger.models.time_model import megatron_host_recipe as megatron
 from ledger.models.time_model.ops import Collective, chunk_backward, chunk_forward
 from ledger.reconcile.time_rows import TimeSources, predict_run
+from tests.support.bench import assert_refused
 from tests.support.recorded_runs import FIXTURES, reconcile_recorded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,3 +151,56 @@ def test_a_device_only_twin_judges_device_compute_and_leaves_the_other_terms_unp
         assert host.predicted is None and host.verdict == "n/a"
     _, host = term_rows(0, part, {COMPUTE: 0.300}, "complete")
     assert host.predicted == 0.0 and host.verdict == "off"
+
+
+# ---- the H100's own Megatron-LM context (h100.json host.megatron_context) -----------------------------------------
+
+H100_RUNS = FIXTURES / "megatron_lm_h100"
+H100_HELD_OUT = ("sdpa_l4_mbs2", "local_l2_mbs1", "local_l2_mbs2")
+
+
+def h100_step(name: str, megatron_context: float | None = None) -> tuple[float, float]:
+    """(predicted, measured) step of an H100 Megatron-LM fixture from the H100 file, its host block's Megatron-LM
+    context replaced where given (the traces were left out: the file is named)."""
+    hw = load_hardware("H100")
+    if megatron_context is not None:
+        hw = replace(hw, host=replace(hw.host, megatron_context=megatron_context))
+    (step,) = [r for r in reconcile_recorded(H100_RUNS / name, sources=TimeSources(hardware=hw)).rows
+               if r.metric == "throughput.step_time"]
+    return step.predicted, step.measured
+
+
+def test_the_h100s_megatron_context_is_what_its_calibration_run_fits():
+    """The H100 file's host block was estimated from this engine's calibration trace, its calls' prices holding
+    Python the H200's block leaves to CONTEXT: Megatron-LM's factor on it is its own, fitted by runs/bench/
+    host_model.py --calibrate sdpa_l4_mbs1 --hardware H100 --write (the most host-bound of the four H100 runs,
+    367 ms a step) and stored in the file, 0.855 against the code's 2.55 fitted on the H200's block."""
+    sys.path.insert(0, str(ROOT / "runs" / "bench"))
+    import host_model
+    stored = load_hardware("H100").host.megatron_context
+    assert stored == pytest.approx(host_model.fit([host_model.load(H100_RUNS / "sdpa_l4_mbs1")], "H100"), rel=0.01)
+    assert load_hardware("H200").host.megatron_context is None  # the H200 keeps megatron_host_recipe.CONTEXT
+    assert stored < 0.4 * megatron.CONTEXT
+
+
+@pytest.mark.parametrize("name", H100_HELD_OUT)
+def test_h100_runs_the_context_did_not_see_come_within_five_percent_and_not_at_the_h200s(name):
+    """The three other H100 runs of Megatron-LM's cases (the H200 fixtures' flags, recorded in the same call) from
+    the H100 file: -2.9..-3.5% with the H100's Megatron-LM context. At the code's CONTEXT, the H200 block's, the
+    predictions committed before the runs (f65e8ff) were +2.4% and +5.6% (local) and +16.9% (SDPA, its host
+    twice over-priced): the SDPA run misses by more than 10% there."""
+    predicted, measured = h100_step(name)
+    assert -0.05 < predicted / measured - 1 < 0
+    at_h200s, _ = h100_step(name, megatron.CONTEXT)
+    assert at_h200s > predicted
+    if name.startswith("sdpa"):
+        assert at_h200s / measured - 1 > 0.10
+
+
+def test_host_model_writes_only_a_megatron_fit_into_a_named_gpus_file(capsys):
+    sys.path.insert(0, str(ROOT / "runs" / "bench"))
+    import host_model
+    assert_refused(host_model, ["--calibrate", str(FIXTURES / "h200_2layer_profiled"), "--hardware", "H200", "--write"],
+                   capsys)
+    assert_refused(host_model, ["--calibrate", str(H100_RUNS / "sdpa_l4_mbs1"), "--hardware", "nowhere.json",
+                            "--write"], capsys)

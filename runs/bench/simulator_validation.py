@@ -31,8 +31,11 @@ from ledger.models.simulate.simulation import simulate  # noqa: E402
 from ledger.reconcile.validation import Validation, measured, validate_run  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
-MEGATRON = [FIXTURES / "megatron_lm_1gpu", FIXTURES / "megatron_lm_h200" / "local_l2_mbs2",
-            FIXTURES / "megatron_lm_h200" / "sdpa_l4_mbs2"]
+# Megatron-LM's runs (no manifest) and the GPU kind each ran on (the H100 fixtures keep no trace to name it)
+MEGATRON = [(FIXTURES / "megatron_lm_1gpu", "H200"), (FIXTURES / "megatron_lm_h200" / "local_l2_mbs2", "H200"),
+            (FIXTURES / "megatron_lm_h200" / "sdpa_l4_mbs2", "H200"),
+            *((FIXTURES / "megatron_lm_h100" / case, "H100")
+              for case in ("local_l2_mbs1", "local_l2_mbs2", "sdpa_l4_mbs1", "sdpa_l4_mbs2"))]
 # The 2-GPU evidence's flags (its README): common to every run, then each run's layout and world size.
 EVIDENCE_COMMON = ["--model", "llama3.2-1b", "--seq-length", "4096", "--bf16", "--use-distributed-optimizer",
                    "--micro-batch-size", "1", "--untie-embeddings-and-output-weights"]
@@ -67,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, default=ROOT / "runs" / "bench" / "evidence" / "2gpu-2026-12-01")
     args = ap.parse_args()
-    results = [validate_run(run) for run in one_gpu_runs(FIXTURES)] + [validate_run(run, "H200") for run in MEGATRON]
+    results = [validate_run(run) for run in one_gpu_runs(FIXTURES)] + [validate_run(run, gpu) for run, gpu in MEGATRON]
     if args.evidence.is_dir():
         results += [evidence_run(args.evidence, name) for name in EVIDENCE]
     else:
