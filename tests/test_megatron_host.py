@@ -160,14 +160,14 @@ H100_HELD_OUT = ("sdpa_l4_mbs2", "local_l2_mbs1", "local_l2_mbs2")
 
 
 def h100_step(name: str, megatron_context: float | None = None) -> tuple[float, float]:
-    """(predicted, measured) step of an H100 Megatron-LM fixture from the H100 file, its host block's Megatron-LM
-    context replaced where given (the traces were left out: the file is named)."""
+    """(predicted, measured) step of an H100 Megatron-LM fixture from the H100 file alone (simulate's prediction of
+    its config), its host block's Megatron-LM context replaced where given; measured: reconcile's steady median."""
     hw = load_hardware("H100")
     if megatron_context is not None:
         hw = replace(hw, host=replace(hw.host, megatron_context=megatron_context))
     (step,) = [r for r in reconcile_recorded(H100_RUNS / name, sources=TimeSources(hardware=hw)).rows
                if r.metric == "throughput.step_time"]
-    return step.predicted, step.measured
+    return simulate(read_run(H100_RUNS / name).config, hw).step.step_time, step.measured
 
 
 def test_the_h100s_megatron_context_is_what_its_calibration_run_fits():

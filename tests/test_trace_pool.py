@@ -20,13 +20,14 @@ TRACES = sorted(p for p in FIXTURES.rglob("*.json.gz") if p.parent.name in ("tra
 
 def test_the_committed_traces_are_all_found():
     # gloo: dp2_overlap, dp2_sweeps and pp2 one each, pp2_sweeps two; H200: three; the PP2 slice's two ranks;
-    # Megatron-LM's three (the 1-GPU run, the two H200 runs of megatron_lm_h200); the CUDA graphs pair's two; the
+    # Megatron-LM's seven (the 1-GPU run, the two H200 runs of megatron_lm_h200, the four of megatron_lm_h100); the
+    # CUDA graphs pair's two; the
     # two profiled MoE runs (h200_moe: before and after the compiled SwiGLU rows and combine); the dense seq-4096 step;
     # the delayed expert wgrads' pair (h200_moe/delayed_wgrad); the in-place grouped GEMMs' three (h200_moe/grouped,
     # the delayed one twice: its backward reading the counts, then the flush); the one-GPU demo's window
     # (h200_host_ranges/demo_1gpu); the five held-out coverage shapes (h200_coverage_shapes); the H100 file's host
     # calibration run (h100_host_calibration)
-    assert len(TRACES) == 30
+    assert len(TRACES) == 34
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@
 Every point of the replay got its time from one predecessor (the binding edge: `Replay.binding`); walking those
 back from the end of a step's window until before its start gives a chain of segments that tiles the replayed
 step exactly: host time on a thread (named by the innermost op it was spent in), a GPU op on a stream, a launch
-latency, a stream's queue gap, a cross-stream wait, a sync's wake-up, a wait for another thread, a collective's
-transfer after its last member arrived. Their sum is the replayed step, by construction.
+latency, a stream's queue gap, a cross-stream wait, a kernel held back by another stream's kernel, a sync's
+wake-up, a wait for another thread, a collective's transfer after its last member arrived. Their sum is the
+replayed step, by construction.
 """
 from __future__ import annotations
 

@@ -34,8 +34,11 @@ from ledger.evidence.exec_graph import RUNTIME, ExecGraph, GpuOp, HostOp, Sync, 
 
 MIN_WAIT_US = 50.0  # a shorter idle gap is a thread's own overhead between ops
 MAX_WAKE_US = 1000.0  # a thread resuming later than this after another's op ended was not woken by it
-HOST, RUN, LAUNCH, STREAM, EVENT, SYNC, THREAD, PEER, ORIGIN = (
-    "host", "gpu", "launch", "stream order", "stream wait", "sync", "thread wait", "peer", "origin")
+MIN_LATE_US = 20.0  # a kernel starting this much later than its stream and launch allow waited for something else
+MAX_HANDOFF_US = 50.0  # ... for the SMs of another stream's kernel that ended this close to its start
+HOST, RUN, LAUNCH, STREAM, EVENT, SYNC, THREAD, PEER, ORIGIN, SMS = (
+    "host", "gpu", "launch", "stream order", "stream wait", "sync", "thread wait", "peer", "origin",
+    "another stream's SMs")
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ def replay(graphs: list[ExecGraph], gpu_duration: Callable[[GpuOp], float] | Non
         rank = g.rank if g.rank is not None else i
         lats[rank] = lat = measure_latencies(g)
         gpu = _add_gpu(dag, rank, g, lat, duration)
+        _add_occupancy(dag, g, lat, gpu)
         host = _add_host(dag, rank, g, lat, host_factor or _unchanged, gpu)
         _add_launches(dag, g, lat, host, gpu)
         collectives += [(rank, op, *gpu[id(op)]) for op in g.gpu_ops() if op.collective is not None]
@@ -201,6 +205,29 @@ def _add_gpu(dag: _Dag, rank: int, g: ExecGraph, lat: Latencies,
                 dag.edge(0, s, op.start - dag.measured[0], ORIGIN)
             prev_end = e
     return nodes
+
+
+def _add_occupancy(dag: _Dag, g: ExecGraph, lat: Latencies, gpu: dict[int, tuple[int, int]]) -> None:
+    """A kernel that started later than its stream order and its launch allow, as a kernel of another stream ended,
+    waited for that kernel's SMs (a wide elementwise kernel fills the GPU: Megatron-LM's DDP adds into main_grad on
+    a second stream hold back the compute stream's kernels): it starts as long after that end as it measurably did
+    (at that end where it began while the other's last blocks drained).
+    NCCL's kernels hold few SMs, copies and memsets none: nothing waits for them here."""
+    holders = sorted((op for op in g.gpu_ops() if op.kind == "kernel" and op.collective is None),
+                     key=lambda op: op.end)
+    ends = [op.end for op in holders]
+    for ops in g.streams.values():
+        for prev, op in zip([None, *ops], ops):
+            bounds = ([prev.end + lat.queue] if prev else []) + ([op.launch.start + lat.launch] if op.launch else [])
+            ready = max(bounds, default=op.start)
+            if op.kind != "kernel" or op.start - ready < MIN_LATE_US:
+                continue
+            i = bisect_left(ends, op.start + MAX_HANDOFF_US) - 1
+            while i >= 0 and ends[i] >= op.start - MAX_HANDOFF_US:
+                if holders[i].stream != op.stream and holders[i].start < op.start:
+                    dag.edge(gpu[id(holders[i])][1], gpu[id(op)][0], max(0.0, op.start - holders[i].end), SMS)
+                    break
+                i -= 1
 
 
 def _add_launches(dag: _Dag, g: ExecGraph, lat: Latencies, host: dict[int, tuple[int, int]],

@@ -31,7 +31,7 @@ from ledger.models.simulate.simulation import simulate  # noqa: E402
 from ledger.reconcile.validation import Validation, measured, validate_run  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
-# Megatron-LM's runs (no manifest) and the GPU kind each ran on (the H100 fixtures keep no trace to name it)
+# Megatron-LM's runs (no manifest) and the GPU kind each ran on
 MEGATRON = [(FIXTURES / "megatron_lm_1gpu", "H200"), (FIXTURES / "megatron_lm_h200" / "local_l2_mbs2", "H200"),
             (FIXTURES / "megatron_lm_h200" / "sdpa_l4_mbs2", "H200"),
             *((FIXTURES / "megatron_lm_h100" / case, "H100")
