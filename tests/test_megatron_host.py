@@ -204,3 +204,18 @@ def test_host_model_writes_only_a_megatron_fit_into_a_named_gpus_file(capsys):
                    capsys)
     assert_refused(host_model, ["--calibrate", str(H100_RUNS / "sdpa_l4_mbs1"), "--hardware", "nowhere.json",
                             "--write"], capsys)
+
+
+def test_reconcile_prices_the_host_with_the_named_hardware_files_block():
+    """`reconcile --hardware`: the host block of the file named prices the host of a run without its own host sweep,
+    not that of the file its trace's GPU names (which once won, so a changed block was silently ignored)."""
+    run = H100_RUNS / "sdpa_l4_mbs2"
+    hw = load_hardware("H100")
+
+    def step(hardware) -> float:
+        (row,) = [r for r in reconcile_recorded(run, sources=TimeSources(hardware=hardware)).rows
+                  if r.metric == "throughput.step_time"]
+        return row.predicted
+
+    at_h200s = replace(hw, host=replace(hw.host, megatron_context=megatron.CONTEXT))
+    assert step(at_h200s) > 1.1 * step(hw)

@@ -105,16 +105,17 @@ class TimeSources:
         return "; ".join(found)
 
 
-def host_calibration(ev: RunEvidence) -> tuple[HostCosts | None, str | None]:
-    """The host timeline's prices: the run's own host sweep; without one, the host block of the hardware file of
-    the GPU the run names (said in the note: measured on that file's host, not necessarily this run's)."""
+def host_calibration(ev: RunEvidence, hardware: Hardware | None = None) -> tuple[HostCosts | None, str | None]:
+    """The host timeline's prices: the run's own host sweep; without one, the host block of `hardware` (--hardware)
+    or else of the hardware file of the GPU the run names (said in the note: measured on that file's host, not
+    necessarily this run's)."""
     if ev.device_types() == {"cpu"}:
         return None, CPU_NOTE
     own, why = host_costs(r for e in ev.ranks.values() for r in e.host)
     if own is not None or why == CPU_NOTE:
         return own, why
     try:
-        hw = hardware_for(run_device(ev.rank_infos.values()), None)
+        hw = hardware or hardware_for(run_device(ev.rank_infos.values()), None)
     except ConfigError:
         return None, why
     if hw.host is None:
@@ -127,7 +128,7 @@ def calibration(ev: RunEvidence, sources: TimeSources = TimeSources()) -> Calibr
     """The run's own sweeps, over the calibration file's, over the hardware file's prices of its kernels; no host
     timeline where the host recipes do not describe the run's layers (Megatron-LM's)."""
     scale, note = host_share(ev)
-    host, host_note = host_calibration(ev)
+    host, host_note = host_calibration(ev, sources.hardware)
     cal = Calibration.from_records([r for e in ev.ranks.values() for r in e.compute],
                                    [r for e in ev.ranks.values() for r in e.bandwidth], scale, note, host=host,
                                    host_note=host_note)
