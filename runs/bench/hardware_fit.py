@@ -34,7 +34,7 @@ from ledger.evidence.run import collect_run  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate import hardware_calibration, load_hardware  # noqa: E402
 from ledger.models.simulate.fit import HardwareFit, fit_hardware  # noqa: E402
-from ledger.models.simulate.hardware import HARDWARE_DIR  # noqa: E402
+from ledger.models.simulate.hardware import HARDWARE_DIR, hardware_file, write_hardware_json  # noqa: E402
 from ledger.models.time_model import predict_step  # noqa: E402
 from ledger.reconcile.time_rows import predict_run  # noqa: E402
 
@@ -118,16 +118,12 @@ def blocks(fit: HardwareFit, source: str) -> dict[str, dict]:
     }
 
 
-def file_of(gpu: str) -> Path:
-    return HARDWARE_DIR / f"{gpu.lower()}.json"
-
-
 def write(fit: HardwareFit, command: str, fitted_from: str, gpu: str) -> None:
-    path = file_of(gpu)
+    path = hardware_file(gpu)
     fitted = json.loads(path.read_text())
     source = f"fitted by `{command}` from {fitted_from} (kernel records only)"
     fitted.update(blocks(fit, source))
-    path.write_text(json.dumps(fitted, indent=1) + "\n")
+    write_hardware_json(path, fitted)
     for name in DERIVED if gpu == "H200" else ():
         other_path = HARDWARE_DIR / name
         other = json.loads(other_path.read_text())
@@ -136,7 +132,7 @@ def write(fit: HardwareFit, command: str, fitted_from: str, gpu: str) -> None:
                       f"as fractions of this GPU's own peak and HBM bandwidth (every kernel time scales with them); "
                       f"no compute sweep of the {other['name']}. The H200 fit")
         other.update(blocks(fit, assumption))
-        other_path.write_text(json.dumps(other, indent=1) + "\n")
+        write_hardware_json(other_path, other)
 
 
 def measured_step(run: Path) -> tuple[float, int]:
@@ -203,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         " --sweeps " + " ".join(shlex.quote(rel(s)) for s in args.sweeps) if args.sweeps else "") + (
         " --sweeps-only" if args.sweeps_only else "")
     print(f"command: {command}\nruns: {', '.join(rel(r) for r in args.runs)}\n")
-    hw_file = json.loads(file_of(args.gpu).read_text())
+    hw_file = json.loads(hardware_file(args.gpu).read_text())
     if args.sweeps_only and not args.sweeps:
         ap.error("--sweeps-only needs --sweeps")
     try:
@@ -220,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             + ([f"the grid sweep of runs/bench/hardware_sweep.py on one {args.gpu} (no training run)"]
                if args.sweeps else []))
         write(fit, command, fitted_from, args.gpu)
-        print(f"\nwrote the fit into {rel(file_of(args.gpu))}"
+        print(f"\nwrote the fit into {rel(hardware_file(args.gpu))}"
               + (f" and, as an assumption, {', '.join(DERIVED)}" if args.gpu == "H200" else ""))
     check(args.runs, args.gpu)
     return 0

@@ -29,7 +29,7 @@ from common.events import parse_event  # noqa: E402
 from common.ops import host as p  # noqa: E402
 from ledger.evidence.exec_graph import ANNOTATION, RUNTIME, ExecGraph, HostOp, read_graph  # noqa: E402
 from ledger.evidence.read import read_run  # noqa: E402
-from ledger.models.simulate.hardware import HARDWARE_DIR  # noqa: E402
+from ledger.models.simulate.hardware import hardware_file, write_hardware_json  # noqa: E402
 from ledger.models.time_model import host_recipe  # noqa: E402
 from ledger.models.time_model.host_costs import LAUNCH_LATENCY  # noqa: E402
 from ledger.models.time_model.ops import chunk_ends, chunk_forward  # noqa: E402
@@ -295,10 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"host": block}, indent=1) + "\n")
     if args.write:
-        path = HARDWARE_DIR / f"{args.gpu.lower()}.json"
+        path = hardware_file(args.gpu)
         data = json.loads(path.read_text())
         data["host"] = block
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_hardware_json(path, data)
         print(f"wrote the host block of {path.relative_to(ROOT)}")
     return 0
 

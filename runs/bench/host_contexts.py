@@ -30,7 +30,13 @@ from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
-from ledger.models.simulate.hardware import HARDWARE_DIR, kind_of, load_hardware, run_device  # noqa: E402
+from ledger.models.simulate.hardware import (  # noqa: E402
+    hardware_file,
+    kind_of,
+    load_hardware,
+    run_device,
+    write_hardware_json,
+)
 from ledger.models.time_model import predict_step  # noqa: E402
 from ledger.models.time_model.host_recipe import CONTEXT  # noqa: E402
 
@@ -119,14 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("; ".join(f"{kind} context {contexts[kind]:.3f} (the median)" for kind in PASSES))
     if args.write:
-        path = HARDWARE_DIR / f"{args.gpu.lower()}.json"
+        path = hardware_file(args.gpu)
         data = json.loads(path.read_text())
         data["host"]["engine_contexts"] = {
             "source": f"fitted by `python3 runs/bench/host_contexts.py --gpu {args.gpu} --run "
                       f"{' '.join(map(str, args.run))} --write` on the calibration runs' forward and backward timer "
                       f"ranges (means over each run's unprofiled steady steps; the median of the runs' fits)",
             **{k: round(v, 3) for k, v in contexts.items()}}
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_hardware_json(path, data)
         print(f"wrote host.engine_contexts of {path.relative_to(ROOT)}")
     return 0
 

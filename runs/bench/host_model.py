@@ -32,7 +32,7 @@ from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
-from ledger.models.simulate.hardware import HARDWARE_DIR, load_hardware  # noqa: E402
+from ledger.models.simulate.hardware import hardware_file, load_hardware, write_hardware_json  # noqa: E402
 from ledger.models.time_model import (  # noqa: E402
     Calibration,
     StepPrediction,
@@ -109,16 +109,14 @@ def row(run: Run, hardware: str, context: float, role: str) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def write(hardware: str, context: float, argv: list[str]) -> Path:
-    """host.megatron_context of the named GPU's hardware file, with the command that fitted it."""
-    path = HARDWARE_DIR / f"{hardware.lower()}.json"
+def write(path: Path, context: float, argv: list[str]) -> None:
+    """host.megatron_context of a GPU kind's hardware file, with the command that fitted it."""
     data = json.loads(path.read_text())
     data["host"]["megatron_context"] = {
         "value": round(context, 3),
         "source": f"fitted by `python3 runs/bench/host_model.py {' '.join(argv)}` on the calibration runs' measured "
                   f"steps (the median of their steady steps) against this block's primitives"}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+    write_hardware_json(path, data)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(codes) > 1:
         ap.error("the runs are of two codes (this engine's and Megatron-LM's): one CONTEXT cannot serve both")
     megatron = codes.pop()
-    if args.write and not (megatron and (HARDWARE_DIR / f"{args.hardware.lower()}.json").is_file()):
+    target = hardware_file(args.hardware)
+    if args.write and not (megatron and target is not None):
         print("host_model.py: --write stores a fit of Megatron-LM's runs in a named GPU's hardware file (H200, H100); "
               "this engine's contexts are host_contexts.py's", file=sys.stderr)
         return 2
@@ -152,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in validating:
         print(row(r, args.hardware, context, "validation"))
     if args.write:
-        print(f"wrote host.megatron_context of {write(args.hardware, context, argv or sys.argv[1:]).relative_to(ROOT)}")
+        write(target, context, argv or sys.argv[1:])
+        print(f"wrote host.megatron_context of {target.relative_to(ROOT)}")
     return 0
 
 

@@ -183,11 +183,22 @@ def known_names() -> list[str]:
     return list(KNOWN)
 
 
+def hardware_file(name: str) -> Path | None:
+    """The file of a known GPU kind (any case), None for any other name."""
+    known = {kind.lower(): file for kind, file in KNOWN.items()}.get(name.strip().lower())
+    return HARDWARE_DIR / known if known is not None else None
+
+
+def write_hardware_json(path: Path, data: dict[str, Any]) -> None:
+    """A hardware file written back as the fitting scripts keep them: one-space indent, a final newline."""
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def _path_of(spec: str) -> Path:
     """A known name (any case) or a file path; anything else is an unknown name."""
-    known = {name.lower(): file for name, file in KNOWN.items()}.get(spec.strip().lower())
+    known = hardware_file(spec)
     if known is not None:
-        return HARDWARE_DIR / known
+        return known
     path = Path(spec)
     if path.suffix.lower() == ".json" or path.exists():
         if not path.is_file():
