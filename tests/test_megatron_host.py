@@ -160,14 +160,14 @@ H100_HELD_OUT = ("sdpa_l4_mbs2", "local_l2_mbs1", "local_l2_mbs2")
 
 
 def h100_step(name: str, megatron_context: float | None = None) -> tuple[float, float]:
-    """(predicted, measured) step of an H100 Megatron-LM fixture from the H100 file alone (simulate's prediction of
-    its config), its host block's Megatron-LM context replaced where given; measured: reconcile's steady median."""
+    """(predicted, measured) step of an H100 Megatron-LM fixture reconciled with the H100 file, its host block's
+    Megatron-LM context replaced where given."""
     hw = load_hardware("H100")
     if megatron_context is not None:
         hw = replace(hw, host=replace(hw.host, megatron_context=megatron_context))
     (step,) = [r for r in reconcile_recorded(H100_RUNS / name, sources=TimeSources(hardware=hw)).rows
                if r.metric == "throughput.step_time"]
-    return simulate(read_run(H100_RUNS / name).config, hw).step.step_time, step.measured
+    return step.predicted, step.measured
 
 
 def test_the_h100s_megatron_context_is_what_its_calibration_run_fits():
@@ -209,13 +209,4 @@ def test_host_model_writes_only_a_megatron_fit_into_a_named_gpus_file(capsys):
 def test_reconcile_prices_the_host_with_the_named_hardware_files_block():
     """`reconcile --hardware`: the host block of the file named prices the host of a run without its own host sweep,
     not that of the file its trace's GPU names (which once won, so a changed block was silently ignored)."""
-    run = H100_RUNS / "sdpa_l4_mbs2"
-    hw = load_hardware("H100")
-
-    def step(hardware) -> float:
-        (row,) = [r for r in reconcile_recorded(run, sources=TimeSources(hardware=hardware)).rows
-                  if r.metric == "throughput.step_time"]
-        return row.predicted
-
-    at_h200s = replace(hw, host=replace(hw.host, megatron_context=megatron.CONTEXT))
-    assert step(at_h200s) > 1.1 * step(hw)
+    assert h100_step("sdpa_l4_mbs2", megatron.CONTEXT)[0] > 1.1 * h100_step("sdpa_l4_mbs2")[0]
