@@ -30,6 +30,7 @@ from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
+from ledger.models.simulate.fit import factor_minimising  # noqa: E402
 from ledger.models.simulate.hardware import (  # noqa: E402
     hardware_file,
     kind_of,
@@ -80,13 +81,8 @@ def fit(ev: RunEvidence, gpu: str) -> dict[str, float]:
 
     contexts = {kind: CONTEXT for kind in PASSES}
     for kind in PASSES:  # the forward first, then the backward beside it
-        lo, hi, golden = math.log(0.25), math.log(4.0), (math.sqrt(5) - 1) / 2
-        for _ in range(40):
-            a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-            miss = [abs(math.log(predicted(**(contexts | {kind: math.exp(x)}))[kind] / measured[kind]))
-                    for x in (a, b)]
-            lo, hi = (lo, b) if miss[0] < miss[1] else (a, hi)
-        contexts[kind] = math.exp((lo + hi) / 2)
+        contexts[kind] = factor_minimising(
+            lambda x: abs(math.log(predicted(**(contexts | {kind: x}))[kind] / measured[kind])))
     found = predicted(**contexts)
     print(f"{ev.run_dir.name}: " + "; ".join(f"{kind} context {contexts[kind]:.3f} (range {found[kind] * 1e3:.3f} ms "
                                              f"predicted, {measured[kind] * 1e3:.3f} measured)" for kind in PASSES))

@@ -32,6 +32,7 @@ from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
 from ledger.models.simulate.calibration import hardware_calibration  # noqa: E402
+from ledger.models.simulate.fit import factor_minimising  # noqa: E402
 from ledger.models.simulate.hardware import hardware_file, load_hardware, write_hardware_json  # noqa: E402
 from ledger.models.time_model import (  # noqa: E402
     Calibration,
@@ -85,17 +86,8 @@ def predict(run: Run, hardware: str, context: float) -> StepPrediction:
 def fit(runs: list[Run], hardware: str) -> float:
     """The context that makes the runs' predicted steps meet their measured ones in the least-squares-in-log sense
     (golden-section search over [0.25, 4])."""
-    def loss(context: float) -> float:
-        return sum(math.log(predict(r, hardware, context).step_time / r.step) ** 2 for r in runs)
-    lo, hi = math.log(0.25), math.log(4.0)
-    golden = (math.sqrt(5) - 1) / 2
-    for _ in range(40):
-        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        if loss(math.exp(a)) < loss(math.exp(b)):
-            hi = b
-        else:
-            lo = a
-    return math.exp((lo + hi) / 2)
+    return factor_minimising(
+        lambda context: sum(math.log(predict(r, hardware, context).step_time / r.step) ** 2 for r in runs))
 
 
 def row(run: Run, hardware: str, context: float, role: str) -> str:

@@ -20,10 +20,11 @@ Several records of one kernel (several runs, several ranks) give their median; c
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from common.ops import (
     GEMM_PASSES,
@@ -182,6 +183,16 @@ def fit_routing_pass(points: list[tuple[float, float]]) -> tuple[float, float]:
                 return 0.0, 1 / inv
     (fixed,) = solve_weighted([[1.0] for _ in points], [t - s for s, t in points])
     return max(fixed, 0.0), 1.0
+
+
+def factor_minimising(loss: Callable[[float], float], low: float = 0.25, high: float = 4.0) -> float:
+    """The positive factor in [low, high] that minimises `loss` (one minimum there): golden-section search on its log,
+    40 steps. What a host context is fitted by (runs/bench/host_model.py, host_contexts.py)."""
+    lo, hi, golden = math.log(low), math.log(high), (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        lo, hi = (lo, b) if loss(math.exp(a)) < loss(math.exp(b)) else (a, hi)
+    return math.exp((lo + hi) / 2)
 
 
 def slowdown_line(points: list[tuple[float, float]]) -> tuple[float, float]:
