@@ -206,6 +206,18 @@ def test_host_model_writes_only_a_megatron_fit_into_a_named_gpus_file(capsys):
                             "--write"], capsys)
 
 
+@pytest.mark.parametrize("argv", [
+    ["--calibrate", "/nonexistent/run"],
+    ["--calibrate", str(MEGATRON_RUN), "--hardware", "H999"],
+    ["--calibrate", str(MEGATRON_RUN), "--validate", str(MEGATRON_RUN)],
+    ["--calibrate", str(MEGATRON_RUN), "--validate", str(FIXTURES / "h200_2layer_profiled")],
+], ids=["no run", "unknown hardware", "a run twice", "two codes"])
+def test_host_model_refuses_bad_input_in_one_line(argv, capsys):
+    sys.path.insert(0, str(ROOT / "runs" / "bench"))
+    import host_model
+    assert_refused(host_model, argv, capsys)
+
+
 def test_reconcile_prices_the_host_with_the_named_hardware_files_block():
     """`reconcile --hardware`: the host block of the file named prices the host of a run without its own host sweep,
     not that of the file its trace's GPU names (which once won, so a changed block was silently ignored)."""

@@ -28,6 +28,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from common.errors import UserError  # noqa: E402
 from ledger.evidence.read import read_run  # noqa: E402
 from ledger.evidence.run import RunEvidence  # noqa: E402
 from ledger.evidence.steps import select_steps  # noqa: E402
@@ -111,6 +112,11 @@ def write(path: Path, context: float, argv: list[str]) -> None:
     write_hardware_json(path, data)
 
 
+def refused(problem: str) -> int:
+    print(f"host_model.py: {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", nargs="+", type=Path, required=True)
@@ -120,17 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     overlap = {p.resolve() for p in args.calibrate} & {p.resolve() for p in args.validate}
     if overlap:
-        ap.error(f"a run is either calibration or validation: {', '.join(sorted(map(str, overlap)))}")
-    calibrating, validating = [load(p) for p in args.calibrate], [load(p) for p in args.validate]
+        return refused(f"a run is either calibration or validation: {', '.join(sorted(map(str, overlap)))}")
+    try:
+        load_hardware(args.hardware)
+        calibrating, validating = [load(p) for p in args.calibrate], [load(p) for p in args.validate]
+    except UserError as exc:
+        return refused(str(exc))
     codes = {r.ev.config.implementation.megatron for r in calibrating + validating}
     if len(codes) > 1:
-        ap.error("the runs are of two codes (this engine's and Megatron-LM's): one CONTEXT cannot serve both")
+        return refused("the runs are of two codes (this engine's and Megatron-LM's): one CONTEXT cannot serve both")
     megatron = codes.pop()
     target = hardware_file(args.hardware)
     if args.write and not (megatron and target is not None):
-        print("host_model.py: --write stores a fit of Megatron-LM's runs in a named GPU's hardware file (H200, H100); "
-              "this engine's contexts are host_contexts.py's", file=sys.stderr)
-        return 2
+        return refused("--write stores a fit of Megatron-LM's runs in a named GPU's hardware file (H200, H100); "
+                       "this engine's contexts are host_contexts.py's")
     recipes = megatron_host_recipe if megatron else host_recipe
     context = fit(calibrating, args.hardware)
     names = ", ".join(r.path.name for r in calibrating)
